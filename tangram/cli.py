@@ -1,0 +1,70 @@
+"""The ``tangram`` command. Subcommands live in their own modules and register here by name.
+
+Each entry of ``COMMANDS`` maps a subcommand to ``module:function``; the module's
+``register(subparsers)`` adds its parser. Modules are imported only when needed, so
+``tangram --help`` stays fast and a missing optional dependency (docker, torch) only breaks
+the commands that need it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+from collections.abc import Sequence
+
+#: subcommand -> module that defines ``register(subparsers)``; the parser's ``func`` runs it.
+COMMANDS: dict[str, str] = {
+    "sim": "tangram.sim.cli",
+    "bench": "tangram.bench",
+    "clusters": "tangram.core.cli",
+    "profile-cpu": "tangram.exec.aoe.cli",
+    "serve": "tangram.exec.service_cli",
+    "replay": "tangram.sim.replay_cli",
+}
+
+#: ``tangram bench NAME`` -> module defining ``register(subparsers)`` for that benchmark.
+BENCHMARKS: dict[str, str] = {
+    "scheduler": "tangram.core.bench",
+    "sim": "tangram.sim.bench",
+    "aoe": "tangram.exec.aoe.bench",
+    "eoe": "tangram.exec.eoe.bench",
+    "service": "tangram.exec.service_bench",
+}
+
+
+def _available(mapping: dict[str, str]) -> dict[str, str]:
+    """Entries whose module exists in this checkout (work in progress may not have all)."""
+    found = {}
+    for name, module in mapping.items():
+        try:
+            if importlib.util.find_spec(module) is not None:
+                found[name] = module
+        except ModuleNotFoundError:
+            continue
+    return found
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tangram",
+        description="Action-level scheduling of agentic-RL external resources (CPU sandboxes, GPU models, APIs).",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module in _available(COMMANDS).items():
+        importlib.import_module(module).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0 if args.command is None else 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""Actions: the unit Tangram schedules (one tool call, test run, reward or teacher call)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from tangram.core.curves import ElasticityCurve, Inelastic
+from tangram.core.resources import GPU_CELL_SIZES, ResourceKind
+
+
+class ActionError(ValueError):
+    """An action record that cannot be scheduled as written; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Action:
+    """An immutable request for external resources.
+
+    ``resource`` is the key elastic resource; ``max_units`` the most units it can use (CPU: cores;
+    GPU: GPUs, rounded to aligned cells of 1/2/4/8; API: always one call). ``memory_gb`` is the
+    inelastic memory a CPU container needs (reserved for the trajectory's life, as AOE keeps the
+    container) or host memory for GPU actions. ``service`` names the GPU model or API endpoint.
+    ``node`` is the CPU container's node when the driver already placed it; otherwise the core
+    binds the trajectory to a node on its first CPU action.
+    """
+
+    id: str
+    trajectory: str
+    resource: ResourceKind
+    curve: ElasticityCurve
+    arrival: float = 0.0
+    max_units: int = 1
+    task: str = "default"
+    kind: str = "tool"
+    memory_gb: float = 0.0
+    service: str | None = None
+    service_size_gb: float = 0.0
+    node: str | None = None
+    #: Free-form label the driver uses to find the work (a command, a payload key); never read by the core.
+    payload: str | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not self.id:
+            raise ActionError(f"action id must be a non-empty string, got {self.id!r}")
+        where = f"action {self.id!r}"
+        if not isinstance(self.trajectory, str) or not self.trajectory:
+            raise ActionError(f"{where}: trajectory must be a non-empty string")
+        try:
+            object.__setattr__(self, "resource", ResourceKind(self.resource))
+        except ValueError:
+            raise ActionError(
+                f"{where}: resource must be one of {[k.value for k in ResourceKind]}, got {self.resource!r}"
+            ) from None
+        if not isinstance(self.curve, ElasticityCurve):
+            raise ActionError(f"{where}: curve must be an ElasticityCurve, got {type(self.curve).__name__}")
+        if not math.isfinite(self.arrival) or self.arrival < 0:
+            raise ActionError(f"{where}: arrival must be a finite time >= 0, got {self.arrival!r}")
+        if not isinstance(self.max_units, int) or self.max_units < 1:
+            raise ActionError(f"{where}: max_units must be an integer >= 1, got {self.max_units!r}")
+        if self.memory_gb < 0 or self.service_size_gb < 0:
+            raise ActionError(f"{where}: memory_gb and service_size_gb must be >= 0")
+        if self.resource in (ResourceKind.GPU, ResourceKind.API) and not self.service:
+            raise ActionError(f"{where}: a {self.resource.value} action must name its service")
+        if self.resource is ResourceKind.API and self.max_units != 1:
+            raise ActionError(f"{where}: an API action takes exactly one call slot (max_units=1)")
+        if self.resource is ResourceKind.API and not isinstance(self.curve, Inelastic):
+            raise ActionError(f"{where}: an API action is inelastic; give it an Inelastic curve")
+
+    def allowed_units(self, cap: int | None = None) -> tuple[int, ...]:
+        """Unit counts this action may run with, ascending, at most ``cap`` (a node's size)."""
+        top = self.max_units if cap is None else min(self.max_units, cap)
+        if self.resource is ResourceKind.GPU:
+            return tuple(k for k in GPU_CELL_SIZES if k <= top)
+        if self.resource is ResourceKind.API:
+            return (1,)
+        return tuple(range(1, top + 1))
+
+    def duration(self, units: int) -> float:
+        """Execution time on ``units`` units, from the elasticity curve."""
+        return self.curve.duration(units)

@@ -1,0 +1,167 @@
+"""Resource types and the static description of a cluster (what a cluster TOML file holds)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+#: GPU cells are aligned groups of 1, 2, 4 or 8 GPUs on one node (a buddy structure).
+GPU_CELL_SIZES: tuple[int, ...] = (1, 2, 4, 8)
+
+
+class SpecError(ValueError):
+    """An invalid cluster description; ``key`` names the offending field."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"{key}: {problem}")
+        self.key = key
+        self.problem = problem
+
+
+def _require(ok: bool, key: str, problem: str) -> None:
+    if not ok:
+        raise SpecError(key, problem)
+
+
+class ResourceKind(StrEnum):
+    """The key elastic resource of an action (``none`` for inelastic API-only actions)."""
+
+    CPU = "cpu"
+    GPU = "gpu"
+    API = "api"
+
+
+@dataclass(frozen=True)
+class CpuNodeSpec:
+    """A CPU node: cores split evenly into NUMA domains, and memory for containers."""
+
+    name: str
+    cores: int
+    numa_domains: int
+    memory_gb: float
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.cores, int) and self.cores >= 1, "cores", f"must be a positive integer, got {self.cores!r}")
+        _require(isinstance(self.numa_domains, int) and self.numa_domains >= 1, "numa_domains",
+                 f"must be a positive integer, got {self.numa_domains!r}")
+        _require(self.cores % self.numa_domains == 0, "numa_domains",
+                 f"{self.cores} cores do not split evenly into {self.numa_domains} NUMA domains")
+        _require(self.memory_gb > 0, "memory_gb", f"must be positive, got {self.memory_gb!r}")
+
+    def numa_of(self, core: int) -> int:
+        """NUMA domain of a core id (cores are numbered domain by domain)."""
+        return core // (self.cores // self.numa_domains)
+
+
+@dataclass(frozen=True)
+class GpuNodeSpec:
+    """A GPU node: GPUs (a power of two, at most 8) with memory each, and host memory."""
+
+    name: str
+    gpus: int
+    gpu_memory_gb: float
+    host_memory_gb: float
+    #: Host-to-GPU copy bandwidth, used to estimate the cost of restoring a service.
+    h2d_gbps: float = 25.0
+    #: Fixed cost of a restore (allocation, stream setup), seconds.
+    restore_fixed_s: float = 0.05
+
+    def __post_init__(self) -> None:
+        _require(self.gpus in GPU_CELL_SIZES, "gpus", f"must be one of {GPU_CELL_SIZES} (aligned cells), got {self.gpus!r}")
+        _require(self.gpu_memory_gb > 0, "gpu_memory_gb", f"must be positive, got {self.gpu_memory_gb!r}")
+        _require(self.host_memory_gb > 0, "host_memory_gb", f"must be positive, got {self.host_memory_gb!r}")
+        _require(self.h2d_gbps > 0, "h2d_gbps", f"must be positive, got {self.h2d_gbps!r}")
+        _require(self.restore_fixed_s >= 0, "restore_fixed_s", f"must be >= 0, got {self.restore_fixed_s!r}")
+
+
+@dataclass(frozen=True)
+class ApiEndpointSpec:
+    """A rate-limited API: at most ``concurrency`` calls in flight, ``rate_per_s`` starts/s."""
+
+    name: str
+    concurrency: int
+    rate_per_s: float | None = None
+    burst: int = 1
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.concurrency, int) and self.concurrency >= 1, "concurrency",
+                 f"must be a positive integer, got {self.concurrency!r}")
+        _require(self.rate_per_s is None or self.rate_per_s > 0, "rate_per_s",
+                 f"must be positive when given, got {self.rate_per_s!r}")
+        _require(isinstance(self.burst, int) and self.burst >= 1, "burst", f"must be a positive integer, got {self.burst!r}")
+
+
+@dataclass(frozen=True)
+class Prices:
+    """Money per resource-hour, to turn resource-seconds into cost."""
+
+    cpu_core_hour: float = 0.04
+    gpu_hour: float = 2.5
+    api_call: float = 0.0
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """The whole external resource pool Tangram manages."""
+
+    name: str
+    cpu_nodes: tuple[CpuNodeSpec, ...] = ()
+    gpu_nodes: tuple[GpuNodeSpec, ...] = ()
+    apis: tuple[ApiEndpointSpec, ...] = ()
+    prices: Prices = field(default_factory=Prices)
+
+    def __post_init__(self) -> None:
+        for group, nodes in (("cpu", self.cpu_nodes), ("gpu", self.gpu_nodes), ("api", self.apis)):
+            names = [n.name for n in nodes]
+            dup = sorted({n for n in names if names.count(n) > 1})
+            _require(not dup, group, f"duplicate names {dup}")
+        _require(bool(self.cpu_nodes or self.gpu_nodes or self.apis), "cluster", "describes no CPU node, GPU node or API")
+
+    @property
+    def total_cores(self) -> int:
+        return sum(n.cores for n in self.cpu_nodes)
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(n.gpus for n in self.gpu_nodes)
+
+    def cpu_node(self, name: str) -> CpuNodeSpec:
+        for node in self.cpu_nodes:
+            if node.name == name:
+                return node
+        raise KeyError(f"unknown CPU node {name!r}")
+
+    def gpu_node(self, name: str) -> GpuNodeSpec:
+        for node in self.gpu_nodes:
+            if node.name == name:
+                return node
+        raise KeyError(f"unknown GPU node {name!r}")
+
+    def api(self, name: str) -> ApiEndpointSpec:
+        for api in self.apis:
+            if api.name == name:
+                return api
+        raise KeyError(f"unknown API endpoint {name!r}")
+
+    def scaled(self, *, cpu_nodes: int | None = None, gpu_nodes: int | None = None) -> ClusterSpec:
+        """The same cluster with a different count of (identical) CPU or GPU nodes.
+
+        Used by the savings search ("the smallest cluster that matches a baseline's ACT").
+        """
+        def _resize(nodes: tuple, count: int | None, prefix: str) -> tuple:
+            if count is None:
+                return nodes
+            if not nodes:
+                raise ValueError(f"cannot scale {prefix} nodes of a cluster that has none")
+            template = nodes[0]
+            return tuple(
+                type(template)(**{**template.__dict__, "name": f"{prefix}{i}"}) for i in range(count)
+            )
+
+        return ClusterSpec(
+            name=f"{self.name}-scaled",
+            cpu_nodes=_resize(self.cpu_nodes, cpu_nodes, "cpu"),
+            gpu_nodes=_resize(self.gpu_nodes, gpu_nodes, "gpu"),
+            apis=self.apis,
+            prices=self.prices,
+        )

@@ -1,0 +1,57 @@
+"""Printing figures for people (aligned tables) or machines (``--json``), one way for every command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, TextIO
+
+
+def add_json_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON document")
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
+            return f"{value:.3g}"
+        return f"{value:.3f}" if abs(value) < 100 else f"{value:.1f}"
+    return str(value)
+
+
+def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """An aligned plain-text table of ``rows`` (dicts), columns in the given or first-seen order."""
+    if not rows:
+        return "(no rows)"
+    cols = list(columns or dict.fromkeys(k for row in rows for k in row))
+    cells = [[_fmt(row.get(c, "")) for c in cols] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
+    return "\n".join(lines)
+
+
+def emit(as_json: bool, document: Mapping[str, Any], tables: Mapping[str, Sequence[Mapping[str, Any]]],
+         out: TextIO | None = None) -> None:
+    """Print ``document`` as JSON, or each of ``tables`` under its title for a person."""
+    out = out or sys.stdout
+    if as_json:
+        json.dump(document, out, indent=2, default=_json_default)
+        out.write("\n")
+        return
+    for title, rows in tables.items():
+        out.write(f"\n{title}\n{format_table(rows)}\n")
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, set | tuple):
+        return list(value)
+    return str(value)
