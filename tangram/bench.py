@@ -9,7 +9,9 @@ import importlib
 def register(sub: argparse._SubParsersAction) -> None:
     from tangram.cli import BENCHMARKS, _available
 
-    parser = sub.add_parser("bench", help="run a benchmark and print its figures (--json for machines)")
+    parser = sub.add_parser(
+        "bench", help="run a benchmark and print its figures (--json for machines)"
+    )
     bench_sub = parser.add_subparsers(dest="bench", metavar="BENCHMARK")
     for module in _available(BENCHMARKS).values():
         importlib.import_module(module).register(bench_sub)

@@ -11,7 +11,9 @@ from typing import Any, TextIO
 
 
 def add_json_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print the figures as one JSON document")
+    parser.add_argument(
+        "--json", action="store_true", help="print the figures as one JSON document"
+    )
 
 
 def _fmt(value: Any) -> str:
@@ -37,8 +39,12 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | Non
     return "\n".join(lines)
 
 
-def emit(as_json: bool, document: Mapping[str, Any], tables: Mapping[str, Sequence[Mapping[str, Any]]],
-         out: TextIO | None = None) -> None:
+def emit(
+    as_json: bool,
+    document: Mapping[str, Any],
+    tables: Mapping[str, Sequence[Mapping[str, Any]]],
+    out: TextIO | None = None,
+) -> None:
     """Print ``document`` as JSON, or each of ``tables`` under its title for a person."""
     out = out or sys.stdout
     if as_json:

@@ -53,7 +53,9 @@ class Action:
                 f"{where}: resource must be one of {[k.value for k in ResourceKind]}, got {self.resource!r}"
             ) from None
         if not isinstance(self.curve, ElasticityCurve):
-            raise ActionError(f"{where}: curve must be an ElasticityCurve, got {type(self.curve).__name__}")
+            raise ActionError(
+                f"{where}: curve must be an ElasticityCurve, got {type(self.curve).__name__}"
+            )
         if not math.isfinite(self.arrival) or self.arrival < 0:
             raise ActionError(f"{where}: arrival must be a finite time >= 0, got {self.arrival!r}")
         if not isinstance(self.max_units, int) or self.max_units < 1:

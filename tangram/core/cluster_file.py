@@ -54,7 +54,11 @@ class ClusterFileError(ValueError):
 
 def bundled_clusters() -> list[str]:
     """Names of the cluster files shipped in ``tangram/clusters``."""
-    return sorted(p.name[:-5] for p in resources.files("tangram.clusters").iterdir() if p.name.endswith(".toml"))
+    return sorted(
+        p.name[:-5]
+        for p in resources.files("tangram.clusters").iterdir()
+        if p.name.endswith(".toml")
+    )
 
 
 def load_cluster(name_or_path: str | Path) -> ClusterSpec:
@@ -76,26 +80,40 @@ def _read(name_or_path: str | Path) -> tuple[str, str]:
     bundled = resources.files("tangram.clusters") / f"{name_or_path}.toml"
     if not bundled.is_file():
         raise ClusterFileError(
-            str(name_or_path), "(name)", f"not a file and not a bundled cluster; bundled: {bundled_clusters()}"
+            str(name_or_path),
+            "(name)",
+            f"not a file and not a bundled cluster; bundled: {bundled_clusters()}",
         )
     return bundled.read_text(), f"<bundled {name_or_path}.toml>"
 
 
-_KNOWN_TOP = {"name", "cpu_node", "cpu_node_group", "gpu_node", "gpu_node_group", "api", "prices", "description"}
+_KNOWN_TOP = {
+    "name",
+    "cpu_node",
+    "cpu_node_group",
+    "gpu_node",
+    "gpu_node_group",
+    "api",
+    "prices",
+    "description",
+}
 
 
 def parse_cluster(data: Mapping[str, Any], source: str = "<memory>") -> ClusterSpec:
     """Build a ClusterSpec from parsed TOML, validating every key."""
     unknown = sorted(set(data) - _KNOWN_TOP)
     if unknown:
-        raise ClusterFileError(source, unknown[0], f"unknown key; expected one of {sorted(_KNOWN_TOP)}")
+        raise ClusterFileError(
+            source, unknown[0], f"unknown key; expected one of {sorted(_KNOWN_TOP)}"
+        )
     name = data.get("name", Path(source).stem)
     if not isinstance(name, str):
         raise ClusterFileError(source, "name", f"must be a string, got {name!r}")
     cpu = _nodes(data, source, "cpu", CpuNodeSpec)
     gpu = _nodes(data, source, "gpu", GpuNodeSpec)
     apis = tuple(
-        _build(ApiEndpointSpec, entry, source, f"api[{i}]") for i, entry in enumerate(_tables(data, "api", source))
+        _build(ApiEndpointSpec, entry, source, f"api[{i}]")
+        for i, entry in enumerate(_tables(data, "api", source))
     )
     prices = _build(Prices, data.get("prices", {}), source, "prices")
     try:
@@ -112,18 +130,28 @@ def _tables(data: Mapping[str, Any], key: str, source: str) -> list[Mapping[str,
 
 
 def _nodes(data: Mapping[str, Any], source: str, kind: str, cls: type) -> tuple:
-    nodes = [_build(cls, entry, source, f"{kind}_node[{i}]") for i, entry in enumerate(_tables(data, f"{kind}_node", source))]
+    nodes = [
+        _build(cls, entry, source, f"{kind}_node[{i}]")
+        for i, entry in enumerate(_tables(data, f"{kind}_node", source))
+    ]
     for i, group in enumerate(_tables(data, f"{kind}_node_group", source)):
         where = f"{kind}_node_group[{i}]"
         group = dict(group)
         count = group.pop("count", None)
         prefix = group.pop("prefix", kind)
         if not isinstance(count, int) or count < 1:
-            raise ClusterFileError(source, f"{where}.count", f"must be a positive integer, got {count!r}")
+            raise ClusterFileError(
+                source, f"{where}.count", f"must be a positive integer, got {count!r}"
+            )
         if "name" in group:
-            raise ClusterFileError(source, f"{where}.name", "a group names its nodes with 'prefix', not 'name'")
+            raise ClusterFileError(
+                source, f"{where}.name", "a group names its nodes with 'prefix', not 'name'"
+            )
         start = len(nodes)
-        nodes += [_build(cls, {**group, "name": f"{prefix}{start + j}"}, source, where) for j in range(count)]
+        nodes += [
+            _build(cls, {**group, "name": f"{prefix}{start + j}"}, source, where)
+            for j in range(count)
+        ]
     return tuple(nodes)
 
 
@@ -133,20 +161,27 @@ def _build(cls: Callable[..., Any], entry: Mapping[str, Any], source: str, where
     allowed = {f.name: f for f in fields(cls)}  # type: ignore[arg-type]
     for key, value in entry.items():
         if key not in allowed:
-            raise ClusterFileError(source, f"{where}.{key}", f"unknown key; expected one of {sorted(allowed)}")
+            raise ClusterFileError(
+                source, f"{where}.{key}", f"unknown key; expected one of {sorted(allowed)}"
+            )
         expected = allowed[key].type
-        if "float" in str(expected) and not (isinstance(value, int | float) and not isinstance(value, bool)):
+        if "float" in str(expected) and not (
+            isinstance(value, int | float) and not isinstance(value, bool)
+        ):
             if not (value is None and "None" in str(expected)):
                 raise ClusterFileError(source, f"{where}.{key}", f"must be a number, got {value!r}")
         if str(expected) == "int" and (not isinstance(value, int) or isinstance(value, bool)):
             raise ClusterFileError(source, f"{where}.{key}", f"must be an integer, got {value!r}")
         if str(expected) == "str" and not isinstance(value, str):
             raise ClusterFileError(source, f"{where}.{key}", f"must be a string, got {value!r}")
-    missing = [f.name for f in allowed.values() if f.name not in entry and f.default is MISSING and f.default_factory is MISSING]
+    missing = [
+        f.name
+        for f in allowed.values()
+        if f.name not in entry and f.default is MISSING and f.default_factory is MISSING
+    ]
     if missing:
         raise ClusterFileError(source, f"{where}.{missing[0]}", "is required")
     try:
         return cls(**entry)
     except SpecError as exc:
         raise ClusterFileError(source, f"{where}.{exc.key}", exc.problem) from None
-

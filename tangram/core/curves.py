@@ -124,7 +124,9 @@ class Tabulated(ElasticityCurve):
         pts = sorted((int(u), float(t)) for u, t in self.points)
         units = [u for u, _ in pts]
         if units[0] != 1:
-            raise CurveError(f"tabulated curve must include units=1 (time on one unit); got units {units}")
+            raise CurveError(
+                f"tabulated curve must include units=1 (time on one unit); got units {units}"
+            )
         if len(set(units)) != len(units):
             raise CurveError(f"tabulated curve has repeated units: {units}")
         for u, t in pts:
@@ -136,8 +138,11 @@ class Tabulated(ElasticityCurve):
                     f"{t1:g}s at {u1} units (E(m)*m must not decrease)"
                 )
         object.__setattr__(self, "points", tuple(pts))
-        object.__setattr__(self, "_slopes", _pchip_slopes(
-            [math.log2(u) for u in units], [pts[0][1] / t for _, t in pts]))
+        object.__setattr__(
+            self,
+            "_slopes",
+            _pchip_slopes([math.log2(u) for u in units], [pts[0][1] / t for _, t in pts]),
+        )
 
     def duration(self, units: int) -> float:
         _check_units(units)
@@ -177,8 +182,10 @@ def _pchip_slopes(xs: list[float], ys: list[float]) -> list[float]:
             w1 = 2 * (xs[i + 1] - xs[i]) + (xs[i] - xs[i - 1])
             w2 = (xs[i + 1] - xs[i]) + 2 * (xs[i] - xs[i - 1])
             slopes[i] = (w1 + w2) / (w1 / d0 + w2 / d1)
-    for end, d, dn in ((0, deltas[0], deltas[1] if n > 2 else deltas[0]),
-                       (n - 1, deltas[-1], deltas[-2] if n > 2 else deltas[-1])):
+    for end, d, dn in (
+        (0, deltas[0], deltas[1] if n > 2 else deltas[0]),
+        (n - 1, deltas[-1], deltas[-2] if n > 2 else deltas[-1]),
+    ):
         slopes[end] = 0.0 if d == 0 else d
         if d * dn < 0 or d == 0:
             slopes[end] = 0.0

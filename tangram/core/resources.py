@@ -41,11 +41,21 @@ class CpuNodeSpec:
     memory_gb: float
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.cores, int) and self.cores >= 1, "cores", f"must be a positive integer, got {self.cores!r}")
-        _require(isinstance(self.numa_domains, int) and self.numa_domains >= 1, "numa_domains",
-                 f"must be a positive integer, got {self.numa_domains!r}")
-        _require(self.cores % self.numa_domains == 0, "numa_domains",
-                 f"{self.cores} cores do not split evenly into {self.numa_domains} NUMA domains")
+        _require(
+            isinstance(self.cores, int) and self.cores >= 1,
+            "cores",
+            f"must be a positive integer, got {self.cores!r}",
+        )
+        _require(
+            isinstance(self.numa_domains, int) and self.numa_domains >= 1,
+            "numa_domains",
+            f"must be a positive integer, got {self.numa_domains!r}",
+        )
+        _require(
+            self.cores % self.numa_domains == 0,
+            "numa_domains",
+            f"{self.cores} cores do not split evenly into {self.numa_domains} NUMA domains",
+        )
         _require(self.memory_gb > 0, "memory_gb", f"must be positive, got {self.memory_gb!r}")
 
     def numa_of(self, core: int) -> int:
@@ -67,11 +77,25 @@ class GpuNodeSpec:
     restore_fixed_s: float = 0.05
 
     def __post_init__(self) -> None:
-        _require(self.gpus in GPU_CELL_SIZES, "gpus", f"must be one of {GPU_CELL_SIZES} (aligned cells), got {self.gpus!r}")
-        _require(self.gpu_memory_gb > 0, "gpu_memory_gb", f"must be positive, got {self.gpu_memory_gb!r}")
-        _require(self.host_memory_gb > 0, "host_memory_gb", f"must be positive, got {self.host_memory_gb!r}")
+        _require(
+            self.gpus in GPU_CELL_SIZES,
+            "gpus",
+            f"must be one of {GPU_CELL_SIZES} (aligned cells), got {self.gpus!r}",
+        )
+        _require(
+            self.gpu_memory_gb > 0, "gpu_memory_gb", f"must be positive, got {self.gpu_memory_gb!r}"
+        )
+        _require(
+            self.host_memory_gb > 0,
+            "host_memory_gb",
+            f"must be positive, got {self.host_memory_gb!r}",
+        )
         _require(self.h2d_gbps > 0, "h2d_gbps", f"must be positive, got {self.h2d_gbps!r}")
-        _require(self.restore_fixed_s >= 0, "restore_fixed_s", f"must be >= 0, got {self.restore_fixed_s!r}")
+        _require(
+            self.restore_fixed_s >= 0,
+            "restore_fixed_s",
+            f"must be >= 0, got {self.restore_fixed_s!r}",
+        )
 
 
 @dataclass(frozen=True)
@@ -84,11 +108,21 @@ class ApiEndpointSpec:
     burst: int = 1
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.concurrency, int) and self.concurrency >= 1, "concurrency",
-                 f"must be a positive integer, got {self.concurrency!r}")
-        _require(self.rate_per_s is None or self.rate_per_s > 0, "rate_per_s",
-                 f"must be positive when given, got {self.rate_per_s!r}")
-        _require(isinstance(self.burst, int) and self.burst >= 1, "burst", f"must be a positive integer, got {self.burst!r}")
+        _require(
+            isinstance(self.concurrency, int) and self.concurrency >= 1,
+            "concurrency",
+            f"must be a positive integer, got {self.concurrency!r}",
+        )
+        _require(
+            self.rate_per_s is None or self.rate_per_s > 0,
+            "rate_per_s",
+            f"must be positive when given, got {self.rate_per_s!r}",
+        )
+        _require(
+            isinstance(self.burst, int) and self.burst >= 1,
+            "burst",
+            f"must be a positive integer, got {self.burst!r}",
+        )
 
 
 @dataclass(frozen=True)
@@ -115,7 +149,11 @@ class ClusterSpec:
             names = [n.name for n in nodes]
             dup = sorted({n for n in names if names.count(n) > 1})
             _require(not dup, group, f"duplicate names {dup}")
-        _require(bool(self.cpu_nodes or self.gpu_nodes or self.apis), "cluster", "describes no CPU node, GPU node or API")
+        _require(
+            bool(self.cpu_nodes or self.gpu_nodes or self.apis),
+            "cluster",
+            "describes no CPU node, GPU node or API",
+        )
 
     @property
     def total_cores(self) -> int:
@@ -148,6 +186,7 @@ class ClusterSpec:
 
         Used by the savings search ("the smallest cluster that matches a baseline's ACT").
         """
+
         def _resize(nodes: tuple, count: int | None, prefix: str) -> tuple:
             if count is None:
                 return nodes
@@ -155,7 +194,8 @@ class ClusterSpec:
                 raise ValueError(f"cannot scale {prefix} nodes of a cluster that has none")
             template = nodes[0]
             return tuple(
-                type(template)(**{**template.__dict__, "name": f"{prefix}{i}"}) for i in range(count)
+                type(template)(**{**template.__dict__, "name": f"{prefix}{i}"})
+                for i in range(count)
             )
 
         return ClusterSpec(

@@ -1,0 +1,51 @@
+"""What a policy returns: start an action somewhere, defer it, or reject it, with a reason."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tangram.core.action import Action
+
+
+@dataclass(frozen=True)
+class Start:
+    """Run ``action`` now on ``node`` with ``units`` units.
+
+    ``cores`` are the CPU core ids granted (AOE writes them into the container's cpuset);
+    ``gpus`` the aligned GPU cell; ``restore`` says the service must first be restored to that
+    cell (EOE). ``in_slot`` marks a static-baseline action running inside cores its trajectory
+    already holds. ``est_duration`` is the curve's estimate, ``est_overhead`` the expected restore.
+    """
+
+    time: float
+    action: Action
+    node: str
+    units: int
+    reason: str
+    cores: tuple[int, ...] = ()
+    gpus: tuple[int, ...] = ()
+    restore: bool = False
+    in_slot: bool = False
+    est_duration: float = 0.0
+    est_overhead: float = 0.0
+
+
+@dataclass(frozen=True)
+class Defer:
+    """The action stays queued although it could have started (the paper's "eviction")."""
+
+    time: float
+    action: Action
+    reason: str
+
+
+@dataclass(frozen=True)
+class Reject:
+    """The action can never run as asked; ``reason`` says why. It leaves the queue."""
+
+    time: float
+    action: Action
+    reason: str
+
+
+Decision = Start | Defer | Reject

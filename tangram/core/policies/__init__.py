@@ -1,0 +1,82 @@
+"""Policies registered by name: ``make_policy("tangram")``, ``make_policy("fixed:16")``.
+
+A name may carry one integer argument after a colon. The registry is a plain dict so the CLI,
+config files and tests can list and name policies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tangram.core.policies.base import CompositePolicy, DomainRule, Policy
+from tangram.core.policies.elastic import ElasticCpu, ElasticGpu
+from tangram.core.policies.fifo_api import FifoApi
+from tangram.core.policies.fixed import FixedCpu, FixedGpu
+from tangram.core.policies.lower_bound import LowerBound
+from tangram.core.policies.static import DedicatedGpus, StaticPods
+
+#: Cores per pod of the Kubernetes baseline when none is given (``k8s-static:K`` overrides).
+DEFAULT_POD_CORES = 4
+#: GPUs dedicated to each service by the SGLang baseline (MOPD in the paper: 9 teachers x 4).
+DEFAULT_GPUS_PER_SERVICE = 4
+
+
+def _tangram(arg: int | None) -> Policy:
+    window = arg or 32
+    return CompositePolicy("tangram", cpu=ElasticCpu(window), gpu=ElasticGpu(window), api=FifoApi())
+
+
+def _fixed(arg: int | None) -> Policy:
+    if arg is None:
+        raise ValueError("fixed needs its DoP: 'fixed:K', e.g. fixed:4")
+    return CompositePolicy(f"fixed:{arg}", cpu=FixedCpu(arg), gpu=FixedGpu(arg), api=FifoApi())
+
+
+def _k8s(arg: int | None) -> Policy:
+    k = arg or DEFAULT_POD_CORES
+    return CompositePolicy(
+        f"k8s-static:{k}",
+        cpu=StaticPods(k),
+        gpu=DedicatedGpus(DEFAULT_GPUS_PER_SERVICE),
+        api=FifoApi(),
+    )
+
+
+def _sglang(arg: int | None) -> Policy:
+    g = arg or DEFAULT_GPUS_PER_SERVICE
+    return CompositePolicy(
+        f"sglang-static:{g}", cpu=StaticPods(DEFAULT_POD_CORES), gpu=DedicatedGpus(g), api=FifoApi()
+    )
+
+
+#: name -> factory(optional integer argument). The static baselines are static for every kind:
+#: ``k8s-static:K`` sets the pod size, ``sglang-static:G`` the GPUs per service.
+POLICIES: dict[str, Callable[[int | None], Policy]] = {
+    "tangram": _tangram,
+    "fixed": _fixed,
+    "k8s-static": _k8s,
+    "sglang-static": _sglang,
+    "lower-bound": lambda arg: LowerBound(),
+}
+
+
+def make_policy(spec: str) -> Policy:
+    """Build a fresh policy object from ``name`` or ``name:K``."""
+    name, _, arg = spec.partition(":")
+    factory = POLICIES.get(name)
+    if factory is None:
+        raise ValueError(f"unknown policy {spec!r}; known: {sorted(POLICIES)} (some take ':K')")
+    value: int | None = None
+    if arg:
+        try:
+            value = int(arg)
+        except ValueError:
+            raise ValueError(
+                f"policy {spec!r}: the argument after ':' must be an integer"
+            ) from None
+        if value < 1:
+            raise ValueError(f"policy {spec!r}: the argument must be >= 1")
+    return factory(value)
+
+
+__all__ = ["POLICIES", "CompositePolicy", "DomainRule", "Policy", "make_policy"]

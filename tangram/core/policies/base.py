@@ -1,0 +1,55 @@
+"""The policy interface and the composite that gives each resource kind its own rule.
+
+A policy is any object with ``schedule(ctx)``; it reads the queues and free capacity from the
+``Context`` and acts through ``ctx.start`` / ``ctx.defer`` / ``ctx.reject``. Most policies
+treat CPU nodes, the GPU pool and API endpoints differently, so they are built as a
+``CompositePolicy`` of one ``DomainRule`` per kind.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from tangram.core.scheduler import Context, Domain
+
+
+class Policy(Protocol):
+    name: str
+
+    def schedule(self, ctx: Context) -> None: ...
+
+
+class DomainRule:
+    """How one resource kind is scheduled. Override ``schedule_domain``; hooks are optional."""
+
+    def observe(self, ctx: Context) -> None:
+        """See the pass's arrivals and completions before any domain is scheduled."""
+
+    def schedule_domain(self, ctx: Context, domain: Domain) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def on_trajectory_close(self, ctx: Context, trajectory: str) -> None:
+        """Release whatever the rule held for the trajectory."""
+
+
+class CompositePolicy:
+    """A named policy made of one rule per resource kind ("cpu", "gpu", "api")."""
+
+    unbounded = False
+
+    def __init__(self, name: str, *, cpu: DomainRule, gpu: DomainRule, api: DomainRule) -> None:
+        self.name = name
+        self.rules = {"cpu": cpu, "gpu": gpu, "api": api}
+
+    def schedule(self, ctx: Context) -> None:
+        for rule in self.rules.values():
+            rule.observe(ctx)
+        for domain in list(ctx.dirty):
+            self.rules[domain[0]].schedule_domain(ctx, domain)
+
+    def on_trajectory_close(self, ctx: Context, trajectory: str) -> None:
+        for rule in self.rules.values():
+            rule.on_trajectory_close(ctx, trajectory)
+
+    def __repr__(self) -> str:
+        return f"<policy {self.name}>"

@@ -1,0 +1,139 @@
+"""The static baselines: a pod of fixed cores per trajectory, dedicated GPUs per service.
+
+``StaticPods`` (Kubernetes): a trajectory's first CPU action waits, FCFS, until K cores are
+free on its container's node; the trajectory then holds them until it closes, busy or not.
+Its actions run inside that slot at their largest option not above K.
+
+``DedicatedGpus`` (SGLang-style serving): the first call of a service reserves G GPUs for it
+for the rest of the run, as replicas of its smallest cell (the tensor-parallel degree its
+memory needs); its calls queue FCFS per service and run one per replica. A service that finds
+no GPU left to reserve has its calls rejected, with the arithmetic in the reason.
+"""
+
+from __future__ import annotations
+
+from tangram.core.action import Action
+from tangram.core.gpu_placement import place_cell
+from tangram.core.policies.base import DomainRule
+from tangram.core.resources import ResourceKind
+from tangram.core.scheduler import GPU_DOMAIN, Context, Domain
+
+
+class StaticPods(DomainRule):
+    def __init__(self, cores_per_pod: int) -> None:
+        self.k = cores_per_pod
+        self.slots: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self.busy: set[str] = set()
+
+    def _start_in_slot(self, ctx: Context, action: Action) -> None:
+        node, cores = self.slots[action.trajectory]
+        opts = ctx.options(action)
+        units = opts.units[max(opts.best_within(len(cores)), 0)]
+        self.busy.add(action.trajectory)
+        ctx.start(
+            action,
+            node,
+            units,
+            f"k8s-static: in its pod of {len(cores)} cores",
+            cores=cores[:units],
+            in_slot=True,
+        )
+
+    def observe(self, ctx: Context) -> None:
+        for running in ctx.finished:
+            traj = running.action.trajectory
+            if running.start.in_slot and running.action.resource is ResourceKind.CPU:
+                self.busy.discard(traj)
+                nxt = next(ctx.queued_of_trajectory(traj), None)
+                if nxt is not None and nxt.resource is ResourceKind.CPU:
+                    self._start_in_slot(ctx, nxt)
+        for action in ctx.arrived:
+            if (
+                action.resource is ResourceKind.CPU
+                and action.trajectory in self.slots
+                and action.trajectory not in self.busy
+            ):
+                self._start_in_slot(ctx, action)
+
+    def schedule_domain(self, ctx: Context, domain: Domain) -> None:
+        node = ctx.state.cpu[domain[1]]
+        size = min(self.k, node.spec.cores)
+        for action in ctx.queue(domain):
+            if action.trajectory in self.slots:
+                continue  # waits for its own pod to be idle (observe() starts it)
+            if node.free_cores < size:
+                return  # FCFS: later trajectories wait behind this one for a pod
+            cores = node.choose_cores(size)
+            ctx.hold_cores(node.spec.name, cores)
+            self.slots[action.trajectory] = (node.spec.name, cores)
+            self._start_in_slot(ctx, action)
+
+    def on_trajectory_close(self, ctx: Context, trajectory: str) -> None:
+        slot = self.slots.pop(trajectory, None)
+        self.busy.discard(trajectory)
+        if slot is not None:
+            ctx.unhold_cores(*slot)
+
+
+class DedicatedGpus(DomainRule):
+    def __init__(self, gpus_per_service: int) -> None:
+        self.gpus_per_service = gpus_per_service
+        self.replicas: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
+        self.busy: dict[tuple[str, tuple[int, ...]], str] = {}
+        self.unservable: dict[str, str] = {}
+
+    def _dedicate(self, ctx: Context, action: Action) -> None:
+        service = action.service or ""
+        tp = ctx.options(action).units[0]
+        want = max(1, self.gpus_per_service // tp)
+        cells = []
+        for _ in range(want):
+            spot = place_cell(ctx.state, tp, f"dedicated:{service}")
+            if spot is None:
+                break
+            ctx.hold_cell(spot[0], spot[1], f"dedicated:{service}")
+            cells.append(spot)
+        if cells:
+            self.replicas[service] = cells
+        else:
+            held = len(self.replicas) * self.gpus_per_service
+            self.unservable[service] = (
+                f"sglang-static: no GPUs left to dedicate to {service!r} ({len(self.replicas)} services already "
+                f"hold ~{held} of {sum(n.spec.gpus for n in ctx.state.gpu.values())} GPUs, "
+                f"{self.gpus_per_service} each)"
+            )
+
+    def observe(self, ctx: Context) -> None:
+        for running in ctx.finished:
+            if running.start.in_slot and running.action.resource is ResourceKind.GPU:
+                self.busy.pop((running.start.node, running.start.gpus), None)
+        for action in ctx.arrived:
+            service = action.service or ""
+            if (
+                action.resource is ResourceKind.GPU
+                and service not in self.replicas
+                and service not in self.unservable
+            ):
+                self._dedicate(ctx, action)
+
+    def schedule_domain(self, ctx: Context, domain: Domain) -> None:
+        assert domain == GPU_DOMAIN
+        for service in list(ctx.scheduler.gpu_by_service):
+            if service in self.unservable:
+                for action in ctx.queued_of_service(service):
+                    ctx.reject(action, self.unservable[service])
+                continue
+            free = [r for r in self.replicas.get(service, []) if r not in self.busy]
+            for action in ctx.queued_of_service(service):
+                if not free:
+                    break
+                node, cell = free.pop(0)
+                self.busy[(node, cell)] = action.id
+                ctx.start(
+                    action,
+                    node,
+                    len(cell),
+                    f"sglang-static: replica {cell} of {service} on {node}",
+                    gpus=cell,
+                    in_slot=True,
+                )

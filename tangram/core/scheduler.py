@@ -1,0 +1,537 @@
+"""The scheduler: owns the queue and the cluster state, feeds events to a policy, applies decisions.
+
+Drivers (the simulator, the live runtime) call ``submit``, ``finish``, ``open_trajectory``,
+``close_trajectory`` and ``tick`` with the current time, and carry out the decisions returned.
+The scheduler never reads a clock and iterates only insertion-ordered containers, so the same
+event sequence always gives the same decisions.
+
+Queues are kept per *domain*, the set of units actions compete for: one per CPU node (a CPU
+action is bound to its trajectory's container, hence to one node), one for all GPUs (any GPU
+action may use any node's cells), one per API endpoint. Only domains touched by an event are
+offered to the policy, which keeps a decision cheap when thousands of actions wait elsewhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from tangram.core.action import Action
+from tangram.core.decision import Decision, Defer, Reject, Start
+from tangram.core.resources import ClusterSpec, ResourceKind
+from tangram.core.state import CapacityError, ClusterState
+
+Domain = tuple[str, str]
+GPU_DOMAIN: Domain = ("gpu", "*")
+
+
+class FcfsQueue:
+    """Actions in arrival order, with O(1) removal from anywhere.
+
+    Removal only forgets the id; iteration skips forgotten entries, so a policy may start or
+    reject actions while it walks the queue. ``compact`` (between passes) drops dead entries.
+    """
+
+    __slots__ = ("items", "head", "live")
+
+    def __init__(self) -> None:
+        self.items: list[Action] = []
+        self.head = 0
+        self.live: dict[str, Action] = {}
+
+    def push(self, action: Action) -> None:
+        self.items.append(action)
+        self.live[action.id] = action
+
+    def remove(self, action_id: str) -> None:
+        del self.live[action_id]
+
+    def __len__(self) -> int:
+        return len(self.live)
+
+    def __contains__(self, action_id: str) -> bool:
+        return action_id in self.live
+
+    def __iter__(self) -> Iterator[Action]:
+        items, live = self.items, self.live
+        i = self.head
+        while i < len(items):
+            action = items[i]
+            i += 1
+            if action.id in live:
+                yield action
+
+    def compact(self) -> None:
+        items, live = self.items, self.live
+        head = self.head
+        while head < len(items) and items[head].id not in live:
+            head += 1
+        self.head = head
+        if len(items) - head > 2 * len(live) + 64:
+            self.items = [a for a in items[head:] if a.id in live]
+            self.head = 0
+
+
+@dataclass(frozen=True)
+class Options:
+    """The unit counts an action may use on its domain, ascending, with their durations."""
+
+    units: tuple[int, ...]
+    durations: tuple[float, ...]
+    convex: bool
+
+    def best_within(self, limit: int) -> int:
+        """Index of the largest option not above ``limit`` (-1 when even the smallest exceeds it)."""
+        idx = -1
+        for i, u in enumerate(self.units):
+            if u > limit:
+                break
+            idx = i
+        return idx
+
+
+_EMPTY: tuple[Action, ...] = ()
+
+
+@dataclass(frozen=True)
+class Running:
+    """An action that has started, with where it runs and when the core expects it to end."""
+
+    action: Action
+    start: Start
+    domain: Domain
+    est_finish: float
+
+
+@dataclass
+class TrajectoryState:
+    """A trajectory's container binding: its CPU node and the memory reserved there."""
+
+    id: str
+    node: str | None = None
+    memory_gb: float = 0.0
+
+
+class Context:
+    """What a policy sees and does during one scheduling pass.
+
+    ``arrived`` and ``finished`` are the events since the last pass; ``dirty`` the domains
+    whose queue or free capacity changed. ``start``/``defer``/``reject`` apply at once, so a
+    later decision in the same pass sees the capacity an earlier one took.
+    """
+
+    def __init__(self, scheduler: Scheduler, now: float) -> None:
+        self.scheduler = scheduler
+        self.state = scheduler.state
+        self.now = now
+        self.decisions: list[Decision] = []
+        self.arrived: list[Action] = []
+        self.finished: list[Running] = []
+        self.closed: list[str] = []
+        self.dirty: dict[Domain, None] = {}
+
+    # --- reading ---------------------------------------------------------------------------
+    def queue(self, domain: Domain) -> Iterator[Action]:
+        """Queued actions of a domain in FCFS order (safe to start/reject while iterating)."""
+        return iter(self.scheduler.queues.get(domain, _EMPTY))
+
+    def queue_len(self, domain: Domain) -> int:
+        return len(self.scheduler.queues.get(domain, _EMPTY))
+
+    def queued_of_service(self, service: str) -> Iterator[Action]:
+        return iter(self.scheduler.gpu_by_service.get(service, _EMPTY))
+
+    def queued_of_trajectory(self, trajectory: str) -> Iterator[Action]:
+        return iter(self.scheduler.by_trajectory.get(trajectory, _EMPTY))
+
+    def running_in(self, domain: Domain) -> Iterator[Running]:
+        return iter(self.scheduler.running_by_domain.get(domain, {}).values())
+
+    def options(self, action: Action) -> Options:
+        return self.scheduler.options[action.id]
+
+    def node_of(self, action: Action) -> str | None:
+        """The CPU node an action is bound to (its trajectory's container)."""
+        traj = self.scheduler.trajectories.get(action.trajectory)
+        return traj.node if traj else None
+
+    def restore_cost(self, action: Action, node: str) -> float:
+        spec = self.state.gpu[node].spec
+        return action.service_size_gb / spec.h2d_gbps + spec.restore_fixed_s
+
+    # --- acting ------------------------------------------------------------------------------
+    def start(
+        self,
+        action: Action,
+        node: str,
+        units: int,
+        reason: str,
+        *,
+        cores: tuple[int, ...] = (),
+        gpus: tuple[int, ...] = (),
+        in_slot: bool = False,
+    ) -> Start:
+        sched = self.scheduler
+        opts = sched.options[action.id]
+        if units not in opts.units:
+            raise CapacityError(
+                f"{action.id}: {units} units is not one of its options {opts.units}"
+            )
+        restore, overhead = False, 0.0
+        if action.resource is ResourceKind.GPU and not sched.unbounded:
+            restore = not self.state.gpu[node].is_resident(action.service or "", gpus)
+            overhead = self.restore_cost(action, node) if restore else 0.0
+        decision = Start(
+            time=self.now,
+            action=action,
+            node=node,
+            units=units,
+            reason=reason,
+            cores=cores,
+            gpus=gpus,
+            restore=restore,
+            in_slot=in_slot,
+            est_duration=opts.durations[opts.units.index(units)],
+            est_overhead=overhead,
+        )
+        sched._apply_start(decision)
+        self.decisions.append(decision)
+        return decision
+
+    def defer(self, action: Action, reason: str) -> None:
+        self.decisions.append(Defer(self.now, action, reason))
+
+    def reject(self, action: Action, reason: str) -> None:
+        self.scheduler._dequeue(action)
+        self.decisions.append(Reject(self.now, action, reason))
+
+    def hold_cores(self, node: str, cores: tuple[int, ...]) -> None:
+        """Take cores out of the free pool without an action (a static baseline's reservation)."""
+        self.state.cpu[node].take_cores(cores)
+
+    def unhold_cores(self, node: str, cores: tuple[int, ...]) -> None:
+        self.state.cpu[node].give_cores(cores)
+        self.dirty[("cpu", node)] = None
+
+    def hold_cell(self, node: str, cell: tuple[int, ...], holder: str) -> None:
+        """Take a GPU cell for a holder that is not an action (a dedicated service)."""
+        self.state.gpu[node].take(cell, holder)
+
+    def wake_at(self, when: float) -> None:
+        """Ask the driver to call ``tick`` at ``when`` (a rate limit frees a token then)."""
+        sched = self.scheduler
+        sched.wakeup = when if sched.wakeup is None else min(sched.wakeup, when)
+
+
+class Scheduler:
+    """Event-driven front of the core: one per cluster, driving one policy."""
+
+    def __init__(self, cluster: ClusterSpec, policy: object) -> None:
+        self.cluster = cluster
+        self.state = ClusterState(cluster)
+        self.policy = policy
+        self.unbounded = bool(getattr(policy, "unbounded", False))
+        self.queues: dict[Domain, FcfsQueue] = {}
+        self.gpu_by_service: dict[str, FcfsQueue] = {}
+        self.by_trajectory: dict[str, FcfsQueue] = {}
+        self.options: dict[str, Options] = {}
+        self.domain_of: dict[str, Domain] = {}
+        self.running: dict[str, Running] = {}
+        self.running_by_domain: dict[Domain, dict[str, Running]] = {}
+        self.trajectories: dict[str, TrajectoryState] = {}
+        self.waiting_for_memory: dict[str, Action] = {}
+        self.seen: set[str] = set()
+        self.wakeup: float | None = None
+        self.now = 0.0
+        self._touched: set[FcfsQueue] = set()
+        self._max_node_cores = max((n.cores for n in cluster.cpu_nodes), default=0)
+        self._max_node_gpus = max((n.gpus for n in cluster.gpu_nodes), default=0)
+        self._max_gpu_mem = max((n.gpu_memory_gb for n in cluster.gpu_nodes), default=0.0)
+
+    # ------------------------------------------------------------------ events
+    def submit(self, action: Action, now: float) -> list[Decision]:
+        """An action arrived. Returns the decisions this caused (possibly its own rejection)."""
+        ctx = self._begin(now)
+        problem = self._infeasible(action)
+        if problem:
+            ctx.decisions.append(Reject(now, action, problem))
+            return ctx.decisions
+        self.seen.add(action.id)
+        self.options[action.id] = self._options_for(action)
+        if (
+            action.resource is ResourceKind.CPU
+            and not self.unbounded
+            and not self._admit_memory(action)
+        ):
+            self.waiting_for_memory[action.id] = action
+            return ctx.decisions
+        self._enqueue(action, ctx)
+        return self._run(ctx)
+
+    def finish(self, action_id: str, now: float) -> list[Decision]:
+        """A running action ended (whatever the outcome); its units return to the pool."""
+        running = self.running.pop(action_id, None)
+        if running is None:
+            raise KeyError(f"finish of {action_id!r}, which is not running")
+        ctx = self._begin(now)
+        del self.running_by_domain[running.domain][action_id]
+        self._release(running.start)
+        ctx.finished.append(running)
+        ctx.dirty[running.domain] = None
+        return self._run(ctx)
+
+    def open_trajectory(
+        self, trajectory: str, now: float, *, memory_gb: float = 0.0, node: str | None = None
+    ) -> str | None:
+        """Place a trajectory's container: returns its CPU node, or None when memory is short now.
+
+        Optional: a CPU action of an unopened trajectory opens it with the action's memory.
+        """
+        self.now = max(self.now, now)
+        if node is not None and node not in self.state.cpu:
+            raise ValueError(f"trajectory {trajectory!r}: unknown CPU node {node!r}")
+        traj = self.trajectories.setdefault(trajectory, TrajectoryState(trajectory))
+        if traj.node is None and not self.unbounded:
+            self._bind(traj, memory_gb, node)
+        return traj.node
+
+    def close_trajectory(self, trajectory: str, now: float) -> list[Decision]:
+        """The trajectory ended: its container's memory (and any static slot) is freed.
+
+        Actions of it still queued are rejected: nobody will collect their results.
+        """
+        ctx = self._begin(now)
+        for action in list(self.by_trajectory.get(trajectory, _EMPTY)):
+            ctx.reject(action, f"trajectory {trajectory} closed while the action was queued")
+        for aid, action in list(self.waiting_for_memory.items()):
+            if action.trajectory == trajectory:
+                del self.waiting_for_memory[aid]
+                del self.options[aid]
+                ctx.decisions.append(
+                    Reject(
+                        now, action, f"trajectory {trajectory} closed while the action was queued"
+                    )
+                )
+        traj = self.trajectories.pop(trajectory, None)
+        ctx.closed.append(trajectory)
+        hook = getattr(self.policy, "on_trajectory_close", None)
+        if hook is not None:
+            hook(ctx, trajectory)
+        if traj is not None and traj.node is not None:
+            node = self.state.cpu[traj.node]
+            node.give_memory(traj.memory_gb)
+            node.containers -= 1
+            ctx.dirty[("cpu", traj.node)] = None
+            self._retry_memory_waiters(ctx)
+        return self._run(ctx)
+
+    def tick(self, now: float) -> list[Decision]:
+        """A wake-up the scheduler asked for (``next_wakeup``): rate tokens may be free now."""
+        ctx = self._begin(now)
+        for name in self.state.api:
+            ctx.dirty[("api", name)] = None
+        return self._run(ctx)
+
+    def report_residency(
+        self, node: str, gpus: tuple[int, ...], service: str, resident: bool
+    ) -> None:
+        """The GPU executor restored (resident=True) or evicted a service on these GPUs."""
+        self.state.report_residency(node, gpus, service, resident)
+
+    @property
+    def next_wakeup(self) -> float | None:
+        return self.wakeup
+
+    @property
+    def queued(self) -> int:
+        return sum(len(q) for q in self.queues.values()) + len(self.waiting_for_memory)
+
+    # ------------------------------------------------------------------ internals
+    def _begin(self, now: float) -> Context:
+        if now < self.now - 1e-9:
+            raise ValueError(f"time went backwards: event at {now} after {self.now}")
+        self.now = max(self.now, now)
+        if self.wakeup is not None and self.wakeup <= now:
+            self.wakeup = None
+        for queue in self._touched:
+            queue.compact()
+        self._touched.clear()
+        return Context(self, now)
+
+    def _run(self, ctx: Context) -> list[Decision]:
+        if ctx.dirty or ctx.arrived or ctx.finished:
+            self.policy.schedule(ctx)
+        return ctx.decisions
+
+    def _infeasible(self, action: Action) -> str | None:
+        """Why no cluster state could ever run this action (None if some state could)."""
+        if action.id in self.seen:
+            return f"duplicate action id {action.id!r}: every action needs its own id"
+        if self.unbounded:
+            return None
+        kind = action.resource
+        if kind is ResourceKind.CPU:
+            if not self.cluster.cpu_nodes:
+                return "CPU action but the cluster has no CPU node"
+            traj = self.trajectories.get(action.trajectory)
+            node = action.node or (traj.node if traj else None)
+            if action.node and action.node not in self.state.cpu:
+                return f"CPU action bound to unknown node {action.node!r}"
+            if traj and traj.node and action.node and action.node != traj.node:
+                return (
+                    f"CPU action names node {action.node!r} but its container is on {traj.node!r}"
+                )
+            limit = (
+                self.state.cpu[node].spec.memory_gb
+                if node
+                else max(n.memory_gb for n in self.cluster.cpu_nodes)
+            )
+            if action.memory_gb > limit:
+                return f"needs {action.memory_gb} GB of container memory; a node has at most {limit} GB"
+        elif kind is ResourceKind.GPU:
+            if not self.cluster.gpu_nodes:
+                return "GPU action but the cluster has no GPU node"
+            if not self._gpu_units(action):
+                return (
+                    f"service {action.service!r} of {action.service_size_gb} GB does not fit any cell: "
+                    f"at most {self._max_node_gpus} GPUs x {self._max_gpu_mem} GB on one node"
+                )
+        elif action.service not in self.state.api:
+            return f"unknown API endpoint {action.service!r}; known: {sorted(self.state.api)}"
+        return None
+
+    def _gpu_units(self, action: Action) -> tuple[int, ...]:
+        need = [
+            k
+            for k in (1, 2, 4, 8)
+            if k <= self._max_node_gpus and action.service_size_gb <= k * self._max_gpu_mem
+        ]
+        if not need:
+            return ()
+        top = max(need[0], action.max_units)
+        return tuple(k for k in need if k <= top)
+
+    def _options_for(self, action: Action) -> Options:
+        if action.resource is ResourceKind.GPU:
+            units = self._gpu_units(action) if not self.unbounded else action.allowed_units(8)
+        elif action.resource is ResourceKind.CPU:
+            cap = self._max_node_cores
+            traj = self.trajectories.get(action.trajectory)
+            node = action.node or (traj.node if traj else None)
+            if node in self.state.cpu:
+                cap = self.state.cpu[node].spec.cores
+            units = action.allowed_units(cap if not self.unbounded else None)
+        else:
+            units = (1,)
+        durations = tuple(action.duration(u) for u in units)
+        return Options(units, durations, action.curve.is_convex_on(units))
+
+    def _bind(self, traj: TrajectoryState, memory_gb: float, node: str | None) -> bool:
+        """Reserve the container's memory on a node: the given one, else the roomiest."""
+        if node is None:
+            candidates = sorted(
+                self.state.cpu.values(),
+                key=lambda n: (-n.memory_free_gb, n.containers, n.spec.name),
+            )
+            fitting = [n for n in candidates if n.memory_free_gb + 1e-9 >= memory_gb]
+            if not fitting:
+                return False
+            chosen = fitting[0]
+        else:
+            chosen = self.state.cpu[node]
+            if chosen.memory_free_gb + 1e-9 < memory_gb:
+                return False
+        chosen.take_memory(memory_gb)
+        chosen.containers += 1
+        traj.node, traj.memory_gb = chosen.spec.name, memory_gb
+        return True
+
+    def _admit_memory(self, action: Action) -> bool:
+        """Bind the action's trajectory (or grow its container) so its memory is reserved."""
+        traj = self.trajectories.setdefault(action.trajectory, TrajectoryState(action.trajectory))
+        if traj.node is None:
+            return self._bind(traj, action.memory_gb, action.node)
+        extra = action.memory_gb - traj.memory_gb
+        if extra > 0:
+            node = self.state.cpu[traj.node]
+            if node.memory_free_gb + 1e-9 < extra:
+                return False
+            node.take_memory(extra)
+            traj.memory_gb = action.memory_gb
+        return True
+
+    def _retry_memory_waiters(self, ctx: Context) -> None:
+        for aid, action in list(self.waiting_for_memory.items()):
+            if self._admit_memory(action):
+                del self.waiting_for_memory[aid]
+                self._enqueue(action, ctx)
+
+    def _domain(self, action: Action) -> Domain:
+        if action.resource is ResourceKind.CPU:
+            traj = self.trajectories.get(action.trajectory)
+            node = (
+                traj.node if traj and traj.node else (action.node or self.cluster.cpu_nodes[0].name)
+            )
+            return ("cpu", node)
+        if action.resource is ResourceKind.GPU:
+            return GPU_DOMAIN
+        return ("api", action.service or "")
+
+    def _enqueue(self, action: Action, ctx: Context) -> None:
+        domain = self._domain(action)
+        self.domain_of[action.id] = domain
+        self.queues.setdefault(domain, FcfsQueue()).push(action)
+        self.by_trajectory.setdefault(action.trajectory, FcfsQueue()).push(action)
+        if action.resource is ResourceKind.GPU:
+            self.gpu_by_service.setdefault(action.service or "", FcfsQueue()).push(action)
+        ctx.arrived.append(action)
+        ctx.dirty[domain] = None
+
+    def _dequeue(self, action: Action) -> None:
+        domain = self.domain_of.pop(action.id)
+        touched = [self.queues[domain], self.by_trajectory[action.trajectory]]
+        if action.resource is ResourceKind.GPU:
+            touched.append(self.gpu_by_service[action.service or ""])
+        for queue in touched:
+            queue.remove(action.id)
+            self._touched.add(queue)
+        if not touched[1]:
+            del self.by_trajectory[action.trajectory]
+        del self.options[action.id]
+
+    def _apply_start(self, start: Start) -> None:
+        action = start.action
+        domain = self.domain_of[action.id]
+        if not self.unbounded and not start.in_slot:
+            if action.resource is ResourceKind.CPU:
+                if ("cpu", start.node) != domain:
+                    raise CapacityError(
+                        f"{action.id}: CPU action started on {start.node}, its container is on {domain[1]}"
+                    )
+                if len(start.cores) != start.units:
+                    raise CapacityError(
+                        f"{action.id}: {start.units} units but {len(start.cores)} cores"
+                    )
+                self.state.cpu[start.node].take_cores(start.cores)
+            elif action.resource is ResourceKind.GPU:
+                if len(start.gpus) != start.units:
+                    raise CapacityError(f"{action.id}: {start.units} units but cell {start.gpus}")
+                self.state.gpu[start.node].take(start.gpus, action.id)
+            else:
+                self.state.api[action.service or ""].take(start.time)
+        self._dequeue(action)
+        est = start.time + start.est_duration + start.est_overhead
+        running = Running(action, start, domain, est)
+        self.running[action.id] = running
+        self.running_by_domain.setdefault(domain, {})[action.id] = running
+
+    def _release(self, start: Start) -> None:
+        if self.unbounded or start.in_slot:
+            return
+        action = start.action
+        if action.resource is ResourceKind.CPU:
+            self.state.cpu[start.node].give_cores(start.cores)
+        elif action.resource is ResourceKind.GPU:
+            self.state.gpu[start.node].give(start.gpus, action.id)
+        else:
+            self.state.api[action.service or ""].give()

@@ -1,0 +1,201 @@
+"""Mutable cluster state owned by the scheduler: free cores, GPU cells, API quotas, residency.
+
+Every change goes through ``take_*`` / ``give_*`` methods that check capacity, so a policy bug
+surfaces as a ``CapacityError`` at the decision that caused it instead of silent over-commit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tangram.core.resources import ApiEndpointSpec, ClusterSpec, CpuNodeSpec, GpuNodeSpec
+
+
+class CapacityError(RuntimeError):
+    """A decision asked for capacity that is not free (a policy bug, never user input)."""
+
+
+@dataclass
+class CpuNodeState:
+    """Free cores per NUMA domain, free memory, and per-trajectory static slots (k8s-static)."""
+
+    spec: CpuNodeSpec
+    free_by_numa: list[set[int]] = field(init=False)
+    memory_free_gb: float = field(init=False)
+    free_cores: int = field(init=False)
+    containers: int = 0
+
+    def __post_init__(self) -> None:
+        per = self.spec.cores // self.spec.numa_domains
+        self.free_by_numa = [
+            set(range(d * per, (d + 1) * per)) for d in range(self.spec.numa_domains)
+        ]
+        self.memory_free_gb = self.spec.memory_gb
+        self.free_cores = self.spec.cores
+
+    def choose_cores(self, n: int) -> tuple[int, ...]:
+        """Pick n free cores NUMA-locally, without taking them.
+
+        One domain when one can hold all n (best fit: the fullest domain that still fits keeps
+        large domains whole for large actions); otherwise the emptiest domains first, so the
+        action spans as few domains as possible.
+        """
+        if n > self.free_cores:
+            raise CapacityError(f"{self.spec.name}: {n} cores asked, {self.free_cores} free")
+        fitting = [(len(s), d) for d, s in enumerate(self.free_by_numa) if len(s) >= n]
+        if fitting:
+            _, d = min(fitting)
+            return tuple(sorted(self.free_by_numa[d])[:n])
+        chosen: list[int] = []
+        for _, d in sorted(((-len(s), d) for d, s in enumerate(self.free_by_numa))):
+            chosen += sorted(self.free_by_numa[d])[: n - len(chosen)]
+            if len(chosen) == n:
+                break
+        return tuple(chosen)
+
+    def take_cores(self, cores: tuple[int, ...]) -> None:
+        per = self.spec.cores // self.spec.numa_domains
+        for c in cores:
+            if c not in self.free_by_numa[c // per]:
+                raise CapacityError(f"{self.spec.name}: core {c} is not free")
+        for c in cores:
+            self.free_by_numa[c // per].discard(c)
+        self.free_cores -= len(cores)
+
+    def give_cores(self, cores: tuple[int, ...]) -> None:
+        per = self.spec.cores // self.spec.numa_domains
+        for c in cores:
+            if c in self.free_by_numa[c // per]:
+                raise CapacityError(f"{self.spec.name}: core {c} returned twice")
+            self.free_by_numa[c // per].add(c)
+        self.free_cores += len(cores)
+
+    def take_memory(self, gb: float) -> None:
+        if gb > self.memory_free_gb + 1e-9:
+            raise CapacityError(f"{self.spec.name}: {gb} GB asked, {self.memory_free_gb} GB free")
+        self.memory_free_gb -= gb
+
+    def give_memory(self, gb: float) -> None:
+        self.memory_free_gb = min(self.spec.memory_gb, self.memory_free_gb + gb)
+
+
+@dataclass
+class GpuNodeState:
+    """Which action holds each GPU, which services are resident on it, and dedicated cells."""
+
+    spec: GpuNodeSpec
+    owner: list[str | None] = field(init=False)
+    resident: list[set[str]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.owner = [None] * self.spec.gpus
+        self.resident = [set() for _ in range(self.spec.gpus)]
+
+    @property
+    def free_gpus(self) -> int:
+        return sum(o is None for o in self.owner)
+
+    def free_cells(self, size: int) -> list[tuple[int, ...]]:
+        """Aligned free cells of ``size`` GPUs (start a multiple of size), in index order."""
+        cells = []
+        for start in range(0, self.spec.gpus - size + 1, size):
+            cell = tuple(range(start, start + size))
+            if all(self.owner[g] is None for g in cell):
+                cells.append(cell)
+        return cells
+
+    def is_resident(self, service: str, cell: tuple[int, ...]) -> bool:
+        return all(service in self.resident[g] for g in cell)
+
+    def take(self, cell: tuple[int, ...], holder: str) -> None:
+        size = len(cell)
+        if (
+            size not in (1, 2, 4, 8)
+            or cell[0] % size
+            or cell != tuple(range(cell[0], cell[0] + size))
+        ):
+            raise CapacityError(f"{self.spec.name}: {cell} is not an aligned cell")
+        if cell[-1] >= self.spec.gpus:
+            raise CapacityError(f"{self.spec.name}: {cell} exceeds {self.spec.gpus} GPUs")
+        busy = [g for g in cell if self.owner[g] is not None]
+        if busy:
+            raise CapacityError(
+                f"{self.spec.name}: GPUs {busy} of {cell} are held by {self.owner[busy[0]]}"
+            )
+        for g in cell:
+            self.owner[g] = holder
+
+    def give(self, cell: tuple[int, ...], holder: str) -> None:
+        for g in cell:
+            if self.owner[g] != holder:
+                raise CapacityError(f"{self.spec.name}: GPU {g} is not held by {holder}")
+            self.owner[g] = None
+
+
+@dataclass
+class ApiState:
+    """Calls in flight and a token bucket for the start rate."""
+
+    spec: ApiEndpointSpec
+    in_flight: int = 0
+    tokens: float = field(init=False)
+    refilled_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.tokens = float(self.spec.burst)
+
+    def refill(self, now: float) -> None:
+        if self.spec.rate_per_s is not None and now > self.refilled_at:
+            self.tokens = min(
+                float(self.spec.burst),
+                self.tokens + (now - self.refilled_at) * self.spec.rate_per_s,
+            )
+        self.refilled_at = max(self.refilled_at, now)
+
+    def can_start(self, now: float) -> bool:
+        self.refill(now)
+        rate_ok = self.spec.rate_per_s is None or self.tokens >= 1.0 - 1e-9
+        return self.in_flight < self.spec.concurrency and rate_ok
+
+    def next_token_at(self, now: float) -> float | None:
+        """When the next start becomes allowed by the rate (None when only concurrency binds)."""
+        if self.spec.rate_per_s is None or self.tokens >= 1.0 - 1e-9:
+            return None
+        return now + (1.0 - self.tokens) / self.spec.rate_per_s
+
+    def take(self, now: float) -> None:
+        if not self.can_start(now):
+            raise CapacityError(f"API {self.spec.name}: no call slot or rate token free")
+        self.in_flight += 1
+        if self.spec.rate_per_s is not None:
+            self.tokens -= 1.0
+
+    def give(self) -> None:
+        if self.in_flight <= 0:
+            raise CapacityError(f"API {self.spec.name}: call slot returned twice")
+        self.in_flight -= 1
+
+
+class ClusterState:
+    """All nodes' mutable state, indexed by name."""
+
+    def __init__(self, spec: ClusterSpec) -> None:
+        self.spec = spec
+        self.cpu: dict[str, CpuNodeState] = {n.name: CpuNodeState(n) for n in spec.cpu_nodes}
+        self.gpu: dict[str, GpuNodeState] = {n.name: GpuNodeState(n) for n in spec.gpu_nodes}
+        self.api: dict[str, ApiState] = {a.name: ApiState(a) for a in spec.apis}
+
+    @property
+    def free_gpus(self) -> int:
+        return sum(n.free_gpus for n in self.gpu.values())
+
+    def report_residency(
+        self, node: str, gpus: tuple[int, ...], service: str, resident: bool
+    ) -> None:
+        """The executor (or the simulator's residency model) says a service is (not) on these GPUs."""
+        state = self.gpu[node]
+        for g in gpus:
+            if resident:
+                state.resident[g].add(service)
+            else:
+                state.resident[g].discard(service)

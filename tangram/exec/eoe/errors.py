@@ -1,0 +1,71 @@
+"""The errors of the EOE executor, one class per cause, so a caller can tell them apart.
+
+Every error that concerns one call is returned in that call's ``CallOutcome`` (status
+``"error"``) rather than raised across the manager, so one bad call never stops the others;
+``CallOutcome.unwrap()`` re-raises it for callers that prefer exceptions.
+"""
+
+from __future__ import annotations
+
+
+class EoeError(Exception):
+    """Base class of every EOE error."""
+
+
+class ServiceSpecError(EoeError, ValueError):
+    """A service description is invalid (bad name, DoPs, memory figures, factory result)."""
+
+
+class DuplicateServiceError(EoeError, ValueError):
+    """A service of that name is already registered."""
+
+
+class UnknownServiceError(EoeError, KeyError):
+    """A call or eviction named a service that is not registered."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class ServiceTooLargeError(EoeError):
+    """A service needs more memory per GPU than any cell (or the chosen cell) can hold."""
+
+
+class HostMemoryError(EoeError):
+    """The host backups of the registered services would exceed the host memory budget."""
+
+
+class InvalidCellError(EoeError, ValueError):
+    """The GPUs given for a call are not an aligned cell of this executor, or do not match the DoP."""
+
+
+class DopNotSupportedError(EoeError, ValueError):
+    """The call asked for a DoP that the service does not declare or the devices cannot provide."""
+
+
+class ServiceInUseError(EoeError):
+    """An explicit eviction (or unregistration) targeted a service while a call is using it."""
+
+
+class DeviceOutOfMemoryError(EoeError):
+    """A device allocation would exceed the device's budget, or the device itself ran out."""
+
+
+class RestoreError(EoeError):
+    """Restoring a service's weights to a GPU failed."""
+
+
+class RestoreOutOfMemoryError(RestoreError):
+    """Restoring a service failed for lack of device memory (budget or a real CUDA OOM)."""
+
+
+class CallFailedError(EoeError):
+    """The service's call function raised; the original exception is ``__cause__``."""
+
+
+class InputSplitError(EoeError, ValueError):
+    """The inputs of a call at DoP > 1 could not be split across the cell's replicas."""
+
+
+class ManagerClosedError(EoeError):
+    """The manager was closed; it serves no more calls."""

@@ -1,0 +1,244 @@
+"""The service registry: what a GPU service is (``ServiceSpec``) and the named set of them.
+
+A service is a factory that builds a torch module, a call function that runs one request on
+a built module (score a batch, return per-token log-probs, ...), the DoPs it supports and its
+memory need. For a call at DoP k the executor runs k data-parallel replicas, one per GPU of the
+cell: ``split`` cuts the inputs into k parts along the batch dimension and ``merge`` joins the
+k results (defaults: ``split_batch`` and ``merge_batch``, for tensors and tuples/lists/dicts of
+tensors batched on dim 0).
+
+No torch import happens at module import time, so ``tangram --help`` works without torch.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tangram.exec.eoe.errors import DuplicateServiceError, ServiceSpecError, UnknownServiceError
+
+if TYPE_CHECKING:
+    import torch
+
+#: DoPs a GPU call may use: sizes of the aligned cells.
+CELL_SIZES: tuple[int, ...] = (1, 2, 4, 8)
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]*$")
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """A GPU service: how to build it, how to call it, what it needs.
+
+    ``factory()`` builds the module on the host (random init with a fixed seed, or loading a
+    checkpoint); it is called once, at registration. All of the module's state must live in its
+    parameters and buffers (what ``Module.to`` moves), because only those are backed up.
+    ``call(module, inputs)`` runs one request on a replica whose weights are on the call's
+    device; ``inputs`` arrive already moved to that device, and tensors in the result are moved
+    back to the host by the executor.
+    """
+
+    name: str
+    factory: Callable[[], torch.nn.Module]
+    call: Callable[[torch.nn.Module, Any], Any]
+    #: DoPs (cell sizes) the service may run at; a call at DoP k runs k replicas.
+    dops: tuple[int, ...] = (1,)
+    #: Declared bytes of resident state per GPU; None means "measured from the module".
+    #: If given it must be at least the measured size (it may be larger, e.g. for caches).
+    memory_bytes: int | None = None
+    #: Extra bytes per GPU reserved while a call runs (activations, temporary buffers).
+    workspace_bytes: int = 0
+    #: Cut inputs into k parts for k replicas; default ``split_batch``.
+    split: Callable[[Any, int], list[Any]] | None = None
+    #: Join the parts' results in order; default ``merge_batch``.
+    merge: Callable[[list[Any]], Any] | None = None
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise ServiceSpecError(
+                f"service name {self.name!r} is invalid: use letters, digits and _.:/@+-, "
+                "starting with a letter or digit"
+            )
+        if not callable(self.factory):
+            raise ServiceSpecError(f"service {self.name!r}: factory must be callable")
+        if not callable(self.call):
+            raise ServiceSpecError(f"service {self.name!r}: call must be callable")
+        dops = tuple(self.dops)
+        if not dops or any(d not in CELL_SIZES for d in dops) or len(set(dops)) != len(dops):
+            raise ServiceSpecError(
+                f"service {self.name!r}: dops must be distinct values from {CELL_SIZES}, "
+                f"got {self.dops!r}"
+            )
+        object.__setattr__(self, "dops", tuple(sorted(dops)))
+        if self.memory_bytes is not None and (
+            not isinstance(self.memory_bytes, int) or self.memory_bytes < 0
+        ):
+            raise ServiceSpecError(
+                f"service {self.name!r}: memory_bytes must be a non-negative int or None, "
+                f"got {self.memory_bytes!r}"
+            )
+        if not isinstance(self.workspace_bytes, int) or self.workspace_bytes < 0:
+            raise ServiceSpecError(
+                f"service {self.name!r}: workspace_bytes must be a non-negative int, "
+                f"got {self.workspace_bytes!r}"
+            )
+
+    def split_inputs(self, inputs: Any, parts: int) -> list[Any]:
+        return (self.split or split_batch)(inputs, parts)
+
+    def merge_outputs(self, outputs: list[Any]) -> Any:
+        return (self.merge or merge_batch)(outputs)
+
+
+class ServiceRegistry:
+    """A thread-safe map of service name to ``ServiceSpec``; names are unique."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._specs: dict[str, ServiceSpec] = {}
+
+    def add(self, spec: ServiceSpec) -> None:
+        if not isinstance(spec, ServiceSpec):
+            raise ServiceSpecError(f"expected a ServiceSpec, got {type(spec).__name__}")
+        with self._lock:
+            if spec.name in self._specs:
+                raise DuplicateServiceError(f"service {spec.name!r} is already registered")
+            self._specs[spec.name] = spec
+
+    def remove(self, name: str) -> ServiceSpec:
+        with self._lock:
+            try:
+                return self._specs.pop(name)
+            except KeyError:
+                raise UnknownServiceError(self._unknown(name)) from None
+
+    def get(self, name: str) -> ServiceSpec:
+        with self._lock:
+            try:
+                return self._specs[name]
+            except KeyError:
+                raise UnknownServiceError(self._unknown(name)) from None
+
+    def _unknown(self, name: str) -> str:
+        known = ", ".join(sorted(self._specs)) or "none"
+        return f"unknown service {name!r} (registered: {known})"
+
+    def names(self) -> tuple[str, ...]:
+        with self._lock:
+            return tuple(sorted(self._specs))
+
+    def __contains__(self, name: object) -> bool:
+        with self._lock:
+            return name in self._specs
+
+    def __iter__(self) -> Iterator[ServiceSpec]:
+        with self._lock:
+            return iter(list(self._specs.values()))
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._specs)
+
+
+# --- data-parallel split and merge -------------------------------------------------------------
+
+
+def _batch_len(inputs: Any) -> int:
+    import torch
+
+    if isinstance(inputs, torch.Tensor):
+        if inputs.dim() == 0:
+            raise TypeError("a 0-dimensional tensor has no batch dimension")
+        return int(inputs.shape[0])
+    if isinstance(inputs, list):
+        return len(inputs)
+    if isinstance(inputs, tuple):
+        lens = {_batch_len(x) for x in inputs}
+    elif isinstance(inputs, dict):
+        lens = {_batch_len(x) for x in inputs.values()}
+    else:
+        raise TypeError(f"cannot split a {type(inputs).__name__} along a batch dimension")
+    if len(lens) != 1:
+        raise TypeError(f"the parts of the inputs have different batch sizes {sorted(lens)}")
+    return lens.pop()
+
+
+def _split(inputs: Any, bounds: list[tuple[int, int]]) -> list[Any]:
+    import torch
+
+    if isinstance(inputs, torch.Tensor):
+        return [inputs[a:b] for a, b in bounds]
+    if isinstance(inputs, list):
+        return [inputs[a:b] for a, b in bounds]
+    if isinstance(inputs, tuple):
+        columns = [_split(x, bounds) for x in inputs]
+        return [tuple(col[i] for col in columns) for i in range(len(bounds))]
+    columns_d = {k: _split(v, bounds) for k, v in inputs.items()}
+    return [{k: v[i] for k, v in columns_d.items()} for i in range(len(bounds))]
+
+
+def split_batch(inputs: Any, parts: int) -> list[Any]:
+    """Cut ``inputs`` into at most ``parts`` contiguous pieces along dim 0, in order.
+
+    A tensor is cut on dim 0; a list is a sequence of samples (cut by slicing, so samples may
+    differ in length); a tuple or dict is a structure whose members are cut alike and must
+    share one batch size. Pieces are
+    as even as possible; when the batch is smaller than ``parts`` fewer (non-empty) pieces are
+    returned, so no replica runs an empty batch.
+    """
+    if parts < 1:
+        raise ValueError(f"parts must be >= 1, got {parts}")
+    n = _batch_len(inputs)
+    if parts == 1 or n <= 1:
+        return [inputs]
+    parts = min(parts, n)
+    base, extra = divmod(n, parts)
+    bounds, start = [], 0
+    for i in range(parts):
+        size = base + (1 if i < extra else 0)
+        bounds.append((start, start + size))
+        start += size
+    return _split(inputs, bounds)
+
+
+def merge_batch(outputs: list[Any]) -> Any:
+    """Join results of the pieces in order, the inverse of ``split_batch``: tensors are
+    concatenated on dim 0, lists concatenated, tuples and dicts merged member by member.
+    One piece is returned as is."""
+    import torch
+
+    if not outputs:
+        raise ValueError("nothing to merge")
+    if len(outputs) == 1:
+        return outputs[0]
+    first = outputs[0]
+    if isinstance(first, torch.Tensor):
+        if first.dim() == 0:
+            raise TypeError("cannot merge 0-dimensional results of data-parallel replicas")
+        return torch.cat(outputs, dim=0)
+    if isinstance(first, tuple):
+        return tuple(merge_batch([o[i] for o in outputs]) for i in range(len(first)))
+    if isinstance(first, list):
+        return [x for o in outputs for x in o]
+    if isinstance(first, dict):
+        return {k: merge_batch([o[k] for o in outputs]) for k in first}
+    raise TypeError(f"cannot merge results of type {type(first).__name__}; give the spec a merge")
+
+
+def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """Apply ``fn`` to every tensor inside nested tuples/lists/dicts; other values are kept."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, tuple):
+        return tuple(map_tensors(v, fn) for v in value)
+    if isinstance(value, list):
+        return [map_tensors(v, fn) for v in value]
+    if isinstance(value, dict):
+        return {k: map_tensors(v, fn) for k, v in value.items()}
+    return value

@@ -1,0 +1,200 @@
+"""AI coding (SWE-style agentic RL): CPU sandbox actions, then a test-based reward.
+
+Each trajectory is one agent rollout in its own container: the policy generates (on the
+training cluster), runs a command in the sandbox (an ``env`` action), generates again, and so
+on; after the last generation the test suite runs in the same container as the reward (a
+``reward`` action, more parallel than the environment actions). Both are CPU actions elastic
+by Amdahl's law. Sources of every default are in the field comments and in
+``docs/workloads.md``: [paper] = ARL-Tangram (arXiv 2603.13019) via ``paper-notes.md``;
+[stats §n] = ``real-traces/latency-stats.md`` section n; [ours] = our choice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tangram.sim.trace import Trace, TraceRow
+from tangram.sim.workloads.base import (
+    action_id,
+    counts_lognormal,
+    expected_count,
+    lognormal_mean,
+    meta_for,
+    require,
+    streams,
+    times,
+    trajectory_id,
+)
+
+TASK = "coding"
+
+
+@dataclass(frozen=True)
+class CodingParams:
+    """Distributions of the AI-coding workload (every one seeded from its own stream)."""
+
+    #: Median env actions per trajectory. [stats §1.7] TraceLab: 25 tool calls per session (p50).
+    env_actions_median: float = 25.0
+    #: Log-space sigma of the env-action count. [stats §2] chosen so the mean is 28.8, the
+    #: Copilot coding agent's tool calls per session (8.68 M calls / 301 k sessions).
+    env_actions_sigma: float = 0.53
+    #: Cap on env actions per trajectory (an RL max-turns limit). [ours]
+    env_actions_max: int = 100
+    #: Mean time of an env action on one core, seconds. [paper] mean execution per AI-coding
+    #: action 0.975 s at batch 1280 (1.206 s at batch 1536).
+    env_t1_mean_s: float = 0.975
+    #: Log-space sigma of env-action times. [stats §4] SWE-agent execution_time p50 0.24 s,
+    #: p90 0.76 s: ln(0.76/0.24)/1.2816 = 0.90.
+    env_t1_sigma: float = 0.90
+    #: Beta(alpha, beta) of env actions' serial fraction (mean 0.5: half of a typical command is
+    #: serial; builds and test runs parallelise, file reads do not). [ours; the paper profiles
+    #: E(m) offline but publishes no values]
+    env_serial_alpha: float = 2.0
+    env_serial_beta: float = 2.0
+    #: Most cores an env action can use. [ours; the paper's largest fixed-DoP ablation is 16]
+    env_max_units: int = 16
+    #: Mean one-core time of the test-based reward, seconds. [ours] chosen so the mean over all
+    #: coding actions is about 1.2 s, the paper's upper figure (1.206 s at batch 1536).
+    reward_t1_mean_s: float = 8.0
+    #: Log-space sigma of reward times. [ours]
+    reward_t1_sigma: float = 0.5
+    #: Beta(alpha, beta) of the reward's serial fraction (mean 0.14: test runners such as
+    #: ``pytest -n`` parallelise well). [ours]
+    reward_serial_alpha: float = 1.0
+    reward_serial_beta: float = 6.0
+    #: Most cores the reward can use. [ours]
+    reward_max_units: int = 32
+    #: Share of a trajectory's life its actions are busy: sum(t1) / (sum(t1) + sum(gen)).
+    #: [paper] the environment is in use about 47% of an AI-coding trajectory's life.
+    busy_share: float = 0.47
+    #: Log-space sigma of the LLM generation before each action; its mean is derived from
+    #: ``busy_share``. [stats §1.6] TraceLab LLM time per step p50 4.9 s, p90 20.2 s:
+    #: ln(20.2/4.9)/1.2816 = 1.105.
+    gen_sigma: float = 1.105
+    #: Container memory per trajectory, uniform in [min, max], rounded to 0.5 GB. [ours]
+    memory_gb_min: float = 2.0
+    memory_gb_max: float = 4.0
+
+    def __post_init__(self) -> None:
+        require(self.env_actions_median >= 1, "env_actions_median", "must be >= 1")
+        require(self.env_actions_max >= 1, "env_actions_max", "must be >= 1")
+        for name in ("env_t1_mean_s", "reward_t1_mean_s"):
+            require(getattr(self, name) > 0, name, "must be > 0")
+        for name in (
+            "env_actions_sigma",
+            "env_t1_sigma",
+            "reward_t1_sigma",
+            "gen_sigma",
+        ):
+            require(getattr(self, name) >= 0, name, "must be >= 0")
+        for name in (
+            "env_serial_alpha",
+            "env_serial_beta",
+            "reward_serial_alpha",
+            "reward_serial_beta",
+        ):
+            require(getattr(self, name) > 0, name, "must be > 0")
+        require(self.env_max_units >= 1, "env_max_units", "must be >= 1")
+        require(self.reward_max_units >= 1, "reward_max_units", "must be >= 1")
+        require(0 < self.busy_share < 1, "busy_share", "must lie in (0, 1)")
+        require(
+            0 <= self.memory_gb_min <= self.memory_gb_max, "memory_gb_min", "must be in [0, max]"
+        )
+
+    def expected_env_actions(self) -> float:
+        return expected_count(self.env_actions_median, self.env_actions_sigma, 1, self.env_actions_max)
+
+    def gen_mean_s(self) -> float:
+        """Mean generation before an action, so that E[sum t1] / E[life] = ``busy_share``.
+
+        A trajectory with n env actions has n + 1 generations (one before each env action and
+        one before the reward), so gen_mean = (1 - b) / b * E[sum t1] / E[n + 1].
+        """
+        n = self.expected_env_actions()
+        busy = n * self.env_t1_mean_s + self.reward_t1_mean_s
+        return (1.0 - self.busy_share) / self.busy_share * busy / (n + 1.0)
+
+
+_STREAMS = (
+    "env_actions",
+    "env_t1",
+    "env_serial",
+    "reward_t1",
+    "reward_serial",
+    "gen",
+    "memory",
+)
+
+
+def generate_coding(params: CodingParams, *, batch: int, steps: int, seed: int) -> Trace:
+    """``steps`` RL steps of ``batch`` coding trajectories each (closed-loop: no arrival times)."""
+    rng = streams(seed, _STREAMS)
+    gen_mean = params.gen_mean_s()
+    rows: list[TraceRow] = []
+    for step in range(steps):
+        n_env = counts_lognormal(
+            rng["env_actions"],
+            params.env_actions_median,
+            params.env_actions_sigma,
+            1,
+            params.env_actions_max,
+            batch,
+        )
+        total = int(n_env.sum())
+        env_t1 = times(lognormal_mean(rng["env_t1"], params.env_t1_mean_s, params.env_t1_sigma, total))
+        env_s = np.round(rng["env_serial"].beta(params.env_serial_alpha, params.env_serial_beta, total), 4)
+        reward_t1 = times(
+            lognormal_mean(rng["reward_t1"], params.reward_t1_mean_s, params.reward_t1_sigma, batch)
+        )
+        reward_s = np.round(
+            rng["reward_serial"].beta(params.reward_serial_alpha, params.reward_serial_beta, batch), 4
+        )
+        gen = times(lognormal_mean(rng["gen"], gen_mean, params.gen_sigma, total + batch))
+        memory = np.round(
+            rng["memory"].uniform(params.memory_gb_min, params.memory_gb_max, batch) * 2
+        ) / 2
+        k = 0  # index into the per-env-action arrays
+        g = 0  # index into the generation array
+        for i in range(batch):
+            traj = trajectory_id(step, i)
+            mem = float(memory[i])
+            for pos in range(int(n_env[i])):
+                rows.append(
+                    TraceRow(
+                        action_id=action_id(step, i, pos),
+                        trajectory=traj,
+                        step=step,
+                        position=pos,
+                        task=TASK,
+                        kind="env",
+                        gen_before_s=gen[g],
+                        resource="cpu",
+                        t1_s=env_t1[k],
+                        max_units=params.env_max_units,
+                        serial_fraction=float(env_s[k]),
+                        memory_gb=mem,
+                    )
+                )
+                k += 1
+                g += 1
+            pos = int(n_env[i])
+            rows.append(
+                TraceRow(
+                    action_id=action_id(step, i, pos),
+                    trajectory=traj,
+                    step=step,
+                    position=pos,
+                    task=TASK,
+                    kind="reward",
+                    gen_before_s=gen[g],
+                    resource="cpu",
+                    t1_s=reward_t1[i],
+                    max_units=params.reward_max_units,
+                    serial_fraction=float(reward_s[i]),
+                    memory_gb=mem,
+                )
+            )
+            g += 1
+    return Trace(tuple(rows), meta_for("coding", params, batch=batch, steps=steps, seed=seed))
