@@ -165,11 +165,10 @@ def _build(cls: Callable[..., Any], entry: Mapping[str, Any], source: str, where
                 source, f"{where}.{key}", f"unknown key; expected one of {sorted(allowed)}"
             )
         expected = allowed[key].type
-        if "float" in str(expected) and not (
-            isinstance(value, int | float) and not isinstance(value, bool)
-        ):
-            if not (value is None and "None" in str(expected)):
-                raise ClusterFileError(source, f"{where}.{key}", f"must be a number, got {value!r}")
+        is_number = isinstance(value, int | float) and not isinstance(value, bool)
+        optional_none = value is None and "None" in str(expected)
+        if "float" in str(expected) and not (is_number or optional_none):
+            raise ClusterFileError(source, f"{where}.{key}", f"must be a number, got {value!r}")
         if str(expected) == "int" and (not isinstance(value, int) or isinstance(value, bool)):
             raise ClusterFileError(source, f"{where}.{key}", f"must be an integer, got {value!r}")
         if str(expected) == "str" and not isinstance(value, str):

@@ -226,7 +226,7 @@ def fit_amdahl(measurements: Sequence[tuple[int, float]]) -> FitReport:
     # Relative residuals: weight each row by 1/t so short and long points count alike.
     a_mat = [[1.0 / t, 1.0 / (u * t)] for u, t in pts]
     rhs = [1.0] * len(pts)
-    sol = lsq_linear(a_mat, rhs, bounds=([0.0, 0.0], [math.inf, math.inf]))
+    sol = lsq_linear(a_mat, rhs, bounds=([0.0, 0.0], [math.inf, math.inf]), method="bvls")
     a, b = (float(x) for x in sol.x)
     if a + b <= 0:
         raise CurveError(f"fit degenerated to a zero-duration curve on {pts}")

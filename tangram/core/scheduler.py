@@ -251,33 +251,47 @@ class Scheduler:
     # ------------------------------------------------------------------ events
     def submit(self, action: Action, now: float) -> list[Decision]:
         """An action arrived. Returns the decisions this caused (possibly its own rejection)."""
+        return self.submit_many([action], now)
+
+    def submit_many(self, actions: list[Action], now: float) -> list[Decision]:
+        """Actions that arrived at the same instant, scheduled in one pass.
+
+        Drivers should group simultaneous arrivals (a step's batch, a burst of tool calls):
+        one pass sees them all as candidates instead of the first taking every free unit.
+        """
         ctx = self._begin(now)
-        problem = self._infeasible(action)
-        if problem:
-            ctx.decisions.append(Reject(now, action, problem))
-            return ctx.decisions
-        self.seen.add(action.id)
-        self.options[action.id] = self._options_for(action)
-        if (
-            action.resource is ResourceKind.CPU
-            and not self.unbounded
-            and not self._admit_memory(action)
-        ):
-            self.waiting_for_memory[action.id] = action
-            return ctx.decisions
-        self._enqueue(action, ctx)
+        for action in actions:
+            problem = self._infeasible(action)
+            if problem:
+                ctx.decisions.append(Reject(now, action, problem))
+                continue
+            self.seen.add(action.id)
+            if (
+                action.resource is ResourceKind.CPU
+                and not self.unbounded
+                and not self._admit_memory(action)
+            ):
+                self.waiting_for_memory[action.id] = action
+                continue
+            self._enqueue(action, ctx)
         return self._run(ctx)
 
     def finish(self, action_id: str, now: float) -> list[Decision]:
         """A running action ended (whatever the outcome); its units return to the pool."""
-        running = self.running.pop(action_id, None)
-        if running is None:
-            raise KeyError(f"finish of {action_id!r}, which is not running")
+        return self.finish_many([action_id], now)
+
+    def finish_many(self, action_ids: list[str], now: float) -> list[Decision]:
+        """Actions that ended at the same instant, then one scheduling pass."""
+        missing = [a for a in action_ids if a not in self.running]
+        if missing:
+            raise KeyError(f"finish of {missing[0]!r}, which is not running")
         ctx = self._begin(now)
-        del self.running_by_domain[running.domain][action_id]
-        self._release(running.start)
-        ctx.finished.append(running)
-        ctx.dirty[running.domain] = None
+        for action_id in action_ids:
+            running = self.running.pop(action_id)
+            del self.running_by_domain[running.domain][action_id]
+            self._release(running.start)
+            ctx.finished.append(running)
+            ctx.dirty[running.domain] = None
         return self._run(ctx)
 
     def open_trajectory(
@@ -306,7 +320,6 @@ class Scheduler:
         for aid, action in list(self.waiting_for_memory.items()):
             if action.trajectory == trajectory:
                 del self.waiting_for_memory[aid]
-                del self.options[aid]
                 ctx.decisions.append(
                     Reject(
                         now, action, f"trajectory {trajectory} closed while the action was queued"
@@ -479,6 +492,9 @@ class Scheduler:
 
     def _enqueue(self, action: Action, ctx: Context) -> None:
         domain = self._domain(action)
+        self.options[action.id] = self._options_for(
+            action
+        )  # after binding: the node caps CPU units
         self.domain_of[action.id] = domain
         self.queues.setdefault(domain, FcfsQueue()).push(action)
         self.by_trajectory.setdefault(action.trajectory, FcfsQueue()).push(action)

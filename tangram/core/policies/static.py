@@ -125,6 +125,14 @@ class DedicatedGpus(DomainRule):
                 continue
             free = [r for r in self.replicas.get(service, []) if r not in self.busy]
             for action in ctx.queued_of_service(service):
+                tp = len(self.replicas[service][0][1])
+                if tp not in ctx.options(action).units:
+                    ctx.reject(
+                        action,
+                        f"sglang-static: {service} was deployed with {tp}-GPU replicas but this call "
+                        f"needs one of {ctx.options(action).units} GPUs ({action.service_size_gb} GB)",
+                    )
+                    continue
                 if not free:
                     break
                 node, cell = free.pop(0)

@@ -1,0 +1,166 @@
+"""Scheduler behaviour: rejections with reasons, quotas, static baselines, GPU residency."""
+
+import pytest
+
+from tangram.core import (
+    Action,
+    Amdahl,
+    ApiEndpointSpec,
+    ClusterSpec,
+    CpuNodeSpec,
+    GpuNodeSpec,
+    Inelastic,
+    Reject,
+    ResourceKind,
+    Scheduler,
+    Start,
+    make_policy,
+)
+
+CPU2 = (CpuNodeSpec("n0", 8, 2, 16.0), CpuNodeSpec("n1", 8, 2, 16.0))
+GPU = (GpuNodeSpec("g0", 8, 80.0, 1000.0, h2d_gbps=20.0, restore_fixed_s=0.1),)
+CLUSTER = ClusterSpec("t", CPU2, GPU, (ApiEndpointSpec("search", 2, 1.0, 1),))
+
+
+def cpu(i, traj="t", **kw):
+    return Action(f"c{i}", traj, ResourceKind.CPU, Amdahl(2.0, 0.1), **{"max_units": 4, **kw})
+
+
+def gpu(i, service="rm", size=10.0, **kw):
+    return Action(
+        f"g{i}",
+        f"tg{i}",
+        ResourceKind.GPU,
+        Amdahl(1.0, 0.2),
+        service=service,
+        service_size_gb=size,
+        **{"max_units": 8, **kw},
+    )
+
+
+@pytest.mark.parametrize(
+    ("action", "reason"),
+    [
+        (gpu(0, size=700.0), "does not fit any cell"),
+        (cpu(0, memory_gb=99.0), "a node has at most 16.0 GB"),
+        (cpu(0, node="n9"), "unknown node 'n9'"),
+        (
+            Action("s", "t", ResourceKind.API, Inelastic(1.0), service="maps"),
+            "unknown API endpoint 'maps'",
+        ),
+    ],
+)
+def test_infeasible_actions_are_rejected_at_once_with_a_reason(action, reason):
+    decisions = Scheduler(CLUSTER, make_policy("tangram")).submit(action, 0.0)
+    assert len(decisions) == 1 and isinstance(decisions[0], Reject)
+    assert reason in decisions[0].reason
+
+
+def test_duplicate_ids_are_rejected():
+    sched = Scheduler(CLUSTER, make_policy("tangram"))
+    sched.submit(cpu(0), 0.0)
+    [d] = sched.submit(cpu(0), 0.0)
+    assert isinstance(d, Reject) and "duplicate action id" in d.reason
+
+
+def test_time_may_not_go_backwards():
+    sched = Scheduler(CLUSTER, make_policy("tangram"))
+    sched.submit(cpu(0), 5.0)
+    with pytest.raises(ValueError, match="time went backwards"):
+        sched.submit(cpu(1), 4.0)
+
+
+def test_gpu_actions_need_enough_gpus_for_their_model():
+    sched = Scheduler(CLUSTER, make_policy("fixed:1"))
+    [d] = sched.submit(gpu(0, size=150.0), 0.0)  # 150 GB needs 2 x 80 GB
+    assert isinstance(d, Start) and d.units == 2 and d.gpus in ((0, 1), (2, 3), (4, 5), (6, 7))
+
+
+def test_resident_cells_are_preferred_and_skip_the_restore():
+    sched = Scheduler(CLUSTER, make_policy("tangram"))
+    sched.report_residency("g0", (4, 5), "rm", True)
+    [d] = sched.submit(gpu(0, max_units=2), 0.0)
+    assert d.gpus == (4, 5) and not d.restore and d.est_overhead == 0.0
+    [e] = sched.submit(gpu(1, service="judge", size=40.0, max_units=1), 0.0)
+    assert e.restore and e.est_overhead == pytest.approx(40.0 / 20.0 + 0.1)
+
+
+def test_api_concurrency_and_rate_are_respected_with_a_wakeup():
+    sched = Scheduler(CLUSTER, make_policy("tangram"))
+    calls = [
+        Action(f"s{i}", f"t{i}", ResourceKind.API, Inelastic(10.0), service="search")
+        for i in range(3)
+    ]
+    started = [d for d in sched.submit_many(calls, 0.0) if isinstance(d, Start)]
+    assert [d.action.id for d in started] == ["s0"]  # burst 1: one token
+    assert sched.next_wakeup == pytest.approx(1.0)  # rate 1/s
+    assert [d.action.id for d in sched.tick(1.0)] == ["s1"]
+    assert sched.tick(2.0) == []  # concurrency 2 reached: waits for a finish, not a token
+    assert [d.action.id for d in sched.finish("s0", 10.0)] == ["s2"]
+
+
+def test_k8s_pods_hold_cores_from_first_action_to_trajectory_close():
+    sched = Scheduler(
+        ClusterSpec("one", (CpuNodeSpec("n", 8, 1, 64.0),)), make_policy("k8s-static:4")
+    )
+    [a] = sched.submit(cpu(0, traj="A"), 0.0)
+    assert a.in_slot and a.units == 4
+    [b] = sched.submit(cpu(1, traj="B"), 0.0)
+    assert b.in_slot and set(b.cores).isdisjoint(a.cores)
+    assert sched.submit(cpu(2, traj="C"), 0.0) == []  # no pod free: C waits
+    assert sched.finish("c0", 1.0) == []  # A's pod stays held while A lives
+    assert sched.state.cpu["n"].free_cores == 0
+    [again] = sched.submit(cpu(3, traj="A"), 2.0)  # A's next action runs at once in its pod
+    assert again.cores == a.cores
+    sched.finish("c3", 3.0)
+    [c] = sched.close_trajectory("A", 3.0)
+    assert c.action.id == "c2" and c.cores == a.cores
+
+
+def test_sglang_static_dedicates_gpus_per_service_and_rejects_when_none_are_left():
+    cluster = ClusterSpec("g", gpu_nodes=(GpuNodeSpec("g0", 8, 80.0, 1000.0),))
+    sched = Scheduler(cluster, make_policy("sglang-static:4"))
+    assert isinstance(sched.submit(gpu(0, service="a"), 0.0)[0], Start)
+    assert isinstance(sched.submit(gpu(1, service="b"), 0.0)[0], Start)
+    [d] = sched.submit(gpu(2, service="c"), 0.0)
+    assert isinstance(d, Reject) and "no GPUs left to dedicate to 'c'" in d.reason
+    assert sched.state.free_gpus == 0  # 2 services x 4 dedicated GPUs, held even when idle
+    sched.finish("g0", 1.0)
+    assert sched.state.free_gpus == 0
+
+
+def test_closing_a_trajectory_rejects_its_queued_actions():
+    sched = Scheduler(ClusterSpec("one", (CpuNodeSpec("n", 1, 1, 64.0),)), make_policy("tangram"))
+    sched.submit(cpu(0, traj="A"), 0.0)
+    assert sched.submit(cpu(1, traj="B"), 0.0) == []
+    [r] = sched.close_trajectory("B", 1.0)
+    assert isinstance(r, Reject) and "closed" in r.reason
+    assert sched.queued == 0
+
+
+def test_containers_wait_for_memory_then_bind():
+    sched = Scheduler(ClusterSpec("one", (CpuNodeSpec("n", 4, 1, 10.0),)), make_policy("tangram"))
+    assert isinstance(sched.submit(cpu(0, traj="A", memory_gb=8.0), 0.0)[0], Start)
+    assert (
+        sched.submit(cpu(1, traj="B", memory_gb=8.0), 0.0) == []
+    )  # 2 GB left: B's container waits
+    sched.finish("c0", 1.0)
+    assert sched.queued == 1  # A's container still holds its memory
+    [b] = sched.close_trajectory("A", 1.0)
+    assert b.action.id == "c1"
+
+
+def test_cpu_actions_stay_on_their_containers_node():
+    sched = Scheduler(CLUSTER, make_policy("tangram"))
+    node = sched.open_trajectory("T", 0.0, memory_gb=1.0)
+    decisions = sched.submit_many([cpu(i, traj="T") for i in range(3)], 0.0)
+    assert {d.node for d in decisions if isinstance(d, Start)} == {node}
+    [r] = sched.submit(cpu(9, traj="T", node="n1" if node == "n0" else "n0"), 0.0)
+    assert isinstance(r, Reject) and "its container is on" in r.reason
+
+
+def test_unknown_policy_names_the_known_ones():
+    with pytest.raises(ValueError, match="known: "):
+        make_policy("sjf")
+    with pytest.raises(ValueError, match="fixed:K"):
+        make_policy("fixed")

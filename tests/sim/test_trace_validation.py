@@ -1,0 +1,224 @@
+"""Loading validates every row: a bad file fails naming the file, the line (or row) and field."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tangram.sim.trace import Trace, TraceError, TraceRow, load_trace, write_trace
+
+HEADER = {"tangram_trace": 1, "workload": "test"}
+
+
+def good(position: int = 0, **kw) -> dict:
+    """A valid row as it appears in a file."""
+    return {
+        "action_id": f"t0-a{position}",
+        "trajectory": "t0",
+        "step": 0,
+        "position": position,
+        "task": "coding",
+        "kind": "env",
+        "gen_before_s": 1.0,
+        "resource": "cpu",
+        "t1_s": 0.5,
+        "max_units": 8,
+        **kw,
+    }
+
+
+def write_lines(path, objects) -> None:
+    path.write_text("".join(json.dumps(o) + "\n" for o in objects))
+
+
+def load_error(tmp_path, rows, header=HEADER) -> TraceError:
+    path = tmp_path / "bad.jsonl"
+    write_lines(path, [header, *rows])
+    with pytest.raises(TraceError) as info:
+        load_trace(path)
+    return info.value
+
+
+# Each case: the rows after the header; the bad one is on file line 3 (line 1 is the header).
+CASES = {
+    "wrong type": ([good(0), good(1, t1_s="fast")], "t1_s", "expected a number, got str 'fast'"),
+    "missing required field": (
+        [good(0), {k: v for k, v in good(1).items() if k != "t1_s"}],
+        "t1_s",
+        "missing required field",
+    ),
+    "unknown field": ([good(0), good(1, colour="red")], "colour", "unknown field"),
+    "negative time": ([good(0), good(1, gen_before_s=-2.0)], "gen_before_s", "cannot be negative"),
+    "zero t1": ([good(0), good(1, t1_s=0)], "t1_s", "must be > 0"),
+    "bad resource": (
+        [good(0), good(1, resource="tpu")],
+        "resource",
+        "must be one of ['cpu', 'gpu', 'api']",
+    ),
+    "gpu units not a power of two": (
+        [good(0), good(1, resource="gpu", max_units=3, service="m")],
+        "max_units",
+        "power of two",
+    ),
+    "api without service": (
+        [good(0), good(1, resource="api", max_units=1)],
+        "service",
+        "must name its service",
+    ),
+    "api with elasticity": (
+        [good(0), good(1, resource="api", max_units=1, service="s", serial_fraction=0.5)],
+        "serial_fraction",
+        "inelastic",
+    ),
+    "integer field given a float": ([good(0), good(1, step=0.5)], "step", "expected an integer"),
+    "bool is not a number": ([good(0), good(1, t1_s=True)], "t1_s", "expected a number"),
+    "serial fraction above one": (
+        [good(0), good(1, serial_fraction=1.5)],
+        "serial_fraction",
+        "[0, 1]",
+    ),
+    "curve and serial fraction both": (
+        [
+            good(0),
+            good(
+                1, serial_fraction=0.5, curve={"kind": "amdahl", "t1": 0.5, "serial_fraction": 0.5}
+            ),
+        ],
+        "curve",
+        "not both",
+    ),
+    "curve of unknown kind": (
+        [good(0), good(1, curve={"kind": "magic"})],
+        "curve",
+        "unknown curve kind",
+    ),
+    "curve slower with more units": (
+        [good(0), good(1, curve={"kind": "tabulated", "points": [[1, 0.5], [2, 0.9]]})],
+        "curve",
+        "slower",
+    ),
+    "curve t1 disagrees": (
+        [good(0), good(1, curve={"kind": "inelastic", "t1": 3.0})],
+        "curve",
+        "differs from t1_s",
+    ),
+    "bad outcome": ([good(0), good(1, obs_outcome="crashed")], "obs_outcome", "must be one of"),
+    "zero observed units": ([good(0), good(1, obs_units=0)], "obs_units", "must be >= 1"),
+    "empty trajectory id": ([good(0), good(1, trajectory="")], "trajectory", "non-empty"),
+    "positions not contiguous": ([good(0), good(2)], "position", "position 1 is missing"),
+    "position repeated": (
+        [good(0), good(0, action_id="other")],
+        "position",
+        "two actions at position 0",
+    ),
+    "duplicate action_id": (
+        [good(0), good(0, trajectory="t1")],
+        "action_id",
+        "duplicate action_id 't0-a0' (first at line 2)",
+    ),
+    "generation after a non-last action": (
+        [good(1), good(0, gen_after_s=3.0)],
+        "gen_after_s",
+        "only the last action",
+    ),
+    "open and closed loop mixed": ([good(0, arrival_s=1.0), good(1)], "arrival_s", "on every row"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_bad_row_names_file_line_and_field(tmp_path, case):
+    rows, field, reason = CASES[case]
+    err = load_error(tmp_path, rows)
+    assert err.field == field
+    assert err.where == "line 3"
+    assert reason in err.reason
+    assert str(err).startswith(f"{tmp_path / 'bad.jsonl'}, line 3: field {field!r}: ")
+
+
+def test_a_future_version_is_refused_clearly(tmp_path):
+    err = load_error(tmp_path, [good(0)], header={"tangram_trace": 2})
+    assert (err.where, err.field) == ("line 1", "tangram_trace")
+    assert "version 2 is newer than this Tangram reads (version 1)" in str(err)
+
+
+def test_a_file_without_a_header_is_not_a_trace(tmp_path):
+    err = load_error(tmp_path, [good(1)], header=good(0))
+    assert (err.where, err.field) == ("line 1", "tangram_trace")
+    assert "not a Tangram trace header" in str(err)
+
+
+def test_a_line_that_is_not_json_is_named(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(HEADER) + "\n" + json.dumps(good(0)) + "\n{oops\n")
+    with pytest.raises(TraceError, match=r"bad\.jsonl, line 3: not valid JSON"):
+        load_trace(path)
+
+
+def test_gzipped_jsonl_reports_the_uncompressed_line(tmp_path):
+    path = tmp_path / "bad.jsonl.gz"
+    text = "".join(json.dumps(o) + "\n" for o in [HEADER, good(0), good(1, resource="tpu")])
+    path.write_bytes(gzip.compress(text.encode()))
+    with pytest.raises(TraceError, match=r"bad\.jsonl\.gz, line 3: field 'resource'"):
+        load_trace(path)
+
+
+def test_a_missing_file_is_named(tmp_path):
+    with pytest.raises(TraceError, match=r"nope\.jsonl: no such file"):
+        load_trace(tmp_path / "nope.jsonl")
+
+
+def parquet_with(tmp_path, t1_values, version=1):
+    rows = [good(i, t1_s=t) for i, t in enumerate(t1_values)]
+    table = pa.Table.from_pylist(rows)
+    table = table.replace_schema_metadata({"tangram_trace": json.dumps({"tangram_trace": version})})
+    path = tmp_path / "bad.parquet"
+    pq.write_table(table, path)
+    return path
+
+
+def test_a_bad_parquet_row_names_its_row_index_and_field(tmp_path):
+    path = parquet_with(tmp_path, [0.5, 0.5, -1.0])
+    with pytest.raises(TraceError) as info:
+        load_trace(path)
+    assert (info.value.where, info.value.field) == ("row 2", "t1_s")
+    assert "bad.parquet, row 2: field 't1_s': must be > 0" in str(info.value)
+
+
+def test_a_parquet_of_a_future_version_is_refused(tmp_path):
+    with pytest.raises(TraceError, match="version 2 is newer"):
+        load_trace(parquet_with(tmp_path, [0.5], version=2))
+
+
+def test_a_parquet_without_tangram_metadata_is_not_a_trace(tmp_path):
+    path = tmp_path / "plain.parquet"
+    pq.write_table(pa.Table.from_pylist([good(0)]), path)
+    with pytest.raises(TraceError, match="no 'tangram_trace' key in the Parquet schema metadata"):
+        load_trace(path)
+
+
+def test_a_bad_dataframe_row_names_its_index(tmp_path):
+    trace = Trace((TraceRow(**good(0)), TraceRow(**good(1))), {})
+    df = trace.to_dataframe()
+    df.loc[1, "resource"] = "tpu"
+    with pytest.raises(TraceError, match=r"row 1: field 'resource'"):
+        Trace.from_dataframe(df)
+
+
+def test_rows_built_in_code_are_validated_too():
+    with pytest.raises(TraceError, match=r"field 'max_units': .*power of two"):
+        TraceRow(**good(0, resource="gpu", max_units=6, service="m"))
+    with pytest.raises(TraceError, match=r"row 1: field 'position'"):
+        Trace((TraceRow(**good(0)), TraceRow(**good(2))), {})
+
+
+def test_a_valid_file_loads(tmp_path):
+    path = tmp_path / "ok.jsonl"
+    write_lines(path, [HEADER, good(0), good(1, gen_after_s=2.0)])
+    trace = load_trace(path)
+    assert [r.position for r in trace.rows] == [0, 1]
+    assert trace.meta == {"workload": "test"}
+    assert load_trace(write_trace(trace, tmp_path / "ok.parquet")) == trace
