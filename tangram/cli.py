@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Action-level scheduling of agentic-RL external resources (CPU sandboxes, GPU models, APIs).",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module in _available(COMMANDS).items():
+    for module in _available(COMMANDS).values():
         importlib.import_module(module).register(sub)
     return parser
 

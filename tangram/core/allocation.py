@@ -28,11 +28,7 @@ from tangram.core.scheduler import Options
 
 def greedy_applies(options: Sequence[Options]) -> bool:
     """True when marginal-gain allocation is exactly optimal for these candidates."""
-    for opt in options:
-        u = opt.units
-        if not opt.convex or any(b - a != 1 for a, b in zip(u, u[1:], strict=False)):
-            return False
-    return True
+    return all(opt.convex and opt.consecutive for opt in options)
 
 
 def allocate(options: Sequence[Options], free_units: int) -> tuple[list[int], str]:

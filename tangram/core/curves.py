@@ -29,6 +29,17 @@ class ElasticityCurve:
     def duration(self, units: int) -> float:  # pragma: no cover - interface
         raise NotImplementedError
 
+    #: True when T is convex in the units for any unit grid (so the check can be skipped).
+    always_convex: bool = False
+
+    def durations(self, units: Sequence[int]) -> tuple[float, ...]:
+        """``duration`` for many unit counts at once (subclasses vectorise it)."""
+        return tuple(self.duration(u) for u in units)
+
+    def convex_on(self, units: Sequence[int]) -> bool:
+        """``is_convex_on`` with a shortcut for curve families that are always convex."""
+        return self.always_convex or self.is_convex_on(units)
+
     @property
     def t1(self) -> float:
         """Time on one unit."""
@@ -71,6 +82,7 @@ class Inelastic(ElasticityCurve):
 
     seconds: float
     kind: str = field(default="inelastic", init=False)
+    always_convex = True
 
     def __post_init__(self) -> None:
         _check_positive("inelastic duration", self.seconds)
@@ -78,6 +90,9 @@ class Inelastic(ElasticityCurve):
     def duration(self, units: int) -> float:
         _check_units(units)
         return self.seconds
+
+    def durations(self, units: Sequence[int]) -> tuple[float, ...]:
+        return (self.seconds,) * len(units)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "t1": self.seconds}
@@ -90,6 +105,8 @@ class Amdahl(ElasticityCurve):
     t1_seconds: float
     serial_fraction: float
     kind: str = field(default="amdahl", init=False)
+    #: T1 (s + (1 - s)/m) is convex in m: the marginal gain T1 (1 - s) / (m (m + 1)) falls.
+    always_convex = True
 
     def __post_init__(self) -> None:
         _check_positive("amdahl t1", self.t1_seconds)
@@ -101,6 +118,13 @@ class Amdahl(ElasticityCurve):
         _check_units(units)
         s = self.serial_fraction
         return self.t1_seconds * (s + (1.0 - s) / units)
+
+    def durations(self, units: Sequence[int]) -> tuple[float, ...]:
+        if units and units[0] < 1:
+            _check_units(units[0])
+        t1, s = self.t1_seconds, self.serial_fraction
+        serial, parallel = t1 * s, t1 * (1.0 - s)
+        return tuple(serial + parallel / u for u in units)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "t1": self.t1_seconds, "serial_fraction": self.serial_fraction}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 
 #: GPU cells are aligned groups of 1, 2, 4 or 8 GPUs on one node (a buddy structure).
 GPU_CELL_SIZES: tuple[int, ...] = (1, 2, 4, 8)
@@ -155,11 +156,11 @@ class ClusterSpec:
             "describes no CPU node, GPU node or API",
         )
 
-    @property
+    @cached_property
     def total_cores(self) -> int:
         return sum(n.cores for n in self.cpu_nodes)
 
-    @property
+    @cached_property
     def total_gpus(self) -> int:
         return sum(n.gpus for n in self.gpu_nodes)
 

@@ -13,7 +13,7 @@ offered to the policy, which keeps a decision cheap when thousands of actions wa
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from tangram.core.action import Action
@@ -79,6 +79,17 @@ class Options:
     units: tuple[int, ...]
     durations: tuple[float, ...]
     convex: bool
+
+    @property
+    def fastest(self) -> int:
+        """Index of the shortest duration, the fewest units among equals (no unit wasted)."""
+        best = min(self.durations)
+        return self.durations.index(best)
+
+    @property
+    def consecutive(self) -> bool:
+        """Options are 1-unit steps (CPU cores), not cells (GPUs: 1, 2, 4, 8)."""
+        return self.units[-1] - self.units[0] == len(self.units) - 1
 
     def best_within(self, limit: int) -> int:
         """Index of the largest option not above ``limit`` (-1 when even the smallest exceeds it)."""
@@ -259,39 +270,46 @@ class Scheduler:
         Drivers should group simultaneous arrivals (a step's batch, a burst of tool calls):
         one pass sees them all as candidates instead of the first taking every free unit.
         """
-        ctx = self._begin(now)
-        for action in actions:
-            problem = self._infeasible(action)
-            if problem:
-                ctx.decisions.append(Reject(now, action, problem))
-                continue
-            self.seen.add(action.id)
-            if (
-                action.resource is ResourceKind.CPU
-                and not self.unbounded
-                and not self._admit_memory(action)
-            ):
-                self.waiting_for_memory[action.id] = action
-                continue
-            self._enqueue(action, ctx)
-        return self._run(ctx)
+        return self.advance(now, arrived=actions)
 
     def finish(self, action_id: str, now: float) -> list[Decision]:
         """A running action ended (whatever the outcome); its units return to the pool."""
-        return self.finish_many([action_id], now)
+        return self.advance(now, finished=[action_id])
 
     def finish_many(self, action_ids: list[str], now: float) -> list[Decision]:
         """Actions that ended at the same instant, then one scheduling pass."""
-        missing = [a for a in action_ids if a not in self.running]
+        return self.advance(now, finished=action_ids)
+
+    def advance(
+        self, now: float, *, finished: Sequence[str] = (), arrived: Sequence[Action] = ()
+    ) -> list[Decision]:
+        """All events of one instant: completions first (their units return), then arrivals,
+        then a single scheduling pass over every domain they touched."""
+        missing = [a for a in finished if a not in self.running]
         if missing:
             raise KeyError(f"finish of {missing[0]!r}, which is not running")
         ctx = self._begin(now)
-        for action_id in action_ids:
+        for action_id in finished:
             running = self.running.pop(action_id)
             del self.running_by_domain[running.domain][action_id]
             self._release(running.start)
             ctx.finished.append(running)
             ctx.dirty[running.domain] = None
+        for action in arrived:
+            problem = self._infeasible(action)
+            if problem:
+                ctx.decisions.append(Reject(now, action, problem))
+                continue
+            self.seen.add(action.id)
+            if action.resource is ResourceKind.CPU and not self.unbounded:
+                admitted = self._admit_memory(action)
+                if isinstance(admitted, str):
+                    ctx.decisions.append(Reject(now, action, admitted))
+                    continue
+                if not admitted:
+                    self.waiting_for_memory[action.id] = action
+                    continue
+            self._enqueue(action, ctx)
         return self._run(ctx)
 
     def open_trajectory(
@@ -436,8 +454,7 @@ class Scheduler:
             units = action.allowed_units(cap if not self.unbounded else None)
         else:
             units = (1,)
-        durations = tuple(action.duration(u) for u in units)
-        return Options(units, durations, action.curve.is_convex_on(units))
+        return Options(units, action.curve.durations(units), action.curve.convex_on(units))
 
     def _bind(self, traj: TrajectoryState, memory_gb: float, node: str | None) -> bool:
         """Reserve the container's memory on a node: the given one, else the roomiest."""
@@ -459,8 +476,13 @@ class Scheduler:
         traj.node, traj.memory_gb = chosen.spec.name, memory_gb
         return True
 
-    def _admit_memory(self, action: Action) -> bool:
-        """Bind the action's trajectory (or grow its container) so its memory is reserved."""
+    def _admit_memory(self, action: Action) -> bool | str:
+        """Bind the action's trajectory (or grow its container) so its memory is reserved.
+
+        False: no node has room for a new container now (it waits; it holds nothing, so it
+        cannot deadlock anyone). A container that must grow but cannot is an error instead:
+        waiting would hold the container's memory while asking for more (hold-and-wait).
+        """
         traj = self.trajectories.setdefault(action.trajectory, TrajectoryState(action.trajectory))
         if traj.node is None:
             return self._bind(traj, action.memory_gb, action.node)
@@ -468,16 +490,23 @@ class Scheduler:
         if extra > 0:
             node = self.state.cpu[traj.node]
             if node.memory_free_gb + 1e-9 < extra:
-                return False
+                return (
+                    f"needs {action.memory_gb} GB but its container on {traj.node} has {traj.memory_gb} GB "
+                    f"and the node cannot grow it now; open the trajectory with its largest memory"
+                )
             node.take_memory(extra)
             traj.memory_gb = action.memory_gb
         return True
 
     def _retry_memory_waiters(self, ctx: Context) -> None:
         for aid, action in list(self.waiting_for_memory.items()):
-            if self._admit_memory(action):
+            admitted = self._admit_memory(action)
+            if admitted:
                 del self.waiting_for_memory[aid]
-                self._enqueue(action, ctx)
+                if isinstance(admitted, str):
+                    ctx.decisions.append(Reject(ctx.now, action, admitted))
+                else:
+                    self._enqueue(action, ctx)
 
     def _domain(self, action: Action) -> Domain:
         if action.resource is ResourceKind.CPU:

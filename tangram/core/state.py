@@ -86,14 +86,12 @@ class GpuNodeState:
     spec: GpuNodeSpec
     owner: list[str | None] = field(init=False)
     resident: list[set[str]] = field(init=False)
+    free_gpus: int = field(init=False)
 
     def __post_init__(self) -> None:
         self.owner = [None] * self.spec.gpus
         self.resident = [set() for _ in range(self.spec.gpus)]
-
-    @property
-    def free_gpus(self) -> int:
-        return sum(o is None for o in self.owner)
+        self.free_gpus = self.spec.gpus
 
     def free_cells(self, size: int) -> list[tuple[int, ...]]:
         """Aligned free cells of ``size`` GPUs (start a multiple of size), in index order."""
@@ -124,12 +122,15 @@ class GpuNodeState:
             )
         for g in cell:
             self.owner[g] = holder
+        self.free_gpus -= len(cell)
 
     def give(self, cell: tuple[int, ...], holder: str) -> None:
         for g in cell:
             if self.owner[g] != holder:
                 raise CapacityError(f"{self.spec.name}: GPU {g} is not held by {holder}")
+        for g in cell:
             self.owner[g] = None
+        self.free_gpus += len(cell)
 
 
 @dataclass
@@ -188,6 +189,17 @@ class ClusterState:
     @property
     def free_gpus(self) -> int:
         return sum(n.free_gpus for n in self.gpu.values())
+
+    @property
+    def held_cores(self) -> int:
+        total = self.spec.total_cores
+        for n in self.cpu.values():
+            total -= n.free_cores
+        return total
+
+    @property
+    def held_gpus(self) -> int:
+        return self.spec.total_gpus - self.free_gpus
 
     def report_residency(
         self, node: str, gpus: tuple[int, ...], service: str, resident: bool

@@ -170,6 +170,7 @@ class TraceRow:
         put(self, "gen_before_s", _as_float("gen_before_s", self.gen_before_s))
         if self.resource not in RESOURCES:
             raise _fail("resource", f"must be one of {list(RESOURCES)}, got {self.resource!r}")
+        put(self, "resource", str(self.resource))  # a ResourceKind becomes its plain value
         put(self, "t1_s", _as_float("t1_s", self.t1_s, positive=True))
         put(self, "max_units", _as_int("max_units", self.max_units, minimum=1))
         if self.resource == "gpu" and self.max_units not in GPU_CELL_SIZES:

@@ -57,8 +57,27 @@ def elastic_round(
                 break
     if not cands:
         return None
-    busy = [(r.est_finish, r.start.units) for r in ctx.running_in(domain) if not r.start.in_slot]
     cand_opts = [ctx.options(a) for a in cands]
+    fastest = [o.fastest for o in cand_opts]
+    if sum(o.units[k] for o, k in zip(cand_opts, fastest, strict=True)) <= free:
+        # No contention: everyone runs at its fastest option, which is optimal for the sum of
+        # durations; evicting would give the others units they cannot use.
+        units = [o.units[k] for o, k in zip(cand_opts, fastest, strict=True)]
+        total = sum(o.durations[k] for o, k in zip(cand_opts, fastest, strict=True))
+        return Round(cands, units, [], "uncontended", total, total)
+    if (
+        len(cands) == 1
+    ):  # nothing to evict: the one candidate takes its best option within the free units
+        chosen, method = allocate(cand_opts, free)
+        return Round(
+            cands,
+            [cand_opts[0].units[chosen[0]]],
+            [],
+            method,
+            cand_opts[0].durations[chosen[0]],
+            cand_opts[0].durations[chosen[0]],
+        )
+    busy = [(r.est_finish, r.start.units) for r in ctx.running_in(domain) if not r.start.in_slot]
 
     def estimate(k: int) -> tuple[float, list[int], str]:
         chosen, method = allocate(cand_opts[:k], free)

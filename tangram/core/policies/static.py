@@ -44,8 +44,11 @@ class StaticPods(DomainRule):
             traj = running.action.trajectory
             if running.start.in_slot and running.action.resource is ResourceKind.CPU:
                 self.busy.discard(traj)
-                nxt = next(ctx.queued_of_trajectory(traj), None)
-                if nxt is not None and nxt.resource is ResourceKind.CPU:
+                nxt = next(
+                    (a for a in ctx.queued_of_trajectory(traj) if a.resource is ResourceKind.CPU),
+                    None,
+                )
+                if nxt is not None and traj in self.slots:
                     self._start_in_slot(ctx, nxt)
         for action in ctx.arrived:
             if (

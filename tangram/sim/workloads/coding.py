@@ -42,9 +42,11 @@ class CodingParams:
     env_actions_sigma: float = 0.53
     #: Cap on env actions per trajectory (an RL max-turns limit). [ours]
     env_actions_max: int = 100
-    #: Mean time of an env action on one core, seconds. [paper] mean execution per AI-coding
-    #: action 0.975 s at batch 1280 (1.206 s at batch 1536).
-    env_t1_mean_s: float = 0.975
+    #: Mean execution time of a coding action (env and reward) at its ``max_units``, seconds.
+    #: [paper] 0.975 s at batch 1280, where queueing was 0.015 s: with cores to spare the
+    #: elastic scheduler runs each action at its largest useful DoP. The one-core means
+    #: (``env_t1_mean_s()``, ``reward_t1_mean_s()``) are derived from it.
+    exec_mean_s: float = 0.975
     #: Log-space sigma of env-action times. [stats §4] SWE-agent execution_time p50 0.24 s,
     #: p90 0.76 s: ln(0.76/0.24)/1.2816 = 0.90.
     env_t1_sigma: float = 0.90
@@ -55,9 +57,9 @@ class CodingParams:
     env_serial_beta: float = 2.0
     #: Most cores an env action can use. [ours; the paper's largest fixed-DoP ablation is 16]
     env_max_units: int = 16
-    #: Mean one-core time of the test-based reward, seconds. [ours] chosen so the mean over all
-    #: coding actions is about 1.2 s, the paper's upper figure (1.206 s at batch 1536).
-    reward_t1_mean_s: float = 8.0
+    #: Mean one-core time of the test-based reward relative to an env action's. [ours] a test
+    #: suite is several times heavier than one agent command.
+    reward_t1_ratio: float = 8.0
     #: Log-space sigma of reward times. [ours]
     reward_t1_sigma: float = 0.5
     #: Beta(alpha, beta) of the reward's serial fraction (mean 0.14: test runners such as
@@ -80,7 +82,7 @@ class CodingParams:
     def __post_init__(self) -> None:
         require(self.env_actions_median >= 1, "env_actions_median", "must be >= 1")
         require(self.env_actions_max >= 1, "env_actions_max", "must be >= 1")
-        for name in ("env_t1_mean_s", "reward_t1_mean_s"):
+        for name in ("exec_mean_s", "reward_t1_ratio"):
             require(getattr(self, name) > 0, name, "must be > 0")
         for name in (
             "env_actions_sigma",
@@ -104,7 +106,29 @@ class CodingParams:
         )
 
     def expected_env_actions(self) -> float:
-        return expected_count(self.env_actions_median, self.env_actions_sigma, 1, self.env_actions_max)
+        return expected_count(
+            self.env_actions_median, self.env_actions_sigma, 1, self.env_actions_max
+        )
+
+    def env_t1_mean_s(self) -> float:
+        """Mean one-core time of an env action, so that the mean execution time of all coding
+        actions at their ``max_units`` is ``exec_mean_s``.
+
+        At m units an Amdahl action takes t1 * (s + (1 - s) / m); t1 and s are drawn
+        independently, so its mean is E[t1] * a with a = E[s] * (1 - 1/m) + 1/m. With n env
+        actions and one reward (mean t1 = ratio * env mean) per trajectory:
+        env mean = exec_mean * E[n + 1] / (E[n] * a_env + ratio * a_reward).
+        """
+        n = self.expected_env_actions()
+        a_env = _mean_time_factor(self.env_serial_alpha, self.env_serial_beta, self.env_max_units)
+        a_reward = _mean_time_factor(
+            self.reward_serial_alpha, self.reward_serial_beta, self.reward_max_units
+        )
+        return self.exec_mean_s * (n + 1.0) / (n * a_env + self.reward_t1_ratio * a_reward)
+
+    def reward_t1_mean_s(self) -> float:
+        """Mean one-core time of the test-based reward."""
+        return self.reward_t1_ratio * self.env_t1_mean_s()
 
     def gen_mean_s(self) -> float:
         """Mean generation before an action, so that E[sum t1] / E[life] = ``busy_share``.
@@ -113,8 +137,14 @@ class CodingParams:
         one before the reward), so gen_mean = (1 - b) / b * E[sum t1] / E[n + 1].
         """
         n = self.expected_env_actions()
-        busy = n * self.env_t1_mean_s + self.reward_t1_mean_s
+        busy = n * self.env_t1_mean_s() + self.reward_t1_mean_s()
         return (1.0 - self.busy_share) / self.busy_share * busy / (n + 1.0)
+
+
+def _mean_time_factor(alpha: float, beta: float, units: int) -> float:
+    """E[s + (1 - s) / m] for s ~ Beta(alpha, beta): mean time at m units over time on one."""
+    mean_s = alpha / (alpha + beta)
+    return mean_s * (1.0 - 1.0 / units) + 1.0 / units
 
 
 _STREAMS = (
@@ -132,6 +162,7 @@ def generate_coding(params: CodingParams, *, batch: int, steps: int, seed: int) 
     """``steps`` RL steps of ``batch`` coding trajectories each (closed-loop: no arrival times)."""
     rng = streams(seed, _STREAMS)
     gen_mean = params.gen_mean_s()
+    env_mean, reward_mean = params.env_t1_mean_s(), params.reward_t1_mean_s()
     rows: list[TraceRow] = []
     for step in range(steps):
         n_env = counts_lognormal(
@@ -143,18 +174,22 @@ def generate_coding(params: CodingParams, *, batch: int, steps: int, seed: int) 
             batch,
         )
         total = int(n_env.sum())
-        env_t1 = times(lognormal_mean(rng["env_t1"], params.env_t1_mean_s, params.env_t1_sigma, total))
-        env_s = np.round(rng["env_serial"].beta(params.env_serial_alpha, params.env_serial_beta, total), 4)
+        env_t1 = times(lognormal_mean(rng["env_t1"], env_mean, params.env_t1_sigma, total))
+        env_s = np.round(
+            rng["env_serial"].beta(params.env_serial_alpha, params.env_serial_beta, total), 4
+        )
         reward_t1 = times(
-            lognormal_mean(rng["reward_t1"], params.reward_t1_mean_s, params.reward_t1_sigma, batch)
+            lognormal_mean(rng["reward_t1"], reward_mean, params.reward_t1_sigma, batch)
         )
         reward_s = np.round(
-            rng["reward_serial"].beta(params.reward_serial_alpha, params.reward_serial_beta, batch), 4
+            rng["reward_serial"].beta(params.reward_serial_alpha, params.reward_serial_beta, batch),
+            4,
         )
         gen = times(lognormal_mean(rng["gen"], gen_mean, params.gen_sigma, total + batch))
-        memory = np.round(
-            rng["memory"].uniform(params.memory_gb_min, params.memory_gb_max, batch) * 2
-        ) / 2
+        memory = (
+            np.round(rng["memory"].uniform(params.memory_gb_min, params.memory_gb_max, batch) * 2)
+            / 2
+        )
         k = 0  # index into the per-env-action arrays
         g = 0  # index into the generation array
         for i in range(batch):

@@ -46,8 +46,8 @@ class DeepSearchParams:
     search_sigma: float = 1.6
     #: Client timeout: no search call is longer. [ours]
     search_timeout_s: float = 300.0
-    #: The search endpoint's name (an API quota in the cluster file). [ours]
-    search_service: str = "web-search"
+    #: The search endpoint's name: the API quota named "search" in tangram/clusters/*.toml.
+    search_service: str = "search"
     #: The judge model. [ours; the paper says only "an LLM judge on GPU"]
     judge_service: str = "qwen2.5-32b-instruct-judge"
     #: Judge weights in GB: 32.8 B parameters at bf16 (2 bytes each). [ours]
@@ -87,19 +87,30 @@ def generate_deepsearch(params: DeepSearchParams, *, batch: int, steps: int, see
     rows: list[TraceRow] = []
     for step in range(steps):
         n_search = counts_lognormal(
-            rng["searches"], params.searches_median, params.searches_sigma, 1, params.searches_max, batch
+            rng["searches"],
+            params.searches_median,
+            params.searches_sigma,
+            1,
+            params.searches_max,
+            batch,
         )
         total = int(n_search.sum())
         search_t1 = times(
             np.minimum(
-                lognormal_median(rng["search_t1"], params.search_median_s, params.search_sigma, total),
+                lognormal_median(
+                    rng["search_t1"], params.search_median_s, params.search_sigma, total
+                ),
                 params.search_timeout_s,
             )
         )
         judge_t1 = times(
-            lognormal_median(rng["judge_t1"], params.judge_t1_median_s, params.judge_t1_sigma, batch)
+            lognormal_median(
+                rng["judge_t1"], params.judge_t1_median_s, params.judge_t1_sigma, batch
+            )
         )
-        gen = times(lognormal_median(rng["gen"], params.gen_median_s, params.gen_sigma, total + batch))
+        gen = times(
+            lognormal_median(rng["gen"], params.gen_median_s, params.gen_sigma, total + batch)
+        )
         k = g = 0
         for i in range(batch):
             traj = trajectory_id(step, i)

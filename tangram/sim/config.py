@@ -1,0 +1,63 @@
+"""Simulation parameters as dataclasses (the CLI and TOML files fill them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """System costs the simulator adds to actions. Defaults come from this project's benchmarks.
+
+    ``aoe_grant_s``: writing and reverting a container's cgroup for one action (grant+revoke,
+    direct cgroup writes; ``tangram bench aoe``). ``container_start_s``: creating a
+    trajectory's container; AOE creates it when the trajectory opens, overlapped with the first
+    generation, the static baseline when its pod gets cores. EOE restore time comes from the
+    cluster file (model bytes / host-to-GPU bandwidth + fixed cost); ``eviction_s`` is paid per
+    service evicted to make room. ``exec_noise_sigma`` makes real durations deviate from the
+    curve (log-normal, seeded), so policies are tested against estimates that are wrong.
+    """
+
+    aoe_grant_s: float = 0.0005
+    container_start_s: float = 1.0
+    eviction_s: float = 0.01
+    api_call_s: float = 0.0
+    exec_noise_sigma: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "aoe_grant_s",
+            "container_start_s",
+            "eviction_s",
+            "api_call_s",
+            "exec_noise_sigma",
+        ):
+            value = getattr(self, name)
+            if not value >= 0:
+                raise ValueError(f"overheads.{name} must be >= 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Closed-loop rollout: a step's trajectories run, then the model trains for ``train_s``."""
+
+    train_s: float = 0.0
+    #: "closed": trajectories alternate generation and actions (trace order and gen times);
+    #: "open": every action arrives at its trace ``arrival_s`` regardless of the others.
+    mode: str = "closed"
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("closed", "open"):
+            raise ValueError(f"rollout.mode must be 'closed' or 'open', got {self.mode!r}")
+        if not self.train_s >= 0:
+            raise ValueError(f"rollout.train_s must be >= 0, got {self.train_s!r}")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    policy: str = "tangram"
+    seed: int = 0
+    overheads: Overheads = field(default_factory=Overheads)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    #: Record cluster usage after every event (for utilisation plots); off saves time and memory.
+    timeline: bool = True

@@ -1,0 +1,330 @@
+"""The SimPy driver: replay a trace on a modelled cluster under one policy.
+
+Closed loop (default): each RL step launches its trajectories at once; a trajectory alternates
+LLM generation (a delay from the trace, on the training cluster, not managed here) and actions
+(submitted to the core); the step ends with its last trajectory, then a training phase.
+Open loop: every action arrives at its trace ``arrival_s``.
+
+Events of one simulated instant are handed to the core together (``Scheduler.advance``): a
+flush is queued behind everything already scheduled at that instant, so a step's batch of
+first actions is one scheduling pass, as a live system batching its arrivals would see it.
+Nothing here is global: counters live on the ``Simulation``, every random stream has its own
+seeded generator, and ties are broken by event order (SimPy's FIFO for equal times).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from tangram.core.action import Action
+from tangram.core.decision import Decision, Defer, Reject, Start
+from tangram.core.policies import make_policy
+from tangram.core.resources import ClusterSpec, ResourceKind
+from tangram.core.scheduler import Scheduler
+from tangram.sim.config import SimConfig
+from tangram.sim.residency import ResidencyModel
+from tangram.sim.trace import Trace, TraceRow
+
+
+@dataclass
+class ActionRecord:
+    """What happened to one action (one row of the per-action results)."""
+
+    row: TraceRow
+    arrival: float
+    start: float | None = None
+    finish: float | None = None
+    units: int = 0
+    node: str = ""
+    overhead: float = 0.0
+    execution: float = 0.0
+    restored: bool = False
+    evictions: int = 0
+    outcome: str = "pending"
+    reason: str = ""
+    deferrals: int = 0
+
+
+@dataclass
+class TrajectoryRecord:
+    step: int
+    trajectory: str
+    start: float
+    end: float | None = None
+    actions: int = 0
+
+
+@dataclass
+class StepRecord:
+    step: int
+    start: float
+    rollout_end: float | None = None
+    end: float | None = None
+    trajectories: int = 0
+
+
+@dataclass
+class SimResult:
+    """Raw records of one run; ``tangram.sim.metrics`` turns them into tables."""
+
+    policy: str
+    cluster: ClusterSpec
+    config: SimConfig
+    actions: list[ActionRecord]
+    trajectories: list[TrajectoryRecord]
+    steps: list[StepRecord]
+    #: (time, held cores, held GPUs, API calls in flight) after each event.
+    timeline: list[tuple[float, int, int, int]]
+    makespan: float
+    decisions: int
+    scheduler_seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+class Simulation:
+    """One replay of ``trace`` on ``cluster`` under ``config.policy``."""
+
+    def __init__(
+        self,
+        trace: Trace,
+        cluster: ClusterSpec,
+        config: SimConfig | None = None,
+        *,
+        progress: Callable[[int], None] | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.trace = trace
+        self.cluster = cluster
+        self.config = config or SimConfig()
+        self.env = simpy.Environment()
+        self.policy = make_policy(self.config.policy)
+        self.scheduler = Scheduler(cluster, self.policy)
+        self.residency = ResidencyModel(
+            {n.name: n.gpu_memory_gb for n in cluster.gpu_nodes}, self.scheduler.report_residency
+        )
+        self.noise = np.random.default_rng(np.random.SeedSequence([self.config.seed, 0x7A1]))
+        self.progress = progress
+        self.clock = clock  # optional wall clock, to measure time spent in the scheduler
+        self.records: dict[str, ActionRecord] = {}
+        self.waiters: dict[str, simpy.Event] = {}
+        self.trajectories: list[TrajectoryRecord] = []
+        self.steps: list[StepRecord] = []
+        self.timeline: list[tuple[float, int, int, int]] = []
+        self.container_ready: dict[str, float] = {}
+        self.decisions = 0
+        self.scheduler_seconds = 0.0
+        self._pending_arrivals: list[Action] = []
+        self._pending_finishes: list[str] = []
+        self._flush_queued = False
+        self._unbounded = self.scheduler.unbounded
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> SimResult:
+        if self.config.rollout.mode == "closed":
+            self.env.process(self._rollout())
+        else:
+            self.env.process(self._open_loop())
+        self.env.run()
+        unfinished = [r for r in self.records.values() if r.outcome == "pending"]
+        if unfinished:
+            raise RuntimeError(
+                f"simulation ended with {len(unfinished)} actions unresolved, e.g. {unfinished[0].row.action_id}"
+            )
+        return SimResult(
+            policy=self.config.policy,
+            cluster=self.cluster,
+            config=self.config,
+            actions=list(self.records.values()),
+            trajectories=self.trajectories,
+            steps=self.steps,
+            timeline=self.timeline,
+            makespan=self.env.now,
+            decisions=self.decisions,
+            scheduler_seconds=self.scheduler_seconds,
+        )
+
+    def _rollout(self):
+        groups = self.trace.trajectories()
+        by_step: dict[int, list[tuple[str, tuple[TraceRow, ...]]]] = {}
+        for (step, traj), rows in groups.items():
+            by_step.setdefault(step, []).append((traj, rows))
+        for step in sorted(by_step):
+            record = StepRecord(step, self.env.now, trajectories=len(by_step[step]))
+            self.steps.append(record)
+            procs = [
+                self.env.process(self._trajectory(step, traj, rows)) for traj, rows in by_step[step]
+            ]
+            yield simpy.AllOf(self.env, procs)
+            record.rollout_end = self.env.now
+            yield self.env.timeout(self.config.rollout.train_s)
+            record.end = self.env.now
+
+    def _trajectory(self, step: int, traj: str, rows: tuple[TraceRow, ...]):
+        name = f"{step}/{traj}"
+        rec = TrajectoryRecord(step, name, self.env.now, actions=len(rows))
+        self.trajectories.append(rec)
+        memory = max((r.memory_gb for r in rows if r.resource == "cpu"), default=0.0)
+        if any(r.resource == "cpu" for r in rows):
+            # AOE creates the container now, overlapped with the first generation.
+            self.scheduler.open_trajectory(name, self.env.now, memory_gb=memory)
+            self.container_ready[name] = self.env.now + self.config.overheads.container_start_s
+        for row in rows:
+            if row.gen_before_s:
+                yield self.env.timeout(row.gen_before_s)
+            yield self._submit(name, row)
+        if rows and rows[-1].gen_after_s:
+            yield self.env.timeout(rows[-1].gen_after_s)
+        self._apply(self.scheduler.close_trajectory(name, self.env.now))
+        self.container_ready.pop(name, None)
+        rec.end = self.env.now
+
+    def _open_loop(self):
+        groups = list(self.trace.trajectories().items())
+        remaining = {f"{s}/{t}": len(rows) for (s, t), rows in groups}
+        rows = sorted(
+            (
+                (r.arrival_s if r.arrival_s is not None else 0.0, f"{s}/{t}", r)
+                for (s, t), rs in groups
+                for r in rs
+            ),
+            key=lambda x: x[0],
+        )
+
+        def one(name: str, row: TraceRow):
+            yield self._submit(name, row)
+            remaining[name] -= 1
+            if remaining[name] == 0:
+                self._apply(self.scheduler.close_trajectory(name, self.env.now))
+
+        for arrival, name, row in rows:
+            if arrival > self.env.now:
+                yield self.env.timeout(arrival - self.env.now)
+            self.env.process(one(name, row))
+
+    # ------------------------------------------------------------------ events
+    def _submit(self, traj: str, row: TraceRow) -> simpy.Event:
+        action = Action(
+            id=row.action_id,
+            trajectory=traj,
+            resource=ResourceKind(row.resource),
+            curve=row.curve_object(),
+            arrival=self.env.now,
+            max_units=row.max_units,
+            task=row.task,
+            kind=row.kind,
+            memory_gb=row.memory_gb if row.resource == "cpu" else 0.0,
+            service=row.service,
+            service_size_gb=row.service_size_gb,
+        )
+        if row.action_id in self.records:
+            raise ValueError(f"trace has action id {row.action_id!r} twice")
+        self.records[row.action_id] = ActionRecord(row, self.env.now)
+        done = self.env.event()
+        self.waiters[row.action_id] = done
+        self._pending_arrivals.append(action)
+        self._queue_flush()
+        return done
+
+    def _queue_flush(self) -> None:
+        if not self._flush_queued:
+            self._flush_queued = True
+            ev = self.env.event()
+            ev.callbacks.append(self._flush)
+            ev.succeed()
+
+    def _flush(self, _event: simpy.Event) -> None:
+        self._flush_queued = False
+        arrived, finished = self._pending_arrivals, self._pending_finishes
+        self._pending_arrivals, self._pending_finishes = [], []
+        t0 = self.clock() if self.clock else 0.0
+        decisions = self.scheduler.advance(self.env.now, finished=finished, arrived=arrived)
+        if self.clock:
+            self.scheduler_seconds += self.clock() - t0
+        self._apply(decisions)
+        wake = self.scheduler.next_wakeup
+        if wake is not None and wake > self.env.now:
+            self.env.process(self._wake(wake))
+
+    def _wake(self, when: float):
+        yield self.env.timeout(when - self.env.now)
+        self._apply(self.scheduler.tick(self.env.now))
+
+    def _apply(self, decisions: list[Decision]) -> None:
+        self.decisions += len(decisions)
+        for d in decisions:
+            rec = self.records[d.action.id]
+            if isinstance(d, Start):
+                self._start(d, rec)
+            elif isinstance(d, Reject):
+                rec.outcome, rec.reason = "rejected", d.reason
+                rec.start = rec.finish = self.env.now
+                self.waiters.pop(d.action.id).succeed()
+            elif isinstance(d, Defer):
+                rec.deferrals += 1
+        if self.config.timeline:
+            self._sample()
+
+    def _start(self, d: Start, rec: ActionRecord) -> None:
+        now = self.env.now
+        ov = self.config.overheads
+        rec.start, rec.units, rec.node, rec.reason = now, d.units, d.node, d.reason
+        overhead = 0.0
+        if not self._unbounded:
+            kind = d.action.resource
+            if kind is ResourceKind.CPU:
+                traj = d.action.trajectory
+                if d.in_slot and traj not in self.container_ready:
+                    self.container_ready[traj] = now + ov.container_start_s  # the pod starts now
+                ready = self.container_ready.get(traj, now)
+                overhead = max(0.0, ready - now) + (0.0 if d.in_slot else ov.aoe_grant_s)
+            elif kind is ResourceKind.GPU:
+                service = d.action.service or ""
+                if d.in_slot:  # a dedicated replica: loaded once, at deployment
+                    if not self.scheduler.state.gpu[d.node].is_resident(service, d.gpus):
+                        self.residency.restore(d.node, d.gpus, service, d.action.service_size_gb)
+                elif d.restore:
+                    rec.evictions = self.residency.restore(
+                        d.node, d.gpus, service, d.action.service_size_gb
+                    )
+                    rec.restored = True
+                    overhead = d.est_overhead + rec.evictions * ov.eviction_s
+                self.residency.touch(d.node, d.gpus, service)
+            else:
+                overhead = ov.api_call_s
+        execution = d.action.duration(d.units)
+        if ov.exec_noise_sigma > 0:
+            execution *= float(
+                self.noise.lognormal(-0.5 * ov.exec_noise_sigma**2, ov.exec_noise_sigma)
+            )
+        rec.overhead, rec.execution = overhead, execution
+        # One timer per action (no process): busy time is derived from the records afterwards.
+        timer = self.env.timeout(overhead + execution)
+        timer.callbacks.append(lambda _ev, aid=d.action.id: self._finished(aid))
+
+    def _finished(self, action_id: str) -> None:
+        rec = self.records[action_id]
+        rec.finish = self.env.now
+        rec.outcome = "result"
+        self._pending_finishes.append(action_id)
+        self._queue_flush()
+        self.waiters.pop(action_id).succeed()
+        if self.progress:
+            self.progress(1)
+
+    def _sample(self) -> None:
+        if self._unbounded:
+            return
+        st = self.scheduler.state
+        in_flight = sum(a.in_flight for a in st.api.values()) if st.api else 0
+        self.timeline.append((self.env.now, st.held_cores, st.held_gpus, in_flight))
+
+
+def simulate(
+    trace: Trace, cluster: ClusterSpec, config: SimConfig | None = None, **kwargs
+) -> SimResult:
+    """Run one simulation (see ``Simulation``)."""
+    return Simulation(trace, cluster, config, **kwargs).run()

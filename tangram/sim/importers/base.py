@@ -1,0 +1,74 @@
+"""What the importers share: the error type and small readers that fail with clear messages."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+
+class TraceImportError(ValueError):
+    """A file an importer cannot turn into a trace: wrong, older or foreign schema.
+
+    ``path`` is the file and ``reason`` says what is missing or wrong, e.g. a SWE-agent
+    ``.traj`` whose steps carry no ``execution_time`` (an older format), or a TraceLab file
+    given to the OpenHands importer.
+    """
+
+    def __init__(self, path: str | Path, reason: str) -> None:
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(f"{self.path}: {reason}")
+
+
+def read_json(path: Path, what: str) -> Any:
+    """Parse a whole file as one JSON document, or fail naming the file and the position."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TraceImportError(path, "no such file") from None
+    except UnicodeDecodeError:
+        raise TraceImportError(path, f"not a text file; expected {what}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TraceImportError(
+            path, f"not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); expected {what}"
+        ) from None
+
+
+def read_jsonl(path: Path, what: str) -> list[tuple[int, Any]]:
+    """Parse a JSON-lines file into (line number, object) pairs, skipping blank lines."""
+    out = []
+    try:
+        with path.open(encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    out.append((lineno, json.loads(line)))
+                except json.JSONDecodeError as exc:
+                    raise TraceImportError(
+                        path, f"line {lineno} is not JSON ({exc.msg}); expected {what}"
+                    ) from None
+    except FileNotFoundError:
+        raise TraceImportError(path, "no such file") from None
+    return out
+
+
+def parse_timestamp(value: Any, path: Path, where: str) -> datetime:
+    """An ISO-8601 timestamp (with or without zone) as a datetime."""
+    if not isinstance(value, str):
+        raise TraceImportError(
+            path, f"{where}: 'timestamp' must be an ISO-8601 string, got {value!r}"
+        )
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise TraceImportError(path, f"{where}: unreadable timestamp {value!r}") from None
+
+
+def seconds(delta_end: datetime, delta_start: datetime) -> float:
+    """end - start in seconds, rounded to microseconds."""
+    return round((delta_end - delta_start).total_seconds(), 6)
