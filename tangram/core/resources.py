@@ -182,6 +182,26 @@ class ClusterSpec:
                 return api
         raise KeyError(f"unknown API endpoint {name!r}")
 
+    def scaled_gpus(self, total: int) -> ClusterSpec:
+        """The same cluster with ``total`` GPUs: full nodes of the first GPU node's shape, the
+        remainder as smaller power-of-two nodes (10 GPUs = 8 + 2)."""
+        if not self.gpu_nodes:
+            raise ValueError("cannot scale GPUs of a cluster that has none")
+        if total < 1:
+            raise ValueError(f"total GPUs must be >= 1, got {total}")
+        template = self.gpu_nodes[0]
+        sizes = [template.gpus] * (total // template.gpus)
+        rest = total % template.gpus
+        for size in (4, 2, 1):
+            if rest >= size:
+                sizes.append(size)
+                rest -= size
+        nodes = tuple(
+            GpuNodeSpec(**{**template.__dict__, "name": f"gpu{i}", "gpus": g})
+            for i, g in enumerate(sizes)
+        )
+        return ClusterSpec(f"{self.name}-{total}gpu", self.cpu_nodes, nodes, self.apis, self.prices)
+
     def scaled(self, *, cpu_nodes: int | None = None, gpu_nodes: int | None = None) -> ClusterSpec:
         """The same cluster with a different count of (identical) CPU or GPU nodes.
 

@@ -164,3 +164,28 @@ def test_unknown_policy_names_the_known_ones():
         make_policy("sjf")
     with pytest.raises(ValueError, match="fixed:K"):
         make_policy("fixed")
+
+
+def test_a_call_waits_for_its_busy_resident_cell_when_that_beats_a_restore():
+    # Restore = 40 GB / 20 GB/s + 0.1 s = 2.1 s; the resident cell frees in 1 s: wait.
+    cluster = ClusterSpec(
+        "g", gpu_nodes=(GpuNodeSpec("g0", 2, 80.0, 500.0, h2d_gbps=20.0, restore_fixed_s=0.1),)
+    )
+    sched = Scheduler(cluster, make_policy("tangram"))
+    sched.report_residency("g0", (0,), "judge", True)
+    call = lambda i: Action(
+        f"j{i}", f"t{i}", ResourceKind.GPU, Inelastic(1.0), service="judge", service_size_gb=40.0
+    )
+    [first] = sched.submit(call(0), 0.0)
+    assert first.gpus == (0,) and not first.restore
+    [wait] = sched.submit(call(1), 0.0)
+    assert not isinstance(wait, Start) and "rather than a 2.100s restore" in wait.reason
+    [second] = sched.finish("j0", 1.0)
+    assert second.gpus == (0,) and not second.restore
+
+
+def test_scaling_a_cluster_to_any_gpu_count_uses_power_of_two_nodes():
+    from tangram.core import load_cluster
+
+    c = load_cluster("paper").scaled_gpus(10)
+    assert c.total_gpus == 10 and sorted(n.gpus for n in c.gpu_nodes) == [2, 8]

@@ -13,6 +13,7 @@ For each domain whose capacity or queue changed (paper-notes.md, "Elastic schedu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tangram.core.action import Action
@@ -20,7 +21,7 @@ from tangram.core.allocation import allocate
 from tangram.core.gpu_placement import place_cell
 from tangram.core.policies.base import DomainRule
 from tangram.core.projection import projected_total
-from tangram.core.scheduler import Context, Domain, Options
+from tangram.core.scheduler import GPU_DOMAIN, Context, Domain, Options
 
 #: An eviction must lower the estimate by more than this (seconds) to count as an improvement,
 #: so float noise never flips a decision.
@@ -40,14 +41,31 @@ class Round:
 
 
 def elastic_round(
-    ctx: Context, domain: Domain, free: int, *, window: int, depth: int
+    ctx: Context,
+    domain: Domain,
+    free: int,
+    *,
+    window: int,
+    depth: int,
+    options_of: Callable[[Action], Options] | None = None,
+    hold: Callable[[Action], str | None] | None = None,
 ) -> Round | None:
-    """Steps 1-3 for one domain with ``free`` units; None when nothing can start."""
+    """Steps 1-3 for one domain with ``free`` units; None when nothing can start.
+
+    ``options_of`` may replace an action's durations with costs that include what starting it
+    would take (the GPU rule adds the restore time to options with no resident cell); ``hold``
+    may keep an action out of this pass, with the reason it returns.
+    """
+    options_of = options_of or ctx.options
     cands: list[Action] = []
     rest: list[Options] = []
     need = 0
     for action in ctx.queue(domain):
-        opts = ctx.options(action)
+        held = hold(action) if hold is not None else None
+        if held is not None:
+            ctx.defer(action, held)
+            continue
+        opts = options_of(action)
         if len(cands) < window and need + opts.units[0] <= free:
             cands.append(action)
             need += opts.units[0]
@@ -57,7 +75,7 @@ def elastic_round(
                 break
     if not cands:
         return None
-    cand_opts = [ctx.options(a) for a in cands]
+    cand_opts = [options_of(a) for a in cands]
     fastest = [o.fastest for o in cand_opts]
     if sum(o.units[k] for o, k in zip(cand_opts, fastest, strict=True)) <= free:
         # No contention: everyone runs at its fastest option, which is optimal for the sum of
@@ -124,7 +142,14 @@ class ElasticCpu(DomainRule):
 
 
 class ElasticGpu(DomainRule):
-    """The GPU pool under the tangram policy: elastic DoP in aligned cells, resident first."""
+    """The GPU pool under the tangram policy: elastic DoP in aligned cells, resident first.
+
+    Restoring a model costs seconds (bytes / host-to-GPU bandwidth) against sub-second calls, so
+    each option's cost is its duration plus the restore when no free cell of that size already
+    holds the service: the allocation then prefers the DoP whose resident cell is free, and
+    elasticity only wins where it beats a restore. Cells needing a restore are chosen where the
+    fewest other services would be evicted.
+    """
 
     def __init__(self, window: int = 32, depth: int = 32) -> None:
         self.window, self.depth = window, depth
@@ -133,7 +158,49 @@ class ElasticGpu(DomainRule):
         free = ctx.state.free_gpus
         if free == 0 or not ctx.queue_len(domain):
             return
-        rnd = elastic_round(ctx, domain, free, window=self.window, depth=self.depth)
+        resident_sizes: dict[str, set[int]] = {}
+        restore_cost = _first_restore_cost(ctx)
+        busy_until = _resident_busy_until(ctx)
+
+        def wait_for_resident(action: Action) -> str | None:
+            """Wait for a busy cell that holds the service when that is sooner than a restore."""
+            service = action.service or ""
+            if service not in busy_until:
+                return None
+            if service not in resident_sizes:
+                resident_sizes[service] = _resident_free_sizes(ctx, service)
+            if resident_sizes[service]:
+                return None
+            wait = busy_until[service] - ctx.now
+            cost = restore_cost(action)
+            if wait >= cost:
+                return None
+            return f"tangram: waits ~{wait:.3f}s for a busy cell holding {service} rather than a {cost:.3f}s restore"
+
+        def options_with_restore(action: Action) -> Options:
+            opts = ctx.options(action)
+            service = action.service or ""
+            if service not in resident_sizes:
+                resident_sizes[service] = _resident_free_sizes(ctx, service)
+            sizes = resident_sizes[service]
+            if sizes.issuperset(opts.units):
+                return opts
+            penalty = restore_cost(action)
+            durations = tuple(
+                d if u in sizes else d + penalty
+                for u, d in zip(opts.units, opts.durations, strict=True)
+            )
+            return Options(opts.units, durations, False)
+
+        rnd = elastic_round(
+            ctx,
+            domain,
+            free,
+            window=self.window,
+            depth=self.depth,
+            options_of=options_with_restore,
+            hold=wait_for_resident,
+        )
         if rnd is None:
             return
         # Place large cells first: small ones fit in the gaps large ones leave.
@@ -160,6 +227,37 @@ class ElasticGpu(DomainRule):
                     action, "tangram: no aligned free cell of its smallest size after placement"
                 )
         _defer_evicted(ctx, rnd)
+
+
+def _resident_free_sizes(ctx: Context, service: str) -> set[int]:
+    """Cell sizes at which a free cell already holds ``service``."""
+    sizes = set()
+    for node in ctx.state.gpu.values():
+        for size in (1, 2, 4, 8):
+            if size <= node.spec.gpus and any(
+                node.is_resident(service, c) for c in node.free_cells(size)
+            ):
+                sizes.add(size)
+    return sizes
+
+
+def _resident_busy_until(ctx: Context) -> dict[str, float]:
+    """For each service resident on a cell a running action holds: when the first such cell frees."""
+    until: dict[str, float] = {}
+    for running in ctx.running_in(GPU_DOMAIN):
+        start = running.start
+        if start.in_slot or not start.gpus:
+            continue
+        node = ctx.state.gpu[start.node]
+        services = set.intersection(*(node.resident[g] for g in start.gpus))
+        for service in services:
+            until[service] = min(until.get(service, running.est_finish), running.est_finish)
+    return until
+
+
+def _first_restore_cost(ctx: Context) -> Callable[[Action], float]:
+    node = next(iter(ctx.state.gpu))
+    return lambda action: ctx.restore_cost(action, node)
 
 
 def _defer_evicted(ctx: Context, rnd: Round) -> None:
