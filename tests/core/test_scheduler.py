@@ -173,9 +173,17 @@ def test_a_call_waits_for_its_busy_resident_cell_when_that_beats_a_restore():
     )
     sched = Scheduler(cluster, make_policy("tangram"))
     sched.report_residency("g0", (0,), "judge", True)
-    call = lambda i: Action(
-        f"j{i}", f"t{i}", ResourceKind.GPU, Inelastic(1.0), service="judge", service_size_gb=40.0
-    )
+
+    def call(i):
+        return Action(
+            f"j{i}",
+            f"t{i}",
+            ResourceKind.GPU,
+            Inelastic(1.0),
+            service="judge",
+            service_size_gb=40.0,
+        )
+
     [first] = sched.submit(call(0), 0.0)
     assert first.gpus == (0,) and not first.restore
     [wait] = sched.submit(call(1), 0.0)
