@@ -58,24 +58,28 @@ def elastic_round(
     """
     options_of = options_of or ctx.options
     cands: list[Action] = []
+    cand_opts: list[Options] = []
     rest: list[Options] = []
     need = 0
-    for action in ctx.queue(domain):
+    queue = ctx.queue(domain)
+    for action in queue:
         held = hold(action) if hold is not None else None
         if held is not None:
             ctx.defer(action, held)
             continue
         opts = options_of(action)
-        if len(cands) < window and need + opts.units[0] <= free:
+        if need + opts.units[0] <= free:
             cands.append(action)
+            cand_opts.append(opts)
             need += opts.units[0]
+            if len(cands) == window or need == free:
+                break
         else:
             rest.append(opts)
             if len(rest) >= depth:
                 break
     if not cands:
         return None
-    cand_opts = [options_of(a) for a in cands]
     fastest = [o.fastest for o in cand_opts]
     if sum(o.units[k] for o, k in zip(cand_opts, fastest, strict=True)) <= free:
         # No contention: everyone runs at its fastest option, which is optimal for the sum of
@@ -83,18 +87,16 @@ def elastic_round(
         units = [o.units[k] for o, k in zip(cand_opts, fastest, strict=True)]
         total = sum(o.durations[k] for o, k in zip(cand_opts, fastest, strict=True))
         return Round(cands, units, [], "uncontended", total, total)
-    if (
-        len(cands) == 1
-    ):  # nothing to evict: the one candidate takes its best option within the free units
+    if len(cands) == 1:  # nothing to evict: it takes its best option within the free units
         chosen, method = allocate(cand_opts, free)
-        return Round(
-            cands,
-            [cand_opts[0].units[chosen[0]]],
-            [],
-            method,
-            cand_opts[0].durations[chosen[0]],
-            cand_opts[0].durations[chosen[0]],
-        )
+        d = cand_opts[0].durations[chosen[0]]
+        return Round(cands, [cand_opts[0].units[chosen[0]]], [], method, d, d)
+    # Contention: the eviction test needs the queue behind the candidates, up to ``depth``.
+    for action in queue:
+        if len(rest) >= depth:
+            break
+        if hold is None or hold(action) is None:
+            rest.append(options_of(action))
     busy = [(r.est_finish, r.start.units) for r in ctx.running_in(domain) if not r.start.in_slot]
 
     def estimate(k: int) -> tuple[float, list[int], str]:
