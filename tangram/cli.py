@@ -63,7 +63,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0 if args.command is None else 2
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, KeyError, FileNotFoundError) as exc:
+        # Bad input (a malformed cluster file or trace, an unknown policy or workload): the
+        # message names what is wrong; a traceback would only hide it.
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"tangram {args.command}: error: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,0 +1,83 @@
+"""The tangram command: help, the main job, a benchmark, and clear errors on bad input."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tangram.cli import main
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tangram.cli", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_help_lists_the_commands():
+    out = run("--help")
+    assert out.returncode == 0
+    for command in ("sim", "bench"):
+        assert command in out.stdout
+
+
+def test_sim_prints_a_comparison_and_writes_results(tmp_path, capsys):
+    code = main(
+        [
+            "sim",
+            "--workload",
+            "coding",
+            "--batch",
+            "12",
+            "--seed",
+            "3",
+            "--policy",
+            "tangram",
+            "--policy",
+            "k8s-static",
+            "--out",
+            str(tmp_path),
+            "--json",
+        ]
+    )
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [r["policy"] for r in doc["results"]] == ["tangram", "k8s-static"]
+    for r in doc["results"]:
+        assert r["actions"] > 12 and r["act_mean_s"] > 0
+    assert (tmp_path / "comparison.png").stat().st_size > 10_000
+    assert (tmp_path / "tangram.actions.parquet").exists()
+
+
+def test_default_sim_replays_the_bundled_coding_trace():
+    out = run("sim", "--quiet")
+    assert out.returncode == 0, out.stderr
+    assert "coding.jsonl.gz on paper" in out.stdout
+    assert "tangram vs k8s-static" in out.stdout
+
+
+def test_bench_scheduler_json(capsys):
+    assert (
+        main(
+            ["bench", "scheduler", "--queued", "64", "--events", "40", "--running", "64", "--json"]
+        )
+        == 0
+    )
+    doc = json.loads(capsys.readouterr().out)
+    [row] = doc["results"]
+    assert row["queued"] == 64 and 0 < row["p50_us"] <= row["p99_us"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["sim", "--cluster", "nowhere.toml"], "nowhere.toml: (file): no such file"),
+        (["sim", "--policy", "sjf"], "unknown policy 'sjf'"),
+        (["sim", "--workload", "chess"], "unknown workload 'chess'"),
+    ],
+)
+def test_bad_input_gets_a_clear_error_not_a_traceback(args, message, capsys):
+    assert main([*args, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
