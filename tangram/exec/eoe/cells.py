@@ -36,8 +36,10 @@ def is_aligned_cell(gpus: Sequence[int], n_devices: int) -> bool:
     if size not in CELL_SIZES or len(set(cell)) != size:
         return False
     start = cell[0]
-    return start % size == 0 and cell == tuple(range(start, start + size)) and (
-        start + size <= n_devices
+    return (
+        start % size == 0
+        and cell == tuple(range(start, start + size))
+        and (start + size <= n_devices)
     )
 
 
@@ -51,11 +53,15 @@ def validate_cell(gpus: Iterable[Any], n_devices: int, dop: int | None = None) -
         raise InvalidCellError("gpus is empty: a call needs a cell of 1, 2, 4 or 8 GPUs")
     bad = [g for g in cell if g < 0 or g >= n_devices]
     if bad:
-        raise InvalidCellError(f"GPUs {bad} do not exist (this executor has GPUs 0..{n_devices - 1})")
+        raise InvalidCellError(
+            f"GPUs {bad} do not exist (this executor has GPUs 0..{n_devices - 1})"
+        )
     if len(set(cell)) != len(cell):
         raise InvalidCellError(f"gpus {cell} repeats a GPU")
     if dop is not None and len(cell) != dop:
-        raise InvalidCellError(f"gpus {cell} is a cell of {len(cell)} GPUs but the call asks DoP {dop}")
+        raise InvalidCellError(
+            f"gpus {cell} is a cell of {len(cell)} GPUs but the call asks DoP {dop}"
+        )
     if not is_aligned_cell(cell, n_devices):
         raise InvalidCellError(
             f"gpus {cell} is not an aligned cell: a cell of k GPUs (k in {CELL_SIZES}) is "

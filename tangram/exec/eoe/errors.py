@@ -67,5 +67,13 @@ class InputSplitError(EoeError, ValueError):
     """The inputs of a call at DoP > 1 could not be split across the cell's replicas."""
 
 
+class QueueTimeoutError(EoeError):
+    """The call waited longer than its ``timeout_s`` for its GPUs or for memory; it never ran."""
+
+
+class ExecutorError(EoeError):
+    """An unexpected failure inside the executor itself (a bug); the cause is chained."""
+
+
 class ManagerClosedError(EoeError):
     """The manager was closed; it serves no more calls."""

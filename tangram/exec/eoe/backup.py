@@ -1,0 +1,188 @@
+"""Host backup of a service: all of its weights in one flat host buffer, restored with one copy.
+
+At registration the module built by the factory is flattened: every distinct parameter and
+buffer is copied into one uint8 host buffer (page-locked when CUDA is present) at an aligned
+offset, and the module itself is turned into a weightless template on the ``meta`` device.
+A restore allocates one device buffer of the same size, starts a single non-blocking
+host-to-device copy of the whole buffer, and, while that copy runs, clones the template and
+points its parameters and buffers at views of the device buffer. One large copy is what
+reaches the link's bandwidth; many small per-tensor copies would not.
+Eviction drops the replica (module and buffer); nothing else holds the device buffer.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tangram.exec.eoe.devices import Device, round_up
+from tangram.exec.eoe.errors import ServiceSpecError
+
+if TYPE_CHECKING:
+    import torch
+
+#: Offset alignment of each tensor in the flat buffer (bytes); a multiple of every dtype size.
+ALIGN = 256
+#: Weightless module skeletons kept per service for reuse by the next restore.
+MAX_SPARES = 8
+
+
+@dataclass(frozen=True)
+class TensorSlot:
+    """Where one distinct tensor of the module lives in the flat buffer, and every name it has
+    (tied weights have several)."""
+
+    names: tuple[str, ...]
+    is_parameter: bool
+    offset: int
+    nbytes: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+class HostBackup:
+    """The host copy of one service's weights and the recipe to rebuild a replica on a device."""
+
+    def __init__(self, module: torch.nn.Module, *, pin: bool) -> None:
+        import torch
+
+        if not isinstance(module, torch.nn.Module):
+            raise ServiceSpecError(
+                f"the factory returned {type(module).__name__}, not a torch.nn.Module"
+            )
+        slots: list[TensorSlot] = []
+        sources: list[torch.Tensor] = []
+        index: dict[int, int] = {}
+        names: list[list[str]] = []
+        kinds: list[bool] = []
+        offset = 0
+        entries = [(n, t, True) for n, t in module.named_parameters(remove_duplicate=False)]
+        entries += [(n, t, False) for n, t in module.named_buffers(remove_duplicate=False)]
+        for name, tensor, is_param in entries:
+            if tensor is None:
+                continue
+            if tensor.device.type == "meta":
+                raise ServiceSpecError(
+                    f"tensor {name!r} of the module is on the meta device (no data)"
+                )
+            key = id(tensor)
+            if key in index:
+                names[index[key]].append(name)
+                continue
+            index[key] = len(sources)
+            sources.append(tensor)
+            names.append([name])
+            kinds.append(is_param)
+        layout = []
+        for tensor in sources:
+            nbytes = tensor.numel() * tensor.element_size()
+            layout.append((offset, nbytes))
+            offset = round_up(offset + nbytes, ALIGN)
+        self.nbytes: int = round_up(max(offset, 1))
+        self.pinned: bool = pin
+        self.buffer: torch.Tensor = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=pin)
+        for tensor, (off, nbytes), tensor_names, is_param in zip(
+            sources, layout, names, kinds, strict=True
+        ):
+            view = self.buffer[off : off + nbytes].view(tensor.dtype).view(tensor.shape)
+            view.copy_(tensor.detach())
+            slots.append(
+                TensorSlot(
+                    tuple(tensor_names), is_param, off, nbytes, tensor.dtype, tuple(tensor.shape)
+                )
+            )
+        self.slots: tuple[TensorSlot, ...] = tuple(slots)
+        #: Bytes of the tensors themselves (without alignment padding).
+        self.tensor_bytes: int = sum(s.nbytes for s in slots)
+        # The template keeps the module's structure and code but no data.
+        self.template: torch.nn.Module = module.to("meta").eval()
+        self.template.requires_grad_(False)
+        self._meta = [self._meta_tensor(slot) for slot in self.slots]
+        # Skeletons (deep copies of the template) cost milliseconds to make; an evicted
+        # replica's skeleton is emptied and kept for the next restore.
+        self._lock = threading.Lock()
+        self._spares: list[torch.nn.Module] = []
+        self._owners: weakref.WeakKeyDictionary[torch.nn.Module, list] = weakref.WeakKeyDictionary()
+
+    def _meta_tensor(self, slot: TensorSlot) -> torch.Tensor:
+        owner_name, _, leaf = slot.names[0].rpartition(".")
+        owner = self.template.get_submodule(owner_name) if owner_name else self.template
+        return owner._parameters[leaf] if slot.is_parameter else owner._buffers[leaf]
+
+    def _skeleton(self) -> tuple[torch.nn.Module, list]:
+        """A weightless module and, per slot, the (table, key) pairs that hold its tensor."""
+        with self._lock:
+            if self._spares:
+                module = self._spares.pop()
+                return module, self._owners[module]
+        module, owners = self._skeleton_of(copy.deepcopy(self.template))
+        with self._lock:
+            self._owners[module] = owners
+        return module, owners
+
+    def _attach(self, owners: list, storage: torch.Tensor | None) -> None:
+        """Point every parameter and buffer at its view of ``storage`` (None: the meta tensors)."""
+        import torch
+
+        for slot, places, meta in zip(self.slots, owners, self._meta, strict=True):
+            if storage is None:
+                value = meta
+            else:
+                raw = storage[slot.offset : slot.offset + slot.nbytes]
+                value = raw.view(slot.dtype).view(slot.shape)
+                if slot.is_parameter:
+                    value = torch.nn.Parameter(value, requires_grad=False)
+            for table, leaf in places:
+                table[leaf] = value
+
+    def recycle(self, module: torch.nn.Module) -> None:
+        """Take back an evicted replica's module: drop its device tensors, keep the skeleton."""
+        with self._lock:
+            owners = self._owners.get(module)
+            if owners is None or len(self._spares) >= MAX_SPARES:
+                return
+        self._attach(owners, None)
+        with self._lock:
+            self._spares.append(module)
+
+    def restore(self, device: Device, *, sync: bool = True) -> tuple[torch.nn.Module, torch.Tensor]:
+        """A replica on ``device``: (module, its device buffer). Raises DeviceOutOfMemoryError.
+
+        With ``sync=False`` the copy may still be in flight on the device's current stream when
+        this returns (work queued later on that stream sees the weights); call
+        ``device.synchronize()`` before timing it or using it from another stream.
+        """
+        storage = device.alloc(self.nbytes)
+        try:
+            with device.context():
+                storage.copy_(self.buffer, non_blocking=True)
+            module, owners = self._skeleton()  # while the copy is in flight on CUDA
+            self._attach(owners, storage)
+            if sync:
+                device.synchronize()
+        except BaseException:
+            module = storage = None  # noqa: F841 (free the buffer before the error propagates)
+            raise
+        return module, storage
+
+    def host_module(self) -> torch.nn.Module:
+        """A module on the host whose weights are views of the backup (for references/tests)."""
+        module = copy.deepcopy(self.template)
+        _, owners = self._skeleton_of(module)
+        self._attach(owners, self.buffer)
+        return module
+
+    def _skeleton_of(self, module: torch.nn.Module) -> tuple[torch.nn.Module, list]:
+        """``module`` (a copy of the template) and where each slot's tensor goes in it."""
+        owners = []
+        for slot in self.slots:
+            places = []
+            for name in slot.names:
+                owner_name, _, leaf = name.rpartition(".")
+                owner = module.get_submodule(owner_name) if owner_name else module
+                places.append((owner._parameters if slot.is_parameter else owner._buffers, leaf))
+            owners.append(places)
+        return module, owners

@@ -1,0 +1,92 @@
+"""``tangram bench eoe``: the CLI wiring, the JSON document, and no torch import before it runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+from tangram.cli import main
+
+
+def test_bench_eoe_json_has_every_figure(capsys) -> None:
+    code = main(
+        [
+            "bench",
+            "eoe",
+            "--sizes",
+            "tiny",
+            "--reps",
+            "2",
+            "--batch",
+            "2",
+            "--seq-len",
+            "16",
+            "--json",
+        ]
+    )
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["benchmark"] == "eoe" and doc["backend"] in ("cpu", "cuda") and doc["reps"] == 2
+    (fig,) = doc["sizes"]
+    assert fig["size"] == "tiny" and fig["replica_bytes"] > 500_000
+    for key in ("copy_s", "alloc_copy_s", "restore_s", "evict_s", "hit_s", "miss_s", "exec_s"):
+        assert fig[key] > 0, key
+    assert fig["restore_gbps"] > 0 and fig["restore_pct_of_copy"] > 0
+    assert len(fig["restore_s_all"]) == 2 and len(fig["copy_s_all"]) == 2
+    assert fig["miss_s"] >= fig["restore_s"]  # a miss includes its restore
+
+
+def test_bench_eoe_table(capsys) -> None:
+    assert (
+        main(
+            [
+                "bench",
+                "eoe",
+                "--sizes",
+                "tiny",
+                "--reps",
+                "1",
+                "--batch",
+                "2",
+                "--seq-len",
+                "8",
+                "--dop",
+                "2",
+                "--backend",
+                "cpu",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "EOE benchmark (medians)" in out and "restore % of copy" in out and "CPU mode" in out
+
+
+def test_importing_the_package_and_bench_parser_needs_no_torch() -> None:
+    code = (
+        "import sys, argparse\n"
+        "sys.modules['torch'] = None  # any import of torch now fails\n"
+        "import tangram.exec.eoe as eoe\n"
+        "from tangram.exec.eoe import bench, cells, config\n"
+        "p = argparse.ArgumentParser(); sub = p.add_subparsers()\n"
+        "bench.register(sub)\n"
+        "args = p.parse_args(['eoe', '--sizes', 'tiny', '--json'])\n"
+        "assert args.func is bench.main and args.json\n"
+        "assert eoe.EoeConfig(backend='cpu').devices is None\n"
+        "assert eoe.aligned_cells(4, 2) == ((0, 1), (2, 3))\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+
+
+def test_register_adds_the_eoe_parser() -> None:
+    from tangram.exec.eoe import bench
+
+    parser = argparse.ArgumentParser()
+    bench.register(parser.add_subparsers())
+    args = parser.parse_args(["eoe"])
+    assert args.reps == 5 and args.dop == 1 and args.backend == "auto" and not args.json

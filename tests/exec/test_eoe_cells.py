@@ -1,0 +1,72 @@
+"""Aligned GPU cells: enumeration, validation with clear errors, and choice."""
+
+from __future__ import annotations
+
+import pytest
+
+from tangram.exec.eoe.cells import (
+    aligned_cells,
+    best_cell,
+    cell_sizes,
+    is_aligned_cell,
+    validate_cell,
+)
+from tangram.exec.eoe.errors import InvalidCellError
+
+
+def test_aligned_cells_of_an_8_gpu_node() -> None:
+    assert aligned_cells(8, 1) == tuple((g,) for g in range(8))
+    assert aligned_cells(8, 2) == ((0, 1), (2, 3), (4, 5), (6, 7))
+    assert aligned_cells(8, 4) == ((0, 1, 2, 3), (4, 5, 6, 7))
+    assert aligned_cells(8, 8) == (tuple(range(8)),)
+    for size in (1, 2, 4, 8):
+        for cell in aligned_cells(8, size):
+            assert cell[0] % size == 0 and len(cell) == size
+
+
+def test_aligned_cells_of_odd_device_counts() -> None:
+    assert aligned_cells(3, 2) == ((0, 1),)
+    assert aligned_cells(3, 4) == ()
+    assert aligned_cells(6, 4) == ((0, 1, 2, 3),)
+    assert cell_sizes(3) == (1, 2) and cell_sizes(8) == (1, 2, 4, 8)
+    with pytest.raises(InvalidCellError, match="cell size"):
+        aligned_cells(8, 3)
+
+
+def test_is_aligned_cell() -> None:
+    assert is_aligned_cell((2, 3), 4)
+    assert is_aligned_cell((3, 2), 4)  # any order
+    assert not is_aligned_cell((1, 2), 4)
+    assert not is_aligned_cell((0, 2), 4)
+    assert not is_aligned_cell((0, 1, 2), 4)
+    assert not is_aligned_cell((4, 5), 5)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "n", "dop", "words"),
+    [
+        ((1, 2), 4, None, "not an aligned cell"),
+        ((0, 1, 2), 4, None, "not an aligned cell"),
+        ((0, 1), 4, 1, "asks DoP 1"),
+        ((4,), 4, None, r"GPUs \[4\] do not exist"),
+        ((-1,), 4, None, "do not exist"),
+        ((0, 0), 4, None, "repeats"),
+        ((), 4, None, "empty"),
+        (("a",), 4, None, "tuple of GPU indices"),
+    ],
+)
+def test_validate_cell_errors(gpus: tuple, n: int, dop: int | None, words: str) -> None:
+    with pytest.raises(InvalidCellError, match=words):
+        validate_cell(gpus, n, dop)
+
+
+def test_validate_cell_sorts() -> None:
+    assert validate_cell([5, 4], 8, 2) == (4, 5)
+
+
+def test_best_cell_takes_smallest_key_among_usable() -> None:
+    cells = aligned_cells(8, 2)
+    chosen = best_cell(cells, lambda c: c != (0, 1), lambda c: -c[0] if c[0] < 6 else 0)
+    assert chosen == (4, 5)
+    assert best_cell(cells, lambda c: False, lambda c: 0) is None
+    assert best_cell(cells, lambda c: True, lambda c: 0) == (0, 1)  # ties: first

@@ -1,0 +1,126 @@
+"""Devices: the CPU device's live-byte accounting and budget, NVML discovery, configuration."""
+
+from __future__ import annotations
+
+import gc
+import types
+
+import pytest
+import torch
+
+from tangram.exec.eoe.config import DEFAULT_CPU_DEVICE_MEMORY, EoeConfig
+from tangram.exec.eoe.devices import CpuDevice, nvml_gpus, open_devices, round_up
+from tangram.exec.eoe.errors import DeviceOutOfMemoryError
+
+
+def test_cpu_device_counts_live_buffers_until_the_last_view_dies() -> None:
+    dev = CpuDevice(0, 10_000)
+    a = dev.alloc(1000)
+    assert a.numel() == 1024 and dev.allocated_bytes() == 1024
+    view = a[100:200].view(torch.int32)
+    param = torch.nn.Parameter(a[:8].view(torch.float32), requires_grad=False)
+    del a
+    assert dev.allocated_bytes() == 1024  # views keep the storage alive
+    del view
+    assert dev.allocated_bytes() == 1024
+    del param
+    assert dev.allocated_bytes() == 0
+    assert dev.peak_allocated_bytes() == 1024
+
+
+def test_cpu_device_refuses_allocations_over_budget() -> None:
+    dev = CpuDevice(3, 4096)
+    keep = dev.alloc(3000)
+    with pytest.raises(
+        DeviceOutOfMemoryError, match=r"device 3 .*budget of 4096 bytes .*3072 allocated"
+    ):
+        dev.alloc(1025)
+    assert dev.allocated_bytes() == 3072  # the refused allocation left no trace
+    small = dev.alloc(1024)
+    assert dev.allocated_bytes() == 4096
+    del keep, small
+    gc.collect()
+    assert dev.allocated_bytes() == 0
+
+
+def test_round_up() -> None:
+    assert round_up(1) == 512 and round_up(512) == 512 and round_up(513) == 1024
+
+
+class _FakeNvml(types.SimpleNamespace):
+    pass
+
+
+def _fake_nvml(count: int = 2, fail_init: bool = False) -> _FakeNvml:
+    calls: list[str] = []
+
+    def init() -> None:
+        calls.append("init")
+        if fail_init:
+            raise RuntimeError("NVML Shared Library Not Found")
+
+    def mem(handle: int) -> types.SimpleNamespace:
+        return types.SimpleNamespace(
+            total=80 << 30, used=(handle + 1) << 30, free=(79 - handle) << 30
+        )
+
+    return _FakeNvml(
+        calls=calls,
+        nvmlInit=init,
+        nvmlShutdown=lambda: calls.append("shutdown"),
+        nvmlDeviceGetCount=lambda: count,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetMemoryInfo=mem,
+        nvmlDeviceGetName=lambda h: b"NVIDIA H100",
+        nvmlDeviceGetUUID=lambda h: f"GPU-0000-{h}",
+    )
+
+
+def test_nvml_discovery_reads_names_uuids_and_memory() -> None:
+    fake = _fake_nvml(2)
+    gpus = nvml_gpus(fake)
+    assert [g.index for g in gpus] == [0, 1]
+    assert gpus[1].name == "NVIDIA H100" and gpus[1].uuid == "GPU-0000-1"
+    assert gpus[0].total_bytes == 80 << 30 and gpus[1].used_bytes == 2 << 30
+    assert fake.calls == ["init", "shutdown"]
+
+
+def test_nvml_absent_means_no_gpu() -> None:
+    assert nvml_gpus(_fake_nvml(fail_init=True)) == ()
+
+
+def test_nvml_on_this_machine_does_not_raise() -> None:
+    gpus = nvml_gpus()
+    assert isinstance(gpus, tuple)
+    if not torch.cuda.is_available():
+        assert gpus == ()
+
+
+def test_open_cpu_devices_with_defaults_and_budget() -> None:
+    devs = open_devices(EoeConfig(backend="cpu"))
+    assert len(devs) == 2 and all(d.budget_bytes == DEFAULT_CPU_DEVICE_MEMORY for d in devs)
+    devs = open_devices(EoeConfig(backend="cpu", devices=4, device_memory_bytes=1234))
+    assert [d.index for d in devs] == [0, 1, 2, 3] and devs[3].budget_bytes == 1234
+    assert devs[0].figures().backend == "cpu"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
+def test_cuda_backend_without_gpu_is_a_clear_error() -> None:
+    with pytest.raises(RuntimeError, match="no CUDA GPU"):
+        open_devices(EoeConfig(backend="cuda"))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"backend": "tpu"}, "backend"),
+        ({"devices": 0}, "devices"),
+        ({"device_memory_bytes": 0}, "device_memory_bytes"),
+        ({"memory_fraction": 1.5}, "memory_fraction"),
+        ({"calls_per_gpu": 0}, "calls_per_gpu"),
+        ({"host_memory_bytes": -1}, "host_memory_bytes"),
+    ],
+)
+def test_config_rejects_bad_values(kwargs: dict, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        EoeConfig(**kwargs)

@@ -1,0 +1,502 @@
+"""The EOE manager: restore/evict correctness, LRU, residency, pinning and the error cases.
+
+Runs on budgeted CPU devices here; with TANGRAM_EOE_BACKEND=cuda the same tests run on GPUs
+(those needing more GPUs than the machine has are skipped).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+from tangram.exec.eoe.config import EoeConfig
+from tangram.exec.eoe.devices import CpuDevice
+from tangram.exec.eoe.errors import (
+    CallFailedError,
+    DeviceOutOfMemoryError,
+    DopNotSupportedError,
+    DuplicateServiceError,
+    HostMemoryError,
+    InputSplitError,
+    InvalidCellError,
+    ManagerClosedError,
+    QueueTimeoutError,
+    RestoreOutOfMemoryError,
+    ServiceInUseError,
+    ServiceSpecError,
+    ServiceTooLargeError,
+    UnknownServiceError,
+)
+from tangram.exec.eoe.manager import EoeManager
+from tangram.exec.eoe.registry import ServiceSpec
+from tangram.exec.eoe.services import example_tokens, reward_model_spec, teacher_spec
+from tangram.exec.eoe.testing import (
+    BACKEND,
+    MIB,
+    UNIT,
+    blob_reference,
+    blob_spec,
+    make_config,
+    missing_devices,
+    same_bytes,
+)
+
+
+@pytest.fixture
+def managers():
+    made: list[EoeManager] = []
+
+    def make(cfg: EoeConfig, **kw: object) -> EoeManager:
+        made.append(EoeManager(cfg, **kw))
+        return made[-1]
+
+    yield make
+    for m in made:
+        m.close()
+
+
+def config(devices: int = 1, units: float = 4, **kw: object) -> EoeConfig:
+    reason = missing_devices(devices)
+    if reason:
+        pytest.skip(reason)
+    return make_config(devices, units, **kw)
+
+
+reference = blob_reference
+X = torch.arange(6, dtype=torch.float32)
+
+
+# --- correctness of restore and eviction ------------------------------------------------------
+
+
+def test_outputs_identical_before_and_after_evict_restore(managers) -> None:
+    m = managers(config(devices=1, units=8 * MIB / UNIT))
+    m.register(reward_model_spec("reward", "tiny"))
+    m.register(teacher_spec("teacher", "tiny"))
+    tokens = example_tokens(4, 24)
+    first = {s: m.call(s, tokens).unwrap() for s in ("reward", "teacher")}
+    for _ in range(2):
+        for s in ("reward", "teacher"):
+            assert m.evict(s).gpus == (0,)
+            assert m.residency().get(s) is None
+            again = m.call(s, tokens)
+            assert again.ok and not again.hit and again.restored_gpus == (0,)
+            assert torch.equal(again.value, first[s]), s
+    assert m.stats().unverified_evictions == 0
+
+
+def test_outputs_identical_after_lru_eviction_and_at_dop_2(managers) -> None:
+    m = managers(config(devices=2, units=2.02))
+    for i in range(4):
+        m.register(blob_spec(f"b{i}", units=1, seed=i))
+    first = {f"b{i}": m.call(f"b{i}", X, dop=2).unwrap() for i in range(4)}  # evicts b0, b1
+    assert m.stats().evictions >= 4
+    for i in range(4):
+        out = m.call(f"b{i}", X, dop=2)
+        assert out.ok and torch.equal(out.value, first[f"b{i}"])
+        assert torch.allclose(out.value, reference(1, i, X))
+        one = m.call(f"b{i}", X, dop=1).unwrap()
+        assert torch.allclose(one, out.value)
+
+
+def test_eviction_really_frees_device_memory(managers) -> None:
+    m = managers(config(devices=1, units=4))
+    info = m.register(blob_spec("a", units=2))
+    dev = m.devices[0]
+    base = dev.allocated_bytes()
+    m.call("a", X).unwrap()
+    assert same_bytes(dev.allocated_bytes() - base, info.replica_bytes)
+    evicted = m.evict("a")
+    assert evicted.bytes_freed == info.replica_bytes and evicted.evict_s >= 0
+    assert dev.allocated_bytes() == base
+    assert m.stats().unverified_evictions == 0
+
+
+def test_a_leaked_reference_is_caught_by_the_allocator_figure(managers) -> None:
+    leak: list[torch.Tensor] = []
+
+    def leaky(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        leak.append(module.w)  # keeps the replica's buffer alive after eviction
+        return module(x)
+
+    m = managers(config(devices=1, units=3))
+    m.register(blob_spec("leaky", units=1, call=leaky))
+    m.register(blob_spec("big", units=2.5))
+    m.call("leaky", X).unwrap()
+    m.evict("leaky")
+    assert m.stats().unverified_evictions == 1
+    # The leaked bytes count as used outside the executor: "big" cannot fit, and says why.
+    out = m.call("big", X)
+    assert isinstance(out.error, RestoreOutOfMemoryError)
+    assert "used outside the executor" in str(out.error)
+    leak.clear()
+    assert m.call("big", X).ok
+
+
+# --- LRU and residency ------------------------------------------------------------------------
+
+
+def test_lru_evicts_the_least_recently_used(managers) -> None:
+    m = managers(config(devices=1, units=3.02))
+    for name in "abcd":
+        m.register(blob_spec(name))
+    for name in "abc":
+        m.call(name, X).unwrap()
+    assert m.lru_order(0) == ("a", "b", "c")
+    m.call("a", X).unwrap()  # a becomes most recent
+    assert m.lru_order(0) == ("b", "c", "a")
+    out = m.call("d", X)
+    assert out.evicted == (("b", 0),)
+    assert set(m.residency()) == {"a", "c", "d"}
+    assert m.lru_order(0) == ("c", "a", "d")
+
+
+def test_residency_callbacks_in_order_and_resident_cell_preferred(managers) -> None:
+    events: list[tuple[str, tuple[int, ...], bool]] = []
+    m = managers(
+        config(devices=2, units=1.02),
+        on_residency_change=lambda s, g, r: events.append((s, g, r)),
+    )
+    m.register(blob_spec("a", seed=1))
+    m.register(blob_spec("b", seed=2))
+    assert m.call("a", X, gpus=(1,)).gpus == (1,)
+    again = m.call("a", X)  # no cell given: the resident one is chosen
+    assert again.gpus == (1,) and again.hit
+    assert m.call("b", X).gpus == (0,)  # the free GPU, no eviction needed
+    wide = m.call("a", X, dop=2)  # restores on GPU 0 only, evicting b there
+    assert wide.gpus == (0, 1) and wide.restored_gpus == (0,) and wide.evicted == (("b", 0),)
+    assert m.residency() == {"a": (0, 1)}
+    assert events == [
+        ("a", (1,), True),
+        ("b", (0,), True),
+        ("b", (0,), False),
+        ("a", (0,), True),
+    ]
+    m.evict("a")
+    assert events[-1] == ("a", (0, 1), False) and m.residency() == {}
+
+
+def test_a_failing_callback_does_not_break_calls(managers) -> None:
+    def boom(*_: object) -> None:
+        raise RuntimeError("callback bug")
+
+    m = managers(config(), on_residency_change=boom)
+    m.register(blob_spec("a"))
+    assert m.call("a", X).ok
+
+
+def test_a_callback_may_call_back_into_the_manager(managers) -> None:
+    seen: list[dict] = []
+    holder: list[EoeManager] = []
+
+    def cb(service: str, gpus: tuple[int, ...], resident: bool) -> None:
+        seen.append(holder[0].residency())
+        if service == "a" and resident:
+            holder[0].evict("b")  # re-entrant: no lock is held while callbacks run
+
+    m = managers(config(devices=1, units=4), on_residency_change=cb)
+    holder.append(m)
+    m.register(blob_spec("a"))
+    m.register(blob_spec("b"))
+    m.call("b", X).unwrap()
+    m.call("a", X).unwrap()
+    assert m.residency() == {"a": (0,)}
+    assert seen[0] == {"b": (0,)} and seen[1] == {"a": (0,), "b": (0,)}
+
+
+# --- in-use replicas are never evicted --------------------------------------------------------
+
+
+def _blocking_call(started: threading.Event, release: threading.Event) -> Callable:
+    def call(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        started.set()
+        assert release.wait(10), "the test never released the call"
+        assert module.w.device.type != "meta", "the replica was evicted while in use"
+        return module(x)
+
+    return call
+
+
+def test_service_in_use_is_never_evicted(managers) -> None:
+    started, release = threading.Event(), threading.Event()
+    m = managers(config(devices=1, units=2.02, calls_per_gpu=3))
+    m.register(blob_spec("busy", call=_blocking_call(started, release)))
+    m.register(blob_spec("b"))
+    m.register(blob_spec("c"))
+    results: list = []
+    worker = threading.Thread(target=lambda: results.append(m.call("busy", X)))
+    worker.start()
+    assert started.wait(10)
+    with pytest.raises(ServiceInUseError, match="'busy' is in use on GPUs \\[0\\]"):
+        m.evict("busy")
+    assert m.call("b", X).ok  # fits beside busy
+    out = m.call("c", X)  # must evict: b is idle, busy is pinned (and was used less recently)
+    assert out.ok and out.evicted == (("b", 0),)
+    assert "busy" in m.residency()
+    release.set()
+    worker.join(10)
+    assert results[0].ok and torch.allclose(results[0].value, reference(1, 0, X))
+
+
+def test_a_call_waits_for_room_held_by_a_running_call(managers) -> None:
+    started, release = threading.Event(), threading.Event()
+    m = managers(config(devices=1, units=1.02, calls_per_gpu=2))
+    m.register(blob_spec("busy", call=_blocking_call(started, release)))
+    m.register(blob_spec("next", seed=4))
+    results: dict[str, object] = {}
+    t1 = threading.Thread(target=lambda: results.__setitem__("busy", m.call("busy", X)))
+    t1.start()
+    assert started.wait(10)
+    t2 = threading.Thread(target=lambda: results.__setitem__("next", m.call("next", X)))
+    t2.start()
+    time.sleep(0.4)
+    assert "next" not in results and m.residency() == {"busy": (0,)}
+    release.set()
+    t1.join(10)
+    t2.join(10)
+    nxt = results["next"]
+    assert nxt.ok and nxt.evicted == (("busy", 0),) and nxt.queue_s >= 0.3
+    assert torch.allclose(nxt.value, reference(1, 4, X))
+
+
+def test_calls_on_a_busy_cell_queue(managers) -> None:
+    started, release = threading.Event(), threading.Event()
+    m = managers(config(devices=1, units=4))
+    m.register(blob_spec("busy", call=_blocking_call(started, release)))
+    m.register(blob_spec("other"))
+    t = threading.Thread(target=lambda: m.call("busy", X))
+    t.start()
+    assert started.wait(10)
+    threading.Timer(0.3, release.set).start()
+    out = m.call("other", X, gpus=(0,))  # one call per GPU: waits for the cell
+    t.join(10)
+    assert out.ok and out.queue_s >= 0.2
+
+
+def test_queue_timeout_for_gpus_and_for_memory(managers) -> None:
+    started, release = threading.Event(), threading.Event()
+    m = managers(config(devices=1, units=1.02, calls_per_gpu=2))
+    m.register(blob_spec("busy", call=_blocking_call(started, release)))
+    m.register(blob_spec("other", seed=3))
+    t = threading.Thread(target=lambda: m.call("busy", X))
+    second = threading.Thread(target=lambda: m.call("busy", X))
+    t.start()
+    assert started.wait(10)
+    try:
+        # Memory: "other" needs busy's bytes, which stay pinned.
+        out = m.call("other", X, timeout_s=0.3)
+        assert isinstance(out.error, QueueTimeoutError) and "for memory" in out.message
+        assert 0.25 <= out.queue_s < 2 and out.exec_s == 0
+        # GPUs: with calls_per_gpu=2 one more call fits beside busy, a third waits.
+        second.start()
+        time.sleep(0.2)
+        out = m.call("other", X, gpus=(0,), timeout_s=0.2)
+        assert isinstance(out.error, QueueTimeoutError) and "free GPUs" in out.message
+    finally:
+        release.set()
+        t.join(10)
+        if second.is_alive():
+            second.join(10)
+    assert m.call("other", X, timeout_s=5).ok  # nothing left held: proceeds at once
+    assert m.stats().devices[0].claimed_bytes == UNIT
+
+
+def test_workspace_is_claimed_only_while_a_call_runs(managers) -> None:
+    started, release = threading.Event(), threading.Event()
+    m = managers(config(devices=1, units=4))
+    info = m.register(blob_spec("w", call=_blocking_call(started, release), workspace_bytes=UNIT))
+    assert info.need_bytes == info.resident_bytes + UNIT
+    t = threading.Thread(target=lambda: m.call("w", X))
+    t.start()
+    assert started.wait(10)
+    assert m.stats().devices[0].claimed_bytes == info.resident_bytes + UNIT
+    release.set()
+    t.join(10)
+    assert m.stats().devices[0].claimed_bytes == info.resident_bytes
+
+
+def test_declared_memory_is_what_residency_claims(managers) -> None:
+    m = managers(config(devices=1, units=3.02))
+    info = m.register(blob_spec("fat", units=1, memory_bytes=2 * UNIT))
+    m.register(blob_spec("thin", units=1))
+    assert info.resident_bytes == 2 * UNIT and info.replica_bytes == UNIT
+    m.call("fat", X).unwrap()
+    m.call("thin", X).unwrap()
+    assert m.stats().devices[0].claimed_bytes == 3 * UNIT
+    m.register(blob_spec("third"))
+    assert m.call("third", X).evicted == (("fat", 0),)
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+
+def test_unknown_service_is_an_error_outcome(managers) -> None:
+    m = managers(config())
+    m.register(blob_spec("a"))
+    out = m.call("nope", X)
+    assert out.status == "error" and not out.ok and out.value is None
+    assert isinstance(out.error, UnknownServiceError)
+    assert "unknown service 'nope' (registered: a)" in out.message
+    with pytest.raises(UnknownServiceError):
+        out.unwrap()
+    with pytest.raises(UnknownServiceError):
+        m.evict("nope")
+    assert m.call("a", X).ok
+
+
+def test_model_larger_than_any_cell(managers) -> None:
+    m = managers(config(devices=2, units=2))
+    with pytest.raises(
+        ServiceTooLargeError, match=r"'huge' needs \d+ bytes per GPU .*largest GPU budget"
+    ):
+        m.register(blob_spec("huge", units=m.devices[0].budget_bytes // UNIT + 1))
+    with pytest.raises(ServiceTooLargeError, match="workspace"):
+        m.register(blob_spec("ws", units=1, workspace_bytes=m.devices[0].budget_bytes))
+    assert "huge" not in m.services()
+    m.register(blob_spec("ok"))
+    assert m.call("ok", X, dop=2).ok
+
+
+def test_model_larger_than_the_chosen_cell(managers) -> None:
+    if BACKEND != "cpu":
+        pytest.skip("uses CPU devices of different budgets")
+    m = managers(EoeConfig(backend="cpu"), devices=[CpuDevice(0, 4 * UNIT), CpuDevice(1, UNIT)])
+    m.register(blob_spec("two", units=2))
+    out = m.call("two", X, gpus=(1,))
+    assert isinstance(out.error, ServiceTooLargeError) and "GPUs [1]" in out.message
+    assert m.call("two", X).gpus == (0,)  # the manager picks the GPU that can hold it
+    assert isinstance(m.call("two", X, dop=2).error, ServiceTooLargeError)
+
+
+def test_call_function_that_raises(managers) -> None:
+    def bad(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        weights = module.w  # a local that references the replica's buffer  # noqa: F841
+        raise ValueError("bad input shape")
+
+    m = managers(config(devices=1, units=4))
+    m.register(blob_spec("bad", call=bad))
+    m.register(blob_spec("good"))
+    out = m.call("bad", X)
+    assert isinstance(out.error, CallFailedError)
+    assert "service 'bad' raised ValueError on GPU 0: bad input shape" in out.message
+    assert isinstance(out.error.__cause__, ValueError)
+    assert "bad input shape" in out.detail and "Traceback" in out.detail
+    assert m.call("good", X).ok
+    # The failed call's frames do not keep the replica alive: eviction frees it for real.
+    base = m.devices[0].allocated_bytes()
+    freed = m.evict("bad").bytes_freed
+    assert m.devices[0].allocated_bytes() == base - freed and freed > 0
+    assert m.stats().unverified_evictions == 0
+    assert m.stats().errors_by_type == {"CallFailedError": 1}
+
+
+def test_out_of_memory_during_restore_from_memory_used_elsewhere(managers) -> None:
+    m = managers(config(devices=1, units=4))
+    m.register(blob_spec("a", units=2))
+    m.register(blob_spec("b", units=1))
+    hog = m.devices[0].alloc(int(2.5 * UNIT))  # someone else's tensor on the device
+    out = m.call("a", X)
+    assert isinstance(out.error, RestoreOutOfMemoryError)
+    assert (
+        f"needs {2 * UNIT} bytes on GPU 0" in out.message
+        and "used outside the executor" in out.message
+    )
+    assert m.residency() == {} and m.stats().devices[0].claimed_bytes == 0
+    assert m.call("b", X).ok  # still serving what fits
+    del hog
+    assert m.call("a", X).ok
+
+
+def test_out_of_memory_raised_by_the_allocator(managers, monkeypatch) -> None:
+    m = managers(config(devices=2, units=4))
+    m.register(blob_spec("a"))
+    dev = m.devices[1]
+    real = dev.alloc
+
+    def failing(nbytes: int) -> torch.Tensor:
+        raise DeviceOutOfMemoryError(f"device 1: CUDA out of memory allocating {nbytes} bytes")
+
+    monkeypatch.setattr(dev, "alloc", failing)
+    out = m.call("a", X, dop=2)
+    assert isinstance(out.error, RestoreOutOfMemoryError)
+    assert "out of memory restoring" in out.message and "GPU 1" in out.message
+    # All or nothing: the replica restored on GPU 0 for this call was dropped too.
+    assert m.residency() == {}
+    assert [d.claimed_bytes for d in m.stats().devices] == [0, 0]
+    assert m.devices[0].allocated_bytes() == 0 or BACKEND == "cuda"
+    monkeypatch.setattr(dev, "alloc", real)
+    again = m.call("a", X, dop=2)
+    assert again.ok and again.restored_gpus == (0, 1)
+
+
+def test_dop_and_cell_errors(managers) -> None:
+    m = managers(config(devices=2, units=4))
+    m.register(blob_spec("one", dops=(1,)))
+    m.register(blob_spec("any", dops=(1, 2, 4)))
+    assert isinstance(m.call("one", X, dop=2).error, DopNotSupportedError)
+    out = m.call("any", X, dop=4)
+    assert isinstance(out.error, DopNotSupportedError) and "has 2" in out.message
+    assert isinstance(m.call("any", X, gpus=(0, 1), dop=1).error, InvalidCellError)
+    assert isinstance(m.call("any", X, gpus=(3,)).error, InvalidCellError)
+    assert m.call("any", X, gpus=(0, 1)).dop == 2  # dop taken from the cell
+    split = m.call("any", "not a batch", dop=2)
+    assert isinstance(split.error, InputSplitError) and "cannot split" in split.message
+
+
+def test_registration_errors(managers) -> None:
+    m = managers(config(devices=1, units=4, host_memory_bytes=2 * UNIT + 1024))
+    m.register(blob_spec("a"))
+    with pytest.raises(DuplicateServiceError):
+        m.register(blob_spec("a"))
+    with pytest.raises(ServiceSpecError, match="declares memory_bytes=10 but"):
+        m.register(blob_spec("small-claim", memory_bytes=10))
+
+    def broken() -> nn.Module:
+        raise OSError("checkpoint missing")
+
+    with pytest.raises(ServiceSpecError, match="factory raised OSError: checkpoint missing"):
+        m.register(ServiceSpec("broken", factory=broken, call=lambda mod, x: x))
+    with pytest.raises(ServiceSpecError, match="not a torch.nn.Module"):
+        m.register(ServiceSpec("nomod", factory=lambda: 3, call=lambda mod, x: x))
+    m.register(blob_spec("b"))
+    with pytest.raises(HostMemoryError, match="over the host budget"):
+        m.register(blob_spec("c"))
+    assert m.services() == ("a", "b")
+
+
+def test_unregister(managers) -> None:
+    m = managers(config())
+    m.register(blob_spec("a"))
+    m.call("a", X).unwrap()
+    m.unregister("a")
+    assert m.services() == () and m.residency() == {}
+    assert isinstance(m.call("a", X).error, UnknownServiceError)
+    m.register(blob_spec("a", seed=7))  # the name is free again
+    assert torch.allclose(m.call("a", X).unwrap(), reference(1, 7, X))
+
+
+def test_closed_manager(managers) -> None:
+    m = managers(config())
+    m.register(blob_spec("a"))
+    m.call("a", X).unwrap()
+    m.close()
+    assert isinstance(m.call("a", X).error, ManagerClosedError)
+    assert m.residency() == {} and m.devices[0].allocated_bytes() == 0 or BACKEND == "cuda"
+
+
+def test_stats_count_hits_misses_and_errors(managers) -> None:
+    m = managers(config(devices=1, units=4))
+    m.register(blob_spec("a"))
+    m.call("a", X)
+    m.call("a", X)
+    m.call("zz", X)
+    s = m.stats()
+    assert (s.calls, s.ok, s.errors, s.hits, s.misses) == (3, 2, 1, 1, 1)
+    assert s.restores == 1 and s.bytes_restored == UNIT
+    assert s.devices[0].resident == ("a",) and s.devices[0].claimed_bytes == UNIT
+    assert s.as_dict()["devices"][0]["budget_bytes"] == m.devices[0].budget_bytes

@@ -1,0 +1,236 @@
+"""Service specs, the registry, data-parallel split/merge, host backups and the example services."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from tangram.exec.eoe.backup import HostBackup
+from tangram.exec.eoe.devices import CpuDevice
+from tangram.exec.eoe.errors import DuplicateServiceError, ServiceSpecError, UnknownServiceError
+from tangram.exec.eoe.registry import ServiceRegistry, ServiceSpec, merge_batch, split_batch
+from tangram.exec.eoe.services import (
+    SIZES,
+    TransformerSize,
+    build_model,
+    example_tokens,
+    reward_model_spec,
+    score,
+    teacher_spec,
+    token_logprobs,
+)
+
+
+def _spec(name: str = "svc", **kw) -> ServiceSpec:
+    return ServiceSpec(name=name, factory=lambda: nn.Linear(2, 2), call=lambda m, x: m(x), **kw)
+
+
+# --- ServiceSpec and ServiceRegistry ----------------------------------------------------------
+
+
+def test_spec_sorts_dops_and_keeps_defaults() -> None:
+    spec = _spec(dops=(4, 1, 2))
+    assert spec.dops == (1, 2, 4)
+    assert spec.workspace_bytes == 0 and spec.memory_bytes is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"dops": (3,)}, "dops"),
+        ({"dops": ()}, "dops"),
+        ({"dops": (1, 1)}, "dops"),
+        ({"dops": (16,)}, "dops"),
+        ({"memory_bytes": -1}, "memory_bytes"),
+        ({"workspace_bytes": -5}, "workspace_bytes"),
+        ({"workspace_bytes": 1.5}, "workspace_bytes"),
+    ],
+)
+def test_spec_rejects_bad_fields(kwargs: dict, words: str) -> None:
+    with pytest.raises(ServiceSpecError, match=words):
+        _spec(**kwargs)
+
+
+@pytest.mark.parametrize("name", ["", " x", "a b", "-lead", None])
+def test_spec_rejects_bad_names(name: object) -> None:
+    with pytest.raises(ServiceSpecError, match="name"):
+        _spec(name)  # type: ignore[arg-type]
+
+
+def test_spec_rejects_non_callables() -> None:
+    with pytest.raises(ServiceSpecError, match="factory"):
+        ServiceSpec("x", factory=1, call=lambda m, x: x)  # type: ignore[arg-type]
+    with pytest.raises(ServiceSpecError, match="call"):
+        ServiceSpec("x", factory=lambda: nn.Linear(1, 1), call="no")  # type: ignore[arg-type]
+
+
+def test_registry_add_get_remove_and_errors() -> None:
+    reg = ServiceRegistry()
+    reg.add(_spec("a"))
+    reg.add(_spec("b"))
+    assert reg.names() == ("a", "b") and len(reg) == 2 and "a" in reg
+    with pytest.raises(DuplicateServiceError, match="'a' is already registered"):
+        reg.add(_spec("a"))
+    with pytest.raises(UnknownServiceError, match=r"unknown service 'zz' \(registered: a, b\)"):
+        reg.get("zz")
+    assert reg.remove("a").name == "a"
+    assert reg.names() == ("b",)
+    with pytest.raises(UnknownServiceError):
+        reg.remove("a")
+
+
+# --- split and merge --------------------------------------------------------------------------
+
+
+def test_split_tensor_even_and_uneven_then_merge_back() -> None:
+    x = torch.arange(10).reshape(5, 2)
+    parts = split_batch(x, 2)
+    assert [p.shape[0] for p in parts] == [3, 2]
+    assert torch.equal(merge_batch(parts), x)
+    assert len(split_batch(x, 8)) == 5  # no empty pieces
+    assert split_batch(x, 1)[0] is x
+
+
+def test_split_structures() -> None:
+    a, b = torch.arange(6), torch.arange(6) * 10
+    parts = split_batch((a, {"k": b}), 3)
+    assert len(parts) == 3
+    assert torch.equal(parts[1][0], a[2:4]) and torch.equal(parts[1][1]["k"], b[2:4])
+    samples = [torch.zeros(i + 1) for i in range(5)]  # a list is a sequence of samples
+    pieces = split_batch(samples, 2)
+    assert [len(p) for p in pieces] == [3, 2]
+    assert merge_batch(pieces) == samples or all(
+        torch.equal(x, y) for x, y in zip(merge_batch(pieces), samples, strict=True)
+    )
+    merged = merge_batch([(a[:3], {"k": b[:3]}), (a[3:], {"k": b[3:]})])
+    assert torch.equal(merged[0], a) and torch.equal(merged[1]["k"], b)
+
+
+def test_split_errors_name_the_problem() -> None:
+    with pytest.raises(TypeError, match="different batch sizes"):
+        split_batch((torch.zeros(3), torch.zeros(4)), 2)
+    with pytest.raises(TypeError, match="cannot split a str"):
+        split_batch("text", 2)
+    with pytest.raises(TypeError, match="0-dimensional"):
+        split_batch(torch.tensor(1.0), 2)
+    with pytest.raises(TypeError, match="0-dimensional"):
+        merge_batch([torch.tensor(1.0), torch.tensor(2.0)])
+    with pytest.raises(TypeError, match="cannot merge results of type int"):
+        merge_batch([1, 2])
+
+
+# --- host backup ------------------------------------------------------------------------------
+
+
+class _Odd(nn.Module):
+    """Tied weights, a persistent and a non-persistent buffer, a 0-dim parameter, mixed dtypes
+    and a non-contiguous parameter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.emb = nn.Embedding(7, 4)
+        self.out = nn.Linear(4, 7, bias=False)
+        self.out.weight = self.emb.weight
+        self.scale = nn.Parameter(torch.tensor(1.5))
+        self.lowp = nn.Parameter(torch.randn(3, 5).to(torch.bfloat16))
+        self.t = nn.Parameter(torch.randn(5, 3).t())  # non-contiguous
+        self.register_buffer("steps", torch.arange(4))
+        self.register_buffer("mask", torch.tensor([True, False, True]), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.emb(x) * self.scale
+        extra = (
+            self.lowp.float().sum() + self.t.sum() + self.steps.sum() + self.mask.sum()
+        ).float()
+        return self.out(h) + extra
+
+
+def test_backup_round_trip_preserves_everything() -> None:
+    model = _Odd().eval()
+    x = torch.tensor([[1, 2, 3]])
+    expected = model(x)
+    originals = {n: t.detach().clone() for n, t in model.state_dict(keep_vars=True).items()}
+    backup = HostBackup(model, pin=False)
+    # Tied weight stored once, under both names.
+    tied = [s for s in backup.slots if len(s.names) > 1]
+    assert len(tied) == 1 and set(tied[0].names) == {"emb.weight", "out.weight"}
+    assert backup.nbytes % 512 == 0 and backup.nbytes >= backup.tensor_bytes
+    assert all(s.offset % 256 == 0 for s in backup.slots)
+    # The factory's module became a weightless template.
+    assert all(p.device.type == "meta" for p in model.parameters())
+
+    device = CpuDevice(0, 1 << 20)
+    replica, storage = backup.restore(device)
+    # Close, not bit-equal: the non-contiguous parameter comes back contiguous, which changes
+    # the order of its sum. The tensors themselves are bit-equal (below).
+    assert torch.allclose(replica(x), expected, atol=1e-5)
+    assert replica.out.weight is replica.emb.weight
+    assert replica.lowp.dtype == torch.bfloat16 and replica.scale.shape == ()
+    assert torch.equal(replica.mask, torch.tensor([True, False, True]))
+    for name, value in replica.state_dict().items():
+        assert torch.equal(value, originals[name]), name
+    # Every tensor of the replica lives in the one device buffer.
+    base = storage.untyped_storage().data_ptr()
+    for t in list(replica.parameters()) + list(replica.buffers()):
+        assert t.untyped_storage().data_ptr() == base
+    assert not any(p.requires_grad for p in replica.parameters())
+
+
+def test_backup_recycled_skeleton_gives_same_outputs_and_frees_buffer() -> None:
+    model = build_model("TeacherLM", "tiny", seed=5)
+    tokens = example_tokens(2, 12)
+    expected = token_logprobs(model, tokens)
+    backup = HostBackup(model, pin=False)
+    device = CpuDevice(0, 8 << 20)
+    replica, storage = backup.restore(device)
+    assert torch.equal(token_logprobs(replica, tokens), expected)
+    assert device.allocated_bytes() == backup.nbytes
+    backup.recycle(replica)
+    del storage
+    assert device.allocated_bytes() == 0  # the recycled skeleton holds no device tensor
+    again, _ = backup.restore(device)
+    assert again is replica  # the skeleton was reused
+    assert torch.equal(token_logprobs(again, tokens), expected)
+
+
+def test_backup_rejects_non_modules() -> None:
+    with pytest.raises(ServiceSpecError, match="not a torch.nn.Module"):
+        HostBackup(object(), pin=False)  # type: ignore[arg-type]
+
+
+# --- example services -------------------------------------------------------------------------
+
+
+def test_example_services_are_deterministic_and_shaped() -> None:
+    tokens = example_tokens(3, 16, seed=1)
+    r1, r2 = build_model("RewardModel", "tiny", seed=0), build_model("RewardModel", "tiny", seed=0)
+    other = build_model("RewardModel", "tiny", seed=9)
+    assert score(r1, tokens).shape == (3,)
+    assert torch.equal(score(r1, tokens), score(r2, tokens))
+    assert not torch.equal(score(r1, tokens), score(other, tokens))
+    teacher = build_model("TeacherLM", "tiny", seed=1)
+    logp = token_logprobs(teacher, tokens)
+    assert logp.shape == (3, 15) and bool((logp <= 0).all())
+    # Building with a seed leaves the caller's RNG alone.
+    torch.manual_seed(123)
+    a = torch.rand(1)
+    torch.manual_seed(123)
+    build_model("RewardModel", "tiny", seed=0)
+    assert torch.equal(torch.rand(1), a)
+
+
+def test_example_specs_and_sizes() -> None:
+    spec = reward_model_spec("r", "tiny", workspace_bytes=None, batch_hint=4, seq_hint=64)
+    assert spec.workspace_bytes > 0 and spec.dops == (1, 2, 4, 8)
+    assert teacher_spec("t").call is token_logprobs
+    tiny = SIZES["tiny"]
+    n = sum(p.numel() for p in build_model("RewardModel", tiny).parameters())
+    assert abs(n - tiny.approx_params) / n < 0.05
+    with pytest.raises(ValueError, match="multiple of heads"):
+        TransformerSize(d_model=10, heads=3)
+    with pytest.raises(ValueError, match="unknown model size 'huge'"):
+        reward_model_spec(size="huge")
+    bf16 = build_model("TeacherLM", TransformerSize(dtype="bfloat16"))
+    assert bf16.lm_head.weight.dtype == torch.bfloat16
