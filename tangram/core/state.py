@@ -55,6 +55,17 @@ class CpuNodeState:
 
     def take_cores(self, cores: tuple[int, ...]) -> None:
         per = self.spec.cores // self.spec.numa_domains
+        if cores and min(cores) // per == max(cores) // per and len(set(cores)) == len(cores):
+            domain = self.free_by_numa[cores[0] // per]  # one NUMA domain: set operations
+            if not domain.issuperset(cores):
+                raise CapacityError(
+                    f"{self.spec.name}: cores {sorted(set(cores) - domain)} are not free"
+                )
+            domain.difference_update(cores)
+            self.free_cores -= len(cores)
+            return
+        if len(set(cores)) != len(cores):
+            raise CapacityError(f"{self.spec.name}: cores {cores} repeat")
         for c in cores:
             if c not in self.free_by_numa[c // per]:
                 raise CapacityError(f"{self.spec.name}: core {c} is not free")
@@ -64,9 +75,19 @@ class CpuNodeState:
 
     def give_cores(self, cores: tuple[int, ...]) -> None:
         per = self.spec.cores // self.spec.numa_domains
+        if cores and min(cores) // per == max(cores) // per:
+            domain = self.free_by_numa[cores[0] // per]
+            if not domain.isdisjoint(cores) or len(set(cores)) != len(cores):
+                raise CapacityError(
+                    f"{self.spec.name}: cores {sorted(domain.intersection(cores))} returned twice"
+                )
+            domain.update(cores)
+            self.free_cores += len(cores)
+            return
         for c in cores:
             if c in self.free_by_numa[c // per]:
                 raise CapacityError(f"{self.spec.name}: core {c} returned twice")
+        for c in cores:
             self.free_by_numa[c // per].add(c)
         self.free_cores += len(cores)
 

@@ -197,3 +197,20 @@ def test_scaling_a_cluster_to_any_gpu_count_uses_power_of_two_nodes():
 
     c = load_cluster("paper").scaled_gpus(10)
     assert c.total_gpus == 10 and sorted(n.gpus for n in c.gpu_nodes) == [2, 8]
+
+
+def test_core_accounting_refuses_double_grants_and_double_returns_across_numa_domains():
+    from tangram.core.state import CapacityError, CpuNodeState
+
+    node = CpuNodeState(CpuNodeSpec("n", 8, 2, 1.0))
+    node.take_cores((0, 5, 1))  # spans both domains, unsorted
+    assert node.free_cores == 5 and 5 not in node.free_by_numa[1]
+    with pytest.raises(CapacityError, match="not free"):
+        node.take_cores((1, 2))
+    with pytest.raises(CapacityError, match="repeat"):
+        node.take_cores((6, 6, 4))
+    node.give_cores((0, 1))
+    with pytest.raises(CapacityError, match="returned twice"):
+        node.give_cores((5, 1))
+    assert node.free_cores == 7  # 8 - 3 taken + 2 returned; the refused return changed nothing
+    assert node.choose_cores(3) == (4, 6, 7)  # best fit: the fullest domain that holds all three

@@ -40,9 +40,13 @@ class CompositePolicy:
     def __init__(self, name: str, *, cpu: DomainRule, gpu: DomainRule, api: DomainRule) -> None:
         self.name = name
         self.rules = {"cpu": cpu, "gpu": gpu, "api": api}
+        # Only rules that override observe() need to see every pass (a hot path).
+        self._observers = [
+            r for r in self.rules.values() if type(r).observe is not DomainRule.observe
+        ]
 
     def schedule(self, ctx: Context) -> None:
-        for rule in self.rules.values():
+        for rule in self._observers:
             rule.observe(ctx)
         for domain in list(ctx.dirty):
             self.rules[domain[0]].schedule_domain(ctx, domain)
