@@ -1,0 +1,329 @@
+"""The grant itself: set a container's cpuset and CFS quota, on cgroup v1, v2 or via docker.
+
+A grant is two writes: the cores the container may run on (``cpuset.cpus``) and how much CPU
+time it may use per period (v1 ``cpu.cfs_quota_us``; v2 ``cpu.max`` = "quota period"). Parking
+writes the near-zero quota back and widens the cpuset to the whole node. Writing the files
+takes microseconds; ``docker update`` does the same through the engine in milliseconds, and is
+the fallback when the files are not reachable (a remote engine, a non-root manager, an
+unfamiliar cgroup layout).
+
+The container's cgroup is found from its init process: ``/proc/PID/cgroup`` gives the path in
+each hierarchy and ``/proc/self/mountinfo`` where each hierarchy is mounted, so both the
+``cgroupfs`` (``/docker/ID``) and the ``systemd`` (``system.slice/docker-ID.scope``) drivers
+work without guessing.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tangram.exec.aoe.errors import AoeError
+from tangram.exec.aoe.topology import format_cpulist
+
+
+class CgroupGone(AoeError):
+    """The container's cgroup disappeared (the container exited or was removed)."""
+
+
+def _write(path: Path, value: str) -> None:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)  # TRUNC: as `echo >`; harmless on cgroupfs
+    except FileNotFoundError as exc:
+        raise CgroupGone(f"cgroup file {path} is gone (container stopped?)") from exc
+    try:
+        os.write(fd, value.encode())
+    except OSError as exc:
+        raise AoeError(f"writing {value!r} to {path} failed: {exc}") from exc
+    finally:
+        os.close(fd)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError as exc:
+        raise CgroupGone(f"cgroup file {path} is gone (container stopped?)") from exc
+
+
+def _keyed(text: str, key: str) -> int | None:
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == key:
+            return int(value)
+    return None
+
+
+class CpuControl(ABC):
+    """What the manager needs of a container's cgroup: grant, park, and read usage."""
+
+    #: ``cgroup-v1``, ``cgroup-v2`` or ``docker-update``; reported by the benchmark.
+    kind: str = "abstract"
+
+    def __init__(self, period_us: int, park_quota_us: int, park_cores: tuple[int, ...]) -> None:
+        self.period_us = period_us
+        self.park_quota_us = park_quota_us
+        self.park_cpus = format_cpulist(park_cores)
+
+    def quota_us(self, quota_cores: float) -> int:
+        """CFS quota for ``quota_cores`` cores' worth of CPU time (at least the kernel's 1 ms)."""
+        return max(1_000, round(quota_cores * self.period_us))
+
+    @abstractmethod
+    def grant(self, cores: tuple[int, ...], quota_cores: float) -> None:
+        """Let the container run on ``cores`` for ``quota_cores`` cores' worth of time."""
+
+    @abstractmethod
+    def park(self) -> None:
+        """Back to the near-zero quota between actions (memory and files untouched)."""
+
+    @abstractmethod
+    def unthrottle(self) -> None:
+        """No quota at all: for tearing the container down (throttled processes die slowly)."""
+
+    @abstractmethod
+    def usage_ns(self) -> int:
+        """CPU time the container has used since it started, nanoseconds."""
+
+    def pids(self) -> list[int] | None:
+        """Host pids of the container's processes, or None when they cannot be listed here."""
+        return None
+
+    def oom_kills(self) -> int | None:
+        """How many processes the OOM killer has killed in the container, when known."""
+        return None
+
+
+class CgroupV1(CpuControl):
+    """cgroup v1: separate ``cpu``, ``cpuset`` and ``cpuacct`` (and ``memory``) hierarchies."""
+
+    kind = "cgroup-v1"
+
+    def __init__(
+        self, dirs: dict[str, Path], period_us: int, park_quota_us: int, park_cores: tuple[int, ...]
+    ) -> None:
+        super().__init__(period_us, park_quota_us, park_cores)
+        self.cpu = dirs["cpu"]
+        self.cpuset = dirs["cpuset"]
+        self.cpuacct = dirs.get("cpuacct", dirs["cpu"])
+        self.memory = dirs.get("memory")
+        if int(_read(self.cpu / "cpu.cfs_period_us")) != period_us:
+            _write(self.cpu / "cpu.cfs_period_us", str(period_us))
+
+    def grant(self, cores: tuple[int, ...], quota_cores: float) -> None:
+        # Narrow the cores first, then raise the quota: never more CPU than granted.
+        _write(self.cpuset / "cpuset.cpus", format_cpulist(cores))
+        _write(self.cpu / "cpu.cfs_quota_us", str(self.quota_us(quota_cores)))
+
+    def park(self) -> None:
+        _write(self.cpu / "cpu.cfs_quota_us", str(self.park_quota_us))
+        _write(self.cpuset / "cpuset.cpus", self.park_cpus)
+
+    def unthrottle(self) -> None:
+        _write(self.cpu / "cpu.cfs_quota_us", "-1")
+
+    def usage_ns(self) -> int:
+        return int(_read(self.cpuacct / "cpuacct.usage"))
+
+    def pids(self) -> list[int] | None:
+        return [int(p) for p in _read(self.cpu / "cgroup.procs").split()]
+
+    def oom_kills(self) -> int | None:
+        if self.memory is None:
+            return None
+        try:
+            return _keyed(_read(self.memory / "memory.oom_control"), "oom_kill")
+        except CgroupGone:
+            return None
+
+
+class CgroupV2(CpuControl):
+    """cgroup v2: one directory with ``cpu.max``, ``cpuset.cpus`` and ``cpu.stat``."""
+
+    kind = "cgroup-v2"
+
+    def __init__(
+        self, directory: Path, period_us: int, park_quota_us: int, park_cores: tuple[int, ...]
+    ) -> None:
+        super().__init__(period_us, park_quota_us, park_cores)
+        self.dir = directory
+
+    def grant(self, cores: tuple[int, ...], quota_cores: float) -> None:
+        _write(self.dir / "cpuset.cpus", format_cpulist(cores))
+        _write(self.dir / "cpu.max", f"{self.quota_us(quota_cores)} {self.period_us}")
+
+    def park(self) -> None:
+        _write(self.dir / "cpu.max", f"{self.park_quota_us} {self.period_us}")
+        _write(self.dir / "cpuset.cpus", self.park_cpus)
+
+    def unthrottle(self) -> None:
+        _write(self.dir / "cpu.max", f"max {self.period_us}")
+
+    def usage_ns(self) -> int:
+        usec = _keyed(_read(self.dir / "cpu.stat"), "usage_usec")
+        if usec is None:
+            raise AoeError(f"{self.dir / 'cpu.stat'} has no usage_usec line")
+        return usec * 1000
+
+    def pids(self) -> list[int] | None:
+        return [int(p) for p in _read(self.dir / "cgroup.procs").split()]
+
+    def oom_kills(self) -> int | None:
+        try:
+            return _keyed(_read(self.dir / "memory.events"), "oom_kill")
+        except (CgroupGone, ValueError):
+            return None
+
+
+class DockerUpdate(CpuControl):
+    """The same grant through the engine's API (``docker update``): slower, works anywhere."""
+
+    kind = "docker-update"
+
+    def __init__(
+        self,
+        api: Any,
+        container_id: str,
+        period_us: int,
+        park_quota_us: int,
+        park_cores: tuple[int, ...],
+    ) -> None:
+        super().__init__(period_us, park_quota_us, park_cores)
+        self.api = api
+        self.container_id = container_id
+
+    def _update(self, quota_us: int, cpus: str) -> None:
+        import docker.errors
+
+        try:
+            self.api.update_container(self.container_id, cpu_quota=quota_us, cpuset_cpus=cpus)
+        except docker.errors.NotFound as exc:
+            raise CgroupGone(f"container {self.container_id[:12]} is gone") from exc
+        except docker.errors.APIError as exc:
+            raise AoeError(f"docker update of {self.container_id[:12]} failed: {exc}") from exc
+
+    def grant(self, cores: tuple[int, ...], quota_cores: float) -> None:
+        self._update(self.quota_us(quota_cores), format_cpulist(cores))
+
+    def park(self) -> None:
+        self._update(self.park_quota_us, self.park_cpus)
+
+    def unthrottle(self) -> None:
+        self._update(-1, self.park_cpus)
+
+    def usage_ns(self) -> int:
+        stats = self.api.stats(self.container_id, stream=False)
+        return int(stats["cpu_stats"]["cpu_usage"]["total_usage"])
+
+    def pids(self) -> list[int] | None:
+        try:
+            top = self.api.top(self.container_id, ps_args="-o pid")
+        except Exception:  # noqa: BLE001 - best effort; the caller falls back to docker exec
+            return None
+        return [int(row[0]) for row in top.get("Processes") or []]
+
+
+# --- discovery ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CgroupMount:
+    """One cgroup hierarchy as mounted here: v1 (with its controllers) or v2 (unified)."""
+
+    version: int
+    mountpoint: Path
+    root: str
+    controllers: frozenset[str]
+
+
+def read_mounts(mountinfo: Path = Path("/proc/self/mountinfo")) -> list[CgroupMount]:
+    """The cgroup hierarchies mounted in this process's mount namespace."""
+    mounts = []
+    for line in mountinfo.read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        fields, rfields = left.split(), right.split()
+        if len(fields) < 5 or len(rfields) < 3:
+            continue
+        fstype = rfields[0]
+        if fstype == "cgroup":
+            opts = set(rfields[2].split(","))
+            mounts.append(CgroupMount(1, Path(fields[4]), fields[3], frozenset(opts)))
+        elif fstype == "cgroup2":
+            mounts.append(CgroupMount(2, Path(fields[4]), fields[3], frozenset()))
+    return mounts
+
+
+def _join(mount: CgroupMount, path: str) -> Path:
+    """The directory of cgroup ``path`` under ``mount`` (minding a mount of a sub-tree)."""
+    if mount.root not in ("/", "") and path.startswith(mount.root):
+        path = path[len(mount.root) :]
+    return mount.mountpoint / path.lstrip("/")
+
+
+def find_cgroup_dirs(
+    pid: int, proc: Path = Path("/proc"), mountinfo: Path = Path("/proc/self/mountinfo")
+) -> tuple[int, dict[str, Path]]:
+    """Cgroup version and controller -> directory for process ``pid``.
+
+    v1 when the ``cpu`` controller is on a v1 hierarchy (this includes hybrid hosts whose
+    unified hierarchy has no controllers); v2 otherwise, with every controller in one
+    directory (key ``unified``). Raises ``AoeError`` when the layout cannot be read.
+    """
+    try:
+        lines = (proc / str(pid) / "cgroup").read_text().splitlines()
+    except OSError as exc:
+        raise AoeError(f"cannot read /proc/{pid}/cgroup: {exc}") from exc
+    mounts = read_mounts(mountinfo)
+    v1 = {c: m for m in mounts if m.version == 1 for c in m.controllers}
+    v2 = next((m for m in mounts if m.version == 2), None)
+    paths_v1: dict[str, str] = {}
+    path_v2: str | None = None
+    for line in lines:
+        hier, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hier == "0" and controllers == "":
+            path_v2 = path
+        for c in controllers.split(","):
+            if c:
+                paths_v1[c] = path
+    if "cpu" in v1 and "cpu" in paths_v1:
+        dirs = {
+            c: _join(v1[c], paths_v1[c])
+            for c in ("cpu", "cpuset", "cpuacct", "memory", "pids")
+            if c in v1 and c in paths_v1
+        }
+        if "cpuset" not in dirs:
+            raise AoeError("cgroup v1 host without a cpuset hierarchy: cannot pin cores")
+        return 1, dirs
+    if v2 is not None and path_v2 is not None:
+        return 2, {"unified": _join(v2, path_v2)}
+    raise AoeError(f"no cgroup hierarchy with the cpu controller found for pid {pid}")
+
+
+def direct_control(
+    pid: int,
+    period_us: int,
+    park_quota_us: int,
+    park_cores: tuple[int, ...],
+    proc: Path = Path("/proc"),
+    mountinfo: Path = Path("/proc/self/mountinfo"),
+) -> CpuControl:
+    """A file-writing ``CpuControl`` for the container whose init has host pid ``pid``.
+
+    Raises ``AoeError`` naming the missing or unwritable file when direct writes cannot work.
+    """
+    version, dirs = find_cgroup_dirs(pid, proc, mountinfo)
+    if version == 1:
+        needed = [dirs["cpu"] / "cpu.cfs_quota_us", dirs["cpuset"] / "cpuset.cpus"]
+    else:
+        needed = [dirs["unified"] / "cpu.max", dirs["unified"] / "cpuset.cpus"]
+    for path in needed:
+        if not os.access(path, os.W_OK):
+            why = "missing" if not path.exists() else "not writable by this user"
+            raise AoeError(f"cannot grant by direct cgroup writes: {path} is {why}")
+    if version == 1:
+        return CgroupV1(dirs, period_us, park_quota_us, park_cores)
+    return CgroupV2(dirs["unified"], period_us, park_quota_us, park_cores)

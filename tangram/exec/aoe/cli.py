@@ -1,0 +1,91 @@
+"""``tangram profile-cpu -- CMD``: measure CMD's duration at 1..N cores and fit its curve."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from tangram.report import add_json_flag, emit
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "profile-cpu",
+        help="run a command in an AOE container at 1..N cores and fit its elasticity curve",
+        description=(
+            "Runs CMD in a sandboxed container at 1..N granted cores (TANGRAM_CORES and "
+            "OMP_NUM_THREADS tell it how many), takes the median of --repeat runs per core "
+            "count, and fits an Amdahl curve (tangram.core.curves.fit_amdahl). One argument "
+            "is a shell command; several are an argv."
+        ),
+    )
+    parser.add_argument("--image", default=None, help="image (default: tangram-python)")
+    parser.add_argument(
+        "--max-cores", type=int, default=None, help="largest core count (default: all)"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="timed runs per core count (default 3)"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=1, help="untimed runs per core count (default 1)"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds per run (default 600)"
+    )
+    parser.add_argument("--memory-gb", type=float, default=2.0, help="container memory (default 2)")
+    parser.add_argument(
+        "--network", action="store_true", help="give the container a network (relaxes the sandbox)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="also write the JSON document to FILE"
+    )
+    add_json_flag(parser)
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tangram.exec.aoe.config import PYTHON_IMAGE, AoeConfig, SandboxConfig
+    from tangram.exec.aoe.errors import AoeError
+    from tangram.exec.aoe.manager import AoeManager
+    from tangram.exec.aoe.profile import profile_command
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        print(
+            "tangram profile-cpu: no command given (usage: tangram profile-cpu [options] -- CMD)",
+            file=sys.stderr,
+        )
+        return 2
+    cmd: str | list[str] = command[0] if len(command) == 1 else command
+    config = AoeConfig(
+        image=args.image or PYTHON_IMAGE, sandbox=SandboxConfig(network=args.network)
+    )
+    try:
+        with AoeManager(config) as manager:
+            profile = profile_command(
+                manager,
+                cmd,
+                max_cores=args.max_cores,
+                repeat=args.repeat,
+                warmup=args.warmup,
+                timeout_s=args.timeout,
+                memory_gb=args.memory_gb,
+            )
+    except AoeError as exc:
+        print(f"tangram profile-cpu: {exc}", file=sys.stderr)
+        return 1
+    document = profile.to_dict()
+    if args.out:
+        args.out.write_text(json.dumps(document, indent=2) + "\n")
+    curve = [{"curve": json.dumps(document["curve"]), "rel_rms_error": profile.fit.rel_rms_error}]
+    emit(
+        args.json,
+        document,
+        {f"profile of {cmd!r} in {profile.image}": profile.rows(), "fitted curve": curve},
+    )
+    return 0

@@ -1,0 +1,178 @@
+"""Configuration of the AOE executor: the manager's settings and the per-task sandbox.
+
+Both are frozen dataclasses so a configuration can be shared between threads and logged as
+is. The sandbox is strict by default; every field that loosens it is named by
+``SandboxConfig.relaxations()`` so the manager can log a warning instead of relaxing silently.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields
+from typing import Literal
+
+from tangram.core.resources import CpuNodeSpec
+from tangram.exec.aoe.errors import AoeError
+from tangram.exec.aoe.topology import NumaTopology
+
+#: Images built by ``scripts/ensure-docker.sh``.
+BUSYBOX_IMAGE = "tangram-busybox"
+PYTHON_IMAGE = "tangram-python"
+
+#: The unprivileged account both images carry (``sandbox``, uid/gid 1000).
+SANDBOX_USER = "1000:1000"
+
+_ROOT_USERS = {"0", "root", "0:0", "root:root"}
+_CAPABILITY = re.compile(r"^(CAP_)?[A-Z_]+$")
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """How one trajectory's container is confined. The defaults are the strict sandbox.
+
+    - ``network``: False gives the container no network at all (``network_mode=none``).
+    - ``user``: the uid:gid actions run as; root is a relaxation.
+    - ``read_only_root``: the image's filesystem is read-only; only ``work_dir`` and ``/tmp``
+      (tmpfs) are writable.
+    - ``work_dir``, ``work_size_mb``: the writable working directory, a tmpfs of that size
+      owned by the sandbox user (counts against the memory limit), or the named docker volume
+      ``work_volume`` when given (which survives a ``recreate``).
+    - ``memory_limit``: False lifts the per-trajectory memory limit; ``pids_limit`` None lifts
+      the process-count limit.
+    - ``no_new_privileges`` and ``drop_all_capabilities``; ``cap_add`` gives some back.
+    """
+
+    network: bool = False
+    user: str = SANDBOX_USER
+    read_only_root: bool = True
+    work_dir: str = "/work"
+    work_size_mb: int = 1024
+    work_volume: str | None = None
+    tmp_size_mb: int = 64
+    memory_limit: bool = True
+    pids_limit: int | None = 256
+    no_new_privileges: bool = True
+    drop_all_capabilities: bool = True
+    cap_add: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.work_dir.startswith("/"):
+            raise AoeError(
+                f"SandboxConfig.work_dir must be an absolute path, got {self.work_dir!r}"
+            )
+        for name in ("work_size_mb", "tmp_size_mb"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise AoeError(f"SandboxConfig.{name} must be a positive integer, got {value!r}")
+        if self.pids_limit is not None and (
+            not isinstance(self.pids_limit, int) or self.pids_limit < 8
+        ):
+            raise AoeError(
+                f"SandboxConfig.pids_limit must be None or >= 8, got {self.pids_limit!r}"
+            )
+        if not isinstance(self.cap_add, tuple):
+            raise AoeError(
+                f"SandboxConfig.cap_add must be a tuple, got {type(self.cap_add).__name__}"
+            )
+        for cap in self.cap_add:
+            if not _CAPABILITY.match(cap):
+                raise AoeError(f"SandboxConfig.cap_add: {cap!r} is not a capability name")
+
+    @property
+    def runs_as_root(self) -> bool:
+        return self.user.strip() in _ROOT_USERS
+
+    def relaxations(self) -> tuple[str, ...]:
+        """Human-readable names of every way this sandbox is looser than the default one."""
+        out = []
+        if self.network:
+            out.append("network enabled")
+        if self.runs_as_root:
+            out.append(f"runs as root (user={self.user!r})")
+        if not self.read_only_root:
+            out.append("writable root filesystem")
+        if not self.memory_limit:
+            out.append("no memory limit")
+        if self.pids_limit is None:
+            out.append("no pids limit")
+        if not self.no_new_privileges:
+            out.append("new privileges allowed")
+        if not self.drop_all_capabilities:
+            out.append("default capabilities kept")
+        if self.cap_add:
+            out.append(f"capabilities added: {', '.join(self.cap_add)}")
+        return tuple(out)
+
+
+Transport = Literal["runner", "exec"]
+CgroupMode = Literal["auto", "direct", "docker"]
+
+
+@dataclass(frozen=True)
+class AoeConfig:
+    """Settings of an ``AoeManager``.
+
+    - ``image``: default image of a trajectory's container (``tangram-busybox``).
+    - ``sandbox``: default ``SandboxConfig``; ``open_trajectory`` may override it per task.
+    - ``memory_gb``: default memory limit of a container.
+    - ``cfs_period_us``/``park_quota_us``: the CFS period, and the quota of a parked container
+      (1 ms per 100 ms = 1% of one core: the kernel's minimum quota is 1 ms).
+    - ``cgroup_mode``: ``direct`` writes the container's cgroup files (microseconds),
+      ``docker`` calls ``docker update`` (milliseconds), ``auto`` uses direct writes when the
+      cgroup files are writable and falls back to ``docker update`` otherwise.
+    - ``transport``: ``runner`` sends commands to one long-lived shell per container over its
+      exec stream (about a millisecond per action); ``exec`` runs one ``docker exec`` per
+      action (tens of milliseconds).
+    - ``topology``: None reads the host's NUMA topology from sysfs.
+    - ``default_timeout_s``, ``max_output_bytes``: per-action defaults (each stream).
+    - ``kill_grace_s``: after a kill, how long to wait for an action's end before declaring the
+      transport broken and restarting it.
+    - ``use_init``: run docker's init (tini) as PID 1 so background processes are reaped.
+    - ``cleanup_orphans``: on start, remove containers of dead managers (by label).
+    - ``reaper``: start a watchdog process that removes this manager's containers when the
+      manager's process dies, even by SIGKILL.
+    """
+
+    image: str = BUSYBOX_IMAGE
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    memory_gb: float = 1.0
+    cfs_period_us: int = 100_000
+    park_quota_us: int = 1_000
+    cgroup_mode: CgroupMode = "auto"
+    transport: Transport = "runner"
+    topology: NumaTopology | CpuNodeSpec | None = None
+    default_timeout_s: float = 600.0
+    max_output_bytes: int = 1 << 20
+    kill_grace_s: float = 5.0
+    use_init: bool = True
+    cleanup_orphans: bool = True
+    reaper: bool = True
+    docker_base_url: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.cgroup_mode not in ("auto", "direct", "docker"):
+            raise AoeError(
+                f"AoeConfig.cgroup_mode must be auto, direct or docker, got {self.cgroup_mode!r}"
+            )
+        if self.transport not in ("runner", "exec"):
+            raise AoeError(f"AoeConfig.transport must be runner or exec, got {self.transport!r}")
+        if not 1_000 <= self.cfs_period_us <= 1_000_000:
+            raise AoeError(
+                f"AoeConfig.cfs_period_us must be in [1000, 1000000], got {self.cfs_period_us}"
+            )
+        if not 1_000 <= self.park_quota_us <= self.cfs_period_us:
+            raise AoeError(
+                f"AoeConfig.park_quota_us must be in [1000, cfs_period_us={self.cfs_period_us}] "
+                f"(the kernel's minimum quota is 1000 us), got {self.park_quota_us}"
+            )
+        for name in ("memory_gb", "default_timeout_s", "kill_grace_s"):
+            if getattr(self, name) <= 0:
+                raise AoeError(f"AoeConfig.{name} must be positive, got {getattr(self, name)!r}")
+        if self.max_output_bytes < 1:
+            raise AoeError(
+                f"AoeConfig.max_output_bytes must be positive, got {self.max_output_bytes}"
+            )
+
+    def describe(self) -> dict[str, object]:
+        """The settings as a plain dict (for logs and benchmark reports)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "topology"}

@@ -1,0 +1,240 @@
+"""Container lifecycle through the docker SDK: create (sandboxed, parked), inspect, remove.
+
+Every container carries labels naming the manager session and the owning process
+(``host/pid/start-time``), so containers of a manager that died can be told from those of a
+live one and removed (``remove_orphans``), and a watchdog can remove a session's containers
+when its process disappears (``reaper.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tangram.exec.aoe.config import SandboxConfig
+from tangram.exec.aoe.errors import AoeError, ImageMissing
+from tangram.exec.aoe.topology import format_cpulist
+
+log = logging.getLogger(__name__)
+
+LABEL = "tangram.aoe"
+LABEL_SESSION = "tangram.aoe.session"
+LABEL_OWNER = "tangram.aoe.owner"
+LABEL_TRAJ = "tangram.aoe.trajectory"
+
+
+def process_start_time(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (clock ticks since boot), to detect pid reuse."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def local_pid(pid: int, container_id: str) -> int | None:
+    """``pid`` when this machine's /proc shows it as the container's init (a local engine)."""
+    try:
+        return pid if container_id in Path(f"/proc/{pid}/cgroup").read_text() else None
+    except OSError:
+        return None
+
+
+def pid_running(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def owner_label(pid: int | None = None) -> str:
+    """``host/pid/start-time`` of the current (or given) process."""
+    pid = os.getpid() if pid is None else pid
+    return f"{socket.gethostname()}/{pid}/{process_start_time(pid) or '?'}"
+
+
+def owner_alive(owner: str) -> bool | None:
+    """True/False for an owner on this host; None when the owner is on another host."""
+    host, _, rest = owner.partition("/")
+    pid_s, _, start = rest.partition("/")
+    if host != socket.gethostname() or not pid_s.isdigit():
+        return None
+    now = process_start_time(int(pid_s))
+    return now is not None and (start == "?" or now == start)
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """What one trajectory's container is created with."""
+
+    name: str
+    image: str
+    memory_gb: float | None
+    sandbox: SandboxConfig
+    cpu_period_us: int
+    #: Quota while the container starts (all its cores: a start at the 1% parking quota takes
+    #: seconds instead of a fraction of one); the manager parks it right after.
+    start_quota_us: int
+    park_cores: tuple[int, ...]
+    use_init: bool
+    labels: dict[str, str]
+
+
+def _uid_gid(user: str) -> tuple[str, str] | None:
+    uid, _, gid = user.partition(":")
+    if uid.isdigit() and (gid.isdigit() or gid == ""):
+        return uid, gid or uid
+    return None
+
+
+def create_kwargs(spec: ContainerSpec) -> dict[str, Any]:
+    """The ``containers.run`` arguments of a sandboxed container (parked once started)."""
+    sb = spec.sandbox
+    owner = _uid_gid(sb.user)
+    work_opts = f"rw,size={sb.work_size_mb}m,mode=0755"
+    if owner:
+        work_opts += f",uid={owner[0]},gid={owner[1]}"
+    kwargs: dict[str, Any] = {
+        "image": spec.image,
+        # A do-nothing PID 1: actions come in through exec; docker's init reaps orphans.
+        "command": ["sleep", "infinity"],
+        "name": spec.name,
+        "detach": True,
+        "init": spec.use_init,
+        "labels": spec.labels,
+        "user": sb.user,
+        "working_dir": sb.work_dir,
+        "read_only": sb.read_only_root,
+        "tmpfs": {"/tmp": f"rw,size={sb.tmp_size_mb}m,mode=1777"},
+        # Explicit period and quota: a container started with NanoCPUs refuses quota updates.
+        "cpu_period": spec.cpu_period_us,
+        "cpu_quota": spec.start_quota_us,
+        "cpuset_cpus": format_cpulist(spec.park_cores),
+    }
+    if sb.work_volume:
+        kwargs["volumes"] = {sb.work_volume: {"bind": sb.work_dir, "mode": "rw"}}
+    else:
+        kwargs["tmpfs"][sb.work_dir] = work_opts
+    if not sb.network:
+        kwargs["network_mode"] = "none"
+    if sb.memory_limit and spec.memory_gb:
+        mem = f"{max(6, int(spec.memory_gb * 1024))}m"
+        kwargs["mem_limit"] = mem
+        kwargs["memswap_limit"] = mem  # no swap: the limit is the limit
+    if sb.pids_limit is not None:
+        kwargs["pids_limit"] = sb.pids_limit
+    if sb.no_new_privileges:
+        kwargs["security_opt"] = ["no-new-privileges"]
+    if sb.drop_all_capabilities:
+        kwargs["cap_drop"] = ["ALL"]
+    if sb.cap_add:
+        kwargs["cap_add"] = list(sb.cap_add)
+    return kwargs
+
+
+def safe_name(text: str) -> str:
+    """A docker-legal container name fragment of ``text``."""
+    cleaned = re.sub(r"[^a-zA-Z0-9_.-]+", "-", text).strip("-.") or "t"
+    return cleaned[:48]
+
+
+def create(client: Any, spec: ContainerSpec) -> Any:
+    """Create and start the container; raise ``ImageMissing``/``AoeError`` naming the cause."""
+    import docker.errors
+
+    try:
+        client.images.get(spec.image)
+    except docker.errors.ImageNotFound:
+        raise ImageMissing(
+            f"image {spec.image!r} is not in the local Docker engine (nothing can be pulled "
+            "here): build it with scripts/ensure-docker.sh"
+        ) from None
+    try:
+        container = client.containers.run(**create_kwargs(spec))
+    except docker.errors.APIError as exc:
+        # The engine may have created it before failing to start it: do not leave it behind.
+        with contextlib.suppress(docker.errors.APIError):
+            client.api.remove_container(spec.name, force=True)
+        raise AoeError(f"could not start container {spec.name} from {spec.image}: {exc}") from exc
+    container.reload()
+    if container.status != "running":
+        logs = container.logs(tail=20).decode(errors="replace")
+        with contextlib.suppress(docker.errors.APIError):
+            container.remove(force=True)
+        raise AoeError(f"container {spec.name} exited at once ({container.status}): {logs.strip()}")
+    return container
+
+
+def remove(client: Any, container_id: str) -> bool:
+    """Force-remove a container (its tmpfs goes with it); False when it was already gone.
+
+    Processes throttled by a parking quota die slowly, and the engine gives up waiting for
+    them ("did not receive an exit event"): then lift the quota and try again.
+    """
+    import docker.errors
+
+    for attempt in range(3):
+        try:
+            client.api.remove_container(container_id, force=True, v=True)
+            return True
+        except docker.errors.NotFound:
+            return False
+        except docker.errors.APIError as exc:
+            if "already in progress" in str(exc):
+                return True
+            if attempt == 2:
+                raise AoeError(f"could not remove container {container_id[:12]}: {exc}") from exc
+            with contextlib.suppress(docker.errors.APIError):
+                client.api.update_container(container_id, cpu_quota=-1)
+    return False
+
+
+def state(client: Any, container_id: str) -> dict[str, Any] | None:
+    """The container's ``State`` (Running, ExitCode, OOMKilled, Pid...), None when gone."""
+    import docker.errors
+
+    try:
+        return client.api.inspect_container(container_id)["State"]
+    except docker.errors.NotFound:
+        return None
+
+
+def describe_death(st: dict[str, Any] | None) -> str:
+    if st is None:
+        return "it was removed"
+    parts = [f"status {st.get('Status')}", f"exit code {st.get('ExitCode')}"]
+    if st.get("OOMKilled"):
+        parts.append("killed by the out-of-memory killer")
+    if st.get("Error"):
+        parts.append(str(st["Error"]))
+    return ", ".join(parts)
+
+
+def session_containers(client: Any, session: str | None = None) -> list[Any]:
+    """Containers made by AOE managers (all, or one session's), running or not."""
+    label = f"{LABEL_SESSION}={session}" if session else LABEL
+    return client.containers.list(all=True, filters={"label": label})
+
+
+def remove_orphans(client: Any) -> list[str]:
+    """Remove AOE containers whose owning process on this host is gone; their names."""
+    removed = []
+    for container in session_containers(client):
+        owner = container.labels.get(LABEL_OWNER, "")
+        if owner_alive(owner) is False and remove(client, container.id):
+            removed.append(container.name)
+    if removed:
+        log.warning(
+            "removed %d orphaned AOE container(s) of dead managers: %s",
+            len(removed),
+            ", ".join(removed),
+        )
+    return removed

@@ -1,0 +1,147 @@
+"""Which action holds which core: first come, first served waiting, and a log of every grant.
+
+The scheduler core decides grants in the live runtime, so the ledger normally finds the cores
+free at once. It is still the manager's last line of defence: a core is never given to two
+actions at the same time, whatever the caller asks; a request whose cores are busy waits, in
+arrival order, and the wait is reported as the action's queueing time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from tangram.exec.aoe.errors import AoeError, GrantError
+from tangram.exec.aoe.records import GrantRecord
+from tangram.exec.aoe.topology import NumaTopology, choose_cores, format_cpulist
+
+
+@dataclass(eq=False)  # identity: two waiters are never the same request
+class _Request:
+    action_id: str
+    cores: tuple[int, ...] | None  # explicit cores, or None to choose ``n``
+    n: int
+    granted: tuple[int, ...] | None = None
+
+
+class CoreLedger:
+    """Thread-safe ownership of a node's cores by action id."""
+
+    def __init__(self, topology: NumaTopology, log_size: int = 100_000) -> None:
+        self.topology = topology
+        self._all = frozenset(topology.cores)
+        self._owner: dict[int, str] = {}
+        self._since: dict[str, float] = {}
+        self._waiting: deque[_Request] = deque()
+        self._cond = threading.Condition()
+        self._log: deque[GrantRecord] = deque(maxlen=log_size)
+        self._closed: str | None = None
+
+    def validate(self, cores: tuple[int, ...] | int) -> None:
+        """Raise ``GrantError`` for a request that could never be granted on this node."""
+        if isinstance(cores, bool) or not isinstance(cores, int | tuple):
+            raise GrantError(f"cores must be a tuple of core ids or a count, got {cores!r}")
+        if isinstance(cores, int):
+            if not 1 <= cores <= len(self._all):
+                raise GrantError(f"asked for {cores} cores; this node has {len(self._all)}")
+            return
+        if not cores:
+            raise GrantError("a grant needs at least one core, got an empty tuple")
+        if len(set(cores)) != len(cores):
+            raise GrantError(f"core list {cores} names a core twice")
+        unknown = sorted(set(cores) - self._all)
+        if unknown:
+            raise GrantError(
+                f"cores {unknown} are not on this node (cores {format_cpulist(self._all)})"
+            )
+
+    def acquire(self, action_id: str, cores: tuple[int, ...] | int) -> tuple[int, ...]:
+        """Block until the cores (or ``cores`` many NUMA-local ones) are free; return them."""
+        self.validate(cores)
+        req = (
+            _Request(action_id, None, cores)
+            if isinstance(cores, int)
+            else _Request(action_id, tuple(sorted(cores)), len(cores))
+        )
+        with self._cond:
+            if action_id in self._since:
+                raise AoeError(f"action id {action_id!r} already holds cores")
+            self._waiting.append(req)
+            try:
+                while True:
+                    if self._closed:
+                        raise AoeError(f"core ledger closed: {self._closed}")
+                    self._assign()
+                    if req.granted is not None:
+                        return req.granted
+                    self._cond.wait()
+            finally:
+                if req in self._waiting:
+                    self._waiting.remove(req)
+                    self._cond.notify_all()
+
+    def _assign(self) -> None:
+        """Grant waiting requests in arrival order; a later one may pass an earlier one only
+        when it wants none of the cores the earlier one is waiting for."""
+        free = self._all - self._owner.keys()
+        reserved: set[int] = set()
+        chooser_waiting = False
+        for req in list(self._waiting):
+            if req.granted is not None:
+                continue
+            if req.cores is None:
+                pick = (
+                    None if chooser_waiting else choose_cores(self.topology, free - reserved, req.n)
+                )
+                if pick is None:
+                    chooser_waiting = True
+                    continue
+            else:
+                if not set(req.cores) <= free - reserved:
+                    reserved.update(req.cores)
+                    continue
+                pick = req.cores
+            for core in pick:
+                if core in self._owner:  # the invariant this class exists for
+                    raise AssertionError(f"core {core} granted twice")
+                self._owner[core] = req.action_id
+            self._since[req.action_id] = time.monotonic()
+            req.granted = pick
+            free = free - set(pick)
+            self._waiting.remove(req)
+
+    def release(self, action_id: str, traj_id: str, quota_cores: float) -> GrantRecord:
+        """Free the cores ``action_id`` holds and log the grant."""
+        with self._cond:
+            cores = tuple(sorted(c for c, a in self._owner.items() if a == action_id))
+            if not cores:
+                raise AoeError(f"action {action_id!r} holds no cores")
+            for core in cores:
+                del self._owner[core]
+            record = GrantRecord(
+                traj_id, action_id, cores, quota_cores, self._since.pop(action_id), time.monotonic()
+            )
+            self._log.append(record)
+            self._cond.notify_all()
+            return record
+
+    def free_cores(self) -> tuple[int, ...]:
+        with self._cond:
+            return tuple(sorted(self._all - self._owner.keys()))
+
+    def busy(self) -> dict[int, str]:
+        """core -> action id, for every core granted now."""
+        with self._cond:
+            return dict(self._owner)
+
+    def log(self) -> tuple[GrantRecord, ...]:
+        with self._cond:
+            return tuple(self._log)
+
+    def close(self, reason: str) -> None:
+        """Wake every waiter with an error (the manager is shutting down)."""
+        with self._cond:
+            self._closed = reason
+            self._cond.notify_all()

@@ -1,0 +1,35 @@
+"""A watchdog that removes one manager session's containers when the manager's process dies.
+
+The manager starts ``python -m tangram.exec.aoe.reaper SESSION`` with a pipe on its stdin and
+keeps the write end. Whatever way the manager ends (return, exception, SIGKILL, OOM), the
+kernel closes that pipe; the reaper reads EOF and removes every container labelled with the
+session. A clean shutdown has already removed them, so the reaper finds nothing to do.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print("usage: python -m tangram.exec.aoe.reaper SESSION [BASE_URL]", file=sys.stderr)
+        return 2
+    session = argv[0]
+    base_url = argv[1] if len(argv) > 1 and argv[1] else None
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the manager, not for us
+    while sys.stdin.buffer.read(65536):
+        pass  # nothing is ever written; read until the manager's end closes the pipe
+    import docker
+
+    from tangram.exec.aoe.containers import remove, session_containers
+
+    client = docker.DockerClient(base_url=base_url) if base_url else docker.from_env()
+    for container in session_containers(client, session):
+        remove(client, container.id)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,363 @@
+"""Running one action's command in a container and collecting what it prints.
+
+Two transports, one contract (``run(request) -> RawResult``):
+
+- ``ExecTransport``: one ``docker exec`` per action. Simple; tens of milliseconds per action,
+  and an action that leaves a background process holding its stdout ends only when that
+  process closes it (docker's own semantics).
+- ``RunnerTransport``: one long-lived ``/bin/sh`` loop per container, started once with
+  ``docker exec -i``; each action is one line on its stdin (a base64 command script) and comes
+  back as its output followed by a random end marker carrying the exit code. About a
+  millisecond per action, and an action ends when its own shell exits.
+
+Both read docker's multiplexed stream (8-byte frame headers) with a deadline, enforce the
+output size limit while reading, and call ``kill`` at the time-out or on overflow; the
+action's processes are found by the ``TANGRAM_ACTION_ID`` in their environment, so the kill
+takes exactly that action's processes and keeps the container and its other processes.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import logging
+import secrets
+import socket
+import struct
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tangram.exec.aoe.errors import AoeError
+
+log = logging.getLogger(__name__)
+
+#: Environment variable that marks every process of an action (used to kill exactly those).
+ACTION_ENV = "TANGRAM_ACTION_ID"
+
+#: The persistent runner: read "TOKEN ACTION_ID BASE64_SCRIPT" lines; run each script in a
+#: fresh /bin/sh with the action id exported (so it is in the environ of every process the
+#: action starts), stdin from /dev/null; then print the end markers. POSIX sh: runs under
+#: busybox ash and dash alike.
+RUNNER_SCRIPT = r"""
+while IFS=' ' read -r tok aid b64; do
+  script=$(printf '%s' "$b64" | base64 -d 2>/dev/null) || script='echo "tangram runner: could not decode the action (fork failed: pids limit reached?)" >&2; exit 125'
+  ( export TANGRAM_ACTION_ID="$aid"; exec /bin/sh -c "$script" ) </dev/null
+  rc=$?
+  printf '\n%s %s\n' "$tok" "$rc"
+  printf '\n%s\n' "$tok" >&2
+done
+"""
+
+
+@dataclass(frozen=True)
+class ActionRequest:
+    """What a transport runs: a shell script, its environment, its limits."""
+
+    action_id: str
+    script: str
+    env: Mapping[str, str]
+    timeout_s: float
+    max_output_bytes: int
+
+
+@dataclass(frozen=True)
+class RawResult:
+    """What a transport saw, before the manager turns it into an ``ActionOutcome``.
+
+    ``ended`` is how the stream ended: ``exit`` (normal), ``timeout`` (killed at the
+    deadline), ``overflow`` (killed for printing too much), ``eof`` (the stream closed before
+    the action's end: the container or the runner died), ``stuck`` (killed, yet no end came
+    within the grace period).
+    """
+
+    exit_code: int | None
+    stdout: bytes
+    stderr: bytes
+    ended: str
+    stdout_bytes: int
+    stderr_bytes: int
+
+
+def _raw_socket(sock: Any) -> socket.socket:
+    return getattr(sock, "_sock", sock)
+
+
+def shell_script(env: Mapping[str, str], command: str) -> str:
+    """A /bin/sh script exporting ``env`` then running ``command``."""
+    import shlex
+
+    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
+    return exports + command
+
+
+class FrameReader:
+    """Demultiplexes docker's non-TTY attach stream: (stream 1|2, payload) frames."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = bytearray()
+        self.eof = False
+
+    def _fill(self, timeout: float | None) -> bool:
+        """Receive more bytes; False on time-out. Sets ``eof`` when the peer closes."""
+        self.sock.settimeout(timeout)
+        try:
+            chunk = self.sock.recv(1 << 16)
+        except (TimeoutError, BlockingIOError):
+            return False
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self.eof = True
+            return False
+        self.buf += chunk
+        return True
+
+    def _parse(self) -> tuple[int, bytes] | None:
+        if len(self.buf) < 8:
+            return None
+        stream, size = self.buf[0], struct.unpack(">I", self.buf[4:8])[0]
+        if len(self.buf) < 8 + size:
+            return None
+        payload = bytes(self.buf[8 : 8 + size])
+        del self.buf[: 8 + size]
+        return stream, payload
+
+    def next_frame(self, timeout: float | None) -> tuple[int, bytes] | None:
+        """The next frame, or None when ``timeout`` passes or the stream ended (see ``eof``)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            frame = self._parse()
+            if frame is not None or self.eof:
+                return frame
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not self._fill(left) and not self.eof:
+                return None
+
+    def drain(self) -> int:
+        """Discard whatever is already waiting (output of background processes); bytes dropped."""
+        dropped = 0
+        while True:
+            frame = self.next_frame(0.0)
+            if frame is None:
+                return dropped
+            dropped += len(frame[1])
+
+
+class Capture:
+    """One stream's output: the first ``limit`` bytes kept, the total counted, and (for the
+    runner) the end marker found. Memory stays bounded whatever the command prints."""
+
+    def __init__(self, limit: int, marker: bytes | None, with_code: bool) -> None:
+        self.limit = limit
+        self.marker = marker
+        self.with_code = with_code
+        self.buf = bytearray()
+        self.total = 0
+        self.done = False
+        self.code: int | None = None
+        self._tail = 0 if marker is None else len(marker) + 16
+
+    def feed(self, data: bytes) -> None:
+        if self.done:
+            return
+        start = max(0, len(self.buf) - self._tail)
+        self.buf += data
+        self.total += len(data)
+        if self.marker is not None:
+            pos = self.buf.find(self.marker, start)
+            if pos >= 0:
+                end = self.buf.find(b"\n", pos + len(self.marker))
+                if end >= 0:
+                    if self.with_code:
+                        with contextlib.suppress(ValueError):
+                            self.code = int(self.buf[pos + len(self.marker) : end])
+                    self.total -= len(self.buf) - pos
+                    del self.buf[pos:]
+                    self.done = True
+                    return
+                start = pos  # marker seen, its line not complete yet
+        cap = self.limit + self._tail
+        if len(self.buf) > cap:  # keep the head we return and a tail to find the marker in
+            keep_tail = self.buf[len(self.buf) - self._tail :] if self._tail else b""
+            del self.buf[self.limit :]
+            self.buf += keep_tail
+
+    @property
+    def overflow(self) -> bool:
+        """Certainly more than ``limit`` bytes (the marker's own bytes allowed for)."""
+        return self.total > self.limit + self._tail or (self.done and self.total > self.limit)
+
+    def content(self) -> bytes:
+        return bytes(self.buf[: self.limit])
+
+
+def collect(
+    reader: FrameReader,
+    out: Capture,
+    err: Capture,
+    deadline: float,
+    grace_s: float,
+    kill: Callable[[str], None],
+    finished: Callable[[], bool],
+) -> str:
+    """Read frames into ``out``/``err`` until ``finished()``; kill at the deadline or on
+    overflow. Returns how it ended: exit, timeout, overflow, eof or stuck."""
+    killed: str | None = None
+    give_up = float("inf")
+    while not finished():
+        now = time.monotonic()
+        if killed is None and now >= deadline:
+            killed, give_up = "timeout", now + grace_s
+            kill("timeout")
+            continue
+        if killed is not None and now >= give_up:
+            return "stuck"
+        frame = reader.next_frame(min(deadline if killed is None else give_up, now + 1.0) - now)
+        if frame is None:
+            if reader.eof:
+                return killed or "eof"
+            continue
+        stream, payload = frame
+        (err if stream == 2 else out).feed(payload)
+        if killed is None and (out.overflow or err.overflow):
+            killed, give_up = "overflow", time.monotonic() + grace_s
+            kill("overflow")
+    return killed or "exit"
+
+
+class ExecTransport:
+    """One ``docker exec`` per action."""
+
+    name = "exec"
+
+    def __init__(
+        self, api: Any, container_id: str, user: str, workdir: str, grace_s: float
+    ) -> None:
+        self.api, self.container_id = api, container_id
+        self.user, self.workdir, self.grace_s = user, workdir, grace_s
+
+    def run(self, req: ActionRequest, kill: Callable[[str], None]) -> RawResult:
+        exec_id = self.api.exec_create(
+            self.container_id,
+            ["/bin/sh", "-c", req.script],
+            stdout=True,
+            stderr=True,
+            user=self.user,
+            workdir=self.workdir,
+            environment={ACTION_ENV: req.action_id, **req.env},
+        )["Id"]
+        sock = self.api.exec_start(exec_id, socket=True)
+        raw = _raw_socket(sock)
+        out = Capture(req.max_output_bytes, None, False)
+        err = Capture(req.max_output_bytes, None, False)
+        reader = FrameReader(raw)
+        try:
+            ended = collect(
+                reader,
+                out,
+                err,
+                time.monotonic() + req.timeout_s,
+                self.grace_s,
+                kill,
+                lambda: reader.eof,
+            )
+        finally:
+            with contextlib.suppress(OSError):
+                raw.close()
+        code = None
+        if ended != "stuck":
+            for _ in range(200):  # the exit code lands just after the stream closes
+                info = self.api.exec_inspect(exec_id)
+                if not info.get("Running"):
+                    code = info.get("ExitCode")
+                    break
+                time.sleep(0.005)
+        if ended == "eof":
+            ended = "exit"  # for a per-action exec the stream's end is the action's end
+        return RawResult(code, out.content(), err.content(), ended, out.total, err.total)
+
+    def close(self) -> None:
+        pass
+
+
+class RunnerTransport:
+    """A persistent shell per container that runs each action sent on its stdin."""
+
+    name = "runner"
+
+    def __init__(
+        self, api: Any, container_id: str, user: str, workdir: str, grace_s: float
+    ) -> None:
+        self.api, self.container_id = api, container_id
+        self.user, self.workdir, self.grace_s = user, workdir, grace_s
+        self._sock: socket.socket | None = None
+        self._reader: FrameReader | None = None
+        self.exec_id: str | None = None
+
+    def start(self) -> None:
+        self.close()
+        self.exec_id = self.api.exec_create(
+            self.container_id,
+            ["/bin/sh", "-c", RUNNER_SCRIPT],
+            stdin=True,
+            stdout=True,
+            stderr=True,
+            user=self.user,
+            workdir=self.workdir,
+        )["Id"]
+        self._sock = _raw_socket(self.api.exec_start(self.exec_id, socket=True))
+        self._reader = FrameReader(self._sock)
+
+    def alive(self) -> bool:
+        return self._reader is not None and not self._reader.eof
+
+    def run(self, req: ActionRequest, kill: Callable[[str], None]) -> RawResult:
+        if not self.alive():
+            self.start()
+        assert self._reader is not None and self._sock is not None
+        dropped = self._reader.drain()
+        if dropped:
+            log.debug(
+                "runner %s: dropped %d bytes printed between actions",
+                self.container_id[:12],
+                dropped,
+            )
+        if self._reader.eof:
+            self.start()
+            assert self._reader is not None and self._sock is not None
+        token = "@@tangram-end-" + secrets.token_hex(12)
+        script = base64.b64encode(shell_script(req.env, req.script).encode()).decode()
+        line = f"{token} {req.action_id} {script}\n".encode()
+        out = Capture(req.max_output_bytes, b"\n" + token.encode() + b" ", True)
+        err = Capture(req.max_output_bytes, b"\n" + token.encode(), False)
+        try:
+            self._sock.sendall(line)
+        except OSError as exc:
+            self._reader.eof = True
+            raise AoeError(f"could not send the action to the runner: {exc}") from exc
+        reader = self._reader
+        ended = collect(
+            reader,
+            out,
+            err,
+            time.monotonic() + req.timeout_s,
+            self.grace_s,
+            kill,
+            lambda: out.done and err.done,
+        )
+        if ended in ("stuck", "eof"):
+            self.close()  # a fresh runner next time
+        code = out.code if out.done else None
+        return RawResult(code, out.content(), err.content(), ended, out.total, err.total)
+
+    def close(self) -> None:
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+        self._sock = None
+        if self._reader is not None:
+            self._reader.eof = True
+        self._reader = None

@@ -1,0 +1,137 @@
+"""``tangram profile-cpu`` and ``tangram bench aoe`` end to end on the real engine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tangram.cli import main
+
+pytestmark = pytest.mark.docker
+
+#: A fixed amount of work split over $TANGRAM_CORES processes: nearly perfectly parallel.
+PARALLEL_PY = (
+    "import os, multiprocessing as mp\n"
+    "def work(k):\n"
+    "    s = 0\n"
+    "    for i in range(k): s += i\n"
+    "n = int(os.environ['TANGRAM_CORES'])\n"
+    "with mp.Pool(n) as pool: pool.map(work, [6_000_000 // n] * n)\n"
+)
+
+
+def test_profile_cpu_fits_a_curve_to_a_parallel_command(
+    docker_client: object, tmp_path: Path, capsys: pytest.CaptureFixture[str], host_cpu: Any
+) -> None:
+    out_file = tmp_path / "curve.json"
+    others = host_cpu.wait_quiet(max_wait_s=30)
+    code = main(
+        [
+            "profile-cpu",
+            "--repeat",
+            "2",
+            "--max-cores",
+            "2",
+            "--json",
+            "--out",
+            str(out_file),
+            "--",
+            "python3",
+            "-c",
+            PARALLEL_PY,
+        ]
+    )
+    printed = capsys.readouterr().out
+    assert code == 0
+    doc = json.loads(printed)
+    assert json.loads(out_file.read_text()) == doc
+    assert doc["image"] == "tangram-python"
+    assert [p["cores"] for p in doc["points"]] == [1, 2]
+    assert all(p["runs"] == 2 and p["median_s"] > 0 for p in doc["points"])
+    curve = doc["curve"]
+    assert curve["kind"] == "amdahl" and set(curve) == {"kind", "t1", "serial_fraction"}
+    t1, t2 = (p["median_s"] for p in doc["points"])
+    assert t2 < 0.8 * t1, (
+        f"no speed-up on 2 cores: {t1:.3f}s -> {t2:.3f}s (other processes used {others:.2f} "
+        "cores just before: the cores may not have been free)"
+    )
+    assert curve["serial_fraction"] < 0.6
+
+
+def test_profile_cpu_table_and_errors(
+    docker_client: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (
+        main(
+            [
+                "profile-cpu",
+                "--image",
+                "tangram-busybox",
+                "--repeat",
+                "1",
+                "--warmup",
+                "0",
+                "--",
+                "sleep 0.05",
+            ]
+        )
+        == 0
+    )
+    printed = capsys.readouterr().out
+    assert "cores" in printed and "median_s" in printed and '"kind": "amdahl"' in printed
+    assert (
+        main(
+            [
+                "profile-cpu",
+                "--image",
+                "tangram-busybox",
+                "--repeat",
+                "1",
+                "--warmup",
+                "0",
+                "--",
+                "exit 4",
+            ]
+        )
+        == 1
+    )
+    assert "the command failed at 1 core(s): exit code 4" in capsys.readouterr().err
+    assert main(["profile-cpu"]) == 2
+    assert "no command given" in capsys.readouterr().err
+
+
+def test_bench_aoe_reports_every_figure(
+    docker_client: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        [
+            "bench",
+            "aoe",
+            "--json",
+            "--iterations",
+            "300",
+            "--docker-iterations",
+            "5",
+            "--actions",
+            "30",
+            "--exec-actions",
+            "3",
+            "--seconds",
+            "1",
+        ]
+    )
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)
+    direct, docker_update = doc["grant_revoke"].values()
+    assert direct["n"] == 300 and docker_update["n"] == 5
+    assert direct["p99_ms"] < 1.0, doc["grant_revoke"]
+    assert direct["p50_ms"] < docker_update["p50_ms"]
+    assert doc["transport"]["runner"]["p50_ms"] < doc["transport"]["exec"]["p50_ms"]
+    for transport in ("runner", "exec"):
+        assert doc["aoe_overhead"][transport]["p50_ms"] < 10
+        sec = doc["one_second_action"][transport]
+        assert 1.0 <= sec["total_s_median"] < 1.5
+    assert set(doc["targets"]) >= {"grant_revoke_p99_under_1ms", "aoe_overhead_under_1pct"}

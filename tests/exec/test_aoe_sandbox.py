@@ -1,0 +1,125 @@
+"""The default sandbox on a real container, its relaxations (always logged), and the
+container lifecycle: nothing is left behind at exit, at a crash, or by a dead manager."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tangram.exec.aoe import AoeConfig, AoeManager, SandboxConfig
+from tangram.exec.aoe.containers import LABEL, LABEL_OWNER, LABEL_SESSION, owner_label
+
+pytestmark = pytest.mark.docker
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_default_sandbox_is_enforced(manager: Any, trajectory: Any, docker_client: Any) -> None:
+    traj = trajectory(manager, memory_gb=0.5)
+    out = manager.run_action(
+        traj,
+        "id -u; grep -E '^(CapEff|NoNewPrivs)' /proc/self/status | tr -s '\\t' ' '; "
+        "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; "
+        "touch /etc/x 2>&1 || true; touch /work/w && echo work-writable; "
+        "touch /tmp/t && echo tmp-writable",
+        1,
+    )
+    assert out.ok, out
+    lines = out.text.splitlines()
+    assert lines[0] == "1000"
+    assert "CapEff: 0000000000000000" in lines and "NoNewPrivs: 1" in lines
+    assert [ln for ln in lines if ln in ("lo", "eth0")] == ["lo"]  # no network but loopback
+    assert any("Read-only file system" in ln for ln in lines)
+    assert "work-writable" in lines and "tmp-writable" in lines
+    host = docker_client.api.inspect_container(manager.handle(traj).container_id)["HostConfig"]
+    assert host["Memory"] == 512 * 2**20 and host["PidsLimit"] == 256
+    assert host["NetworkMode"] == "none" and host["ReadonlyRootfs"] and host["CapDrop"] == ["ALL"]
+    assert host["NanoCpus"] == 0 and host["CpuPeriod"] == 100_000
+
+
+def test_pids_limit_stops_a_fork_storm(manager: Any, trajectory: Any) -> None:
+    traj = trajectory(manager)
+    out = manager.run_action(
+        traj, "i=0; while [ $i -lt 400 ]; do sleep 5 & i=$((i+1)); done", 1, timeout_s=30
+    )
+    assert out.status == "error" and "can't fork" in out.error
+
+
+def test_relaxations_are_applied_and_logged(
+    manager: Any, trajectory: Any, docker_client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="tangram.exec.aoe")
+    loose = SandboxConfig(network=True, user="0:0", pids_limit=None)
+    traj = trajectory(manager, sandbox=loose)
+    warned = [r.getMessage() for r in caplog.records if traj in r.getMessage()]
+    assert warned and all(w in warned[0] for w in ("network enabled", "root", "no pids limit"))
+    assert manager.run_action(traj, "id -u", 1).text == "0\n"
+    host = docker_client.api.inspect_container(manager.handle(traj).container_id)["HostConfig"]
+    assert host["NetworkMode"] != "none" and not host["PidsLimit"]
+
+
+def _gone(client: Any, container_id: str, within_s: float) -> bool:
+    import docker.errors
+
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            client.api.inspect_container(container_id)
+        except docker.errors.NotFound:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.parametrize("ending", ["exit", "sigkill"])
+def test_nothing_is_left_behind_when_the_process_ends(docker_client: Any, ending: str) -> None:
+    end = "os.kill(os.getpid(), signal.SIGKILL)" if ending == "sigkill" else "sys.exit(0)"
+    code = (
+        "import os, signal, sys\n"
+        "from tangram.exec.aoe import AoeManager\n"
+        "m = AoeManager()\n"
+        "print(m.open_trajectory('doomed').container_id, flush=True)\n"
+        f"{end}\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+        check=False,
+    )
+    container_id = done.stdout.strip()
+    assert len(container_id) == 64, done.stderr
+    assert _gone(docker_client, container_id, 20), f"container left behind after {ending}"
+
+
+def test_orphans_of_dead_managers_are_removed_on_start(docker_client: Any) -> None:
+    host, pid, start = owner_label().split("/")
+    dead_owner = f"{host}/{pid}/{start}0"  # this pid, but not this process: a dead manager
+    orphan = docker_client.containers.create(
+        "tangram-busybox",
+        ["sleep", "infinity"],
+        labels={LABEL: "1", LABEL_SESSION: "dead-session", LABEL_OWNER: dead_owner},
+    )
+    live = docker_client.containers.create(
+        "tangram-busybox",
+        ["sleep", "infinity"],
+        labels={LABEL: "1", LABEL_SESSION: "live-session", LABEL_OWNER: owner_label()},
+    )
+    try:
+        with AoeManager(AoeConfig(reaper=False), client=docker_client):
+            pass
+        assert _gone(docker_client, orphan.id, 1)
+        assert not _gone(docker_client, live.id, 0.3)  # a live manager's container stays
+    finally:
+        live.remove(force=True)
+        if os.environ.get("TANGRAM_KEEP"):
+            pass

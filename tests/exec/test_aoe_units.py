@@ -1,0 +1,380 @@
+"""AOE pieces that need no Docker engine: topology, core choice, the ledger, stream parsing,
+cgroup discovery and writes on fake cgroup trees, and the sandbox configuration."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tangram.core.resources import CpuNodeSpec
+from tangram.exec.aoe.cgroups import CgroupV1, CgroupV2, direct_control, find_cgroup_dirs
+from tangram.exec.aoe.config import AoeConfig, SandboxConfig
+from tangram.exec.aoe.containers import ContainerSpec, create_kwargs, owner_alive, owner_label
+from tangram.exec.aoe.errors import AoeError, GrantError
+from tangram.exec.aoe.ledger import CoreLedger
+from tangram.exec.aoe.topology import (
+    NumaTopology,
+    choose_cores,
+    format_cpulist,
+    parse_cpulist,
+    read_host_topology,
+)
+from tangram.exec.aoe.transport import Capture, FrameReader, collect
+
+# --- topology and core choice -------------------------------------------------------------
+
+
+def test_cpulist_round_trip() -> None:
+    assert parse_cpulist("0-3,8,10-11\n") == (0, 1, 2, 3, 8, 10, 11)
+    assert format_cpulist((11, 10, 8, 3, 2, 1, 0)) == "0-3,8,10-11"
+    assert format_cpulist([5]) == "5"
+    with pytest.raises(ValueError, match="not a cpu list"):
+        parse_cpulist("3-1")
+
+
+def test_host_topology_from_fake_sysfs(tmp_path: Path) -> None:
+    for node, cpus in (("node0", "0-1"), ("node1", "2-3")):
+        (tmp_path / node).mkdir()
+        (tmp_path / node / "cpulist").write_text(cpus)
+    topo = read_host_topology(tmp_path)
+    usable = set(os.sched_getaffinity(0))
+    expected = tuple(
+        d
+        for d in (tuple(c for c in (0, 1) if c in usable), tuple(c for c in (2, 3) if c in usable))
+        if d
+    )
+    assert topo.domains == expected
+    assert read_host_topology(tmp_path / "missing").domains == (tuple(sorted(usable)),)
+
+
+def test_choose_cores_prefers_one_numa_domain_best_fit() -> None:
+    topo = NumaTopology(((0, 1, 2, 3), (4, 5, 6, 7)))
+    # Domain 1 has 2 free cores, domain 0 has 4: a 2-core grant goes to the tighter domain.
+    assert choose_cores(topo, {0, 1, 2, 3, 6, 7}, 2) == (6, 7)
+    assert choose_cores(topo, {0, 1, 2, 3, 6, 7}, 3) == (0, 1, 2)
+    # No domain can hold 5: the fewest domains, the fuller domain first.
+    assert choose_cores(topo, {0, 1, 2, 3, 6, 7}, 5) == (0, 1, 2, 3, 6)
+    assert choose_cores(topo, {1}, 2) is None
+    with pytest.raises(GrantError, match="asked for 9 cores"):
+        choose_cores(topo, topo.cores, 9)
+
+
+def test_choose_cores_accepts_the_cores_node_spec() -> None:
+    spec = CpuNodeSpec("n", cores=8, numa_domains=2, memory_gb=16)
+    assert choose_cores(spec, range(8), 4) == (0, 1, 2, 3)
+    assert NumaTopology.from_spec(spec).to_spec("n", 16) == spec
+
+
+def test_topology_rejects_a_core_in_two_domains() -> None:
+    with pytest.raises(GrantError, match="two NUMA domains"):
+        NumaTopology(((0, 1), (1, 2)))
+
+
+# --- ledger -------------------------------------------------------------------------------
+
+
+def test_ledger_validates_requests() -> None:
+    ledger = CoreLedger(NumaTopology(((0, 1),)))
+    with pytest.raises(GrantError, match=r"cores \[5\] are not on this node"):
+        ledger.acquire("a", (0, 5))
+    with pytest.raises(GrantError, match="names a core twice"):
+        ledger.acquire("a", (1, 1))
+    with pytest.raises(GrantError, match="asked for 3 cores"):
+        ledger.acquire("a", 3)
+    with pytest.raises(GrantError, match="empty"):
+        ledger.acquire("a", ())
+
+
+def test_ledger_waits_for_busy_cores_in_arrival_order() -> None:
+    ledger = CoreLedger(NumaTopology(((0, 1),)))
+    assert ledger.acquire("first", (0,)) == (0,)
+    order: list[str] = []
+
+    def want(name: str, cores: tuple[int, ...] | int) -> None:
+        got = ledger.acquire(name, cores)
+        order.append(name)
+        time.sleep(0.05)
+        ledger.release(name, "t", float(len(got)))
+
+    both = threading.Thread(target=want, args=("both", (0, 1)))
+    both.start()
+    time.sleep(0.05)
+    # Core 1 is free, but "both" waits for it first: a later request for core 1 must not pass.
+    later = threading.Thread(target=want, args=("later", (1,)))
+    later.start()
+    time.sleep(0.05)
+    assert order == []
+    ledger.release("first", "t", 1.0)
+    both.join(2)
+    later.join(2)
+    assert order == ["both", "later"]
+    assert ledger.free_cores() == (0, 1)
+
+
+def test_ledger_never_grants_a_core_twice_under_threads() -> None:
+    topo = NumaTopology(((0, 1), (2, 3)))
+    ledger = CoreLedger(topo)
+
+    def worker(i: int) -> None:
+        for j in range(30):
+            got = ledger.acquire(f"{i}.{j}", 1 + (i + j) % 3)
+            ledger.release(f"{i}.{j}", str(i), 1.0)
+            assert got
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    log = ledger.log()
+    assert len(log) == 240
+    for core in topo.cores:
+        spans = sorted((r.granted_at, r.revoked_at) for r in log if core in r.cores)
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
+
+
+def test_ledger_close_wakes_waiters_with_an_error() -> None:
+    ledger = CoreLedger(NumaTopology(((0,),)))
+    ledger.acquire("a", (0,))
+    errors: list[Exception] = []
+
+    def wait() -> None:
+        try:
+            ledger.acquire("b", (0,))
+        except AoeError as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=wait)
+    t.start()
+    time.sleep(0.05)
+    ledger.close("shutting down")
+    t.join(2)
+    assert errors and "shutting down" in str(errors[0])
+
+
+# --- stream parsing -----------------------------------------------------------------------
+
+
+def _frame(stream: int, data: bytes) -> bytes:
+    return bytes([stream, 0, 0, 0]) + struct.pack(">I", len(data)) + data
+
+
+def test_frame_reader_reassembles_split_frames() -> None:
+    a, b = socket.socketpair()
+    data = _frame(1, b"hello ") + _frame(2, b"oops") + _frame(1, b"world")
+    a.sendall(data[:5])
+    reader = FrameReader(b)
+    assert reader.next_frame(0.05) is None  # half a header: wait, do not misparse
+    a.sendall(data[5:])
+    got = [reader.next_frame(1) for _ in range(3)]
+    assert got == [(1, b"hello "), (2, b"oops"), (1, b"world")]
+    a.close()
+    assert reader.next_frame(1) is None and reader.eof
+
+
+def test_capture_finds_the_end_marker_across_chunks_and_keeps_memory_bounded() -> None:
+    cap = Capture(limit=10, marker=b"\n@@end ", with_code=True)
+    for chunk in (b"0123456789" * 1000, b"abc\n@@e", b"nd 3", b"7\nafter"):
+        cap.feed(chunk)
+        assert len(cap.buf) <= 10 + len(b"\n@@end ") + 16 + len(chunk)
+    assert cap.done and cap.code == 37
+    assert cap.total == 10003 and cap.overflow
+    assert cap.content() == b"0123456789"
+
+
+def test_capture_exactly_at_the_limit_is_not_overflow() -> None:
+    cap = Capture(limit=5, marker=b"\n@@end ", with_code=True)
+    cap.feed(b"12345\n@@end 0\n")
+    assert cap.done and not cap.overflow and cap.content() == b"12345"
+
+
+def test_collect_kills_at_the_deadline_and_reports_timeout() -> None:
+    a, b = socket.socketpair()
+    out, err = Capture(100, None, False), Capture(100, None, False)
+    killed: list[str] = []
+
+    def kill(why: str) -> None:
+        killed.append(why)
+        a.close()  # the killed command's stream ends
+
+    reader = FrameReader(b)
+    ended = collect(reader, out, err, time.monotonic() + 0.1, 1.0, kill, lambda: reader.eof)
+    assert ended == "timeout" and killed == ["timeout"]
+
+
+def test_collect_gives_up_when_nothing_ends_after_a_kill() -> None:
+    a, b = socket.socketpair()
+    out, err = Capture(100, b"\n@@x ", True), Capture(100, b"\n@@x", False)
+    t0 = time.monotonic()
+    ended = collect(FrameReader(b), out, err, t0 + 0.05, 0.2, lambda why: None, lambda: False)
+    assert ended == "stuck" and 0.2 < time.monotonic() - t0 < 2
+    a.close()
+
+
+# --- cgroups on fake trees ----------------------------------------------------------------
+
+
+def _fake_v1(tmp_path: Path) -> tuple[Path, Path]:
+    proc = tmp_path / "proc"
+    (proc / "42").mkdir(parents=True)
+    (proc / "42" / "cgroup").write_text(
+        "4:memory:/docker/abc\n3:cpuset:/docker/abc\n2:cpuacct:/docker/abc\n"
+        "1:cpu:/docker/abc\n0::/docker/abc\n"
+    )
+    root = tmp_path / "cg"
+    lines = []
+    for i, ctrl in enumerate(("cpu", "cpuacct", "cpuset", "memory")):
+        d = root / ctrl / "docker" / "abc"
+        d.mkdir(parents=True)
+        lines.append(f"{30 + i} 1 0:{30 + i} / {root / ctrl} rw - cgroup cgroup rw,{ctrl}")
+    lines.append(f"40 1 0:40 / {root / 'unified'} rw - cgroup2 cgroup2 rw")
+    (root / "cpu/docker/abc/cpu.cfs_quota_us").write_text("1000")
+    (root / "cpu/docker/abc/cpu.cfs_period_us").write_text("100000")
+    (root / "cpu/docker/abc/cgroup.procs").write_text("42\n43\n")
+    (root / "cpuset/docker/abc/cpuset.cpus").write_text("0-3")
+    (root / "cpuacct/docker/abc/cpuacct.usage").write_text("123456789")
+    (root / "memory/docker/abc/memory.oom_control").write_text(
+        "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n"
+    )
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text("\n".join(lines) + "\n")
+    return proc, mountinfo
+
+
+def test_cgroup_v1_discovery_and_writes(tmp_path: Path) -> None:
+    proc, mountinfo = _fake_v1(tmp_path)
+    version, dirs = find_cgroup_dirs(42, proc, mountinfo)
+    assert version == 1 and dirs["cpu"] == tmp_path / "cg/cpu/docker/abc"
+    control = direct_control(42, 100_000, 1_000, (0, 1, 2, 3), proc, mountinfo)
+    assert isinstance(control, CgroupV1)
+    control.grant((2, 3), 1.5)
+    cpu, cpuset = tmp_path / "cg/cpu/docker/abc", tmp_path / "cg/cpuset/docker/abc"
+    assert (cpuset / "cpuset.cpus").read_text() == "2-3"
+    assert (cpu / "cpu.cfs_quota_us").read_text() == "150000"
+    control.park()
+    assert (cpu / "cpu.cfs_quota_us").read_text() == "1000"
+    assert (cpuset / "cpuset.cpus").read_text() == "0-3"
+    assert control.usage_ns() == 123456789 and control.pids() == [42, 43]
+    assert control.oom_kills() == 2
+
+
+def test_cgroup_v2_discovery_and_writes(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    (proc / "7").mkdir(parents=True)
+    (proc / "7" / "cgroup").write_text("0::/system.slice/docker-abc.scope\n")
+    d = tmp_path / "cg" / "system.slice" / "docker-abc.scope"
+    d.mkdir(parents=True)
+    for name, text in (
+        ("cpu.max", "1000 100000"),
+        ("cpuset.cpus", ""),
+        ("cgroup.procs", "7\n"),
+        ("cpu.stat", "usage_usec 2500\nuser_usec 2000\n"),
+        ("memory.events", "low 0\noom 1\noom_kill 1\n"),
+    ):
+        (d / name).write_text(text)
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(f"30 1 0:30 / {tmp_path / 'cg'} rw - cgroup2 cgroup2 rw,nsdelegate\n")
+    control = direct_control(7, 100_000, 1_000, (0, 1), proc, mountinfo)
+    assert isinstance(control, CgroupV2)
+    control.grant((1,), 0.5)
+    assert (d / "cpu.max").read_text() == "50000 100000"
+    assert (d / "cpuset.cpus").read_text() == "1"
+    control.park()
+    assert (d / "cpu.max").read_text() == "1000 100000"
+    assert (d / "cpuset.cpus").read_text() == "0-1"
+    assert control.usage_ns() == 2_500_000 and control.oom_kills() == 1
+
+
+def test_direct_control_names_the_file_it_cannot_write(tmp_path: Path) -> None:
+    proc, mountinfo = _fake_v1(tmp_path)
+    (tmp_path / "cg/cpuset/docker/abc/cpuset.cpus").unlink()
+    with pytest.raises(AoeError, match=r"cpuset\.cpus is missing"):
+        direct_control(42, 100_000, 1_000, (0,), proc, mountinfo)
+
+
+def test_quota_never_below_the_kernel_minimum(tmp_path: Path) -> None:
+    proc, mountinfo = _fake_v1(tmp_path)
+    control = direct_control(42, 100_000, 1_000, (0,), proc, mountinfo)
+    assert control.quota_us(0.001) == 1_000 and control.quota_us(2) == 200_000
+
+
+# --- configuration ------------------------------------------------------------------------
+
+
+def _spec(sandbox: SandboxConfig) -> ContainerSpec:
+    return ContainerSpec("n", "img", 0.5, sandbox, 100_000, 200_000, (0, 1), True, {"a": "b"})
+
+
+def test_default_sandbox_is_strict() -> None:
+    kw = create_kwargs(_spec(SandboxConfig()))
+    assert SandboxConfig().relaxations() == ()
+    assert kw["network_mode"] == "none" and kw["user"] == "1000:1000" and kw["read_only"]
+    assert kw["cap_drop"] == ["ALL"] and kw["security_opt"] == ["no-new-privileges"]
+    assert kw["mem_limit"] == "512m" and kw["memswap_limit"] == "512m" and kw["pids_limit"] == 256
+    assert "uid=1000" in kw["tmpfs"]["/work"] and kw["cpu_period"] == 100_000
+    assert "nano_cpus" not in kw  # NanoCPUs would make later quota updates fail
+
+
+def test_every_relaxation_is_named() -> None:
+    loose = SandboxConfig(
+        network=True,
+        user="root",
+        read_only_root=False,
+        memory_limit=False,
+        pids_limit=None,
+        no_new_privileges=False,
+        drop_all_capabilities=False,
+        cap_add=("SYS_PTRACE",),
+    )
+    names = " | ".join(loose.relaxations())
+    for word in (
+        "network",
+        "root",
+        "writable root",
+        "memory",
+        "pids",
+        "privileges",
+        "capabilities kept",
+        "SYS_PTRACE",
+    ):
+        assert word in names
+    kw = create_kwargs(_spec(loose))
+    assert "network_mode" not in kw and "cap_drop" not in kw and "mem_limit" not in kw
+    assert kw["cap_add"] == ["SYS_PTRACE"]
+
+
+def test_bad_configuration_is_refused_with_the_field_named() -> None:
+    with pytest.raises(AoeError, match="work_dir must be an absolute path"):
+        SandboxConfig(work_dir="work")
+    with pytest.raises(AoeError, match="pids_limit"):
+        SandboxConfig(pids_limit=2)
+    with pytest.raises(AoeError, match="park_quota_us"):
+        AoeConfig(park_quota_us=10)
+    with pytest.raises(AoeError, match="transport must be runner or exec"):
+        AoeConfig(transport="ssh")  # type: ignore[arg-type]
+
+
+def test_owner_label_tells_live_from_dead_processes() -> None:
+    assert owner_alive(owner_label()) is True
+    host, pid, start = owner_label().split("/")
+    assert owner_alive(f"{host}/{pid}/not-{start}") is False  # same pid, another process
+    assert owner_alive(f"other-host-xyz/{pid}/{start}") is None
+
+
+def test_package_imports_without_touching_docker() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['docker'] = None; import tangram.exec.aoe as a; "
+        "import tangram.exec.aoe.cli, tangram.exec.aoe.bench; print(a.SandboxConfig().user)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1000:1000"
