@@ -166,9 +166,11 @@ class Context:
         traj = self.scheduler.trajectories.get(action.trajectory)
         return traj.node if traj else None
 
-    def restore_cost(self, action: Action, node: str) -> float:
+    def restore_cost(self, action: Action, node: str, cell_size: int = 1) -> float:
+        """EOE restore estimate: each GPU of the cell loads its 1/k shard over its own
+        host-to-GPU link, so k GPUs restore k times faster (plus the fixed cost)."""
         spec = self.state.gpu[node].spec
-        return action.service_size_gb / spec.h2d_gbps + spec.restore_fixed_s
+        return action.service_size_gb / (cell_size * spec.h2d_gbps) + spec.restore_fixed_s
 
     # --- acting ------------------------------------------------------------------------------
     def start(
@@ -191,7 +193,7 @@ class Context:
         restore, overhead = False, 0.0
         if action.resource is ResourceKind.GPU and not sched.unbounded:
             restore = not self.state.gpu[node].is_resident(action.service or "", gpus)
-            overhead = self.restore_cost(action, node) if restore else 0.0
+            overhead = self.restore_cost(action, node, len(gpus)) if restore else 0.0
         decision = Start(
             time=self.now,
             action=action,
@@ -325,6 +327,15 @@ class Scheduler:
         traj = self.trajectories.setdefault(trajectory, TrajectoryState(trajectory))
         if traj.node is None and not self.unbounded:
             self._bind(traj, memory_gb, node)
+            hook = getattr(self.policy, "on_trajectory_open", None)
+            if hook is not None and traj.node is not None:
+                # Reservations only (a static pod); starts happen in the next pass.
+                ctx = self._begin(now)
+                hook(ctx, trajectory, traj.node)
+                if ctx.decisions:
+                    raise RuntimeError(
+                        f"policy decided {len(ctx.decisions)} actions at a trajectory open"
+                    )
         return traj.node
 
     def close_trajectory(self, trajectory: str, now: float) -> list[Decision]:

@@ -59,5 +59,10 @@ class SimConfig:
     seed: int = 0
     overheads: Overheads = field(default_factory=Overheads)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    #: Record cluster usage after every event (for utilisation plots); off saves time and memory.
+    #: Record cluster usage after every event (for utilisation plots and held resource-seconds);
+    #: off saves time and memory, and held figures become NaN.
     timeline: bool = True
+    #: Start with every GPU service of the trace resident once (a run in steady state: EOE keeps
+    #: models after use, and the static baseline deploys its replicas before the run), placed
+    #: largest first on the emptiest GPUs at the smallest cell its memory allows. Off: cold GPUs.
+    warm_gpus: bool = True

@@ -124,6 +124,8 @@ class Simulation:
 
     # ------------------------------------------------------------------ run
     def run(self) -> SimResult:
+        if self.config.warm_gpus and not self._unbounded and self.cluster.gpu_nodes:
+            self._warm_gpus()
         if self.config.rollout.mode == "closed":
             self.env.process(self._rollout())
         else:
@@ -146,6 +148,29 @@ class Simulation:
             decisions=self.decisions,
             scheduler_seconds=self.scheduler_seconds,
         )
+
+    def _warm_gpus(self) -> None:
+        """Place each GPU service once before the run (see ``SimConfig.warm_gpus``)."""
+        services: dict[str, float] = {}
+        for row in self.trace.rows:
+            if row.resource == "gpu" and row.service:
+                services[row.service] = max(services.get(row.service, 0.0), row.service_size_gb)
+        for service, size in sorted(services.items(), key=lambda kv: (-kv[1], kv[0])):
+            best = None
+            for node in self.cluster.gpu_nodes:
+                for k in (1, 2, 4, 8):
+                    if k > node.gpus or size / k > node.gpu_memory_gb:
+                        continue
+                    for start in range(0, node.gpus, k):
+                        cell = tuple(range(start, start + k))
+                        used = max(self.residency.used_gb(node.name, g) for g in cell)
+                        if used + size / k <= node.gpu_memory_gb + 1e-9:
+                            key = (k, used, node.name, start)
+                            if best is None or key < best[0]:
+                                best = (key, node.name, cell)
+                    break  # the smallest cell size that fits the model's memory
+            if best is not None:
+                self.residency.restore(best[1], best[2], service, size)
 
     def _rollout(self):
         groups = self.trace.trajectories()

@@ -214,3 +214,18 @@ def test_core_accounting_refuses_double_grants_and_double_returns_across_numa_do
         node.give_cores((5, 1))
     assert node.free_cores == 7  # 8 - 3 taken + 2 returned; the refused return changed nothing
     assert node.choose_cores(3) == (4, 6, 7)  # best fit: the fullest domain that holds all three
+
+
+def test_k8s_pods_are_requested_when_trajectories_open_and_granted_fcfs():
+    sched = Scheduler(
+        ClusterSpec("one", (CpuNodeSpec("n", 8, 1, 64.0),)), make_policy("k8s-static:4")
+    )
+    for traj in ("A", "B", "C"):
+        sched.open_trajectory(traj, 0.0, memory_gb=1.0)
+    assert sched.state.cpu["n"].free_cores == 0  # A and B hold pods before any action; C waits
+    assert sched.submit(cpu(0, traj="C"), 1.0) == []
+    [a] = sched.submit(cpu(1, traj="A"), 1.0)
+    assert a.in_slot and a.units == 4
+    sched.finish("c1", 2.0)
+    [c] = sched.close_trajectory("B", 3.0)  # B never ran an action, yet held its pod until now
+    assert c.action.id == "c0" and c.time == 3.0

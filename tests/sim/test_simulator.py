@@ -151,7 +151,9 @@ def test_lower_bound_is_a_floor(mixed_trace):
 
 def test_gpu_calls_restore_once_then_hit_the_resident_copy():
     trace = generate("mopd", batch=16, seed=5)
-    acts = actions_frame(simulate(trace, load_cluster("paper"), SimConfig(policy="tangram")))
+    acts = actions_frame(
+        simulate(trace, load_cluster("paper"), SimConfig(policy="tangram", warm_gpus=False))
+    )
     gpu = acts[acts["resource"] == "gpu"]
     assert gpu["restored"].any() and (~gpu["restored"]).any()
     assert (gpu.loc[gpu["restored"], "overhead_s"] > 0).all()
@@ -169,3 +171,19 @@ def test_residency_model_evicts_least_recently_used():
     assert model.restore("g", (0,), "c", 4.0) == 1
     assert ("b", (0,), False) in events and ("a", (0,), False) not in events
     assert model.used_gb("g", 0) == pytest.approx(8.0)
+
+
+def test_warm_gpus_start_with_every_service_resident_once():
+    trace = generate("mopd", batch=16, seed=5)
+    warm = actions_frame(simulate(trace, load_cluster("paper"), SimConfig(policy="tangram")))
+    cold = actions_frame(
+        simulate(trace, load_cluster("paper"), SimConfig(policy="tangram", warm_gpus=False))
+    )
+    assert warm["restored"].sum() < cold["restored"].sum()
+    assert warm["overhead_s"].mean() < cold["overhead_s"].mean()
+
+
+def test_held_resources_are_unknown_without_a_timeline():
+    trace = generate("coding", batch=4, seed=1)
+    s = summary(simulate(trace, load_cluster("paper"), SimConfig(timeline=False)))
+    assert math.isnan(s["held_core_s"]) and s["busy_core_s"] > 0

@@ -28,6 +28,9 @@ class DomainRule:
     def schedule_domain(self, ctx: Context, domain: Domain) -> None:  # pragma: no cover
         raise NotImplementedError
 
+    def on_trajectory_open(self, ctx: Context, trajectory: str, node: str) -> None:
+        """A trajectory's container was placed on ``node`` (reservations only, no starts)."""
+
     def on_trajectory_close(self, ctx: Context, trajectory: str) -> None:
         """Release whatever the rule held for the trajectory."""
 
@@ -50,6 +53,10 @@ class CompositePolicy:
             rule.observe(ctx)
         for domain in list(ctx.dirty):
             self.rules[domain[0]].schedule_domain(ctx, domain)
+
+    def on_trajectory_open(self, ctx: Context, trajectory: str, node: str) -> None:
+        for rule in self.rules.values():
+            rule.on_trajectory_open(ctx, trajectory, node)
 
     def on_trajectory_close(self, ctx: Context, trajectory: str) -> None:
         for rule in self.rules.values():

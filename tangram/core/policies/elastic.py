@@ -174,7 +174,7 @@ class ElasticGpu(DomainRule):
             if resident_sizes[service]:
                 return None
             wait = busy_until[service] - ctx.now
-            cost = restore_cost(action)
+            cost = restore_cost(action, ctx.options(action).units[-1])
             if wait >= cost:
                 return None
             return f"tangram: waits ~{wait:.3f}s for a busy cell holding {service} rather than a {cost:.3f}s restore"
@@ -187,9 +187,8 @@ class ElasticGpu(DomainRule):
             sizes = resident_sizes[service]
             if sizes.issuperset(opts.units):
                 return opts
-            penalty = restore_cost(action)
             durations = tuple(
-                d if u in sizes else d + penalty
+                d if u in sizes else d + restore_cost(action, u)
                 for u, d in zip(opts.units, opts.durations, strict=True)
             )
             return Options(opts.units, durations, False)
@@ -257,9 +256,9 @@ def _resident_busy_until(ctx: Context) -> dict[str, float]:
     return until
 
 
-def _first_restore_cost(ctx: Context) -> Callable[[Action], float]:
+def _first_restore_cost(ctx: Context) -> Callable[[Action, int], float]:
     node = next(iter(ctx.state.gpu))
-    return lambda action: ctx.restore_cost(action, node)
+    return lambda action, cell_size: ctx.restore_cost(action, node, cell_size)
 
 
 def _defer_evicted(ctx: Context, rnd: Round) -> None:

@@ -1,8 +1,10 @@
 """The static baselines: a pod of fixed cores per trajectory, dedicated GPUs per service.
 
-``StaticPods`` (Kubernetes): a trajectory's first CPU action waits, FCFS, until K cores are
-free on its container's node; the trajectory then holds them until it closes, busy or not.
-Its actions run inside that slot at their largest option not above K.
+``StaticPods`` (Kubernetes): a trajectory asks for a pod of K cores on its container's node
+when it opens (or with its first CPU action if it was never opened); pods are granted strictly
+FCFS per node when K cores are free, and held until the trajectory closes, busy or not. Its
+actions run inside the pod at their largest option not above K; until the pod is granted, they
+queue.
 
 ``DedicatedGpus`` (SGLang-style serving): the first call of a service reserves G GPUs for it
 for the rest of the run, as replicas of its smallest cell (the tensor-parallel degree its
@@ -24,6 +26,8 @@ class StaticPods(DomainRule):
         self.k = cores_per_pod
         self.slots: dict[str, tuple[str, tuple[int, ...]]] = {}
         self.busy: set[str] = set()
+        #: node -> trajectories waiting for a pod there, FCFS (insertion order).
+        self.waiting: dict[str, dict[str, None]] = {}
 
     def _start_in_slot(self, ctx: Context, action: Action) -> None:
         node, cores = self.slots[action.trajectory]
@@ -39,39 +43,58 @@ class StaticPods(DomainRule):
             in_slot=True,
         )
 
+    def _start_next(self, ctx: Context, trajectory: str) -> None:
+        """Run the trajectory's oldest queued CPU action in its idle pod, if it has one."""
+        if trajectory in self.slots and trajectory not in self.busy:
+            nxt = next(
+                (a for a in ctx.queued_of_trajectory(trajectory) if a.resource is ResourceKind.CPU),
+                None,
+            )
+            if nxt is not None:
+                self._start_in_slot(ctx, nxt)
+
+    def _grant(self, ctx: Context, node_name: str, *, start: bool) -> None:
+        """Give pods to waiting trajectories of a node, strictly FCFS, while K cores are free."""
+        node = ctx.state.cpu[node_name]
+        size = min(self.k, node.spec.cores)
+        waiting = self.waiting.get(node_name, {})
+        while waiting and node.free_cores >= size:
+            trajectory = next(iter(waiting))
+            del waiting[trajectory]
+            cores = node.choose_cores(size)
+            ctx.hold_cores(node_name, cores)
+            self.slots[trajectory] = (node_name, cores)
+            if start:
+                self._start_next(ctx, trajectory)
+
+    def on_trajectory_open(self, ctx: Context, trajectory: str, node: str) -> None:
+        # The pod is requested when the trajectory starts and held until it ends.
+        if trajectory not in self.slots:
+            self.waiting.setdefault(node, {})[trajectory] = None
+            self._grant(ctx, node, start=False)
+
     def observe(self, ctx: Context) -> None:
         for running in ctx.finished:
-            traj = running.action.trajectory
             if running.start.in_slot and running.action.resource is ResourceKind.CPU:
-                self.busy.discard(traj)
-                nxt = next(
-                    (a for a in ctx.queued_of_trajectory(traj) if a.resource is ResourceKind.CPU),
-                    None,
-                )
-                if nxt is not None and traj in self.slots:
-                    self._start_in_slot(ctx, nxt)
+                self.busy.discard(running.action.trajectory)
+                self._start_next(ctx, running.action.trajectory)
         for action in ctx.arrived:
-            if (
-                action.resource is ResourceKind.CPU
-                and action.trajectory in self.slots
-                and action.trajectory not in self.busy
-            ):
-                self._start_in_slot(ctx, action)
+            if action.resource is not ResourceKind.CPU:
+                continue
+            traj = action.trajectory
+            if traj in self.slots:
+                self._start_next(ctx, traj)
+            else:  # a trajectory never opened explicitly asks for its pod with its first action
+                node = ctx.node_of(action)
+                if node is not None and traj not in self.waiting.get(node, {}):
+                    self.waiting.setdefault(node, {})[traj] = None
 
     def schedule_domain(self, ctx: Context, domain: Domain) -> None:
-        node = ctx.state.cpu[domain[1]]
-        size = min(self.k, node.spec.cores)
-        for action in ctx.queue(domain):
-            if action.trajectory in self.slots:
-                continue  # waits for its own pod to be idle (observe() starts it)
-            if node.free_cores < size:
-                return  # FCFS: later trajectories wait behind this one for a pod
-            cores = node.choose_cores(size)
-            ctx.hold_cores(node.spec.name, cores)
-            self.slots[action.trajectory] = (node.spec.name, cores)
-            self._start_in_slot(ctx, action)
+        self._grant(ctx, domain[1], start=True)
 
     def on_trajectory_close(self, ctx: Context, trajectory: str) -> None:
+        for waiting in self.waiting.values():
+            waiting.pop(trajectory, None)
         slot = self.slots.pop(trajectory, None)
         self.busy.discard(trajectory)
         if slot is not None:

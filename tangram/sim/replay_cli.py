@@ -1,0 +1,336 @@
+"""``tangram replay TRACE``: replay a recorded live run in the simulator and compare ACTs.
+
+A live trace (``tangram serve`` / the live runtime) carries, for every action, its observed
+submission time and the queueing, overhead and execution times it had. The replay:
+
+1. keeps the actions that started (an action refused or ended while queued held nothing);
+2. replays them **open loop at their observed arrivals**, on the cluster and under the
+   policy recorded in the trace header (``--cluster`` / ``--policy`` override);
+3. sets the simulator's overheads from what was measured live: ``aoe_grant_s`` = mean
+   observed overhead of CPU actions, ``api_call_s`` = mean observed overhead of API actions,
+   the GPU restore cost from EOE's restore figures in the header; the simulator has no
+   per-call GPU overhead, so the median observed GPU overhead (a hit's dispatch cost) is
+   folded into each GPU call's duration;
+4. takes execution times either from what was observed (``--durations observed``, default:
+   each action's curve rescaled so that T(units granted live) = observed execution) or from
+   the curves the clients declared (``--durations curve``: the simulator's own prediction);
+5. reports ACT percentiles (p50, p90, p95, p99, mean) live and simulated, and the relative
+   error (sim - live) / live of each, overall and per resource.
+
+Trajectory memory is left out of the replay: live, a container's memory is reserved when the
+trajectory opens, before its actions arrive, so it never delays an action; the open-loop
+simulator would reserve it at the first action instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tangram.report import add_json_flag, emit
+
+PERCENTILES = (50, 90, 95, 99)
+DURATIONS = ("observed", "curve")
+#: Shortest duration a replayed row may have (the trace format needs t1_s > 0).
+MIN_SECONDS = 1e-6
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "replay",
+        help="replay a recorded live trace in the simulator and report the ACT error",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("trace", type=Path, help="a live trace (.jsonl, .jsonl.gz, .parquet)")
+    p.add_argument("--policy", help="policy (default: the one recorded in the trace)")
+    p.add_argument("--cluster", help="bundled name or TOML path (default: the recorded one)")
+    p.add_argument(
+        "--durations",
+        choices=DURATIONS,
+        default="observed",
+        help="execution times: observed live (default) or the declared curves",
+    )
+    p.add_argument("--grant-s", type=float, help="override the CPU overhead per action (s)")
+    p.add_argument("--api-call-s", type=float, help="override the API overhead per call (s)")
+    add_json_flag(p)
+    p.set_defaults(func=main)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Overhead parameters measured from the live trace (seconds)."""
+
+    cpu_overhead_s: float
+    api_overhead_s: float
+    gpu_call_overhead_s: float
+    h2d_gbps: float | None
+    restore_fixed_s: float | None
+    eviction_s: float
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    """Live vs simulated ACT for the actions that ended with a result in both."""
+
+    trace: str
+    policy: str
+    cluster: str
+    durations: str
+    actions: int
+    measured: Measured
+    live: dict[str, float]
+    sim: dict[str, float]
+    error: dict[str, float]
+    by_resource: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    parts: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float]:
+    """p50, p90, p95, p99 (linear interpolation, as numpy's default) and the mean."""
+    import numpy as np
+
+    arr = np.asarray(values, dtype=float)
+    out = {f"p{p}": float(np.percentile(arr, p)) for p in PERCENTILES}
+    out["mean"] = float(arr.mean())
+    return out
+
+
+def relative_error(sim: Mapping[str, float], live: Mapping[str, float]) -> dict[str, float]:
+    return {k: (sim[k] - live[k]) / live[k] if live[k] > 0 else math.nan for k in live}
+
+
+def measure(trace: Any) -> Measured:
+    """Overheads from the observed rows and EOE's restore figures in the header."""
+    ran = [r for r in trace.rows if r.obs_units is not None and r.obs_outcome == "result"]
+
+    def overheads(resource: str) -> list[float]:
+        return [r.obs_overhead_s or 0.0 for r in ran if r.resource == resource]
+
+    cpu, api, gpu = overheads("cpu"), overheads("api"), overheads("gpu")
+    eoe = trace.meta.get("eoe") or {}
+    h2d = fixed = None
+    if eoe.get("restores") and eoe.get("restore_s", 0) > 0:
+        h2d = (eoe["bytes_restored"] / (1 << 30)) / eoe["restore_s"]
+        fixed = 0.0
+    evictions = eoe.get("evictions") or 0
+    return Measured(
+        cpu_overhead_s=statistics.fmean(cpu) if cpu else 0.0,
+        api_overhead_s=statistics.fmean(api) if api else 0.0,
+        gpu_call_overhead_s=statistics.median(gpu) if gpu else 0.0,
+        h2d_gbps=h2d,
+        restore_fixed_s=fixed,
+        eviction_s=(eoe.get("evict_s", 0.0) / evictions) if evictions else 0.01,
+    )
+
+
+def _rescaled(row: Any, target: float) -> dict[str, Any]:
+    """The row's elasticity fields with T(obs_units) = target."""
+    from tangram.core.curves import curve_from_dict
+
+    units = row.obs_units or 1
+    target = max(target, MIN_SECONDS)
+    if row.curve is not None:
+        curve = curve_from_dict(row.curve)
+        factor = target / curve.duration(units)
+        kind = row.curve["kind"]
+        if kind == "tabulated":
+            scaled = {"kind": kind, "points": [[u, t * factor] for u, t in row.curve["points"]]}
+            return {"t1_s": scaled["points"][0][1], "curve": scaled}
+        scaled = {**row.curve, "t1": row.curve["t1"] * factor}
+        return {"t1_s": scaled["t1"], "curve": scaled}
+    if row.serial_fraction is not None:
+        s = row.serial_fraction
+        return {"t1_s": target / (s + (1 - s) / units)}
+    return {"t1_s": target}
+
+
+def replay_trace(trace: Any, measured: Measured, durations: str = "observed") -> Any:
+    """The trace the simulator replays: started actions only, positions renumbered, no
+    container memory, durations observed or declared (GPU calls plus their dispatch cost)."""
+    from tangram.sim.trace import Trace, TraceRow
+
+    if durations not in DURATIONS:
+        raise ValueError(f"durations must be one of {DURATIONS}, got {durations!r}")
+    missing = [r.action_id for r in trace.rows if r.obs_outcome is None or r.arrival_s is None]
+    if missing:
+        raise ValueError(
+            f"not a recorded live trace: action {missing[0]!r} has no observed outcome or "
+            "arrival (record one with tangram serve or the live runtime)"
+        )
+    ran = [r for r in trace.rows if r.obs_units is not None]
+    positions: dict[tuple[int, str], int] = {}
+    rows = []
+    for r in sorted(ran, key=lambda r: (r.trajectory, r.position)):
+        key = (r.step, r.trajectory)
+        pos = positions.get(key, 0)
+        positions[key] = pos + 1
+        changes: dict[str, Any] = {
+            "position": pos,
+            "memory_gb": 0.0,
+            "gen_after_s": 0.0,
+        }
+        extra = measured.gpu_call_overhead_s if r.resource == "gpu" else 0.0
+        if durations == "observed":
+            changes.update(_rescaled(r, (r.obs_exec_s or 0.0) + extra))
+        elif extra:
+            curve = r.curve_object()
+            changes.update(_rescaled(r, curve.duration(r.obs_units or 1) + extra))
+        rows.append(dataclasses.replace(r, **changes))
+    rows.sort(key=lambda r: (r.arrival_s, r.action_id))
+    return Trace(tuple(TraceRow(**dataclasses.asdict(r)) for r in rows), dict(trace.meta))
+
+
+def replay(
+    trace_path: str | Path,
+    *,
+    policy: str | None = None,
+    cluster: str | None = None,
+    durations: str = "observed",
+    grant_s: float | None = None,
+    api_call_s: float | None = None,
+) -> ReplayReport:
+    """Replay a live trace and compare its ACTs with the simulation's."""
+    from tangram.core.cluster_file import load_cluster, parse_cluster
+    from tangram.sim.config import Overheads, RolloutConfig, SimConfig
+    from tangram.sim.driver import simulate
+    from tangram.sim.metrics import actions_frame
+    from tangram.sim.trace import load_trace
+
+    trace = load_trace(trace_path)
+    meta = trace.meta
+    policy = policy or meta.get("policy")
+    if not policy:
+        raise ValueError(f"{trace_path}: the header names no policy; give --policy")
+    if cluster is not None:
+        spec = load_cluster(cluster)
+    elif "cluster" in meta:
+        spec = parse_cluster(meta["cluster"], f"{trace_path} (header)")
+    else:
+        raise ValueError(f"{trace_path}: the header carries no cluster; give --cluster")
+    measured = measure(trace)
+    if measured.h2d_gbps is not None and spec.gpu_nodes:
+        nodes = tuple(
+            dataclasses.replace(
+                n, h2d_gbps=measured.h2d_gbps, restore_fixed_s=measured.restore_fixed_s or 0.0
+            )
+            for n in spec.gpu_nodes
+        )
+        spec = dataclasses.replace(spec, gpu_nodes=nodes)
+    sim_trace = replay_trace(trace, measured, durations)
+    if not sim_trace.rows:
+        raise ValueError(f"{trace_path}: no action of this trace ever started")
+    overheads = Overheads(
+        aoe_grant_s=measured.cpu_overhead_s if grant_s is None else grant_s,
+        container_start_s=0.0,
+        eviction_s=measured.eviction_s,
+        api_call_s=measured.api_overhead_s if api_call_s is None else api_call_s,
+    )
+    config = SimConfig(
+        policy=policy, overheads=overheads, rollout=RolloutConfig(mode="open"), timeline=False
+    )
+    frame = actions_frame(simulate(sim_trace, spec, config))
+    sim_rows = frame[frame["outcome"] == "result"].set_index("action_id")
+    live_rows = {
+        r.action_id: r
+        for r in trace.rows
+        if r.obs_outcome == "result" and r.obs_units is not None and r.action_id in sim_rows.index
+    }
+    if not live_rows:
+        raise ValueError(f"{trace_path}: no action ended with a result both live and simulated")
+    ids = sorted(live_rows)
+
+    def live_act(r: Any) -> float:
+        return (r.obs_queue_s or 0.0) + (r.obs_overhead_s or 0.0) + (r.obs_exec_s or 0.0)
+
+    live = percentiles([live_act(live_rows[i]) for i in ids])
+    sim = percentiles([float(sim_rows.at[i, "act_s"]) for i in ids])
+    by_resource = {}
+    for resource in ("cpu", "gpu", "api"):
+        sub = [i for i in ids if live_rows[i].resource == resource]
+        if sub:
+            lv = percentiles([live_act(live_rows[i]) for i in sub])
+            sv = percentiles([float(sim_rows.at[i, "act_s"]) for i in sub])
+            by_resource[resource] = {
+                "actions": {"n": float(len(sub))},
+                "live": lv,
+                "sim": sv,
+                "error": relative_error(sv, lv),
+            }
+    parts = {
+        "live": {
+            "queue_mean_s": statistics.fmean(live_rows[i].obs_queue_s or 0.0 for i in ids),
+            "overhead_mean_s": statistics.fmean(live_rows[i].obs_overhead_s or 0.0 for i in ids),
+            "exec_mean_s": statistics.fmean(live_rows[i].obs_exec_s or 0.0 for i in ids),
+        },
+        "sim": {
+            "queue_mean_s": float(sim_rows.loc[ids, "queue_s"].mean()),
+            "overhead_mean_s": float(sim_rows.loc[ids, "overhead_s"].mean()),
+            "exec_mean_s": float(sim_rows.loc[ids, "exec_s"].mean()),
+        },
+    }
+    return ReplayReport(
+        trace=str(trace_path),
+        policy=policy,
+        cluster=spec.name,
+        durations=durations,
+        actions=len(ids),
+        measured=measured,
+        live=live,
+        sim=sim,
+        error=relative_error(sim, live),
+        by_resource=by_resource,
+        parts=parts,
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    report = replay(
+        args.trace,
+        policy=args.policy,
+        cluster=args.cluster,
+        durations=args.durations,
+        grant_s=args.grant_s,
+        api_call_s=args.api_call_s,
+    )
+    rows = []
+    for name, block in [("all", {"live": report.live, "sim": report.sim, "error": report.error})]:
+        rows += _table_rows(name, block)
+    for resource, block in report.by_resource.items():
+        rows += _table_rows(resource, block)
+    title = (
+        f"{Path(report.trace).name}: {report.actions} actions, policy {report.policy}, "
+        f"cluster {report.cluster}, durations {report.durations}"
+    )
+    emit(
+        args.json,
+        report.as_dict(),
+        {title: rows, "overheads measured live (s)": [dataclasses.asdict(report.measured)]},
+    )
+    return 0
+
+
+def _table_rows(name: str, block: Mapping[str, Mapping[str, float]]) -> list[dict[str, Any]]:
+    keys = [f"p{p}" for p in PERCENTILES] + ["mean"]
+    out = []
+    for what in ("live", "sim"):
+        out.append(
+            {"actions": name, "what": f"{what} ACT (s)", **{k: block[what][k] for k in keys}}
+        )
+    out.append(
+        {
+            "actions": name,
+            "what": "error (sim-live)/live",
+            **{k: f"{100 * block['error'][k]:+.1f}%" for k in keys},
+        }
+    )
+    return out
