@@ -1,0 +1,126 @@
+"""The experiment scripts (experiments/): a smoke run writes its tables, figure and summary, and
+the shared helpers aggregate and format as documented."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPERIMENTS = ROOT / "experiments"
+sys.path.insert(0, str(EXPERIMENTS))
+
+import common  # noqa: E402
+import run_all  # noqa: E402
+
+
+def run_smoke(script: str, out: Path) -> None:
+    subprocess.run(
+        [sys.executable, str(EXPERIMENTS / script), "--smoke", "--out", str(out)],
+        check=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_coding_act_smoke_writes_outputs(tmp_path):
+    run_smoke("coding_act.py", tmp_path)
+    for name in (
+        "coding_act.csv",
+        "coding_act_runs.csv",
+        "coding_act.png",
+        "coding_act.md",
+        "coding_act.claims.csv",
+        "run_times.csv",
+    ):
+        assert (tmp_path / name).stat().st_size > 0, name
+    agg = pd.read_csv(tmp_path / "coding_act.csv")
+    assert set(agg.variant) == {"tangram", "k8s-static"}
+    assert set(agg.batch) == {32}
+    for col in (
+        "act_mean_s_mean",
+        "act_mean_s_std",
+        "exec_mean_s_mean",
+        "queue_mean_s_mean",
+        "overhead_mean_s_mean",
+        "env_act_mean_s_mean",
+        "reward_act_mean_s_mean",
+        "ratio_all_mean",
+        "ratio_env_mean",
+        "ratio_reward_mean",
+        "seeds",
+    ):
+        assert col in agg.columns, col
+    assert (agg.seeds == 1).all()
+    # the breakdown adds up to the ACT
+    parts = agg.exec_mean_s_mean + agg.queue_mean_s_mean + agg.overhead_mean_s_mean
+    assert (abs(parts - agg.act_mean_s_mean) < 1e-4).all()  # CSV keeps 6 digits
+    runs = pd.read_csv(tmp_path / "coding_act_runs.csv")
+    for col in ("workload", "batch", "seed", "variant", "policy", *common.SUMMARY_COLUMNS):
+        assert col in runs.columns, col
+    assert len(runs) == 2 and (runs.rejected == 0).all()
+    claims = pd.read_csv(tmp_path / "coding_act.claims.csv")
+    assert list(claims.columns[:4]) == ["claim", "metric", "paper", "ours"]
+    md = (tmp_path / "coding_act.md").read_text()
+    assert "Paper vs ours" in md and "![coding_act](coding_act.png)" in md
+    assert "4.3x" in md  # the paper's figure is beside ours
+    # per-action and timeline Parquet for the notebook, small
+    for policy in ("tangram", "k8s-static"):
+        acts = pd.read_parquet(tmp_path / f"coding_b32_s0_{policy}.actions.parquet")
+        assert {"kind", "queue_s", "overhead_s", "exec_s", "act_s", "units"} <= set(acts.columns)
+        tl = pd.read_parquet(tmp_path / f"coding_b32_s0_{policy}.timeline.parquet")
+        assert {"time", "held_cores", "busy_cores"} <= set(tl.columns)
+
+
+def test_aggregate_and_paired_ratio():
+    runs = pd.DataFrame(
+        {
+            "batch": [1, 1, 1, 1],
+            "seed": [0, 0, 1, 1],
+            "variant": ["a", "b", "a", "b"],
+            "x": [2.0, 1.0, 6.0, 2.0],
+        }
+    )
+    agg = common.aggregate(runs, ["batch", "variant"], ["x", "missing"])
+    a = agg[agg.variant == "a"].iloc[0]
+    assert a.x_mean == 4.0 and a.seeds == 2 and "missing_mean" not in agg.columns
+    r = common.paired_ratio(runs, ["batch"], "x", "a", "b").iloc[0]
+    assert r.ratio_mean == pytest.approx(2.5) and r.seeds == 2  # (2/1 + 6/2) / 2
+
+
+def test_md_table_and_pm():
+    text = common.md_table([{"a": 1.23456, "b": "x|y"}])
+    assert text.splitlines()[0] == "| a | b |"
+    assert "1.235" in text and "x\\|y" in text
+    assert common.pm(1.0, 0.5, 2, "x") == "1.00 ± 0.50x"
+    assert common.pm(1.0, float("nan"), 1) == "1.0"
+    assert common.pm(float("nan")) == "n/a"
+
+
+def test_run_all_updates_doc_table(tmp_path):
+    pd.DataFrame(
+        [
+            {
+                "claim": "c",
+                "metric": "m",
+                "paper": "4.3x",
+                "ours": "1.5x",
+                "ours_mean": 1.5,
+                "ours_std": 0.1,
+                "experiment": "coding_act",
+                "command": "python experiments/coding_act.py",
+            }
+        ]
+    ).to_csv(tmp_path / "coding_act.claims.csv", index=False)
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"intro\n{run_all.BEGIN}\nold\n{run_all.END}\noutro\n")
+    assert run_all.update_doc(tmp_path, doc)
+    text = doc.read_text()
+    assert "old" not in text and "| 1 | c (m) | 4.3x | 1.5x |" in text
+    assert text.startswith("intro") and text.endswith("outro\n")
