@@ -30,6 +30,7 @@ EXPERIMENTS = [
     "step_time",
     "fixed_dop",
     "scheduler_overhead",
+    "fidelity",  # live: needs the Docker engine (scripts/ensure-docker.sh), ~4 min
 ]
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 

@@ -367,6 +367,21 @@ class Scheduler:
             self._retry_memory_waiters(ctx)
         return self._run(ctx)
 
+    def withdraw(self, action_id: str, now: float) -> bool:
+        """Take back a queued action (its client cancelled it or timed out waiting).
+
+        It leaves the queue with no decision and frees nothing (it held nothing). False when
+        it is not waiting: already started, ended, or never submitted.
+        """
+        self.now = max(self.now, now)
+        if self.waiting_for_memory.pop(action_id, None) is not None:
+            return True
+        domain = self.domain_of.get(action_id)
+        if domain is None:
+            return False
+        self._dequeue(self.queues[domain].live[action_id])
+        return True
+
     def tick(self, now: float) -> list[Decision]:
         """A wake-up the scheduler asked for (``next_wakeup``): rate tokens may be free now."""
         ctx = self._begin(now)

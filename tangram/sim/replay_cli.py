@@ -13,10 +13,16 @@ submission time and the queueing, overhead and execution times it had. The repla
    folded into each GPU call's duration;
 4. takes execution times either from what was observed (``--durations observed``, default:
    each action's curve rescaled so that T(units granted live) = observed execution) or from
-   the curves the clients declared (``--durations curve``: the simulator's own prediction);
+   the curves the clients declared (``--durations curve``: the simulator's own prediction),
+   then with the spread of the observed times around the curves as the simulator's
+   log-normal execution noise (``exec_noise_sigma``, measured; ``--exec-noise`` overrides),
+   since queues grow with the variance of service times, not only with their mean; with
+   noise the simulation runs ``--runs`` times (seeds) and its percentiles are averaged;
 5. reports ACT percentiles (p50, p90, p95, p99, mean) live and simulated, and the relative
    error (sim - live) / live of each, overall and per resource.
 
+GPUs start cold, as EOE does, unless the header lists services resident when the recording
+began (``gpu_residency_at_start``, after a warm-up): then the simulator starts warm.
 Trajectory memory is left out of the replay: live, a container's memory is reserved when the
 trajectory opens, before its actions arrive, so it never delays an action; the open-loop
 simulator would reserve it at the first action instead.
@@ -59,6 +65,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--grant-s", type=float, help="override the CPU overhead per action (s)")
     p.add_argument("--api-call-s", type=float, help="override the API overhead per call (s)")
+    p.add_argument(
+        "--runs",
+        type=int,
+        default=10,
+        help="simulations averaged when execution noise is on (default 10)",
+    )
+    p.add_argument(
+        "--exec-noise",
+        type=float,
+        help="log-normal sigma of execution around the curves (default: measured with "
+        "--durations curve, 0 with observed)",
+    )
     add_json_flag(p)
     p.set_defaults(func=main)
 
@@ -73,6 +91,9 @@ class Measured:
     h2d_gbps: float | None
     restore_fixed_s: float | None
     eviction_s: float
+    #: Spread of the observed execution times around the declared curves: the standard
+    #: deviation of log(observed / declared) (the simulator's ``exec_noise_sigma``).
+    exec_noise_sigma: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -90,6 +111,8 @@ class ReplayReport:
     error: dict[str, float]
     by_resource: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     parts: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: Simulations averaged (several seeds when execution noise is on).
+    sim_runs: int = 1
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -123,6 +146,11 @@ def measure(trace: Any) -> Measured:
         h2d = (eoe["bytes_restored"] / (1 << 30)) / eoe["restore_s"]
         fixed = 0.0
     evictions = eoe.get("evictions") or 0
+    logs = [
+        math.log(r.obs_exec_s / r.curve_object().duration(r.obs_units))
+        for r in ran
+        if (r.obs_exec_s or 0.0) > 0 and r.obs_units is not None
+    ]
     return Measured(
         cpu_overhead_s=statistics.fmean(cpu) if cpu else 0.0,
         api_overhead_s=statistics.fmean(api) if api else 0.0,
@@ -130,6 +158,7 @@ def measure(trace: Any) -> Measured:
         h2d_gbps=h2d,
         restore_fixed_s=fixed,
         eviction_s=(eoe.get("evict_s", 0.0) / evictions) if evictions else 0.01,
+        exec_noise_sigma=statistics.pstdev(logs) if len(logs) > 1 else 0.0,
     )
 
 
@@ -198,8 +227,13 @@ def replay(
     durations: str = "observed",
     grant_s: float | None = None,
     api_call_s: float | None = None,
+    exec_noise: float | None = None,
+    runs: int = 10,
 ) -> ReplayReport:
-    """Replay a live trace and compare its ACTs with the simulation's."""
+    """Replay a live trace and compare its ACTs with the simulation's.
+
+    With execution noise the simulation is run ``runs`` times (seeds 0..runs-1) and its
+    percentiles are averaged: a prediction, not one random draw."""
     from tangram.core.cluster_file import load_cluster, parse_cluster
     from tangram.sim.config import Overheads, RolloutConfig, SimConfig
     from tangram.sim.driver import simulate
@@ -234,16 +268,33 @@ def replay(
         container_start_s=0.0,
         eviction_s=measured.eviction_s,
         api_call_s=measured.api_overhead_s if api_call_s is None else api_call_s,
+        exec_noise_sigma=(
+            exec_noise
+            if exec_noise is not None
+            else (measured.exec_noise_sigma if durations == "curve" else 0.0)
+        ),
     )
-    config = SimConfig(
-        policy=policy, overheads=overheads, rollout=RolloutConfig(mode="open"), timeline=False
-    )
-    frame = actions_frame(simulate(sim_trace, spec, config))
-    sim_rows = frame[frame["outcome"] == "result"].set_index("action_id")
+    noisy = overheads.exec_noise_sigma > 0
+    frames = []
+    for seed in range(runs if noisy else 1):
+        config = SimConfig(
+            policy=policy,
+            seed=seed,
+            overheads=overheads,
+            rollout=RolloutConfig(mode="open"),
+            timeline=False,
+            # Live, EOE starts with no service resident unless the recording began after a
+            # warm-up (the header says which services were resident then).
+            warm_gpus=bool(meta.get("gpu_residency_at_start")),
+        )
+        frame = actions_frame(simulate(sim_trace, spec, config))
+        frames.append(frame[frame["outcome"] == "result"].set_index("action_id"))
     live_rows = {
         r.action_id: r
         for r in trace.rows
-        if r.obs_outcome == "result" and r.obs_units is not None and r.action_id in sim_rows.index
+        if r.obs_outcome == "result"
+        and r.obs_units is not None
+        and all(r.action_id in f.index for f in frames)
     }
     if not live_rows:
         raise ValueError(f"{trace_path}: no action ended with a result both live and simulated")
@@ -252,14 +303,19 @@ def replay(
     def live_act(r: Any) -> float:
         return (r.obs_queue_s or 0.0) + (r.obs_overhead_s or 0.0) + (r.obs_exec_s or 0.0)
 
+    def sim_stats(sub: list[str]) -> dict[str, float]:
+        """Percentiles of the simulated ACTs, averaged over the noise seeds."""
+        each = [percentiles([float(f.at[i, "act_s"]) for i in sub]) for f in frames]
+        return {k: statistics.fmean(e[k] for e in each) for k in each[0]}
+
     live = percentiles([live_act(live_rows[i]) for i in ids])
-    sim = percentiles([float(sim_rows.at[i, "act_s"]) for i in ids])
+    sim = sim_stats(ids)
     by_resource = {}
     for resource in ("cpu", "gpu", "api"):
         sub = [i for i in ids if live_rows[i].resource == resource]
         if sub:
             lv = percentiles([live_act(live_rows[i]) for i in sub])
-            sv = percentiles([float(sim_rows.at[i, "act_s"]) for i in sub])
+            sv = sim_stats(sub)
             by_resource[resource] = {
                 "actions": {"n": float(len(sub))},
                 "live": lv,
@@ -273,9 +329,10 @@ def replay(
             "exec_mean_s": statistics.fmean(live_rows[i].obs_exec_s or 0.0 for i in ids),
         },
         "sim": {
-            "queue_mean_s": float(sim_rows.loc[ids, "queue_s"].mean()),
-            "overhead_mean_s": float(sim_rows.loc[ids, "overhead_s"].mean()),
-            "exec_mean_s": float(sim_rows.loc[ids, "exec_s"].mean()),
+            f"{part}_mean_s": statistics.fmean(
+                float(f.loc[ids, f"{part}_s"].mean()) for f in frames
+            )
+            for part in ("queue", "overhead", "exec")
         },
     }
     return ReplayReport(
@@ -290,6 +347,7 @@ def replay(
         error=relative_error(sim, live),
         by_resource=by_resource,
         parts=parts,
+        sim_runs=len(frames),
     )
 
 
@@ -301,6 +359,8 @@ def main(args: argparse.Namespace) -> int:
         durations=args.durations,
         grant_s=args.grant_s,
         api_call_s=args.api_call_s,
+        exec_noise=args.exec_noise,
+        runs=args.runs,
     )
     rows = []
     for name, block in [("all", {"live": report.live, "sim": report.sim, "error": report.error})]:

@@ -229,3 +229,13 @@ def test_k8s_pods_are_requested_when_trajectories_open_and_granted_fcfs():
     sched.finish("c1", 2.0)
     [c] = sched.close_trajectory("B", 3.0)  # B never ran an action, yet held its pod until now
     assert c.action.id == "c0" and c.time == 3.0
+
+
+def test_a_queued_action_can_be_withdrawn_and_never_starts():
+    sched = Scheduler(ClusterSpec("one", (CpuNodeSpec("n", 1, 1, 64.0),)), make_policy("tangram"))
+    sched.submit(cpu(0, traj="A"), 0.0)
+    assert sched.submit(cpu(1, traj="B"), 0.0) == []
+    assert sched.withdraw("c1", 0.5) is True
+    assert sched.withdraw("c1", 0.5) is False  # not waiting any more
+    assert sched.withdraw("c0", 0.5) is False  # running: too late
+    assert sched.finish("c0", 1.0) == [] and sched.queued == 0

@@ -1,0 +1,120 @@
+"""The API executor: a registry of callables per endpoint, called when the scheduler allows.
+
+Concurrency and rate quotas are the scheduler core's (the cluster's ``[[api]]`` entries); this
+module only carries out the calls. A callable takes the action's payload and returns a
+JSON-able value; it may be a coroutine function (awaited on the loop) or a plain function
+(run on a small thread pool). ``builtin_endpoints()`` gives the demo endpoints ``echo`` and
+``search``; ``http_endpoint(url)`` forwards payloads to an HTTP service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from tangram.exec.runtime.records import ErrorInfo
+from tangram.exec.runtime.result import ExecResult
+
+ApiCallable = Callable[[Any], Awaitable[Any]] | Callable[[Any], Any]
+
+
+class ApiExecutor:
+    """Calls registered endpoint callables; exceptions become the action's error."""
+
+    def __init__(self, endpoints: Mapping[str, ApiCallable] | None = None) -> None:
+        self._endpoints: dict[str, ApiCallable] = dict(endpoints or {})
+        self._pool: ThreadPoolExecutor | None = None
+
+    def register(self, name: str, fn: ApiCallable) -> None:
+        if not callable(fn):
+            raise TypeError(f"endpoint {name!r}: expected a callable, got {type(fn).__name__}")
+        self._endpoints[name] = fn
+
+    def endpoints(self) -> tuple[str, ...]:
+        return tuple(sorted(self._endpoints))
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._endpoints
+
+    async def run(self, endpoint: str, payload: Any) -> ExecResult:
+        fn = self._endpoints[endpoint]
+        t0 = time.perf_counter()
+        try:
+            if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+                getattr(fn, "__call__", None)  # noqa: B004 - callable objects with async __call__
+            ):
+                value = await fn(payload)
+            else:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(16, thread_name_prefix="tangram-api")
+                loop = asyncio.get_running_loop()
+                value = await loop.run_in_executor(self._pool, fn, payload)
+                if inspect.isawaitable(value):
+                    value = await value
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the endpoint's failure is this action's error
+            return ExecResult(
+                "error",
+                None,
+                ErrorInfo(
+                    "endpoint_failed", f"endpoint {endpoint!r} raised {type(exc).__name__}: {exc}"
+                ),
+                exec_s=time.perf_counter() - t0,
+            )
+        return ExecResult("result", value, None, exec_s=time.perf_counter() - t0)
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+# -- built-in endpoints ------------------------------------------------------------------------
+
+
+async def echo(payload: Any) -> Any:
+    """Returns its payload: a no-op endpoint for tests and the service benchmark."""
+    return payload
+
+
+async def search(payload: Any) -> Any:
+    """A stand-in for a web-search API: waits ``latency_s`` (default 50 ms) and returns
+    ``k`` fake hits for ``query``. Lets the API quota path run without a network."""
+    body = payload if isinstance(payload, Mapping) else {"query": payload}
+    latency = float(body.get("latency_s", 0.05))
+    if not 0 <= latency <= 60:
+        raise ValueError(f"latency_s must be in [0, 60], got {latency}")
+    await asyncio.sleep(latency)
+    query = str(body.get("query", ""))
+    k = int(body.get("k", 3))
+    rng = random.Random(query)
+    return {
+        "query": query,
+        "hits": [{"title": f"{query} #{i}", "score": round(rng.random(), 4)} for i in range(k)],
+    }
+
+
+def builtin_endpoints() -> dict[str, ApiCallable]:
+    return {"echo": echo, "search": search}
+
+
+def http_endpoint(url: str, *, timeout_s: float = 60.0) -> ApiCallable:
+    """An endpoint that POSTs the payload as JSON to ``url`` and returns the JSON answer."""
+    import httpx
+
+    client: httpx.AsyncClient | None = None
+
+    async def call(payload: Any) -> Any:
+        nonlocal client
+        if client is None:
+            client = httpx.AsyncClient(timeout=timeout_s)
+        response = await client.post(url, json=payload)
+        response.raise_for_status()
+        return response.json()
+
+    return call

@@ -1,0 +1,307 @@
+"""Records of the live runtime: what a client asks for (``ActionSpec``), what it gets back
+(``Outcome``), and what a trajectory is (``TrajectoryInfo``).
+
+All are frozen: an outcome is handed to many readers (the waiting client, pollers, the trace
+recorder, the metrics) and none may change it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import pickle
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from tangram.core.curves import Amdahl, CurveError, ElasticityCurve, Inelastic, curve_from_dict
+from tangram.exec.runtime.errors import BadRequest
+
+Resource = Literal["cpu", "gpu", "api"]
+Status = Literal["result", "error", "timeout"]
+STATUSES: tuple[str, ...] = ("result", "error", "timeout")
+
+
+@dataclass(frozen=True)
+class CpuWork:
+    """A shell command (or argv) run in the trajectory's container on the granted cores.
+
+    The command sees ``TANGRAM_CORES`` (and ``OMP_NUM_THREADS``) set to the cores granted, so
+    it can size its own parallelism (``make -j$TANGRAM_CORES``).
+    """
+
+    command: str | tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    max_output_bytes: int | None = None
+
+    resource = "cpu"
+
+
+@dataclass(frozen=True)
+class GpuWork:
+    """One call of a registered EOE service (reward model, teacher) on ``inputs``."""
+
+    service: str
+    inputs: Any
+
+    resource = "gpu"
+
+
+@dataclass(frozen=True)
+class ApiWork:
+    """One call of an API endpoint (an async callable registered under ``endpoint``)."""
+
+    endpoint: str
+    payload: Any = None
+
+    resource = "api"
+
+
+Work = CpuWork | GpuWork | ApiWork
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    """One action as a client submits it.
+
+    ``id`` makes a submission idempotent: sending the same id again returns the first
+    submission's action (never a second run); None lets the runtime pick one. ``trajectory`` is
+    required for CPU work (the container it runs in) and optional for GPU and API work.
+    ``max_units``, ``t1_s`` and ``serial_fraction``/``curve`` are the client's estimate of how
+    the action scales: the scheduler's elasticity curve (inelastic when neither is given).
+    ``timeout_s`` bounds the whole action, queueing included (None: the runtime's default).
+    """
+
+    work: Work
+    id: str | None = None
+    trajectory: str | None = None
+    max_units: int = 1
+    t1_s: float = 1.0
+    serial_fraction: float | None = None
+    curve: Mapping[str, Any] | None = None
+    timeout_s: float | None = None
+    task: str = "live"
+    kind: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.work, CpuWork | GpuWork | ApiWork):
+            raise BadRequest(
+                f"work must be CpuWork, GpuWork or ApiWork, got {type(self.work).__name__}"
+            )
+        if self.id is not None:
+            check_id("id", self.id)
+        if self.trajectory is not None:
+            check_id("trajectory", self.trajectory)
+        if isinstance(self.max_units, bool) or not isinstance(self.max_units, int):
+            raise BadRequest(f"max_units must be an integer >= 1, got {self.max_units!r}")
+        if self.max_units < 1:
+            raise BadRequest(f"max_units must be >= 1, got {self.max_units}")
+        if not _positive(self.t1_s):
+            raise BadRequest(f"t1_s must be a positive number of seconds, got {self.t1_s!r}")
+        if self.timeout_s is not None and not _positive(self.timeout_s):
+            raise BadRequest(
+                f"timeout_s must be a positive number of seconds, got {self.timeout_s!r}"
+            )
+        if self.serial_fraction is not None and self.curve is not None:
+            raise BadRequest("give serial_fraction or curve, not both")
+        if isinstance(self.work, CpuWork):
+            cmd = self.work.command
+            if isinstance(cmd, str) and not cmd.strip():
+                raise BadRequest("command is empty")
+            if not isinstance(cmd, str) and (not cmd or not all(isinstance(a, str) for a in cmd)):
+                raise BadRequest("command must be a string or a non-empty list of strings")
+        if not isinstance(self.task, str) or not self.task:
+            raise BadRequest(f"task must be a non-empty string, got {self.task!r}")
+        if self.kind is not None and (not isinstance(self.kind, str) or not self.kind):
+            raise BadRequest(f"kind must be a non-empty string, got {self.kind!r}")
+        self.elasticity()  # raises BadRequest for a bad curve
+
+    @property
+    def resource(self) -> Resource:
+        return self.work.resource  # type: ignore[return-value]
+
+    @property
+    def service(self) -> str | None:
+        if isinstance(self.work, GpuWork):
+            return self.work.service
+        if isinstance(self.work, ApiWork):
+            return self.work.endpoint
+        return None
+
+    def label(self) -> str:
+        """The action's kind for reports: given, else the service or endpoint, else ``command``."""
+        return self.kind or self.service or "command"
+
+    def elasticity(self) -> ElasticityCurve:
+        """The scheduler's curve for this action (API work is always inelastic)."""
+        try:
+            if self.resource == "api":
+                if self.serial_fraction is not None or (
+                    self.curve is not None and self.curve.get("kind") != "inelastic"
+                ):
+                    raise BadRequest("an api action is inelastic: leave serial_fraction/curve out")
+                return Inelastic(self.t1_s)
+            if self.serial_fraction is not None:
+                return Amdahl(self.t1_s, self.serial_fraction)
+            if self.curve is not None:
+                if not isinstance(self.curve, Mapping):
+                    raise BadRequest(f"curve must be an object, got {type(self.curve).__name__}")
+                return curve_from_dict(self.curve)
+            return Inelastic(self.t1_s)
+        except (CurveError, TypeError, ValueError) as exc:
+            if isinstance(exc, BadRequest):
+                raise
+            raise BadRequest(f"bad elasticity: {exc}") from None
+
+    def fingerprint(self) -> str:
+        """A digest of everything but the id: equal for a retry of the same submission."""
+        work = self.work
+        body = {
+            "resource": self.resource,
+            "trajectory": self.trajectory,
+            "max_units": self.max_units,
+            "t1_s": self.t1_s,
+            "serial_fraction": self.serial_fraction,
+            "curve": dict(self.curve) if self.curve is not None else None,
+            "timeout_s": self.timeout_s,
+            "task": self.task,
+            "kind": self.kind,
+        }
+        if isinstance(work, CpuWork):
+            body["work"] = [work.command, dict(work.env), work.max_output_bytes]
+        elif isinstance(work, GpuWork):
+            body["work"] = [work.service, _digest(work.inputs)]
+        else:
+            body["work"] = [work.endpoint, _digest(work.payload)]
+        return hashlib.sha256(_dump(body).encode()).hexdigest()
+
+
+def _positive(value: Any) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
+
+
+def check_id(name: str, value: Any) -> str:
+    """Ids are 1..128 printable characters without '/' (they appear in URLs and file names)."""
+    if not isinstance(value, str) or not value:
+        raise BadRequest(f"{name} must be a non-empty string, got {value!r}")
+    if len(value) > 128:
+        raise BadRequest(f"{name} must be at most 128 characters, got {len(value)}")
+    if "/" in value or not value.isprintable() or value.strip() != value:
+        raise BadRequest(
+            f"{name} {value!r} must be printable, without '/' or surrounding whitespace"
+        )
+    return value
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=repr)
+
+
+def _digest(value: Any) -> str:
+    """A stable digest of inputs: their JSON, with tensors and arrays as nested lists; the
+    pickle of anything else."""
+    try:
+        text = json.dumps(_plain(value), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+    except (TypeError, ValueError):
+        pass
+    try:
+        return hashlib.sha256(pickle.dumps(value)).hexdigest()
+    except Exception:  # noqa: BLE001 - unpicklable inputs: never equal to another submission
+        return f"unhashable-{id(value)}"
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "tolist") and callable(value.tolist):  # torch tensors, numpy arrays
+        return {"__array__": value.tolist(), "dtype": str(getattr(value, "dtype", ""))}
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What a CPU command printed and how it exited (output decoded as UTF-8, bad bytes
+    replaced). A non-zero exit (a failing test, a crash, an out-of-memory kill) is a result,
+    not an error: for an agent it is data. ``message`` says what the exit means when it is
+    not 0 (e.g. "killed by the out-of-memory killer")."""
+
+    stdout: str
+    stderr: str
+    exit_code: int | None
+    message: str | None = None
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    """Why an action did not produce a result: a stable ``code`` and a message for people."""
+
+    code: str
+    message: str
+    retryable: bool = False
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Where an action's time went (seconds). ``act_s = queue_s + overhead_s + exec_s``.
+
+    ``queue_s``: from submission until the scheduler started it, plus any wait inside the
+    executor; ``exec_s``: the command / call itself as the executor measured it;
+    ``overhead_s``: the rest (thread hand-off, cgroup grant and revoke, GPU restore or
+    eviction, reporting the completion back).
+    """
+
+    queue_s: float
+    overhead_s: float
+    exec_s: float
+    act_s: float
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Exactly one per accepted action: its result, or why it has none, and its timings.
+
+    Times ``arrival_s``, ``start_s`` and ``end_s`` are seconds on the runtime's clock (since
+    it started). ``start_s``/``units``/``node`` are None for an action that never started.
+    """
+
+    action_id: str
+    trajectory: str | None
+    resource: Resource
+    status: Status
+    value: Any
+    error: ErrorInfo | None
+    timings: Timings
+    arrival_s: float
+    start_s: float | None
+    end_s: float
+    units: int | None = None
+    node: str | None = None
+    cores: tuple[int, ...] = ()
+    gpus: tuple[int, ...] = ()
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "result"
+
+
+@dataclass(frozen=True)
+class TrajectoryInfo:
+    """An open trajectory: its CPU node and container (None for a trajectory without one)."""
+
+    id: str
+    node: str | None
+    container: str | None
+    memory_gb: float
+    image: str | None
+    opened_at_s: float
+    ephemeral: bool = False

@@ -1,0 +1,30 @@
+"""``ExecResult``: what an executor adapter hands back to the runtime for one started action."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tangram.exec.runtime.records import ErrorInfo, Status
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """One executor run: the status, the value or error, and the executor's own timings.
+
+    ``exec_s`` is the command or call itself; ``wait_s`` time the executor spent waiting
+    (container lock, busy GPUs) which the runtime counts as queueing; everything else between
+    the scheduler's start and the completion is overhead.
+    """
+
+    status: Status
+    value: Any = None
+    error: ErrorInfo | None = None
+    exec_s: float = 0.0
+    wait_s: float = 0.0
+    #: Executor facts for the trace and metrics (e.g. ``restored`` GPUs, ``evicted``).
+    detail: dict[str, Any] | None = None
+
+
+def failed(code: str, message: str, *, exec_s: float = 0.0, retryable: bool = False) -> ExecResult:
+    return ExecResult("error", None, ErrorInfo(code, message, retryable), exec_s=exec_s)

@@ -1,0 +1,281 @@
+"""The HTTP API of a Tangram service (aiohttp): trajectories, actions, status, metrics, trace,
+and SandboxFusion's ``/run_code``. ``docs/live.md`` is the reference.
+
+Every error is a JSON document ``{"error": {"code", "message", "retryable"}}`` with an HTTP
+status that says who should act: 400 a malformed request, 401 a missing or wrong token, 404
+an unknown trajectory or action, 409 a conflict (an id reused for something else, a running
+action that cannot be cancelled), 429 admission control (retry after ``Retry-After``
+seconds; nothing was accepted), 503 the node is full now or the service is shutting down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import math
+import tempfile
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from tangram.exec.runtime import Runtime
+from tangram.exec.runtime.errors import (
+    BadRequest,
+    CapacityShort,
+    Conflict,
+    ExecutorMissing,
+    LiveError,
+    NotCancellable,
+    Overloaded,
+    ShuttingDown,
+    UnknownAction,
+    UnknownTrajectory,
+)
+from tangram.exec.service.metrics import CONTENT_TYPE, ServiceMetrics
+from tangram.exec.service.sandbox_fusion import (
+    RunCodeSettings,
+    parse_run_code,
+    run_code,
+    sandbox_error,
+)
+from tangram.exec.service.schema import (
+    error_doc,
+    parse_action,
+    parse_trajectory,
+    state_doc,
+    trajectory_doc,
+)
+
+log = logging.getLogger(__name__)
+
+#: HTTP status of each runtime error.
+STATUS: dict[type[LiveError], int] = {
+    BadRequest: 400,
+    UnknownTrajectory: 404,
+    UnknownAction: 404,
+    Conflict: 409,
+    NotCancellable: 409,
+    Overloaded: 429,
+    CapacityShort: 503,
+    ShuttingDown: 503,
+    ExecutorMissing: 501,
+}
+
+RUNTIME_KEY = web.AppKey("runtime", Runtime)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+#: Paths served without a token (liveness probes).
+OPEN_PATHS = frozenset({"/healthz"})
+
+
+def error_response(exc: LiveError) -> web.Response:
+    status = next((s for cls, s in STATUS.items() if isinstance(exc, cls)), 500)
+    headers = {}
+    retry = getattr(exc, "retry_after_s", None)
+    if retry is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(retry)))
+        headers["X-Retry-After-S"] = f"{retry:.3f}"
+    return web.json_response(
+        error_doc(exc.code, exc.message, exc.retryable), status=status, headers=headers
+    )
+
+
+class ServiceApp:
+    """Builds the aiohttp application around a started ``Runtime``.
+
+    ``token``: when set, every request but ``/healthz`` needs ``Authorization: Bearer TOKEN``
+    (or ``X-Tangram-Token``). ``trace_path``: where ``POST /v1/trace`` writes. ``max_wait_s``
+    caps how long one request may wait for an outcome (a longer ``wait`` answers 202 and the
+    client polls).
+    """
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        *,
+        token: str | None = None,
+        trace_path: Path | None = None,
+        run_code_settings: RunCodeSettings | None = None,
+        max_wait_s: float = 300.0,
+    ) -> None:
+        self.runtime = runtime
+        self.token = token
+        self.trace_path = trace_path
+        self.run_code_settings = run_code_settings or RunCodeSettings()
+        self.max_wait_s = max_wait_s
+        self.metrics = ServiceMetrics(runtime)
+
+    def build(self) -> web.Application:
+        app = web.Application(
+            middlewares=[self._errors, self._auth], client_max_size=64 * 1024 * 1024
+        )
+        app[RUNTIME_KEY] = self.runtime
+        r = app.router
+        r.add_get("/healthz", self.healthz)
+        r.add_get("/v1/status", self.status)
+        r.add_get("/metrics", self.metrics_text)
+        r.add_post("/v1/trajectories", self.open_trajectory)
+        r.add_get("/v1/trajectories", self.list_trajectories)
+        r.add_get("/v1/trajectories/{id}", self.get_trajectory)
+        r.add_delete("/v1/trajectories/{id}", self.close_trajectory)
+        r.add_post("/v1/trajectories/{id}/recreate", self.recreate_trajectory)
+        r.add_post("/v1/actions", self.submit)
+        r.add_get("/v1/actions/{id}", self.get_action)
+        r.add_delete("/v1/actions/{id}", self.cancel)
+        r.add_get("/v1/trace", self.get_trace)
+        r.add_post("/v1/trace", self.save_trace)
+        r.add_post("/run_code", self.run_code)
+        return app
+
+    # -- middlewares ----------------------------------------------------------------------
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except LiveError as exc:
+            return error_response(exc)
+        except web.HTTPException as exc:
+            if exc.status >= 400 and exc.content_type != "application/json":
+                return web.json_response(
+                    error_doc("http_" + str(exc.status), exc.reason), status=exc.status
+                )
+            raise
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise  # the client went away: nothing to answer
+        except Exception as exc:
+            log.exception("%s %s failed", request.method, request.path)
+            return web.json_response(
+                error_doc("internal", f"internal error: {type(exc).__name__}: {exc}"), status=500
+            )
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if self.token is None or request.path in OPEN_PATHS:
+            return await handler(request)
+        given = request.headers.get("X-Tangram-Token", "")
+        auth = request.headers.get("Authorization", "")
+        if auth.startswith("Bearer "):
+            given = auth[len("Bearer ") :]
+        if not hmac.compare_digest(given.encode(), self.token.encode()):
+            return web.json_response(
+                error_doc(
+                    "unauthorized",
+                    "missing or wrong token: send 'Authorization: Bearer TOKEN'",
+                ),
+                status=401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        return await handler(request)
+
+    # -- helpers --------------------------------------------------------------------------
+
+    @staticmethod
+    async def _body(request: web.Request, *, optional: bool = False) -> Any:
+        text = await request.text()
+        if not text.strip():
+            if optional:
+                return None
+            raise BadRequest("the request body is empty; send a JSON object")
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+
+    def _wait_s(self, wait: float | None) -> float | None:
+        if wait is None:
+            return None
+        return min(wait, self.max_wait_s)
+
+    # -- handlers -------------------------------------------------------------------------
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"ok": not self.runtime.closing})
+
+    async def status(self, request: web.Request) -> web.Response:
+        doc = self.runtime.status()
+        doc["residency"] = {k: list(v) for k, v in doc["residency"].items()}
+        return web.json_response(doc)
+
+    async def metrics_text(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def open_trajectory(self, request: web.Request) -> web.Response:
+        args = parse_trajectory(await self._body(request, optional=True))
+        info = await self.runtime.open_trajectory(**args)
+        return web.json_response(trajectory_doc(info), status=201)
+
+    async def list_trajectories(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {"trajectories": [trajectory_doc(t) for t in self.runtime.trajectories()]}
+        )
+
+    async def get_trajectory(self, request: web.Request) -> web.Response:
+        return web.json_response(trajectory_doc(self.runtime.trajectory(request.match_info["id"])))
+
+    async def close_trajectory(self, request: web.Request) -> web.Response:
+        info = await self.runtime.close_trajectory(request.match_info["id"])
+        return web.json_response({**trajectory_doc(info), "closed": True})
+
+    async def recreate_trajectory(self, request: web.Request) -> web.Response:
+        info = await self.runtime.recreate_trajectory(request.match_info["id"])
+        return web.json_response(trajectory_doc(info))
+
+    async def submit(self, request: web.Request) -> web.Response:
+        spec, wait = parse_action(await self._body(request))
+        action_id = await self.runtime.submit(spec)
+        return await self._answer(action_id, self._wait_s(wait))
+
+    async def get_action(self, request: web.Request) -> web.Response:
+        wait = request.query.get("wait")
+        seconds = None
+        if wait is not None:
+            try:
+                seconds = float(wait)
+            except ValueError:
+                raise BadRequest(f"query 'wait': expected seconds, got {wait!r}") from None
+            if not seconds >= 0:
+                raise BadRequest(f"query 'wait': expected seconds >= 0, got {wait!r}")
+        return await self._answer(request.match_info["id"], self._wait_s(seconds))
+
+    async def _answer(self, action_id: str, wait: float | None) -> web.Response:
+        rt = self.runtime
+        outcome = await rt.result(action_id, 0.0 if wait is None else wait)
+        state = "done" if outcome is not None else rt.state(action_id)
+        return web.json_response(
+            state_doc(action_id, state, outcome), status=200 if outcome else 202
+        )
+
+    async def cancel(self, request: web.Request) -> web.Response:
+        outcome = await self.runtime.cancel(request.match_info["id"])
+        return web.json_response(state_doc(outcome.action_id, "done", outcome))
+
+    async def get_trace(self, request: web.Request) -> web.Response:
+        data = await asyncio.get_running_loop().run_in_executor(None, self._trace_bytes)
+        return web.Response(body=data, content_type="application/x-ndjson")
+
+    def _trace_bytes(self) -> bytes:
+        with tempfile.TemporaryDirectory(prefix="tangram-trace-") as tmp:
+            path = self.runtime.write_trace(Path(tmp) / "live.jsonl")
+            return path.read_bytes()
+
+    async def save_trace(self, request: web.Request) -> web.Response:
+        if self.trace_path is None:
+            raise Conflict(
+                "this service has no trace path: start it with --trace PATH, or download the "
+                "trace with GET /v1/trace"
+            )
+        loop = asyncio.get_running_loop()
+        path = await loop.run_in_executor(None, self.runtime.write_trace, self.trace_path)
+        return web.json_response({"path": str(path), "rows": len(self.runtime.recorder)})
+
+    async def run_code(self, request: web.Request) -> web.Response:
+        try:
+            req = parse_run_code(await self._body(request), self.run_code_settings)
+        except BadRequest as exc:
+            return web.json_response(sandbox_error(exc.message))
+        return web.json_response(await run_code(self.runtime, req, self.run_code_settings))

@@ -1,0 +1,302 @@
+"""``POST /run_code``: SandboxFusion's code-execution call, served by Tangram's CPU executor.
+
+verl's sandbox tool (and anything else written against SandboxFusion) can point its URL at a
+Tangram service unchanged. Each request runs in a fresh container (an ephemeral trajectory on
+the ``tangram-python`` image: Debian with python3 and bash) that is removed afterwards, as
+SandboxFusion runs each request in a fresh directory. The run is an ordinary action: the
+scheduler grants its cores, admission control bounds it, the trace records it.
+
+Request fields (JSON object):
+
+| field | type | supported | meaning |
+|---|---|---|---|
+| ``code`` | string | yes (required) | the program |
+| ``language`` | string | ``python``, ``bash`` | others answer ``SandboxError`` |
+| ``run_timeout`` | number | yes (default 10) | seconds the program may run (``timeout`` in the container) |
+| ``compile_timeout`` | number | accepted, unused | python and bash have no compile step |
+| ``memory_limit_MB`` | number | yes (-1 or absent: the service default) | the container's memory limit |
+| ``stdin`` | string or null | yes | the program's standard input |
+| ``files`` | object name -> base64 | yes | written under the working directory first |
+| ``fetch_files`` | list of paths | yes | read back after the run, base64, into ``files`` |
+| ``max_units`` | integer | Tangram extension | cores the run may use (default 1) |
+| others | | ignored | SandboxFusion's ``extra`` etc. |
+
+Response: ``{"status": "Success" | "Failed" | "SandboxError", "message": str,
+"compile_result": null, "run_result": {"status": "Finished" | "TimeLimitExceeded" | "Error",
+"execution_time": s, "return_code": int | null, "stdout": str, "stderr": str} | null,
+"executor_pod_name": null, "files": {path: base64}}``. ``Success`` means the program finished
+with return code 0; ``Failed`` a non-zero return code or the time limit; ``SandboxError`` a
+problem on Tangram's side (bad request, container failure). Admission control answers HTTP
+429 with ``Retry-After`` (verl's client retries 429).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+import posixpath
+import shlex
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tangram.exec.aoe.config import PYTHON_IMAGE
+from tangram.exec.runtime import ActionSpec, CommandResult, CpuWork, Outcome, Runtime
+from tangram.exec.runtime.errors import BadRequest
+
+LANGUAGES = {"python": ("main.py", "python3"), "bash": ("main.sh", "bash")}
+#: Largest base64 text sent in one shell command (the kernel caps one argument at 128 KiB).
+CHUNK_CHARS = 60_000
+#: Exit code of coreutils ``timeout`` when the limit fired.
+TIMEOUT_EXIT = 124
+
+
+@dataclass(frozen=True)
+class RunCodeSettings:
+    """Service-side defaults of ``/run_code``."""
+
+    image: str = PYTHON_IMAGE
+    memory_gb: float = 0.5
+    default_run_timeout_s: float = 10.0
+    max_run_timeout_s: float = 600.0
+    #: Seconds the run may wait for a container's memory or for cores, beyond its run time.
+    queue_allowance_s: float = 300.0
+
+
+def sandbox_error(message: str) -> dict[str, Any]:
+    return {
+        "status": "SandboxError",
+        "message": message,
+        "compile_result": None,
+        "run_result": None,
+        "executor_pod_name": None,
+        "files": {},
+    }
+
+
+@dataclass(frozen=True)
+class RunCodeRequest:
+    code: str
+    language: str
+    run_timeout_s: float
+    memory_gb: float
+    stdin: str | None
+    files: dict[str, bytes]
+    fetch_files: tuple[str, ...]
+    max_units: int
+
+
+def parse_run_code(body: Any, settings: RunCodeSettings) -> RunCodeRequest:
+    """Check a request; ``BadRequest`` names the field. Unsupported languages pass through
+    (the handler answers them with ``SandboxError``, as SandboxFusion does)."""
+    if not isinstance(body, Mapping):
+        raise BadRequest(f"the request must be a JSON object, got {type(body).__name__}")
+    code = body.get("code")
+    if not isinstance(code, str):
+        raise BadRequest("field 'code': required, a string")
+    language = body.get("language", "python")
+    if not isinstance(language, str):
+        raise BadRequest("field 'language': expected a string")
+    timeout = body.get("run_timeout", settings.default_run_timeout_s)
+    if timeout is None:
+        timeout = settings.default_run_timeout_s
+    if not _number(timeout) or timeout <= 0:
+        raise BadRequest(f"field 'run_timeout': expected seconds > 0, got {timeout!r}")
+    if timeout > settings.max_run_timeout_s:
+        raise BadRequest(
+            f"field 'run_timeout': at most {settings.max_run_timeout_s:g} s here, got {timeout}"
+        )
+    mem_mb = body.get("memory_limit_MB")
+    memory_gb = settings.memory_gb
+    if mem_mb is not None and mem_mb != -1:
+        if not _number(mem_mb) or mem_mb < 16:
+            raise BadRequest(
+                f"field 'memory_limit_MB': expected -1 or megabytes >= 16, got {mem_mb!r}"
+            )
+        memory_gb = mem_mb / 1024
+    stdin = body.get("stdin")
+    if stdin is not None and not isinstance(stdin, str):
+        raise BadRequest("field 'stdin': expected a string or null")
+    files: dict[str, bytes] = {}
+    raw_files = body.get("files") or {}
+    if not isinstance(raw_files, Mapping):
+        raise BadRequest("field 'files': expected an object of path -> base64 content")
+    for name, content in raw_files.items():
+        path = _safe_path(name, "files")
+        if not isinstance(content, str):
+            raise BadRequest(f"field 'files': content of {name!r} must be a base64 string")
+        try:
+            files[path] = base64.b64decode(content, validate=True)
+        except (binascii.Error, ValueError):
+            raise BadRequest(f"field 'files': content of {name!r} is not valid base64") from None
+    fetch = body.get("fetch_files") or []
+    if not isinstance(fetch, list) or not all(isinstance(p, str) for p in fetch):
+        raise BadRequest("field 'fetch_files': expected a list of paths")
+    units = body.get("max_units", 1)
+    if isinstance(units, bool) or not isinstance(units, int) or units < 1:
+        raise BadRequest(f"field 'max_units': expected an integer >= 1, got {units!r}")
+    return RunCodeRequest(
+        code=code,
+        language=language,
+        run_timeout_s=float(timeout),
+        memory_gb=float(memory_gb),
+        stdin=stdin,
+        files=files,
+        fetch_files=tuple(_safe_path(p, "fetch_files") for p in fetch),
+        max_units=units,
+    )
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _safe_path(name: Any, field: str) -> str:
+    """A relative path inside the working directory (no absolute paths, no '..')."""
+    if not isinstance(name, str) or not name:
+        raise BadRequest(f"field {field!r}: paths must be non-empty strings")
+    norm = posixpath.normpath(name)
+    if norm.startswith(("/", "..")) or "\0" in norm:
+        raise BadRequest(f"field {field!r}: {name!r} must be a relative path inside the sandbox")
+    return norm
+
+
+def _upload_commands(files: dict[str, bytes]) -> list[str]:
+    """Shell commands writing ``files`` (base64 in chunks the kernel accepts as arguments)."""
+    steps: list[str] = []
+    for path, data in files.items():
+        quoted = shlex.quote(path)
+        encoded = base64.b64encode(data).decode()
+        parent = posixpath.dirname(path)
+        prefix = f"mkdir -p {shlex.quote(parent)} && " if parent else ""
+        if not encoded:
+            steps.append(f"{prefix}: > {quoted}")
+            continue
+        for i in range(0, len(encoded), CHUNK_CHARS):
+            redirect = ">" if i == 0 else ">>"
+            steps.append(
+                f"{prefix if i == 0 else ''}printf %s {encoded[i : i + CHUNK_CHARS]} "
+                f"| base64 -d {redirect} {quoted}"
+            )
+    commands: list[str] = []
+    current: list[str] = []
+    size = 0
+    for step in steps:
+        if current and size + len(step) > 2 * CHUNK_CHARS:
+            commands.append(" && ".join(current))
+            current, size = [], 0
+        current.append(step)
+        size += len(step)
+    if current:
+        commands.append(" && ".join(current))
+    return commands
+
+
+async def run_code(runtime: Runtime, req: RunCodeRequest, settings: RunCodeSettings) -> dict:
+    """Run one request in a fresh container and answer in SandboxFusion's format."""
+    if req.language not in LANGUAGES:
+        return sandbox_error(
+            f"language {req.language!r} is not supported by Tangram's /run_code; "
+            f"supported: {', '.join(sorted(LANGUAGES))}"
+        )
+    source, interpreter = LANGUAGES[req.language]
+    files = dict(req.files)
+    files[source] = req.code.encode()
+    stdin_path = "/tmp/.tangram-stdin"
+    if req.stdin is not None:
+        files[stdin_path] = req.stdin.encode()
+    uploads = _upload_commands(files)
+    redirect = stdin_path if req.stdin is not None else "/dev/null"
+    t = req.run_timeout_s
+    run = f"timeout -k 1 {t:g} {interpreter} {source} < {redirect}"
+    budget = t + settings.queue_allowance_s
+    traj = f"run-code-{uuid.uuid4().hex[:12]}"
+    await runtime.open_trajectory(
+        traj,
+        memory_gb=req.memory_gb,
+        image=settings.image,
+        wait_s=settings.queue_allowance_s,
+        ephemeral=True,
+    )
+    try:
+        for step in uploads[:-1]:
+            setup = await runtime.run(
+                ActionSpec(CpuWork(step), trajectory=traj, kind="run_code_upload", t1_s=0.01)
+            )
+            if not setup.ok or setup.value.exit_code != 0:
+                return sandbox_error(f"writing the files failed: {_why(setup)}")
+        command = f"{uploads[-1]} && {run}" if uploads else run
+        outcome = await runtime.run(
+            ActionSpec(
+                CpuWork(command),
+                trajectory=traj,
+                kind="run_code",
+                max_units=req.max_units,
+                t1_s=max(0.01, min(t, 1.0)),
+                timeout_s=budget,
+                task="run_code",
+            )
+        )
+        answer = _answer(outcome, t)
+        if req.fetch_files and answer["status"] != "SandboxError":
+            answer["files"] = await _fetch(runtime, traj, req.fetch_files)
+        return answer
+    finally:
+        await runtime.close_trajectory(traj)
+
+
+def _why(outcome: Outcome) -> str:
+    if outcome.error is not None:
+        return outcome.error.message
+    value = outcome.value
+    if isinstance(value, CommandResult):
+        return f"exit code {value.exit_code}: {value.stderr.strip()[-500:]}"
+    return outcome.status
+
+
+def _answer(outcome: Outcome, run_timeout_s: float) -> dict[str, Any]:
+    value = outcome.value if isinstance(outcome.value, CommandResult) else None
+    if outcome.status == "timeout" and value is None:
+        value = CommandResult("", "", None, outcome.error.message if outcome.error else None)
+    if outcome.status == "error" or value is None:
+        return sandbox_error(f"the sandbox failed: {_why(outcome)}")
+    code = value.exit_code
+    limit_hit = outcome.status == "timeout" or code == TIMEOUT_EXIT
+    if code == 137 and outcome.timings.exec_s >= run_timeout_s:
+        limit_hit = True  # TERM ignored, KILL sent one second later
+    run_status = "TimeLimitExceeded" if limit_hit else "Finished"
+    ok = run_status == "Finished" and code == 0
+    return {
+        "status": "Success" if ok else "Failed",
+        "message": "" if ok else (value.message or run_status),
+        "compile_result": None,
+        "run_result": {
+            "status": run_status,
+            "execution_time": round(outcome.timings.exec_s, 6),
+            "return_code": code,
+            "stdout": value.stdout,
+            "stderr": value.stderr,
+        },
+        "executor_pod_name": None,
+        "files": {},
+    }
+
+
+async def _fetch(runtime: Runtime, traj: str, paths: tuple[str, ...]) -> dict[str, str]:
+    """Read files back (base64); a missing file is left out, as SandboxFusion does."""
+    found: dict[str, str] = {}
+    for path in paths:
+        outcome = await runtime.run(
+            ActionSpec(
+                CpuWork(f"test -f {shlex.quote(path)} && base64 -w0 {shlex.quote(path)}"),
+                trajectory=traj,
+                kind="run_code_fetch",
+                t1_s=0.01,
+            )
+        )
+        value = outcome.value
+        if outcome.ok and isinstance(value, CommandResult) and value.exit_code == 0:
+            found[path] = value.stdout.strip()
+    return found

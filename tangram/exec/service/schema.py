@@ -1,0 +1,236 @@
+"""The JSON of the HTTP API: requests to ``ActionSpec``s, outcomes and errors to documents.
+
+Requests are checked strictly (unknown fields are refused, types are checked) so that a typo
+fails with a message naming the field rather than being silently ignored. GPU inputs arrive
+as JSON (nested lists of numbers become tensors, see ``codec``) and results leave as JSON.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict
+from typing import Any
+
+from tangram.exec.runtime.errors import BadRequest
+from tangram.exec.runtime.records import (
+    ActionSpec,
+    ApiWork,
+    CommandResult,
+    CpuWork,
+    ErrorInfo,
+    GpuWork,
+    Outcome,
+    Timings,
+    TrajectoryInfo,
+)
+from tangram.exec.service.codec import decode_inputs, to_json
+
+#: Fields of ``POST /v1/actions``, by what they belong to.
+COMMON_FIELDS = {
+    "id",
+    "trajectory",
+    "resource",
+    "max_units",
+    "t1_s",
+    "serial_fraction",
+    "curve",
+    "timeout_s",
+    "task",
+    "kind",
+    "wait",
+}
+WORK_FIELDS = {
+    "cpu": {"command", "env", "max_output_bytes"},
+    "gpu": {"service", "inputs"},
+    "api": {"endpoint", "payload"},
+}
+TRAJECTORY_FIELDS = {"id", "memory_gb", "image", "wait_s"}
+
+
+def require_object(body: Any, what: str) -> Mapping[str, Any]:
+    if not isinstance(body, Mapping):
+        raise BadRequest(f"{what} must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def _typed(body: Mapping[str, Any], name: str, kind: type | tuple[type, ...], what: str) -> Any:
+    value = body.get(name)
+    if value is None:
+        return None
+    bad_bool = isinstance(value, bool) and bool not in (
+        kind if isinstance(kind, tuple) else (kind,)
+    )
+    if bad_bool or not isinstance(value, kind):
+        raise BadRequest(f"field {name!r}: expected {what}, got {type(value).__name__} {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise BadRequest(f"field {name!r}: must be finite, got {value!r}")
+    return value
+
+
+def resource_of(body: Mapping[str, Any]) -> str:
+    """The resource: given, or inferred from the one work field present."""
+    given = body.get("resource")
+    if given is not None:
+        if given not in WORK_FIELDS:
+            raise BadRequest(f"field 'resource': must be cpu, gpu or api, got {given!r}")
+        return str(given)
+    found = [r for r, names in WORK_FIELDS.items() if names & set(body) - {"env"}]
+    if len(found) != 1:
+        raise BadRequest(
+            "say what to run: exactly one of 'command' (cpu), 'service' + 'inputs' (gpu) or "
+            f"'endpoint' + 'payload' (api); got fields {sorted(body)}"
+        )
+    return found[0]
+
+
+def parse_action(body: Any) -> tuple[ActionSpec, float | None]:
+    """``POST /v1/actions`` body -> (spec, how long to wait for the outcome: None = not)."""
+    body = require_object(body, "an action")
+    resource = resource_of(body)
+    allowed = COMMON_FIELDS | WORK_FIELDS[resource]
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise BadRequest(
+            f"unknown field {unknown[0]!r} for a {resource} action; allowed: {sorted(allowed)}"
+        )
+    if resource == "cpu":
+        command = body.get("command")
+        if isinstance(command, list):
+            if not command or not all(isinstance(a, str) for a in command):
+                raise BadRequest("field 'command': a list must hold strings only")
+            command = tuple(command)
+        elif not isinstance(command, str):
+            raise BadRequest("field 'command': expected a string or a list of strings")
+        env = _typed(body, "env", dict, "an object of strings") or {}
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise BadRequest("field 'env': keys and values must be strings")
+        limit = _typed(body, "max_output_bytes", int, "an integer")
+        if limit is not None and limit < 1:
+            raise BadRequest(f"field 'max_output_bytes': must be >= 1, got {limit}")
+        work: CpuWork | GpuWork | ApiWork = CpuWork(command, env, limit)
+    elif resource == "gpu":
+        service = _typed(body, "service", str, "a string")
+        if not service:
+            raise BadRequest("field 'service': required for a gpu action")
+        if "inputs" not in body:
+            raise BadRequest("field 'inputs': required for a gpu action")
+        work = GpuWork(service, decode_inputs(body["inputs"]))
+    else:
+        endpoint = _typed(body, "endpoint", str, "a string")
+        if not endpoint:
+            raise BadRequest("field 'endpoint': required for an api action")
+        work = ApiWork(endpoint, body.get("payload"))
+    number = (int, float)
+    spec = ActionSpec(
+        work=work,
+        id=_typed(body, "id", str, "a string"),
+        trajectory=_typed(body, "trajectory", str, "a string"),
+        max_units=_typed(body, "max_units", int, "an integer") or 1,
+        t1_s=_typed(body, "t1_s", number, "a number") or 1.0,
+        serial_fraction=_typed(body, "serial_fraction", number, "a number"),
+        curve=_typed(body, "curve", dict, "a curve object"),
+        timeout_s=_typed(body, "timeout_s", number, "a number"),
+        task=_typed(body, "task", str, "a string") or "live",
+        kind=_typed(body, "kind", str, "a string"),
+    )
+    return spec, parse_wait(body.get("wait"))
+
+
+def parse_wait(value: Any) -> float | None:
+    """``wait``: true (until the outcome), false/absent (do not), or seconds."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return math.inf
+    if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    raise BadRequest(f"field 'wait': expected true, false or seconds >= 0, got {value!r}")
+
+
+def parse_trajectory(body: Any) -> dict[str, Any]:
+    body = require_object(body if body is not None else {}, "a trajectory")
+    unknown = sorted(set(body) - TRAJECTORY_FIELDS)
+    if unknown:
+        raise BadRequest(
+            f"unknown field {unknown[0]!r} for a trajectory; allowed: {sorted(TRAJECTORY_FIELDS)}"
+        )
+    return {
+        "trajectory": _typed(body, "id", str, "a string"),
+        "memory_gb": _typed(body, "memory_gb", (int, float), "a number"),
+        "image": _typed(body, "image", str, "a string"),
+        "wait_s": float(_typed(body, "wait_s", (int, float), "a number") or 0.0),
+    }
+
+
+# -- documents out -------------------------------------------------------------------------
+
+
+def error_doc(code: str, message: str, retryable: bool = False) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "retryable": retryable}}
+
+
+def outcome_doc(o: Outcome) -> dict[str, Any]:
+    """An ``Outcome`` as JSON (``result`` holds the value: for CPU work stdout, stderr and
+    exit_code; for GPU and API work what the service returned)."""
+    value = o.value
+    if isinstance(value, CommandResult):
+        result: Any = asdict(value)
+    else:
+        result = to_json(value)
+    return {
+        "id": o.action_id,
+        "trajectory": o.trajectory,
+        "resource": o.resource,
+        "status": o.status,
+        "result": result,
+        "error": asdict(o.error) if o.error else None,
+        "timings": {k: round(v, 6) for k, v in asdict(o.timings).items()},
+        "arrival_s": round(o.arrival_s, 6),
+        "start_s": None if o.start_s is None else round(o.start_s, 6),
+        "end_s": round(o.end_s, 6),
+        "units": o.units,
+        "node": o.node,
+        "cores": list(o.cores),
+        "gpus": list(o.gpus),
+        "reason": o.reason,
+    }
+
+
+def outcome_from_doc(doc: Mapping[str, Any]) -> Outcome:
+    """The client's view: an ``Outcome`` rebuilt from its JSON (value = the JSON result)."""
+    err = doc.get("error")
+    result = doc.get("result")
+    if doc.get("resource") == "cpu" and isinstance(result, Mapping) and "exit_code" in result:
+        result = CommandResult(
+            result["stdout"], result["stderr"], result["exit_code"], result.get("message")
+        )
+    return Outcome(
+        action_id=doc["id"],
+        trajectory=doc.get("trajectory"),
+        resource=doc["resource"],
+        status=doc["status"],
+        value=result,
+        error=ErrorInfo(**err) if err else None,
+        timings=Timings(**doc["timings"]),
+        arrival_s=doc["arrival_s"],
+        start_s=doc.get("start_s"),
+        end_s=doc["end_s"],
+        units=doc.get("units"),
+        node=doc.get("node"),
+        cores=tuple(doc.get("cores") or ()),
+        gpus=tuple(doc.get("gpus") or ()),
+        reason=doc.get("reason", ""),
+    )
+
+
+def trajectory_doc(t: TrajectoryInfo) -> dict[str, Any]:
+    return asdict(t)
+
+
+def state_doc(action_id: str, state: str, outcome: Outcome | None) -> dict[str, Any]:
+    return {
+        "id": action_id,
+        "state": state,
+        "outcome": outcome_doc(outcome) if outcome is not None else None,
+    }

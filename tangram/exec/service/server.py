@@ -1,0 +1,172 @@
+"""Running the service: ``serve`` (the CLI's foreground server) and ``ServiceThread`` (a
+server on a background thread with its own event loop, for tests, notebooks and benchmarks).
+
+Binding beyond loopback without a token is refused: anyone who can reach the port could run
+commands in the containers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from tangram.exec.runtime import Runtime
+from tangram.exec.service.app import ServiceApp
+from tangram.exec.service.sandbox_fusion import RunCodeSettings
+
+log = logging.getLogger(__name__)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_binding(host: str, token: str | None) -> None:
+    """Refuse to serve beyond loopback without a token (``ValueError`` says what to do)."""
+    if not is_loopback(host) and not token:
+        raise ValueError(
+            f"binding {host!r} exposes the service beyond this machine; give a token "
+            "(--token or TANGRAM_TOKEN) so that only its holders can run actions"
+        )
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    host: str = "127.0.0.1"
+    port: int = 8765
+    token: str | None = None
+    trace_path: Path | None = None
+    run_code: RunCodeSettings = RunCodeSettings()
+    max_wait_s: float = 300.0
+
+
+async def start_site(runtime: Runtime, opts: ServeOptions) -> tuple[web.AppRunner, str]:
+    """Start the runtime and an HTTP site for it; returns the runner and the base URL."""
+    check_binding(opts.host, opts.token)
+    await runtime.start()
+    app = ServiceApp(
+        runtime,
+        token=opts.token,
+        trace_path=opts.trace_path,
+        run_code_settings=opts.run_code,
+        max_wait_s=opts.max_wait_s,
+    ).build()
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
+    await runner.setup()
+    site = web.TCPSite(runner, opts.host, opts.port, backlog=4096, reuse_address=True)
+    await site.start()
+    port = opts.port
+    server = getattr(site, "_server", None)
+    if server is not None and server.sockets:
+        port = server.sockets[0].getsockname()[1]
+    host = f"[{opts.host}]" if ":" in opts.host else opts.host
+    return runner, f"http://{host}:{port}"
+
+
+async def serve(
+    runtime: Runtime, opts: ServeOptions, ready: Callable[[str], None] | None = None
+) -> None:
+    """Serve until SIGINT/SIGTERM, then shut the runtime down (trace written if configured)."""
+    runner, url = await start_site(runtime, opts)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    if ready is not None:
+        ready(url)
+    try:
+        await stop.wait()
+    finally:
+        await runtime.close()
+        await runner.cleanup()
+
+
+class ServiceThread:
+    """A service on a background thread: ``start()`` returns once it listens (``url``),
+    ``stop()`` shuts the runtime down and stops the loop.
+
+    ``make_runtime`` is called on the service's thread (executors are made there).
+    """
+
+    def __init__(self, make_runtime: Callable[[], Runtime], opts: ServeOptions | None = None):
+        self.make_runtime = make_runtime
+        self.opts = opts or ServeOptions(port=0)
+        self.url = ""
+        self.runtime: Runtime | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._stop: asyncio.Event | None = None
+
+    def start(self, timeout_s: float = 120.0) -> ServiceThread:
+        self._thread = threading.Thread(target=self._main, name="tangram-service", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout_s):
+            raise TimeoutError(f"the service did not start within {timeout_s} s")
+        if self._error is not None:
+            raise RuntimeError(f"the service failed to start: {self._error}") from self._error
+        return self
+
+    def _main(self) -> None:
+        loop = asyncio.new_event_loop()
+        self.loop = loop
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._run())
+        except BaseException as exc:  # noqa: BLE001 - reported to start()
+            self._error = exc
+            self._ready.set()
+        finally:
+            loop.close()
+
+    async def _run(self) -> None:
+        self._stop = asyncio.Event()
+        self.runtime = self.make_runtime()
+        runner, self.url = await start_site(self.runtime, self.opts)
+        self._ready.set()
+        try:
+            await self._stop.wait()
+        finally:
+            await self.runtime.close()
+            await runner.cleanup()
+
+    def call(self, fn: Callable[[], object], timeout_s: float = 60.0) -> object:
+        """Run ``fn`` (a coroutine function or a plain one) on the service's loop."""
+        assert self.loop is not None
+
+        async def wrapper() -> object:
+            result = fn()
+            if asyncio.iscoroutine(result):
+                result = await result
+            return result
+
+        return asyncio.run_coroutine_threadsafe(wrapper(), self.loop).result(timeout_s)
+
+    def stop(self, timeout_s: float = 120.0) -> None:
+        if self.loop is None or self._stop is None or self._thread is None:
+            return
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout_s)
+
+    def __enter__(self) -> ServiceThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,126 @@
+"""``tangram serve``: run the live runtime behind its HTTP API until interrupted.
+
+Without ``--cluster`` the cluster is this machine (``discover_cluster``): its cores and
+memory, its GPUs (NVML) or two CPU-backed devices, and the demo API endpoints. The service
+binds 127.0.0.1 unless told otherwise, and refuses any other address without a token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from tangram.report import add_json_flag
+
+TOKEN_ENV = "TANGRAM_TOKEN"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="run the live runtime (AOE, EOE, APIs) behind an HTTP API",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--cluster", help="bundled cluster name or TOML path (default: this machine)")
+    p.add_argument("--policy", default="tangram", help="scheduling policy (default: tangram)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0: any free)")
+    p.add_argument(
+        "--token",
+        default=None,
+        help=f"bearer token clients must send (default: ${TOKEN_ENV}); required off loopback",
+    )
+    p.add_argument(
+        "--max-pending",
+        type=int,
+        default=4096,
+        help="admission bound: actions accepted and not yet ended (default 4096)",
+    )
+    p.add_argument(
+        "--default-timeout-s",
+        type=float,
+        default=600.0,
+        help="time limit of actions that give none, queueing included (default 600)",
+    )
+    p.add_argument(
+        "--memory-gb", type=float, default=1.0, help="default container memory (default 1)"
+    )
+    p.add_argument("--trace", type=Path, help="write the run's trace here at shutdown (JSONL)")
+    p.add_argument("--no-cpu", action="store_true", help="no CPU executor (no Docker needed)")
+    p.add_argument("--no-gpu", action="store_true", help="no GPU executor (no torch needed)")
+    p.add_argument(
+        "--gpu-backend", default="auto", choices=("auto", "cpu", "cuda"), help="EOE backend"
+    )
+    p.add_argument(
+        "--api",
+        action="append",
+        default=[],
+        metavar="NAME=URL",
+        help="forward API endpoint NAME (declared in the cluster) to an HTTP URL; repeatable",
+    )
+    p.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tangram.core.cluster_file import load_cluster
+    from tangram.exec.runtime import RuntimeConfig, build_runtime, discover_cluster, http_endpoint
+    from tangram.exec.service.server import ServeOptions, check_binding, serve
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    token = args.token or os.environ.get(TOKEN_ENV) or None
+    check_binding(args.host, token)
+    if args.cluster:
+        cluster = load_cluster(args.cluster)
+    else:
+        cluster, _ = discover_cluster(gpus=not args.no_gpu, cpu=not args.no_cpu)
+    endpoints = {}
+    for item in args.api:
+        name, sep, url = item.partition("=")
+        if not sep or not name or not url.startswith(("http://", "https://")):
+            raise ValueError(f"--api {item!r}: expected NAME=http(s)://...")
+        endpoints[name] = http_endpoint(url)
+    config = RuntimeConfig(
+        policy=args.policy,
+        max_pending=args.max_pending,
+        default_timeout_s=args.default_timeout_s,
+        default_memory_gb=args.memory_gb,
+        trace_path=args.trace,
+    )
+    runtime = build_runtime(
+        cluster,
+        config,
+        cpu=not args.no_cpu,
+        gpu=not args.no_gpu,
+        gpu_backend=args.gpu_backend,
+        endpoints=endpoints,
+    )
+    opts = ServeOptions(host=args.host, port=args.port, token=token, trace_path=args.trace)
+
+    def ready(url: str) -> None:
+        info = {
+            "url": url,
+            "policy": args.policy,
+            "cluster": cluster.name,
+            "cpu": runtime.cpu.node.name if runtime.cpu else None,
+            "gpu": runtime.gpu.node.name if runtime.gpu else None,
+            "api": list(runtime.api.endpoints()),
+            "token": bool(token),
+        }
+        if args.json:
+            print(json.dumps(info), flush=True)
+        else:
+            print(f"tangram serve: listening on {url} ({json.dumps(info)})", flush=True)
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(runtime, opts, ready))
+    print("tangram serve: stopped", file=sys.stderr)
+    return 0

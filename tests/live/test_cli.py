@@ -1,0 +1,64 @@
+"""``tangram serve`` and ``tangram bench service`` as commands (API work only: no Docker)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tangram.cli import main as cli_main
+from tangram.exec.service import Client
+from tangram.sim.trace import load_trace
+
+
+def test_serve_refuses_a_public_address_without_a_token(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TANGRAM_TOKEN", raising=False)
+    assert cli_main(["serve", "--host", "0.0.0.0", "--no-cpu", "--no-gpu"]) == 2
+    err = capsys.readouterr().err
+    assert "token" in err and "0.0.0.0" in err
+
+
+def test_serve_runs_until_sigterm_and_writes_its_trace(tmp_path: Path) -> None:
+    trace = tmp_path / "serve.jsonl"
+    env = {**os.environ, "TANGRAM_TOKEN": "tok"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tangram.cli", "serve", "--no-cpu", "--no-gpu", "--port", "0"]
+        + ["--json", "--trace", str(trace)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        info = json.loads(proc.stdout.readline())
+        assert info["url"].startswith("http://127.0.0.1:") and info["token"] is True
+        assert info["cpu"] is None and info["gpu"] is None and "echo" in info["api"]
+        with Client(info["url"], token="tok") as c:
+            for i in range(3):
+                assert c.run(endpoint="echo", payload=i).value == i
+            assert c.run(endpoint="search", payload={"query": "q"}).value["query"] == "q"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert len(load_trace(trace)) == 4
+
+
+def test_bench_service_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli_main(
+        ["bench", "service", "--requests", "200", "--clients", "8", "--warmup", "20", "--json"]
+    )
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)
+    for phase in ("wait", "submit", "single_client"):
+        assert doc[phase]["per_s"] > 0
+        assert doc[phase]["round_trip"]["p50_ms"] > 0
+    assert doc["wait"]["service_act"]["p99_ms"] >= doc["wait"]["service_act"]["p50_ms"]

@@ -1,0 +1,279 @@
+"""The live runtime's own rules, on API work (no Docker, no torch): one scheduling pass per
+loop iteration, exactly one outcome per action, admission control, idempotent ids, time-outs,
+cancellation, quotas enforced by the core, the recorded trace."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from tangram.core.resources import ApiEndpointSpec, ClusterSpec
+from tangram.exec.runtime import (
+    ActionSpec,
+    ApiExecutor,
+    ApiWork,
+    BadRequest,
+    Conflict,
+    CpuWork,
+    ExecutorMissing,
+    Overloaded,
+    Runtime,
+    RuntimeConfig,
+    ShuttingDown,
+    UnknownAction,
+    UnknownTrajectory,
+)
+from tests.live.conftest import CallLog, faulty_endpoints
+
+
+def api_cluster(concurrency: int = 3, rate: float | None = None) -> ClusterSpec:
+    return ClusterSpec(
+        name="api-only",
+        apis=(
+            ApiEndpointSpec("echo", concurrency=256),
+            ApiEndpointSpec("counted", concurrency=concurrency, rate_per_s=rate, burst=1),
+            ApiEndpointSpec("faulty", concurrency=4),
+            ApiEndpointSpec("slow", concurrency=2),
+            ApiEndpointSpec("unregistered", concurrency=1),
+        ),
+    )
+
+
+def with_runtime(
+    body: Callable[[Runtime, CallLog], Awaitable[Any]],
+    *,
+    config: RuntimeConfig | None = None,
+    cluster: ClusterSpec | None = None,
+) -> Any:
+    async def main() -> Any:
+        from tangram.exec.runtime.api import echo
+
+        log = CallLog()
+        endpoints = {"echo": echo, **faulty_endpoints(log)}
+        rt = Runtime(cluster or api_cluster(), config, api=ApiExecutor(endpoints))
+        async with rt:
+            return await body(rt, log)
+
+    return asyncio.run(main())
+
+
+def counted(key: str, s: float = 0.01, **kw: Any) -> ActionSpec:
+    return ActionSpec(ApiWork("counted", {"key": key, "s": s}), **kw)
+
+
+def test_simultaneous_submissions_are_one_scheduling_pass() -> None:
+    async def body(rt: Runtime, log: CallLog) -> None:
+        calls: list[int] = []
+        real = rt.scheduler.advance
+
+        def spy(now: float, *, finished: Any = (), arrived: Any = ()) -> Any:
+            calls.append(len(arrived))
+            return real(now, finished=finished, arrived=arrived)
+
+        rt.scheduler.advance = spy  # type: ignore[method-assign]
+        ids = await asyncio.gather(*(rt.submit(counted(f"k{i}")) for i in range(50)))
+        outs = await asyncio.gather(*(rt.result(i) for i in ids))
+        assert all(o is not None and o.ok for o in outs)
+        assert calls[0] == 50, f"the first pass saw {calls[0]} of the 50 simultaneous arrivals"
+
+    with_runtime(body)
+
+
+def test_every_action_gets_exactly_one_outcome_and_runs_once() -> None:
+    async def body(rt: Runtime, log: CallLog) -> None:
+        rng = random.Random(7)
+        specs = []
+        for i in range(400):
+            roll = rng.random()
+            if roll < 0.6:
+                specs.append(counted(f"k{i}", s=rng.uniform(0, 0.01), id=f"a{i}"))
+            elif roll < 0.8:
+                specs.append(ActionSpec(ApiWork("faulty", i), id=f"a{i}"))
+            else:
+                specs.append(ActionSpec(ApiWork("echo", {"i": i}), id=f"a{i}"))
+        outcomes: list[Any] = []
+
+        async def one(spec: ActionSpec) -> None:
+            await asyncio.sleep(rng.uniform(0, 0.05))
+            outcomes.append(await rt.run(spec))
+
+        await asyncio.gather(*(one(s) for s in specs))
+        assert sorted(o.action_id for o in outcomes) == sorted(s.id for s in specs)
+        assert all(n == 1 for n in log.calls.values()), "an action ran twice"
+        assert sum(log.calls.values()) == sum(1 for s in specs if s.work.endpoint == "counted")
+        assert log.peak <= 3, f"{log.peak} calls in flight; the endpoint's quota is 3"
+        by_kind = {s.id: s.work.endpoint for s in specs}
+        for o in outcomes:
+            assert o.ok == (by_kind[o.action_id] != "faulty")
+            t = o.timings
+            assert t.act_s == pytest.approx(t.queue_s + t.overhead_s + t.exec_s, abs=1e-9)
+        assert rt.pending == 0
+        assert rt.counters["completed"] == 400
+
+    with_runtime(body)
+
+
+def test_back_pressure_refuses_with_a_retryable_error_and_accepts_after() -> None:
+    async def body(rt: Runtime, log: CallLog) -> None:
+        ids = [await rt.submit(counted(f"k{i}", s=0.2)) for i in range(5)]
+        with pytest.raises(Overloaded) as info:
+            await rt.submit(counted("k-extra"))
+        assert info.value.retryable and info.value.retry_after_s > 0
+        assert "max_pending" in str(info.value) and "5" in str(info.value)
+        assert "k-extra" not in log.calls
+        await asyncio.gather(*(rt.result(i) for i in ids))
+        later = await rt.run(counted("k-extra", id="extra"))
+        assert later.ok
+        assert rt.counters["refused_overloaded"] == 1
+
+    with_runtime(body, config=RuntimeConfig(max_pending=5))
+
+
+def test_resubmitting_an_id_is_idempotent_and_a_different_action_conflicts() -> None:
+    async def body(rt: Runtime, log: CallLog) -> None:
+        first = await rt.submit(counted("once", id="same"))
+        again = await rt.submit(counted("once", id="same"))
+        assert first == again == "same"
+        out = await rt.result("same")
+        assert out is not None and out.ok
+        assert await rt.submit(counted("once", id="same")) == "same"  # after the end too
+        assert log.calls["once"] == 1
+        with pytest.raises(Conflict, match="different action"):
+            await rt.submit(counted("other", id="same"))
+
+    with_runtime(body)
+
+
+def test_timeouts_in_the_queue_and_while_running() -> None:
+    async def body(rt: Runtime, log: CallLog) -> None:
+        slow = [
+            await rt.submit(ActionSpec(ApiWork("slow", {"s": 0.5}), timeout_s=0.2, id=f"s{i}"))
+            for i in range(2)
+        ]
+        queued = await rt.submit(ActionSpec(ApiWork("slow", {"s": 0.05}), timeout_s=0.1))
+        outs = [await rt.result(i) for i in [*slow, queued]]
+        for o in outs[:2]:
+            assert o.status == "timeout" and o.start_s is not None
+            assert "cancelled" in o.error.message
+            assert 0.19 <= o.timings.act_s < 0.6
+        assert outs[2].status == "timeout" and outs[2].start_s is None
+        assert "never started" in outs[2].error.message
+        # The withdrawn one held nothing for good: the endpoint serves the next calls.
+        after = await rt.run(ActionSpec(ApiWork("slow", {"s": 0.01})))
+        assert after.ok
+        assert rt.scheduler.state.api["slow"].in_flight == 0
+
+    with_runtime(body)
+
+
+def test_cancel_queued_and_running_calls() -> None:
+    async def body(rt: Runtime, log: CallLog) -> None:
+        running = [await rt.submit(ActionSpec(ApiWork("slow", {"s": 5}))) for _ in range(2)]
+        queued = await rt.submit(ActionSpec(ApiWork("slow", {"s": 5})))
+        await asyncio.sleep(0.05)
+        assert rt.state(running[0]) == "running" and rt.state(queued) == "queued"
+        out = await rt.cancel(queued)
+        assert out.status == "error" and out.error.code == "cancelled" and out.start_s is None
+        out = await rt.cancel(running[0])
+        assert out.error.code == "cancelled" and out.start_s is not None
+        assert (await rt.cancel(running[0])) is out  # a finished action: the same outcome
+        await rt.cancel(running[1])
+        with pytest.raises(UnknownAction):
+            await rt.cancel("never-submitted")
+
+    with_runtime(body)
+
+
+def test_rate_limit_wakes_the_core_without_other_events() -> None:
+    async def body(rt: Runtime, log: CallLog) -> None:
+        t0 = rt.now()
+        outs = await asyncio.gather(*(rt.run(counted(f"r{i}", s=0.0)) for i in range(6)))
+        starts = sorted(o.start_s for o in outs)
+        # burst 1, 20 starts/s: starts spread over at least 5/20 s
+        assert 0.24 <= starts[-1] - t0 < 0.6
+        gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+        assert min(gaps) > 0.03
+
+    with_runtime(body, cluster=api_cluster(concurrency=8, rate=20.0))
+
+
+def test_clear_errors_for_bad_submissions() -> None:
+    async def body(rt: Runtime, log: CallLog) -> None:
+        with pytest.raises(BadRequest, match="unknown API endpoint 'nope'"):
+            await rt.submit(ActionSpec(ApiWork("nope")))
+        with pytest.raises(ExecutorMissing, match="no callable registered"):
+            await rt.submit(ActionSpec(ApiWork("unregistered")))
+        with pytest.raises(ExecutorMissing, match="no CPU executor"):
+            await rt.submit(ActionSpec(CpuWork("echo"), trajectory="t"))
+        with pytest.raises(ExecutorMissing):
+            await rt.open_trajectory("t")
+        with pytest.raises(UnknownTrajectory):
+            await rt.close_trajectory("t")
+        with pytest.raises(BadRequest, match="serial_fraction"):
+            ActionSpec(ApiWork("echo"), serial_fraction=0.1).elasticity()
+        with pytest.raises(BadRequest, match="max_units"):
+            ActionSpec(ApiWork("echo"), max_units=0)
+        with pytest.raises(BadRequest, match="t1_s"):
+            ActionSpec(ApiWork("echo"), t1_s=-1)
+        with pytest.raises(BadRequest, match="id"):
+            ActionSpec(ApiWork("echo"), id="a/b")
+
+    with_runtime(body)
+
+
+def test_an_endpoint_that_raises_gives_that_action_an_error_only() -> None:
+    async def body(rt: Runtime, log: CallLog) -> None:
+        bad, good = await asyncio.gather(
+            rt.run(ActionSpec(ApiWork("faulty", "x"))), rt.run(counted("fine"))
+        )
+        assert bad.status == "error" and bad.error.code == "endpoint_failed"
+        assert "RuntimeError" in bad.error.message and "broke" in bad.error.message
+        assert good.ok
+
+    with_runtime(body)
+
+
+def test_shutdown_ends_queued_actions_and_refuses_new_ones() -> None:
+    async def main() -> None:
+        log = CallLog()
+        rt = Runtime(api_cluster(), api=ApiExecutor(faulty_endpoints(log)))
+        await rt.start()
+        running = [await rt.submit(ActionSpec(ApiWork("slow", {"s": 0.2}))) for _ in range(2)]
+        queued = await rt.submit(ActionSpec(ApiWork("slow", {"s": 0.2})))
+        await asyncio.sleep(0.01)
+        await rt.close(grace_s=5)
+        q = await rt.result(queued)
+        assert q.status == "error" and q.error.code == "shutting_down"
+        for i in running:
+            assert (await rt.result(i)).ok
+        with pytest.raises(ShuttingDown):
+            await rt.submit(ActionSpec(ApiWork("slow")))
+
+    asyncio.run(main())
+
+
+def test_trace_of_a_run_is_valid_open_loop_with_observations(tmp_path: Any) -> None:
+    from tangram.sim.trace import load_trace
+
+    async def body(rt: Runtime, log: CallLog) -> Any:
+        await asyncio.gather(
+            *(rt.run(counted(f"k{i}", trajectory="traj-a", id=f"x{i}")) for i in range(5))
+        )
+        await rt.run(ActionSpec(ApiWork("faulty", 1), id="bad"))
+        return rt.write_trace(tmp_path / "t.jsonl")
+
+    path = with_runtime(body)
+    trace = load_trace(path)
+    assert len(trace) == 6
+    assert trace.meta["policy"] == "tangram" and trace.meta["cluster"]["name"] == "api-only"
+    rows = {r.action_id: r for r in trace.rows}
+    assert rows["bad"].obs_outcome == "error"
+    assert [r.position for r in trace.trajectories()[(0, "traj-a")]] == list(range(5))
+    for r in trace.rows:
+        assert r.arrival_s == r.obs_arrival_s is not None
+        assert r.obs_queue_s is not None and r.obs_exec_s is not None
+        assert r.obs_units == 1 and r.obs_node in ("counted", "faulty")
