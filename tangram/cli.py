@@ -18,7 +18,6 @@ from collections.abc import Sequence
 COMMANDS: dict[str, str] = {
     "sim": "tangram.sim.cli",
     "bench": "tangram.bench",
-    "clusters": "tangram.core.cli",
     "profile-cpu": "tangram.exec.aoe.cli",
     "serve": "tangram.exec.service_cli",
     "replay": "tangram.sim.replay_cli",
