@@ -110,7 +110,7 @@ class Simulation:
         self.progress = progress
         self.clock = clock  # optional wall clock, to measure time spent in the scheduler
         self.records: dict[str, ActionRecord] = {}
-        self.waiters: dict[str, simpy.Event] = {}
+        self.waiters: dict[str, Callable[[], None]] = {}
         self.trajectories: list[TrajectoryRecord] = []
         self.steps: list[StepRecord] = []
         self.timeline: list[tuple[float, int, int, int]] = []
@@ -180,32 +180,62 @@ class Simulation:
         for step in sorted(by_step):
             record = StepRecord(step, self.env.now, trajectories=len(by_step[step]))
             self.steps.append(record)
-            procs = [
-                self.env.process(self._trajectory(step, traj, rows)) for traj, rows in by_step[step]
-            ]
-            yield simpy.AllOf(self.env, procs)
+            step_done = self.env.event()
+            left = [len(by_step[step])]
+
+            def one_done(step_done: simpy.Event = step_done, left: list[int] = left) -> None:
+                left[0] -= 1
+                if left[0] == 0:
+                    step_done.succeed()
+
+            for traj, rows in by_step[step]:
+                self._trajectory(step, traj, rows, one_done)
+            yield step_done
             record.rollout_end = self.env.now
             yield self.env.timeout(self.config.rollout.train_s)
             record.end = self.env.now
 
-    def _trajectory(self, step: int, traj: str, rows: tuple[TraceRow, ...]):
+    def _trajectory(
+        self, step: int, traj: str, rows: tuple[TraceRow, ...], on_end: Callable[[], None]
+    ) -> None:
+        """Run one trajectory as a chain of callbacks: generation, action, generation, ...
+
+        (Callbacks rather than a SimPy process per trajectory: the same events in the same
+        order, without a generator resumed twice per action.)
+        """
         name = f"{step}/{traj}"
         rec = TrajectoryRecord(step, name, self.env.now, actions=len(rows))
         self.trajectories.append(rec)
-        memory = max((r.memory_gb for r in rows if r.resource == "cpu"), default=0.0)
         if any(r.resource == "cpu" for r in rows):
+            memory = max(r.memory_gb for r in rows if r.resource == "cpu")
             # AOE creates the container now, overlapped with the first generation.
             self.scheduler.open_trajectory(name, self.env.now, memory_gb=memory)
             self.container_ready[name] = self.env.now + self.config.overheads.container_start_s
-        for row in rows:
-            if row.gen_before_s:
-                yield self.env.timeout(row.gen_before_s)
-            yield self._submit(name, row)
-        if rows and rows[-1].gen_after_s:
-            yield self.env.timeout(rows[-1].gen_after_s)
-        self._apply(self.scheduler.close_trajectory(name, self.env.now))
-        self.container_ready.pop(name, None)
-        rec.end = self.env.now
+        position = iter(rows)
+
+        def finish(_event: object = None) -> None:
+            self._apply(self.scheduler.close_trajectory(name, self.env.now))
+            self.container_ready.pop(name, None)
+            rec.end = self.env.now
+            on_end()
+
+        def submit(row: TraceRow) -> None:
+            self._submit(name, row, advance)
+
+        def advance() -> None:
+            row = next(position, None)
+            if row is None:
+                gen_after = rows[-1].gen_after_s if rows else 0.0
+                if gen_after:
+                    self.env.timeout(gen_after).callbacks.append(finish)
+                else:
+                    finish()
+            elif row.gen_before_s:
+                self.env.timeout(row.gen_before_s).callbacks.append(lambda _e, row=row: submit(row))
+            else:
+                submit(row)
+
+        advance()
 
     def _open_loop(self):
         groups = list(self.trace.trajectories().items())
@@ -219,8 +249,7 @@ class Simulation:
             key=lambda x: x[0],
         )
 
-        def one(name: str, row: TraceRow):
-            yield self._submit(name, row)
+        def done(name: str) -> None:
             remaining[name] -= 1
             if remaining[name] == 0:
                 self._apply(self.scheduler.close_trajectory(name, self.env.now))
@@ -228,10 +257,11 @@ class Simulation:
         for arrival, name, row in rows:
             if arrival > self.env.now:
                 yield self.env.timeout(arrival - self.env.now)
-            self.env.process(one(name, row))
+            self._submit(name, row, lambda name=name: done(name))
 
     # ------------------------------------------------------------------ events
-    def _submit(self, traj: str, row: TraceRow) -> simpy.Event:
+    def _submit(self, traj: str, row: TraceRow, on_done: Callable[[], None]) -> None:
+        """Hand the action to the core (in this instant's pass); ``on_done`` runs when it ends."""
         action = Action(
             id=row.action_id,
             trajectory=traj,
@@ -248,11 +278,9 @@ class Simulation:
         if row.action_id in self.records:
             raise ValueError(f"trace has action id {row.action_id!r} twice")
         self.records[row.action_id] = ActionRecord(row, self.env.now)
-        done = self.env.event()
-        self.waiters[row.action_id] = done
+        self.waiters[row.action_id] = on_done
         self._pending_arrivals.append(action)
         self._queue_flush()
-        return done
 
     def _queue_flush(self) -> None:
         if not self._flush_queued:
@@ -287,7 +315,7 @@ class Simulation:
             elif isinstance(d, Reject):
                 rec.outcome, rec.reason = "rejected", d.reason
                 rec.start = rec.finish = self.env.now
-                self.waiters.pop(d.action.id).succeed()
+                self.waiters.pop(d.action.id)()
             elif isinstance(d, Defer):
                 rec.deferrals += 1
         if self.config.timeline:
@@ -336,7 +364,7 @@ class Simulation:
         rec.outcome = "result"
         self._pending_finishes.append(action_id)
         self._queue_flush()
-        self.waiters.pop(action_id).succeed()
+        self.waiters.pop(action_id)()
         if self.progress:
             self.progress(1)
 
