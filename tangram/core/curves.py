@@ -8,6 +8,7 @@ Curves serialise to plain dicts (``to_dict`` / ``curve_from_dict``) so traces ca
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -162,24 +163,22 @@ class Tabulated(ElasticityCurve):
                     f"{t1:g}s at {u1} units (E(m)*m must not decrease)"
                 )
         object.__setattr__(self, "points", tuple(pts))
-        object.__setattr__(
-            self,
-            "_slopes",
-            _pchip_slopes([math.log2(u) for u in units], [pts[0][1] / t for _, t in pts]),
-        )
+        # Knots of the interpolation (speedup against log2 units), computed once.
+        xs = [math.log2(u) for u in units]
+        ys = [pts[0][1] / t for _, t in pts]
+        object.__setattr__(self, "_knots", (xs, ys, _pchip_slopes(xs, ys)))
 
     def duration(self, units: int) -> float:
         _check_units(units)
         pts = self.points
         if units >= pts[-1][0]:
             return pts[-1][1]
-        xs = [math.log2(u) for u, _ in pts]
-        ys = [pts[0][1] / t for _, t in pts]
+        xs, ys, slopes = self._knots  # type: ignore[attr-defined]
         x = math.log2(units)
-        i = max(j for j in range(len(xs) - 1) if xs[j] <= x)
+        i = bisect.bisect_right(xs, x) - 1
         h = xs[i + 1] - xs[i]
         tt = (x - xs[i]) / h
-        m0, m1 = self._slopes[i] * h, self._slopes[i + 1] * h  # type: ignore[attr-defined]
+        m0, m1 = slopes[i] * h, slopes[i + 1] * h
         h00, h10 = 2 * tt**3 - 3 * tt**2 + 1, tt**3 - 2 * tt**2 + tt
         h01, h11 = -2 * tt**3 + 3 * tt**2, tt**3 - tt**2
         speedup = h00 * ys[i] + h10 * m0 + h01 * ys[i + 1] + h11 * m1

@@ -124,13 +124,13 @@ def main(args: argparse.Namespace) -> int:
         config = SimConfig(policy=policy, seed=args.seed, overheads=overheads, rollout=rollout)
         t0 = time.perf_counter()
         result = simulate(trace, cluster, config, progress=bar.update)
-        row = summary(result)
+        acts, tl = actions_frame(result), timeline_frame(result)  # built once, used thrice
+        row = summary(result, actions=acts, timeline=tl)
         row["wall_s"] = time.perf_counter() - t0
         rows.append(row)
         if args.out:
-            files[policy] = write_results(result, args.out)
-            frames[policy] = actions_frame(result)
-            timelines[policy] = timeline_frame(result)
+            files[policy] = write_results(result, args.out, actions=acts, timeline=tl)
+            frames[policy], timelines[policy] = acts, tl
     bar.close()
     doc = {
         "trace": str(args.trace or (args.workload or DEFAULT_TRACE)),

@@ -109,12 +109,14 @@ def _integral(df: pd.DataFrame, column: str, end: float) -> float:
     return float((df[column].to_numpy() * widths).sum())
 
 
-def summary(result: SimResult) -> dict[str, Any]:
+def summary(
+    result: SimResult, *, actions: pd.DataFrame | None = None, timeline: pd.DataFrame | None = None
+) -> dict[str, Any]:
     """One row of figures for the comparison table."""
-    acts = actions_frame(result)
+    acts = actions_frame(result) if actions is None else actions
     ran = acts[acts["outcome"] == "result"]
     steps = steps_frame(result)
-    tl = timeline_frame(result)
+    tl = timeline_frame(result) if timeline is None else timeline
     c = result.cluster
     horizon = result.makespan
     cpu, gpu = ran[ran["resource"] == "cpu"], ran[ran["resource"] == "gpu"]
@@ -170,7 +172,13 @@ def by_kind(result: SimResult) -> pd.DataFrame:
     )
 
 
-def write_results(result: SimResult, out_dir: Any) -> dict[str, str]:
+def write_results(
+    result: SimResult,
+    out_dir: Any,
+    *,
+    actions: pd.DataFrame | None = None,
+    timeline: pd.DataFrame | None = None,
+) -> dict[str, str]:
     """Per-action, per-trajectory, per-step and timeline tables as Parquet in ``out_dir``."""
     from pathlib import Path
 
@@ -179,10 +187,10 @@ def write_results(result: SimResult, out_dir: Any) -> dict[str, str]:
     tag = result.policy.replace(":", "-")
     paths = {}
     for name, frame in (
-        ("actions", actions_frame(result)),
+        ("actions", actions_frame(result) if actions is None else actions),
         ("trajectories", trajectories_frame(result)),
         ("steps", steps_frame(result)),
-        ("timeline", timeline_frame(result)),
+        ("timeline", timeline_frame(result) if timeline is None else timeline),
     ):
         path = out / f"{tag}.{name}.parquet"
         frame.to_parquet(path, index=False)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from tangram.sim.trace import Trace
+from tangram.sim.trace import Trace, TraceRow
 
 #: Bump when a generator's algorithm changes so that the same seed no longer gives the same trace.
 GENERATOR_VERSION = 1
@@ -97,6 +97,19 @@ def trajectory_id(step: int, index: int) -> str:
 
 def action_id(step: int, index: int, position: int) -> str:
     return f"s{step}-t{index:05d}-a{position:03d}"
+
+
+def row(task: str, step: int, index: int, position: int, kind: str, **fields: Any) -> TraceRow:
+    """One generated action: ids from (step, trajectory index, position), the rest as given."""
+    return TraceRow(
+        action_id=action_id(step, index, position),
+        trajectory=trajectory_id(step, index),
+        step=step,
+        position=position,
+        task=task,
+        kind=kind,
+        **fields,
+    )
 
 
 def meta_for(name: str, params: Any, *, batch: int, steps: int, seed: int) -> dict[str, Any]:

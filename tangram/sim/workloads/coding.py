@@ -17,15 +17,14 @@ import numpy as np
 
 from tangram.sim.trace import Trace, TraceRow
 from tangram.sim.workloads.base import (
-    action_id,
     counts_lognormal,
     expected_count,
     lognormal_mean,
     meta_for,
     require,
+    row,
     streams,
     times,
-    trajectory_id,
 )
 
 TASK = "coding"
@@ -193,17 +192,15 @@ def generate_coding(params: CodingParams, *, batch: int, steps: int, seed: int) 
         k = 0  # index into the per-env-action arrays
         g = 0  # index into the generation array
         for i in range(batch):
-            traj = trajectory_id(step, i)
             mem = float(memory[i])
             for pos in range(int(n_env[i])):
                 rows.append(
-                    TraceRow(
-                        action_id=action_id(step, i, pos),
-                        trajectory=traj,
-                        step=step,
-                        position=pos,
-                        task=TASK,
-                        kind="env",
+                    row(
+                        TASK,
+                        step,
+                        i,
+                        pos,
+                        "env",
                         gen_before_s=gen[g],
                         resource="cpu",
                         t1_s=env_t1[k],
@@ -216,13 +213,12 @@ def generate_coding(params: CodingParams, *, batch: int, steps: int, seed: int) 
                 g += 1
             pos = int(n_env[i])
             rows.append(
-                TraceRow(
-                    action_id=action_id(step, i, pos),
-                    trajectory=traj,
-                    step=step,
-                    position=pos,
-                    task=TASK,
-                    kind="reward",
+                row(
+                    TASK,
+                    step,
+                    i,
+                    pos,
+                    "reward",
                     gen_before_s=gen[g],
                     resource="cpu",
                     t1_s=reward_t1[i],

@@ -14,14 +14,13 @@ import numpy as np
 
 from tangram.sim.trace import Trace, TraceRow
 from tangram.sim.workloads.base import (
-    action_id,
     counts_lognormal,
     lognormal_median,
     meta_for,
     require,
+    row,
     streams,
     times,
-    trajectory_id,
 )
 
 TASK = "deepsearch"
@@ -113,16 +112,14 @@ def generate_deepsearch(params: DeepSearchParams, *, batch: int, steps: int, see
         )
         k = g = 0
         for i in range(batch):
-            traj = trajectory_id(step, i)
             for pos in range(int(n_search[i])):
                 rows.append(
-                    TraceRow(
-                        action_id=action_id(step, i, pos),
-                        trajectory=traj,
-                        step=step,
-                        position=pos,
-                        task=TASK,
-                        kind="search",
+                    row(
+                        TASK,
+                        step,
+                        i,
+                        pos,
+                        "search",
                         gen_before_s=gen[g],
                         resource="api",
                         t1_s=search_t1[k],
@@ -134,13 +131,12 @@ def generate_deepsearch(params: DeepSearchParams, *, batch: int, steps: int, see
                 g += 1
             pos = int(n_search[i])
             rows.append(
-                TraceRow(
-                    action_id=action_id(step, i, pos),
-                    trajectory=traj,
-                    step=step,
-                    position=pos,
-                    task=TASK,
-                    kind="judge",
+                row(
+                    TASK,
+                    step,
+                    i,
+                    pos,
+                    "judge",
                     gen_before_s=gen[g],
                     resource="gpu",
                     t1_s=judge_t1[i],

@@ -18,14 +18,13 @@ import numpy as np
 
 from tangram.sim.trace import Trace, TraceRow
 from tangram.sim.workloads.base import (
-    action_id,
     lognormal_mean,
     lognormal_median,
     meta_for,
     require,
+    row,
     streams,
     times,
-    trajectory_id,
 )
 
 TASK = "mopd"
@@ -153,13 +152,12 @@ def generate_mopd(params: MopdParams, *, batch: int, steps: int, seed: int) -> T
             for pos in range(calls):
                 j = i * calls + pos
                 rows.append(
-                    TraceRow(
-                        action_id=action_id(step, i, pos),
-                        trajectory=trajectory_id(step, i),
-                        step=step,
-                        position=pos,
-                        task=TASK,
-                        kind="teacher",
+                    row(
+                        TASK,
+                        step,
+                        i,
+                        pos,
+                        "teacher",
                         gen_before_s=gen[j],
                         resource="gpu",
                         t1_s=t1[j],
