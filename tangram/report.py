@@ -10,6 +10,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1, refused with a message naming the value."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def add_json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print the figures as one JSON document"

@@ -23,7 +23,7 @@ from tangram.core.decision import Start
 from tangram.core.policies import make_policy
 from tangram.core.resources import ResourceKind
 from tangram.core.scheduler import Scheduler
-from tangram.report import add_json_flag, emit
+from tangram.report import add_json_flag, emit, positive_int
 
 QUEUE_SIZES = (256, 1024, 2048, 8192)
 
@@ -133,8 +133,8 @@ def _track(heap: list[tuple[float, str]], decisions: list) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("scheduler", help="decision time per event on the paper cluster")
-    parser.add_argument("--queued", type=int, nargs="+", default=list(QUEUE_SIZES))
-    parser.add_argument("--running", type=int, default=1024)
+    parser.add_argument("--queued", type=positive_int, nargs="+", default=list(QUEUE_SIZES))
+    parser.add_argument("--running", type=positive_int, default=1024)
     parser.add_argument(
         "--events", type=int, default=2000, help="completions replayed per queue size"
     )

@@ -11,7 +11,7 @@ import argparse
 import time
 
 from tangram.core.cluster_file import load_cluster
-from tangram.report import add_json_flag, emit
+from tangram.report import add_json_flag, emit, positive_int
 
 
 def run_bench(
@@ -57,10 +57,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "sim", help="simulated actions per second (one coding step, batch 1536, paper cluster)"
     )
-    p.add_argument("--batch", type=int, default=1536)
+    p.add_argument("--batch", type=positive_int, default=1536)
     p.add_argument("--policy", default="tangram")
     p.add_argument("--workload", default="coding")
-    p.add_argument("--repeats", type=int, default=3, help="runs; the best is reported")
+    p.add_argument("--repeats", type=positive_int, default=3, help="runs; the best is reported")
     p.add_argument("--seed", type=int, default=0)
     add_json_flag(p)
     p.set_defaults(func=_main)

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from tangram.core.cluster_file import load_cluster
-from tangram.report import add_json_flag, emit
+from tangram.report import add_json_flag, emit, positive_int
 from tangram.sim.config import Overheads, RolloutConfig, SimConfig
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "traces" / "coding.jsonl.gz"
@@ -58,9 +58,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="policy name, repeatable (default: tangram and k8s-static)",
     )
     p.add_argument(
-        "--batch", type=int, help="trajectories per step (with --workload; default: the paper's)"
+        "--batch", type=positive_int, help="trajectories per step (with --workload; default: the paper's)"
     )
-    p.add_argument("--steps", type=int, default=1, help="RL steps (with --workload)")
+    p.add_argument("--steps", type=positive_int, default=1, help="RL steps (with --workload)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--train-s", type=float, default=0.0, help="training phase after each step (s)")
     p.add_argument(
