@@ -69,6 +69,44 @@ class Action:
         if self.resource is ResourceKind.API and not isinstance(self.curve, Inelastic):
             raise ActionError(f"{where}: an API action is inelastic; give it an Inelastic curve")
 
+    @classmethod
+    def prevalidated(
+        cls,
+        id: str,
+        trajectory: str,
+        resource: ResourceKind,
+        curve: ElasticityCurve,
+        arrival: float,
+        max_units: int,
+        task: str,
+        kind: str,
+        memory_gb: float,
+        service: str | None,
+        service_size_gb: float,
+    ) -> Action:
+        """An action from fields a validating record already checked (a ``TraceRow``).
+
+        Skips ``__post_init__``: the simulator builds one action per replayed row, whose
+        constructor enforced the same rules, and checking twice was a tenth of its time.
+        """
+        action = object.__new__(cls)
+        action.__dict__.update(
+            id=id,
+            trajectory=trajectory,
+            resource=resource,
+            curve=curve,
+            arrival=arrival,
+            max_units=max_units,
+            task=task,
+            kind=kind,
+            memory_gb=memory_gb,
+            service=service,
+            service_size_gb=service_size_gb,
+            node=None,
+            payload=None,
+        )
+        return action
+
     def allowed_units(self, cap: int | None = None) -> tuple[int, ...]:
         """Unit counts this action may run with, ascending, at most ``cap`` (a node's size)."""
         top = self.max_units if cap is None else min(self.max_units, cap)

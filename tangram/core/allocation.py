@@ -41,8 +41,29 @@ def allocate(options: Sequence[Options], free_units: int) -> tuple[list[int], st
             f"candidates need {sum(o.units[0] for o in options)} units at least; {free_units} free"
         )
     if greedy_applies(options):
+        if len(options) == 1:
+            return [_greedy_single(options[0], free_units)], "greedy"
         return allocate_greedy(options, free_units), "greedy"
+    if len(options) == 1:
+        return [_dp_single(options[0], free_units)], "dp"
     return allocate_dp(options, free_units), "dp"
+
+
+def _greedy_single(opt: Options, free_units: int) -> int:
+    """``allocate_greedy`` for one candidate: step up while the next unit saves time."""
+    top = opt.best_within(free_units)
+    d = opt.durations
+    k = 0
+    while k < top and d[k] - d[k + 1] > 0:
+        k += 1
+    return k
+
+
+def _dp_single(opt: Options, free_units: int) -> int:
+    """``allocate_dp`` for one candidate: the least duration within the free units, fewest
+    units among equals."""
+    d = opt.durations[: opt.best_within(free_units) + 1]
+    return d.index(min(d))
 
 
 def allocate_greedy(options: Sequence[Options], free_units: int) -> list[int]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from tangram.core.action import Action
 from tangram.core.decision import Decision, Defer, Reject, Start
@@ -72,29 +73,42 @@ class FcfsQueue:
             self.head = 0
 
 
-@dataclass(frozen=True)
-class Options:
-    """The unit counts an action may use on its domain, ascending, with their durations."""
-
+class _OptionFields(NamedTuple):
     units: tuple[int, ...]
     durations: tuple[float, ...]
     convex: bool
+    fastest: int
+    consecutive: bool
 
-    @property
-    def fastest(self) -> int:
-        """Index of the shortest duration, the fewest units among equals (no unit wasted)."""
-        best = min(self.durations)
-        return self.durations.index(best)
 
-    @property
-    def consecutive(self) -> bool:
-        """Options are 1-unit steps (CPU cores), not cells (GPUs: 1, 2, 4, 8)."""
-        return self.units[-1] - self.units[0] == len(self.units) - 1
+class Options(_OptionFields):
+    """The unit counts an action may use on its domain, ascending, with their durations.
+
+    Built as ``Options(units, durations, convex)``; ``fastest`` (index of the shortest duration,
+    the fewest units among equals, so no unit is wasted) and ``consecutive`` (1-unit steps like
+    CPU cores, not cells like GPUs' 1/2/4/8) are derived once, since every pass reads them.
+    A NamedTuple: immutable, and cheap to build once per action.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, units: tuple[int, ...], durations: tuple[float, ...], convex: bool) -> Options:
+        return _OptionFields.__new__(
+            cls,
+            units,
+            durations,
+            convex,
+            durations.index(min(durations)),
+            units[-1] - units[0] == len(units) - 1,
+        )
 
     def best_within(self, limit: int) -> int:
         """Index of the largest option not above ``limit`` (-1 when even the smallest exceeds it)."""
+        units = self.units
+        if self.consecutive:  # units[i] = units[0] + i
+            return min(limit - units[0], len(units) - 1) if limit >= units[0] else -1
         idx = -1
-        for i, u in enumerate(self.units):
+        for i, u in enumerate(units):
             if u > limit:
                 break
             idx = i
@@ -104,9 +118,11 @@ class Options:
 _EMPTY: tuple[Action, ...] = ()
 
 
-@dataclass(frozen=True)
-class Running:
-    """An action that has started, with where it runs and when the core expects it to end."""
+class Running(NamedTuple):
+    """An action that has started, with where it runs and when the core expects it to end.
+
+    (A NamedTuple for the same reason as ``Start``: one per action, on the hot path.)
+    """
 
     action: Action
     start: Start
@@ -130,6 +146,8 @@ class Context:
     whose queue or free capacity changed. ``start``/``defer``/``reject`` apply at once, so a
     later decision in the same pass sees the capacity an earlier one took.
     """
+
+    __slots__ = ("scheduler", "state", "now", "decisions", "arrived", "finished", "closed", "dirty")
 
     def __init__(self, scheduler: Scheduler, now: float) -> None:
         self.scheduler = scheduler
@@ -260,6 +278,7 @@ class Scheduler:
         self._max_node_cores = max((n.cores for n in cluster.cpu_nodes), default=0)
         self._max_node_gpus = max((n.gpus for n in cluster.gpu_nodes), default=0)
         self._max_gpu_mem = max((n.gpu_memory_gb for n in cluster.gpu_nodes), default=0.0)
+        self._unit_ranges: dict[int, tuple[int, ...]] = {}  # top -> (1, ..., top), shared
 
     # ------------------------------------------------------------------ events
     def submit(self, action: Action, now: float) -> list[Decision]:
@@ -468,19 +487,24 @@ class Scheduler:
         top = max(need[0], action.max_units)
         return tuple(k for k in need if k <= top)
 
-    def _options_for(self, action: Action) -> Options:
-        if action.resource is ResourceKind.GPU:
+    def _options_for(self, action: Action, node: str | None) -> Options:
+        """Unit options after binding: a CPU action's node caps its cores."""
+        kind = action.resource
+        if kind is ResourceKind.CPU:
+            if self.unbounded:
+                top = action.max_units
+            else:
+                cap = self.state.cpu[node].spec.cores if node in self.state.cpu else None
+                top = min(action.max_units, cap if cap is not None else self._max_node_cores)
+            units = self._unit_ranges.get(top)
+            if units is None:
+                units = self._unit_ranges[top] = tuple(range(1, top + 1))
+        elif kind is ResourceKind.GPU:
             units = self._gpu_units(action) if not self.unbounded else action.allowed_units(8)
-        elif action.resource is ResourceKind.CPU:
-            cap = self._max_node_cores
-            traj = self.trajectories.get(action.trajectory)
-            node = action.node or (traj.node if traj else None)
-            if node in self.state.cpu:
-                cap = self.state.cpu[node].spec.cores
-            units = action.allowed_units(cap if not self.unbounded else None)
         else:
             units = (1,)
-        return Options(units, action.curve.durations(units), action.curve.convex_on(units))
+        curve = action.curve
+        return Options(units, curve.durations(units), curve.convex_on(units))
 
     def _bind(self, traj: TrajectoryState, memory_gb: float, node: str | None) -> bool:
         """Reserve the container's memory on a node: the given one, else the roomiest."""
@@ -534,48 +558,61 @@ class Scheduler:
                 else:
                     self._enqueue(action, ctx)
 
-    def _domain(self, action: Action) -> Domain:
-        if action.resource is ResourceKind.CPU:
-            traj = self.trajectories.get(action.trajectory)
-            node = (
-                traj.node if traj and traj.node else (action.node or self.cluster.cpu_nodes[0].name)
-            )
-            return ("cpu", node)
-        if action.resource is ResourceKind.GPU:
-            return GPU_DOMAIN
-        return ("api", action.service or "")
-
     def _enqueue(self, action: Action, ctx: Context) -> None:
-        domain = self._domain(action)
-        self.options[action.id] = self._options_for(
-            action
-        )  # after binding: the node caps CPU units
-        self.domain_of[action.id] = domain
-        self.queues.setdefault(domain, FcfsQueue()).push(action)
-        self.by_trajectory.setdefault(action.trajectory, FcfsQueue()).push(action)
-        if action.resource is ResourceKind.GPU:
+        kind = action.resource
+        node = None
+        if kind is ResourceKind.CPU:
+            traj = self.trajectories.get(action.trajectory)
+            node = traj.node if traj and traj.node else action.node
+            domain: Domain = ("cpu", node or self.cluster.cpu_nodes[0].name)
+        elif kind is ResourceKind.GPU:
+            domain = GPU_DOMAIN
+        else:
+            domain = ("api", action.service or "")
+        aid = action.id
+        self.options[aid] = self._options_for(action, node)
+        self.domain_of[aid] = domain
+        queue = self.queues.get(domain)
+        if queue is None:
+            queue = self.queues[domain] = FcfsQueue()
+        queue.push(action)
+        by_traj = self.by_trajectory.get(action.trajectory)
+        if by_traj is None:
+            by_traj = self.by_trajectory[action.trajectory] = FcfsQueue()
+        by_traj.push(action)
+        if kind is ResourceKind.GPU:
             self.gpu_by_service.setdefault(action.service or "", FcfsQueue()).push(action)
         ctx.arrived.append(action)
         ctx.dirty[domain] = None
 
-    def _dequeue(self, action: Action) -> None:
-        domain = self.domain_of.pop(action.id)
-        touched = [self.queues[domain], self.by_trajectory[action.trajectory]]
-        if action.resource is ResourceKind.GPU:
-            touched.append(self.gpu_by_service[action.service or ""])
-        for queue in touched:
-            queue.remove(action.id)
-            self._touched.add(queue)
-        if not touched[1]:
+    def _dequeue(self, action: Action) -> Domain:
+        """Remove a queued action from every index; returns its domain."""
+        aid = action.id
+        domain = self.domain_of.pop(aid)
+        touched = self._touched
+        queue = self.queues[domain]
+        queue.remove(aid)
+        touched.add(queue)
+        by_traj = self.by_trajectory[action.trajectory]
+        by_traj.remove(aid)
+        if by_traj:
+            touched.add(by_traj)
+        else:
             del self.by_trajectory[action.trajectory]
-        del self.options[action.id]
+        if action.resource is ResourceKind.GPU:
+            by_service = self.gpu_by_service[action.service or ""]
+            by_service.remove(aid)
+            touched.add(by_service)
+        del self.options[aid]
+        return domain
 
     def _apply_start(self, start: Start) -> None:
         action = start.action
-        domain = self.domain_of[action.id]
         if not self.unbounded and not start.in_slot:
-            if action.resource is ResourceKind.CPU:
-                if ("cpu", start.node) != domain:
+            kind = action.resource
+            if kind is ResourceKind.CPU:
+                domain = self.domain_of[action.id]
+                if domain[1] != start.node or domain[0] != "cpu":
                     raise CapacityError(
                         f"{action.id}: CPU action started on {start.node}, its container is on {domain[1]}"
                     )
@@ -584,17 +621,21 @@ class Scheduler:
                         f"{action.id}: {start.units} units but {len(start.cores)} cores"
                     )
                 self.state.cpu[start.node].take_cores(start.cores)
-            elif action.resource is ResourceKind.GPU:
+            elif kind is ResourceKind.GPU:
                 if len(start.gpus) != start.units:
                     raise CapacityError(f"{action.id}: {start.units} units but cell {start.gpus}")
                 self.state.gpu[start.node].take(start.gpus, action.id)
             else:
                 self.state.api[action.service or ""].take(start.time)
-        self._dequeue(action)
-        est = start.time + start.est_duration + start.est_overhead
-        running = Running(action, start, domain, est)
+        domain = self._dequeue(action)
+        running = Running(
+            action, start, domain, start.time + start.est_duration + start.est_overhead
+        )
         self.running[action.id] = running
-        self.running_by_domain.setdefault(domain, {})[action.id] = running
+        by_domain = self.running_by_domain.get(domain)
+        if by_domain is None:
+            by_domain = self.running_by_domain[domain] = {}
+        by_domain[action.id] = running
 
     def _release(self, start: Start) -> None:
         if self.unbounded or start.in_slot:

@@ -15,6 +15,21 @@ class CapacityError(RuntimeError):
     """A decision asked for capacity that is not free (a policy bug, never user input)."""
 
 
+class Usage:
+    """Units held across the cluster, kept up to date by every take/give.
+
+    Shared by all node states of one ``ClusterState``, so a driver can sample utilisation after
+    every event in O(1) instead of summing over nodes.
+    """
+
+    __slots__ = ("cores", "gpus", "api_calls")
+
+    def __init__(self) -> None:
+        self.cores = 0
+        self.gpus = 0
+        self.api_calls = 0
+
+
 @dataclass
 class CpuNodeState:
     """Free cores per NUMA domain, free memory, and per-trajectory static slots (k8s-static)."""
@@ -24,9 +39,10 @@ class CpuNodeState:
     memory_free_gb: float = field(init=False)
     free_cores: int = field(init=False)
     containers: int = 0
+    usage: Usage = field(default_factory=Usage, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        per = self.spec.cores // self.spec.numa_domains
+        self._per_numa = per = self.spec.cores // self.spec.numa_domains
         self.free_by_numa = [
             set(range(d * per, (d + 1) * per)) for d in range(self.spec.numa_domains)
         ]
@@ -42,10 +58,13 @@ class CpuNodeState:
         """
         if n > self.free_cores:
             raise CapacityError(f"{self.spec.name}: {n} cores asked, {self.free_cores} free")
-        fitting = [(len(s), d) for d, s in enumerate(self.free_by_numa) if len(s) >= n]
-        if fitting:
-            _, d = min(fitting)
-            return tuple(sorted(self.free_by_numa[d])[:n])
+        best, best_free = None, self.spec.cores + 1
+        for domain in self.free_by_numa:  # the first of the fullest domains that fit
+            free = len(domain)
+            if n <= free < best_free:
+                best, best_free = domain, free
+        if best is not None:
+            return tuple(sorted(best)[:n])
         chosen: list[int] = []
         for _, d in sorted(((-len(s), d) for d, s in enumerate(self.free_by_numa))):
             chosen += sorted(self.free_by_numa[d])[: n - len(chosen)]
@@ -54,15 +73,21 @@ class CpuNodeState:
         return tuple(chosen)
 
     def take_cores(self, cores: tuple[int, ...]) -> None:
-        per = self.spec.cores // self.spec.numa_domains
-        if cores and min(cores) // per == max(cores) // per and len(set(cores)) == len(cores):
-            domain = self.free_by_numa[cores[0] // per]  # one NUMA domain: set operations
+        per = self._per_numa
+        first = cores[0] // per if cores else -1
+        if first >= 0 and first == min(cores) // per == max(cores) // per:
+            domain = self.free_by_numa[first]  # one NUMA domain: set operations, no copies
             if not domain.issuperset(cores):
                 raise CapacityError(
                     f"{self.spec.name}: cores {sorted(set(cores) - domain)} are not free"
                 )
+            before = len(domain)
             domain.difference_update(cores)
+            if before - len(domain) != len(cores):
+                domain.update(cores)  # all were free: undo
+                raise CapacityError(f"{self.spec.name}: cores {cores} repeat")
             self.free_cores -= len(cores)
+            self.usage.cores += len(cores)
             return
         if len(set(cores)) != len(cores):
             raise CapacityError(f"{self.spec.name}: cores {cores} repeat")
@@ -72,24 +97,34 @@ class CpuNodeState:
         for c in cores:
             self.free_by_numa[c // per].discard(c)
         self.free_cores -= len(cores)
+        self.usage.cores += len(cores)
 
     def give_cores(self, cores: tuple[int, ...]) -> None:
-        per = self.spec.cores // self.spec.numa_domains
-        if cores and min(cores) // per == max(cores) // per:
-            domain = self.free_by_numa[cores[0] // per]
-            if not domain.isdisjoint(cores) or len(set(cores)) != len(cores):
+        per = self._per_numa
+        first = cores[0] // per if cores else -1
+        if first >= 0 and first == min(cores) // per == max(cores) // per:
+            domain = self.free_by_numa[first]
+            if not domain.isdisjoint(cores):
                 raise CapacityError(
                     f"{self.spec.name}: cores {sorted(domain.intersection(cores))} returned twice"
                 )
+            before = len(domain)
             domain.update(cores)
+            if len(domain) - before != len(cores):
+                domain.difference_update(cores)  # none was free: undo
+                raise CapacityError(f"{self.spec.name}: cores {cores} returned twice")
             self.free_cores += len(cores)
+            self.usage.cores -= len(cores)
             return
+        if len(set(cores)) != len(cores):
+            raise CapacityError(f"{self.spec.name}: cores {cores} returned twice")
         for c in cores:
             if c in self.free_by_numa[c // per]:
                 raise CapacityError(f"{self.spec.name}: core {c} returned twice")
         for c in cores:
             self.free_by_numa[c // per].add(c)
         self.free_cores += len(cores)
+        self.usage.cores -= len(cores)
 
     def take_memory(self, gb: float) -> None:
         if gb > self.memory_free_gb + 1e-9:
@@ -108,6 +143,7 @@ class GpuNodeState:
     owner: list[str | None] = field(init=False)
     resident: list[set[str]] = field(init=False)
     free_gpus: int = field(init=False)
+    usage: Usage = field(default_factory=Usage, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.owner = [None] * self.spec.gpus
@@ -144,6 +180,7 @@ class GpuNodeState:
         for g in cell:
             self.owner[g] = holder
         self.free_gpus -= len(cell)
+        self.usage.gpus += len(cell)
 
     def give(self, cell: tuple[int, ...], holder: str) -> None:
         for g in cell:
@@ -152,6 +189,7 @@ class GpuNodeState:
         for g in cell:
             self.owner[g] = None
         self.free_gpus += len(cell)
+        self.usage.gpus -= len(cell)
 
 
 @dataclass
@@ -162,6 +200,7 @@ class ApiState:
     in_flight: int = 0
     tokens: float = field(init=False)
     refilled_at: float = 0.0
+    usage: Usage = field(default_factory=Usage, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.tokens = float(self.spec.burst)
@@ -189,6 +228,7 @@ class ApiState:
         if not self.can_start(now):
             raise CapacityError(f"API {self.spec.name}: no call slot or rate token free")
         self.in_flight += 1
+        self.usage.api_calls += 1
         if self.spec.rate_per_s is not None:
             self.tokens -= 1.0
 
@@ -196,6 +236,7 @@ class ApiState:
         if self.in_flight <= 0:
             raise CapacityError(f"API {self.spec.name}: call slot returned twice")
         self.in_flight -= 1
+        self.usage.api_calls -= 1
 
 
 class ClusterState:
@@ -203,24 +244,30 @@ class ClusterState:
 
     def __init__(self, spec: ClusterSpec) -> None:
         self.spec = spec
-        self.cpu: dict[str, CpuNodeState] = {n.name: CpuNodeState(n) for n in spec.cpu_nodes}
-        self.gpu: dict[str, GpuNodeState] = {n.name: GpuNodeState(n) for n in spec.gpu_nodes}
-        self.api: dict[str, ApiState] = {a.name: ApiState(a) for a in spec.apis}
+        self.usage = usage = Usage()
+        self.cpu: dict[str, CpuNodeState] = {
+            n.name: CpuNodeState(n, usage=usage) for n in spec.cpu_nodes
+        }
+        self.gpu: dict[str, GpuNodeState] = {
+            n.name: GpuNodeState(n, usage=usage) for n in spec.gpu_nodes
+        }
+        self.api: dict[str, ApiState] = {a.name: ApiState(a, usage=usage) for a in spec.apis}
 
     @property
     def free_gpus(self) -> int:
-        return sum(n.free_gpus for n in self.gpu.values())
+        return self.spec.total_gpus - self.usage.gpus
 
     @property
     def held_cores(self) -> int:
-        total = self.spec.total_cores
-        for n in self.cpu.values():
-            total -= n.free_cores
-        return total
+        return self.usage.cores
 
     @property
     def held_gpus(self) -> int:
-        return self.spec.total_gpus - self.free_gpus
+        return self.usage.gpus
+
+    @property
+    def api_in_flight(self) -> int:
+        return self.usage.api_calls
 
     def report_residency(
         self, node: str, gpus: tuple[int, ...], service: str, resident: bool

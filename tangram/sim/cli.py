@@ -58,7 +58,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="policy name, repeatable (default: tangram and k8s-static)",
     )
     p.add_argument(
-        "--batch", type=positive_int, help="trajectories per step (with --workload; default: the paper's)"
+        "--batch",
+        type=positive_int,
+        help="trajectories per step (with --workload; default: the paper's)",
     )
     p.add_argument("--steps", type=positive_int, default=1, help="RL steps (with --workload)")
     p.add_argument("--seed", type=int, default=0)

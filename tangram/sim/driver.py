@@ -5,9 +5,9 @@ LLM generation (a delay from the trace, on the training cluster, not managed her
 (submitted to the core); the step ends with its last trajectory, then a training phase.
 Open loop: every action arrives at its trace ``arrival_s``.
 
-Events of one simulated instant are handed to the core together (``Scheduler.advance``): a
-flush is queued behind everything already scheduled at that instant, so a step's batch of
-first actions is one scheduling pass, as a live system batching its arrivals would see it.
+Events of one simulated instant are handed to the core together (``Scheduler.advance``): the
+event loop calls the core once no event is left at that instant, so a step's batch of first
+actions is one scheduling pass, as a live system batching its arrivals would see it.
 Nothing here is global: counters live on the ``Simulation``, every random stream has its own
 seeded generator, and ties are broken by event order (SimPy's FIFO for equal times).
 """
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import simpy
+from simpy.core import EmptySchedule
 
 from tangram.core.action import Action
 from tangram.core.decision import Decision, Defer, Reject, Start
@@ -28,6 +29,9 @@ from tangram.core.scheduler import Scheduler
 from tangram.sim.config import SimConfig
 from tangram.sim.residency import ResidencyModel
 from tangram.sim.trace import Trace, TraceRow
+
+
+_RESOURCE_KINDS = {kind.value: kind for kind in ResourceKind}
 
 
 @dataclass
@@ -121,6 +125,7 @@ class Simulation:
         self._pending_finishes: list[str] = []
         self._flush_queued = False
         self._unbounded = self.scheduler.unbounded
+        self._usage = self.scheduler.state.usage
 
     # ------------------------------------------------------------------ run
     def run(self) -> SimResult:
@@ -130,7 +135,7 @@ class Simulation:
             self.env.process(self._rollout())
         else:
             self.env.process(self._open_loop())
-        self.env.run()
+        self._run_events()
         unfinished = [r for r in self.records.values() if r.outcome == "pending"]
         if unfinished:
             raise RuntimeError(
@@ -262,34 +267,49 @@ class Simulation:
     # ------------------------------------------------------------------ events
     def _submit(self, traj: str, row: TraceRow, on_done: Callable[[], None]) -> None:
         """Hand the action to the core (in this instant's pass); ``on_done`` runs when it ends."""
-        action = Action(
-            id=row.action_id,
-            trajectory=traj,
-            resource=ResourceKind(row.resource),
-            curve=row.curve_object(),
-            arrival=self.env.now,
-            max_units=row.max_units,
-            task=row.task,
-            kind=row.kind,
-            memory_gb=row.memory_gb if row.resource == "cpu" else 0.0,
-            service=row.service,
-            service_size_gb=row.service_size_gb,
+        now = self.env.now
+        resource = _RESOURCE_KINDS[row.resource]
+        action = Action.prevalidated(  # the row validated every field when it was built
+            row.action_id,
+            traj,
+            resource,
+            row.curve_object(),
+            now,
+            row.max_units,
+            row.task,
+            row.kind,
+            row.memory_gb if resource is ResourceKind.CPU else 0.0,
+            row.service,
+            row.service_size_gb,
         )
         if row.action_id in self.records:
             raise ValueError(f"trace has action id {row.action_id!r} twice")
-        self.records[row.action_id] = ActionRecord(row, self.env.now)
+        self.records[row.action_id] = ActionRecord(row, now)
         self.waiters[row.action_id] = on_done
         self._pending_arrivals.append(action)
         self._queue_flush()
 
-    def _queue_flush(self) -> None:
-        if not self._flush_queued:
-            self._flush_queued = True
-            ev = self.env.event()
-            ev.callbacks.append(self._flush)
-            ev.succeed()
+    def _run_events(self) -> None:
+        """SimPy's event loop, handing the core each instant's events once none is left at it.
 
-    def _flush(self, _event: simpy.Event) -> None:
+        (Instead of a zero-delay flush event: the same batching without one more event, and
+        with every event of the instant in the batch, whenever it was scheduled.)
+        """
+        env = self.env
+        step, peek = env.step, env.peek
+        while True:
+            if self._flush_queued and peek() > env.now:
+                self._flush()
+                continue
+            try:
+                step()
+            except EmptySchedule:  # (a pending flush was handled above: peek() is inf > now)
+                return
+
+    def _queue_flush(self) -> None:
+        self._flush_queued = True
+
+    def _flush(self) -> None:
         self._flush_queued = False
         arrived, finished = self._pending_arrivals, self._pending_finishes
         self._pending_arrivals, self._pending_finishes = [], []
@@ -371,9 +391,8 @@ class Simulation:
     def _sample(self) -> None:
         if self._unbounded:
             return
-        st = self.scheduler.state
-        in_flight = sum(a.in_flight for a in st.api.values()) if st.api else 0
-        self.timeline.append((self.env.now, st.held_cores, st.held_gpus, in_flight))
+        usage = self._usage
+        self.timeline.append((self.env.now, usage.cores, usage.gpus, usage.api_calls))
 
 
 def simulate(

@@ -66,6 +66,11 @@ def check_invariants(sched: Scheduler, traj_nodes: dict[str, str]) -> None:
         assert -1e-9 <= node.memory_free_gb <= node.spec.memory_gb + 1e-9
     for api in st.api.values():
         assert 0 <= api.in_flight <= api.spec.concurrency
+    # The O(1) tallies the simulator samples agree with a count over every node.
+    assert st.held_cores == sum(n.spec.cores - n.free_cores for n in st.cpu.values())
+    assert st.held_gpus == sum(n.spec.gpus - n.owner.count(None) for n in st.gpu.values())
+    assert st.free_gpus == sum(n.free_gpus for n in st.gpu.values())
+    assert st.api_in_flight == sum(a.in_flight for a in st.api.values())
 
 
 def run(cluster: ClusterSpec, policy: str, actions: list[Action], *, check: bool = True) -> Outcome:

@@ -74,3 +74,23 @@ def test_gpu_cells_use_the_dp():
 def test_refuses_candidates_that_do_not_fit():
     with pytest.raises(ValueError, match="need 3 units at least; 2 free"):
         allocate([opts(Amdahl(1.0, 0.0), 2)] * 3, 2)
+
+
+curves = st.one_of(
+    amdahl,
+    st.lists(st.floats(0.1, 10.0), min_size=1, max_size=6).map(
+        lambda gains: Tabulated(
+            tuple((u, 60.0 - sum(gains[:i])) for i, u in enumerate(range(1, len(gains) + 1)))
+        )
+    ),
+)
+
+
+@given(curves, st.integers(1, 12), st.booleans(), st.integers(0, 14))
+def test_one_candidate_shortcut_picks_what_the_full_methods_pick(curve, top, gpu, extra):
+    # allocate() skips the heap and the DP table for a single candidate; same index either way.
+    options = [opts(curve, top, gpu=gpu)]
+    free = options[0].units[0] + extra
+    chosen, method = allocate(options, free)
+    full = allocate_greedy(options, free) if method == "greedy" else allocate_dp(options, free)
+    assert chosen == full

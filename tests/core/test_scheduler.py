@@ -214,6 +214,16 @@ def test_core_accounting_refuses_double_grants_and_double_returns_across_numa_do
         node.give_cores((5, 1))
     assert node.free_cores == 7  # 8 - 3 taken + 2 returned; the refused return changed nothing
     assert node.choose_cores(3) == (4, 6, 7)  # best fit: the fullest domain that holds all three
+    # Within one domain too, a refused grant or return leaves the free set as it was.
+    with pytest.raises(CapacityError, match="repeat"):
+        node.take_cores((2, 2))
+    node.take_cores((2, 3))
+    with pytest.raises(CapacityError, match="returned twice"):
+        node.give_cores((3, 3))
+    with pytest.raises(CapacityError, match="returned twice"):
+        node.give_cores((2, 0))
+    assert node.free_by_numa[0] == {0, 1} and node.free_cores == 5
+    assert node.usage.cores == 3  # the cluster-wide tally follows every grant and return
 
 
 def test_k8s_pods_are_requested_when_trajectories_open_and_granted_fcfs():

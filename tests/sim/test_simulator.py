@@ -187,3 +187,26 @@ def test_held_resources_are_unknown_without_a_timeline():
     trace = generate("coding", batch=4, seed=1)
     s = summary(simulate(trace, load_cluster("paper"), SimConfig(timeline=False)))
     assert math.isnan(s["held_core_s"]) and s["busy_core_s"] > 0
+
+
+def test_the_driver_builds_the_same_actions_the_validating_constructor_would(mixed_trace):
+    # The driver skips Action.__post_init__ because TraceRow already checked the same rules.
+    from tangram.core.action import Action
+    from tangram.core.resources import ResourceKind
+
+    for row in mixed_trace.rows:
+        fields = dict(
+            id=row.action_id,
+            trajectory=f"0/{row.trajectory}",
+            resource=ResourceKind(row.resource),
+            curve=row.curve_object(),
+            arrival=2.5,
+            max_units=row.max_units,
+            task=row.task,
+            kind=row.kind,
+            memory_gb=row.memory_gb if row.resource == "cpu" else 0.0,
+            service=row.service,
+            service_size_gb=row.service_size_gb,
+        )
+        fast = Action.prevalidated(**fields)
+        assert fast == Action(**fields) and fast.node is None and fast.payload is None

@@ -61,17 +61,21 @@ def elastic_round(
     cand_opts: list[Options] = []
     rest: list[Options] = []
     need = 0
+    want = 0  # units if every candidate ran at its fastest option
     queue = ctx.queue(domain)
     for action in queue:
-        held = hold(action) if hold is not None else None
-        if held is not None:
-            ctx.defer(action, held)
-            continue
+        if hold is not None:
+            held = hold(action)
+            if held is not None:
+                ctx.defer(action, held)
+                continue
         opts = options_of(action)
-        if need + opts.units[0] <= free:
+        smallest = opts.units[0]
+        if need + smallest <= free:
             cands.append(action)
             cand_opts.append(opts)
-            need += opts.units[0]
+            need += smallest
+            want += opts.units[opts.fastest]
             if len(cands) == window or need == free:
                 break
         else:
@@ -80,12 +84,11 @@ def elastic_round(
                 break
     if not cands:
         return None
-    fastest = [o.fastest for o in cand_opts]
-    if sum(o.units[k] for o, k in zip(cand_opts, fastest, strict=True)) <= free:
+    if want <= free:
         # No contention: everyone runs at its fastest option, which is optimal for the sum of
         # durations; evicting would give the others units they cannot use.
-        units = [o.units[k] for o, k in zip(cand_opts, fastest, strict=True)]
-        total = sum(o.durations[k] for o, k in zip(cand_opts, fastest, strict=True))
+        units = [o.units[o.fastest] for o in cand_opts]
+        total = sum([o.durations[o.fastest] for o in cand_opts])
         return Round(cands, units, [], "uncontended", total, total)
     if len(cands) == 1:  # nothing to evict: it takes its best option within the free units
         chosen, method = allocate(cand_opts, free)
