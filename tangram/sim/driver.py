@@ -30,7 +30,6 @@ from tangram.sim.config import SimConfig
 from tangram.sim.residency import ResidencyModel
 from tangram.sim.trace import Trace, TraceRow
 
-
 _RESOURCE_KINDS = {kind.value: kind for kind in ResourceKind}
 
 
