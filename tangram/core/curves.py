@@ -125,7 +125,7 @@ class Amdahl(ElasticityCurve):
             _check_units(units[0])
         t1, s = self.t1_seconds, self.serial_fraction
         serial, parallel = t1 * s, t1 * (1.0 - s)
-        return tuple(serial + parallel / u for u in units)
+        return tuple([serial + parallel / u for u in units])
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "t1": self.t1_seconds, "serial_fraction": self.serial_fraction}

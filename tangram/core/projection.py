@@ -24,21 +24,31 @@ def projected_total(
 ) -> float:
     """Sum of estimated ACT from ``now`` for the chosen (units, duration) pairs and ``queued``.
 
-    ``busy`` holds (estimated finish, units) of running actions; ``free_left`` the units no
-    candidate took.
+    ``busy`` holds (estimated finish, units) of running actions, sorted, with finishes already
+    in the past moved to ``now``: the caller sorts it once for every alternative it compares,
+    and each call merges it with a small heap of the projection's own starts. ``free_left`` is
+    the units no candidate took.
     """
-    total = sum(d for _, d in chosen)
+    total = sum([d for _, d in chosen])
     if not queued:
         return total
-    heap = [(max(t, now), u) for t, u in busy]
-    heap += [(now + d, u) for u, d in chosen]
+    heap = [(now + d, u) for u, d in chosen]
     heapq.heapify(heap)
+    pop, push = heapq.heappop, heapq.heappush
+    b, nb = 0, len(busy)
     clock, avail = now, free_left
     for opt in queued:
         need = opt.units[0]
-        while avail < need and heap:
-            t, u = heapq.heappop(heap)
-            clock = max(clock, t)
+        while avail < need:  # the next finish, from whichever of the two sources is earlier
+            if b < nb and (not heap or busy[b] <= heap[0]):
+                t, u = busy[b]
+                b += 1
+            elif heap:
+                t, u = pop(heap)
+            else:
+                break
+            if t > clock:
+                clock = t
             avail += u
         if avail < need:  # cannot start within the projection: count it from the last finish
             total += clock - now + opt.durations[0]
@@ -46,6 +56,6 @@ def projected_total(
         k = opt.best_within(avail)
         u, d = opt.units[k], opt.durations[k]
         total += clock - now + d
-        heapq.heappush(heap, (clock + d, u))
+        push(heap, (clock + d, u))
         avail -= u
     return total

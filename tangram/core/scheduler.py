@@ -116,6 +116,7 @@ class Options(_OptionFields):
 
 
 _EMPTY: tuple[Action, ...] = ()
+_NONE: dict[str, Action] = {}
 
 
 class Running(NamedTuple):
@@ -171,7 +172,7 @@ class Context:
         return iter(self.scheduler.gpu_by_service.get(service, _EMPTY))
 
     def queued_of_trajectory(self, trajectory: str) -> Iterator[Action]:
-        return iter(self.scheduler.by_trajectory.get(trajectory, _EMPTY))
+        return iter(tuple(self.scheduler.by_trajectory.get(trajectory, _NONE).values()))
 
     def running_in(self, domain: Domain) -> Iterator[Running]:
         return iter(self.scheduler.running_by_domain.get(domain, {}).values())
@@ -264,7 +265,9 @@ class Scheduler:
         self.unbounded = bool(getattr(policy, "unbounded", False))
         self.queues: dict[Domain, FcfsQueue] = {}
         self.gpu_by_service: dict[str, FcfsQueue] = {}
-        self.by_trajectory: dict[str, FcfsQueue] = {}
+        #: trajectory -> its queued actions by id, in arrival order (a trajectory has few queued
+        #: at once, so a plain dict is its FCFS queue; readers iterate a copy).
+        self.by_trajectory: dict[str, dict[str, Action]] = {}
         self.options: dict[str, Options] = {}
         self.domain_of: dict[str, Domain] = {}
         self.running: dict[str, Running] = {}
@@ -363,7 +366,7 @@ class Scheduler:
         Actions of it still queued are rejected: nobody will collect their results.
         """
         ctx = self._begin(now)
-        for action in list(self.by_trajectory.get(trajectory, _EMPTY)):
+        for action in list(self.by_trajectory.get(trajectory, _NONE).values()):
             ctx.reject(action, f"trajectory {trajectory} closed while the action was queued")
         for aid, action in list(self.waiting_for_memory.items()):
             if action.trajectory == trajectory:
@@ -578,8 +581,9 @@ class Scheduler:
         queue.push(action)
         by_traj = self.by_trajectory.get(action.trajectory)
         if by_traj is None:
-            by_traj = self.by_trajectory[action.trajectory] = FcfsQueue()
-        by_traj.push(action)
+            self.by_trajectory[action.trajectory] = {aid: action}
+        else:
+            by_traj[aid] = action
         if kind is ResourceKind.GPU:
             self.gpu_by_service.setdefault(action.service or "", FcfsQueue()).push(action)
         ctx.arrived.append(action)
@@ -594,10 +598,8 @@ class Scheduler:
         queue.remove(aid)
         touched.add(queue)
         by_traj = self.by_trajectory[action.trajectory]
-        by_traj.remove(aid)
-        if by_traj:
-            touched.add(by_traj)
-        else:
+        del by_traj[aid]
+        if not by_traj:
             del self.by_trajectory[action.trajectory]
         if action.resource is ResourceKind.GPU:
             by_service = self.gpu_by_service[action.service or ""]

@@ -14,7 +14,7 @@ For each domain whose capacity or queue changed (paper-notes.md, "Elastic schedu
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from tangram.core.action import Action
 from tangram.core.allocation import allocate
@@ -28,9 +28,8 @@ from tangram.core.scheduler import GPU_DOMAIN, Context, Domain, Options
 _EPS = 1e-9
 
 
-@dataclass(frozen=True)
-class Round:
-    """The outcome of one domain's allocation and eviction."""
+class Round(NamedTuple):
+    """The outcome of one domain's allocation and eviction (a NamedTuple: one per pass)."""
 
     kept: list[Action]
     units: list[int]
@@ -100,13 +99,21 @@ def elastic_round(
             break
         if hold is None or hold(action) is None:
             rest.append(options_of(action))
-    busy = [(r.est_finish, r.start.units) for r in ctx.running_in(domain) if not r.start.in_slot]
+    now = ctx.now
+    # Running actions' (finish, units), sorted once for every alternative compared.
+    busy = sorted(
+        [
+            (r.est_finish if r.est_finish > now else now, r.start.units)
+            for r in ctx.running_in(domain)
+            if not r.start.in_slot
+        ]
+    )
 
     def estimate(k: int) -> tuple[float, list[int], str]:
         chosen, method = allocate(cand_opts[:k], free)
         pairs = [(o.units[c], o.durations[c]) for o, c in zip(cand_opts[:k], chosen, strict=True)]
-        left = free - sum(u for u, _ in pairs)
-        return projected_total(ctx.now, pairs, busy, left, cand_opts[k:] + rest), chosen, method
+        left = free - sum([u for u, _ in pairs])
+        return projected_total(now, pairs, busy, left, cand_opts[k:] + rest), chosen, method
 
     k = len(cands)
     best, chosen, method = estimate(k)
