@@ -90,20 +90,24 @@ class Action:
         constructor enforced the same rules, and checking twice was a tenth of its time.
         """
         action = object.__new__(cls)
-        action.__dict__.update(
-            id=id,
-            trajectory=trajectory,
-            resource=resource,
-            curve=curve,
-            arrival=arrival,
-            max_units=max_units,
-            task=task,
-            kind=kind,
-            memory_gb=memory_gb,
-            service=service,
-            service_size_gb=service_size_gb,
-            node=None,
-            payload=None,
+        object.__setattr__(
+            action,
+            "__dict__",
+            {
+                "id": id,
+                "trajectory": trajectory,
+                "resource": resource,
+                "curve": curve,
+                "arrival": arrival,
+                "max_units": max_units,
+                "task": task,
+                "kind": kind,
+                "memory_gb": memory_gb,
+                "service": service,
+                "service_size_gb": service_size_gb,
+                "node": None,
+                "payload": None,
+            },
         )
         return action
 

@@ -77,15 +77,17 @@ def allocate_greedy(options: Sequence[Options], free_units: int) -> list[int]:
             if gain > 0:
                 heap.append((-gain, i))
     heapq.heapify(heap)
+    durations = [o.durations for o in options]
+    replace, pop = heapq.heapreplace, heapq.heappop
     while left > 0 and heap:
-        _, i = heapq.heappop(heap)
-        chosen[i] += 1
+        i = heap[0][1]  # the largest gain; pop it, or replace it with its next step's gain
+        k = chosen[i] = chosen[i] + 1
         left -= 1
-        opt, k = options[i], chosen[i]
-        if k + 1 < len(opt.units):
-            gain = opt.durations[k] - opt.durations[k + 1]
-            if gain > 0:
-                heapq.heappush(heap, (-gain, i))
+        d = durations[i]
+        if k + 1 < len(d) and d[k] - d[k + 1] > 0:
+            replace(heap, (d[k + 1] - d[k], i))
+        else:
+            pop(heap)
     return chosen
 
 

@@ -115,6 +115,18 @@ class Amdahl(ElasticityCurve):
         if not isinstance(s, int | float) or not 0.0 <= s <= 1.0:
             raise CurveError(f"amdahl serial_fraction must lie in [0, 1], got {s!r}")
 
+    @classmethod
+    def prevalidated(cls, t1_seconds: float, serial_fraction: float) -> Amdahl:
+        """A curve from parameters a validating record already checked (a trace row: t1 > 0
+        and finite, s in [0, 1]); skips ``__post_init__``, as the replay builds one per action."""
+        curve = object.__new__(cls)
+        object.__setattr__(
+            curve,
+            "__dict__",
+            {"t1_seconds": t1_seconds, "serial_fraction": serial_fraction, "kind": "amdahl"},
+        )
+        return curve
+
     def duration(self, units: int) -> float:
         _check_units(units)
         s = self.serial_fraction

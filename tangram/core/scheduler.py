@@ -205,26 +205,28 @@ class Context:
     ) -> Start:
         sched = self.scheduler
         opts = sched.options[action.id]
-        if units not in opts.units:
+        try:
+            option = opts.units.index(units)
+        except ValueError:
             raise CapacityError(
                 f"{action.id}: {units} units is not one of its options {opts.units}"
-            )
+            ) from None
         restore, overhead = False, 0.0
         if action.resource is ResourceKind.GPU and not sched.unbounded:
             restore = not self.state.gpu[node].is_resident(action.service or "", gpus)
             overhead = self.restore_cost(action, node, len(gpus)) if restore else 0.0
-        decision = Start(
-            time=self.now,
-            action=action,
-            node=node,
-            units=units,
-            reason=reason,
-            cores=cores,
-            gpus=gpus,
-            restore=restore,
-            in_slot=in_slot,
-            est_duration=opts.durations[opts.units.index(units)],
-            est_overhead=overhead,
+        decision = Start(  # positional, in field order: the hot path of every replay
+            self.now,
+            action,
+            node,
+            units,
+            reason,
+            cores,
+            gpus,
+            restore,
+            in_slot,
+            opts.durations[option],
+            overhead,
         )
         sched._apply_start(decision)
         self.decisions.append(decision)

@@ -236,8 +236,8 @@ class TraceRow:
     def curve_object(self) -> ElasticityCurve:
         """The elasticity curve: Amdahl(t1, s) if ``serial_fraction`` is set, the ``curve`` dict
         rebuilt if given, else Inelastic(t1)."""
-        if self.serial_fraction is not None:
-            return Amdahl(self.t1_s, self.serial_fraction)
+        if self.serial_fraction is not None:  # both checked when the row was built
+            return Amdahl.prevalidated(self.t1_s, self.serial_fraction)
         if self.curve is not None:
             return curve_from_dict(self.curve)
         return Inelastic(self.t1_s)
