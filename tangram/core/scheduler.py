@@ -232,6 +232,40 @@ class Context:
         self.decisions.append(decision)
         return decision
 
+    def start_on_cores(self, action: Action, node: str, units: int, reason: str) -> Start:
+        """Start a CPU action on ``units`` cores of its node that the core picks and takes at
+        once (``CpuNodeState.choose_cores``: NUMA-local, best fit)."""
+        sched = self.scheduler
+        domain = sched.domain_of[action.id]
+        if domain[1] != node or domain[0] != "cpu":
+            raise CapacityError(
+                f"{action.id}: CPU action started on {node}, its container is on {domain[1]}"
+            )
+        opts = sched.options[action.id]
+        try:
+            option = opts.units.index(units)
+        except ValueError:
+            raise CapacityError(
+                f"{action.id}: {units} units is not one of its options {opts.units}"
+            ) from None
+        cores = self.state.cpu[node].grant_cores(units)
+        decision = Start(
+            self.now,
+            action,
+            node,
+            units,
+            reason,
+            cores,
+            (),
+            False,
+            False,
+            opts.durations[option],
+            0.0,
+        )
+        sched._record_start(decision)
+        self.decisions.append(decision)
+        return decision
+
     def defer(self, action: Action, reason: str) -> None:
         self.decisions.append(Defer(self.now, action, reason))
 
@@ -265,6 +299,8 @@ class Scheduler:
         self.state = ClusterState(cluster)
         self.policy = policy
         self.unbounded = bool(getattr(policy, "unbounded", False))
+        #: The policy decides only about queued actions, so a pass with none waiting is skipped.
+        self._queue_driven = bool(getattr(policy, "queue_driven", False))
         self.queues: dict[Domain, FcfsQueue] = {}
         self.gpu_by_service: dict[str, FcfsQueue] = {}
         #: trajectory -> its queued actions by id, in arrival order (a trajectory has few queued
@@ -314,6 +350,8 @@ class Scheduler:
         missing = [a for a in finished if a not in self.running]
         if missing:
             raise KeyError(f"finish of {missing[0]!r}, which is not running")
+        if not arrived and self._queue_driven and not self._queued_behind(finished):
+            return self._finish_idle(now, finished)
         ctx = self._begin(now)
         for action_id in finished:
             running = self.running.pop(action_id)
@@ -438,6 +476,33 @@ class Scheduler:
             queue.compact()
         self._touched.clear()
         return Context(self, now)
+
+    def _queued_behind(self, finished: Sequence[str]) -> bool:
+        """Whether an action waits in a domain these completions free units of."""
+        queues, running = self.queues, self.running
+        for action_id in finished:
+            queue = queues.get(running[action_id].domain)
+            if queue is not None and queue.live:
+                return True
+        return False
+
+    def _finish_idle(self, now: float, finished: Sequence[str]) -> list[Decision]:
+        """Completions that free units nobody waits for: return them, skip the pass.
+
+        Only for a ``queue_driven`` policy, whose pass over domains with empty queues decides
+        nothing (about half of all passes in a large replay).
+        """
+        if now < self.now - 1e-9:
+            raise ValueError(f"time went backwards: event at {now} after {self.now}")
+        if now > self.now:
+            self.now = now
+        if self.wakeup is not None and self.wakeup <= now:
+            self.wakeup = None
+        for action_id in finished:
+            running = self.running.pop(action_id)
+            del self.running_by_domain[running.domain][action_id]
+            self._release(running.start)
+        return []
 
     def _run(self, ctx: Context) -> list[Decision]:
         if ctx.dirty or ctx.arrived or ctx.finished:
@@ -631,6 +696,11 @@ class Scheduler:
                 self.state.gpu[start.node].take(start.gpus, action.id)
             else:
                 self.state.api[action.service or ""].take(start.time)
+        self._record_start(start)
+
+    def _record_start(self, start: Start) -> None:
+        """The action leaves the queue and runs (its capacity is already taken)."""
+        action = start.action
         domain = self._dequeue(action)
         running = Running(
             action, start, domain, start.time + start.est_duration + start.est_overhead

@@ -72,6 +72,19 @@ class CpuNodeState:
                 break
         return tuple(chosen)
 
+    def grant_cores(self, n: int) -> tuple[int, ...]:
+        """``choose_cores`` and take them: chosen from the free sets, they need no re-check."""
+        cores = self.choose_cores(n)
+        per = self._per_numa
+        first = cores[0] // per if cores else -1
+        if first >= 0 and first == cores[-1] // per:  # chosen sorted within one domain
+            self.free_by_numa[first].difference_update(cores)
+            self.free_cores -= n
+            self.usage.cores += n
+        else:
+            self.take_cores(cores)
+        return cores
+
     def take_cores(self, cores: tuple[int, ...]) -> None:
         per = self._per_numa
         first = cores[0] // per if cores else -1

@@ -35,9 +35,9 @@ from tangram.sim.trace import Trace, TraceRow
 _RESOURCE_KINDS = {kind.value: kind for kind in ResourceKind}
 
 
-@dataclass
+@dataclass(slots=True)
 class ActionRecord:
-    """What happened to one action (one row of the per-action results)."""
+    """What happened to one action (one row of the per-action results; slotted, one per action)."""
 
     row: TraceRow
     arrival: float

@@ -16,6 +16,7 @@ from tangram.core import (
     Start,
     make_policy,
 )
+from tangram.core.state import CapacityError
 
 CPU2 = (CpuNodeSpec("n0", 8, 2, 16.0), CpuNodeSpec("n1", 8, 2, 16.0))
 GPU = (GpuNodeSpec("g0", 8, 80.0, 1000.0, h2d_gbps=20.0, restore_fixed_s=0.1),)
@@ -249,3 +250,58 @@ def test_a_queued_action_can_be_withdrawn_and_never_starts():
     assert sched.withdraw("c1", 0.5) is False  # not waiting any more
     assert sched.withdraw("c0", 0.5) is False  # running: too late
     assert sched.finish("c0", 1.0) == [] and sched.queued == 0
+
+
+class CountingPolicy:
+    """Starts every queued CPU action on one core; counts the passes it is given."""
+
+    name = "counting"
+
+    def __init__(self, queue_driven: bool) -> None:
+        self.queue_driven = queue_driven
+        self.passes = 0
+
+    def schedule(self, ctx) -> None:
+        self.passes += 1
+        for domain in list(ctx.dirty):
+            for action in ctx.queue(domain):
+                if ctx.state.cpu[domain[1]].free_cores:
+                    ctx.start_on_cores(action, domain[1], 1, "one core")
+
+
+@pytest.mark.parametrize("queue_driven", [True, False])
+def test_a_completion_nobody_waits_for_skips_the_pass_only_for_queue_driven_policies(
+    queue_driven,
+):
+    policy = CountingPolicy(queue_driven)
+    sched = Scheduler(ClusterSpec("one", (CpuNodeSpec("n", 1, 1, 16.0),)), policy)
+    first, second = cpu(1, max_units=1), cpu(2, max_units=1)
+    sched.submit_many([first, second], 0.0)  # one core: the second waits
+    assert sched.finish("c1", 1.0) and policy.passes == 2  # someone waited: a pass, it starts
+    assert sched.finish("c2", 2.0) == [] and sched.state.cpu["n"].free_cores == 1
+    assert policy.passes == (2 if queue_driven else 3)  # nobody waits: skipped when allowed
+    with pytest.raises(ValueError, match="time went backwards"):
+        sched.finish_many([], 1.0)
+
+
+def test_the_bundled_rules_say_which_policies_may_skip_idle_passes():
+    assert make_policy("tangram").queue_driven and make_policy("fixed:4").queue_driven
+    # A static pod is granted to a waiting trajectory whatever is queued; replicas are
+    # deployed by observing arrivals: those policies see every pass.
+    assert not make_policy("k8s-static").queue_driven
+    assert not make_policy("sglang-static").queue_driven
+
+
+def test_start_on_cores_picks_numa_local_cores_and_refuses_the_wrong_node_or_size():
+    sched = Scheduler(CLUSTER, CountingPolicy(True))
+    node = sched.open_trajectory("t", 0.0, memory_gb=1.0)
+    ctx = sched._begin(0.0)
+    sched._enqueue(cpu(1), ctx)
+    other = "n1" if node == "n0" else "n0"
+    with pytest.raises(CapacityError, match="its container is on"):
+        ctx.start_on_cores(ctx.scheduler.queues[("cpu", node)].live["c1"], other, 2, "x")
+    with pytest.raises(CapacityError, match="not one of its options"):
+        ctx.start_on_cores(ctx.scheduler.queues[("cpu", node)].live["c1"], node, 5, "x")
+    start = ctx.start_on_cores(ctx.scheduler.queues[("cpu", node)].live["c1"], node, 3, "x")
+    assert start.cores == (0, 1, 2) and sched.state.cpu[node].free_cores == 5  # one NUMA domain
+    assert sched.state.held_cores == 3 and "c1" in sched.running

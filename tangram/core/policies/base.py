@@ -22,6 +22,11 @@ class Policy(Protocol):
 class DomainRule:
     """How one resource kind is scheduled. Override ``schedule_domain``; hooks are optional."""
 
+    #: True when ``schedule_domain`` decides only about the domain's queued actions, so a pass
+    #: in which no freed domain has any is a no-op the scheduler may skip. Off by default: a
+    #: rule that acts on something else (a static pod granted to a waiting trajectory) must run.
+    queue_driven: bool = False
+
     def observe(self, ctx: Context) -> None:
         """See the pass's arrivals and completions before any domain is scheduled."""
 
@@ -47,6 +52,7 @@ class CompositePolicy:
         self._observers = [
             r for r in self.rules.values() if type(r).observe is not DomainRule.observe
         ]
+        self.queue_driven = not self._observers and all(r.queue_driven for r in self.rules.values())
 
     def schedule(self, ctx: Context) -> None:
         for rule in self._observers:

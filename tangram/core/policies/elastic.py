@@ -131,6 +131,8 @@ def elastic_round(
 class ElasticCpu(DomainRule):
     """CPU nodes under the tangram policy."""
 
+    queue_driven = True
+
     def __init__(self, window: int = 32, depth: int = 32) -> None:
         self.window, self.depth = window, depth
 
@@ -142,13 +144,13 @@ class ElasticCpu(DomainRule):
         rnd = elastic_round(ctx, domain, free, window=self.window, depth=self.depth)
         if rnd is None:
             return
+        name = node.spec.name
         for action, units in zip(rnd.kept, rnd.units, strict=True):
-            ctx.start(
+            ctx.start_on_cores(
                 action,
-                node.spec.name,
+                name,
                 units,
                 f"tangram: {units} of {free} free cores ({rnd.method}, {len(rnd.kept)} started)",
-                cores=node.choose_cores(units),
             )
         _defer_evicted(ctx, rnd)
 
@@ -162,6 +164,8 @@ class ElasticGpu(DomainRule):
     elasticity only wins where it beats a restore. Cells needing a restore are chosen where the
     fewest other services would be evicted.
     """
+
+    queue_driven = True
 
     def __init__(self, window: int = 32, depth: int = 32) -> None:
         self.window, self.depth = window, depth

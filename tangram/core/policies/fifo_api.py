@@ -9,6 +9,8 @@ from tangram.core.scheduler import Context, Domain
 class FifoApi(DomainRule):
     """Start queued calls in order while a call slot and a rate token are free."""
 
+    queue_driven = True
+
     def schedule_domain(self, ctx: Context, domain: Domain) -> None:
         api = ctx.state.api[domain[1]]
         for action in ctx.queue(domain):

@@ -17,6 +17,8 @@ def _fixed_units(opts: Options, k: int) -> int:
 
 
 class FixedCpu(DomainRule):
+    queue_driven = True
+
     def __init__(self, dop: int) -> None:
         self.dop = dop
 
@@ -26,16 +28,12 @@ class FixedCpu(DomainRule):
             units = _fixed_units(ctx.options(action), self.dop)
             if node.free_cores < units:
                 return
-            ctx.start(
-                action,
-                node.spec.name,
-                units,
-                f"fixed:{self.dop}: {units} cores",
-                cores=node.choose_cores(units),
-            )
+            ctx.start_on_cores(action, node.spec.name, units, f"fixed:{self.dop}: {units} cores")
 
 
 class FixedGpu(DomainRule):
+    queue_driven = True
+
     def __init__(self, dop: int) -> None:
         self.dop = dop
 

@@ -13,6 +13,7 @@ from tangram.core.scheduler import Context
 class LowerBound:
     name = "lower-bound"
     unbounded = True
+    queue_driven = True  # it starts arrivals; completions never need a pass
 
     def schedule(self, ctx: Context) -> None:
         cluster = ctx.scheduler.cluster
