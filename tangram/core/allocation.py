@@ -66,14 +66,24 @@ def _dp_single(opt: Options, free_units: int) -> int:
     return d.index(min(d))
 
 
-def allocate_greedy(options: Sequence[Options], free_units: int) -> list[int]:
-    """Marginal-gain allocation (see module docstring); ties go to the earlier candidate."""
-    chosen = [0] * len(options)
-    left = free_units - sum(o.units[0] for o in options)
+def allocate_greedy(
+    options: Sequence[Options], free_units: int, resume: Sequence[int] | None = None
+) -> list[int]:
+    """Marginal-gain allocation (see module docstring); ties go to the earlier candidate.
+
+    ``resume``: option indices from a greedy run over these candidates *and more after them*
+    (the eviction test drops the last candidate and re-allocates). The units handed out follow
+    one fixed order per candidate set, and dropping a candidate never reorders the others' picks,
+    so the run continues from there with the same result as one from scratch, handing out only
+    the units the dropped candidate had.
+    """
+    chosen = [0] * len(options) if resume is None else list(resume)
+    left = free_units - sum([o.units[c] for o, c in zip(options, chosen, strict=True)])
     heap: list[tuple[float, int]] = []
     for i, opt in enumerate(options):
-        if len(opt.units) > 1:
-            gain = opt.durations[0] - opt.durations[1]
+        c = chosen[i]
+        if c + 1 < len(opt.units):
+            gain = opt.durations[c] - opt.durations[c + 1]
             if gain > 0:
                 heap.append((-gain, i))
     heapq.heapify(heap)

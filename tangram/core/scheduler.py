@@ -603,7 +603,9 @@ class Scheduler:
         cannot deadlock anyone). A container that must grow but cannot is an error instead:
         waiting would hold the container's memory while asking for more (hold-and-wait).
         """
-        traj = self.trajectories.setdefault(action.trajectory, TrajectoryState(action.trajectory))
+        traj = self.trajectories.get(action.trajectory)
+        if traj is None:
+            traj = self.trajectories[action.trajectory] = TrajectoryState(action.trajectory)
         if traj.node is None:
             return self._bind(traj, action.memory_gb, action.node)
         extra = action.memory_gb - traj.memory_gb
@@ -652,7 +654,10 @@ class Scheduler:
         else:
             by_traj[aid] = action
         if kind is ResourceKind.GPU:
-            self.gpu_by_service.setdefault(action.service or "", FcfsQueue()).push(action)
+            by_service = self.gpu_by_service.get(action.service or "")
+            if by_service is None:
+                by_service = self.gpu_by_service[action.service or ""] = FcfsQueue()
+            by_service.push(action)
         ctx.arrived.append(action)
         ctx.dirty[domain] = None
 

@@ -3,7 +3,7 @@
 import itertools
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from tangram.core import Amdahl, Tabulated
@@ -94,3 +94,17 @@ def test_one_candidate_shortcut_picks_what_the_full_methods_pick(curve, top, gpu
     chosen, method = allocate(options, free)
     full = allocate_greedy(options, free) if method == "greedy" else allocate_dp(options, free)
     assert chosen == full
+
+
+@given(
+    st.lists(st.tuples(curves, st.integers(1, 12)), min_size=2, max_size=6),
+    st.integers(0, 40),
+)
+def test_greedy_resumed_after_dropping_the_last_candidate_equals_greedy_from_scratch(cands, extra):
+    # The eviction test drops the latest candidate and re-allocates by resuming the greedy.
+    options = [opts(c, top) for c, top in cands]
+    assume(greedy_applies(options))
+    free = sum(o.units[0] for o in options) + extra
+    with_all = allocate_greedy(options, free)
+    fewer = options[:-1]
+    assert allocate_greedy(fewer, free, resume=with_all[:-1]) == allocate_greedy(fewer, free)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from tangram.core.action import Action
-from tangram.core.allocation import allocate
+from tangram.core.allocation import allocate, allocate_greedy, greedy_applies
 from tangram.core.gpu_placement import place_cell
 from tangram.core.policies.base import DomainRule
 from tangram.core.projection import projected_total
@@ -109,17 +109,23 @@ def elastic_round(
         ]
     )
 
-    def estimate(k: int) -> tuple[float, list[int], str]:
-        chosen, method = allocate(cand_opts[:k], free)
+    greedy = greedy_applies(cand_opts)
+
+    def estimate(k: int, previous: list[int] | None) -> tuple[float, list[int], str]:
+        if greedy:  # resumes from the allocation with one more candidate (see allocate_greedy)
+            chosen = allocate_greedy(cand_opts[:k], free, previous[:k] if previous else None)
+            method = "greedy"
+        else:
+            chosen, method = allocate(cand_opts[:k], free)
         pairs = [(o.units[c], o.durations[c]) for o, c in zip(cand_opts[:k], chosen, strict=True)]
         left = free - sum([u for u, _ in pairs])
         return projected_total(now, pairs, busy, left, cand_opts[k:] + rest), chosen, method
 
     k = len(cands)
-    best, chosen, method = estimate(k)
+    best, chosen, method = estimate(k, None)
     first = best
     while k > 1:
-        trial, trial_chosen, trial_method = estimate(k - 1)
+        trial, trial_chosen, trial_method = estimate(k - 1, chosen)
         if trial < best - _EPS:
             k, best, chosen, method = k - 1, trial, trial_chosen, trial_method
         else:
