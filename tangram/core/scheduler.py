@@ -721,7 +721,7 @@ class Scheduler:
             return
         action = start.action
         if action.resource is ResourceKind.CPU:
-            self.state.cpu[start.node].give_cores(start.cores)
+            self.state.cpu[start.node].release_granted(start.cores)
         elif action.resource is ResourceKind.GPU:
             self.state.gpu[start.node].give(start.gpus, action.id)
         else:

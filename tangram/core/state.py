@@ -112,6 +112,22 @@ class CpuNodeState:
         self.free_cores -= len(cores)
         self.usage.cores += len(cores)
 
+    def release_granted(self, cores: tuple[int, ...]) -> None:
+        """Return cores a running action was granted (by ``take_cores`` or ``grant_cores``).
+
+        The scheduler calls it once per action, for cores it checked when it took them, so
+        only the cheap path: a refused return (``give_cores``) cannot happen here.
+        """
+        per = self._per_numa
+        first = cores[0] // per if cores else -1
+        if first >= 0 and first == min(cores) // per == max(cores) // per:
+            domain = self.free_by_numa[first]
+            domain.update(cores)
+            self.free_cores += len(cores)
+            self.usage.cores -= len(cores)
+        else:
+            self.give_cores(cores)
+
     def give_cores(self, cores: tuple[int, ...]) -> None:
         per = self._per_numa
         first = cores[0] // per if cores else -1

@@ -56,6 +56,17 @@ def elastic_round(
     may keep an action out of this pass, with the reason it returns.
     """
     options_of = options_of or ctx.options
+    if hold is None and ctx.queue_len(domain) == 1:  # most passes: one action, no lists
+        action = next(ctx.queue(domain))
+        opts = options_of(action)
+        if opts.units[0] > free:
+            return None
+        if opts.units[opts.fastest] <= free:
+            chosen, method = [opts.fastest], "uncontended"
+        else:
+            chosen, method = allocate([opts], free)
+        d = opts.durations[chosen[0]]
+        return Round([action], [opts.units[chosen[0]]], [], method, d, d)
     cands: list[Action] = []
     cand_opts: list[Options] = []
     rest: list[Options] = []
