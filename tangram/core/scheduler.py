@@ -359,7 +359,19 @@ class Scheduler:
             self._release(running.start)
             ctx.finished.append(running)
             ctx.dirty[running.domain] = None
+        trajectories, seen = self.trajectories, self.seen
         for action in arrived:
+            if action.resource is ResourceKind.CPU and action.node is None and not self.unbounded:
+                traj = trajectories.get(action.trajectory)
+                if (
+                    traj is not None
+                    and traj.node is not None
+                    and action.memory_gb <= traj.memory_gb
+                    and action.id not in seen
+                ):  # its container is placed and big enough: nothing to check or reserve
+                    seen.add(action.id)
+                    self._enqueue(action, ctx)
+                    continue
             problem = self._infeasible(action)
             if problem:
                 ctx.decisions.append(Reject(now, action, problem))

@@ -127,6 +127,8 @@ class Simulation:
         self._flush_queued = False
         self._unbounded = self.scheduler.unbounded
         self._usage = self.scheduler.state.usage
+        #: Record usage after every event (an unbounded policy holds nothing to record).
+        self._sampling = self.config.timeline and not self._unbounded
 
     # ------------------------------------------------------------------ run
     def run(self) -> SimResult:
@@ -260,7 +262,7 @@ class Simulation:
         self.records[row.action_id] = ActionRecord(row, now)
         self.waiters[row.action_id] = on_done
         self._pending_arrivals.append(action)
-        self._queue_flush()
+        self._flush_queued = True  # the core sees it once this instant has no event left
 
     def _run_events(self) -> None:
         """SimPy's event loop, handing the core each instant's events once none is left at it.
@@ -278,9 +280,6 @@ class Simulation:
                 step()
             except EmptySchedule:  # (a pending flush was handled above: peek() is inf > now)
                 return
-
-    def _queue_flush(self) -> None:
-        self._flush_queued = True
 
     def _flush(self) -> None:
         self._flush_queued = False
@@ -300,19 +299,22 @@ class Simulation:
         self._apply(self.scheduler.tick(self.env.now))
 
     def _apply(self, decisions: list[Decision]) -> None:
-        self.decisions += len(decisions)
-        for d in decisions:
-            rec = self.records[d.action.id]
-            if isinstance(d, Start):
-                self._start(d, rec)
-            elif isinstance(d, Reject):
-                rec.outcome, rec.reason = "rejected", d.reason
-                rec.start = rec.finish = self.env.now
-                self.waiters.pop(d.action.id)()
-            elif isinstance(d, Defer):
-                rec.deferrals += 1
-        if self.config.timeline:
-            self._sample()
+        if decisions:
+            self.decisions += len(decisions)
+            records = self.records
+            for d in decisions:
+                rec = records[d.action.id]
+                if type(d) is Start:
+                    self._start(d, rec)
+                elif isinstance(d, Reject):
+                    rec.outcome, rec.reason = "rejected", d.reason
+                    rec.start = rec.finish = self.env.now
+                    self.waiters.pop(d.action.id)()
+                elif isinstance(d, Defer):
+                    rec.deferrals += 1
+        if self._sampling:
+            usage = self._usage
+            self.timeline.append((self.env.now, usage.cores, usage.gpus, usage.api_calls))
 
     def _start(self, d: Start, rec: ActionRecord) -> None:
         now = self.env.now
@@ -356,16 +358,10 @@ class Simulation:
         rec.finish = self.env.now
         rec.outcome = "result"
         self._pending_finishes.append(action_id)
-        self._queue_flush()
+        self._flush_queued = True
         self.waiters.pop(action_id)()
         if self.progress:
             self.progress(1)
-
-    def _sample(self) -> None:
-        if self._unbounded:
-            return
-        usage = self._usage
-        self.timeline.append((self.env.now, usage.cores, usage.gpus, usage.api_calls))
 
 
 @contextmanager
