@@ -166,7 +166,13 @@ class Context:
         return iter(self.scheduler.queues.get(domain, _EMPTY))
 
     def queue_len(self, domain: Domain) -> int:
-        return len(self.scheduler.queues.get(domain, _EMPTY))
+        queue = self.scheduler.queues.get(domain)
+        return len(queue.live) if queue is not None else 0
+
+    def queue_head(self, domain: Domain) -> Action | None:
+        """The oldest queued action of a domain (None when the queue is empty)."""
+        queue = self.scheduler.queues.get(domain)
+        return next(iter(queue.live.values()), None) if queue is not None else None
 
     def queued_of_service(self, service: str) -> Iterator[Action]:
         return iter(self.scheduler.gpu_by_service.get(service, _EMPTY))

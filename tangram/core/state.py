@@ -56,6 +56,10 @@ class CpuNodeState:
         large domains whole for large actions); otherwise the emptiest domains first, so the
         action spans as few domains as possible.
         """
+        return tuple([c for _, cores in self._pick(n) for c in cores])
+
+    def _pick(self, n: int) -> list[tuple[set[int], list[int]]]:
+        """``choose_cores`` as (free set of a NUMA domain, its lowest cores chosen) pairs."""
         if n > self.free_cores:
             raise CapacityError(f"{self.spec.name}: {n} cores asked, {self.free_cores} free")
         best, best_free = None, self.spec.cores + 1
@@ -64,26 +68,28 @@ class CpuNodeState:
             if n <= free < best_free:
                 best, best_free = domain, free
         if best is not None:
-            return tuple(sorted(best)[:n])
-        chosen: list[int] = []
-        for _, d in sorted(((-len(s), d) for d, s in enumerate(self.free_by_numa))):
-            chosen += sorted(self.free_by_numa[d])[: n - len(chosen)]
-            if len(chosen) == n:
+            return [(best, sorted(best)[:n])]
+        picks = []
+        left = n
+        for _, d in sorted([(-len(s), d) for d, s in enumerate(self.free_by_numa)]):
+            domain = self.free_by_numa[d]
+            cores = sorted(domain)[:left]
+            picks.append((domain, cores))
+            left -= len(cores)
+            if left == 0:
                 break
-        return tuple(chosen)
+        return picks
 
     def grant_cores(self, n: int) -> tuple[int, ...]:
         """``choose_cores`` and take them: chosen from the free sets, they need no re-check."""
-        cores = self.choose_cores(n)
-        per = self._per_numa
-        first = cores[0] // per if cores else -1
-        if first >= 0 and first == cores[-1] // per:  # chosen sorted within one domain
-            self.free_by_numa[first].difference_update(cores)
-            self.free_cores -= n
-            self.usage.cores += n
-        else:
-            self.take_cores(cores)
-        return cores
+        picks = self._pick(n)
+        for domain, cores in picks:
+            domain.difference_update(cores)
+        self.free_cores -= n
+        self.usage.cores += n
+        if len(picks) == 1:
+            return tuple(picks[0][1])
+        return tuple([c for _, cores in picks for c in cores])
 
     def take_cores(self, cores: tuple[int, ...]) -> None:
         per = self._per_numa
@@ -121,12 +127,13 @@ class CpuNodeState:
         per = self._per_numa
         first = cores[0] // per if cores else -1
         if first >= 0 and first == min(cores) // per == max(cores) // per:
-            domain = self.free_by_numa[first]
-            domain.update(cores)
-            self.free_cores += len(cores)
-            self.usage.cores -= len(cores)
+            self.free_by_numa[first].update(cores)
         else:
-            self.give_cores(cores)
+            free_by_numa = self.free_by_numa
+            for c in cores:
+                free_by_numa[c // per].add(c)
+        self.free_cores += len(cores)
+        self.usage.cores -= len(cores)
 
     def give_cores(self, cores: tuple[int, ...]) -> None:
         per = self._per_numa

@@ -227,6 +227,21 @@ def test_core_accounting_refuses_double_grants_and_double_returns_across_numa_do
     assert node.usage.cores == 3  # the cluster-wide tally follows every grant and return
 
 
+def test_granting_takes_what_choose_picks_and_release_returns_it_across_numa_domains():
+    from tangram.core.state import CpuNodeState
+
+    node = CpuNodeState(CpuNodeSpec("n", 8, 2, 1.0))
+    node.take_cores((0,))
+    assert node.choose_cores(5) == (4, 5, 6, 7, 1)  # emptiest domain first, then the next
+    cores = node.grant_cores(5)
+    assert cores == (4, 5, 6, 7, 1) and node.free_by_numa == [{2, 3}, set()]
+    assert node.free_cores == 2 and node.usage.cores == 6
+    node.release_granted(cores)
+    assert node.free_by_numa == [{1, 2, 3}, {4, 5, 6, 7}] and node.usage.cores == 1
+    with pytest.raises(CapacityError, match="9 cores asked, 7 free"):
+        node.grant_cores(9)
+
+
 def test_k8s_pods_are_requested_when_trajectories_open_and_granted_fcfs():
     sched = Scheduler(
         ClusterSpec("one", (CpuNodeSpec("n", 8, 1, 64.0),)), make_policy("k8s-static:4")

@@ -57,7 +57,8 @@ def elastic_round(
     """
     options_of = options_of or ctx.options
     if hold is None and ctx.queue_len(domain) == 1:  # most passes: one action, no lists
-        action = next(ctx.queue(domain))
+        action = ctx.queue_head(domain)
+        assert action is not None
         opts = options_of(action)
         if opts.units[0] > free:
             return None
