@@ -63,14 +63,23 @@ class FcfsQueue:
                 yield action
 
     def compact(self) -> None:
+        """Forget removed entries: skip those at the front, and drop them from the list once
+        they are the larger part (so a long run keeps only what is queued, never its history)."""
         items, live = self.items, self.live
-        head = self.head
-        while head < len(items) and items[head].id not in live:
-            head += 1
-        self.head = head
-        if len(items) - head > 2 * len(live) + 64:
-            self.items = [a for a in items[head:] if a.id in live]
+        if not live:
+            items.clear()
             self.head = 0
+            return
+        head = self.head
+        while items[head].id not in live:  # a live entry lies at or after the head
+            head += 1
+        if len(items) - head > 2 * len(live) + 64:  # dead entries behind the head
+            self.items = [a for a in items[head:] if a.id in live]
+            head = 0
+        elif head > 64 and 2 * head > len(items):  # dead entries before it
+            del items[:head]
+            head = 0
+        self.head = head
 
 
 class _OptionFields(NamedTuple):

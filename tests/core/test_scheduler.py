@@ -320,3 +320,20 @@ def test_start_on_cores_picks_numa_local_cores_and_refuses_the_wrong_node_or_siz
     start = ctx.start_on_cores(ctx.scheduler.queues[("cpu", node)].live["c1"], node, 3, "x")
     assert start.cores == (0, 1, 2) and sched.state.cpu[node].free_cores == 5  # one NUMA domain
     assert sched.state.held_cores == 3 and "c1" in sched.running
+
+
+def test_a_queue_keeps_only_what_is_queued_not_its_history():
+    from tangram.core.scheduler import FcfsQueue
+
+    queue = FcfsQueue()
+    for i in range(5000):  # churn: each action queued, then started; one stays behind
+        action = cpu(i)
+        queue.push(action)
+        if i != 7:
+            queue.remove(action.id)
+        queue.compact()
+    assert len(queue) == 1 and len(queue.items) <= 2 * 64 + 2
+    assert [a.id for a in queue] == ["c7"]
+    queue.remove("c7")
+    queue.compact()
+    assert queue.items == [] and list(queue) == []
