@@ -76,9 +76,7 @@ def timeline_frame(result: SimResult) -> pd.DataFrame:
     any overhead) from the action records, so execution starts that are not scheduler events
     get rows of their own.
     """
-    held = pd.DataFrame(
-        result.timeline, columns=["time", "held_cores", "held_gpus", "api_in_flight"]
-    )
+    held = pd.DataFrame(result.timeline.columns())
     held = held.drop_duplicates("time", keep="last").astype(float)
     changes = {}
     for resource, column in (("cpu", "busy_cores"), ("gpu", "busy_gpus")):
