@@ -362,9 +362,10 @@ class Scheduler:
     ) -> list[Decision]:
         """All events of one instant: completions first (their units return), then arrivals,
         then a single scheduling pass over every domain they touched."""
-        missing = [a for a in finished if a not in self.running]
-        if missing:
-            raise KeyError(f"finish of {missing[0]!r}, which is not running")
+        running = self.running
+        for action_id in finished:
+            if action_id not in running:
+                raise KeyError(f"finish of {action_id!r}, which is not running")
         if not arrived and self._queue_driven and not self._queued_behind(finished):
             return self._finish_idle(now, finished)
         ctx = self._begin(now)

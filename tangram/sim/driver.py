@@ -318,13 +318,16 @@ class Simulation:
         self._flush_queued = False
         arrived, finished = self._pending_arrivals, self._pending_finishes
         self._pending_arrivals, self._pending_finishes = [], []
-        t0 = self.clock() if self.clock else 0.0
-        decisions = self.scheduler.advance(self.env.now, finished=finished, arrived=arrived)
-        if self.clock:
-            self.scheduler_seconds += self.clock() - t0
+        now, clock = self.env.now, self.clock
+        if clock is None:
+            decisions = self.scheduler.advance(now, finished=finished, arrived=arrived)
+        else:
+            t0 = clock()
+            decisions = self.scheduler.advance(now, finished=finished, arrived=arrived)
+            self.scheduler_seconds += clock() - t0
         self._apply(decisions)
         wake = self.scheduler.next_wakeup
-        if wake is not None and wake > self.env.now:
+        if wake is not None and wake > now:
             self.env.process(self._wake(wake))
 
     def _wake(self, when: float):
