@@ -90,6 +90,22 @@ class _OptionFields(NamedTuple):
     consecutive: bool
 
 
+def _options(
+    cls: type[Options], units: tuple[int, ...], durations: tuple[float, ...], convex: bool
+) -> Options:
+    """An ``Options`` with its derived fields (built directly: the scheduler makes one per action)."""
+    return tuple.__new__(
+        cls,
+        (
+            units,
+            durations,
+            convex,
+            durations.index(min(durations)),
+            units[-1] - units[0] == len(units) - 1,
+        ),
+    )
+
+
 class Options(_OptionFields):
     """The unit counts an action may use on its domain, ascending, with their durations.
 
@@ -102,14 +118,7 @@ class Options(_OptionFields):
     __slots__ = ()
 
     def __new__(cls, units: tuple[int, ...], durations: tuple[float, ...], convex: bool) -> Options:
-        return _OptionFields.__new__(
-            cls,
-            units,
-            durations,
-            convex,
-            durations.index(min(durations)),
-            units[-1] - units[0] == len(units) - 1,
-        )
+        return _options(cls, units, durations, convex)
 
     def best_within(self, limit: int) -> int:
         """Index of the largest option not above ``limit`` (-1 when even the smallest exceeds it)."""
@@ -335,6 +344,7 @@ class Scheduler:
         self._max_node_gpus = max((n.gpus for n in cluster.gpu_nodes), default=0)
         self._max_gpu_mem = max((n.gpu_memory_gb for n in cluster.gpu_nodes), default=0.0)
         self._unit_ranges: dict[int, tuple[int, ...]] = {}  # top -> (1, ..., top), shared
+        self._cpu_domains: dict[str | None, Domain] = {n: ("cpu", n) for n in self.state.cpu}
 
     # ------------------------------------------------------------------ events
     def submit(self, action: Action, now: float) -> list[Decision]:
@@ -602,7 +612,8 @@ class Scheduler:
         else:
             units = (1,)
         curve = action.curve
-        return Options(units, curve.durations(units), curve.convex_on(units))
+        durations = curve.durations(units)
+        return _options(Options, units, durations, curve.convex_on(units))
 
     def _bind(self, traj: TrajectoryState, memory_gb: float, node: str | None) -> bool:
         """Reserve the container's memory on a node: the given one, else the roomiest."""
@@ -664,7 +675,10 @@ class Scheduler:
         if kind is ResourceKind.CPU:
             traj = self.trajectories.get(action.trajectory)
             node = traj.node if traj and traj.node else action.node
-            domain: Domain = ("cpu", node or self.cluster.cpu_nodes[0].name)
+            domain: Domain = self._cpu_domains.get(node) or (
+                "cpu",
+                node or self.cluster.cpu_nodes[0].name,
+            )
         elif kind is ResourceKind.GPU:
             domain = GPU_DOMAIN
         else:

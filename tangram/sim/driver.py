@@ -317,7 +317,10 @@ class Simulation:
     def _flush(self) -> None:
         self._flush_queued = False
         arrived, finished = self._pending_arrivals, self._pending_finishes
-        self._pending_arrivals, self._pending_finishes = [], []
+        if arrived:
+            self._pending_arrivals = []
+        if finished:
+            self._pending_finishes = []
         now, clock = self.env.now, self.clock
         if clock is None:
             decisions = self.scheduler.advance(now, finished=finished, arrived=arrived)

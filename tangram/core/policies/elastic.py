@@ -170,7 +170,8 @@ class ElasticCpu(DomainRule):
                 units,
                 f"tangram: {units} of {free} free cores ({rnd.method}, {len(rnd.kept)} started)",
             )
-        _defer_evicted(ctx, rnd)
+        if rnd.evicted:
+            _defer_evicted(ctx, rnd)
 
 
 class ElasticGpu(DomainRule):
