@@ -78,16 +78,18 @@ def allocate_greedy(
     the units the dropped candidate had.
     """
     chosen = [0] * len(options) if resume is None else list(resume)
-    left = free_units - sum([o.units[c] for o, c in zip(options, chosen, strict=True)])
+    left = free_units
     heap: list[tuple[float, int]] = []
+    durations = []
     for i, opt in enumerate(options):
-        c = chosen[i]
-        if c + 1 < len(opt.units):
-            gain = opt.durations[c] - opt.durations[c + 1]
+        c, d = chosen[i], opt.durations
+        durations.append(d)
+        left -= opt.units[c]
+        if c + 1 < len(d):
+            gain = d[c] - d[c + 1]
             if gain > 0:
                 heap.append((-gain, i))
     heapq.heapify(heap)
-    durations = [o.durations for o in options]
     replace, pop = heapq.heapreplace, heapq.heappop
     while left > 0 and heap:
         i = heap[0][1]  # the largest gain; pop it, or replace it with its next step's gain

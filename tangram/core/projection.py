@@ -53,8 +53,14 @@ def projected_total(
         if avail < need:  # cannot start within the projection: count it from the last finish
             total += clock - now + opt.durations[0]
             continue
-        k = opt.best_within(avail)
-        u, d = opt.units[k], opt.durations[k]
+        units = opt.units
+        if opt.consecutive:  # best_within, inline: one unit per option
+            k = avail - units[0]
+            if k >= len(units):
+                k = len(units) - 1
+        else:
+            k = opt.best_within(avail)
+        u, d = units[k], opt.durations[k]
         total += clock - now + d
         push(heap, (clock + d, u))
         avail -= u
