@@ -162,6 +162,13 @@ class Simulation:
         self._usage = self.scheduler.state.usage
         #: Record usage after every event (an unbounded policy holds nothing to record).
         self._sampling = self.config.timeline and not self._unbounded
+        tl = self.timeline
+        self._timeline_appends = (
+            tl.time.append,
+            tl.held_cores.append,
+            tl.held_gpus.append,
+            tl.api_in_flight.append,
+        )
 
     # ------------------------------------------------------------------ run
     def run(self) -> SimResult:
@@ -351,9 +358,13 @@ class Simulation:
                     self.waiters.pop(d.action.id)()
                 elif isinstance(d, Defer):
                     rec.deferrals += 1
-        if self._sampling:
+        if self._sampling:  # UsageTimeline.append, without its call: twice per action
             usage = self._usage
-            self.timeline.append(self.env.now, usage.cores, usage.gpus, usage.api_calls)
+            time, cores, gpus, calls = self._timeline_appends
+            time(self.env.now)
+            cores(usage.cores)
+            gpus(usage.gpus)
+            calls(usage.api_calls)
 
     def _start(self, d: Start, rec: ActionRecord) -> None:
         now = self.env.now
@@ -382,7 +393,7 @@ class Simulation:
                 self.residency.touch(d.node, d.gpus, service)
             else:
                 overhead = ov.api_call_s
-        execution = d.action.duration(d.units)
+        execution = d.action.curve.duration(d.units)
         if ov.exec_noise_sigma > 0:
             execution *= float(
                 self.noise.lognormal(-0.5 * ov.exec_noise_sigma**2, ov.exec_noise_sigma)
