@@ -40,13 +40,20 @@ def allocate(options: Sequence[Options], free_units: int) -> tuple[list[int], st
         raise ValueError(
             f"candidates need {sum(o.units[0] for o in options)} units at least; {free_units} free"
         )
-    if greedy_applies(options):
-        if len(options) == 1:
-            return [_greedy_single(options[0], free_units)], "greedy"
-        return allocate_greedy(options, free_units), "greedy"
     if len(options) == 1:
-        return [_dp_single(options[0], free_units)], "dp"
+        chosen, method = allocate_one(options[0], free_units)
+        return [chosen], method
+    if greedy_applies(options):
+        return allocate_greedy(options, free_units), "greedy"
     return allocate_dp(options, free_units), "dp"
+
+
+def allocate_one(opt: Options, free_units: int) -> tuple[int, str]:
+    """``allocate`` for a single candidate (most scheduling passes): its option index and the
+    method whose answer it is, without the heap or the table."""
+    if opt.convex and opt.consecutive:
+        return _greedy_single(opt, free_units), "greedy"
+    return _dp_single(opt, free_units), "dp"
 
 
 def _greedy_single(opt: Options, free_units: int) -> int:

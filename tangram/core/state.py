@@ -32,10 +32,16 @@ class Usage:
 
 @dataclass
 class CpuNodeState:
-    """Free cores per NUMA domain, free memory, and per-trajectory static slots (k8s-static)."""
+    """Free cores per NUMA domain, free memory, and per-trajectory static slots (k8s-static).
+
+    Each NUMA domain's free cores are a sorted list: the lowest free cores are a slice, a grant
+    deletes it and a return merges back (one sort of two runs), cheaper than sets on the
+    replay's hot path. Checked takes and returns (``take_cores``, ``give_cores``) refuse any
+    core not free, returned twice or repeated, and change nothing when they refuse.
+    """
 
     spec: CpuNodeSpec
-    free_by_numa: list[set[int]] = field(init=False)
+    free_by_numa: list[list[int]] = field(init=False)
     memory_free_gb: float = field(init=False)
     free_cores: int = field(init=False)
     containers: int = 0
@@ -44,7 +50,7 @@ class CpuNodeState:
     def __post_init__(self) -> None:
         self._per_numa = per = self.spec.cores // self.spec.numa_domains
         self.free_by_numa = [
-            set(range(d * per, (d + 1) * per)) for d in range(self.spec.numa_domains)
+            list(range(d * per, (d + 1) * per)) for d in range(self.spec.numa_domains)
         ]
         self.memory_free_gb = self.spec.memory_gb
         self.free_cores = self.spec.cores
@@ -54,12 +60,12 @@ class CpuNodeState:
 
         One domain when one can hold all n (best fit: the fullest domain that still fits keeps
         large domains whole for large actions); otherwise the emptiest domains first, so the
-        action spans as few domains as possible.
+        action spans as few domains as possible. Within a domain, its lowest free cores.
         """
-        return tuple([c for _, cores in self._pick(n) for c in cores])
+        return tuple([c for domain, k in self._pick(n) for c in domain[:k]])
 
-    def _pick(self, n: int) -> list[tuple[set[int], list[int]]]:
-        """``choose_cores`` as (free set of a NUMA domain, its lowest cores chosen) pairs."""
+    def _pick(self, n: int) -> list[tuple[list[int], int]]:
+        """``choose_cores`` as (free list of a NUMA domain, how many of its lowest) pairs."""
         if n > self.free_cores:
             raise CapacityError(f"{self.spec.name}: {n} cores asked, {self.free_cores} free")
         best, best_free = None, self.spec.cores + 1
@@ -68,53 +74,54 @@ class CpuNodeState:
             if n <= free < best_free:
                 best, best_free = domain, free
         if best is not None:
-            return [(best, sorted(best)[:n])]
+            return [(best, n)]
         picks = []
         left = n
         for _, d in sorted([(-len(s), d) for d, s in enumerate(self.free_by_numa)]):
             domain = self.free_by_numa[d]
-            cores = sorted(domain)[:left]
-            picks.append((domain, cores))
-            left -= len(cores)
+            k = min(left, len(domain))
+            picks.append((domain, k))
+            left -= k
             if left == 0:
                 break
         return picks
 
     def grant_cores(self, n: int) -> tuple[int, ...]:
-        """``choose_cores`` and take them: chosen from the free sets, they need no re-check."""
+        """``choose_cores`` and take them: chosen from the free lists, they need no re-check."""
         picks = self._pick(n)
-        for domain, cores in picks:
-            domain.difference_update(cores)
         self.free_cores -= n
         self.usage.cores += n
         if len(picks) == 1:
-            return tuple(picks[0][1])
-        return tuple([c for _, cores in picks for c in cores])
+            domain, k = picks[0]
+            cores = tuple(domain[:k])
+            del domain[:k]
+            return cores
+        chosen: list[int] = []
+        for domain, k in picks:
+            chosen += domain[:k]
+            del domain[:k]
+        return tuple(chosen)
 
     def take_cores(self, cores: tuple[int, ...]) -> None:
-        per = self._per_numa
-        first = cores[0] // per if cores else -1
-        if first >= 0 and first == min(cores) // per == max(cores) // per:
-            domain = self.free_by_numa[first]  # one NUMA domain: set operations, no copies
-            if not domain.issuperset(cores):
-                raise CapacityError(
-                    f"{self.spec.name}: cores {sorted(set(cores) - domain)} are not free"
-                )
-            before = len(domain)
-            domain.difference_update(cores)
-            if before - len(domain) != len(cores):
-                domain.update(cores)  # all were free: undo
-                raise CapacityError(f"{self.spec.name}: cores {cores} repeat")
-            self.free_cores -= len(cores)
-            self.usage.cores += len(cores)
-            return
+        """Take these cores (a policy's choice or a static reservation), checking each is free."""
         if len(set(cores)) != len(cores):
             raise CapacityError(f"{self.spec.name}: cores {cores} repeat")
+        per = self._per_numa
+        by_domain: dict[int, set[int]] = {}
         for c in cores:
-            if c not in self.free_by_numa[c // per]:
-                raise CapacityError(f"{self.spec.name}: core {c} is not free")
-        for c in cores:
-            self.free_by_numa[c // per].discard(c)
+            by_domain.setdefault(c // per, set()).add(c)
+        for d, wanted in by_domain.items():
+            if not 0 <= d < len(self.free_by_numa):
+                raise CapacityError(f"{self.spec.name}: cores {sorted(wanted)} are not free")
+            missing = wanted.difference(self.free_by_numa[d])
+            if missing:
+                raise CapacityError(f"{self.spec.name}: cores {sorted(missing)} are not free")
+        for d, wanted in by_domain.items():
+            domain = self.free_by_numa[d]
+            if domain[: len(wanted)] == sorted(wanted):  # the lowest ones: choose_cores' pick
+                del domain[: len(wanted)]
+            else:
+                domain[:] = [c for c in domain if c not in wanted]
         self.free_cores -= len(cores)
         self.usage.cores += len(cores)
 
@@ -127,40 +134,34 @@ class CpuNodeState:
         per = self._per_numa
         first = cores[0] // per if cores else -1
         if first >= 0 and first == min(cores) // per == max(cores) // per:
-            self.free_by_numa[first].update(cores)
+            domain = self.free_by_numa[first]
+            domain += cores
+            domain.sort()
         else:
-            free_by_numa = self.free_by_numa
+            touched = set()
             for c in cores:
-                free_by_numa[c // per].add(c)
+                self.free_by_numa[c // per].append(c)
+                touched.add(c // per)
+            for d in touched:
+                self.free_by_numa[d].sort()
         self.free_cores += len(cores)
         self.usage.cores -= len(cores)
 
     def give_cores(self, cores: tuple[int, ...]) -> None:
-        per = self._per_numa
-        first = cores[0] // per if cores else -1
-        if first >= 0 and first == min(cores) // per == max(cores) // per:
-            domain = self.free_by_numa[first]
-            if not domain.isdisjoint(cores):
-                raise CapacityError(
-                    f"{self.spec.name}: cores {sorted(domain.intersection(cores))} returned twice"
-                )
-            before = len(domain)
-            domain.update(cores)
-            if len(domain) - before != len(cores):
-                domain.difference_update(cores)  # none was free: undo
-                raise CapacityError(f"{self.spec.name}: cores {cores} returned twice")
-            self.free_cores += len(cores)
-            self.usage.cores -= len(cores)
-            return
+        """Return cores held outside an action (a static reservation), checking each is held."""
         if len(set(cores)) != len(cores):
             raise CapacityError(f"{self.spec.name}: cores {cores} returned twice")
+        per = self._per_numa
         for c in cores:
-            if c in self.free_by_numa[c // per]:
-                raise CapacityError(f"{self.spec.name}: core {c} returned twice")
-        for c in cores:
-            self.free_by_numa[c // per].add(c)
-        self.free_cores += len(cores)
-        self.usage.cores -= len(cores)
+            if not 0 <= c < self.spec.cores:
+                raise CapacityError(f"{self.spec.name}: core {c} does not exist")
+        free: dict[int, set[int]] = {}
+        twice = sorted(
+            c for c in cores if c in free.setdefault(c // per, set(self.free_by_numa[c // per]))
+        )
+        if twice:
+            raise CapacityError(f"{self.spec.name}: cores {twice} returned twice")
+        self.release_granted(cores)
 
     def take_memory(self, gb: float) -> None:
         if gb > self.memory_free_gb + 1e-9:

@@ -58,7 +58,8 @@ def check_invariants(sched: Scheduler, traj_nodes: dict[str, str]) -> None:
                 assert all(st.gpu[s.node].owner[g] == r.action.id for g in s.gpus)
     for name, node in st.cpu.items():
         free = set().union(*node.free_by_numa)
-        assert len(free) == node.free_cores >= 0
+        assert len(free) == sum(map(len, node.free_by_numa)) == node.free_cores >= 0
+        assert all(d == sorted(d) for d in node.free_by_numa), "free cores kept sorted"
         assert max(held[name].values(), default=0) <= 1, "a core granted twice"
         assert not (set(held[name]) & free), "a granted core is also free"
         assert all(0 <= c < node.spec.cores for c in free | set(held[name]))

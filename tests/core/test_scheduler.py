@@ -223,7 +223,7 @@ def test_core_accounting_refuses_double_grants_and_double_returns_across_numa_do
         node.give_cores((3, 3))
     with pytest.raises(CapacityError, match="returned twice"):
         node.give_cores((2, 0))
-    assert node.free_by_numa[0] == {0, 1} and node.free_cores == 5
+    assert node.free_by_numa[0] == [0, 1] and node.free_cores == 5
     assert node.usage.cores == 3  # the cluster-wide tally follows every grant and return
 
 
@@ -234,10 +234,10 @@ def test_granting_takes_what_choose_picks_and_release_returns_it_across_numa_dom
     node.take_cores((0,))
     assert node.choose_cores(5) == (4, 5, 6, 7, 1)  # emptiest domain first, then the next
     cores = node.grant_cores(5)
-    assert cores == (4, 5, 6, 7, 1) and node.free_by_numa == [{2, 3}, set()]
+    assert cores == (4, 5, 6, 7, 1) and node.free_by_numa == [[2, 3], []]
     assert node.free_cores == 2 and node.usage.cores == 6
     node.release_granted(cores)
-    assert node.free_by_numa == [{1, 2, 3}, {4, 5, 6, 7}] and node.usage.cores == 1
+    assert node.free_by_numa == [[1, 2, 3], [4, 5, 6, 7]] and node.usage.cores == 1
     with pytest.raises(CapacityError, match="9 cores asked, 7 free"):
         node.grant_cores(9)
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from tangram.core.action import Action
-from tangram.core.allocation import allocate, allocate_greedy, greedy_applies
+from tangram.core.allocation import allocate, allocate_greedy, allocate_one, greedy_applies
 from tangram.core.gpu_placement import place_cell
 from tangram.core.policies.base import DomainRule
 from tangram.core.projection import projected_total
@@ -63,11 +63,11 @@ def elastic_round(
         if opts.units[0] > free:
             return None
         if opts.units[opts.fastest] <= free:
-            chosen, method = [opts.fastest], "uncontended"
+            k, method = opts.fastest, "uncontended"
         else:
-            chosen, method = allocate([opts], free)
-        d = opts.durations[chosen[0]]
-        return Round([action], [opts.units[chosen[0]]], [], method, d, d)
+            k, method = allocate_one(opts, free)
+        d = opts.durations[k]
+        return Round([action], [opts.units[k]], [], method, d, d)
     cands: list[Action] = []
     cand_opts: list[Options] = []
     rest: list[Options] = []
