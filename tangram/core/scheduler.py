@@ -345,6 +345,7 @@ class Scheduler:
         self._max_gpu_mem = max((n.gpu_memory_gb for n in cluster.gpu_nodes), default=0.0)
         self._unit_ranges: dict[int, tuple[int, ...]] = {}  # top -> (1, ..., top), shared
         self._cpu_domains: dict[str | None, Domain] = {n: ("cpu", n) for n in self.state.cpu}
+        self._node_cores: dict[str | None, int] = {n.name: n.cores for n in cluster.cpu_nodes}
 
     # ------------------------------------------------------------------ events
     def submit(self, action: Action, now: float) -> list[Decision]:
@@ -599,11 +600,11 @@ class Scheduler:
         """Unit options after binding: a CPU action's node caps its cores."""
         kind = action.resource
         if kind is ResourceKind.CPU:
-            if self.unbounded:
-                top = action.max_units
-            else:
-                cap = self.state.cpu[node].spec.cores if node in self.state.cpu else None
-                top = min(action.max_units, cap if cap is not None else self._max_node_cores)
+            top = action.max_units
+            if not self.unbounded:
+                cap = self._node_cores.get(node, self._max_node_cores)
+                if cap < top:
+                    top = cap
             units = self._unit_ranges.get(top)
             if units is None:
                 units = self._unit_ranges[top] = tuple(range(1, top + 1))
@@ -613,7 +614,8 @@ class Scheduler:
             units = (1,)
         curve = action.curve
         durations = curve.durations(units)
-        return _options(Options, units, durations, curve.convex_on(units))
+        convex = curve.always_convex or curve.is_convex_on(units)  # ElasticityCurve.convex_on
+        return _options(Options, units, durations, convex)
 
     def _bind(self, traj: TrajectoryState, memory_gb: float, node: str | None) -> bool:
         """Reserve the container's memory on a node: the given one, else the roomiest."""
