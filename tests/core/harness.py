@@ -74,9 +74,27 @@ def check_invariants(sched: Scheduler, traj_nodes: dict[str, str]) -> None:
     assert st.api_in_flight == sum(a.in_flight for a in st.api.values())
 
 
-def run(cluster: ClusterSpec, policy: str, actions: list[Action], *, check: bool = True) -> Outcome:
-    """Submit each action at its arrival, finish it after its estimated time, close trajectories."""
+def run(
+    cluster: ClusterSpec,
+    policy: str,
+    actions: list[Action],
+    *,
+    check: bool = True,
+    lone_arrivals: bool = True,
+    open_first: bool = False,
+) -> Outcome:
+    """Submit each action at its arrival, finish it after its estimated time, close trajectories.
+
+    ``lone_arrivals=False`` turns off the scheduler's short path for a lone CPU arrival (every
+    arrival then goes through the queue and a full pass); ``open_first`` opens every
+    trajectory at time 0 (containers placed before their first action, as the simulator does).
+    """
     sched = Scheduler(cluster, make_policy(policy))
+    if not lone_arrivals:
+        sched._alone = None
+    if open_first:
+        for traj in sorted({a.trajectory for a in actions if a.resource is ResourceKind.CPU}):
+            sched.open_trajectory(traj, 0.0, memory_gb=1.0)
     out = Outcome()
     remaining = Counter(a.trajectory for a in actions)
     events: list[tuple[float, int, str, str]] = []  # (time, order, kind, id)

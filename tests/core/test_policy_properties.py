@@ -175,3 +175,43 @@ def test_tangram_total_act_no_worse_than_fixed_1_on_one_shot(instance):
     tangram = run(cluster, "tangram", actions).total_act(actions)
     fixed = run(cluster, "fixed:1", actions).total_act(actions)
     assert tangram <= fixed * (1 + 1e-9) + 1e-9
+
+
+@st.composite
+def lone_arrivals(draw):
+    """CPU actions arriving one at a time (distinct times) into containers placed beforehand."""
+    cluster = ClusterSpec(
+        "cpu",
+        tuple(
+            CpuNodeSpec(f"c{i}", cores, numa, 64.0)
+            for i, (cores, numa) in enumerate(
+                draw(st.lists(st.sampled_from([(4, 2), (8, 2), (16, 4)]), min_size=1, max_size=2))
+            )
+        ),
+    )
+    n = draw(st.integers(1, 30))
+    times = sorted(draw(st.lists(st.floats(0.0, 10.0), min_size=n, max_size=n, unique=True)))
+    actions = [
+        Action(
+            f"a{i}",
+            f"t{draw(st.integers(0, 5))}",
+            ResourceKind.CPU,
+            Amdahl(draw(st.floats(0.1, 5.0)), draw(st.floats(0.0, 1.0))),
+            arrival=t,
+            max_units=draw(st.integers(1, 16)),
+            memory_gb=1.0,
+        )
+        for i, t in enumerate(times)
+    ]
+    return cluster, actions
+
+
+@pytest.mark.parametrize("policy", ["tangram", "tangram:2", "fixed:2"])
+@settings(max_examples=60)
+@given(instance=st.one_of(instances(), lone_arrivals()))
+def test_the_short_path_for_lone_arrivals_decides_what_the_full_pass_decides(policy, instance):
+    cluster, actions = instance
+    short = run(cluster, policy, actions, open_first=True)
+    full = run(cluster, policy, actions, open_first=True, lone_arrivals=False)
+    assert short.log == full.log
+    assert short.started == full.started  # the same cores, reasons and estimates

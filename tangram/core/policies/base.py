@@ -53,6 +53,9 @@ class CompositePolicy:
             r for r in self.rules.values() if type(r).observe is not DomainRule.observe
         ]
         self.queue_driven = not self._observers and all(r.queue_driven for r in self.rules.values())
+        #: The CPU rule's decision for a lone arrival into an empty queue, when it has one
+        #: (the scheduler then skips the queue and the pass for it).
+        self.alone = getattr(cpu, "alone", None) if self.queue_driven else None
 
     def schedule(self, ctx: Context) -> None:
         for rule in self._observers:

@@ -22,6 +22,7 @@ from tangram.core.gpu_placement import place_cell
 from tangram.core.policies.base import DomainRule
 from tangram.core.projection import projected_total
 from tangram.core.scheduler import GPU_DOMAIN, Context, Domain, Options
+from tangram.core.state import CpuNodeState
 
 #: An eviction must lower the estimate by more than this (seconds) to count as an improvement,
 #: so float noise never flips a decision.
@@ -60,12 +61,10 @@ def elastic_round(
         action = ctx.queue_head(domain)
         assert action is not None
         opts = options_of(action)
-        if opts.units[0] > free:
+        choice = alone_choice(opts, free)
+        if choice is None:
             return None
-        if opts.units[opts.fastest] <= free:
-            k, method = opts.fastest, "uncontended"
-        else:
-            k, method = allocate_one(opts, free)
+        k, method = choice
         d = opts.durations[k]
         return Round([action], [opts.units[k]], [], method, d, d)
     cands: list[Action] = []
@@ -146,6 +145,20 @@ def elastic_round(
     return Round(cands[:k], units, cands[k:], method, best, first)
 
 
+def alone_choice(opts: Options, free: int) -> tuple[int, str] | None:
+    """Steps 1-2 for a single queued action: its option index and the method, or None when
+    even its smallest option does not fit the free units."""
+    if opts.units[0] > free:
+        return None
+    if opts.units[opts.fastest] <= free:
+        return opts.fastest, "uncontended"
+    return allocate_one(opts, free)
+
+
+def _cpu_reason(units: int, free: int, method: str, started: int) -> str:
+    return f"tangram: {units} of {free} free cores ({method}, {started} started)"
+
+
 class ElasticCpu(DomainRule):
     """CPU nodes under the tangram policy."""
 
@@ -162,16 +175,21 @@ class ElasticCpu(DomainRule):
         rnd = elastic_round(ctx, domain, free, window=self.window, depth=self.depth)
         if rnd is None:
             return
-        name = node.spec.name
+        name, started = node.spec.name, len(rnd.kept)
         for action, units in zip(rnd.kept, rnd.units, strict=True):
-            ctx.start_on_cores(
-                action,
-                name,
-                units,
-                f"tangram: {units} of {free} free cores ({rnd.method}, {len(rnd.kept)} started)",
-            )
+            ctx.start_on_cores(action, name, units, _cpu_reason(units, free, rnd.method, started))
         if rnd.evicted:
             _defer_evicted(ctx, rnd)
+
+    def alone(self, ctx: Context, node: CpuNodeState, opts: Options) -> tuple[int, str] | None:
+        """What ``schedule_domain`` decides when one action waits on the node and nothing
+        else happened: the units and reason it starts it with, or None."""
+        free = node.free_cores
+        choice = alone_choice(opts, free)
+        if choice is None:
+            return None
+        units = opts.units[choice[0]]
+        return units, _cpu_reason(units, free, choice[1], 1)
 
 
 class ElasticGpu(DomainRule):
