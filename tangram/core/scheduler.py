@@ -158,6 +158,16 @@ class TrajectoryState:
     memory_gb: float = 0.0
 
 
+def _option_index(action: Action, opts: Options, units: int) -> int:
+    """Which of the action's options ``units`` is; a policy asking for another is a bug."""
+    try:
+        return opts.units.index(units)
+    except ValueError:
+        raise CapacityError(
+            f"{action.id}: {units} units is not one of its options {opts.units}"
+        ) from None
+
+
 class Context:
     """What a policy sees and does during one scheduling pass.
 
@@ -229,12 +239,7 @@ class Context:
     ) -> Start:
         sched = self.scheduler
         opts = sched.options[action.id]
-        try:
-            option = opts.units.index(units)
-        except ValueError:
-            raise CapacityError(
-                f"{action.id}: {units} units is not one of its options {opts.units}"
-            ) from None
+        option = _option_index(action, opts, units)
         restore, overhead = False, 0.0
         if action.resource is ResourceKind.GPU and not sched.unbounded:
             restore = not self.state.gpu[node].is_resident(action.service or "", gpus)
@@ -272,12 +277,7 @@ class Context:
 
     def _on_cores(self, action: Action, node: str, units: int, reason: str, opts: Options) -> Start:
         """Take ``units`` NUMA-local cores of ``node`` for the action: its Start record."""
-        try:
-            option = opts.units.index(units)
-        except ValueError:
-            raise CapacityError(
-                f"{action.id}: {units} units is not one of its options {opts.units}"
-            ) from None
+        option = _option_index(action, opts, units)
         cores = self.state.cpu[node].grant_cores(units)
         return Start(
             self.now,
