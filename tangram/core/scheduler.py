@@ -120,6 +120,19 @@ class Options(_OptionFields):
     def __new__(cls, units: tuple[int, ...], durations: tuple[float, ...], convex: bool) -> Options:
         return _options(cls, units, durations, convex)
 
+    def __getnewargs__(self) -> tuple[tuple[int, ...], tuple[float, ...], bool]:
+        """What copy and pickle pass to ``__new__`` (the derived fields are derived again)."""
+        return (self.units, self.durations, self.convex)
+
+    def _replace(self, **changes: object) -> Options:
+        """A copy with some of units, durations, convex changed; the derived fields follow."""
+        derived = {"fastest", "consecutive"} & set(changes)
+        if derived:
+            raise ValueError(f"Options.{sorted(derived)[0]} is derived, not set")
+        fields = {"units": self.units, "durations": self.durations, "convex": self.convex}
+        fields.update(changes)
+        return Options(**fields)  # type: ignore[arg-type]
+
     def best_within(self, limit: int) -> int:
         """Index of the largest option not above ``limit`` (-1 when even the smallest exceeds it)."""
         units = self.units
@@ -206,7 +219,11 @@ class Context:
         return iter(self.scheduler.gpu_by_service.get(service, _EMPTY))
 
     def queued_of_trajectory(self, trajectory: str) -> Iterator[Action]:
-        return iter(tuple(self.scheduler.by_trajectory.get(trajectory, _NONE).values()))
+        """A trajectory's queued actions in FCFS order (safe to start/reject while iterating)."""
+        by_trajectory = self.scheduler.by_trajectory
+        for action in tuple(by_trajectory.get(trajectory, _NONE).values()):
+            if action.id in by_trajectory.get(trajectory, _NONE):
+                yield action
 
     def running_in(self, domain: Domain) -> Iterator[Running]:
         return iter(self.scheduler.running_by_domain.get(domain, {}).values())
@@ -278,7 +295,8 @@ class Context:
     def _on_cores(self, action: Action, node: str, units: int, reason: str, opts: Options) -> Start:
         """Take ``units`` NUMA-local cores of ``node`` for the action: its Start record."""
         option = _option_index(action, opts, units)
-        cores = self.state.cpu[node].grant_cores(units)
+        # An unbounded policy holds nothing (its starts are never given back): no cores.
+        cores = () if self.scheduler.unbounded else self.state.cpu[node].grant_cores(units)
         return Start(
             self.now,
             action,
@@ -542,7 +560,11 @@ class Scheduler:
             self._enqueue(action, ctx, opts)
             return ctx.decisions
         units, reason = decided
-        start = ctx._on_cores(action, node, units, reason, opts)
+        try:
+            start = ctx._on_cores(action, node, units, reason, opts)
+        except CapacityError:  # a policy bug: leave the action where the full pass would
+            self._enqueue(action, ctx, opts)
+            raise
         self._add_running(start, domain)
         ctx.decisions.append(start)
         return ctx.decisions

@@ -155,10 +155,8 @@ class CpuNodeState:
         for c in cores:
             if not 0 <= c < self.spec.cores:
                 raise CapacityError(f"{self.spec.name}: core {c} does not exist")
-        free: dict[int, set[int]] = {}
-        twice = sorted(
-            c for c in cores if c in free.setdefault(c // per, set(self.free_by_numa[c // per]))
-        )
+        free = {d: set(self.free_by_numa[d]) for d in {c // per for c in cores}}
+        twice = sorted(c for c in cores if c in free[c // per])
         if twice:
             raise CapacityError(f"{self.spec.name}: cores {twice} returned twice")
         self.release_granted(cores)

@@ -97,6 +97,9 @@ class UsageTimeline:
     def __len__(self) -> int:
         return len(self.time)
 
+    def __iter__(self) -> Iterator[tuple[float, int, int, int]]:
+        return self.rows()
+
     def rows(self) -> Iterator[tuple[float, int, int, int]]:
         return zip(self.time, self.held_cores, self.held_gpus, self.api_in_flight, strict=True)
 
@@ -422,6 +425,8 @@ def _collector_paused() -> Iterator[None]:
     the collector's periodic passes over everything alive cost 10-15% of a large run while
     finding nothing: a run creates no reference cycles (a test checks that the garbage left is
     the same for small and large traces). Reference counting still frees everything else.
+    The pause is process-wide: cycles other threads or a ``progress`` callback make during the
+    run are collected after it.
     """
     was_enabled = gc.isenabled()
     gc.disable()

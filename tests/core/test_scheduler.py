@@ -337,3 +337,92 @@ def test_a_queue_keeps_only_what_is_queued_not_its_history():
     queue.remove("c7")
     queue.compact()
     assert queue.items == [] and list(queue) == []
+
+
+def test_options_copy_pickle_and_replace_keep_their_derived_fields_true():
+    import copy
+    import pickle
+
+    from tangram.core.scheduler import Options
+
+    opts = Options((1, 2, 3), (3.0, 2.0, 2.0), True)
+    assert pickle.loads(pickle.dumps(opts)) == opts == copy.deepcopy(opts) == copy.copy(opts)
+    faster = opts._replace(durations=(3.0, 2.0, 1.0))
+    assert faster.fastest == 2 and opts.fastest == 1
+    assert opts._replace(units=(1, 2, 4)).consecutive is False
+    with pytest.raises(ValueError, match="fastest is derived"):
+        opts._replace(fastest=0)
+
+
+class UnboundedOnCores:
+    """An unbounded policy that starts CPU actions through start_on_cores."""
+
+    name = "unbounded-cores"
+    unbounded = True
+
+    def schedule(self, ctx) -> None:
+        for action in ctx.arrived:
+            ctx.start_on_cores(action, ctx.node_of(action) or "n", 4, "all of them")
+
+
+def test_an_unbounded_policy_holds_no_cores_when_it_starts_on_cores():
+    sched = Scheduler(ClusterSpec("one", (CpuNodeSpec("n", 4, 1, 16.0),)), UnboundedOnCores())
+    for i in range(3):  # more 4-core starts than the node has: none holds anything
+        (start,) = sched.submit(cpu(i), float(i))
+        assert start.cores == () and sched.state.cpu["n"].free_cores == 4
+        sched.finish(f"c{i}", float(i) + 0.5)
+
+
+class StartsWhileWalking:
+    """Starts and rejects a trajectory's actions while walking its queue."""
+
+    name = "walker"
+
+    def schedule(self, ctx) -> None:
+        for action in ctx.queued_of_trajectory("t"):
+            if action.id == "c0":
+                ctx.reject(action, "first one refused")
+                ctx.reject(ctx.scheduler.queues[ctx.scheduler.domain_of["c1"]].live["c1"], "c1 too")
+            else:
+                ctx.start_on_cores(action, ctx.node_of(action), 1, "the rest run")
+
+
+def test_walking_a_trajectorys_queue_skips_what_left_it_meanwhile():
+    sched = Scheduler(CLUSTER, StartsWhileWalking())
+    decisions = sched.submit_many([cpu(i) for i in range(4)], 0.0)
+    assert [(type(d).__name__, d.action.id) for d in decisions] == [
+        ("Reject", "c0"),
+        ("Reject", "c1"),
+        ("Start", "c2"),
+        ("Start", "c3"),
+    ]
+
+
+def test_a_rule_that_rewrites_schedule_domain_gets_no_inherited_shortcut():
+    from tangram.core.policies.base import CompositePolicy
+    from tangram.core.policies.elastic import ElasticCpu, ElasticGpu
+    from tangram.core.policies.fifo_api import FifoApi
+
+    class OneCore(ElasticCpu):
+        def schedule_domain(self, ctx, domain):
+            for action in ctx.queue(domain):
+                ctx.start_on_cores(action, domain[1], 1, "always one core")
+
+    policy = CompositePolicy("one-core", cpu=OneCore(), gpu=ElasticGpu(), api=FifoApi())
+    assert not policy.queue_driven and policy.alone is None
+    sched = Scheduler(CLUSTER, policy)
+    node = sched.open_trajectory("t", 0.0, memory_gb=1.0)
+    (start,) = sched.submit(cpu(1), 1.0)  # a lone arrival into an empty queue: its own rule
+    assert (start.units, start.reason, start.node) == (1, "always one core", node)
+
+
+def test_a_lone_arrival_the_rule_starts_wrongly_stays_queued():
+    from tangram.core.policies import make_policy
+
+    policy = make_policy("tangram")
+    policy.alone = lambda ctx, node, opts: (99, "a bug")  # not one of its options
+    sched = Scheduler(CLUSTER, policy)
+    sched.open_trajectory("t", 0.0, memory_gb=1.0)
+    with pytest.raises(CapacityError, match="99 units is not one of its options"):
+        sched.submit(cpu(1), 1.0)
+    assert sched.queued == 1 and "c1" not in sched.running  # not lost

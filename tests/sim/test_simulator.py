@@ -228,3 +228,13 @@ def test_a_run_leaves_no_cyclic_garbage_that_grows_with_the_trace(workload, poli
         return found
 
     assert garbage_after(96) == garbage_after(8) < 50
+
+
+def test_the_usage_timeline_reads_as_rows_and_as_columns(mixed_trace):
+    result = simulate(mixed_trace, load_cluster("paper"), SimConfig(policy="tangram"))
+    rows = list(result.timeline)
+    assert rows == list(result.timeline.rows()) and len(rows) == len(result.timeline) > 0
+    columns = result.timeline.columns()
+    assert list(columns) == ["time", "held_cores", "held_gpus", "api_in_flight"]
+    assert columns["held_cores"].tolist() == [r[1] for r in rows]
+    assert all(b >= a for a, b in zip(columns["time"], columns["time"][1:], strict=False))

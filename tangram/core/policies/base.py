@@ -40,6 +40,16 @@ class DomainRule:
         """Release whatever the rule held for the trajectory."""
 
 
+def _promised_by_its_scheduler(rule: DomainRule, name: str) -> bool:
+    """Whether ``name`` comes from the class whose ``schedule_domain`` the rule runs (or a
+    subclass of it). ``queue_driven`` and ``alone`` describe one ``schedule_domain``: a subclass
+    that rewrites it and does not declare them again gets neither shortcut."""
+    mro = type(rule).__mro__
+    scheduler = next(c for c in mro if "schedule_domain" in c.__dict__)
+    owner = next((c for c in mro if name in c.__dict__), None)
+    return owner is not None and issubclass(owner, scheduler)
+
+
 class CompositePolicy:
     """A named policy made of one rule per resource kind ("cpu", "gpu", "api")."""
 
@@ -52,10 +62,17 @@ class CompositePolicy:
         self._observers = [
             r for r in self.rules.values() if type(r).observe is not DomainRule.observe
         ]
-        self.queue_driven = not self._observers and all(r.queue_driven for r in self.rules.values())
+        self.queue_driven = not self._observers and all(
+            r.queue_driven and _promised_by_its_scheduler(r, "queue_driven")
+            for r in self.rules.values()
+        )
         #: The CPU rule's decision for a lone arrival into an empty queue, when it has one
         #: (the scheduler then skips the queue and the pass for it).
-        self.alone = getattr(cpu, "alone", None) if self.queue_driven else None
+        self.alone = (
+            cpu.alone  # type: ignore[attr-defined]
+            if self.queue_driven and _promised_by_its_scheduler(cpu, "alone")
+            else None
+        )
 
     def schedule(self, ctx: Context) -> None:
         for rule in self._observers:
