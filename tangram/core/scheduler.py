@@ -405,9 +405,7 @@ class Scheduler:
             return self._finish_idle(now, finished)
         ctx = self._begin(now)
         for action_id in finished:
-            running = self.running.pop(action_id)
-            del self.running_by_domain[running.domain][action_id]
-            self._release(running.start)
+            running = self._complete(action_id)
             ctx.finished.append(running)
             ctx.dirty[running.domain] = None
         trajectories, seen = self.trajectories, self.seen
@@ -531,12 +529,24 @@ class Scheduler:
         return sum(len(q) for q in self.queues.values()) + len(self.waiting_for_memory)
 
     # ------------------------------------------------------------------ internals
-    def _begin(self, now: float) -> Context:
+    def _clock_to(self, now: float) -> None:
+        """Move the core's time to an event's (never backwards); a due wake-up is spent."""
         if now < self.now - 1e-9:
             raise ValueError(f"time went backwards: event at {now} after {self.now}")
-        self.now = max(self.now, now)
+        if now > self.now:
+            self.now = now
         if self.wakeup is not None and self.wakeup <= now:
             self.wakeup = None
+
+    def _complete(self, action_id: str) -> Running:
+        """A running action ended: it stops running and its units return to the pool."""
+        running = self.running.pop(action_id)
+        del self.running_by_domain[running.domain][action_id]
+        self._release(running.start)
+        return running
+
+    def _begin(self, now: float) -> Context:
+        self._clock_to(now)
         for queue in self._touched:
             queue.compact()
         self._touched.clear()
@@ -584,16 +594,9 @@ class Scheduler:
         Only for a ``queue_driven`` policy, whose pass over domains with empty queues decides
         nothing (about half of all passes in a large replay).
         """
-        if now < self.now - 1e-9:
-            raise ValueError(f"time went backwards: event at {now} after {self.now}")
-        if now > self.now:
-            self.now = now
-        if self.wakeup is not None and self.wakeup <= now:
-            self.wakeup = None
+        self._clock_to(now)
         for action_id in finished:
-            running = self.running.pop(action_id)
-            del self.running_by_domain[running.domain][action_id]
-            self._release(running.start)
+            self._complete(action_id)
         return []
 
     def _run(self, ctx: Context) -> list[Decision]:

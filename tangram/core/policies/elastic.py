@@ -294,23 +294,13 @@ def _resident_free_sizes(ctx: Context) -> dict[str, set[int]]:
     """
     sizes: dict[str, set[int]] = {}
     for node in ctx.state.gpu.values():
-        owner, resident, gpus = node.owner, node.resident, node.spec.gpus
+        resident = node.resident
         for size in (1, 2, 4, 8):
-            if size > gpus:
+            if size > node.spec.gpus:
                 break
-            for first in range(0, gpus - size + 1, size):
-                cell = range(first, first + size)
-                if any(owner[g] is not None for g in cell):
-                    continue
-                held = (
-                    resident[first] if size == 1 else set.intersection(*(resident[g] for g in cell))
-                )
-                for service in held:
-                    found = sizes.get(service)
-                    if found is None:
-                        sizes[service] = {size}
-                    else:
-                        found.add(size)
+            for cell in node.free_cells(size):
+                for service in set.intersection(*(resident[g] for g in cell)):
+                    sizes.setdefault(service, set()).add(size)
     return sizes
 
 
