@@ -106,13 +106,12 @@ class CpuNodeState:
         """Take these cores (a policy's choice or a static reservation), checking each is free."""
         if len(set(cores)) != len(cores):
             raise CapacityError(f"{self.spec.name}: cores {cores} repeat")
+        self._check_exist(cores)
         per = self._per_numa
         by_domain: dict[int, set[int]] = {}
         for c in cores:
             by_domain.setdefault(c // per, set()).add(c)
         for d, wanted in by_domain.items():
-            if not 0 <= d < len(self.free_by_numa):
-                raise CapacityError(f"{self.spec.name}: cores {sorted(wanted)} are not free")
             missing = wanted.difference(self.free_by_numa[d])
             if missing:
                 raise CapacityError(f"{self.spec.name}: cores {sorted(missing)} are not free")
@@ -124,6 +123,11 @@ class CpuNodeState:
                 domain[:] = [c for c in domain if c not in wanted]
         self.free_cores -= len(cores)
         self.usage.cores += len(cores)
+
+    def _check_exist(self, cores: tuple[int, ...]) -> None:
+        for c in cores:
+            if not 0 <= c < self.spec.cores:
+                raise CapacityError(f"{self.spec.name}: core {c} does not exist")
 
     def release_granted(self, cores: tuple[int, ...]) -> None:
         """Return cores a running action was granted (by ``take_cores`` or ``grant_cores``).
@@ -151,10 +155,8 @@ class CpuNodeState:
         """Return cores held outside an action (a static reservation), checking each is held."""
         if len(set(cores)) != len(cores):
             raise CapacityError(f"{self.spec.name}: cores {cores} returned twice")
+        self._check_exist(cores)
         per = self._per_numa
-        for c in cores:
-            if not 0 <= c < self.spec.cores:
-                raise CapacityError(f"{self.spec.name}: core {c} does not exist")
         free = {d: set(self.free_by_numa[d]) for d in {c // per for c in cores}}
         twice = sorted(c for c in cores if c in free[c // per])
         if twice:

@@ -240,6 +240,9 @@ def test_granting_takes_what_choose_picks_and_release_returns_it_across_numa_dom
     assert node.free_by_numa == [[1, 2, 3], [4, 5, 6, 7]] and node.usage.cores == 1
     with pytest.raises(CapacityError, match="9 cores asked, 7 free"):
         node.grant_cores(9)
+    for missing in ((8,), (-1,)):
+        with pytest.raises(CapacityError, match=f"core {missing[0]} does not exist"):
+            node.take_cores(missing)
 
 
 def test_k8s_pods_are_requested_when_trajectories_open_and_granted_fcfs():
