@@ -161,6 +161,7 @@ class Simulation:
         self._pending_arrivals: list[Action] = []
         self._pending_finishes: list[str] = []
         self._flush_queued = False
+        self._armed: set[float] = set()
         self._unbounded = self.scheduler.unbounded
         self._usage = self.scheduler.state.usage
         #: Record usage after every event (an unbounded policy holds nothing to record).
@@ -339,13 +340,22 @@ class Simulation:
             decisions = self.scheduler.advance(now, finished=finished, arrived=arrived)
             self.scheduler_seconds += clock() - t0
         self._apply(decisions)
+        self._arm_wakeup()
+
+    def _arm_wakeup(self) -> None:
+        """A timer for the core's next wake-up (one per distinct time, however often asked)."""
         wake = self.scheduler.next_wakeup
-        if wake is not None and wake > now:
+        if wake is not None and wake > self.env.now and wake not in self._armed:
+            self._armed.add(wake)
             self.env.process(self._wake(wake))
 
     def _wake(self, when: float):
         yield self.env.timeout(when - self.env.now)
+        self._armed.discard(when)
         self._apply(self.scheduler.tick(self.env.now))
+        # The tick may start some rate-limited calls and want another wake-up for the next
+        # token: arm it now, or the queued calls would wait for an unrelated event.
+        self._arm_wakeup()
 
     def _apply(self, decisions: list[Decision]) -> None:
         if decisions:

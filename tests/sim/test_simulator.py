@@ -238,3 +238,31 @@ def test_the_usage_timeline_reads_as_rows_and_as_columns(mixed_trace):
     assert list(columns) == ["time", "held_cores", "held_gpus", "api_in_flight"]
     assert columns["held_cores"].tolist() == [r[1] for r in rows]
     assert all(b >= a for a, b in zip(columns["time"], columns["time"][1:], strict=False))
+
+
+def test_rate_limited_calls_start_at_their_tokens_not_at_the_next_unrelated_event():
+    """Five long calls at once to an API of 1 start/s: one starts per second, each woken by the
+    rate limit itself (a tick re-arms the next wake-up), not by a call finishing 100 s later."""
+    from tangram.core import ApiEndpointSpec
+
+    rows = tuple(
+        TraceRow(
+            action_id=f"c{i}",
+            trajectory=f"t{i}",
+            step=0,
+            position=0,
+            task="search",
+            kind="call",
+            gen_before_s=0.0,
+            resource="api",
+            t1_s=100.0,
+            max_units=1,
+            service="search",
+            arrival_s=0.0,
+        )
+        for i in range(5)
+    )
+    cluster = ClusterSpec("rate", apis=(ApiEndpointSpec("search", 10, rate_per_s=1.0, burst=1),))
+    config = SimConfig(policy="tangram", rollout=RolloutConfig(mode="open"))
+    acts = actions_frame(simulate(Trace(rows), cluster, config)).sort_values("action_id")
+    assert list(acts["start"]) == pytest.approx([0.0, 1.0, 2.0, 3.0, 4.0], abs=1e-6)
