@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from tangram.core.cells import CELL_SIZES
 from tangram.core.curves import ElasticityCurve, Inelastic
-from tangram.core.resources import GPU_CELL_SIZES, ResourceKind
+from tangram.core.resources import ResourceKind
 
 
 class ActionError(ValueError):
@@ -115,7 +116,7 @@ class Action:
         """Unit counts this action may run with, ascending, at most ``cap`` (a node's size)."""
         top = self.max_units if cap is None else min(self.max_units, cap)
         if self.resource is ResourceKind.GPU:
-            return tuple(k for k in GPU_CELL_SIZES if k <= top)
+            return tuple(k for k in CELL_SIZES if k <= top)
         if self.resource is ResourceKind.API:
             return (1,)
         return tuple(range(1, top + 1))

@@ -6,8 +6,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
 
-#: GPU cells are aligned groups of 1, 2, 4 or 8 GPUs on one node (a buddy structure).
-GPU_CELL_SIZES: tuple[int, ...] = (1, 2, 4, 8)
+from tangram.core.cells import CELL_SIZES
+
+#: GPU cells are aligned groups of 1, 2, 4 or 8 GPUs on one node (``tangram.core.cells`` owns
+#: the rule; this name stays for code that imports it from here).
+GPU_CELL_SIZES: tuple[int, ...] = CELL_SIZES
 
 
 class SpecError(ValueError):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from tangram.core.action import Action
+from tangram.core.cells import unit_options
 from tangram.core.decision import Decision, Defer, Reject, Start
 from tangram.core.resources import ClusterSpec, ResourceKind
 from tangram.core.state import CapacityError, ClusterState
@@ -642,15 +643,9 @@ class Scheduler:
         return None
 
     def _gpu_units(self, action: Action) -> tuple[int, ...]:
-        need = [
-            k
-            for k in (1, 2, 4, 8)
-            if k <= self._max_node_gpus and action.service_size_gb <= k * self._max_gpu_mem
-        ]
-        if not need:
-            return ()
-        top = max(need[0], action.max_units)
-        return tuple(k for k in need if k <= top)
+        return unit_options(
+            action.service_size_gb, self._max_gpu_mem, self._max_node_gpus, action.max_units
+        )
 
     def _options_for(self, action: Action, node: str | None) -> Options:
         """Unit options after binding: a CPU action's node caps its cores."""

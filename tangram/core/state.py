@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tangram.core.cells import cell_problem, free_cells
+from tangram.core.numa import numa_picks
 from tangram.core.resources import ApiEndpointSpec, ClusterSpec, CpuNodeSpec, GpuNodeSpec
 
 
@@ -58,9 +60,8 @@ class CpuNodeState:
     def choose_cores(self, n: int) -> tuple[int, ...]:
         """Pick n free cores NUMA-locally, without taking them.
 
-        One domain when one can hold all n (best fit: the fullest domain that still fits keeps
-        large domains whole for large actions); otherwise the emptiest domains first, so the
-        action spans as few domains as possible. Within a domain, its lowest free cores.
+        The rule is ``tangram.core.numa.numa_picks`` (one domain by best fit, else the fewest
+        domains); within a domain, its lowest free cores.
         """
         return tuple([c for domain, k in self._pick(n) for c in domain[:k]])
 
@@ -68,23 +69,8 @@ class CpuNodeState:
         """``choose_cores`` as (free list of a NUMA domain, how many of its lowest) pairs."""
         if n > self.free_cores:
             raise CapacityError(f"{self.spec.name}: {n} cores asked, {self.free_cores} free")
-        best, best_free = None, self.spec.cores + 1
-        for domain in self.free_by_numa:  # the first of the fullest domains that fit
-            free = len(domain)
-            if n <= free < best_free:
-                best, best_free = domain, free
-        if best is not None:
-            return [(best, n)]
-        picks = []
-        left = n
-        for _, d in sorted([(-len(s), d) for d, s in enumerate(self.free_by_numa)]):
-            domain = self.free_by_numa[d]
-            k = min(left, len(domain))
-            picks.append((domain, k))
-            left -= k
-            if left == 0:
-                break
-        return picks
+        free_by_numa = self.free_by_numa
+        return [(free_by_numa[d], k) for d, k in numa_picks(free_by_numa, n)]
 
     def grant_cores(self, n: int) -> tuple[int, ...]:
         """``choose_cores`` and take them: chosen from the free lists, they need no re-check."""
@@ -189,26 +175,15 @@ class GpuNodeState:
 
     def free_cells(self, size: int) -> list[tuple[int, ...]]:
         """Aligned free cells of ``size`` GPUs (start a multiple of size), in index order."""
-        cells = []
-        for start in range(0, self.spec.gpus - size + 1, size):
-            cell = tuple(range(start, start + size))
-            if all(self.owner[g] is None for g in cell):
-                cells.append(cell)
-        return cells
+        return free_cells(self.owner, size)
 
     def is_resident(self, service: str, cell: tuple[int, ...]) -> bool:
         return all(service in self.resident[g] for g in cell)
 
     def take(self, cell: tuple[int, ...], holder: str) -> None:
-        size = len(cell)
-        if (
-            size not in (1, 2, 4, 8)
-            or cell[0] % size
-            or cell != tuple(range(cell[0], cell[0] + size))
-        ):
-            raise CapacityError(f"{self.spec.name}: {cell} is not an aligned cell")
-        if cell[-1] >= self.spec.gpus:
-            raise CapacityError(f"{self.spec.name}: {cell} exceeds {self.spec.gpus} GPUs")
+        problem = cell_problem(cell, self.spec.gpus) if cell else "() is not an aligned cell"
+        if problem is not None:
+            raise CapacityError(f"{self.spec.name}: {problem}")
         busy = [g for g in cell if self.owner[g] is not None]
         if busy:
             raise CapacityError(

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from tangram.core.action import Action
 from tangram.core.allocation import allocate, allocate_greedy, allocate_one, greedy_applies
+from tangram.core.cells import cell_sizes
 from tangram.core.gpu_placement import place_cell
 from tangram.core.policies.base import DomainRule
 from tangram.core.projection import projected_total
@@ -295,9 +296,7 @@ def _resident_free_sizes(ctx: Context) -> dict[str, set[int]]:
     sizes: dict[str, set[int]] = {}
     for node in ctx.state.gpu.values():
         resident = node.resident
-        for size in (1, 2, 4, 8):
-            if size > node.spec.gpus:
-                break
+        for size in cell_sizes(node.spec.gpus):
             for cell in node.free_cells(size):
                 for service in set.intersection(*(resident[g] for g in cell)):
                     sizes.setdefault(service, set()).add(size)

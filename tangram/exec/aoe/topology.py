@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tangram.core.numa import numa_picks
 from tangram.core.resources import CpuNodeSpec
 from tangram.exec.aoe.errors import GrantError
 
@@ -129,10 +130,8 @@ def choose_cores(
 ) -> tuple[int, ...] | None:
     """``n`` free cores, NUMA-local when possible, or None when fewer than ``n`` are free.
 
-    One domain when any can hold the grant: the best fit (the domain with the fewest free cores
-    that still has ``n``), so large free domains stay whole for large grants. Otherwise the
-    fewest domains: take domains with the most free cores first. Within a domain, the lowest
-    core ids. Deterministic: the same inputs give the same cores.
+    The rule is the core's (``tangram.core.numa.numa_picks``: one domain by best fit, else the
+    fewest domains); within a domain, the lowest core ids; the grant is returned sorted.
     """
     topo = as_topology(topology)
     if n < 1:
@@ -143,13 +142,4 @@ def choose_cores(
     per_domain = [tuple(c for c in d if c in free_set) for d in topo.domains]
     if sum(len(d) for d in per_domain) < n:
         return None
-    fitting = [(len(d), i) for i, d in enumerate(per_domain) if len(d) >= n]
-    if fitting:
-        _, best = min(fitting)
-        return per_domain[best][:n]
-    picked: list[int] = []
-    for _, i in sorted(((-len(d), i) for i, d in enumerate(per_domain))):
-        picked.extend(per_domain[i][: n - len(picked)])
-        if len(picked) == n:
-            break
-    return tuple(sorted(picked))
+    return tuple(sorted(c for d, k in numa_picks(per_domain, n) for c in per_domain[d][:k]))
