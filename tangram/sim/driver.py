@@ -5,9 +5,11 @@ LLM generation (a delay from the trace, on the training cluster, not managed her
 (submitted to the core); the step ends with its last trajectory, then a training phase.
 Open loop: every action arrives at its trace ``arrival_s``.
 
-Events of one simulated instant are handed to the core together (``Scheduler.advance``): the
-event loop calls the core once no event is left at that instant, so a step's batch of first
-actions is one scheduling pass, as a live system batching its arrivals would see it.
+Events of one simulated instant are handed to the core together by the one driver loop
+(``tangram.core.loop.DriverLoop``): SimPy's event loop flushes it once no event is left at that
+instant, so a step's batch of first actions is one scheduling pass, as a live system batching
+its arrivals would see it. The ``Simulation`` is the loop's host: it carries out starts,
+rejects and defers, samples usage after each batch, and arms SimPy timers for wake-ups.
 Nothing here is global: counters live on the ``Simulation``, every random stream has its own
 seeded generator, and ties are broken by event order (SimPy's FIFO for equal times).
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import gc
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -25,7 +27,9 @@ import simpy
 from simpy.core import EmptySchedule
 
 from tangram.core.action import Action
-from tangram.core.decision import Decision, Defer, Reject, Start
+from tangram.core.cells import aligned_cells, smallest_cell_for
+from tangram.core.decision import Defer, Reject, Start
+from tangram.core.loop import DriverLoop
 from tangram.core.policies import make_policy
 from tangram.core.resources import ClusterSpec, ResourceKind
 from tangram.core.scheduler import Scheduler
@@ -156,12 +160,7 @@ class Simulation:
         self.steps: list[StepRecord] = []
         self.timeline = UsageTimeline()
         self.container_ready: dict[str, float] = {}
-        self.decisions = 0
-        self.scheduler_seconds = 0.0
-        self._pending_arrivals: list[Action] = []
-        self._pending_finishes: list[str] = []
-        self._flush_queued = False
-        self._armed: set[float] = set()
+        self.loop = DriverLoop(self.scheduler, self, timer=clock)
         self._unbounded = self.scheduler.unbounded
         self._usage = self.scheduler.state.usage
         #: Record usage after every event (an unbounded policy holds nothing to record).
@@ -198,8 +197,8 @@ class Simulation:
             steps=self.steps,
             timeline=self.timeline,
             makespan=self.env.now,
-            decisions=self.decisions,
-            scheduler_seconds=self.scheduler_seconds,
+            decisions=self.loop.decisions,
+            scheduler_seconds=self.loop.core_seconds,
         )
 
     def _warm_gpus(self) -> None:
@@ -211,17 +210,15 @@ class Simulation:
         for service, size in sorted(services.items(), key=lambda kv: (-kv[1], kv[0])):
             best = None
             for node in self.cluster.gpu_nodes:
-                for k in (1, 2, 4, 8):
-                    if k > node.gpus or size / k > node.gpu_memory_gb:
-                        continue
-                    for start in range(0, node.gpus, k):
-                        cell = tuple(range(start, start + k))
-                        used = max(self.residency.used_gb(node.name, g) for g in cell)
-                        if used + size / k <= node.gpu_memory_gb + 1e-9:
-                            key = (k, used, node.name, start)
-                            if best is None or key < best[0]:
-                                best = (key, node.name, cell)
-                    break  # the smallest cell size that fits the model's memory
+                k = smallest_cell_for(size, node.gpu_memory_gb, node.gpus)
+                if k is None:
+                    continue
+                for cell in aligned_cells(node.gpus, k):
+                    used = max(self.residency.used_gb(node.name, g) for g in cell)
+                    if used + size / k <= node.gpu_memory_gb + 1e-9:
+                        key = (k, used, node.name, cell[0])
+                        if best is None or key < best[0]:
+                            best = (key, node.name, cell)
             if best is not None:
                 self.residency.restore(best[1], best[2], service, size)
 
@@ -276,7 +273,7 @@ class Simulation:
         def done(name: str) -> None:
             remaining[name] -= 1
             if remaining[name] == 0:
-                self._apply(self.scheduler.close_trajectory(name, self.env.now))
+                self.loop.close_trajectory(name, self.env.now)
 
         for arrival, name, row in rows:
             if arrival > self.env.now:
@@ -305,81 +302,62 @@ class Simulation:
             raise ValueError(f"trace has action id {row.action_id!r} twice")
         self.records[row.action_id] = ActionRecord(row, now)
         self.waiters[row.action_id] = on_done
-        self._pending_arrivals.append(action)
-        self._flush_queued = True  # the core sees it once this instant has no event left
+        self.loop.arrive(action)
 
     def _run_events(self) -> None:
-        """SimPy's event loop, handing the core each instant's events once none is left at it.
+        """SimPy's event loop, flushing the driver loop once no event is left at an instant.
 
         (Instead of a zero-delay flush event: the same batching without one more event, and
         with every event of the instant in the batch, whenever it was scheduled.)
         """
-        env = self.env
+        env, loop = self.env, self.loop
         step, peek = env.step, env.peek
         while True:
-            if self._flush_queued and peek() > env.now:
-                self._flush()
+            if loop.flush_requested and peek() > env.now:
+                loop.flush(env.now)
                 continue
             try:
                 step()
             except EmptySchedule:  # (a pending flush was handled above: peek() is inf > now)
                 return
 
-    def _flush(self) -> None:
-        self._flush_queued = False
-        arrived, finished = self._pending_arrivals, self._pending_finishes
-        if arrived:
-            self._pending_arrivals = []
-        if finished:
-            self._pending_finishes = []
-        now, clock = self.env.now, self.clock
-        if clock is None:
-            decisions = self.scheduler.advance(now, finished=finished, arrived=arrived)
-        else:
-            t0 = clock()
-            decisions = self.scheduler.advance(now, finished=finished, arrived=arrived)
-            self.scheduler_seconds += clock() - t0
-        self._apply(decisions)
-        self._arm_wakeup()
+    # ------------------------------------------------------------------ the loop's host
+    def request_flush(self) -> None:
+        """Nothing to do: ``_run_events`` flushes once the instant has no event left."""
 
-    def _arm_wakeup(self) -> None:
-        """A timer for the core's next wake-up (one per distinct time, however often asked)."""
-        wake = self.scheduler.next_wakeup
-        if wake is not None and wake > self.env.now and wake not in self._armed:
-            self._armed.add(wake)
-            self.env.process(self._wake(wake))
+    def arm_wakeup(self, when: float) -> None:
+        self.env.process(self._wake(when))
 
     def _wake(self, when: float):
         yield self.env.timeout(when - self.env.now)
-        self._armed.discard(when)
-        self._apply(self.scheduler.tick(self.env.now))
-        # The tick may start some rate-limited calls and want another wake-up for the next
-        # token: arm it now, or the queued calls would wait for an unrelated event.
-        self._arm_wakeup()
+        self.loop.wake(when, self.env.now)
 
-    def _apply(self, decisions: list[Decision]) -> None:
-        if decisions:
-            self.decisions += len(decisions)
-            records = self.records
-            for d in decisions:
-                rec = records[d.action.id]
-                if type(d) is Start:
-                    self._start(d, rec)
-                elif isinstance(d, Reject):
-                    rec.outcome, rec.reason = "rejected", d.reason
-                    rec.start = rec.finish = self.env.now
-                    self.waiters.pop(d.action.id)()
-                elif isinstance(d, Defer):
-                    rec.deferrals += 1
-        if self._sampling:  # UsageTimeline.append, without its call: twice per action
+    def pass_failed(
+        self, arrived: Sequence[Action], finished: Sequence[str], error: Exception
+    ) -> None:
+        raise error  # a core bug: a replay must not go on without it
+
+    def reject(self, d: Reject) -> None:
+        rec = self.records[d.action.id]
+        rec.outcome, rec.reason = "rejected", d.reason
+        rec.start = rec.finish = self.env.now
+        self.waiters.pop(d.action.id)()
+
+    def defer(self, d: Defer) -> None:
+        self.records[d.action.id].deferrals += 1
+
+    def settled(self, now: float) -> None:
+        """Sample usage after each batch of decisions (``UsageTimeline.append``, inlined)."""
+        if self._sampling:
             usage = self._usage
             time, cores, gpus, calls = self._timeline_appends
-            time(self.env.now)
+            time(now)
             cores(usage.cores)
             gpus(usage.gpus)
             calls(usage.api_calls)
 
-    def _start(self, d: Start, rec: ActionRecord) -> None:
+    def start(self, d: Start) -> None:
+        rec = self.records[d.action.id]
         now = self.env.now
         ov = self.config.overheads
         rec.start, rec.units, rec.node, rec.reason = now, d.units, d.node, d.reason
@@ -420,8 +398,7 @@ class Simulation:
         rec = self.records[action_id]
         rec.finish = self.env.now
         rec.outcome = "result"
-        self._pending_finishes.append(action_id)
-        self._flush_queued = True
+        self.loop.finish(action_id)
         self.waiters.pop(action_id)()
         if self.progress:
             self.progress(1)
@@ -492,7 +469,7 @@ class _TrajectoryRun:
     def _finish(self, _event: object = None) -> None:
         sim = self.sim
         now = sim.env.now
-        sim._apply(sim.scheduler.close_trajectory(self.name, now))
+        sim.loop.close_trajectory(self.name, now)
         sim.container_ready.pop(self.name, None)
         self.record.end = now
         self.on_end()

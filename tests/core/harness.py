@@ -20,6 +20,7 @@ from tangram.core import (
     Start,
     make_policy,
 )
+from tangram.core.loop import DriverLoop
 
 
 @dataclass
@@ -74,6 +75,54 @@ def check_invariants(sched: Scheduler, traj_nodes: dict[str, str]) -> None:
     assert st.api_in_flight == sum(a.in_flight for a in st.api.values())
 
 
+class _HarnessHost:
+    """The driver loop's host for core tests: a heap of events, actions run as estimated."""
+
+    def __init__(self, sched: Scheduler, by_id: dict[str, Action], check: bool) -> None:
+        self.sched, self.by_id, self.check = sched, by_id, check
+        self.out = Outcome()
+        self.remaining = Counter(a.trajectory for a in by_id.values())
+        self.events: list[tuple[float, int, str, str]] = []  # (time, order, tie, id)
+        self.traj_nodes: dict[str, str] = {}
+        self.loop = DriverLoop(sched, self)
+        self.now = 0.0
+        self._wakes = 0
+
+    def start(self, d: Start) -> None:
+        self.out.log.append(("Start", d.action.id, d.units, d.node))
+        assert d.action.id not in self.out.started, "started twice"
+        self.out.started[d.action.id] = d
+        end = self.now + d.est_duration + d.est_overhead
+        heapq.heappush(self.events, (end, 0, d.action.id, d.action.id))
+
+    def reject(self, d: Reject) -> None:
+        self.out.log.append(("Reject", d.action.id, None, None))
+        self.out.rejected[d.action.id] = d
+        self.done(d.action.trajectory)
+
+    def defer(self, d: Defer) -> None:
+        self.out.log.append(("Defer", d.action.id, None, None))
+
+    def settled(self, now: float) -> None:
+        if self.check:
+            check_invariants(self.sched, self.traj_nodes)
+
+    def request_flush(self) -> None:
+        """Nothing to do: ``run`` flushes once the instant's events are all in."""
+
+    def arm_wakeup(self, when: float) -> None:
+        self._wakes += 1
+        heapq.heappush(self.events, (when, 2, f"w{self._wakes:08d}", "tick"))
+
+    def pass_failed(self, arrived: object, finished: object, error: Exception) -> None:
+        raise error
+
+    def done(self, traj: str) -> None:
+        self.remaining[traj] -= 1
+        if self.remaining[traj] == 0:
+            self.loop.close_trajectory(traj, self.now)
+
+
 def run(
     cluster: ClusterSpec,
     policy: str,
@@ -85,9 +134,11 @@ def run(
 ) -> Outcome:
     """Submit each action at its arrival, finish it after its estimated time, close trajectories.
 
-    ``lone_arrivals=False`` turns off the scheduler's short path for a lone CPU arrival (every
-    arrival then goes through the queue and a full pass); ``open_first`` opens every
-    trajectory at time 0 (containers placed before their first action, as the simulator does).
+    Events go through the one driver loop (``tangram.core.loop``), as in the simulator: every
+    completion and arrival of an instant is one scheduling pass. ``lone_arrivals=False`` turns
+    off the scheduler's short path for a lone CPU arrival (every arrival then goes through the
+    queue and a full pass); ``open_first`` opens every trajectory at time 0 (containers placed
+    before their first action, as the simulator does).
     """
     sched = Scheduler(cluster, make_policy(policy))
     if not lone_arrivals:
@@ -95,56 +146,24 @@ def run(
     if open_first:
         for traj in sorted({a.trajectory for a in actions if a.resource is ResourceKind.CPU}):
             sched.open_trajectory(traj, 0.0, memory_gb=1.0)
-    out = Outcome()
-    remaining = Counter(a.trajectory for a in actions)
-    events: list[tuple[float, int, str, str]] = []  # (time, order, kind, id)
-    for i, a in enumerate(sorted(actions, key=lambda a: a.arrival)):
-        heapq.heappush(events, (a.arrival, 1, f"{i:08d}", a.id))
     by_id = {a.id: a for a in actions}
-    traj_nodes: dict[str, str] = {}
-    wake_seq = 0
-
-    def apply(now: float, decisions: list) -> None:
-        for d in decisions:
-            out.log.append(
-                (type(d).__name__, d.action.id, getattr(d, "units", None), getattr(d, "node", None))
-            )
-            if isinstance(d, Start):
-                assert d.action.id not in out.started, "started twice"
-                out.started[d.action.id] = d
-                heapq.heappush(
-                    events, (now + d.est_duration + d.est_overhead, 0, d.action.id, d.action.id)
-                )
-            elif isinstance(d, Reject):
-                out.rejected[d.action.id] = d
-                done(now, d.action.trajectory)
-            else:
-                assert isinstance(d, Defer)
-
-    def done(now: float, traj: str) -> None:
-        remaining[traj] -= 1
-        if remaining[traj] == 0:
-            apply(now, sched.close_trajectory(traj, now))
-
+    host = _HarnessHost(sched, by_id, check)
+    for i, a in enumerate(sorted(actions, key=lambda a: a.arrival)):
+        heapq.heappush(host.events, (a.arrival, 1, f"{i:08d}", a.id))
+    events, loop = host.events, host.loop
     while events:
-        now, order, _, aid = heapq.heappop(events)
-        # Group simultaneous events of one kind into one pass, as the drivers do.
-        batch = [aid]
-        while events and events[0][0] == now and events[0][1] == order:
-            batch.append(heapq.heappop(events)[3])
-        if order == 1:
-            apply(now, sched.submit_many([by_id[a] for a in batch], now))
-        elif order == 2:
-            apply(now, sched.tick(now))
-        else:
-            for a in batch:
-                out.finished[a] = now
-            apply(now, sched.finish_many(batch, now))
-            for a in batch:
-                done(now, by_id[a].trajectory)
-        if sched.next_wakeup is not None and not any(e[1] == 2 for e in events):
-            wake_seq += 1
-            heapq.heappush(events, (sched.next_wakeup, 2, f"w{wake_seq:08d}", "tick"))
-        if check:
-            check_invariants(sched, traj_nodes)
-    return out
+        now = host.now = events[0][0]
+        while events and events[0][0] == now:  # every event of this instant, then one pass
+            _, order, when, aid = heapq.heappop(events)
+            if order == 0:
+                host.out.finished[aid] = now
+                loop.finish(aid)
+            elif order == 1:
+                loop.arrive(by_id[aid])
+            else:
+                loop.wake(now, now)
+        finished = list(loop.finishes)
+        loop.flush(now)
+        for aid in finished:
+            host.done(by_id[aid].trajectory)
+    return host.out

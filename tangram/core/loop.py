@@ -1,0 +1,163 @@
+"""The one driver loop: an instant's events in, one scheduling pass, decisions out, the next
+wake-up armed. The simulator, the live runtime and the core's test harness all run it.
+
+A driver (the *host*) owns its clock and its way of waiting; the loop owns the cycle:
+
+1. events are buffered as they happen (``arrive``, ``finish``); the first of an instant asks
+   the host for a flush (``request_flush``), which the host runs once the instant has no
+   event left (the simulator: no SimPy event at this time; asyncio: the next loop iteration);
+2. ``flush`` hands every buffered completion and arrival to ``Scheduler.advance`` together,
+   so simultaneous events are one pass (a batch's first actions compete as candidates);
+3. the decisions go to the host, one handler per decision type (``start``, ``reject``,
+   ``defer``), then ``settled`` (the simulator samples usage there);
+4. when the core wants a wake-up (an API rate token frees later), the host is asked for a
+   timer at that time, once per distinct time; the timer calls ``wake``, whose tick may want
+   the next one.
+
+Like the rest of the core it never reads a clock: every call that acts takes ``now``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from tangram.core.action import Action
+from tangram.core.decision import Decision, Defer, Reject, Start
+from tangram.core.scheduler import Scheduler
+
+
+class Host(Protocol):
+    """What a driver gives the loop: where decisions go and how it waits."""
+
+    def start(self, start: Start) -> None:
+        """Carry out a start (run the action on its units)."""
+
+    def reject(self, reject: Reject) -> None:
+        """The action can never run as asked: end it with the reason."""
+
+    def defer(self, defer: Defer) -> None:
+        """The action stays queued although it could have started (count it)."""
+
+    def settled(self, now: float) -> None:
+        """A batch of decisions has been carried out (the core's state is current)."""
+
+    def request_flush(self) -> None:
+        """Call ``flush`` once the current instant has no event left."""
+
+    def arm_wakeup(self, when: float) -> None:
+        """Call ``wake(when, now)`` at time ``when`` (or as soon after as the driver can)."""
+
+    def pass_failed(
+        self, arrived: Sequence[Action], finished: Sequence[str], error: Exception
+    ) -> None:
+        """The scheduler raised on this pass's events: end them or re-raise (a core bug)."""
+
+
+class DriverLoop:
+    """Batches a driver's events into scheduling passes and routes the decisions back."""
+
+    __slots__ = (
+        "scheduler",
+        "host",
+        "timer",
+        "arrivals",
+        "finishes",
+        "flush_requested",
+        "armed",
+        "decisions",
+        "passes",
+        "core_seconds",
+        "_handlers",
+    )
+
+    def __init__(
+        self, scheduler: Scheduler, host: Host, *, timer: Callable[[], float] | None = None
+    ) -> None:
+        self.scheduler = scheduler
+        self.host = host
+        #: A wall clock to measure the time spent in the scheduler (profiling only; optional).
+        self.timer = timer
+        self.arrivals: list[Action] = []
+        self.finishes: list[str] = []
+        self.flush_requested = False
+        #: Wake-up times a host timer is armed for (each distinct time armed once).
+        self.armed: set[float] = set()
+        self.decisions = 0
+        self.passes = 0
+        self.core_seconds = 0.0
+        self._handlers: dict[type, Callable[[Decision], None]] = {
+            Start: host.start,  # type: ignore[dict-item]
+            Reject: host.reject,  # type: ignore[dict-item]
+            Defer: host.defer,  # type: ignore[dict-item]
+        }
+
+    # ------------------------------------------------------------------ events in
+    def arrive(self, action: Action) -> None:
+        """An action arrived; the core sees it at the instant's flush."""
+        self.arrivals.append(action)
+        self._request()
+
+    def finish(self, action_id: str) -> None:
+        """A running action ended (whatever its outcome); its units return at the flush."""
+        self.finishes.append(action_id)
+        self._request()
+
+    def retract(self, action_id: str) -> bool:
+        """Drop an arrival the core has not seen yet (withdrawn before the flush)."""
+        for i, action in enumerate(self.arrivals):
+            if action.id == action_id:
+                del self.arrivals[i]
+                return True
+        return False
+
+    def _request(self) -> None:
+        if not self.flush_requested:
+            self.flush_requested = True
+            self.host.request_flush()
+
+    # ------------------------------------------------------------------ passes
+    def flush(self, now: float) -> None:
+        """Hand the instant's completions and arrivals to the core in one pass; apply."""
+        self.flush_requested = False
+        arrived, finished = self.arrivals, self.finishes
+        if not (arrived or finished):
+            return
+        self.arrivals, self.finishes = [], []
+        timer = self.timer
+        t0 = timer() if timer is not None else 0.0
+        try:
+            decisions = self.scheduler.advance(now, finished=finished, arrived=arrived)
+        except Exception as exc:
+            self.host.pass_failed(arrived, finished, exc)
+            return
+        if timer is not None:
+            self.core_seconds += timer() - t0
+        self.passes += 1
+        self.apply(decisions, now)
+
+    def wake(self, when: float, now: float) -> None:
+        """The timer armed for ``when`` fired: tick the core (rate tokens may be free now)."""
+        self.armed.discard(when)
+        self.apply(self.scheduler.tick(now), now)
+
+    def close_trajectory(self, trajectory: str, now: float) -> None:
+        """The trajectory ended: its queued actions are rejected, its container freed."""
+        self.apply(self.scheduler.close_trajectory(trajectory, now), now)
+
+    def withdraw(self, action_id: str, now: float) -> bool:
+        """Take back a waiting action: buffered or queued in the core (False: not waiting)."""
+        return self.retract(action_id) or self.scheduler.withdraw(action_id, now)
+
+    def apply(self, decisions: list[Decision], now: float) -> None:
+        """Route each decision to the host's handler for its type, then arm the next wake-up."""
+        if decisions:
+            self.decisions += len(decisions)
+            handlers = self._handlers
+            for d in decisions:
+                handlers[type(d)](d)
+        self.host.settled(now)
+        wake = self.scheduler.wakeup
+        if wake is not None and wake > now and wake not in self.armed:
+            self.armed.add(wake)
+            self.host.arm_wakeup(wake)
