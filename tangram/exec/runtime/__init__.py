@@ -1,28 +1,19 @@
 """The live runtime: the scheduler core driven on asyncio by real executors (AOE, EOE, APIs).
 
 See ``docs/live.md``. ``Runtime`` is the driver; ``build_runtime`` makes one with the
-executors a cluster needs; ``discover_cluster`` describes this machine.
+executors a cluster needs; ``discover_cluster`` describes this machine. The errors (and
+their registry ``ERRORS``) are re-exported from ``errors``.
 """
 
 from __future__ import annotations
 
+from tangram.exec.runtime import errors
 from tangram.exec.runtime.api import ApiExecutor, builtin_endpoints, http_endpoint
 from tangram.exec.runtime.builder import build_runtime, default_services
 from tangram.exec.runtime.config import RuntimeConfig
 from tangram.exec.runtime.cpu import CpuExecutor
 from tangram.exec.runtime.discovery import cluster_to_dict, discover_cluster
-from tangram.exec.runtime.errors import (
-    BadRequest,
-    CapacityShort,
-    Conflict,
-    ExecutorMissing,
-    LiveError,
-    NotCancellable,
-    Overloaded,
-    ShuttingDown,
-    UnknownAction,
-    UnknownTrajectory,
-)
+from tangram.exec.runtime.errors import *  # noqa: F403 - the errors, listed once in errors.py
 from tangram.exec.runtime.gpu import GpuExecutor
 from tangram.exec.runtime.recorder import TraceRecorder
 from tangram.exec.runtime.records import (
@@ -42,28 +33,18 @@ __all__ = [
     "ActionSpec",
     "ApiExecutor",
     "ApiWork",
-    "BadRequest",
-    "CapacityShort",
     "CommandResult",
-    "Conflict",
     "CpuExecutor",
     "CpuWork",
     "ErrorInfo",
-    "ExecutorMissing",
     "GpuExecutor",
     "GpuWork",
-    "LiveError",
-    "NotCancellable",
     "Outcome",
-    "Overloaded",
     "Runtime",
     "RuntimeConfig",
-    "ShuttingDown",
     "Timings",
     "TraceRecorder",
     "TrajectoryInfo",
-    "UnknownAction",
-    "UnknownTrajectory",
     "build_runtime",
     "builtin_endpoints",
     "cluster_to_dict",
@@ -71,3 +52,4 @@ __all__ = [
     "discover_cluster",
     "http_endpoint",
 ]
+__all__ += errors.__all__

@@ -2,10 +2,9 @@
 and SandboxFusion's ``/run_code``. ``docs/live.md`` is the reference.
 
 Every error is a JSON document ``{"error": {"code", "message", "retryable"}}`` with an HTTP
-status that says who should act: 400 a malformed request, 401 a missing or wrong token, 404
-an unknown trajectory or action, 409 a conflict (an id reused for something else, a running
-action that cannot be cancelled), 429 admission control (retry after ``Retry-After``
-seconds; nothing was accepted), 503 the node is full now or the service is shutting down.
+status that says who should act: a runtime error answers with the status its class declares
+(``tangram.exec.runtime.errors``; ``docs/live.md`` tabulates them), a missing or wrong token
+with 401, anything unexpected with 500. Errors with a back-off hint carry ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -23,18 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from tangram.exec.runtime import Runtime
-from tangram.exec.runtime.errors import (
-    BadRequest,
-    CapacityShort,
-    Conflict,
-    ExecutorMissing,
-    LiveError,
-    NotCancellable,
-    Overloaded,
-    ShuttingDown,
-    UnknownAction,
-    UnknownTrajectory,
-)
+from tangram.exec.runtime.errors import BadRequest, Conflict, LiveError
 from tangram.exec.service.metrics import CONTENT_TYPE, ServiceMetrics
 from tangram.exec.service.sandbox_fusion import (
     RunCodeSettings,
@@ -52,19 +40,6 @@ from tangram.exec.service.schema import (
 
 log = logging.getLogger(__name__)
 
-#: HTTP status of each runtime error.
-STATUS: dict[type[LiveError], int] = {
-    BadRequest: 400,
-    UnknownTrajectory: 404,
-    UnknownAction: 404,
-    Conflict: 409,
-    NotCancellable: 409,
-    Overloaded: 429,
-    CapacityShort: 503,
-    ShuttingDown: 503,
-    ExecutorMissing: 501,
-}
-
 RUNTIME_KEY = web.AppKey("runtime", Runtime)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -73,14 +48,14 @@ OPEN_PATHS = frozenset({"/healthz"})
 
 
 def error_response(exc: LiveError) -> web.Response:
-    status = next((s for cls, s in STATUS.items() if isinstance(exc, cls)), 500)
+    """The answer to a runtime error: its class's status, its document, its back-off hint."""
     headers = {}
-    retry = getattr(exc, "retry_after_s", None)
+    retry = exc.retry_after_s
     if retry is not None:
         headers["Retry-After"] = str(max(1, math.ceil(retry)))
         headers["X-Retry-After-S"] = f"{retry:.3f}"
     return web.json_response(
-        error_doc(exc.code, exc.message, exc.retryable), status=status, headers=headers
+        error_doc(exc.code, exc.message, exc.retryable), status=exc.http_status, headers=headers
     )
 
 
