@@ -1,0 +1,193 @@
+"""The clients' operations, sans I/O: each builds its requests and reads their answers once.
+
+An operation is a generator: it yields the ``Call``s it needs, is sent each answer
+(``httpx.Response``) and returns its result; ``run`` polls, so it may yield many. ``steps``
+wraps one in the retries of ``retry.attempts``, leaving a transport only two things to do:
+send a call, sleep a pause. ``AsyncClient`` and ``Client`` are those two transports.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Generator, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+from tangram.exec.runtime.records import Outcome
+from tangram.exec.service.retry import Call, Pause, attempts
+from tangram.exec.service.schema import outcome_from_doc
+
+T = TypeVar("T")
+
+#: An operation: yields calls, is sent their answers, returns its result.
+Operation = Generator[Call, httpx.Response, T]
+
+#: An operation with its retries: also yields pauses (and is sent None after them).
+Steps = Generator[Call | Pause, httpx.Response | None, T]
+
+
+def steps(operation: Operation[T], retries: int) -> Steps[T]:
+    """``operation`` with each of its calls sent through ``attempts`` (retries, back-off)."""
+    call = next(operation)
+    while True:
+        response = yield from attempts(call, retries)
+        try:
+            call = operation.send(response)
+        except StopIteration as done:
+            return done.value
+
+
+def action_body(
+    *,
+    command: str | list[str] | None = None,
+    service: str | None = None,
+    inputs: Any = None,
+    endpoint: str | None = None,
+    payload: Any = None,
+    trajectory: str | None = None,
+    id: str | None = None,
+    max_units: int | None = None,
+    t1_s: float | None = None,
+    serial_fraction: float | None = None,
+    curve: Mapping[str, Any] | None = None,
+    timeout_s: float | None = None,
+    task: str | None = None,
+    kind: str | None = None,
+    env: Mapping[str, str] | None = None,
+    wait: bool | float | None = None,
+) -> dict[str, Any]:
+    """The JSON of ``POST /v1/actions`` (an id is made up when none is given)."""
+    given = [x is not None for x in (command, service, endpoint)]
+    if sum(given) != 1:
+        raise ValueError("give exactly one of command (cpu), service (gpu) or endpoint (api)")
+    body: dict[str, Any] = {"id": id or f"c-{uuid.uuid4().hex}"}
+    if command is not None:
+        body["command"] = command
+        if env:
+            body["env"] = dict(env)
+    elif service is not None:
+        body.update(service=service, inputs=inputs)
+    else:
+        body.update(endpoint=endpoint, payload=payload)
+    optional = {
+        "trajectory": trajectory,
+        "max_units": max_units,
+        "t1_s": t1_s,
+        "serial_fraction": serial_fraction,
+        "curve": dict(curve) if curve is not None else None,
+        "timeout_s": timeout_s,
+        "task": task,
+        "kind": kind,
+        "wait": wait,
+    }
+    body.update({k: v for k, v in optional.items() if v is not None})
+    return body
+
+
+def poll(id: str, wait_s: float) -> Call:
+    """``GET /v1/actions/{id}``, waiting up to ``wait_s`` seconds for the outcome."""
+    return Call("GET", f"/v1/actions/{id}", params={"wait": f"{wait_s:g}"})
+
+
+# -- trajectories ----------------------------------------------------------------------------
+
+
+def open_trajectory(
+    id: str | None = None,
+    *,
+    memory_gb: float | None = None,
+    image: str | None = None,
+    wait_s: float | None = None,
+) -> Operation[dict[str, Any]]:
+    """Open a trajectory (a container); ``wait_s`` waits for memory instead of a 503."""
+    body = {"id": id, "memory_gb": memory_gb, "image": image, "wait_s": wait_s}
+    call = Call("POST", "/v1/trajectories", {k: v for k, v in body.items() if v is not None})
+    return (yield call).json()
+
+
+def close_trajectory(id: str) -> Operation[dict[str, Any]]:
+    """Close a trajectory: its container goes, its queued actions end."""
+    return (yield Call("DELETE", f"/v1/trajectories/{id}", idempotent=False)).json()
+
+
+def recreate_trajectory(id: str) -> Operation[dict[str, Any]]:
+    """A fresh container for a trajectory whose container died."""
+    return (yield Call("POST", f"/v1/trajectories/{id}/recreate", idempotent=False)).json()
+
+
+def trajectories() -> Operation[list[dict[str, Any]]]:
+    """The open trajectories."""
+    return (yield Call("GET", "/v1/trajectories")).json()["trajectories"]
+
+
+# -- actions ---------------------------------------------------------------------------------
+
+
+def submit(action: Mapping[str, Any]) -> Operation[str]:
+    """Submit without waiting; returns the action's id. Fields as ``action_body``."""
+    body = action_body(**{**action, "wait": None})
+    return (yield Call("POST", "/v1/actions", body)).json()["id"]
+
+
+def run(action: Mapping[str, Any], max_wait_s: float) -> Operation[Outcome]:
+    """Submit and wait for the outcome (polling past the service's ``max_wait_s``)."""
+    body = action_body(**{**action, "wait": True})
+    doc = (yield Call("POST", "/v1/actions", body)).json()
+    while doc["outcome"] is None:
+        doc = (yield poll(body["id"], max_wait_s)).json()
+    return outcome_from_doc(doc["outcome"])
+
+
+def result(id: str, wait_s: float = 0.0) -> Operation[Outcome | None]:
+    """The outcome if it came within ``wait_s`` seconds, else None."""
+    doc = (yield poll(id, wait_s)).json()
+    return outcome_from_doc(doc["outcome"]) if doc["outcome"] else None
+
+
+def state(id: str) -> Operation[str]:
+    """The action's state now (queued, running, done ...)."""
+    return (yield poll(id, 0.0)).json()["state"]
+
+
+def cancel(id: str) -> Operation[Outcome]:
+    """Cancel an action; returns its outcome."""
+    doc = (yield Call("DELETE", f"/v1/actions/{id}")).json()
+    return outcome_from_doc(doc["outcome"])
+
+
+# -- service ---------------------------------------------------------------------------------
+
+
+def status() -> Operation[dict[str, Any]]:
+    """The service's status document."""
+    return (yield Call("GET", "/v1/status")).json()
+
+
+def metrics() -> Operation[str]:
+    """The Prometheus metrics (text)."""
+    return (yield Call("GET", "/metrics")).text
+
+
+def trace_text() -> Operation[str]:
+    """The trace of the run so far (JSONL, format v1)."""
+    return (yield Call("GET", "/v1/trace")).text
+
+
+def write_trace(path: str | Path) -> Operation[Path]:
+    """Download the trace and write it to ``path`` here (JSONL)."""
+    path = Path(path)
+    path.write_text((yield from trace_text()))
+    return path
+
+
+def save_trace() -> Operation[dict[str, Any]]:
+    """Ask the service to write its trace to its own ``--trace`` path."""
+    return (yield Call("POST", "/v1/trace")).json()
+
+
+def run_code(code: str, language: str = "python", **fields: Any) -> Operation[dict]:
+    """SandboxFusion's ``/run_code`` (fields: run_timeout, stdin, files, ...)."""
+    body = {"code": code, "language": language, **fields}
+    return (yield Call("POST", "/run_code", body, idempotent=False)).json()
