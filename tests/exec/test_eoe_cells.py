@@ -70,3 +70,23 @@ def test_best_cell_takes_smallest_key_among_usable() -> None:
     assert chosen == (4, 5)
     assert best_cell(cells, lambda c: False, lambda c: 0) is None
     assert best_cell(cells, lambda c: True, lambda c: 0) == (0, 1)  # ties: first
+
+
+def test_the_rule_has_one_owner_the_core() -> None:
+    from tangram.core import cells as core
+    from tangram.exec.eoe import bench, cells, registry, services
+
+    assert cells.CELL_SIZES is registry.CELL_SIZES is core.CELL_SIZES
+    assert cells.is_aligned_cell is core.is_aligned_cell and cells.cell_sizes is core.cell_sizes
+    assert services.reward_model_spec.__kwdefaults__["dops"] is core.CELL_SIZES
+    assert services.teacher_spec.__kwdefaults__["dops"] is core.CELL_SIZES
+    assert bench.CELL_SIZES is core.CELL_SIZES
+    for n in range(1, 9):
+        for size in cell_sizes(n):
+            assert aligned_cells(n, size) == core.aligned_cells(n, size)
+
+
+def test_validate_cell_raises_the_eoe_error_which_is_also_a_value_error() -> None:
+    with pytest.raises(InvalidCellError) as caught:
+        validate_cell((1, 2), 4, 2)
+    assert isinstance(caught.value, ValueError)

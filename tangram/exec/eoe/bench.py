@@ -22,6 +22,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from tangram.core.cells import CELL_SIZES
 from tangram.report import add_json_flag, emit
 
 DEFAULT_SIZES_CPU = ("tiny", "small", "medium", "large")
@@ -79,7 +80,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--reps", type=int, default=5, help="measured repetitions per figure")
     parser.add_argument("--batch", type=int, default=8, help="sequences per call")
     parser.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
-    parser.add_argument("--dop", type=int, default=1, choices=(1, 2, 4, 8), help="DoP of the calls")
+    parser.add_argument("--dop", type=int, default=1, choices=CELL_SIZES, help="DoP of the calls")
     parser.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda"))
     add_json_flag(parser)
     parser.set_defaults(func=main)

@@ -18,13 +18,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tangram.core.cells import CELL_SIZES
 from tangram.exec.eoe.errors import DuplicateServiceError, ServiceSpecError, UnknownServiceError
 
 if TYPE_CHECKING:
     import torch
-
-#: DoPs a GPU call may use: sizes of the aligned cells.
-CELL_SIZES: tuple[int, ...] = (1, 2, 4, 8)
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]*$")
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from tangram.core.cells import CELL_SIZES
 from tangram.exec.eoe.registry import ServiceSpec
 
 if TYPE_CHECKING:
@@ -199,7 +200,7 @@ def reward_model_spec(
     size: str | TransformerSize = "tiny",
     *,
     seed: int = 0,
-    dops: tuple[int, ...] = (1, 2, 4, 8),
+    dops: tuple[int, ...] = CELL_SIZES,
     workspace_bytes: int | None = 0,
     batch_hint: int = 8,
     seq_hint: int = 128,
@@ -227,7 +228,7 @@ def teacher_spec(
     size: str | TransformerSize = "tiny",
     *,
     seed: int = 1,
-    dops: tuple[int, ...] = (1, 2, 4, 8),
+    dops: tuple[int, ...] = CELL_SIZES,
     workspace_bytes: int | None = 0,
     batch_hint: int = 8,
     seq_hint: int = 128,
