@@ -149,6 +149,12 @@ class DriverLoop:
         """Take back a waiting action: buffered or queued in the core (False: not waiting)."""
         return self.retract(action_id) or self.scheduler.withdraw(action_id, now)
 
+    def detach(self) -> None:
+        """Forget the host (the driver is done): the host holds the loop, so this breaks the
+        reference cycle and lets reference counting free both."""
+        self.host = None  # type: ignore[assignment]
+        self._handlers = {}
+
     def apply(self, decisions: list[Decision], now: float) -> None:
         """Route each decision to the host's handler for its type, then arm the next wake-up."""
         if decisions:

@@ -181,8 +181,11 @@ class Simulation:
             self.env.process(self._rollout())
         else:
             self.env.process(self._open_loop())
-        with _collector_paused():
-            self._run_events()
+        try:
+            with _collector_paused():
+                self._run_events()
+        finally:
+            self.loop.detach()  # the loop and its host (this run) would otherwise form a cycle
         unfinished = [r for r in self.records.values() if r.outcome == "pending"]
         if unfinished:
             raise RuntimeError(
