@@ -32,19 +32,39 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tangram.report import add_json_flag, emit
+from tangram.trace import load_trace
+from tangram.trace.calibrate import (
+    DURATIONS,
+    MIN_SECONDS,
+    PERCENTILES,
+    Measured,
+    measure,
+    percentiles,
+    relative_error,
+    replay_trace,
+)
 
-PERCENTILES = (50, 90, 95, 99)
-DURATIONS = ("observed", "curve")
-#: Shortest duration a replayed row may have (the trace format needs t1_s > 0).
-MIN_SECONDS = 1e-6
+__all__ = [
+    "DURATIONS",
+    "MIN_SECONDS",
+    "PERCENTILES",
+    "Measured",
+    "ReplayReport",
+    "main",
+    "measure",
+    "percentiles",
+    "register",
+    "relative_error",
+    "replay",
+    "replay_trace",
+]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -82,21 +102,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 @dataclass(frozen=True)
-class Measured:
-    """Overhead parameters measured from the live trace (seconds)."""
-
-    cpu_overhead_s: float
-    api_overhead_s: float
-    gpu_call_overhead_s: float
-    h2d_gbps: float | None
-    restore_fixed_s: float | None
-    eviction_s: float
-    #: Spread of the observed execution times around the declared curves: the standard
-    #: deviation of log(observed / declared) (the simulator's ``exec_noise_sigma``).
-    exec_noise_sigma: float = 0.0
-
-
-@dataclass(frozen=True)
 class ReplayReport:
     """Live vs simulated ACT for the actions that ended with a result in both."""
 
@@ -118,107 +123,6 @@ class ReplayReport:
         return dataclasses.asdict(self)
 
 
-def percentiles(values: Sequence[float]) -> dict[str, float]:
-    """p50, p90, p95, p99 (linear interpolation, as numpy's default) and the mean."""
-    import numpy as np
-
-    arr = np.asarray(values, dtype=float)
-    out = {f"p{p}": float(np.percentile(arr, p)) for p in PERCENTILES}
-    out["mean"] = float(arr.mean())
-    return out
-
-
-def relative_error(sim: Mapping[str, float], live: Mapping[str, float]) -> dict[str, float]:
-    return {k: (sim[k] - live[k]) / live[k] if live[k] > 0 else math.nan for k in live}
-
-
-def measure(trace: Any) -> Measured:
-    """Overheads from the observed rows and EOE's restore figures in the header."""
-    ran = [r for r in trace.rows if r.obs_units is not None and r.obs_outcome == "result"]
-
-    def overheads(resource: str) -> list[float]:
-        return [r.obs_overhead_s or 0.0 for r in ran if r.resource == resource]
-
-    cpu, api, gpu = overheads("cpu"), overheads("api"), overheads("gpu")
-    eoe = trace.meta.get("eoe") or {}
-    h2d = fixed = None
-    if eoe.get("restores") and eoe.get("restore_s", 0) > 0:
-        h2d = (eoe["bytes_restored"] / (1 << 30)) / eoe["restore_s"]
-        fixed = 0.0
-    evictions = eoe.get("evictions") or 0
-    logs = [
-        math.log(r.obs_exec_s / r.curve_object().duration(r.obs_units))
-        for r in ran
-        if (r.obs_exec_s or 0.0) > 0 and r.obs_units is not None
-    ]
-    return Measured(
-        cpu_overhead_s=statistics.fmean(cpu) if cpu else 0.0,
-        api_overhead_s=statistics.fmean(api) if api else 0.0,
-        gpu_call_overhead_s=statistics.median(gpu) if gpu else 0.0,
-        h2d_gbps=h2d,
-        restore_fixed_s=fixed,
-        eviction_s=(eoe.get("evict_s", 0.0) / evictions) if evictions else 0.01,
-        exec_noise_sigma=statistics.pstdev(logs) if len(logs) > 1 else 0.0,
-    )
-
-
-def _rescaled(row: Any, target: float) -> dict[str, Any]:
-    """The row's elasticity fields with T(obs_units) = target."""
-    from tangram.core.curves import curve_from_dict
-
-    units = row.obs_units or 1
-    target = max(target, MIN_SECONDS)
-    if row.curve is not None:
-        curve = curve_from_dict(row.curve)
-        factor = target / curve.duration(units)
-        kind = row.curve["kind"]
-        if kind == "tabulated":
-            scaled = {"kind": kind, "points": [[u, t * factor] for u, t in row.curve["points"]]}
-            return {"t1_s": scaled["points"][0][1], "curve": scaled}
-        scaled = {**row.curve, "t1": row.curve["t1"] * factor}
-        return {"t1_s": scaled["t1"], "curve": scaled}
-    if row.serial_fraction is not None:
-        s = row.serial_fraction
-        return {"t1_s": target / (s + (1 - s) / units)}
-    return {"t1_s": target}
-
-
-def replay_trace(trace: Any, measured: Measured, durations: str = "observed") -> Any:
-    """The trace the simulator replays: started actions only, positions renumbered, no
-    container memory, durations observed or declared (GPU calls plus their dispatch cost)."""
-    from tangram.sim.trace import Trace, TraceRow
-
-    if durations not in DURATIONS:
-        raise ValueError(f"durations must be one of {DURATIONS}, got {durations!r}")
-    missing = [r.action_id for r in trace.rows if r.obs_outcome is None or r.arrival_s is None]
-    if missing:
-        raise ValueError(
-            f"not a recorded live trace: action {missing[0]!r} has no observed outcome or "
-            "arrival (record one with tangram serve or the live runtime)"
-        )
-    ran = [r for r in trace.rows if r.obs_units is not None]
-    positions: dict[tuple[int, str], int] = {}
-    rows = []
-    for r in sorted(ran, key=lambda r: (r.trajectory, r.position)):
-        key = (r.step, r.trajectory)
-        pos = positions.get(key, 0)
-        positions[key] = pos + 1
-        changes: dict[str, Any] = {
-            "position": pos,
-            "memory_gb": 0.0,
-            "gen_after_s": 0.0,
-        }
-        extra = measured.gpu_call_overhead_s if r.resource == "gpu" else 0.0
-        if durations == "observed":
-            changes.update(_rescaled(r, (r.obs_exec_s or 0.0) + extra))
-        elif extra:
-            curve = r.curve_object()
-            changes.update(_rescaled(r, curve.duration(r.obs_units or 1) + extra))
-        rows.append(dataclasses.replace(r, **changes))
-    rows.sort(key=lambda r: (r.arrival_s, r.action_id))
-    return Trace(tuple(TraceRow(**dataclasses.asdict(r)) for r in rows), dict(trace.meta))
-
-
 def replay(
     trace_path: str | Path,
     *,
@@ -238,7 +142,6 @@ def replay(
     from tangram.sim.config import Overheads, RolloutConfig, SimConfig
     from tangram.sim.driver import simulate
     from tangram.sim.metrics import actions_frame
-    from tangram.sim.trace import load_trace
 
     trace = load_trace(trace_path)
     meta = trace.meta

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tangram.exec.runtime.records import ActionSpec, Outcome
-from tangram.sim.trace import Trace, TraceRow, write_trace
+from tangram.trace import LiveObservation, Trace, TraceRow, row_from_observation, write_trace
 
 
 @dataclass(frozen=True)
@@ -74,33 +74,33 @@ class TraceRecorder:
 
 
 def _row(e: RecordedAction, position: int, prev_end: float | None) -> TraceRow:
+    """The trace row of a finished action (``tangram.trace.convert`` does the conversion)."""
+    return row_from_observation(_observation(e), position, prev_end)
+
+
+def _observation(e: RecordedAction) -> LiveObservation:
+    """The trace package's view of a finished action: its declared and observed fields."""
     spec, out = e.spec, e.outcome
     t = out.timings
-    ran = out.start_s is not None and out.units is not None
-    curve = spec.elasticity()
-    gen_before = 0.0 if prev_end is None else max(0.0, out.arrival_s - prev_end)
-    return TraceRow(
+    return LiveObservation(
         action_id=out.action_id,
         trajectory=e.trajectory,
-        step=0,
-        position=position,
         task=spec.task,
         kind=spec.label(),
-        gen_before_s=round(gen_before, 6),
         resource=spec.resource,
-        t1_s=curve.t1,
+        t1_s=spec.elasticity().t1,
         max_units=e.max_units,
-        serial_fraction=spec.serial_fraction if spec.resource != "api" else None,
-        curve=dict(spec.curve) if spec.curve is not None and spec.resource != "api" else None,
+        serial_fraction=spec.serial_fraction,
+        curve=spec.curve,
         service=spec.service,
-        service_size_gb=round(e.service_size_gb, 9),
-        memory_gb=e.memory_gb if spec.resource == "cpu" else 0.0,
-        arrival_s=round(out.arrival_s, 6),
-        obs_arrival_s=round(out.arrival_s, 6),
-        obs_units=out.units if ran else None,
-        obs_queue_s=round(max(0.0, t.queue_s), 6),
-        obs_overhead_s=round(max(0.0, t.overhead_s), 6),
-        obs_exec_s=round(max(0.0, t.exec_s), 6),
-        obs_outcome=out.status,
-        obs_node=out.node if ran else None,
+        service_size_gb=e.service_size_gb,
+        memory_gb=e.memory_gb,
+        outcome=out.status,
+        arrival_s=out.arrival_s,
+        queue_s=t.queue_s,
+        overhead_s=t.overhead_s,
+        exec_s=t.exec_s,
+        start_s=out.start_s,
+        units=out.units,
+        node=out.node,
     )

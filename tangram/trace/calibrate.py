@@ -1,0 +1,143 @@
+"""Replay calibration: what turns a recorded live trace into the simulator's input and
+parameters, and the ACT statistics that compare the two.
+
+``measure`` reads the overheads a live run had (CPU grant, API call, a GPU call's dispatch,
+EOE's restore rate and eviction cost) and the spread of its execution times around the
+declared curves; ``replay_trace`` keeps the actions that started, renumbers their positions,
+drops container memory and sets each action's curve to the durations to replay (observed, or
+declared); ``percentiles`` and ``relative_error`` summarise live against simulated ACTs.
+Running the simulator on the result is ``tangram.sim.replay_cli``'s job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tangram.core.curves import curve_from_dict
+from tangram.trace.row import TraceRow
+from tangram.trace.trace import Trace
+
+#: The ACT percentiles compared (with the mean).
+PERCENTILES = (50, 90, 95, 99)
+#: Where replayed execution times come from: observed live, or the declared curves.
+DURATIONS = ("observed", "curve")
+#: Shortest duration a replayed row may have (the trace format needs t1_s > 0).
+MIN_SECONDS = 1e-6
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Overhead parameters measured from the live trace (seconds)."""
+
+    cpu_overhead_s: float
+    api_overhead_s: float
+    gpu_call_overhead_s: float
+    h2d_gbps: float | None
+    restore_fixed_s: float | None
+    eviction_s: float
+    #: Spread of the observed execution times around the declared curves: the standard
+    #: deviation of log(observed / declared) (the simulator's ``exec_noise_sigma``).
+    exec_noise_sigma: float = 0.0
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float]:
+    """p50, p90, p95, p99 (linear interpolation, as numpy's default) and the mean."""
+    import numpy as np
+
+    arr = np.asarray(values, dtype=float)
+    out = {f"p{p}": float(np.percentile(arr, p)) for p in PERCENTILES}
+    out["mean"] = float(arr.mean())
+    return out
+
+
+def relative_error(sim: Mapping[str, float], live: Mapping[str, float]) -> dict[str, float]:
+    """(sim - live) / live per statistic; NaN where the live figure is not positive."""
+    return {k: (sim[k] - live[k]) / live[k] if live[k] > 0 else math.nan for k in live}
+
+
+def measure(trace: Trace) -> Measured:
+    """Overheads from the observed rows and EOE's restore figures in the header."""
+    ran = [r for r in trace.rows if r.obs_units is not None and r.obs_outcome == "result"]
+
+    def overheads(resource: str) -> list[float]:
+        return [r.obs_overhead_s or 0.0 for r in ran if r.resource == resource]
+
+    cpu, api, gpu = overheads("cpu"), overheads("api"), overheads("gpu")
+    eoe = trace.meta.get("eoe") or {}
+    h2d = fixed = None
+    if eoe.get("restores") and eoe.get("restore_s", 0) > 0:
+        h2d = (eoe["bytes_restored"] / (1 << 30)) / eoe["restore_s"]
+        fixed = 0.0
+    evictions = eoe.get("evictions") or 0
+    logs = [
+        math.log(r.obs_exec_s / r.curve_object().duration(r.obs_units))
+        for r in ran
+        if (r.obs_exec_s or 0.0) > 0 and r.obs_units is not None
+    ]
+    return Measured(
+        cpu_overhead_s=statistics.fmean(cpu) if cpu else 0.0,
+        api_overhead_s=statistics.fmean(api) if api else 0.0,
+        gpu_call_overhead_s=statistics.median(gpu) if gpu else 0.0,
+        h2d_gbps=h2d,
+        restore_fixed_s=fixed,
+        eviction_s=(eoe.get("evict_s", 0.0) / evictions) if evictions else 0.01,
+        exec_noise_sigma=statistics.pstdev(logs) if len(logs) > 1 else 0.0,
+    )
+
+
+def _rescaled(row: TraceRow, target: float) -> dict[str, Any]:
+    """The row's elasticity fields with T(obs_units) = target."""
+    units = row.obs_units or 1
+    target = max(target, MIN_SECONDS)
+    if row.curve is not None:
+        curve = curve_from_dict(row.curve)
+        factor = target / curve.duration(units)
+        kind = row.curve["kind"]
+        if kind == "tabulated":
+            scaled = {"kind": kind, "points": [[u, t * factor] for u, t in row.curve["points"]]}
+            return {"t1_s": scaled["points"][0][1], "curve": scaled}
+        scaled = {**row.curve, "t1": row.curve["t1"] * factor}
+        return {"t1_s": scaled["t1"], "curve": scaled}
+    if row.serial_fraction is not None:
+        s = row.serial_fraction
+        return {"t1_s": target / (s + (1 - s) / units)}
+    return {"t1_s": target}
+
+
+def replay_trace(trace: Trace, measured: Measured, durations: str = "observed") -> Trace:
+    """The trace the simulator replays: started actions only, positions renumbered, no
+    container memory, durations observed or declared (GPU calls plus their dispatch cost)."""
+    if durations not in DURATIONS:
+        raise ValueError(f"durations must be one of {DURATIONS}, got {durations!r}")
+    missing = [r.action_id for r in trace.rows if r.obs_outcome is None or r.arrival_s is None]
+    if missing:
+        raise ValueError(
+            f"not a recorded live trace: action {missing[0]!r} has no observed outcome or "
+            "arrival (record one with tangram serve or the live runtime)"
+        )
+    ran = [r for r in trace.rows if r.obs_units is not None]
+    positions: dict[tuple[int, str], int] = {}
+    rows = []
+    for r in sorted(ran, key=lambda r: (r.trajectory, r.position)):
+        key = (r.step, r.trajectory)
+        pos = positions.get(key, 0)
+        positions[key] = pos + 1
+        changes: dict[str, Any] = {
+            "position": pos,
+            "memory_gb": 0.0,
+            "gen_after_s": 0.0,
+        }
+        extra = measured.gpu_call_overhead_s if r.resource == "gpu" else 0.0
+        if durations == "observed":
+            changes.update(_rescaled(r, (r.obs_exec_s or 0.0) + extra))
+        elif extra:
+            curve = r.curve_object()
+            changes.update(_rescaled(r, curve.duration(r.obs_units or 1) + extra))
+        rows.append(dataclasses.replace(r, **changes))
+    rows.sort(key=lambda r: (r.arrival_s, r.action_id))
+    return Trace(tuple(TraceRow(**dataclasses.asdict(r)) for r in rows), dict(trace.meta))

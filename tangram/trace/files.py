@@ -1,0 +1,176 @@
+"""Trace files: read and write JSONL (optionally gzipped) and Parquet, chosen by suffix.
+
+These are the format's only readers and writers. Reading validates every row and the rules
+across rows, so a bad file fails naming the file, the line (JSONL) or row index (Parquet),
+the field and why.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from tangram.trace.columns import DTYPES, from_cell, to_flat
+from tangram.trace.errors import TraceError
+from tangram.trace.header import HEADER_KEY, header_object, meta_from_header
+from tangram.trace.row import FIELDS, REQUIRED, TraceRow, parse_record, row_to_mapping
+from tangram.trace.trace import Trace, checked_trace
+
+# ---------------------------------------------------------------------------------------------
+# JSONL.
+
+
+def read_jsonl(path: str | Path) -> Trace:
+    """Read a JSONL trace (``.jsonl`` or ``.jsonl.gz``); see :func:`load_trace`."""
+    path = Path(path)
+    rows: list[TraceRow] = []
+    lines: list[int] = []
+    meta: dict[str, Any] | None = None
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        for lineno, text in enumerate(fh, start=1):
+            if not text.strip():
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise TraceError(
+                    f"not valid JSON ({exc.msg} at column {exc.colno})",
+                    where=f"line {lineno}",
+                    path=path,
+                ) from None
+            if meta is None:
+                meta = meta_from_header(obj, path, f"line {lineno}")
+                continue
+            rows.append(parse_record(obj, f"line {lineno}", path))
+            lines.append(lineno)
+    if meta is None:
+        raise TraceError("empty file: no header line", where="line 1", path=path)
+    return checked_trace(rows, meta, lambda i: f"line {lines[i]}", path)
+
+
+def write_jsonl(trace: Trace, path: str | Path) -> None:
+    """Write the header then one compact object per row (fields at their defaults omitted)."""
+    path = Path(path)
+    lines = [json.dumps(header_object(trace.meta), separators=(",", ":"))]
+    lines += [
+        json.dumps(row_to_mapping(row, drop_defaults=True), separators=(",", ":"))
+        for row in trace.rows
+    ]
+    data = ("\n".join(lines) + "\n").encode("utf-8")
+    if path.name.endswith(".gz"):
+        # mtime=0 and no file name in the gzip header: the same trace always gives the same bytes.
+        data = gzip.compress(data, compresslevel=9, mtime=0)
+    path.write_bytes(data)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parquet.
+
+
+def _arrow_schema(meta: Mapping[str, Any]) -> Any:
+    import pyarrow as pa
+
+    types = {
+        "int64": pa.int64(),
+        "Int64": pa.int64(),
+        "float64": pa.float64(),
+        "object": pa.string(),
+    }
+    return pa.schema(
+        [pa.field(name, types[DTYPES[name]], nullable=name not in REQUIRED) for name in FIELDS],
+        metadata={HEADER_KEY: json.dumps(header_object(meta))},
+    )
+
+
+def write_parquet(trace: Trace, path: str | Path) -> None:
+    """Write one column per v1 field (``curve`` as JSON text), meta in the schema metadata."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = _arrow_schema(trace.meta)
+    flat = [to_flat(row) for row in trace.rows]
+    table = pa.Table.from_pylist(flat, schema=schema)
+    pq.write_table(table, Path(path))
+
+
+def read_parquet(path: str | Path) -> Trace:
+    """Read a Parquet trace; errors name the row index (0-based) and the field."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises several types for a corrupt file
+        raise TraceError(f"cannot read as Parquet: {exc}", path=path) from None
+    raw = (table.schema.metadata or {}).get(HEADER_KEY.encode())
+    if raw is None:
+        raise TraceError(
+            f"no {HEADER_KEY!r} key in the Parquet schema metadata (not a Tangram trace)",
+            field=HEADER_KEY,
+            where="header",
+            path=path,
+        )
+    try:
+        header = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise TraceError(
+            f"header is not valid JSON: {exc.msg}", field=HEADER_KEY, where="header", path=path
+        ) from None
+    meta = meta_from_header(header, path, "header")
+    unknown = [c for c in table.column_names if c not in FIELDS]
+    if unknown:
+        raise TraceError("unknown column", field=unknown[0], where="columns", path=path)
+    rows = []
+    for i, record in enumerate(table.to_pylist()):
+        record = {k: v for k, v in record.items() if not (v is None and k not in REQUIRED)}
+        try:
+            if isinstance(record.get("curve"), str):
+                record["curve"] = from_cell("curve", record["curve"])
+        except TraceError as exc:
+            raise exc.located(where=f"row {i}", path=path) from None
+        rows.append(parse_record(record, f"row {i}", path))
+    return checked_trace(rows, meta, lambda i: f"row {i}", path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dispatch on suffix.
+
+_READERS: dict[str, Callable[[Path], Trace]] = {
+    ".jsonl": read_jsonl,
+    ".jsonl.gz": read_jsonl,
+    ".parquet": read_parquet,
+}
+_WRITERS: dict[str, Callable[[Trace, Path], None]] = {
+    ".jsonl": write_jsonl,
+    ".jsonl.gz": write_jsonl,
+    ".parquet": write_parquet,
+}
+
+
+def _suffix(path: Path, known: Iterable[str]) -> str:
+    for suffix in sorted(known, key=len, reverse=True):
+        if path.name.endswith(suffix):
+            return suffix
+    raise TraceError(
+        f"unknown trace file type {path.name!r}; expected one of {sorted(known)}", path=path
+    )
+
+
+def load_trace(path: str | Path) -> Trace:
+    """Load and validate a trace; the format follows the suffix (.jsonl, .jsonl.gz, .parquet)."""
+    path = Path(path)
+    reader = _READERS[_suffix(path, _READERS)]
+    if not path.exists():
+        raise TraceError("no such file", path=path)
+    return reader(path)
+
+
+def write_trace(trace: Trace, path: str | Path) -> Path:
+    """Write a trace; the format follows the suffix. Returns the path written."""
+    path = Path(path)
+    _WRITERS[_suffix(path, _WRITERS)](trace, path)
+    return path

@@ -1,0 +1,60 @@
+"""The trace header: the format version and the free-form meta, checked on read.
+
+JSONL stores the header object as line 1, Parquet as JSON text in the Arrow schema metadata,
+a data frame in ``df.attrs``; all under the key ``HEADER_KEY``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tangram.trace.errors import TraceError
+
+#: The schema version this code reads and writes (the ``tangram_trace`` header key).
+TRACE_VERSION = 1
+
+#: Key of the header object (JSONL), of the Arrow schema metadata (Parquet) and of ``df.attrs``.
+HEADER_KEY = "tangram_trace"
+
+
+def meta_from_header(header: Any, path: str | Path, where: str) -> dict[str, Any]:
+    """The meta of a header read at ``where`` in ``path``; refuses a missing or newer version."""
+    if not isinstance(header, Mapping) or HEADER_KEY not in header:
+        keys = sorted(header)[:6] if isinstance(header, Mapping) else type(header).__name__
+        raise TraceError(
+            f"not a Tangram trace header: expected an object with key {HEADER_KEY!r} "
+            f"(got {keys}); the first line of a v1 JSONL trace is "
+            f'{{"{HEADER_KEY}": {TRACE_VERSION}, ...}}',
+            field=HEADER_KEY,
+            where=where,
+            path=path,
+        )
+    version = header[HEADER_KEY]
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise TraceError(
+            f"version must be an integer, got {version!r}", field=HEADER_KEY, where=where, path=path
+        )
+    if version > TRACE_VERSION:
+        raise TraceError(
+            f"trace format version {version} is newer than this Tangram reads "
+            f"(version {TRACE_VERSION}); upgrade Tangram or re-export the trace as version "
+            f"{TRACE_VERSION}",
+            field=HEADER_KEY,
+            where=where,
+            path=path,
+        )
+    if version < 1:
+        raise TraceError(
+            f"unknown trace format version {version} (known: 1..{TRACE_VERSION})",
+            field=HEADER_KEY,
+            where=where,
+            path=path,
+        )
+    return {k: v for k, v in header.items() if k != HEADER_KEY}
+
+
+def header_object(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The header a writer stores: the version first, then the meta."""
+    return {HEADER_KEY: TRACE_VERSION, **meta}
