@@ -251,7 +251,7 @@ def cpu_times() -> tuple[float, float]:
 
 def run_seed(cluster: Any, params: Params, seed: int, out: Path, reps: int) -> dict[str, Any]:
     from tangram.sim.replay_cli import replay
-    from tangram.sim.trace import load_trace
+    from tangram.trace import load_trace
 
     trace_path = out / f"fidelity-trace-seed{seed}.jsonl.gz"
 

@@ -90,7 +90,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def load_source(args: argparse.Namespace):
-    from tangram.sim.trace import load_trace
+    from tangram.trace import load_trace
 
     if args.workload:
         from tangram.sim.workloads import generate

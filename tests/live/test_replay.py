@@ -14,8 +14,9 @@ import pytest
 from tangram.cli import main as cli_main
 from tangram.core.resources import ApiEndpointSpec, ClusterSpec
 from tangram.exec.runtime import ActionSpec, ApiExecutor, ApiWork, Runtime, RuntimeConfig
-from tangram.sim.replay_cli import measure, percentiles, relative_error, replay, replay_trace
-from tangram.sim.trace import Trace, TraceRow, load_trace, write_trace
+from tangram.sim.replay_cli import replay
+from tangram.trace import Trace, TraceRow, load_trace, write_trace
+from tangram.trace.calibrate import measure, percentiles, relative_error, replay_trace
 from tests.live.conftest import CallLog, faulty_endpoints
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ from tangram.sim.importers import (
     import_swe_agent,
     import_trace,
 )
-from tangram.sim.trace import load_trace, write_trace
+from tangram.trace import load_trace, write_trace
 
 REAL = Path(__file__).parents[2].parent / "shared" / "real-traces"
 DATA = Path(__file__).parent / "data"

@@ -17,8 +17,8 @@ from tangram.sim.metrics import (
     trajectories_frame,
 )
 from tangram.sim.residency import ResidencyModel
-from tangram.sim.trace import Trace, TraceRow
 from tangram.sim.workloads import generate
+from tangram.trace import Trace, TraceRow
 
 POLICIES = ["tangram", "fixed:4", "k8s-static", "sglang-static", "lower-bound"]
 

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from tangram.sim.trace import load_trace
 from tangram.sim.workloads import (
     WORKLOADS,
     CodingParams,
@@ -16,6 +15,7 @@ from tangram.sim.workloads import (
     generate,
     summarize,
 )
+from tangram.trace import load_trace
 
 TRACES = Path(__file__).parents[2] / "traces"
 

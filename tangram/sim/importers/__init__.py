@@ -15,7 +15,7 @@ from typing import Any
 from tangram.sim.importers.base import TraceImportError
 from tangram.sim.importers.openhands import import_openhands
 from tangram.sim.importers.swe_agent import import_swe_agent
-from tangram.sim.trace import Trace
+from tangram.trace import Trace
 
 IMPORTERS: dict[str, Callable[..., Trace]] = {
     "swe-agent": import_swe_agent,

@@ -32,7 +32,7 @@ from tangram.sim.importers.base import (
     read_jsonl,
     seconds,
 )
-from tangram.sim.trace import Trace, TraceRow
+from tangram.trace import Trace, TraceRow
 
 WHAT = (
     "an OpenHands trajectory: a JSON list of events, or an output.jsonl whose records carry a "

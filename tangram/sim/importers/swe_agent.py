@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tangram.sim.importers.base import TraceImportError, read_json
-from tangram.sim.trace import Trace, TraceRow
+from tangram.trace import Trace, TraceRow
 
 WHAT = "a SWE-agent .traj file (a JSON object with a 'trajectory' list of steps)"
 

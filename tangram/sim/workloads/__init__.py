@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from tangram.sim.trace import Trace
 from tangram.sim.workloads.base import Workload
 from tangram.sim.workloads.coding import CodingParams, generate_coding
 from tangram.sim.workloads.deepsearch import DeepSearchParams, generate_deepsearch
 from tangram.sim.workloads.mopd import MopdParams, TeacherSpec, generate_mopd
 from tangram.sim.workloads.stats import summarize
+from tangram.trace import Trace
 
 WORKLOADS: dict[str, Workload] = {
     "coding": Workload(

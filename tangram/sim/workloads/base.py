@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from tangram.sim.trace import Trace, TraceRow
+from tangram.trace import Trace, TraceRow
 
 #: Bump when a generator's algorithm changes so that the same seed no longer gives the same trace.
 GENERATOR_VERSION = 1

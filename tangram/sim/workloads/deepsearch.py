@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tangram.sim.trace import Trace, TraceRow
 from tangram.sim.workloads.base import (
     counts_lognormal,
     lognormal_median,
@@ -22,6 +21,7 @@ from tangram.sim.workloads.base import (
     streams,
     times,
 )
+from tangram.trace import Trace, TraceRow
 
 TASK = "deepsearch"
 

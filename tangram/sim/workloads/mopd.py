@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tangram.sim.trace import Trace, TraceRow
 from tangram.sim.workloads.base import (
     lognormal_mean,
     lognormal_median,
@@ -26,6 +25,7 @@ from tangram.sim.workloads.base import (
     streams,
     times,
 )
+from tangram.trace import Trace, TraceRow
 
 TASK = "mopd"
 

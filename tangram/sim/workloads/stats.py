@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from tangram.sim.trace import Trace
+from tangram.trace import Trace
 
 
 def summarize(trace: Trace) -> dict[str, Any]:
