@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tangram.sim.trace import Trace, TraceError, TraceRow, load_trace, write_trace
+from tangram.trace import Trace, TraceError, TraceRow, load_trace, write_trace
 
 HEADER = {"tangram_trace": 1, "workload": "test"}
 

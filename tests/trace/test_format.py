@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tangram.core.curves import Amdahl, Inelastic, Tabulated
-from tangram.sim.trace import (
+from tangram.trace import (
     FIELDS,
     REQUIRED,
     TRACE_VERSION,
