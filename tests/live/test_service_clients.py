@@ -1,0 +1,257 @@
+"""The two clients are one implementation: the same methods and signatures, the same answers
+from the same service, the same requests and retries against the same scripted answers."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tangram.core.resources import ApiEndpointSpec, ClusterSpec
+from tangram.exec.runtime import ApiExecutor, Outcome, Runtime, RuntimeConfig
+from tangram.exec.runtime.api import echo
+from tangram.exec.service import (
+    AsyncClient,
+    Client,
+    OverloadedError,
+    ServeOptions,
+    ServiceError,
+    ServiceThread,
+)
+
+LIFECYCLE = {"__init__", "close", "aclose", "__enter__", "__exit__", "__aenter__", "__aexit__"}
+
+
+def public_methods(cls: type) -> set[str]:
+    return {n for n, m in vars(cls).items() if callable(m) and not n.startswith("_")}
+
+
+def test_the_clients_have_the_same_methods_signatures_and_docs() -> None:
+    names = public_methods(Client) - LIFECYCLE
+    assert names == public_methods(AsyncClient) - LIFECYCLE
+    assert len(names) == 15
+    for name in names:
+        sync, async_ = getattr(Client, name), getattr(AsyncClient, name)
+        assert inspect.signature(sync) == inspect.signature(async_), name
+        assert inspect.iscoroutinefunction(async_) and not inspect.iscoroutinefunction(sync)
+        assert sync.__doc__ and sync.__doc__ == async_.__doc__, name
+    init = {
+        k: v
+        for k, v in inspect.signature(AsyncClient).parameters.items()
+        if k not in ("max_connections", "transport")
+    }
+    assert init == {
+        k: v for k, v in inspect.signature(Client).parameters.items() if k != "transport"
+    }
+
+
+# -- the same service ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceThread]:
+    cluster = ClusterSpec(name="twins", apis=(ApiEndpointSpec("echo", concurrency=8),))
+    trace = tmp_path_factory.mktemp("twins") / "live.jsonl"
+
+    def make() -> Runtime:
+        config = RuntimeConfig(max_pending=50, trace_path=trace)
+        return Runtime(cluster, config, api=ApiExecutor({"echo": echo}))
+
+    with ServiceThread(make, ServeOptions(port=0, trace_path=trace)) as service:
+        yield service
+
+
+def outcome_view(o: Outcome | None) -> Any:
+    """What an outcome says, without its times."""
+    if o is None:
+        return None
+    return (o.action_id, o.status, o.value, o.error, o.resource, o.units, o.node)
+
+
+def script(prefix: str, tmp: Path) -> list[tuple[str, Callable[[Any], Any], Callable[[Any], Any]]]:
+    """Steps as (name, call on a client, what to compare of the answer)."""
+    same: Callable[[Any], Any] = lambda x: x  # noqa: E731
+    return [
+        ("run", lambda c: c.run(endpoint="echo", payload=[1, 2], id=f"{prefix}-a"), outcome_view),
+        ("submit", lambda c: c.submit(endpoint="echo", payload="s", id=f"{prefix}-b"), same),
+        ("result", lambda c: c.result(f"{prefix}-b", wait_s=30), outcome_view),
+        ("state", lambda c: c.state(f"{prefix}-b"), same),
+        ("cancel", lambda c: c.cancel(f"{prefix}-b"), outcome_view),
+        ("rerun", lambda c: c.run(endpoint="echo", payload=[1, 2], id=f"{prefix}-a"), outcome_view),
+        ("conflict", lambda c: c.run(endpoint="echo", payload=3, id=f"{prefix}-a"), same),
+        ("unknown", lambda c: c.result(f"{prefix}-never"), same),
+        ("open", lambda c: c.open_trajectory(f"{prefix}-t", memory_gb=0.5), same),
+        ("close", lambda c: c.close_trajectory(f"{prefix}-t"), same),
+        ("recreate", lambda c: c.recreate_trajectory(f"{prefix}-t"), same),
+        ("trajectories", lambda c: c.trajectories(), same),
+        ("status", lambda c: c.status(), lambda d: sorted(d)),
+        ("metrics", lambda c: c.metrics(), lambda t: "tangram_actions_completed_total" in t),
+        ("trace", lambda c: c.trace_text(), lambda t: t.splitlines()[0][:20]),
+        ("write", lambda c: c.write_trace(tmp / f"{prefix}.jsonl"), lambda p: p.name),
+        ("save", lambda c: c.save_trace(), lambda d: sorted(d)),
+        ("run_code", lambda c: c.run_code("print(1)", run_timeout=5), same),
+        ("bad", lambda c: c.run(command="x", endpoint="echo"), same),
+    ]
+
+
+def answer(value: Any, view: Callable[[Any], Any], prefix: str) -> str:
+    """The comparable part of an answer or an error, with the client's id prefix taken out."""
+    if isinstance(value, ServiceError):
+        value = (type(value), value.status, value.code, value.retryable, value.message)
+    elif isinstance(value, BaseException):
+        value = (type(value), str(value))
+    else:
+        value = view(value)
+    return repr(value).replace(prefix, "P")
+
+
+def test_sync_and_async_clients_answer_the_same_on_the_same_service(
+    svc: ServiceThread, tmp_path: Path
+) -> None:
+    sync_answers = []
+    with Client(svc.url) as c:
+        for _, step, view in script("twin-s", tmp_path):
+            try:
+                sync_answers.append(answer(step(c), view, "twin-s"))
+            except Exception as exc:  # noqa: BLE001 - errors are answers to compare
+                sync_answers.append(answer(exc, view, "twin-s"))
+
+    async def main() -> list[Any]:
+        answers = []
+        async with AsyncClient(svc.url) as c:
+            for _, step, view in script("twin-a", tmp_path):
+                try:
+                    answers.append(answer(await step(c), view, "twin-a"))
+                except Exception as exc:  # noqa: BLE001
+                    answers.append(answer(exc, view, "twin-a"))
+        return answers
+
+    async_answers = asyncio.run(main())
+    names = [name for name, _, _ in script("x", tmp_path)]
+    assert dict(zip(names, sync_answers, strict=True)) == dict(
+        zip(names, async_answers, strict=True)
+    )
+    assert sync_answers[names.index("run")] == "('P-a', 'result', [1, 2], None, 'api', 1, 'echo')"
+    assert "'conflict'" in sync_answers[names.index("conflict")]
+
+
+# -- the same scripted answers ---------------------------------------------------------------
+
+
+class Script:
+    """A mock service: answers requests from a list (a response to copy, an exception to raise)."""
+
+    def __init__(self, answers: list[httpx.Response | Exception]) -> None:
+        self.answers, self.requests = list(answers), []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append((request.method, request.url.path, request.url.query, request.content))
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return httpx.Response(answer.status_code, headers=answer.headers, content=answer.content)
+
+
+def overloaded(hint: str | None = "0.001") -> httpx.Response:
+    headers = {"X-Retry-After-S": hint} if hint else {}
+    doc = {"error": {"code": "overloaded", "message": "busy", "retryable": True}}
+    return httpx.Response(429, json=doc, headers=headers)
+
+
+def both(
+    answers: list[httpx.Response | Exception], op: Callable[[Any], Any], retries: int = 8
+) -> tuple[Any, Any]:
+    """Run ``op`` with each client against its own copy of ``answers``: (result, requests)."""
+    results = []
+    sync_script, async_script = Script(answers), Script(answers)
+    with Client("http://mock", transport=httpx.MockTransport(sync_script), retries=retries) as c:
+        try:
+            results.append(op(c))
+        except Exception as exc:  # noqa: BLE001
+            results.append(exc)
+
+    async def main() -> Any:
+        transport = httpx.MockTransport(async_script)
+        async with AsyncClient("http://mock", transport=transport, retries=retries) as c:
+            try:
+                return await op(c)
+            except Exception as exc:  # noqa: BLE001
+                return exc
+
+    results.append(asyncio.run(main()))
+    assert sync_script.requests == async_script.requests
+    assert not sync_script.answers and not async_script.answers, "a script was not used up"
+    for r in results:
+        if isinstance(r, ServiceError):
+            results = [(type(x), x.status, x.code, x.retryable, x.retry_after_s) for x in results]
+            break
+        if isinstance(r, Exception):
+            results = [(type(x), str(x)) for x in results]
+            break
+    assert results[0] == results[1]
+    return results[0], sync_script.requests
+
+
+def test_a_429_from_anyone_is_retried_with_the_same_request() -> None:
+    proxy_page = httpx.Response(429, text="<html>slow down</html>")
+    done = httpx.Response(200, json={"id": "x1", "state": "queued", "outcome": None})
+    got, requests = both(
+        [overloaded(), proxy_page, done], lambda c: c.submit(endpoint="e", id="x1")
+    )
+    assert got == "x1" and len(requests) == 3 and len(set(requests)) == 1
+
+
+def test_retries_run_out_with_an_overloaded_error() -> None:
+    got, requests = both([overloaded()] * 3, lambda c: c.status(), retries=2)
+    assert got == (OverloadedError, 429, "overloaded", True, 0.001) and len(requests) == 3
+
+
+def test_a_503_is_retried_only_when_the_service_says_it_is_retryable() -> None:
+    doc = {"error": {"code": "capacity_short", "message": "full", "retryable": True}}
+    full = httpx.Response(503, json=doc, headers={"X-Retry-After-S": "0.001"})
+    opened = httpx.Response(201, json={"id": "t"})
+    got, requests = both([full, opened], lambda c: c.open_trajectory("t", memory_gb=1))
+    assert got == {"id": "t"} and len(requests) == 2
+    assert requests[0][3] == b'{"id":"t","memory_gb":1}'
+    proxy = httpx.Response(503, text="bad gateway")
+    got, requests = both([proxy], lambda c: c.status())
+    assert got == (ServiceError, 503, "http_503", False, None) and len(requests) == 1
+
+
+def test_a_lost_connection_is_retried_only_for_idempotent_calls() -> None:
+    lost = httpx.ConnectError("lost")
+    ok = httpx.Response(200, json={"trajectories": []})
+    got, requests = both([lost, ok], lambda c: c.trajectories())
+    assert got == [] and len(requests) == 2
+    got, requests = both([lost], lambda c: c.close_trajectory("t"))
+    assert got == (httpx.ConnectError, "lost") and requests == [
+        ("DELETE", "/v1/trajectories/t", b"", b"")
+    ]
+    got, _ = both([lost] * 2, lambda c: c.status(), retries=1)
+    assert got == (httpx.ConnectError, "lost")
+
+
+def test_run_polls_until_the_outcome_comes() -> None:
+    outcome = {
+        "id": "r1",
+        "resource": "api",
+        "status": "result",
+        "result": 7,
+        "error": None,
+        "timings": {"act_s": 0.1, "queue_s": 0.0, "overhead_s": 0.0, "exec_s": 0.1},
+        "arrival_s": 0.0,
+        "end_s": 0.1,
+    }
+    pending = httpx.Response(202, json={"id": "r1", "state": "running", "outcome": None})
+    done = httpx.Response(200, json={"id": "r1", "state": "done", "outcome": outcome})
+    got, requests = both([pending, pending, done], lambda c: c.run(endpoint="e", id="r1"))
+    assert got.value == 7 and [r[:3] for r in requests] == [
+        ("POST", "/v1/actions", b""),
+        ("GET", "/v1/actions/r1", b"wait=300"),
+        ("GET", "/v1/actions/r1", b"wait=300"),
+    ]

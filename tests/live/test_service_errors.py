@@ -1,0 +1,145 @@
+"""The runtime's error registry across the HTTP layer: every error reaches both clients as
+itself (status, code, retryable, hint, class), is retried exactly when its class says so, and
+``docs/live.md`` lists the statuses the classes declare."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tangram.core.resources import ApiEndpointSpec, ClusterSpec
+from tangram.exec.runtime import ApiExecutor, Runtime, RuntimeConfig
+from tangram.exec.runtime.api import echo
+from tangram.exec.runtime.errors import ERRORS, LiveError, Overloaded
+from tangram.exec.service import (
+    AsyncClient,
+    Client,
+    OverloadedError,
+    ServeOptions,
+    ServiceError,
+    ServiceThread,
+)
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "live.md"
+
+
+@pytest.fixture(scope="module")
+def svc() -> Iterator[ServiceThread]:
+    cluster = ClusterSpec(name="errors", apis=(ApiEndpointSpec("echo", concurrency=8),))
+
+    def make() -> Runtime:
+        return Runtime(cluster, RuntimeConfig(max_pending=50), api=ApiExecutor({"echo": echo}))
+
+    with ServiceThread(make, ServeOptions(port=0)) as service:
+        yield service
+
+
+class Raiser:
+    """Stands in for ``Runtime.status``: raises ``error`` and counts the calls."""
+
+    def __init__(self, error: LiveError) -> None:
+        self.error, self.calls = error, 0
+
+    def __call__(self) -> Any:
+        self.calls += 1
+        raise self.error
+
+
+def seen(err: ServiceError) -> tuple[Any, ...]:
+    return (
+        type(err),
+        err.status,
+        err.code,
+        err.message,
+        err.retryable,
+        err.retry_after_s,
+        err.error_class,
+    )
+
+
+def status_error_of_both_clients(url: str, retries: int) -> tuple[ServiceError, ServiceError]:
+    with Client(url, retries=retries) as c, pytest.raises(ServiceError) as sync:
+        c.status()
+
+    async def main() -> ServiceError:
+        async with AsyncClient(url, retries=retries) as c:
+            with pytest.raises(ServiceError) as info:
+                await c.status()
+            return info.value
+
+    return sync.value, asyncio.run(main())
+
+
+@pytest.mark.parametrize("code", sorted(ERRORS))
+def test_every_registered_error_reaches_both_clients_as_itself(
+    svc: ServiceThread, monkeypatch: pytest.MonkeyPatch, code: str
+) -> None:
+    cls = ERRORS[code]
+    error = cls(f"{code} raised on purpose")
+    raiser = Raiser(error)
+    monkeypatch.setattr(svc.runtime, "status", raiser)
+    r = httpx.get(f"{svc.url}/v1/status")
+    assert r.status_code == cls.http_status
+    assert r.json() == {
+        "error": {"code": code, "message": error.message, "retryable": cls.retryable}
+    }
+    assert ("Retry-After" in r.headers) == (error.retry_after_s is not None)
+    sync, async_ = status_error_of_both_clients(svc.url, retries=0)
+    assert seen(sync) == seen(async_)
+    assert sync.status == cls.http_status and sync.code == code and sync.error_class is cls
+    assert sync.retryable == cls.retryable and sync.message == error.message
+    assert sync.retry_after_s == pytest.approx(error.retry_after_s)
+    assert isinstance(sync, OverloadedError) == (cls is Overloaded)
+
+
+@pytest.mark.parametrize("code", sorted(ERRORS))
+def test_both_clients_retry_an_error_exactly_when_its_class_is_retryable(
+    svc: ServiceThread, monkeypatch: pytest.MonkeyPatch, code: str
+) -> None:
+    error = ERRORS[code](f"{code} raised on purpose")
+    error.retry_after_s = 0.01 if error.retry_after_s is not None else None  # a quick back-off
+    raiser = Raiser(error)
+    monkeypatch.setattr(svc.runtime, "status", raiser)
+    sync, async_ = status_error_of_both_clients(svc.url, retries=2)
+    assert seen(sync) == seen(async_) and sync.code == code
+    assert raiser.calls == (2 * 3 if ERRORS[code].retryable else 2 * 1)
+
+
+def test_an_error_raised_as_the_base_class_is_an_internal_500(
+    svc: ServiceThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(svc.runtime, "status", Raiser(LiveError("no container")))
+    sync, async_ = status_error_of_both_clients(svc.url, retries=3)
+    assert seen(sync) == seen(async_)
+    assert (sync.status, sync.code, sync.retryable, sync.error_class) == (500, "error", False, None)
+
+
+def test_the_registry_holds_every_error_class_once_under_its_own_code() -> None:
+    def subclasses(cls: type[LiveError]) -> set[type[LiveError]]:
+        return {s for c in cls.__subclasses__() for s in {c, *subclasses(c)}}
+
+    assert set(ERRORS.values()) == subclasses(LiveError)
+    assert all(cls.code == code for code, cls in ERRORS.items())
+    with pytest.raises(TypeError, match="own code"):
+        type("Nameless", (LiveError,), {})
+    with pytest.raises(TypeError, match="'overloaded' is Overloaded's"):
+        type("Twin", (LiveError,), {"code": "overloaded"})
+    assert ERRORS["overloaded"] is Overloaded
+
+
+def test_the_docs_list_the_status_each_error_class_declares() -> None:
+    text = DOCS.read_text()
+    start = text.index("**HTTP statuses and error documents.**")
+    table = text[start : text.index("\n## ", start)]
+    documented: dict[str, tuple[int, bool]] = {}
+    for status, codes in re.findall(r"^\| (\d{3}) \| ([^|]+) \|", table, flags=re.M):
+        for code in re.findall(r"`(\w+)`", codes):
+            documented[code] = (int(status), "(retryable)" in codes)
+    documented.pop("unauthorized")  # the token middleware's, not a runtime error
+    assert documented == {c: (cls.http_status, cls.retryable) for c, cls in ERRORS.items()}
