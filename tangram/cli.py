@@ -25,7 +25,7 @@ COMMANDS: dict[str, str] = {
 
 #: ``tangram bench NAME`` -> module defining ``register(subparsers)`` for that benchmark.
 BENCHMARKS: dict[str, str] = {
-    "scheduler": "tangram.core.bench",
+    "scheduler": "tangram.bench.scheduler",
     "sim": "tangram.sim.bench",
     "aoe": "tangram.exec.aoe.bench",
     "eoe": "tangram.exec.eoe.bench",

@@ -1,6 +1,7 @@
 """The scheduler core: pure, deterministic, no clock, no driver (see docs/core.md)."""
 
 from tangram.core.action import Action, ActionError
+from tangram.core.capabilities import Capabilities
 from tangram.core.cluster_file import ClusterFileError, bundled_clusters, load_cluster
 from tangram.core.curves import (
     Amdahl,
@@ -12,6 +13,8 @@ from tangram.core.curves import (
     fit_amdahl,
 )
 from tangram.core.decision import Decision, Defer, Reject, Start
+from tangram.core.fastpaths import FAST, FULL, FastPaths
+from tangram.core.loop import DriverLoop
 from tangram.core.policies import POLICIES, make_policy
 from tangram.core.resources import (
     ApiEndpointSpec,
@@ -27,13 +30,18 @@ __all__ = [
     "ActionError",
     "Amdahl",
     "ApiEndpointSpec",
+    "Capabilities",
     "ClusterFileError",
     "ClusterSpec",
     "CpuNodeSpec",
     "CurveError",
     "Decision",
     "Defer",
+    "DriverLoop",
     "ElasticityCurve",
+    "FAST",
+    "FULL",
+    "FastPaths",
     "GpuNodeSpec",
     "Inelastic",
     "POLICIES",

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tangram.core.scheduler import Options
+from tangram.core.options import Options
 
 
 def greedy_applies(options: Sequence[Options]) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-from tangram.core.scheduler import Options
+from tangram.core.options import Options
 
 
 def projected_total(

@@ -35,9 +35,7 @@ from tangram.core.resources import ClusterSpec, ResourceKind
 from tangram.core.scheduler import Scheduler
 from tangram.sim.config import SimConfig
 from tangram.sim.residency import ResidencyModel
-from tangram.sim.trace import Trace, TraceRow
-
-_RESOURCE_KINDS = {kind.value: kind for kind in ResourceKind}
+from tangram.trace import Trace, TraceRow, row_to_action
 
 
 @dataclass(slots=True)
@@ -287,20 +285,7 @@ class Simulation:
     def _submit(self, traj: str, row: TraceRow, on_done: Callable[[], None]) -> None:
         """Hand the action to the core (in this instant's pass); ``on_done`` runs when it ends."""
         now = self.env.now
-        resource = _RESOURCE_KINDS[row.resource]
-        action = Action.prevalidated(  # the row validated every field when it was built
-            row.action_id,
-            traj,
-            resource,
-            row.curve_object(),
-            now,
-            row.max_units,
-            row.task,
-            row.kind,
-            row.memory_gb if resource is ResourceKind.CPU else 0.0,
-            row.service,
-            row.service_size_gb,
-        )
+        action = row_to_action(row, traj, now)
         if row.action_id in self.records:
             raise ValueError(f"trace has action id {row.action_id!r} twice")
         self.records[row.action_id] = ActionRecord(row, now)

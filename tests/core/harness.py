@@ -20,6 +20,7 @@ from tangram.core import (
     Start,
     make_policy,
 )
+from tangram.core.fastpaths import FAST, FastPaths
 from tangram.core.loop import DriverLoop
 
 
@@ -129,20 +130,18 @@ def run(
     actions: list[Action],
     *,
     check: bool = True,
-    lone_arrivals: bool = True,
+    fast: FastPaths = FAST,
     open_first: bool = False,
 ) -> Outcome:
     """Submit each action at its arrival, finish it after its estimated time, close trajectories.
 
     Events go through the one driver loop (``tangram.core.loop``), as in the simulator: every
-    completion and arrival of an instant is one scheduling pass. ``lone_arrivals=False`` turns
-    off the scheduler's short path for a lone CPU arrival (every arrival then goes through the
+    completion and arrival of an instant is one scheduling pass. ``fast=FULL`` turns off the
+    scheduler's speed shortcuts (``tangram.core.fastpaths``: every event then goes through the
     queue and a full pass); ``open_first`` opens every trajectory at time 0 (containers placed
     before their first action, as the simulator does).
     """
-    sched = Scheduler(cluster, make_policy(policy))
-    if not lone_arrivals:
-        sched._alone = None
+    sched = Scheduler(cluster, make_policy(policy), fast=fast)
     if open_first:
         for traj in sorted({a.trajectory for a in actions if a.resource is ResourceKind.CPU}):
             sched.open_trajectory(traj, 0.0, memory_gb=1.0)

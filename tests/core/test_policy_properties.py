@@ -20,6 +20,7 @@ from tangram.core import (
     Inelastic,
     ResourceKind,
 )
+from tangram.core.fastpaths import FULL
 from tangram.core.policies import POLICIES
 from tests.core.harness import run
 
@@ -206,12 +207,15 @@ def lone_arrivals(draw):
     return cluster, actions
 
 
-@pytest.mark.parametrize("policy", ["tangram", "tangram:2", "fixed:2"])
+@pytest.mark.parametrize(
+    "policy", ["tangram", "tangram:2", "fixed:2", "k8s-static:2", "lower-bound"]
+)
 @settings(max_examples=60)
-@given(instance=st.one_of(instances(), lone_arrivals()))
-def test_the_short_path_for_lone_arrivals_decides_what_the_full_pass_decides(policy, instance):
+@given(instance=st.one_of(instances(), lone_arrivals()), open_first=st.booleans())
+def test_the_speed_shortcuts_decide_what_the_full_pass_decides(policy, instance, open_first):
+    """Every shortcut of ``tangram.core.fastpaths`` on (the default) or off: same decisions."""
     cluster, actions = instance
-    short = run(cluster, policy, actions, open_first=True)
-    full = run(cluster, policy, actions, open_first=True, lone_arrivals=False)
+    short = run(cluster, policy, actions, open_first=open_first)
+    full = run(cluster, policy, actions, open_first=open_first, fast=FULL)
     assert short.log == full.log
     assert short.started == full.started  # the same cores, reasons and estimates

@@ -1,5 +1,7 @@
 """Scheduler behaviour: rejections with reasons, quotas, static baselines, GPU residency."""
 
+import dataclasses
+
 import pytest
 
 from tangram.core import (
@@ -16,6 +18,8 @@ from tangram.core import (
     Start,
     make_policy,
 )
+from tangram.core.capabilities import Capabilities
+from tangram.core.policies.base import BasePolicy
 from tangram.core.state import CapacityError
 
 CPU2 = (CpuNodeSpec("n0", 8, 2, 16.0), CpuNodeSpec("n1", 8, 2, 16.0))
@@ -270,13 +274,13 @@ def test_a_queued_action_can_be_withdrawn_and_never_starts():
     assert sched.finish("c0", 1.0) == [] and sched.queued == 0
 
 
-class CountingPolicy:
+class CountingPolicy(BasePolicy):
     """Starts every queued CPU action on one core; counts the passes it is given."""
 
     name = "counting"
 
     def __init__(self, queue_driven: bool) -> None:
-        self.queue_driven = queue_driven
+        self.capabilities = Capabilities(queue_driven=queue_driven)
         self.passes = 0
 
     def schedule(self, ctx) -> None:
@@ -303,18 +307,43 @@ def test_a_completion_nobody_waits_for_skips_the_pass_only_for_queue_driven_poli
 
 
 def test_the_bundled_rules_say_which_policies_may_skip_idle_passes():
-    assert make_policy("tangram").queue_driven and make_policy("fixed:4").queue_driven
+    for name in ("tangram", "fixed:4", "lower-bound"):
+        assert make_policy(name).capabilities.queue_driven
     # A static pod is granted to a waiting trajectory whatever is queued; replicas are
     # deployed by observing arrivals: those policies see every pass.
-    assert not make_policy("k8s-static").queue_driven
-    assert not make_policy("sglang-static").queue_driven
+    assert not make_policy("k8s-static").capabilities.queue_driven
+    assert not make_policy("sglang-static").capabilities.queue_driven
+    assert make_policy("tangram").capabilities.alone is not None
+    assert make_policy("fixed:4").capabilities.alone is None
+    assert not make_policy("lower-bound").capabilities.respects_capacity
+
+
+def test_a_policy_must_declare_its_capabilities():
+    class Undeclared:
+        name = "undeclared"
+
+        def schedule(self, ctx) -> None: ...
+
+    with pytest.raises(TypeError, match="declares no capabilities"):
+        Scheduler(CLUSTER, Undeclared())
+    with pytest.raises(ValueError, match="needs a queue-driven policy"):
+        Capabilities(alone=lambda ctx, node, opts: None)
+
+
+def test_a_rule_must_declare_that_it_observes():
+    from tangram.core.policies.base import DomainRule
+
+    with pytest.raises(TypeError, match="declare traits = RuleTraits"):
+
+        class Watcher(DomainRule):
+            def observe(self, ctx) -> None: ...
 
 
 def test_start_on_cores_picks_numa_local_cores_and_refuses_the_wrong_node_or_size():
     sched = Scheduler(CLUSTER, CountingPolicy(True))
     node = sched.open_trajectory("t", 0.0, memory_gb=1.0)
     ctx = sched._begin(0.0)
-    sched._enqueue(cpu(1), ctx)
+    sched._enqueue(ctx, cpu(1))
     other = "n1" if node == "n0" else "n0"
     with pytest.raises(CapacityError, match="its container is on"):
         ctx.start_on_cores(ctx.scheduler.queues[("cpu", node)].live["c1"], other, 2, "x")
@@ -357,11 +386,11 @@ def test_options_copy_pickle_and_replace_keep_their_derived_fields_true():
         opts._replace(fastest=0)
 
 
-class UnboundedOnCores:
+class UnboundedOnCores(BasePolicy):
     """An unbounded policy that starts CPU actions through start_on_cores."""
 
     name = "unbounded-cores"
-    unbounded = True
+    capabilities = Capabilities(respects_capacity=False)
 
     def schedule(self, ctx) -> None:
         for action in ctx.arrived:
@@ -376,7 +405,7 @@ def test_an_unbounded_policy_holds_no_cores_when_it_starts_on_cores():
         sched.finish(f"c{i}", float(i) + 0.5)
 
 
-class StartsWhileWalking:
+class StartsWhileWalking(BasePolicy):
     """Starts and rejects a trajectory's actions while walking its queue."""
 
     name = "walker"
@@ -412,7 +441,7 @@ def test_a_rule_that_rewrites_schedule_domain_gets_no_inherited_shortcut():
                 ctx.start_on_cores(action, domain[1], 1, "always one core")
 
     policy = CompositePolicy("one-core", cpu=OneCore(), gpu=ElasticGpu(), api=FifoApi())
-    assert not policy.queue_driven and policy.alone is None
+    assert not policy.capabilities.queue_driven and policy.capabilities.alone is None
     sched = Scheduler(CLUSTER, policy)
     node = sched.open_trajectory("t", 0.0, memory_gb=1.0)
     (start,) = sched.submit(cpu(1), 1.0)  # a lone arrival into an empty queue: its own rule
@@ -423,7 +452,8 @@ def test_a_lone_arrival_the_rule_starts_wrongly_stays_queued():
     from tangram.core.policies import make_policy
 
     policy = make_policy("tangram")
-    policy.alone = lambda ctx, node, opts: (99, "a bug")  # not one of its options
+    bug = dataclasses.replace(policy.capabilities, alone=lambda ctx, node, opts: (99, "a bug"))
+    policy.capabilities = bug  # not one of its options
     sched = Scheduler(CLUSTER, policy)
     sched.open_trajectory("t", 0.0, memory_gb=1.0)
     with pytest.raises(CapacityError, match="99 units is not one of its options"):

@@ -119,7 +119,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def every_action_is_in_exactly_one_place(self):
         if hasattr(self, "sched"):
             queued = {a.id for q in self.sched.queues.values() for a in q} | set(
-                self.sched.waiting_for_memory
+                self.sched.admission.waiting_for_memory
             )
             running = set(self.sched.running)
             rejected = {a for a, verdict in self.ended.items() if verdict == "Reject"}

@@ -1,31 +1,89 @@
-"""The policy interface and the composite that gives each resource kind its own rule.
+"""The policy contract, and the composite that gives each resource kind its own rule.
 
-A policy is any object with ``schedule(ctx)``; it reads the queues and free capacity from the
-``Context`` and acts through ``ctx.start`` / ``ctx.defer`` / ``ctx.reject``. Most policies
-treat CPU nodes, the GPU pool and API endpoints differently, so they are built as a
-``CompositePolicy`` of one ``DomainRule`` per kind.
+A policy is an object with a ``name``, its declared ``capabilities``
+(``tangram.core.capabilities``: what it promises, so the scheduler never probes it),
+``schedule(ctx)`` and the trajectory hooks; it reads the queues and free capacity from the
+``Context`` and acts through ``ctx.start`` / ``ctx.defer`` / ``ctx.reject``. ``BasePolicy``
+gives the defaults. Most policies treat CPU nodes, the GPU pool and API endpoints differently,
+so they are a ``CompositePolicy`` of one ``DomainRule`` per kind, each declaring its
+``RuleTraits``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
-from tangram.core.scheduler import Context, Domain
+from tangram.core.backlog import Domain
+from tangram.core.capabilities import Capabilities
+from tangram.core.context import Context
 
 
 class Policy(Protocol):
     name: str
+    capabilities: Capabilities
 
     def schedule(self, ctx: Context) -> None: ...
 
+    def on_trajectory_open(self, ctx: Context, trajectory: str, node: str) -> None: ...
+
+    def on_trajectory_close(self, ctx: Context, trajectory: str) -> None: ...
+
+
+class BasePolicy:
+    """Defaults for a policy: it promises nothing and ignores trajectory opens and closes."""
+
+    name = "policy"
+    capabilities = Capabilities()
+
+    def schedule(self, ctx: Context) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def on_trajectory_open(self, ctx: Context, trajectory: str, node: str) -> None:
+        """A trajectory's container was placed on ``node`` (reservations only, no starts)."""
+
+    def on_trajectory_close(self, ctx: Context, trajectory: str) -> None:
+        """Release whatever the policy held for the trajectory."""
+
+    def __repr__(self) -> str:
+        return f"<policy {self.name}>"
+
+
+@dataclass(frozen=True)
+class RuleTraits:
+    """What a ``DomainRule`` declares about its ``schedule_domain`` (the defaults: nothing)."""
+
+    #: It decides only about the domain's queued actions (see ``Capabilities.queue_driven``).
+    queue_driven: bool = False
+    #: Its ``alone(ctx, node, options)`` says what ``schedule_domain`` decides for a lone
+    #: CPU arrival into an empty queue (a queue-driven CPU rule only).
+    lone_arrival: bool = False
+    #: It overrides ``observe``, which must then see every pass's arrivals and completions.
+    observes: bool = False
+
 
 class DomainRule:
-    """How one resource kind is scheduled. Override ``schedule_domain``; hooks are optional."""
+    """How one resource kind is scheduled. Override ``schedule_domain``; hooks are optional.
 
-    #: True when ``schedule_domain`` decides only about the domain's queued actions, so a pass
-    #: in which no freed domain has any is a no-op the scheduler may skip. Off by default: a
-    #: rule that acts on something else (a static pod granted to a waiting trajectory) must run.
-    queue_driven: bool = False
+    A rule declares its ``traits``. They describe one ``schedule_domain``: a subclass that
+    writes its own ``schedule_domain`` and does not declare ``traits`` again gets none (it
+    cannot inherit a shortcut its parent's pass earned), and one that overrides ``observe``
+    must say so, or the class is refused when it is defined.
+    """
+
+    traits = RuleTraits()
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__
+        if "schedule_domain" in own and "traits" not in own:
+            cls.traits = RuleTraits()
+        if "observe" in own and not cls.traits.observes:
+            raise TypeError(
+                f"{cls.__name__} overrides observe(): declare traits = RuleTraits(observes=True)"
+            )
+        if cls.traits.lone_arrival and not (cls.traits.queue_driven and hasattr(cls, "alone")):
+            raise TypeError(f"{cls.__name__}: lone_arrival needs queue_driven and an alone()")
 
     def observe(self, ctx: Context) -> None:
         """See the pass's arrivals and completions before any domain is scheduled."""
@@ -40,38 +98,21 @@ class DomainRule:
         """Release whatever the rule held for the trajectory."""
 
 
-def _promised_by_its_scheduler(rule: DomainRule, name: str) -> bool:
-    """Whether ``name`` comes from the class whose ``schedule_domain`` the rule runs (or a
-    subclass of it). ``queue_driven`` and ``alone`` describe one ``schedule_domain``: a subclass
-    that rewrites it and does not declare them again gets neither shortcut."""
-    mro = type(rule).__mro__
-    scheduler = next(c for c in mro if "schedule_domain" in c.__dict__)
-    owner = next((c for c in mro if name in c.__dict__), None)
-    return owner is not None and issubclass(owner, scheduler)
-
-
-class CompositePolicy:
+class CompositePolicy(BasePolicy):
     """A named policy made of one rule per resource kind ("cpu", "gpu", "api")."""
-
-    unbounded = False
 
     def __init__(self, name: str, *, cpu: DomainRule, gpu: DomainRule, api: DomainRule) -> None:
         self.name = name
         self.rules = {"cpu": cpu, "gpu": gpu, "api": api}
-        # Only rules that override observe() need to see every pass (a hot path).
-        self._observers = [
-            r for r in self.rules.values() if type(r).observe is not DomainRule.observe
-        ]
-        self.queue_driven = not self._observers and all(
-            r.queue_driven and _promised_by_its_scheduler(r, "queue_driven")
-            for r in self.rules.values()
+        # Only rules that observe need to see every pass (a hot path).
+        self._observers = [r for r in self.rules.values() if r.traits.observes]
+        queue_driven = not self._observers and all(
+            r.traits.queue_driven for r in self.rules.values()
         )
-        #: The CPU rule's decision for a lone arrival into an empty queue, when it has one
-        #: (the scheduler then skips the queue and the pass for it).
-        self.alone = (
-            cpu.alone  # type: ignore[attr-defined]
-            if self.queue_driven and _promised_by_its_scheduler(cpu, "alone")
-            else None
+        self.capabilities = Capabilities(
+            queue_driven=queue_driven,
+            # The CPU rule's decision for a lone arrival into an empty queue, when it has one.
+            alone=cpu.alone if queue_driven and cpu.traits.lone_arrival else None,  # type: ignore[attr-defined]
         )
 
     def schedule(self, ctx: Context) -> None:
@@ -87,6 +128,3 @@ class CompositePolicy:
     def on_trajectory_close(self, ctx: Context, trajectory: str) -> None:
         for rule in self.rules.values():
             rule.on_trajectory_close(ctx, trajectory)
-
-    def __repr__(self) -> str:
-        return f"<policy {self.name}>"

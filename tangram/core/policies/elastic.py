@@ -18,11 +18,13 @@ from typing import NamedTuple
 
 from tangram.core.action import Action
 from tangram.core.allocation import allocate, allocate_greedy, allocate_one, greedy_applies
+from tangram.core.backlog import GPU_DOMAIN, Domain
 from tangram.core.cells import cell_sizes
+from tangram.core.context import Context
 from tangram.core.gpu_placement import place_cell
-from tangram.core.policies.base import DomainRule
+from tangram.core.options import Options
+from tangram.core.policies.base import DomainRule, RuleTraits
 from tangram.core.projection import projected_total
-from tangram.core.scheduler import GPU_DOMAIN, Context, Domain, Options
 from tangram.core.state import CpuNodeState
 
 #: An eviction must lower the estimate by more than this (seconds) to count as an improvement,
@@ -58,7 +60,8 @@ def elastic_round(
     may keep an action out of this pass, with the reason it returns.
     """
     options_of = options_of or ctx.options
-    if hold is None and ctx.queue_len(domain) == 1:  # most passes: one action, no lists
+    if hold is None and ctx.fast.single_queued and ctx.queue_len(domain) == 1:
+        # Most passes: one action, no lists (``FastPaths.single_queued``).
         action = ctx.queue_head(domain)
         assert action is not None
         opts = options_of(action)
@@ -163,7 +166,7 @@ def _cpu_reason(units: int, free: int, method: str, started: int) -> str:
 class ElasticCpu(DomainRule):
     """CPU nodes under the tangram policy."""
 
-    queue_driven = True
+    traits = RuleTraits(queue_driven=True, lone_arrival=True)
 
     def __init__(self, window: int = 32, depth: int = 32) -> None:
         self.window, self.depth = window, depth
@@ -203,7 +206,7 @@ class ElasticGpu(DomainRule):
     fewest other services would be evicted.
     """
 
-    queue_driven = True
+    traits = RuleTraits(queue_driven=True)
 
     def __init__(self, window: int = 32, depth: int = 32) -> None:
         self.window, self.depth = window, depth

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from tangram.core.policies.base import DomainRule
-from tangram.core.scheduler import Context, Domain
+from tangram.core.backlog import Domain
+from tangram.core.context import Context
+from tangram.core.policies.base import DomainRule, RuleTraits
 
 
 class FifoApi(DomainRule):
     """Start queued calls in order while a call slot and a rate token are free."""
 
-    queue_driven = True
+    traits = RuleTraits(queue_driven=True)
 
     def schedule_domain(self, ctx: Context, domain: Domain) -> None:
         api = ctx.state.api[domain[1]]

@@ -7,9 +7,11 @@ what makes a large fixed K queue in bursts.
 
 from __future__ import annotations
 
+from tangram.core.backlog import Domain
+from tangram.core.context import Context
 from tangram.core.gpu_placement import place_cell
-from tangram.core.policies.base import DomainRule
-from tangram.core.scheduler import Context, Domain, Options
+from tangram.core.options import Options
+from tangram.core.policies.base import DomainRule, RuleTraits
 
 
 def _fixed_units(opts: Options, k: int) -> int:
@@ -17,7 +19,7 @@ def _fixed_units(opts: Options, k: int) -> int:
 
 
 class FixedCpu(DomainRule):
-    queue_driven = True
+    traits = RuleTraits(queue_driven=True)
 
     def __init__(self, dop: int) -> None:
         self.dop = dop
@@ -32,7 +34,7 @@ class FixedCpu(DomainRule):
 
 
 class FixedGpu(DomainRule):
-    queue_driven = True
+    traits = RuleTraits(queue_driven=True)
 
     def __init__(self, dop: int) -> None:
         self.dop = dop

@@ -6,14 +6,16 @@ no queueing, no overhead, the most useful units.
 
 from __future__ import annotations
 
+from tangram.core.capabilities import Capabilities
+from tangram.core.context import Context
+from tangram.core.policies.base import BasePolicy
 from tangram.core.resources import ResourceKind
-from tangram.core.scheduler import Context
 
 
-class LowerBound:
+class LowerBound(BasePolicy):
     name = "lower-bound"
-    unbounded = True
-    queue_driven = True  # it starts arrivals; completions never need a pass
+    # It ignores capacity; it starts arrivals, so completions never need a pass.
+    capabilities = Capabilities(respects_capacity=False, queue_driven=True)
 
     def schedule(self, ctx: Context) -> None:
         cluster = ctx.scheduler.cluster

@@ -15,13 +15,17 @@ no GPU left to reserve has its calls rejected, with the arithmetic in the reason
 from __future__ import annotations
 
 from tangram.core.action import Action
+from tangram.core.backlog import GPU_DOMAIN, Domain
+from tangram.core.context import Context
 from tangram.core.gpu_placement import place_cell
-from tangram.core.policies.base import DomainRule
+from tangram.core.policies.base import DomainRule, RuleTraits
 from tangram.core.resources import ResourceKind
-from tangram.core.scheduler import GPU_DOMAIN, Context, Domain
 
 
 class StaticPods(DomainRule):
+    # A pod is granted to a waiting trajectory whatever is queued, and arrivals are observed.
+    traits = RuleTraits(observes=True)
+
     def __init__(self, cores_per_pod: int) -> None:
         self.k = cores_per_pod
         self.slots: dict[str, tuple[str, tuple[int, ...]]] = {}
@@ -102,6 +106,9 @@ class StaticPods(DomainRule):
 
 
 class DedicatedGpus(DomainRule):
+    # Replicas are deployed as the first call of each service is observed.
+    traits = RuleTraits(observes=True)
+
     def __init__(self, gpus_per_service: int) -> None:
         self.gpus_per_service = gpus_per_service
         self.replicas: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
@@ -144,7 +151,7 @@ class DedicatedGpus(DomainRule):
 
     def schedule_domain(self, ctx: Context, domain: Domain) -> None:
         assert domain == GPU_DOMAIN
-        for service in list(ctx.scheduler.gpu_by_service):
+        for service in ctx.services_waiting():
             if service in self.unservable:
                 for action in ctx.queued_of_service(service):
                     ctx.reject(action, self.unservable[service])

@@ -1,4 +1,8 @@
-"""``tangram bench NAME``: the benchmarks, one module each, registered in ``cli.BENCHMARKS``."""
+"""``tangram bench NAME``: the benchmarks, registered in ``cli.BENCHMARKS``.
+
+Each lives beside what it measures; the core's (``tangram bench scheduler``) lives here, in
+``tangram.bench.scheduler``, so that the core holds no benchmark code.
+"""
 
 from __future__ import annotations
 
