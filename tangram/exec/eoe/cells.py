@@ -3,7 +3,7 @@
 A call at DoP k runs on one aligned cell of k GPUs (k in 1, 2, 4, 8; a cell of size k starts
 at a multiple of k). The rule has one owner, ``tangram.core.cells``; this module only turns its
 ``CellError`` into ``InvalidCellError`` (an ``EoeError``, so it lands in a call's outcome) and
-adds ``best_cell``, the chooser the manager's placement uses. Pure Python, no torch.
+adds ``best_cell``, a generic chooser among cells. Pure Python, no torch.
 """
 
 from __future__ import annotations

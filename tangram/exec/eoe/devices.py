@@ -357,3 +357,12 @@ def no_grad_on(device: Device) -> Iterator[None]:
 
     with device.context(), torch.inference_mode():
         yield
+
+
+def is_cuda_oom(exc: BaseException) -> bool:
+    """True if ``exc`` is torch's CUDA out-of-memory error (False when torch is absent)."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(exc, torch.cuda.OutOfMemoryError)

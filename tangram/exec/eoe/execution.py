@@ -1,0 +1,101 @@
+"""Running one call on its replicas, data parallel: split the inputs, run each part on its
+replica (the first in the calling thread, the others on a pool), merge the results in order.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from tangram.exec.eoe.devices import Device, is_cuda_oom, no_grad_on
+from tangram.exec.eoe.errors import CallFailedError, InputSplitError
+from tangram.exec.eoe.registry import ServiceSpec, map_tensors
+
+if TYPE_CHECKING:
+    from tangram.exec.eoe.bookkeeping import Replica
+
+
+class ReplicaRunner:
+    """Runs calls' parts on replicas; owns the pool of replica threads (made on first use)."""
+
+    def __init__(self, devices: Sequence[Device], workers: int) -> None:
+        self._devices = devices
+        self._workers = max(1, workers)
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def run(self, spec: ServiceSpec, replicas: Sequence[Replica], inputs: Any) -> Any:
+        """The call's result: ``inputs`` split across ``replicas``, results merged.
+
+        ``InputSplitError`` if the inputs cannot be split; ``CallFailedError`` if a part or the
+        merge raised (the first part's error when several did).
+        """
+        if len(replicas) == 1:
+            parts = [inputs]
+        else:
+            try:
+                parts = spec.split_inputs(inputs, len(replicas))
+            except Exception as exc:
+                raise InputSplitError(
+                    f"service {spec.name!r}: cannot split the inputs across {len(replicas)} "
+                    f"replicas: {exc}"
+                ) from exc
+            if not 1 <= len(parts) <= len(replicas):
+                raise InputSplitError(
+                    f"service {spec.name!r}: split returned {len(parts)} parts for "
+                    f"{len(replicas)} replicas"
+                )
+        jobs = list(zip(replicas, parts, strict=False))
+        futures = [
+            self._executor().submit(self._run_part, spec, rep, part) for rep, part in jobs[1:]
+        ]
+        results: list[Any] = []
+        errors: list[BaseException] = []
+        try:
+            results.append(self._run_part(spec, *jobs[0]))
+        except BaseException as exc:
+            errors.append(exc)
+        for fut in futures:
+            try:
+                results.append(fut.result())
+            except BaseException as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+        if len(results) == 1:
+            return results[0]
+        try:
+            return spec.merge_outputs(results)
+        except Exception as exc:
+            raise CallFailedError(
+                f"service {spec.name!r}: merging the results of {len(results)} replicas failed: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _run_part(self, spec: ServiceSpec, rep: Replica, part: Any) -> Any:
+        device = self._devices[rep.gpu]
+        try:
+            with no_grad_on(device):
+                moved = map_tensors(part, lambda t: t.to(device.torch_device, non_blocking=True))
+                result = spec.call(rep.module, moved)
+                return map_tensors(result, lambda t: t.to("cpu"))
+        except Exception as exc:
+            oom = " (out of memory)" if is_cuda_oom(exc) else ""
+            raise CallFailedError(
+                f"service {spec.name!r} raised {type(exc).__name__} on GPU {rep.gpu}{oom}: {exc}"
+            ) from exc
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="eoe-replica")
+            return self._pool
+
+    def close(self) -> None:
+        """Stop the replica threads (after the parts they run)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)

@@ -1,0 +1,234 @@
+"""The node's books: which replicas are where, the bytes claimed and live on each GPU, the calls
+running, the LRU clock and the counters; each change booked as the planners decided it.
+
+Not thread-safe on its own: the manager holds its condition around every method, and reads
+the planners' inputs from here under that same condition.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from tangram.exec.eoe.bookkeeping import CallState, Counters, Replica
+from tangram.exec.eoe.cells import Cell
+from tangram.exec.eoe.devices import Device, DeviceFigures
+from tangram.exec.eoe.errors import EoeError, RestoreError
+from tangram.exec.eoe.plan_cell import NodeLoad
+from tangram.exec.eoe.plan_room import GpuMemory, Key, RoomPlan, lru
+from tangram.exec.eoe.records import CallOutcome, DeviceStats, EoeStats
+from tangram.exec.eoe.residency import ResidencyFeed
+
+log = logging.getLogger(__name__)
+
+#: A restore under way: (placeholder, module, device buffer, fence).
+Started = tuple[Replica, Any, Any, Any]
+
+
+class Ledger:
+    """The books of one node's GPUs (see the module docstring for the locking)."""
+
+    def __init__(self, n_gpus: int, feed: ResidencyFeed) -> None:
+        self.replicas: dict[Key, Replica] = {}
+        #: Bytes booked per GPU: resident replicas, replicas being evicted, running workspaces.
+        self.claimed = [0] * n_gpus
+        #: Bytes of the manager's own live device buffers per GPU (the rest is foreign).
+        self.live = [0] * n_gpus
+        #: Calls running per GPU.
+        self.busy = [0] * n_gpus
+        self.counters = Counters()
+        self._tick = itertools.count(1)
+        self._feed = feed
+
+    # --- what the planners read ---------------------------------------------------------------
+
+    def held(self, service: str) -> set[int]:
+        """GPUs where ``service`` has a replica, ready or being restored."""
+        return {g for g in range(len(self.busy)) if (service, g) in self.replicas}
+
+    def load(self, budgets: tuple[int, ...], calls_per_gpu: int) -> NodeLoad:
+        return NodeLoad(budgets, tuple(self.claimed), tuple(self.busy), calls_per_gpu)
+
+    def memory(
+        self, cell: Cell, devices: Sequence[Device], budgets: Sequence[int]
+    ) -> dict[int, GpuMemory]:
+        """Each GPU of ``cell``: budget, bytes claimed, and bytes the allocator holds beyond
+        the manager's own buffers (foreign)."""
+        return {
+            g: GpuMemory(
+                budget=budgets[g],
+                claimed=self.claimed[g],
+                foreign=max(0, devices[g].allocated_bytes() - self.live[g]),
+            )
+            for g in cell
+        }
+
+    # --- a call's lifetime --------------------------------------------------------------------
+
+    def take_slots(self, state: CallState, cell: Cell) -> None:
+        """The call runs on ``cell``: one call slot on each of its GPUs."""
+        for g in cell:
+            self.busy[g] += 1
+        state.cell = cell
+
+    def pin(self, state: CallState) -> None:
+        """The call pins its service's replica on every GPU of its cell (all are booked)."""
+        name = state.service.info.name
+        for g in state.cell:
+            rep = self.replicas[(name, g)]
+            rep.pins += 1
+            state.pinned.append(rep)
+
+    def book(self, state: CallState, plan: RoomPlan) -> tuple[list[Replica], list[Replica]]:
+        """Book a GO plan: evictees leave the residency now (their bytes stay claimed until
+        freed), placeholders claim the restores, the call pins its replicas and claims its
+        workspace. Returns (evictees, placeholders), for the manager to carry out."""
+        info = state.service.info
+        victims = []
+        for key in plan.evict:
+            victim = self.replicas.pop(key)
+            victims.append(victim)
+            self._feed.push(victim.service, (victim.gpu,), False)
+            state.evicted.append(key)
+        placeholders = []
+        for g in plan.restore:
+            rep = Replica(info.name, g, info.resident_bytes)
+            self.replicas[(info.name, g)] = rep
+            self.claimed[g] += rep.claim
+            placeholders.append(rep)
+        self.pin(state)
+        if info.workspace_bytes:
+            for g in state.cell:
+                self.claimed[g] += info.workspace_bytes
+                state.workspace_gpus.append(g)
+        return victims, placeholders
+
+    def release(self, state: CallState) -> None:
+        """Give back what the call holds: pins (its replicas were used now), workspaces, slots."""
+        tick = next(self._tick)
+        for rep in state.pinned:
+            rep.pins -= 1
+            rep.last_used = tick
+        for g in state.workspace_gpus:
+            self.claimed[g] -= state.service.info.workspace_bytes
+        for g in state.cell:
+            self.busy[g] -= 1
+        state.pinned.clear()
+        state.workspace_gpus.clear()
+
+    def count(self, outcome: CallOutcome) -> None:
+        self.counters.count(outcome)
+
+    # --- restores and evictions ---------------------------------------------------------------
+
+    def copy_started(self, gpu: int, size: int) -> None:
+        """A restore allocated ``size`` bytes on ``gpu``."""
+        self.live[gpu] += size
+
+    def restores_done(
+        self, reps: list[Replica], started: list[Started], failure: EoeError | None
+    ) -> None:
+        """The copies of ``reps`` finished (``started`` of them began). All or nothing: on a
+        failure every placeholder is dropped with its claim, and what was copied is let go."""
+        for rep, module, storage, _ in started:
+            size = int(storage.numel())
+            if failure is None:
+                rep.module, rep.storage, rep.ready = module, storage, True
+                rep.last_used = next(self._tick)
+                self.counters.restores += 1
+                self.counters.bytes_restored += size
+            else:
+                self.live[rep.gpu] -= size
+        if failure is None:
+            self._feed.push(reps[0].service, [r.gpu for r in reps], True)
+        else:
+            for rep in reps:
+                rep.error = failure
+                self._forget(rep)
+        for rep in reps:
+            rep.settled.set()
+
+    def restore_time(self, seconds: float) -> None:
+        self.counters.restore_s += seconds
+
+    def abandon(self, reps: list[Replica], exc: BaseException) -> None:
+        """Undo placeholders whose restore never finished (an unexpected error)."""
+        for rep in reps:
+            if rep.settled.is_set():
+                continue
+            rep.error = RestoreError(f"restore abandoned: {type(exc).__name__}: {exc}")
+            self._forget(rep)
+            rep.settled.set()
+
+    def _forget(self, placeholder: Replica) -> None:
+        """Drop a failed placeholder and its claim, if it is still the booked one."""
+        key = (placeholder.service, placeholder.gpu)
+        if self.replicas.get(key) is placeholder:
+            del self.replicas[key]
+            self.claimed[placeholder.gpu] -= placeholder.claim
+
+    def take_out(self, keys: Sequence[Key]) -> list[Replica]:
+        """An explicit eviction: the replicas leave the residency now (bytes claimed until freed)."""
+        reps = [self.replicas.pop(key) for key in keys]
+        if reps:
+            self._feed.push(reps[0].service, [r.gpu for r in reps], False)
+        return reps
+
+    def freed(self, victim: Replica, size: int, freed: int, seconds: float) -> None:
+        """An evicted replica's ``size`` bytes were dropped, ``freed`` of them seen freed."""
+        self.claimed[victim.gpu] -= victim.claim
+        self.live[victim.gpu] -= size
+        c = self.counters
+        c.evictions += 1
+        c.bytes_evicted += size
+        c.evict_s += seconds
+        if freed < size:
+            c.unverified_evictions += 1
+            log.warning(
+                "evicting %r from GPU %d freed %d of its %d bytes (a reference to its "
+                "weights is still alive, or another allocation happened meanwhile)",
+                victim.service,
+                victim.gpu,
+                freed,
+                size,
+            )
+
+    # --- reports ------------------------------------------------------------------------------
+
+    def residency(self) -> dict[str, tuple[int, ...]]:
+        """service -> the GPUs where a replica is ready (services with none omitted)."""
+        found: dict[str, list[int]] = {}
+        for (name, gpu), rep in self.replicas.items():
+            if rep.ready:
+                found.setdefault(name, []).append(gpu)
+        return {name: tuple(sorted(gpus)) for name, gpus in sorted(found.items())}
+
+    def lru_order(self, gpu: int) -> tuple[str, ...]:
+        return tuple(r.service for r in lru(self.replicas.values(), gpu))
+
+    def has_replicas(self, service: str) -> bool:
+        """True if ``service`` has a replica booked anywhere (ready or being restored)."""
+        return any(r.service == service for r in self.replicas.values())
+
+    def stats(self, figures: Sequence[DeviceFigures]) -> EoeStats:
+        """The counters and each device's figures beside the books."""
+        return self.counters.stats(tuple(self._device_stats(f) for f in figures))
+
+    def _device_stats(self, f: DeviceFigures) -> DeviceStats:
+        return DeviceStats(
+            index=f.index,
+            backend=f.backend,
+            name=f.name,
+            budget_bytes=f.budget_bytes,
+            claimed_bytes=self.claimed[f.index],
+            allocated_bytes=f.allocated_bytes,
+            peak_allocated_bytes=f.peak_allocated_bytes,
+            running_calls=self.busy[f.index],
+            resident=tuple(
+                sorted(r.service for r in self.replicas.values() if r.gpu == f.index and r.ready)
+            ),
+            nvml_total_bytes=f.nvml_total_bytes,
+            nvml_used_bytes=f.nvml_used_bytes,
+        )

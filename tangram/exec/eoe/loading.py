@@ -1,0 +1,54 @@
+"""Building a service at registration: run its factory, back it up on the host, measure it,
+and refuse what no GPU of the node could hold.
+"""
+
+from __future__ import annotations
+
+import time
+
+from tangram.exec.eoe.backup import HostBackup
+from tangram.exec.eoe.bookkeeping import Service
+from tangram.exec.eoe.errors import ServiceSpecError, ServiceTooLargeError
+from tangram.exec.eoe.records import ServiceInfo
+from tangram.exec.eoe.registry import ServiceSpec
+
+
+def build_service(spec: ServiceSpec, *, pin: bool, largest_budget: int) -> Service:
+    """``spec`` built and backed up, with its figures.
+
+    ``ServiceSpecError`` if the factory raised or ``memory_bytes`` is below the measured size;
+    ``ServiceTooLargeError`` if one replica plus workspace exceeds ``largest_budget`` (every
+    GPU of a cell holds a whole data-parallel replica).
+    """
+    start = time.perf_counter()
+    try:
+        module = spec.factory()
+    except Exception as exc:
+        raise ServiceSpecError(
+            f"service {spec.name!r}: factory raised {type(exc).__name__}: {exc}"
+        ) from exc
+    backup = HostBackup(module, pin=pin)
+    del module
+    if spec.memory_bytes is not None and spec.memory_bytes < backup.tensor_bytes:
+        raise ServiceSpecError(
+            f"service {spec.name!r} declares memory_bytes={spec.memory_bytes} but its "
+            f"parameters and buffers take {backup.tensor_bytes} bytes"
+        )
+    info = ServiceInfo(
+        name=spec.name,
+        dops=spec.dops,
+        weight_bytes=backup.tensor_bytes,
+        replica_bytes=backup.nbytes,
+        resident_bytes=max(spec.memory_bytes or 0, backup.nbytes),
+        workspace_bytes=spec.workspace_bytes,
+        pinned=backup.pinned,
+        build_s=time.perf_counter() - start,
+    )
+    if info.need_bytes > largest_budget:
+        raise ServiceTooLargeError(
+            f"service {spec.name!r} needs {info.need_bytes} bytes per GPU "
+            f"({info.resident_bytes} resident + {info.workspace_bytes} workspace) but the "
+            f"largest GPU budget is {largest_budget} bytes; every GPU of a cell holds a whole "
+            f"data-parallel replica, so no cell can run it"
+        )
+    return Service(spec, backup, info)

@@ -1,0 +1,51 @@
+"""Residency changes for ``on_residency_change``: queued in the order they happen (under the
+manager's condition) and delivered later, outside every manager lock, so a callback may call
+back into the manager.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable
+
+log = logging.getLogger(__name__)
+
+ResidencyCallback = Callable[[str, tuple[int, ...], bool], None]
+Change = tuple[str, tuple[int, ...], bool]
+
+
+class ResidencyFeed:
+    """The queue of residency changes and their one-at-a-time delivery to the callback."""
+
+    def __init__(self, callback: ResidencyCallback | None) -> None:
+        self._callback = callback
+        self._changes: deque[Change] = deque()
+        self._lock = threading.Lock()
+        #: Held while delivering; re-entrant so a callback's own call delivers in order too.
+        self._delivering = threading.RLock()
+
+    def push(self, service: str, gpus: Iterable[int], resident: bool) -> None:
+        """Queue a change (the caller holds the manager's condition, which orders them)."""
+        if self._callback is None:
+            return
+        gpus = tuple(sorted(gpus))
+        if gpus:
+            with self._lock:
+                self._changes.append((service, gpus, resident))
+
+    def deliver(self) -> None:
+        """Deliver the queued changes in order; a callback that raises is logged and skipped."""
+        if self._callback is None:
+            return
+        with self._delivering:
+            while True:
+                with self._lock:
+                    if not self._changes:
+                        return
+                    change = self._changes.popleft()
+                try:
+                    self._callback(*change)
+                except Exception:
+                    log.exception("on_residency_change%r raised", change)
