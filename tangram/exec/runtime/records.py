@@ -37,6 +37,23 @@ class CpuWork:
 
     resource = "cpu"
 
+    @property
+    def target(self) -> str | None:
+        """The service or endpoint it calls: none, it is a command."""
+        return None
+
+    def check(self) -> None:
+        """``BadRequest`` for a command that cannot run."""
+        cmd = self.command
+        if isinstance(cmd, str) and not cmd.strip():
+            raise BadRequest("command is empty")
+        if not isinstance(cmd, str) and (not cmd or not all(isinstance(a, str) for a in cmd)):
+            raise BadRequest("command must be a string or a non-empty list of strings")
+
+    def identity(self) -> list[Any]:
+        """What makes two submissions of it the same (for ``ActionSpec.fingerprint``)."""
+        return [self.command, dict(self.env), self.max_output_bytes]
+
 
 @dataclass(frozen=True)
 class GpuWork:
@@ -47,6 +64,16 @@ class GpuWork:
 
     resource = "gpu"
 
+    @property
+    def target(self) -> str | None:
+        return self.service
+
+    def check(self) -> None:
+        """Nothing to check before its executor admits it."""
+
+    def identity(self) -> list[Any]:
+        return [self.service, _digest(self.inputs)]
+
 
 @dataclass(frozen=True)
 class ApiWork:
@@ -56,6 +83,16 @@ class ApiWork:
     payload: Any = None
 
     resource = "api"
+
+    @property
+    def target(self) -> str | None:
+        return self.endpoint
+
+    def check(self) -> None:
+        """Nothing to check before its executor admits it."""
+
+    def identity(self) -> list[Any]:
+        return [self.endpoint, _digest(self.payload)]
 
 
 Work = CpuWork | GpuWork | ApiWork
@@ -105,12 +142,7 @@ class ActionSpec:
             )
         if self.serial_fraction is not None and self.curve is not None:
             raise BadRequest("give serial_fraction or curve, not both")
-        if isinstance(self.work, CpuWork):
-            cmd = self.work.command
-            if isinstance(cmd, str) and not cmd.strip():
-                raise BadRequest("command is empty")
-            if not isinstance(cmd, str) and (not cmd or not all(isinstance(a, str) for a in cmd)):
-                raise BadRequest("command must be a string or a non-empty list of strings")
+        self.work.check()
         if not isinstance(self.task, str) or not self.task:
             raise BadRequest(f"task must be a non-empty string, got {self.task!r}")
         if self.kind is not None and (not isinstance(self.kind, str) or not self.kind):
@@ -123,11 +155,8 @@ class ActionSpec:
 
     @property
     def service(self) -> str | None:
-        if isinstance(self.work, GpuWork):
-            return self.work.service
-        if isinstance(self.work, ApiWork):
-            return self.work.endpoint
-        return None
+        """The GPU service or API endpoint it calls (None for a command)."""
+        return self.work.target
 
     def label(self) -> str:
         """The action's kind for reports: given, else the service or endpoint, else ``command``."""
@@ -156,7 +185,6 @@ class ActionSpec:
 
     def fingerprint(self) -> str:
         """A digest of everything but the id: equal for a retry of the same submission."""
-        work = self.work
         body = {
             "resource": self.resource,
             "trajectory": self.trajectory,
@@ -167,13 +195,8 @@ class ActionSpec:
             "timeout_s": self.timeout_s,
             "task": self.task,
             "kind": self.kind,
+            "work": self.work.identity(),
         }
-        if isinstance(work, CpuWork):
-            body["work"] = [work.command, dict(work.env), work.max_output_bytes]
-        elif isinstance(work, GpuWork):
-            body["work"] = [work.service, _digest(work.inputs)]
-        else:
-            body["work"] = [work.endpoint, _digest(work.payload)]
         return hashlib.sha256(_dump(body).encode()).hexdigest()
 
 
