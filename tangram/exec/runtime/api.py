@@ -5,6 +5,8 @@ module only carries out the calls. A callable takes the action's payload and ret
 JSON-able value; it may be a coroutine function (awaited on the loop) or a plain function
 (run on a small thread pool). ``builtin_endpoints()`` gives the demo endpoints ``echo`` and
 ``search``; ``http_endpoint(url)`` forwards payloads to an HTTP service.
+As the runtime's ``Executor`` for ``ApiWork``: a call runs as a task on the loop, so a deadline
+or a client's cancel cancels it.
 """
 
 from __future__ import annotations
@@ -15,16 +17,26 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, ClassVar
 
-from tangram.exec.runtime.records import ErrorInfo
+from tangram.core.decision import Start
+from tangram.core.resources import ClusterSpec, ResourceKind
+from tangram.exec.runtime.errors import BadRequest, ExecutorMissing
+from tangram.exec.runtime.executor import Admission, OnDeadline
+from tangram.exec.runtime.records import ActionSpec, ApiWork, ErrorInfo
 from tangram.exec.runtime.result import ExecResult
+from tangram.exec.runtime.trajectories import Trajectory
 
 ApiCallable = Callable[[Any], Awaitable[Any]] | Callable[[Any], Any]
 
 
 class ApiExecutor:
     """Calls registered endpoint callables; exceptions become the action's error."""
+
+    work: ClassVar[type] = ApiWork
+    on_deadline: ClassVar[OnDeadline] = OnDeadline.CANCEL
+    deadline_note: ClassVar[str] = "; the call was cancelled"
+    cancellable: ClassVar[bool] = True
 
     def __init__(self, endpoints: Mapping[str, ApiCallable] | None = None) -> None:
         self._endpoints: dict[str, ApiCallable] = dict(endpoints or {})
@@ -40,6 +52,29 @@ class ApiExecutor:
 
     def __contains__(self, name: str) -> bool:
         return name in self._endpoints
+
+    def admit(
+        self, spec: ActionSpec, trajectory: Trajectory | None, cluster: ClusterSpec
+    ) -> Admission:
+        """An endpoint the cluster gives a quota and this executor a callable; one slot."""
+        work: ApiWork = spec.work  # type: ignore[assignment]  # the registry's key
+        declared = {a.name for a in cluster.apis}
+        if work.endpoint not in declared:
+            raise BadRequest(
+                f"unknown API endpoint {work.endpoint!r}; the cluster has {sorted(declared)}"
+            )
+        if work.endpoint not in self._endpoints:
+            raise ExecutorMissing(
+                f"API endpoint {work.endpoint!r} has a quota in the cluster but no callable "
+                f"registered; registered: {list(self.endpoints())}"
+            )
+        return Admission(ResourceKind.API, 1)
+
+    async def execute(
+        self, work: ApiWork, start: Start, *, trajectory: str, time_left_s: float
+    ) -> ExecResult:
+        """Call the endpoint with the payload (the core granted one of its slots)."""
+        return await self.run(work.endpoint, work.payload)
 
     async def run(self, endpoint: str, payload: Any) -> ExecResult:
         fn = self._endpoints[endpoint]

@@ -4,6 +4,9 @@ The scheduler core numbers a node's cores 0..n-1; AOE speaks host core ids. This
 one to the other (core i of the node is the i-th core of the host topology), runs the blocking
 AOE calls on its own thread pools (one for actions, one for container lifecycle, so slow
 container starts never hold up actions), and turns ``ActionOutcome`` into an ``ExecResult``.
+As the runtime's ``Executor`` for ``CpuWork``: an action runs in its trajectory's container,
+AOE kills it at its deadline, and a running action cannot be cancelled (AOE has no public
+per-action kill).
 """
 
 from __future__ import annotations
@@ -13,11 +16,15 @@ import itertools
 import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, ClassVar
 
-from tangram.core.resources import CpuNodeSpec
-from tangram.exec.runtime.records import CommandResult, ErrorInfo
+from tangram.core.decision import Start
+from tangram.core.resources import ClusterSpec, CpuNodeSpec, ResourceKind
+from tangram.exec.runtime.errors import BadRequest, UnknownTrajectory
+from tangram.exec.runtime.executor import Admission, OnDeadline
+from tangram.exec.runtime.records import ActionSpec, CommandResult, CpuWork, ErrorInfo
 from tangram.exec.runtime.result import ExecResult, failed
+from tangram.exec.runtime.trajectories import Trajectory
 
 #: AOE messages that mean the executor failed, not the command: the action gets an error.
 _EXECUTOR_FAILURES = ("container failure", "output too large")
@@ -25,6 +32,11 @@ _EXECUTOR_FAILURES = ("container failure", "output too large")
 
 class CpuExecutor:
     """Runs CPU actions in AOE containers. ``aoe`` is an ``AoeManager``."""
+
+    work: ClassVar[type] = CpuWork
+    on_deadline: ClassVar[OnDeadline] = OnDeadline.AWAIT_KILL
+    deadline_note: ClassVar[str] = "; the executor did not report the kill"
+    cancellable: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -74,6 +86,41 @@ class CpuExecutor:
             return None
 
     # -- actions ----------------------------------------------------------------------------
+
+    def admit(
+        self, spec: ActionSpec, trajectory: Trajectory | None, cluster: ClusterSpec
+    ) -> Admission:
+        """CPU work runs in an open trajectory's container, on that container's node."""
+        if spec.trajectory is None:
+            raise BadRequest("CPU work needs a trajectory (the container it runs in)")
+        if trajectory is None:
+            raise UnknownTrajectory(
+                f"trajectory {spec.trajectory!r} is not open; open it before submitting "
+                "CPU work to it"
+            )
+        return Admission(
+            ResourceKind.CPU,
+            spec.max_units,
+            memory_gb=trajectory.memory_gb,
+            node=trajectory.node,
+        )
+
+    async def execute(
+        self, work: CpuWork, start: Start, *, trajectory: str, time_left_s: float
+    ) -> ExecResult:
+        """Run the command on the granted cores; AOE kills it when ``time_left_s`` runs out."""
+        if time_left_s <= 0:
+            return ExecResult(
+                "timeout", error=ErrorInfo("timeout", "the time-out passed at its start")
+            )
+        return await self.run(
+            trajectory,
+            work.command,
+            start.cores,
+            timeout_s=time_left_s,
+            env=work.env,
+            max_output_bytes=work.max_output_bytes,
+        )
 
     async def run(
         self,

@@ -3,17 +3,26 @@
 One ``EoeManager`` serves one GPU node of the cluster (GPU indices are the node's). EOE calls
 block, so they run on this adapter's thread pool; residency changes EOE reports from those
 threads are handed to the runtime's callback (which moves them onto the event loop).
+As the runtime's ``Executor`` for ``GpuWork``: a call may get any aligned cell up to its
+``max_units`` (so its service must support every DoP from 1 up), and EOE never interrupts a
+running call, so a deadline ends the action at once while the call runs on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, ClassVar
 
-from tangram.core.resources import GpuNodeSpec
-from tangram.exec.runtime.records import ErrorInfo
+from tangram.core.cells import cell_sizes
+from tangram.core.decision import Start
+from tangram.core.resources import ClusterSpec, GpuNodeSpec, ResourceKind
+from tangram.exec.runtime.errors import BadRequest
+from tangram.exec.runtime.executor import Admission, OnDeadline
+from tangram.exec.runtime.records import ActionSpec, ErrorInfo, GpuWork
 from tangram.exec.runtime.result import ExecResult
+from tangram.exec.runtime.trajectories import Trajectory
 
 #: Bytes per GB in the cluster's figures (GPU memory, model sizes): GiB, as EOE budgets are.
 GB = 1 << 30
@@ -21,6 +30,11 @@ GB = 1 << 30
 
 class GpuExecutor:
     """Runs GPU actions on an ``EoeManager`` (``eoe``) for the GPU node ``node``."""
+
+    work: ClassVar[type] = GpuWork
+    on_deadline: ClassVar[OnDeadline] = OnDeadline.END_NOW
+    deadline_note: ClassVar[str] = "; the GPU call runs on and its result is discarded"
+    cancellable: ClassVar[bool] = False
 
     def __init__(self, eoe: Any, node: GpuNodeSpec, *, threads: int | None = None) -> None:
         if len(eoe.devices) < node.gpus:
@@ -42,6 +56,31 @@ class GpuExecutor:
 
     def dops(self, service: str) -> tuple[int, ...]:
         return tuple(self.eoe.info(service).dops)
+
+    def admit(
+        self, spec: ActionSpec, trajectory: Trajectory | None, cluster: ClusterSpec
+    ) -> Admission:
+        """A registered service, on cells from 1 GPU up to the largest of its DoPs (without a
+        gap) within ``max_units``."""
+        work: GpuWork = spec.work  # type: ignore[assignment]  # the registry's key
+        services = self.services()
+        if work.service not in services:
+            raise BadRequest(f"unknown GPU service {work.service!r}; registered: {list(services)}")
+        dops = set(self.dops(work.service))
+        usable = list(itertools.takewhile(lambda k: k in dops, cell_sizes(self.node.gpus)))
+        if not usable:
+            raise BadRequest(
+                f"GPU service {work.service!r} supports DoPs {sorted(dops)}; the scheduler "
+                "may start any cell from 1 GPU up to max_units, so it must support DoP 1"
+            )
+        max_units = max(k for k in usable if k <= max(spec.max_units, 1))
+        return Admission(ResourceKind.GPU, max_units, size_gb=self.size_gb(work.service))
+
+    async def execute(
+        self, work: GpuWork, start: Start, *, trajectory: str, time_left_s: float
+    ) -> ExecResult:
+        """Call the service on the granted cell (EOE restores it there if needed)."""
+        return await self.run(work.service, work.inputs, start.gpus)
 
     async def run(self, service: str, inputs: Any, gpus: tuple[int, ...]) -> ExecResult:
         loop = asyncio.get_running_loop()

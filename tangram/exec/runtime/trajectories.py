@@ -1,0 +1,250 @@
+"""Open trajectories: each one's place in the core (its container's memory on the CPU node),
+its container (the CPU executor), and its closing.
+
+A trajectory opens once the core has room for its container's memory (``CapacityShort``, or
+a wait up to ``wait_s``) and its container runs. It closes in order: its waiting actions end,
+its running ones finish, the core forgets it, its container is removed, and anyone waiting
+for memory is woken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING
+
+from tangram.core.scheduler import Scheduler
+from tangram.exec.runtime.actions import WAITING, LiveAction
+from tangram.exec.runtime.errors import (
+    BadRequest,
+    CapacityShort,
+    Conflict,
+    ExecutorMissing,
+    LiveError,
+    ShuttingDown,
+    UnknownTrajectory,
+)
+from tangram.exec.runtime.records import ErrorInfo, TrajectoryInfo, check_id
+
+if TYPE_CHECKING:
+    from tangram.exec.runtime.cpu import CpuExecutor
+    from tangram.exec.runtime.host import LiveHost
+
+log = logging.getLogger(__name__)
+
+
+class TrajState(Enum):
+    """A trajectory's life: its container is being created, it runs actions, it is closing."""
+
+    OPENING = "opening"
+    OPEN = "open"
+    CLOSING = "closing"
+
+
+@dataclass(eq=False)
+class Trajectory:
+    """An open trajectory: its container and the actions of it not yet out of the core."""
+
+    id: str
+    node: str | None
+    memory_gb: float
+    image: str | None
+    opened_at: float
+    ephemeral: bool
+    state: TrajState = TrajState.OPENING
+    container: str | None = None
+    #: Resolved once the container runs (an exception if it could not be created).
+    ready: asyncio.Future[None] | None = None
+    #: Its actions the core still holds, by id (``actions.move`` drops them as they leave).
+    active: dict[str, LiveAction] = field(default_factory=dict)
+
+    def info(self) -> TrajectoryInfo:
+        return TrajectoryInfo(
+            self.id,
+            self.node,
+            self.container,
+            self.memory_gb,
+            self.image,
+            round(self.opened_at, 6),
+            self.ephemeral,
+        )
+
+
+class Trajectories:
+    """The runtime's open trajectories, by id, and the way each opens and closes."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        host: LiveHost,
+        cpu: CpuExecutor | None,
+        counters: Counter[str],
+        *,
+        default_memory_gb: float,
+    ) -> None:
+        self.scheduler = scheduler
+        self.host = host
+        self.cpu = cpu
+        self.counters = counters
+        self.default_memory_gb = default_memory_gb
+        self.by_id: dict[str, Trajectory] = {}
+        #: Set when the runtime stops: a trajectory waiting for memory gives up.
+        self.stopping = False
+        self._capacity = asyncio.Condition()
+
+    def __len__(self) -> int:
+        return len(self.by_id)
+
+    def get(self, trajectory: str) -> Trajectory:
+        traj = self.by_id.get(trajectory)
+        if traj is None:
+            raise UnknownTrajectory(f"trajectory {trajectory!r} is not open")
+        return traj
+
+    async def of(self, name: str | None) -> Trajectory | None:
+        """A submission's trajectory once its container runs; None if ``name`` is None, not
+        open, or closing."""
+        traj = self.by_id.get(name) if name is not None else None
+        if traj is not None and traj.state is TrajState.OPENING and traj.ready is not None:
+            await asyncio.shield(traj.ready)
+            self._check_running()
+        if traj is not None and traj.state is TrajState.CLOSING:
+            return None
+        return traj
+
+    async def open(
+        self,
+        trajectory: str | None,
+        memory_gb: float | None,
+        image: str | None,
+        wait_s: float,
+        ephemeral: bool,
+    ) -> Trajectory:
+        """Place the container's memory in the core (waiting up to ``wait_s`` for room), then
+        create the container; the trajectory is open once it runs. A None id gets a fresh
+        one, a None memory the default."""
+        cpu = self.cpu
+        if cpu is None:
+            raise ExecutorMissing(
+                "this runtime has no CPU executor (started without Docker): it cannot open "
+                "trajectory containers"
+            )
+        traj_id = check_id("trajectory", trajectory) if trajectory else f"t-{uuid.uuid4().hex[:12]}"
+        if traj_id in self.by_id:
+            raise Conflict(f"trajectory {traj_id!r} is already open")
+        memory = self.default_memory_gb if memory_gb is None else memory_gb
+        if not isinstance(memory, int | float) or isinstance(memory, bool) or not memory > 0:
+            raise BadRequest(f"memory_gb must be a positive number, got {memory_gb!r}")
+        node_spec = cpu.node
+        if memory > node_spec.memory_gb:
+            raise BadRequest(
+                f"memory_gb={memory:g} exceeds the CPU node {node_spec.name!r} "
+                f"({node_spec.memory_gb:g} GB): it could never be placed"
+            )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, wait_s)
+        while True:
+            node = self.scheduler.open_trajectory(
+                traj_id, self.host.now(), memory_gb=float(memory), node=node_spec.name
+            )
+            if node is not None:
+                break
+            self.host.close_trajectory(traj_id)  # forget it
+            left = deadline - loop.time()
+            if left <= 0:
+                raise CapacityShort(
+                    f"node {node_spec.name!r} has not {memory:g} GB free for trajectory "
+                    f"{traj_id!r} now ({len(self.by_id)} containers open); retry later"
+                )
+            async with self._capacity:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._capacity.wait(), timeout=left)
+            self._check_running()
+            if traj_id in self.by_id:
+                raise Conflict(f"trajectory {traj_id!r} is already open")
+        traj = Trajectory(traj_id, node, float(memory), image, self.host.now(), ephemeral)
+        traj.ready = loop.create_future()
+        self.by_id[traj_id] = traj
+        try:
+            handle = await cpu.open(traj_id, float(memory), image)
+        except BaseException as exc:
+            self.by_id.pop(traj_id, None)
+            traj.ready.set_exception(
+                UnknownTrajectory(f"trajectory {traj_id!r} failed to open: {exc}")
+            )
+            traj.ready.exception()  # retrieved: no "never retrieved" warning
+            self.host.close_trajectory(traj_id)
+            await self._notify_capacity()
+            if isinstance(exc, Exception):
+                raise LiveError(
+                    f"could not create the container of trajectory {traj_id!r}: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+            raise
+        traj.container = getattr(handle, "container_id", None)
+        traj.state = TrajState.OPEN
+        traj.ready.set_result(None)
+        self.counters["trajectories_opened"] += 1
+        return traj
+
+    async def close(self, trajectory: str) -> TrajectoryInfo:
+        """Its waiting actions end with ``trajectory_closed``, its running ones finish, then
+        the core forgets it and its container is removed."""
+        traj = self.by_id.get(trajectory)
+        if traj is None or traj.state is TrajState.CLOSING:
+            raise UnknownTrajectory(f"trajectory {trajectory!r} is not open")
+        if traj.state is TrajState.OPENING and traj.ready is not None:
+            await asyncio.shield(traj.ready)
+        traj.state = TrajState.CLOSING
+        host = self.host
+        closed = ErrorInfo(
+            "trajectory_closed", f"trajectory {trajectory} was closed while the action was queued"
+        )
+        for rec in list(traj.active.values()):
+            if rec.outcome is None and rec.phase in WAITING:
+                host.end_waiting(rec, "error", closed)
+        running = [r.task for r in traj.active.values() if r.task is not None and not r.task.done()]
+        if running:
+            await asyncio.wait(running)
+        host.flush()  # its finishes reach the core before the trajectory goes
+        host.close_trajectory(trajectory)
+        self.by_id.pop(trajectory, None)
+        try:
+            assert self.cpu is not None
+            await self.cpu.close(trajectory)
+        except Exception as exc:
+            log.warning("removing the container of %s failed: %s", trajectory, exc)
+        finally:
+            self.counters["trajectories_closed"] += 1
+            await self._notify_capacity()
+        return traj.info()
+
+    async def recreate(self, trajectory: str) -> Trajectory:
+        """A fresh container (same image and memory) for an open trajectory, e.g. after it
+        died; its waiting actions run in the new one."""
+        traj = self.by_id.get(trajectory)
+        if traj is None or traj.state is not TrajState.OPEN:
+            raise UnknownTrajectory(f"trajectory {trajectory!r} is not open")
+        assert self.cpu is not None
+        try:
+            handle = await self.cpu.recreate(trajectory)
+        except Exception as exc:
+            raise LiveError(
+                f"could not recreate the container of {trajectory!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+        traj.container = getattr(handle, "container_id", None)
+        self.counters["trajectories_recreated"] += 1
+        return traj
+
+    def _check_running(self) -> None:
+        if self.stopping:
+            raise ShuttingDown()
+
+    async def _notify_capacity(self) -> None:
+        async with self._capacity:
+            self._capacity.notify_all()
