@@ -21,6 +21,7 @@ import socket
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from tangram.core.cells import cell_sizes
 from tangram.core.resources import ApiEndpointSpec, ClusterSpec, CpuNodeSpec, GpuNodeSpec
 
 #: CPU-backed "GPUs" when no real one is found (as the bundled local cluster).
@@ -64,7 +65,7 @@ def discover_gpus(name: str = "local-gpu") -> GpuDiscovery:
     except Exception:  # noqa: BLE001 - no NVML library: CPU-backed devices
         found = ()
     if found:
-        gpus = max(k for k in (1, 2, 4, 8) if k <= len(found))
+        gpus = max(cell_sizes(len(found)))  # the largest aligned cell: the node's GPUs
         per_gpu = 0.9 * min(g.total_bytes for g in found[:gpus]) / (1 << 30)
         node = GpuNodeSpec(
             name=name, gpus=gpus, gpu_memory_gb=round(per_gpu, 3), host_memory_gb=64.0

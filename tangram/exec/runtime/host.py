@@ -1,0 +1,310 @@
+"""The live host of the driver loop: carries accepted actions, on asyncio, to their one outcome.
+
+``tangram.core.loop.DriverLoop`` owns the cycle (an instant's events -> ``Scheduler.advance``
+-> decisions -> the next wake-up); this module is the live runtime's side of it:
+
+- events in: ``accept`` (an arrival, with its deadline timer) and ``finish`` (its executor
+  returned); the first of an event-loop iteration schedules ``flush`` with ``call_soon``, so
+  the iteration's events are one scheduling pass;
+- decisions out: a ``Start`` runs the action on its executor as a task, a ``Reject`` ends it
+  with the core's reason, a ``Defer`` is counted; a wake-up the core asks for (an API rate
+  token frees then) is a ``call_at`` timer that ticks it;
+- outcomes: ``end`` gives an action its one outcome (later calls are ignored) and hands it to
+  the runtime (trace, listeners). A deadline or a cancel ends a waiting action at once,
+  withdrawn from the loop or the core's queue; a running one as its executor's
+  ``on_deadline`` says.
+
+Phases change only through ``actions.move``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tangram.core.action import Action
+from tangram.core.decision import Defer, Reject, Start
+from tangram.core.loop import DriverLoop
+from tangram.core.scheduler import Scheduler
+from tangram.exec.runtime.actions import WAITING, ActionTable, LiveAction, Phase, move
+from tangram.exec.runtime.config import RuntimeConfig
+from tangram.exec.runtime.errors import NotCancellable
+from tangram.exec.runtime.executor import OnDeadline
+from tangram.exec.runtime.outcomes import outcome_of
+from tangram.exec.runtime.records import ErrorInfo, Outcome
+from tangram.exec.runtime.result import ExecResult, failed
+
+log = logging.getLogger(__name__)
+
+#: A wake-up timer fires this long after the core's time, so the core's clock has passed it.
+WAKE_SLACK_S = 1e-4
+
+
+class LiveHost:
+    """The driver loop's host in the live runtime, and the life of each accepted action."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        config: RuntimeConfig,
+        counters: Counter[str],
+        on_end: Callable[[LiveAction, Outcome], None],
+    ) -> None:
+        self.config = config
+        self.counters = counters
+        #: Called once per action with its outcome (the runtime records and publishes it).
+        self.on_end = on_end
+        self.table = ActionTable(config.keep_outcomes)
+        self.loop = DriverLoop(scheduler, self)
+        #: Actions accepted and not yet ended (what admission control bounds).
+        self.pending = 0
+        self._aio: asyncio.AbstractEventLoop | None = None
+        self._time: Callable[[], float] = lambda: 0.0
+        self._t0 = 0.0
+        self._wakers: dict[float, asyncio.TimerHandle] = {}
+        self._attached = True
+        self._deadline_rules: dict[OnDeadline, Callable[[LiveAction, str], None]] = {
+            OnDeadline.CANCEL: self._cancel_at_deadline,
+            OnDeadline.END_NOW: self._end_at_deadline,
+            OnDeadline.AWAIT_KILL: self._await_kill,
+        }
+
+    def bind(self, aio: asyncio.AbstractEventLoop, t0: float) -> None:
+        """Run on ``aio``; the clock is seconds since ``t0`` on its monotonic time."""
+        self._aio, self._time, self._t0 = aio, aio.time, t0
+
+    def now(self) -> float:
+        return self._time() - self._t0
+
+    def close(self) -> None:
+        """The runtime is closing: no more wake-ups or passes; the loop forgets its host."""
+        for timer in self._wakers.values():
+            timer.cancel()
+        self._wakers.clear()
+        if self._attached:
+            self._attached = False
+            self.loop.detach()
+
+    # ------------------------------------------------------------------ events in
+    def accept(self, rec: LiveAction, timeout_s: float) -> None:
+        """A new action: in the table, its deadline armed, to the core at the next pass."""
+        assert self._aio is not None
+        self.table.add(rec)
+        self.pending += 1
+        rec.timers.append(self._aio.call_later(timeout_s, self.on_deadline, rec))
+        self.loop.arrive(rec.action)
+
+    def finish(self, rec: LiveAction) -> None:
+        """``rec`` left its executor: its units return to the core at the next pass."""
+        move(rec, Phase.FINISHING)
+        if self._attached:
+            self.loop.finish(rec.id)
+
+    def flush(self) -> None:
+        """One scheduling pass over the events buffered so far (the loop's ``flush``), with
+        the phases its arrivals and finishes enter."""
+        if not self._attached:
+            return
+        loop, table = self.loop, self.table
+        for action in loop.arrivals:
+            move(table.get(action.id), Phase.QUEUED)  # type: ignore[arg-type]
+        finishing = [table.get(i) for i in loop.finishes]
+        loop.flush(self.now())
+        for rec in finishing:
+            if rec is not None:
+                move(rec, Phase.OUT)
+
+    def close_trajectory(self, trajectory: str) -> None:
+        """The core forgets the trajectory: its queued actions are rejected, its memory freed."""
+        if self._attached:
+            self.loop.close_trajectory(trajectory, self.now())
+
+    # ------------------------------------------------------------------ the loop's host
+    def request_flush(self) -> None:
+        assert self._aio is not None
+        self._aio.call_soon(self.flush)
+
+    def arm_wakeup(self, when: float) -> None:
+        assert self._aio is not None
+        self._wakers[when] = self._aio.call_at(self._t0 + when + WAKE_SLACK_S, self._wake, when)
+
+    def _wake(self, when: float) -> None:
+        self._wakers.pop(when, None)
+        if self._attached:
+            self.loop.wake(when, self.now())
+
+    def start(self, d: Start) -> None:
+        rec = self.table.get(d.action.id)
+        if rec is None:  # forgotten (keep_outcomes) and started now: give the units back
+            log.warning("start of a forgotten action %s; finishing it", d.action.id)
+            self.loop.finish(d.action.id)
+            return
+        rec.start, rec.started_at = d, self.now()
+        move(rec, Phase.RUNNING)
+        if rec.outcome is not None:  # it ended while queued: give the units back
+            self.finish(rec)
+            return
+        assert self._aio is not None
+        rec.task = self._aio.create_task(self._execute(rec))
+
+    def reject(self, d: Reject) -> None:
+        rec = self.table.get(d.action.id)
+        if rec is None:
+            return
+        move(rec, Phase.OUT)
+        if rec.outcome is None:
+            self.end(rec, "error", error=ErrorInfo("rejected", d.reason))
+
+    def defer(self, d: Defer) -> None:
+        rec = self.table.get(d.action.id)
+        if rec is not None:
+            rec.deferrals += 1
+            self.counters["deferrals"] += 1
+
+    def settled(self, now: float) -> None:
+        """Nothing to do: the live runtime samples no usage (status reads the core's state)."""
+
+    def pass_failed(
+        self, arrived: Sequence[Action], finished: Sequence[str], error: Exception
+    ) -> None:
+        """A core bug: the pass's arrivals end with an error rather than being lost (its
+        finishes leave the core's books with the pass, in ``flush``)."""
+        log.error("the scheduler failed on a pass; its actions end with an error", exc_info=error)
+        info = ErrorInfo("scheduler_error", f"{type(error).__name__}: {error}")
+        for action in arrived:
+            rec = self.table.get(action.id)
+            if rec is not None:
+                move(rec, Phase.OUT)
+                self.end(rec, "error", error=info)
+
+    # ------------------------------------------------------------------ execution
+    async def _execute(self, rec: LiveAction) -> None:
+        start = rec.start
+        assert start is not None and rec.started_at is not None
+        try:
+            result = await rec.executor.execute(
+                rec.spec.work, start, trajectory=rec.traj, time_left_s=rec.deadline - self.now()
+            )
+        except asyncio.CancelledError:
+            status, error = rec.interrupt or (
+                "error",
+                ErrorInfo("cancelled", "the action was interrupted"),
+            )
+            result = ExecResult(status, error=error, exec_s=self.now() - rec.started_at)  # type: ignore[arg-type]
+        except Exception as exc:
+            log.exception("executor failed on %s", rec.id)
+            result = failed("executor_error", f"the executor raised {type(exc).__name__}: {exc}")
+        self.finish(rec)
+        self.end(
+            rec,
+            result.status,
+            value=result.value,
+            error=result.error,
+            exec_s=result.exec_s,
+            wait_s=result.wait_s,
+        )
+
+    # ------------------------------------------------------------------ deadlines, cancels
+    def on_deadline(self, rec: LiveAction) -> None:
+        """``rec``'s time-out passed: a waiting action ends now; a running one as its
+        executor's rule says."""
+        if rec.outcome is not None:
+            return
+        timeout = rec.deadline - rec.arrival
+        if rec.phase in WAITING:
+            message = f"timed out after {timeout:g} s in the queue; it never started"
+            self.end_waiting(rec, "timeout", ErrorInfo("timeout", message))
+            return
+        assert rec.started_at is not None
+        message = (
+            f"timed out after {timeout:g} s (it started after {rec.started_at - rec.arrival:.3f} s)"
+        )
+        self._deadline_rules[rec.executor.on_deadline](rec, message)
+
+    def _cancel_at_deadline(self, rec: LiveAction, message: str) -> None:
+        self._interrupt(rec, "timeout", ErrorInfo("timeout", message + rec.executor.deadline_note))
+
+    def _end_at_deadline(self, rec: LiveAction, message: str) -> None:
+        self._end_running(rec, message + rec.executor.deadline_note)
+
+    def _await_kill(self, rec: LiveAction, message: str) -> None:
+        assert self._aio is not None
+        rec.timers.append(
+            self._aio.call_later(
+                self.config.timeout_grace_s,
+                self._end_running,
+                rec,
+                message + rec.executor.deadline_note,
+            )
+        )
+
+    def _end_running(self, rec: LiveAction, message: str) -> None:
+        """End a running action with a time-out now, whatever its executor still does."""
+        if rec.outcome is None:
+            ran = self.now() - (rec.started_at or self.now())
+            self.end(rec, "timeout", error=ErrorInfo("timeout", message), exec_s=ran)
+
+    def _interrupt(self, rec: LiveAction, status: str, error: ErrorInfo) -> None:
+        """Cancel the executor's task; ``rec`` ends with ``status`` and ``error`` as it unwinds."""
+        rec.interrupt = (status, error)
+        if rec.task is not None:
+            rec.task.cancel()
+
+    async def cancel(self, rec: LiveAction) -> Outcome:
+        """The client cancels ``rec``: a waiting one ends at once, a running one if its
+        executor can interrupt it (else ``NotCancellable``); an ended one keeps its outcome."""
+        if rec.outcome is None:
+            error = ErrorInfo("cancelled", f"action {rec.id} was cancelled by the client")
+            if rec.phase in WAITING:
+                self.end_waiting(rec, "error", error)
+            elif rec.executor.cancellable and rec.task is not None:
+                self._interrupt(rec, "error", error)
+                await asyncio.shield(rec.future)
+            else:
+                left = max(0.0, rec.deadline - self.now())
+                raise NotCancellable(
+                    f"action {rec.id} is already running on the {rec.spec.resource.upper()} "
+                    f"executor, which cannot interrupt it; it ends by itself or at its "
+                    f"time-out ({left:.1f} s left)"
+                )
+        assert rec.outcome is not None
+        return rec.outcome
+
+    # ------------------------------------------------------------------ outcomes
+    def end_waiting(self, rec: LiveAction, status: str, error: ErrorInfo) -> None:
+        """End an action the core has not started: withdrawn (from the loop's buffer or the
+        core's queue) so it never holds units, then its outcome."""
+        if self.loop.withdraw(rec.id, self.now()):
+            move(rec, Phase.OUT)
+        self.end(rec, status, error=error)
+
+    def end(
+        self,
+        rec: LiveAction,
+        status: str,
+        *,
+        value: Any = None,
+        error: ErrorInfo | None = None,
+        exec_s: float = 0.0,
+        wait_s: float = 0.0,
+    ) -> None:
+        """Give the action its one outcome (later calls for it are ignored)."""
+        if rec.outcome is not None:
+            return
+        outcome = outcome_of(
+            rec, status, self.now(), value=value, error=error, exec_s=exec_s, wait_s=wait_s
+        )
+        rec.outcome = outcome
+        self.pending -= 1
+        for timer in rec.timers:
+            timer.cancel()
+        rec.timers.clear()
+        if not rec.future.done():
+            rec.future.set_result(outcome)
+        self.counters["completed"] += 1
+        self.counters[f"outcome_{status}"] += 1
+        self.on_end(rec, outcome)
+        self.table.retire(rec)
