@@ -257,7 +257,7 @@ def test_shutdown_ends_queued_actions_and_refuses_new_ones() -> None:
 
 
 def test_trace_of_a_run_is_valid_open_loop_with_observations(tmp_path: Any) -> None:
-    from tangram.sim.trace import load_trace
+    from tangram.trace import load_trace
 
     async def body(rt: Runtime, log: CallLog) -> Any:
         await asyncio.gather(

@@ -1,0 +1,278 @@
+"""The executor interface, as a specification: the registry finds an executor by the kind of
+work; each adapter says what it admits, what a deadline does to its running actions and
+whether they can be cancelled; the runtime carries out each deadline rule as declared.
+No Docker and no torch: AOE and EOE are stand-ins, and the deadline rules run on API work."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tangram.core.resources import (
+    ApiEndpointSpec,
+    ClusterSpec,
+    CpuNodeSpec,
+    GpuNodeSpec,
+    ResourceKind,
+)
+from tangram.exec.runtime import (
+    ActionSpec,
+    ApiExecutor,
+    ApiWork,
+    BadRequest,
+    CpuExecutor,
+    CpuWork,
+    ExecutorMissing,
+    GpuExecutor,
+    GpuWork,
+    NotCancellable,
+    Runtime,
+    RuntimeConfig,
+    UnknownTrajectory,
+)
+from tangram.exec.runtime.api import echo
+from tangram.exec.runtime.executor import (
+    MISSING,
+    Admission,
+    OnDeadline,
+    executor_for,
+    executors_by_work,
+)
+from tangram.exec.runtime.result import ExecResult
+from tangram.exec.runtime.trajectories import Trajectory
+
+CPU_NODE = CpuNodeSpec("local", cores=2, numa_domains=1, memory_gb=16.0)
+CLUSTER = ClusterSpec(
+    name="executors",
+    apis=(ApiEndpointSpec("echo", concurrency=4), ApiEndpointSpec("quiet", concurrency=1)),
+)
+
+
+def cpu_executor() -> CpuExecutor:
+    aoe = SimpleNamespace(topology=SimpleNamespace(cores=(0, 1)), shutdown=lambda: None)
+    return CpuExecutor(aoe, CPU_NODE, threads=1, lifecycle_threads=1)
+
+
+def gpu_executor(gpus: int = 8, dops: tuple[int, ...] = (1, 2, 4)) -> GpuExecutor:
+    eoe = SimpleNamespace(
+        devices=list(range(gpus)),
+        config=SimpleNamespace(calls_per_gpu=1),
+        services=lambda: ("model",),
+        info=lambda name: SimpleNamespace(dops=dops, resident_bytes=3 << 30),
+        close=lambda: None,
+    )
+    node = GpuNodeSpec("gpu", gpus=gpus, gpu_memory_gb=16.0, host_memory_gb=64.0)
+    return GpuExecutor(eoe, node, threads=1)
+
+
+# ------------------------------------------------------------------ the registry
+
+
+@pytest.mark.parametrize(
+    ("adapter", "work", "rule", "cancellable"),
+    [
+        (CpuExecutor, CpuWork, OnDeadline.AWAIT_KILL, False),
+        (GpuExecutor, GpuWork, OnDeadline.END_NOW, False),
+        (ApiExecutor, ApiWork, OnDeadline.CANCEL, True),
+    ],
+)
+def test_each_adapter_declares_its_work_its_deadline_rule_and_whether_it_cancels(
+    adapter: type, work: type, rule: OnDeadline, cancellable: bool
+) -> None:
+    assert adapter.work is work
+    assert adapter.on_deadline is rule
+    assert adapter.cancellable is cancellable
+    assert adapter.deadline_note.startswith("; ")
+    for method in ("admit", "execute", "shutdown"):
+        assert callable(getattr(adapter, method))
+    assert asyncio.iscoroutinefunction(adapter.execute)
+
+
+def test_the_registry_finds_each_executor_by_its_kind_of_work() -> None:
+    cpu, gpu, api = cpu_executor(), gpu_executor(), ApiExecutor()
+    try:
+        registry = executors_by_work(cpu, gpu, api)
+        assert registry == {CpuWork: cpu, GpuWork: gpu, ApiWork: api}
+        assert executor_for(registry, CpuWork("true")) is cpu
+        assert executor_for(registry, GpuWork("model", [1])) is gpu
+        assert executor_for(registry, ApiWork("echo")) is api
+    finally:
+        cpu.shutdown()
+        gpu.shutdown()
+
+
+def test_a_missing_executor_says_why_its_work_cannot_run() -> None:
+    registry = executors_by_work(None, None, ApiExecutor())
+    assert list(registry) == [ApiWork]
+    for work in (CpuWork("true"), GpuWork("model", [1])):
+        with pytest.raises(ExecutorMissing) as info:
+            executor_for(registry, work)
+        assert info.value.message == MISSING[type(work)]
+    assert set(MISSING) == {CpuWork, GpuWork, ApiWork}
+
+
+def test_two_executors_for_one_kind_of_work_are_refused() -> None:
+    with pytest.raises(ValueError, match="two executors for ApiWork"):
+        executors_by_work(ApiExecutor(), ApiExecutor())
+
+
+# ------------------------------------------------------------------ admission
+
+
+def test_cpu_work_is_admitted_on_its_open_trajectory_s_node() -> None:
+    cpu = cpu_executor()
+    try:
+        traj = Trajectory("t", "local", 0.5, None, 0.0, False)
+        spec = ActionSpec(CpuWork("true"), trajectory="t", max_units=2)
+        got = cpu.admit(spec, traj, CLUSTER)
+        assert got == Admission(ResourceKind.CPU, 2, memory_gb=0.5, node="local")
+        with pytest.raises(BadRequest, match="needs a trajectory"):
+            cpu.admit(ActionSpec(CpuWork("true")), None, CLUSTER)
+        with pytest.raises(UnknownTrajectory, match="'t' is not open"):
+            cpu.admit(spec, None, CLUSTER)
+    finally:
+        cpu.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("gpus", "dops", "asked", "granted"),
+    [
+        (8, (1, 2, 4), 8, 4),  # capped at the largest DoP without a gap from 1
+        (8, (1, 2, 4), 3, 2),  # the largest aligned cell within max_units
+        (8, (1, 2, 8), 8, 2),  # DoP 4 missing: 8 is unreachable
+        (2, (1, 2, 4, 8), 8, 2),  # the node has 2 GPUs
+        (8, (1,), 1, 1),
+    ],
+)
+def test_gpu_work_is_admitted_on_aligned_cells_its_service_runs_on(
+    gpus: int, dops: tuple[int, ...], asked: int, granted: int
+) -> None:
+    gpu = gpu_executor(gpus, dops)
+    try:
+        got = gpu.admit(ActionSpec(GpuWork("model", [1]), max_units=asked), None, CLUSTER)
+        assert got == Admission(ResourceKind.GPU, granted, size_gb=3.0)
+    finally:
+        gpu.shutdown()
+
+
+def test_gpu_work_is_refused_for_an_unknown_service_or_one_without_dop_1() -> None:
+    gpu = gpu_executor(dops=(2, 4))
+    try:
+        with pytest.raises(BadRequest, match="must support DoP 1"):
+            gpu.admit(ActionSpec(GpuWork("model", [1])), None, CLUSTER)
+        with pytest.raises(BadRequest, match="unknown GPU service 'other'"):
+            gpu.admit(ActionSpec(GpuWork("other", [1])), None, CLUSTER)
+    finally:
+        gpu.shutdown()
+
+
+def test_api_work_is_admitted_on_a_declared_and_registered_endpoint_one_slot() -> None:
+    api = ApiExecutor({"echo": echo})
+    assert api.admit(ActionSpec(ApiWork("echo")), None, CLUSTER) == Admission(ResourceKind.API, 1)
+    with pytest.raises(BadRequest, match="unknown API endpoint 'nope'"):
+        api.admit(ActionSpec(ApiWork("nope")), None, CLUSTER)
+    with pytest.raises(ExecutorMissing, match="no callable registered"):
+        api.admit(ActionSpec(ApiWork("quiet")), None, CLUSTER)
+
+
+# ------------------------------------------------------------------ deadline rules, carried out
+
+
+class RunsOn(ApiExecutor):
+    """A call that cannot be interrupted: a deadline ends the action, the call runs on."""
+
+    on_deadline = OnDeadline.END_NOW
+    deadline_note = "; it runs on"
+    cancellable = False
+
+    def __init__(self) -> None:
+        super().__init__({"echo": echo})
+        self.returned = asyncio.Event()
+
+    async def execute(self, work: Any, start: Any, *, trajectory: str, time_left_s: float) -> Any:
+        await asyncio.sleep(work.payload["s"])
+        self.returned.set()
+        return ExecResult("result", "late", exec_s=work.payload["s"])
+
+
+class KillsItself(ApiExecutor):
+    """An executor that kills its action at the deadline itself, as AOE does (or, with
+    ``report=False``, never says so)."""
+
+    on_deadline = OnDeadline.AWAIT_KILL
+    deadline_note = "; no kill was reported"
+    cancellable = False
+
+    def __init__(self, report: bool) -> None:
+        super().__init__({"echo": echo})
+        self.report = report
+
+    async def execute(self, work: Any, start: Any, *, trajectory: str, time_left_s: float) -> Any:
+        if not self.report:
+            await asyncio.sleep(3600)
+        await asyncio.sleep(time_left_s)
+        return ExecResult("timeout", exec_s=time_left_s, error=None)
+
+
+def with_executor(
+    api: ApiExecutor, body: Callable[[Runtime], Awaitable[Any]], **config: Any
+) -> Any:
+    async def main() -> Any:
+        rt = Runtime(CLUSTER, RuntimeConfig(close_grace_s=0.2, **config), api=api)
+        async with rt:
+            return await body(rt)
+
+    return asyncio.run(main())
+
+
+def test_end_now_ends_the_action_at_its_deadline_and_holds_the_slot_until_the_call_returns() -> (
+    None
+):
+    api = RunsOn()
+
+    async def body(rt: Runtime) -> None:
+        out = await rt.run(ActionSpec(ApiWork("echo", {"s": 0.3}), timeout_s=0.1))
+        assert out.status == "timeout" and out.error.message.endswith("; it runs on")
+        assert out.start_s is not None and 0.09 <= out.timings.act_s < 0.3
+        assert rt.scheduler.state.api["echo"].in_flight == 1, "the call still holds its slot"
+        await api.returned.wait()
+        await asyncio.sleep(0.01)
+        assert rt.scheduler.state.api["echo"].in_flight == 0
+        assert (await rt.result(out.action_id)) is out, "still its one outcome"
+        assert rt.counters["completed"] == 1
+
+    with_executor(api, body)
+
+
+def test_await_kill_takes_the_executor_s_report_when_it_comes() -> None:
+    async def body(rt: Runtime) -> None:
+        out = await rt.run(ActionSpec(ApiWork("echo"), timeout_s=0.1))
+        assert out.status == "timeout" and out.error is None, "the executor's own outcome"
+
+    with_executor(KillsItself(report=True), body, timeout_grace_s=5.0)
+
+
+def test_await_kill_ends_the_action_after_the_grace_when_no_kill_is_reported() -> None:
+    async def body(rt: Runtime) -> None:
+        out = await rt.run(ActionSpec(ApiWork("echo"), timeout_s=0.1))
+        assert out.status == "timeout" and out.error.message.endswith("; no kill was reported")
+        assert 0.25 <= out.timings.act_s < 1.0, "deadline 0.1 s + grace 0.2 s"
+
+    with_executor(KillsItself(report=False), body, timeout_grace_s=0.2)
+
+
+def test_a_running_action_of_a_non_cancellable_executor_is_not_cancelled() -> None:
+    async def body(rt: Runtime) -> None:
+        aid = await rt.submit(ActionSpec(ApiWork("echo", {"s": 0.2})))
+        await asyncio.sleep(0.05)
+        assert rt.state(aid) == "running"
+        with pytest.raises(NotCancellable, match="API executor, which cannot interrupt it"):
+            await rt.cancel(aid)
+        out = await rt.result(aid)
+        assert out is not None and out.ok and out.value == "late"
+
+    with_executor(RunsOn(), body)

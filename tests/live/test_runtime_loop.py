@@ -1,0 +1,132 @@
+"""The live runtime on the one driver loop (``tangram.core.loop.DriverLoop``): arrivals it
+withdraws before any pass, a pass the core fails on, wake-ups, and the loop let go at close.
+API work only (no Docker, no torch)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tangram.core.loop import DriverLoop
+from tangram.core.resources import ApiEndpointSpec, ClusterSpec
+from tangram.exec.runtime import ActionSpec, ApiExecutor, ApiWork, Runtime, RuntimeConfig
+from tangram.exec.runtime.actions import Phase
+from tangram.exec.runtime.api import echo
+
+CLUSTER = ClusterSpec(
+    name="loop",
+    apis=(
+        ApiEndpointSpec("echo", concurrency=64),
+        ApiEndpointSpec("limited", concurrency=8, rate_per_s=20.0, burst=1),
+        ApiEndpointSpec("slow", concurrency=1),
+    ),
+)
+
+
+async def slow(payload: Any) -> Any:
+    await asyncio.sleep(float(payload))
+    return payload
+
+
+def runtime(**config: Any) -> Runtime:
+    return Runtime(
+        CLUSTER,
+        RuntimeConfig(**config),
+        api=ApiExecutor({"echo": echo, "limited": echo, "slow": slow}),
+    )
+
+
+def spy_on_passes(rt: Runtime) -> list[list[str]]:
+    """The ids of the arrivals each ``Scheduler.advance`` call was given."""
+    seen: list[list[str]] = []
+    real = rt.scheduler.advance
+
+    def spy(now: float, *, finished: Any = (), arrived: Any = ()) -> Any:
+        seen.append([a.id for a in arrived])
+        return real(now, finished=finished, arrived=arrived)
+
+    rt.scheduler.advance = spy  # type: ignore[method-assign]
+    return seen
+
+
+def test_the_runtime_drives_the_core_through_the_driver_loop() -> None:
+    async def main() -> None:
+        async with runtime() as rt:
+            assert isinstance(rt.host.loop, DriverLoop) and rt.host.loop.host is rt.host
+            outs = await asyncio.gather(*(rt.run(ActionSpec(ApiWork("echo", i))) for i in range(5)))
+            assert all(o.ok for o in outs)
+            assert rt.passes == rt.host.loop.passes >= 2  # the arrivals' pass, the finishes'
+        assert rt.host.loop.host is None, "closing lets the loop go (no reference cycle)"
+
+    asyncio.run(main())
+
+
+def test_an_action_cancelled_before_any_pass_never_reaches_the_core() -> None:
+    async def main() -> None:
+        async with runtime() as rt:
+            seen = spy_on_passes(rt)
+            kept = await rt.submit(ActionSpec(ApiWork("echo", 1), id="kept"))
+            gone = await rt.submit(ActionSpec(ApiWork("echo", 2), id="gone"))
+            assert rt.host.table.get(gone).phase is Phase.ARRIVING  # type: ignore[union-attr]
+            out = await rt.cancel(gone)  # same loop iteration: no pass has run
+            assert out.error.code == "cancelled" and out.start_s is None
+            assert rt.host.table.get(gone).phase is Phase.OUT  # type: ignore[union-attr]
+            assert (await rt.result(kept)).ok  # type: ignore[union-attr]
+            assert [ids for ids in seen if ids] == [["kept"]]
+            assert rt.pending == 0
+
+    asyncio.run(main())
+
+
+def test_a_pass_the_core_fails_on_ends_its_arrivals_with_an_error_and_the_runtime_goes_on() -> None:
+    async def main() -> None:
+        async with runtime() as rt:
+            real = rt.scheduler.advance
+            calls = []
+
+            def fails_once(now: float, *, finished: Any = (), arrived: Any = ()) -> Any:
+                calls.append(len(arrived))
+                if len(calls) == 1:
+                    raise RuntimeError("a core bug")
+                return real(now, finished=finished, arrived=arrived)
+
+            rt.scheduler.advance = fails_once  # type: ignore[method-assign]
+            first = await asyncio.gather(
+                *(rt.run(ActionSpec(ApiWork("echo", i))) for i in range(3))
+            )
+            assert {o.error.code for o in first} == {"scheduler_error"}
+            assert all("RuntimeError: a core bug" in o.error.message for o in first)
+            assert all(rt.host.table.get(o.action_id).phase is Phase.OUT for o in first)  # type: ignore[union-attr]
+            later = await rt.run(ActionSpec(ApiWork("echo", "after")))
+            assert later.ok and later.value == "after"
+            assert rt.pending == 0
+
+    asyncio.run(main())
+
+
+def test_rate_limited_starts_come_from_wake_ups_alone() -> None:
+    async def main() -> None:
+        async with runtime() as rt:
+            outs = await asyncio.gather(
+                *(rt.run(ActionSpec(ApiWork("limited", i))) for i in range(4))
+            )
+            starts = sorted(o.start_s for o in outs)
+            assert all(b - a > 0.03 for a, b in zip(starts, starts[1:], strict=False))
+
+    asyncio.run(main())
+
+
+def test_close_ends_what_waits_lets_what_runs_finish_and_detaches_the_loop() -> None:
+    async def main() -> None:
+        rt = runtime(close_grace_s=5.0)
+        await rt.start()
+        ran = await rt.submit(ActionSpec(ApiWork("slow", 0.1)))
+        await asyncio.sleep(0.02)
+        waiting = await rt.submit(ActionSpec(ApiWork("slow", 0.1)))
+        await rt.close()
+        assert (await rt.result(ran)).ok  # type: ignore[union-attr]
+        out = await rt.result(waiting)
+        assert out.error.code == "shutting_down" and out.error.retryable  # type: ignore[union-attr]
+        assert rt.host.loop.host is None and rt.pending == 0
+
+    asyncio.run(main())
