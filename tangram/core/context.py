@@ -166,6 +166,7 @@ class Context:
                     raise CapacityError(f"{action.id}: {units} units but {len(cores)} cores")
                 self.state.cpu[node].take_cores(cores)
         elif kind is ResourceKind.GPU:
+            cores = ()
             if bounded:
                 restore = not self.state.gpu[node].is_resident(action.service or "", gpus)
                 overhead = self.restore_cost(action, node, len(gpus)) if restore else 0.0
@@ -173,8 +174,10 @@ class Context:
                     if len(gpus) != units:
                         raise CapacityError(f"{action.id}: {units} units but cell {gpus}")
                     self.state.gpu[node].take(gpus, action.id)
-        elif bounded and not in_slot:
-            self.state.api[action.service or ""].take(self.now)
+        else:
+            cores = ()
+            if bounded and not in_slot:
+                self.state.api[action.service or ""].take(self.now)
         start = Start(  # positional, in field order: the hot path of every replay
             self.now,
             action,

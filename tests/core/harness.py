@@ -92,6 +92,7 @@ class _HarnessHost:
     def start(self, d: Start) -> None:
         self.out.log.append(("Start", d.action.id, d.units, d.node))
         assert d.action.id not in self.out.started, "started twice"
+        check_start_record(d, bounded=not self.sched.unbounded)
         self.out.started[d.action.id] = d
         end = self.now + d.est_duration + d.est_overhead
         heapq.heappush(self.events, (end, 0, d.action.id, d.action.id))
@@ -122,6 +123,20 @@ class _HarnessHost:
         self.remaining[traj] -= 1
         if self.remaining[traj] == 0:
             self.loop.close_trajectory(traj, self.now)
+
+
+def check_start_record(d: Start, *, bounded: bool) -> None:
+    """A start carries what its executor needs, typed as ``Start`` declares: CPU cores for a
+    CPU action (none for an unbounded policy), a GPU cell for a GPU call, neither for an API."""
+    assert isinstance(d.cores, tuple) and isinstance(d.gpus, tuple), d
+    kind = d.action.resource
+    if kind is ResourceKind.CPU:
+        assert d.gpus == () and len(d.cores) == (d.units if bounded else 0), d
+    elif kind is ResourceKind.GPU:
+        assert d.cores == () and len(d.gpus) == (d.units if bounded else 0), d
+    else:
+        assert d.cores == () and d.gpus == () and d.units == 1, d
+    assert d.est_duration > 0 and d.est_overhead >= 0
 
 
 def run(
