@@ -39,6 +39,9 @@ class Host(Protocol):
     def defer(self, defer: Defer) -> None:
         """The action stays queued although it could have started (count it)."""
 
+    def handed(self, arrived: Sequence[Action], finished: Sequence[str]) -> None:
+        """These events go to the core now, in one pass (the runtime moves their phases)."""
+
     def settled(self, now: float) -> None:
         """A batch of decisions has been carried out (the core's state is current)."""
 
@@ -112,7 +115,7 @@ class DriverLoop:
         return False
 
     def _request(self) -> None:
-        if not self.flush_requested:
+        if not self.flush_requested and self.host is not None:  # (None: detached, done)
             self.flush_requested = True
             self.host.request_flush()
 
@@ -121,9 +124,10 @@ class DriverLoop:
         """Hand the instant's completions and arrivals to the core in one pass; apply."""
         self.flush_requested = False
         arrived, finished = self.arrivals, self.finishes
-        if not (arrived or finished):
+        if not (arrived or finished) or self.host is None:
             return
         self.arrivals, self.finishes = [], []
+        self.host.handed(arrived, finished)
         timer = self.timer
         t0 = timer() if timer is not None else 0.0
         try:
@@ -151,7 +155,7 @@ class DriverLoop:
 
     def detach(self) -> None:
         """Forget the host (the driver is done): the host holds the loop, so this breaks the
-        reference cycle and lets reference counting free both."""
+        reference cycle and lets reference counting free both. Later events are dropped."""
         self.host = None  # type: ignore[assignment]
         self._handlers = {}
 

@@ -320,6 +320,9 @@ class Simulation:
         yield self.env.timeout(when - self.env.now)
         self.loop.wake(when, self.env.now)
 
+    def handed(self, arrived: Sequence[Action], finished: Sequence[str]) -> None:
+        """Nothing to do: the records already say what happened."""
+
     def pass_failed(
         self, arrived: Sequence[Action], finished: Sequence[str], error: Exception
     ) -> None:

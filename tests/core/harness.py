@@ -109,6 +109,9 @@ class _HarnessHost:
         if self.check:
             check_invariants(self.sched, self.traj_nodes)
 
+    def handed(self, arrived: object, finished: object) -> None:
+        """Nothing to do: ``run`` keeps the batch's finishes itself."""
+
     def request_flush(self) -> None:
         """Nothing to do: ``run`` flushes once the instant's events are all in."""
 

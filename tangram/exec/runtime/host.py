@@ -104,16 +104,17 @@ class LiveHost:
             self.loop.finish(rec.id)
 
     def flush(self) -> None:
-        """One scheduling pass over the events buffered so far (the loop's ``flush``), with
-        the phases its arrivals and finishes enter."""
-        if not self._attached:
-            return
-        loop, table = self.loop, self.table
-        for action in loop.arrivals:
+        """One scheduling pass over the events buffered so far (the loop's ``flush``)."""
+        if self._attached:
+            self.loop.flush(self.now())
+
+    def handed(self, arrived: Sequence[Action], finished: Sequence[str]) -> None:
+        """The pass's arrivals enter the core's queue; its finishes leave the core's books."""
+        table = self.table
+        for action in arrived:
             move(table.get(action.id), Phase.QUEUED)  # type: ignore[arg-type]
-        finishing = [table.get(i) for i in loop.finishes]
-        loop.flush(self.now())
-        for rec in finishing:
+        for action_id in finished:
+            rec = table.get(action_id)
             if rec is not None:
                 move(rec, Phase.OUT)
 
