@@ -136,7 +136,9 @@ class Admission:
         cannot deadlock anyone). A container that must grow but cannot is an error instead:
         waiting would hold the container's memory while asking for more (hold-and-wait).
         """
-        traj = self.trajectory(action.trajectory)
+        traj = self.trajectories.get(action.trajectory)
+        if traj is None:
+            traj = self.trajectories[action.trajectory] = TrajectoryState(action.trajectory)
         if traj.node is None:
             return self.bind(traj, action.memory_gb, action.node)
         extra = action.memory_gb - traj.memory_gb

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
 
 if TYPE_CHECKING:
-    from tangram.core.context import Context
     from tangram.core.options import Options
     from tangram.core.state import CpuNodeState
 
-#: (ctx, the action's node, its options) -> the (units, reason) its pass would start it with,
-#: or None when its pass would start nothing.
-AloneRule: TypeAlias = "Callable[[Context, CpuNodeState, Options], tuple[int, str] | None]"
+#: (the action's node, its options) -> the (units, reason) its pass would start it with, or
+#: None when its pass would start nothing. (A lone arrival's pass depends on nothing else: the
+#: node's free cores and the action's options; the scheduler builds no pass for it.)
+AloneRule: TypeAlias = "Callable[[CpuNodeState, Options], tuple[int, str] | None]"
 
 
 @dataclass(frozen=True)

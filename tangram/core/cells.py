@@ -100,8 +100,8 @@ def smallest_cell_for(size_gb: float, gpu_memory_gb: float, n_gpus: int) -> int 
 def unit_options(size_gb: float, gpu_memory_gb: float, n_gpus: int, max_units: int) -> Cell:
     """The cell sizes a call of a ``size_gb`` model may run on: from the smallest that holds
     it up to ``max_units`` (at least the smallest), within ``n_gpus``. Empty when none fits."""
-    smallest = smallest_cell_for(size_gb, gpu_memory_gb, n_gpus)
-    if smallest is None:
+    fits = [k for k in CELL_SIZES if k <= n_gpus and size_gb <= k * gpu_memory_gb]
+    if not fits:
         return ()
-    top = max(smallest, max_units)
-    return tuple(k for k in CELL_SIZES if smallest <= k <= top and k <= n_gpus)
+    top = max(fits[0], max_units)  # fits[0]: ``smallest_cell_for``
+    return tuple(k for k in fits if k <= top)

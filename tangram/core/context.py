@@ -7,22 +7,22 @@ act applies at once, so a later decision in the same pass sees the capacity an e
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from tangram.core.action import Action
 from tangram.core.backlog import Domain
 from tangram.core.decision import Decision, Defer, Reject, Start
-from tangram.core.options import Options, option_index
-from tangram.core.resources import ResourceKind
+from tangram.core.fastpaths import FastPaths
+from tangram.core.options import Options
 from tangram.core.running import Running
-from tangram.core.state import CapacityError
 
 if TYPE_CHECKING:
     from tangram.core.scheduler import Scheduler
 
 _EMPTY: tuple[Action, ...] = ()
 _NONE: dict[str, Action] = {}
+_NO_RUNS: dict[str, Running] = {}
 
 
 class Context:
@@ -32,18 +32,17 @@ class Context:
     whose queue or free capacity changed; ``fast`` the scheduler's shortcut switch.
     """
 
-    __slots__ = ("scheduler", "state", "now", "fast", "decisions", "arrived", "finished")
+    __slots__ = ("scheduler", "state", "now", "decisions", "arrived", "finished")
     __slots__ += ("closed", "dirty", "_backlog", "_runs")
 
     def __init__(self, scheduler: Scheduler, now: float) -> None:
         self.scheduler = scheduler
         self.state = scheduler.state
         self.now = now
-        self.fast = scheduler.fast
         self.decisions: list[Decision] = []
         self.arrived: list[Action] = []
         self.finished: list[Running] = []
-        self.closed: list[str] = []
+        self.closed: Sequence[str] = ()  # (a close's pass sets it)
         self.dirty: dict[Domain, None] = {}
         self._backlog = scheduler.backlog
         self._runs = scheduler.runs
@@ -62,6 +61,11 @@ class Context:
         queue = self._backlog.queues.get(domain)
         return next(iter(queue.live.values()), None) if queue is not None else None
 
+    @property
+    def fast(self) -> FastPaths:
+        """The scheduler's speed-shortcut switch (``tangram.core.fastpaths``)."""
+        return self.scheduler.fast
+
     def services_waiting(self) -> list[str]:
         """The GPU services with a queue (some may be empty now), in first-call order."""
         return list(self._backlog.gpu_by_service)
@@ -77,7 +81,7 @@ class Context:
                 yield action
 
     def running_in(self, domain: Domain) -> Iterator[Running]:
-        return self._runs.in_domain(domain)
+        return iter(self._runs.by_domain.get(domain, _NO_RUNS).values())
 
     def options(self, action: Action) -> Options:
         return self._backlog.options[action.id]
@@ -88,10 +92,9 @@ class Context:
         return traj.node if traj else None
 
     def restore_cost(self, action: Action, node: str, cell_size: int = 1) -> float:
-        """EOE restore estimate: each GPU of the cell loads its 1/k shard over its own
-        host-to-GPU link, so k GPUs restore k times faster (plus the fixed cost)."""
-        spec = self.state.gpu[node].spec
-        return action.service_size_gb / (cell_size * spec.h2d_gbps) + spec.restore_fixed_s
+        """EOE restore estimate of the action's service onto a cell of ``node``
+        (``GpuNodeSpec.restore_s``)."""
+        return self.state.gpu[node].spec.restore_s(action.service_size_gb, cell_size)
 
     # --- acting ------------------------------------------------------------------------------
     def start(
@@ -112,88 +115,37 @@ class Context:
         ``gpus``. ``in_slot``: the units are a reservation its trajectory or service already
         holds. Capacity is checked and taken here; a policy asking for what is not free, or
         for units that are not one of the action's options, gets a ``CapacityError``.
+        (``Scheduler.start_action`` is the one way an action starts.)
         """
         backlog = self._backlog
-        return self._start(
+        start = self.scheduler.start_action(
             action,
             node,
             units,
             reason,
             backlog.options[action.id],
             backlog.domain_of[action.id],
+            self.now,
             cores,
             gpus,
             in_slot,
-            True,
         )
+        self.decisions.append(start)
+        return start
 
     def start_on_cores(self, action: Action, node: str, units: int, reason: str) -> Start:
         """``start`` a CPU action on ``units`` cores the core picks (the same as ``start``
         without ``cores``; kept for the policies written against it)."""
-        return self.start(action, node, units, reason)
-
-    def _start(
-        self,
-        action: Action,
-        node: str,
-        units: int,
-        reason: str,
-        opts: Options,
-        domain: Domain,
-        cores: tuple[int, ...] | None,
-        gpus: tuple[int, ...],
-        in_slot: bool,
-        queued: bool,
-    ) -> Start:
-        """The one way an action starts: check its option, take its capacity, record it as
-        running (out of the queue when ``queued``), and return the decision."""
-        option = option_index(action, opts, units)
-        kind = action.resource
-        bounded = self.scheduler.respects_capacity
-        restore, overhead = False, 0.0
-        if kind is ResourceKind.CPU:
-            if (cores is None or (bounded and not in_slot)) and (
-                domain[1] != node or domain[0] != "cpu"
-            ):
-                raise CapacityError(
-                    f"{action.id}: CPU action started on {node}, its container is on {domain[1]}"
-                )
-            if cores is None:
-                # An unbounded policy holds nothing (its starts are never given back): no cores.
-                cores = self.state.cpu[node].grant_cores(units) if bounded else ()
-            elif bounded and not in_slot:
-                if len(cores) != units:
-                    raise CapacityError(f"{action.id}: {units} units but {len(cores)} cores")
-                self.state.cpu[node].take_cores(cores)
-        elif kind is ResourceKind.GPU:
-            cores = ()
-            if bounded:
-                restore = not self.state.gpu[node].is_resident(action.service or "", gpus)
-                overhead = self.restore_cost(action, node, len(gpus)) if restore else 0.0
-                if not in_slot:
-                    if len(gpus) != units:
-                        raise CapacityError(f"{action.id}: {units} units but cell {gpus}")
-                    self.state.gpu[node].take(gpus, action.id)
-        else:
-            cores = ()
-            if bounded and not in_slot:
-                self.state.api[action.service or ""].take(self.now)
-        start = Start(  # positional, in field order: the hot path of every replay
-            self.now,
+        backlog = self._backlog
+        start = self.scheduler.start_action(
             action,
             node,
             units,
             reason,
-            cores,
-            gpus,
-            restore,
-            in_slot,
-            opts.durations[option],
-            overhead,
+            backlog.options[action.id],
+            backlog.domain_of[action.id],
+            self.now,
         )
-        if queued:
-            self._backlog.remove(action)
-        self._runs.add(start, domain)
         self.decisions.append(start)
         return start
 

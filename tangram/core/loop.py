@@ -28,7 +28,12 @@ from tangram.core.scheduler import Scheduler
 
 
 class Host(Protocol):
-    """What a driver gives the loop: where decisions go and how it waits."""
+    """What a driver gives the loop: where decisions go and how it waits.
+
+    ``request_flush``, ``handed`` and ``settled`` may be ``None`` on a host that needs no such
+    call (the simulator polls ``flush_requested`` instead of being asked): the loop then skips
+    the call, which it would otherwise make for every event.
+    """
 
     def start(self, start: Start) -> None:
         """Carry out a start (run the action on its units)."""
@@ -72,6 +77,9 @@ class DriverLoop:
         "passes",
         "core_seconds",
         "_handlers",
+        "_handed",
+        "_settled",
+        "_request_flush",
     )
 
     def __init__(
@@ -94,17 +102,26 @@ class DriverLoop:
             Reject: host.reject,  # type: ignore[dict-item]
             Defer: host.defer,  # type: ignore[dict-item]
         }
+        self._request_flush = host.request_flush
+        self._handed = host.handed
+        self._settled = host.settled
 
     # ------------------------------------------------------------------ events in
     def arrive(self, action: Action) -> None:
         """An action arrived; the core sees it at the instant's flush."""
         self.arrivals.append(action)
-        self._request()
+        if not self.flush_requested:  # the instant's first event: ask the host for a flush
+            self.flush_requested = True
+            if self._request_flush is not None:  # (None: the host polls flush_requested)
+                self._request_flush()
 
     def finish(self, action_id: str) -> None:
         """A running action ended (whatever its outcome); its units return at the flush."""
         self.finishes.append(action_id)
-        self._request()
+        if not self.flush_requested:  # the instant's first event: ask the host for a flush
+            self.flush_requested = True
+            if self._request_flush is not None:  # (None: the host polls flush_requested)
+                self._request_flush()
 
     def retract(self, action_id: str) -> bool:
         """Drop an arrival the core has not seen yet (withdrawn before the flush)."""
@@ -114,29 +131,30 @@ class DriverLoop:
                 return True
         return False
 
-    def _request(self) -> None:
-        if not self.flush_requested and self.host is not None:  # (None: detached, done)
-            self.flush_requested = True
-            self.host.request_flush()
-
     # ------------------------------------------------------------------ passes
     def flush(self, now: float) -> None:
         """Hand the instant's completions and arrivals to the core in one pass; apply."""
         self.flush_requested = False
         arrived, finished = self.arrivals, self.finishes
-        if not (arrived or finished) or self.host is None:
+        if arrived:
+            self.arrivals = []
+        elif not finished or self.host is None:
             return
-        self.arrivals, self.finishes = [], []
-        self.host.handed(arrived, finished)
+        if finished:
+            self.finishes = []
+        if self._handed is not None:
+            self._handed(arrived, finished)
         timer = self.timer
-        t0 = timer() if timer is not None else 0.0
         try:
-            decisions = self.scheduler.advance(now, finished=finished, arrived=arrived)
+            if timer is None:
+                decisions = self.scheduler.advance(now, finished=finished, arrived=arrived)
+            else:
+                t0 = timer()
+                decisions = self.scheduler.advance(now, finished=finished, arrived=arrived)
+                self.core_seconds += timer() - t0
         except Exception as exc:
             self.host.pass_failed(arrived, finished, exc)
             return
-        if timer is not None:
-            self.core_seconds += timer() - t0
         self.passes += 1
         self.apply(decisions, now)
 
@@ -158,6 +176,7 @@ class DriverLoop:
         reference cycle and lets reference counting free both. Later events are dropped."""
         self.host = None  # type: ignore[assignment]
         self._handlers = {}
+        self._handed = self._settled = self._request_flush = None
 
     def apply(self, decisions: list[Decision], now: float) -> None:
         """Route each decision to the host's handler for its type, then arm the next wake-up."""
@@ -166,7 +185,8 @@ class DriverLoop:
             handlers = self._handlers
             for d in decisions:
                 handlers[type(d)](d)
-        self.host.settled(now)
+        if self._settled is not None:
+            self._settled(now)
         wake = self.scheduler.wakeup
         if wake is not None and wake > now and wake not in self.armed:
             self.armed.add(wake)

@@ -9,16 +9,19 @@ the caller takes its lowest free core ids. Deterministic: the same free sets, th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence, Sized
+
+_NO_DOMAIN = math.inf  # more free cores than any domain has
 
 
 def numa_picks(free_by_domain: Sequence[Sized], n: int) -> list[tuple[int, int]]:
     """(domain index, how many of its free cores) for a grant of ``n`` cores, in the order the
     cores are taken; the caller checks that ``n`` cores are free in all."""
-    best, best_free = -1, -1
+    best, best_free = -1, _NO_DOMAIN
     for d, domain in enumerate(free_by_domain):  # the first of the fullest domains that fit
         free = len(domain)
-        if n <= free and (best < 0 or free < best_free):
+        if n <= free < best_free:
             best, best_free = d, free
     if best >= 0:
         return [(best, n)]

@@ -101,6 +101,12 @@ class GpuNodeSpec:
             f"must be >= 0, got {self.restore_fixed_s!r}",
         )
 
+    def restore_s(self, size_gb: float, cell_size: int = 1) -> float:
+        """EOE's restore estimate for a model of ``size_gb`` onto a cell of ``cell_size`` GPUs:
+        each GPU loads its 1/k shard over its own host-to-GPU link, so k GPUs restore k times
+        faster (plus the fixed cost)."""
+        return size_gb / (cell_size * self.h2d_gbps) + self.restore_fixed_s
+
 
 @dataclass(frozen=True)
 class ApiEndpointSpec:

@@ -22,7 +22,7 @@ from tangram.core.capabilities import Capabilities
 from tangram.core.context import Context
 from tangram.core.decision import Decision, Reject, Start
 from tangram.core.fastpaths import FAST, FastPaths
-from tangram.core.options import Options, OptionsBuilder
+from tangram.core.options import Options, OptionsBuilder, option_index
 from tangram.core.resources import ClusterSpec, ResourceKind
 from tangram.core.running import Running, RunningSet
 from tangram.core.state import CapacityError, ClusterState
@@ -78,6 +78,12 @@ class Scheduler:
         self._alone = caps.alone if fast.lone_arrival else None
         self._skip_placed_checks = fast.placed_arrival
         self._cpu_domains: dict[str | None, Domain] = {n: ("cpu", n) for n in self.state.cpu}
+        # The parts' members the hot path reads on every event, bound once.
+        self._queues = self.backlog.queues
+        self._running = self.runs.by_id
+        self._seen = self.admission.seen
+        self._placed_node = self.admission.placed_node
+        self._options_for = self.option_builder.for_action
 
     # ------------------------------------------------------------------ events
     def submit(self, action: Action, now: float) -> list[Decision]:
@@ -105,21 +111,32 @@ class Scheduler:
     ) -> list[Decision]:
         """All events of one instant: completions first (their units return), then arrivals,
         then a single scheduling pass over every domain they touched."""
-        running = self.runs.by_id
+        running = self._running
         for action_id in finished:
             if action_id not in running:
                 raise KeyError(f"finish of {action_id!r}, which is not running")
-        if not arrived and self._skip_idle and not self._waited_for(finished):
-            return self._finish_idle(now, finished)
-        ctx = self._begin(now)
-        self._complete(ctx, finished)
-        if self._alone is not None and len(arrived) == 1 and not finished:
-            node = self.admission.placed_node(arrived[0])
+        if not arrived and self._skip_idle and self._finished_idle(now, finished):
+            return []
+        placed_node = self._placed_node
+        lone = self._alone is not None and len(arrived) == 1 and not finished
+        if lone:
+            node = placed_node(arrived[0])
             if node is not None:
-                return self._arrive_alone(ctx, arrived[0], node)
-        for action in arrived:
-            self._admit(ctx, action)
-        return self._pass(ctx)
+                return self._arrive_alone(arrived[0], node, now)
+        ctx = self._begin(now)
+        if finished:
+            self._complete(ctx, finished)
+        # (A lone arrival was just found not placed: no second look.)
+        skip_checks = self._skip_placed_checks and not lone
+        for action in arrived:  # admission: enqueue, hold for memory, or refuse
+            if skip_checks and placed_node(action) is not None:
+                self._seen.add(action.id)  # (``FastPaths.placed_arrival``: nothing to check)
+                self._enqueue(ctx, action)
+            else:
+                self._admit(ctx, action)
+        if ctx.dirty or ctx.arrived or ctx.finished:  # the pass (``_pass``, inline)
+            self.policy.schedule(ctx)
+        return ctx.decisions
 
     def open_trajectory(
         self, trajectory: str, now: float, *, memory_gb: float = 0.0, node: str | None = None
@@ -157,7 +174,7 @@ class Scheduler:
             if action.trajectory == trajectory:
                 del waiting[aid]
                 ctx.decisions.append(Reject(now, action, _CLOSED.format(trajectory)))
-        ctx.closed.append(trajectory)
+        ctx.closed = [trajectory]
         node = self.admission.release(trajectory)
         self.policy.on_trajectory_close(ctx, trajectory)
         if node is not None:
@@ -234,8 +251,18 @@ class Scheduler:
             self.wakeup = None
 
     def _begin(self, now: float) -> Context:
-        self._clock_to(now)
-        self.backlog.compact()
+        """A pass at ``now``: the clock moves (``_clock_to``, inline), dead queue entries go."""
+        if now < self.now - 1e-9:
+            raise ValueError(f"time went backwards: event at {now} after {self.now}")
+        if now > self.now:
+            self.now = now
+        if self.wakeup is not None and self.wakeup <= now:
+            self.wakeup = None
+        touched = self.backlog._touched
+        if touched:  # (``Backlog.compact``, inline: every pass asks)
+            for queue in touched:
+                queue.compact()
+            touched.clear()
         return Context(self, now)
 
     def _pass(self, ctx: Context) -> list[Decision]:
@@ -246,37 +273,36 @@ class Scheduler:
 
     def _complete(self, ctx: Context, finished: Sequence[str]) -> None:
         """Running actions ended: they stop running and their units return to the pool."""
+        by_id, by_domain = self._running, self.runs.by_domain
         for action_id in finished:
-            running = self.runs.pop(action_id)
+            running = by_id.pop(action_id)  # (``RunningSet.pop``, inline)
+            del by_domain[running.domain][action_id]
             self._release(running.start)
             ctx.finished.append(running)
             ctx.dirty[running.domain] = None
 
-    def _waited_for(self, finished: Sequence[str]) -> bool:
-        """Whether an action waits in a domain these completions free units of."""
-        queues, running = self.backlog.queues, self.runs.by_id
+    def _finished_idle(self, now: float, finished: Sequence[str]) -> bool:
+        """Completions that free units nobody waits for: return their units and say so (True),
+        so the pass is skipped (``FastPaths.idle_finish``, for a queue-driven policy, whose pass
+        would decide nothing); False, doing nothing, when an action waits where they free units.
+        (The commonest event of a replay: the clock move and the running set's pop, inline.)"""
+        queues, running = self._queues, self._running
         for action_id in finished:
             queue = queues.get(running[action_id].domain)
             if queue is not None and queue.live:
-                return True
-        return False
-
-    def _finish_idle(self, now: float, finished: Sequence[str]) -> list[Decision]:
-        """Completions that free units nobody waits for: return them, skip the pass
-        (``FastPaths.idle_finish``, for a queue-driven policy, whose pass would decide nothing)."""
+                return False
         self._clock_to(now)
+        by_domain = self.runs.by_domain
         for action_id in finished:
-            self._release(self.runs.pop(action_id).start)
-        return []
+            done = running.pop(action_id)  # (``RunningSet.pop``)
+            del by_domain[done.domain][action_id]
+            self._release(done.start)
+        return True
 
     def _admit(self, ctx: Context, action: Action) -> None:
-        """An arrival: refused if infeasible, held while its container waits for memory,
-        else queued on its domain."""
+        """An arrival's full admission: refused if infeasible, held while its container waits
+        for memory, else queued on its domain."""
         admission = self.admission
-        if self._skip_placed_checks and admission.placed_node(action) is not None:
-            admission.seen.add(action.id)  # (``FastPaths.placed_arrival``: nothing to check)
-            self._enqueue(ctx, action)
-            return
         problem = admission.infeasible(action)
         if problem:
             ctx.decisions.append(Reject(ctx.now, action, problem))
@@ -292,31 +318,102 @@ class Scheduler:
                 return
         self._enqueue(ctx, action)
 
-    def _arrive_alone(self, ctx: Context, action: Action, node: str) -> list[Decision]:
+    def _arrive_alone(self, action: Action, node: str, now: float) -> list[Decision]:
         """The pass of one CPU arrival and nothing else (the commonest event of a replay).
 
         When its node's queue is empty, the policy's ``alone`` says what its pass would decide
         (start it on some cores, or nothing); the action then runs without passing through the
-        queue, or waits in it (``FastPaths.lone_arrival``; a property test compares this with
-        the full pass).
+        queue, or waits in it, and no pass is built (``FastPaths.lone_arrival``; a property
+        test compares this with the full pass).
         """
-        self.admission.seen.add(action.id)
+        self._seen.add(action.id)
         domain = self._cpu_domains[node]
-        opts = self.option_builder.for_action(action, node)
-        if self.backlog.waiting_in(domain):
+        opts = self._options_for(action, node)
+        queue = self._queues.get(domain)
+        if queue is not None and queue.live:  # others wait: it joins them, the full pass
+            ctx = self._begin(now)
             self._enqueue(ctx, action, opts)
             return self._pass(ctx)
-        decided = self._alone(ctx, self.state.cpu[node], opts)  # type: ignore[misc]
+        self._clock_to(now)
+        decided = self._alone(self.state.cpu[node], opts)  # type: ignore[misc]
         if decided is None:  # the pass would start nothing: it waits, alone in its queue
-            self._enqueue(ctx, action, opts)
-            return ctx.decisions
+            self.backlog.push(action, domain, opts)
+            return []
         units, reason = decided
         try:
-            ctx._start(action, node, units, reason, opts, domain, None, (), False, False)
+            start = self.start_action(action, node, units, reason, opts, domain, now, queued=False)
         except CapacityError:  # a policy bug: leave the action where the full pass would
-            self._enqueue(ctx, action, opts)
+            self.backlog.push(action, domain, opts)
             raise
-        return ctx.decisions
+        return [start]
+
+    def start_action(
+        self,
+        action: Action,
+        node: str,
+        units: int,
+        reason: str,
+        opts: Options,
+        domain: Domain,
+        now: float,
+        cores: tuple[int, ...] | None = None,
+        gpus: tuple[int, ...] = (),
+        in_slot: bool = False,
+        queued: bool = True,
+    ) -> Start:
+        """The one way an action starts: check its option, take its capacity, record it as
+        running (out of the queue when ``queued``), and return the decision. A policy starts
+        actions through ``Context.start``, which calls this."""
+        option = option_index(action, opts, units)
+        kind = action.resource
+        bounded = self.respects_capacity
+        state = self.state
+        restore, overhead = False, 0.0
+        if kind is ResourceKind.CPU:
+            if (cores is None or (bounded and not in_slot)) and (
+                domain[1] != node or domain[0] != "cpu"
+            ):
+                raise CapacityError(
+                    f"{action.id}: CPU action started on {node}, its container is on {domain[1]}"
+                )
+            if cores is None:
+                # An unbounded policy holds nothing (its starts are never given back): no cores.
+                cores = state.cpu[node].grant_cores(units) if bounded else ()
+            elif bounded and not in_slot:
+                if len(cores) != units:
+                    raise CapacityError(f"{action.id}: {units} units but {len(cores)} cores")
+                state.cpu[node].take_cores(cores)
+        elif kind is ResourceKind.GPU:
+            cores = ()
+            if bounded:
+                gpu = state.gpu[node]
+                restore = not gpu.is_resident(action.service or "", gpus)
+                overhead = gpu.spec.restore_s(action.service_size_gb, len(gpus)) if restore else 0.0
+                if not in_slot:
+                    if len(gpus) != units:
+                        raise CapacityError(f"{action.id}: {units} units but cell {gpus}")
+                    gpu.take(gpus, action.id)
+        else:
+            cores = ()
+            if bounded and not in_slot:
+                state.api[action.service or ""].take(now)
+        start = Start(  # positional, in field order: the hot path of every replay
+            now,
+            action,
+            node,
+            units,
+            reason,
+            cores,
+            gpus,
+            restore,
+            in_slot,
+            opts.durations[option],
+            overhead,
+        )
+        if queued:
+            self.backlog.remove(action)
+        self.runs.add(start, domain)
+        return start
 
     def _retry_memory_waiters(self, ctx: Context) -> None:
         waiting = self.admission.waiting_for_memory
@@ -345,7 +442,7 @@ class Scheduler:
         else:
             domain = ("api", action.service or "")
         if opts is None:
-            opts = self.option_builder.for_action(action, node)
+            opts = self._options_for(action, node)
         self.backlog.push(action, domain, opts)
         ctx.arrived.append(action)
         ctx.dirty[domain] = None

@@ -63,27 +63,31 @@ class CpuNodeState:
         The rule is ``tangram.core.numa.numa_picks`` (one domain by best fit, else the fewest
         domains); within a domain, its lowest free cores.
         """
-        return tuple([c for domain, k in self._pick(n) for c in domain[:k]])
+        free_by_numa = self._check_free(n)
+        return tuple([c for d, k in numa_picks(free_by_numa, n) for c in free_by_numa[d][:k]])
 
-    def _pick(self, n: int) -> list[tuple[list[int], int]]:
-        """``choose_cores`` as (free list of a NUMA domain, how many of its lowest) pairs."""
+    def _check_free(self, n: int) -> list[list[int]]:
         if n > self.free_cores:
             raise CapacityError(f"{self.spec.name}: {n} cores asked, {self.free_cores} free")
-        free_by_numa = self.free_by_numa
-        return [(free_by_numa[d], k) for d, k in numa_picks(free_by_numa, n)]
+        return self.free_by_numa
 
     def grant_cores(self, n: int) -> tuple[int, ...]:
         """``choose_cores`` and take them: chosen from the free lists, they need no re-check."""
-        picks = self._pick(n)
+        if n > self.free_cores:
+            raise CapacityError(f"{self.spec.name}: {n} cores asked, {self.free_cores} free")
+        free_by_numa = self.free_by_numa
+        picks = numa_picks(free_by_numa, n)
         self.free_cores -= n
         self.usage.cores += n
         if len(picks) == 1:
-            domain, k = picks[0]
+            d, k = picks[0]
+            domain = free_by_numa[d]
             cores = tuple(domain[:k])
             del domain[:k]
             return cores
         chosen: list[int] = []
-        for domain, k in picks:
+        for d, k in picks:
+            domain = free_by_numa[d]
             chosen += domain[:k]
             del domain[:k]
         return tuple(chosen)

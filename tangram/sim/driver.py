@@ -310,8 +310,9 @@ class Simulation:
                 return
 
     # ------------------------------------------------------------------ the loop's host
-    def request_flush(self) -> None:
-        """Nothing to do: ``_run_events`` flushes once the instant has no event left."""
+    #: None: ``_run_events`` polls ``loop.flush_requested`` and flushes once the instant has no
+    #: event left; ``handed``: the records already say what happened.
+    request_flush = handed = None
 
     def arm_wakeup(self, when: float) -> None:
         self.env.process(self._wake(when))
@@ -319,9 +320,6 @@ class Simulation:
     def _wake(self, when: float):
         yield self.env.timeout(when - self.env.now)
         self.loop.wake(when, self.env.now)
-
-    def handed(self, arrived: Sequence[Action], finished: Sequence[str]) -> None:
-        """Nothing to do: the records already say what happened."""
 
     def pass_failed(
         self, arrived: Sequence[Action], finished: Sequence[str], error: Exception

@@ -109,11 +109,8 @@ class _HarnessHost:
         if self.check:
             check_invariants(self.sched, self.traj_nodes)
 
-    def handed(self, arrived: object, finished: object) -> None:
-        """Nothing to do: ``run`` keeps the batch's finishes itself."""
-
-    def request_flush(self) -> None:
-        """Nothing to do: ``run`` flushes once the instant's events are all in."""
+    #: ``run`` flushes once the instant's events are all in, and keeps the batch's finishes.
+    request_flush = handed = None
 
     def arm_wakeup(self, when: float) -> None:
         self._wakes += 1

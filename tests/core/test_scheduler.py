@@ -327,7 +327,7 @@ def test_a_policy_must_declare_its_capabilities():
     with pytest.raises(TypeError, match="declares no capabilities"):
         Scheduler(CLUSTER, Undeclared())
     with pytest.raises(ValueError, match="needs a queue-driven policy"):
-        Capabilities(alone=lambda ctx, node, opts: None)
+        Capabilities(alone=lambda node, opts: None)
 
 
 def test_a_rule_must_declare_that_it_observes():
@@ -452,7 +452,7 @@ def test_a_lone_arrival_the_rule_starts_wrongly_stays_queued():
     from tangram.core.policies import make_policy
 
     policy = make_policy("tangram")
-    bug = dataclasses.replace(policy.capabilities, alone=lambda ctx, node, opts: (99, "a bug"))
+    bug = dataclasses.replace(policy.capabilities, alone=lambda node, opts: (99, "a bug"))
     policy.capabilities = bug  # not one of its options
     sched = Scheduler(CLUSTER, policy)
     sched.open_trajectory("t", 0.0, memory_gb=1.0)

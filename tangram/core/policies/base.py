@@ -55,7 +55,7 @@ class RuleTraits:
 
     #: It decides only about the domain's queued actions (see ``Capabilities.queue_driven``).
     queue_driven: bool = False
-    #: Its ``alone(ctx, node, options)`` says what ``schedule_domain`` decides for a lone
+    #: Its ``alone(node, options)`` says what ``schedule_domain`` decides for a lone
     #: CPU arrival into an empty queue (a queue-driven CPU rule only).
     lone_arrival: bool = False
     #: It overrides ``observe``, which must then see every pass's arrivals and completions.

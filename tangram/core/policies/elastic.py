@@ -60,7 +60,7 @@ def elastic_round(
     may keep an action out of this pass, with the reason it returns.
     """
     options_of = options_of or ctx.options
-    if hold is None and ctx.fast.single_queued and ctx.queue_len(domain) == 1:
+    if hold is None and ctx.queue_len(domain) == 1 and ctx.scheduler.fast.single_queued:
         # Most passes: one action, no lists (``FastPaths.single_queued``).
         action = ctx.queue_head(domain)
         assert action is not None
@@ -185,7 +185,7 @@ class ElasticCpu(DomainRule):
         if rnd.evicted:
             _defer_evicted(ctx, rnd)
 
-    def alone(self, ctx: Context, node: CpuNodeState, opts: Options) -> tuple[int, str] | None:
+    def alone(self, node: CpuNodeState, opts: Options) -> tuple[int, str] | None:
         """What ``schedule_domain`` decides when one action waits on the node and nothing
         else happened: the units and reason it starts it with, or None."""
         free = node.free_cores
@@ -321,8 +321,8 @@ def _resident_busy_until(ctx: Context) -> dict[str, float]:
 
 
 def _first_restore_cost(ctx: Context) -> Callable[[Action, int], float]:
-    node = next(iter(ctx.state.gpu))
-    return lambda action, cell_size: ctx.restore_cost(action, node, cell_size)
+    spec = next(iter(ctx.state.gpu.values())).spec
+    return lambda action, cell_size: spec.restore_s(action.service_size_gb, cell_size)
 
 
 def _defer_evicted(ctx: Context, rnd: Round) -> None:

@@ -165,8 +165,8 @@ class LiveHost:
             rec.deferrals += 1
             self.counters["deferrals"] += 1
 
-    def settled(self, now: float) -> None:
-        """Nothing to do: the live runtime samples no usage (status reads the core's state)."""
+    #: None: the live runtime samples no usage after a pass (status reads the core's state).
+    settled = None
 
     def pass_failed(
         self, arrived: Sequence[Action], finished: Sequence[str], error: Exception
