@@ -28,6 +28,7 @@ import time
 import uuid
 from typing import Any
 
+from tangram.exec.runtime.errors import Overloaded
 from tangram.report import add_json_flag, emit
 
 
@@ -105,7 +106,7 @@ async def _phase(url: str, requests: int, clients: int, wait: bool) -> dict[str,
                     async with session.post("/v1/actions", json=body) as r:
                         doc = await r.json()
                         status = r.status
-                    if status == 429:
+                    if status == Overloaded.http_status:
                         refused += 1
                         await asyncio.sleep(0.01)
                         continue

@@ -20,6 +20,7 @@ from tangram.core import (
     Start,
     make_policy,
 )
+from tangram.core.cells import CELL_SIZES
 from tangram.core.fastpaths import FAST, FastPaths
 from tangram.core.loop import DriverLoop
 
@@ -52,7 +53,7 @@ def check_invariants(sched: Scheduler, traj_nodes: dict[str, str]) -> None:
                 held[s.node].update(s.cores)
         elif r.action.resource is ResourceKind.GPU:
             k = len(s.gpus)
-            assert k == s.units and k in (1, 2, 4, 8) and s.gpus[0] % k == 0, (
+            assert k == s.units and k in CELL_SIZES and s.gpus[0] % k == 0, (
                 f"unaligned cell {s.gpus}"
             )
             assert s.gpus == tuple(range(s.gpus[0], s.gpus[0] + k))

@@ -14,11 +14,12 @@ from tangram.core.allocation import (
     greedy_applies,
     total_duration,
 )
+from tangram.core.cells import CELL_SIZES
 from tangram.core.scheduler import Options
 
 
 def opts(curve, top, gpu=False):
-    units = tuple(k for k in (1, 2, 4, 8) if k <= top) if gpu else tuple(range(1, top + 1))
+    units = tuple(k for k in CELL_SIZES if k <= top) if gpu else tuple(range(1, top + 1))
     return Options(units, tuple(curve.duration(u) for u in units), curve.is_convex_on(units))
 
 

@@ -175,7 +175,7 @@ class Runtime:
         self.trajs.stopping = True
         grace = self.config.close_grace_s if grace_s is None else grace_s
         host = self.host
-        refused = ErrorInfo("shutting_down", ShuttingDown().message, retryable=True)
+        refused = ErrorInfo(ShuttingDown.code, ShuttingDown().message, retryable=True)
         for rec in host.table.records():
             if rec.outcome is None and rec.phase in WAITING:
                 host.end_waiting(rec, "error", refused)
@@ -183,7 +183,7 @@ class Runtime:
         if running:
             _, late = await asyncio.wait(running, timeout=grace)
             cut = ErrorInfo(
-                "shutting_down", f"the runtime shut down while the action ran ({grace:g} s grace)"
+                ShuttingDown.code, f"the runtime shut down while the action ran ({grace:g} s grace)"
             )
             for rec in host.table.records():
                 if rec.outcome is None:
@@ -368,7 +368,7 @@ class Runtime:
             return
         self.counters["refused_overloaded"] += 1
         for listener in self.on_refused:
-            listener("overloaded")
+            listener(Overloaded.code)
         raise Overloaded(
             f"{self.host.pending} actions pending, the limit (max_pending) is "
             f"{self.config.max_pending}; nothing was accepted, retry later",

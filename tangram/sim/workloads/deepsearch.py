@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tangram.core.cells import CELL_SIZES
 from tangram.sim.workloads.base import (
     counts_lognormal,
     lognormal_median,
@@ -74,7 +75,9 @@ class DeepSearchParams:
             require(getattr(self, name) >= 0, name, "must be >= 0")
         require(self.judge_size_gb >= 0, "judge_size_gb", "must be >= 0")
         require(0 <= self.judge_serial_fraction <= 1, "judge_serial_fraction", "must lie in [0, 1]")
-        require(self.judge_max_units in (1, 2, 4, 8), "judge_max_units", "must be 1, 2, 4 or 8")
+        require(
+            self.judge_max_units in CELL_SIZES, "judge_max_units", f"must be one of {CELL_SIZES}"
+        )
 
 
 _STREAMS = ("searches", "search_t1", "judge_t1", "gen")

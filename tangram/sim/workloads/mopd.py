@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tangram.core.cells import CELL_SIZES
 from tangram.sim.workloads.base import (
     lognormal_mean,
     lognormal_median,
@@ -102,7 +103,7 @@ class MopdParams:
         require(0 <= self.t1_fixed_s < self.t1_mean_s, "t1_fixed_s", "must lie in [0, t1_mean_s)")
         require(self.t1_sigma >= 0, "t1_sigma", "must be >= 0")
         require(0 <= self.serial_fraction <= 1, "serial_fraction", "must lie in [0, 1]")
-        require(self.max_units in (1, 2, 4, 8), "max_units", "must be 1, 2, 4 or 8")
+        require(self.max_units in CELL_SIZES, "max_units", f"must be one of {CELL_SIZES}")
         require(self.calls_per_trajectory >= 1, "calls_per_trajectory", "must be >= 1")
         require(self.response_tokens_median >= 1, "response_tokens_median", "must be >= 1")
         require(self.response_tokens_sigma >= 0, "response_tokens_sigma", "must be >= 0")
