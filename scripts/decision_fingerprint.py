@@ -33,8 +33,8 @@ from tangram.core.cluster_file import load_cluster
 from tangram.core.resources import ClusterSpec, CpuNodeSpec
 from tangram.sim.config import Overheads, RolloutConfig, SimConfig
 from tangram.sim.driver import SimResult, simulate
-from tangram.sim.trace import Trace
 from tangram.sim.workloads import generate
+from tangram.trace import Trace
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # run from a checkout without installing
 
-from tangram.sim.trace import write_trace  # noqa: E402
 from tangram.sim.workloads import WORKLOADS, generate  # noqa: E402
+from tangram.trace import write_trace  # noqa: E402
 
 #: What is bundled: file name -> (workload, batch, steps, seed).
 BUNDLED: dict[str, tuple[str, int, int, int]] = {

@@ -13,7 +13,7 @@ import pytest
 
 from tangram.cli import main as cli_main
 from tangram.exec.service import Client
-from tangram.sim.trace import load_trace
+from tangram.trace import load_trace
 
 
 def test_serve_refuses_a_public_address_without_a_token(

@@ -147,7 +147,7 @@ def test_malformed_requests_get_clear_400s() -> None:
 
 
 def test_trace_is_written_at_shutdown_and_on_demand(tmp_path: Path) -> None:
-    from tangram.sim.trace import load_trace
+    from tangram.trace import load_trace
 
     path = tmp_path / "run.jsonl"
     svc = api_service(

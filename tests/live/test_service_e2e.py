@@ -288,7 +288,7 @@ def test_metrics_and_status(service: Any) -> None:
 
 
 def test_trace_of_the_live_run(service: Any, tmp_path: Any) -> None:
-    from tangram.sim.trace import load_trace
+    from tangram.trace import load_trace
 
     with Client(service.url) as c:
         c.write_trace(tmp_path / "live.jsonl")
