@@ -1,15 +1,42 @@
 """A watchdog that removes one manager session's containers when the manager's process dies.
 
-The manager starts ``python -m tangram.exec.aoe.reaper SESSION`` with a pipe on its stdin and
-keeps the write end. Whatever way the manager ends (return, exception, SIGKILL, OOM), the
-kernel closes that pipe; the reaper reads EOF and removes every container labelled with the
-session. A clean shutdown has already removed them, so the reaper finds nothing to do.
+The manager starts ``python -m tangram.exec.aoe.reaper SESSION`` (``spawn``) with a pipe on
+its stdin and keeps the write end. Whatever way the manager ends (return, exception, SIGKILL,
+OOM), the kernel closes that pipe; the reaper reads EOF and removes every container labelled
+with the session. A clean shutdown has already removed them, so the reaper finds nothing to do.
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import sys
+from pathlib import Path
+
+#: The directory holding the ``tangram`` package, so the watchdog imports this same code.
+_ROOT = str(Path(__file__).resolve().parents[3])
+
+
+def spawn(session: str, base_url: str | None) -> subprocess.Popen[bytes]:
+    """Start the watchdog of ``session``; the manager keeps the returned process's stdin open."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tangram.exec.aoe.reaper", session, base_url or ""],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # Ctrl-C and the manager's own death spare it
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, (_ROOT, os.environ.get("PYTHONPATH")))),
+        },
+    )
+
+
+def release(watchdog: subprocess.Popen[bytes] | None) -> None:
+    """Let the watchdog go after a clean shutdown: it finds nothing left and exits."""
+    if watchdog is not None and watchdog.stdin is not None:
+        watchdog.stdin.close()
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,174 @@
+"""Running one action in a container: take its cores from the ledger (waiting if they are
+held), write the grant, run the command, revoke however it ended, and hand what was seen to the
+judge. The caller holds the container's lock; one call, one ``ActionOutcome``."""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tangram.exec.aoe import judge
+from tangram.exec.aoe.cgroups import CgroupGone
+from tangram.exec.aoe.config import AoeConfig
+from tangram.exec.aoe.errors import AoeError
+from tangram.exec.aoe.kill import kill_action
+from tangram.exec.aoe.ledger import CoreLedger
+from tangram.exec.aoe.lifecycle import Container, Lifecycle
+from tangram.exec.aoe.records import ActionOutcome
+from tangram.exec.aoe.topology import format_cpulist
+from tangram.exec.aoe.transport import ActionRequest, RawResult
+
+
+@dataclass(frozen=True)
+class ActionPlan:
+    """A checked action: its script, the cores asked for, and its limits."""
+
+    script: str
+    cores: tuple[int, ...] | int
+    quota: float
+    timeout_s: float
+    max_output_bytes: int
+
+
+def plan_action(
+    config: AoeConfig,
+    command: str | Sequence[str],
+    cores: tuple[int, ...] | int,
+    quota_cores: float | None,
+    timeout_s: float | None,
+    max_output_bytes: int | None,
+) -> ActionPlan:
+    """The action with the manager's defaults filled in; ``AoeError`` naming a bad argument."""
+    n = cores if isinstance(cores, int) else len(cores)
+    quota = float(n if quota_cores is None else quota_cores)
+    if not 0 < quota <= n:
+        raise AoeError(
+            f"quota_cores must be in (0, {n}] for {n} granted core(s), got {quota_cores}"
+        )
+    timeout = config.default_timeout_s if timeout_s is None else timeout_s
+    if timeout <= 0:
+        raise AoeError(f"timeout_s must be positive, got {timeout_s}")
+    limit = config.max_output_bytes if max_output_bytes is None else max_output_bytes
+    if limit < 1:
+        raise AoeError(f"max_output_bytes must be positive, got {max_output_bytes}")
+    script = command if isinstance(command, str) else shlex.join(command)
+    if not script.strip():
+        raise AoeError("command is empty")
+    return ActionPlan(script, cores, quota, timeout, limit)
+
+
+def action_env(granted: tuple[int, ...], quota: float, env: Mapping[str, str] | None) -> dict:
+    """What the action sees of its grant, then the caller's own variables."""
+    return {
+        "TANGRAM_CORES": str(len(granted)),
+        "OMP_NUM_THREADS": str(len(granted)),
+        "TANGRAM_CPUSET": format_cpulist(granted),
+        "TANGRAM_CPU_QUOTA": f"{quota:g}",
+        **(env or {}),
+    }
+
+
+class ActionRunner:
+    """Carries actions through cores, grant, run and revoke; the judge decides the outcome."""
+
+    def __init__(self, client: Any, ledger: CoreLedger, lifecycle: Lifecycle) -> None:
+        self.client = client
+        self.ledger = ledger
+        self.lifecycle = lifecycle
+
+    def run(
+        self,
+        container: Container,
+        aid: str,
+        plan: ActionPlan,
+        env: Mapping[str, str] | None,
+        t0: float,
+    ) -> ActionOutcome:
+        """Run ``plan`` as action ``aid`` in ``container`` (whose lock the caller holds); ``t0``
+        is when the call began (``perf_counter``), for the timings."""
+        traj_id = container.handle.traj_id
+        times: dict[str, float] = {}
+
+        def outcome(v: judge.Verdict, granted: tuple[int, ...]) -> ActionOutcome:
+            times["total_s"] = time.perf_counter() - t0
+            times["overhead_s"] = (
+                times["total_s"] - times.get("queue_s", 0.0) - times.get("exec_s", 0.0)
+            )
+            return ActionOutcome(
+                traj_id, aid, v.status, v.exit_code, v.stdout, v.stderr, v.error,
+                granted, plan.quota, times,
+            )  # fmt: skip
+
+        if container.dead:
+            times["queue_s"] = time.perf_counter() - t0
+            return outcome(judge.refused(container.handle.short_id, container.dead), ())
+        granted = self.ledger.acquire(aid, plan.cores)
+        times["queue_s"] = time.perf_counter() - t0
+        env_all = action_env(granted, plan.quota, env)
+        request = ActionRequest(aid, plan.script, env_all, plan.timeout_s, plan.max_output_bytes)
+        oom_before = container.control.oom_kills()
+        try:
+            raw = self._granted_run(container, granted, plan.quota, request, times)
+        finally:
+            t_revoke = time.perf_counter()
+            with contextlib.suppress(CgroupGone):
+                container.control.park()
+            times["revoke_s"] = time.perf_counter() - t_revoke
+            self.ledger.release(aid, traj_id, plan.quota)
+        if isinstance(raw, judge.Verdict):
+            return outcome(raw, granted)  # the command never ran
+        death = self._probe(container, judge.probe(raw))
+        after = container.control.oom_kills() if judge.wants_oom_count(raw, oom_before) else None
+        facts = judge.Facts(
+            plan.max_output_bytes,
+            plan.timeout_s,
+            container.handle.memory_gb,
+            oom_before,
+            after,
+            death,
+        )
+        return outcome(judge.judge(raw, facts), granted)
+
+    def _probe(self, container: Container, probe: judge.Probe | None) -> str | None:
+        """Why the container died, when the judge asked to look and it did."""
+        return None if probe is None else self.lifecycle.mark_dead(container, probe.suspect)
+
+    def _unrun(self, container: Container, failure: judge.Unrun) -> judge.Verdict:
+        """The verdict on a command that never ran, the container looked at if the rule asks."""
+        return judge.unrun(failure, self._probe(container, judge.UNRUN[failure.reason].probe))
+
+    def _granted_run(
+        self,
+        container: Container,
+        granted: tuple[int, ...],
+        quota: float,
+        request: ActionRequest,
+        times: dict[str, float],
+    ) -> RawResult | judge.Verdict:
+        """Grant, then run: what the transport saw, or the verdict on why the command could not
+        run (judged here, the cores still held, as the container is looked at)."""
+        t_grant = time.perf_counter()
+        try:
+            container.control.grant(granted, quota)
+        except CgroupGone:
+            return self._unrun(container, judge.Unrun("cgroup_vanished"))
+        except AoeError as exc:
+            return self._unrun(container, judge.Unrun("grant_failed", str(exc)))
+        finally:
+            times["grant_s"] = time.perf_counter() - t_grant
+        t_exec = time.perf_counter()
+        aid = request.action_id
+        try:
+            return container.transport.run(
+                request, lambda why: kill_action(self.client, container, aid, why)
+            )
+        except Exception as exc:  # noqa: BLE001 - engine errors become the action's error
+            container.transport.close()
+            failure = judge.Unrun("transport_failed", f"{type(exc).__name__}: {exc}")
+            return self._unrun(container, failure)
+        finally:
+            times["exec_s"] = time.perf_counter() - t_exec

@@ -1,0 +1,220 @@
+"""A trajectory's container from its making to its removal: named and labelled from a
+``Blueprint``, created sandboxed, its runner warmed up, parked; retired (or discarded unused)
+at the end; and noticed when it dies. The manager holds the locks; this module does the work.
+
+The seams later work builds on: ``container_name`` and ``labels`` are the one place a
+container's identity is decided; ``Lifecycle.start`` the one place one is made (a warm pool
+would hand out a ready one here); ``retire`` the one place one that served actions goes (a pool
+would reset or replace it, never reuse it dirty) and ``discard`` one that never served.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tangram.exec.aoe import containers
+from tangram.exec.aoe.cgroups import CpuControl, DockerUpdate, direct_control
+from tangram.exec.aoe.config import AoeConfig, SandboxConfig
+from tangram.exec.aoe.errors import AoeError
+from tangram.exec.aoe.records import ContainerHandle
+from tangram.exec.aoe.topology import NumaTopology
+from tangram.exec.aoe.transport import ActionRequest, ExecTransport, RunnerTransport
+
+log = logging.getLogger(__name__)
+
+Transport = ExecTransport | RunnerTransport
+
+#: The transports by ``AoeConfig.transport``.
+TRANSPORTS: dict[str, type[Transport]] = {"runner": RunnerTransport, "exec": ExecTransport}
+
+#: The action that proves a new container's runner answers (while it is not yet parked).
+_WARM_UP = ActionRequest("warm-up", "true", {}, 30.0, 1024)
+
+
+@dataclass(frozen=True)
+class Blueprint:
+    """What a trajectory's container is made from; ``recreate`` makes the next generation."""
+
+    traj_id: str
+    image: str
+    memory_gb: float
+    sandbox: SandboxConfig
+    #: How many containers this trajectory has had, this one included.
+    generation: int = 1
+
+    def next_generation(self) -> Blueprint:
+        """The same container again, one generation on (for a trajectory whose container died)."""
+        return replace(self, generation=self.generation + 1)
+
+
+@dataclass
+class Container:
+    """One live container: its handle, grant mechanism and transport. Mutable: the transport
+    reconnects, and ``dead`` records why the container stopped once that is noticed."""
+
+    blueprint: Blueprint
+    handle: ContainerHandle
+    control: CpuControl
+    transport: Transport
+    #: Host pid of the container's init when the engine is local (None otherwise).
+    init_pid: int | None
+    dead: str | None = None
+
+
+def container_name(session: str, blueprint: Blueprint) -> str:
+    """The engine-wide name of a blueprint's container: session, trajectory, generation."""
+    traj = containers.safe_name(blueprint.traj_id)
+    return f"tangram-aoe-{session[:8]}-{traj}-{blueprint.generation}"
+
+
+def labels(session: str, blueprint: Blueprint) -> dict[str, str]:
+    """The labels that say whose a container is (the orphan sweep and the reaper read them)."""
+    return {
+        containers.LABEL: "1",
+        containers.LABEL_SESSION: session,
+        containers.LABEL_OWNER: containers.owner_label(),
+        containers.LABEL_TRAJ: blueprint.traj_id,
+    }
+
+
+def warm_up(transport: Transport, name: str) -> None:
+    """Start the runner and see it answer, while the new container is not yet parked."""
+    if not isinstance(transport, RunnerTransport):
+        return  # one exec per action: nothing runs between actions
+    result = transport.run(_WARM_UP, lambda why: None)
+    if result.exit_code != 0:
+        raise AoeError(
+            f"the runner shell of {name} did not start ({result.ended}, exit "
+            f"{result.exit_code}): {result.stderr.decode(errors='replace').strip()}"
+        )
+
+
+class Lifecycle:
+    """Makes, retires and watches the containers of one manager session."""
+
+    def __init__(
+        self, config: AoeConfig, client: Any, topology: NumaTopology, session: str
+    ) -> None:
+        self.config = config
+        self.client = client
+        self.topology = topology
+        self.session = session
+        self._warned_fallback = False
+
+    def blueprint(
+        self,
+        traj_id: str,
+        memory_gb: float | None,
+        image: str | None,
+        sandbox: SandboxConfig | None,
+    ) -> Blueprint:
+        """A new trajectory's blueprint, the manager's defaults filled in; a relaxed sandbox is
+        logged, a memory size that is not positive raises ``AoeError``."""
+        if sandbox is not None and sandbox.relaxations():
+            log.warning(
+                "sandbox of trajectory %s relaxed: %s", traj_id, "; ".join(sandbox.relaxations())
+            )
+        mem = self.config.memory_gb if memory_gb is None else memory_gb
+        if mem <= 0:
+            raise AoeError(f"memory_gb of trajectory {traj_id!r} must be positive, got {mem}")
+        return Blueprint(traj_id, image or self.config.image, mem, sandbox or self.config.sandbox)
+
+    def start(self, blueprint: Blueprint) -> Container:
+        """Create the blueprint's container, warm its runner up and park it; nothing is left
+        behind when any step fails."""
+        cfg = self.config
+        name = container_name(self.session, blueprint)
+        spec = containers.ContainerSpec(
+            name=name,
+            image=blueprint.image,
+            memory_gb=blueprint.memory_gb,
+            sandbox=blueprint.sandbox,
+            cpu_period_us=cfg.cfs_period_us,
+            start_quota_us=cfg.cfs_period_us * len(self.topology.cores),
+            park_cores=self.topology.cores,
+            use_init=cfg.use_init,
+            labels=labels(self.session, blueprint),
+        )
+        made = containers.create(self.client, spec)
+        try:
+            pid = int(made.attrs["State"]["Pid"])
+            control = self._control(made.id, pid)
+            handle = ContainerHandle(
+                blueprint.traj_id,
+                made.id,
+                name,
+                blueprint.image,
+                blueprint.memory_gb,
+                blueprint.generation,
+            )
+            sb = blueprint.sandbox
+            transport = TRANSPORTS[cfg.transport](
+                self.client.api, made.id, sb.user, sb.work_dir, cfg.kill_grace_s
+            )
+            warm_up(transport, name)
+            control.park()
+        except BaseException:
+            containers.remove(self.client, made.id)
+            raise
+        return Container(blueprint, handle, control, transport, containers.local_pid(pid, made.id))
+
+    def _control(self, container_id: str, pid: int) -> CpuControl:
+        """Direct cgroup writes when possible; ``docker update`` as asked, or as the fallback."""
+        cfg = self.config
+        args = (cfg.cfs_period_us, cfg.park_quota_us, self.topology.cores)
+        if cfg.cgroup_mode == "docker":
+            return DockerUpdate(self.client.api, container_id, *args)
+        try:
+            return direct_control(pid, *args)
+        except AoeError as exc:
+            if cfg.cgroup_mode == "direct":
+                raise
+            if not self._warned_fallback:
+                log.warning("AOE falls back to docker update (milliseconds per grant): %s", exc)
+                self._warned_fallback = True
+            return DockerUpdate(self.client.api, container_id, *args)
+
+    def retire(self, container: Container) -> None:
+        """Remove a container that served its trajectory, quota lifted first so its processes
+        can die promptly."""
+        container.transport.close()
+        with contextlib.suppress(AoeError):
+            container.control.unthrottle()
+        containers.remove(self.client, container.handle.container_id)
+
+    def discard(self, container: Container) -> None:
+        """Remove a container that never ran an action (its trajectory lost a race at open)."""
+        containers.remove(self.client, container.handle.container_id)
+
+    def remove_leftovers(self) -> None:
+        """Remove whatever container of this session is still in the engine."""
+        for leftover in containers.session_containers(self.client, self.session):
+            containers.remove(self.client, leftover.id)
+
+    def mark_dead(self, container: Container, suspect: bool = False) -> str | None:
+        """If the container is no longer running, remember why (and return it).
+
+        ``suspect``: a stream ended without an answer, so the container probably died; the
+        engine may not know yet, so look for up to a second (the init process's exit, seen in
+        this machine's /proc, settles it at once).
+        """
+        deadline = time.monotonic() + (1.0 if suspect else 0.0)
+        while True:
+            st = containers.state(self.client, container.handle.container_id)
+            init_gone = container.init_pid is not None and not containers.pid_running(
+                container.init_pid
+            )
+            running = st is not None and bool(st.get("Running"))
+            if not running or init_gone:
+                break
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
+        why = containers.describe_death(st) if not running else "its init process exited"
+        container.dead = f"container {container.handle.short_id} died: {why}"
+        container.transport.close()
+        return container.dead

@@ -1,0 +1,266 @@
+"""The AOE parts below the manager, without Docker: how an action is checked (``plan_action``),
+carried through cores, grant, run and revoke (``ActionRunner``, on a fake container), and how a
+trajectory's container is named, labelled and described (``lifecycle``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tangram.exec.aoe.cgroups import CgroupGone
+from tangram.exec.aoe.config import AoeConfig, SandboxConfig
+from tangram.exec.aoe.containers import LABEL, LABEL_OWNER, LABEL_SESSION, LABEL_TRAJ
+from tangram.exec.aoe.errors import AoeError
+from tangram.exec.aoe.execution import ActionRunner, action_env, plan_action
+from tangram.exec.aoe.ledger import CoreLedger
+from tangram.exec.aoe.lifecycle import Blueprint, Container, Lifecycle, container_name, labels
+from tangram.exec.aoe.records import TIMING_KEYS, ContainerHandle
+from tangram.exec.aoe.topology import NumaTopology
+from tangram.exec.aoe.transport import ActionRequest, RawResult
+
+TOPOLOGY = NumaTopology(((0, 1), (2, 3)))
+DIED = "container cccccccccccc died: status exited, exit code 137"
+
+
+class FakeControl:
+    """A cgroup that records what was written; ``grant_error`` makes the grant raise."""
+
+    def __init__(self, log: list[str], grant_error: Exception | None = None) -> None:
+        self.log, self.grant_error = log, grant_error
+        self.oom = 0
+
+    def grant(self, cores: tuple[int, ...], quota: float) -> None:
+        self.log.append(f"grant {cores} {quota:g}")
+        if self.grant_error is not None:
+            raise self.grant_error
+
+    def park(self) -> None:
+        self.log.append("park")
+
+    def oom_kills(self) -> int | None:
+        self.log.append("oom?")
+        return self.oom
+
+    def pids(self) -> list[int] | None:
+        return []
+
+
+class FakeTransport:
+    """Answers each action with ``answer(request)``, which may raise."""
+
+    def __init__(self, log: list[str], answer: Callable[[ActionRequest], RawResult]) -> None:
+        self.log, self.answer = log, answer
+        self.requests: list[ActionRequest] = []
+
+    def run(self, request: ActionRequest, kill: Callable[[str], None]) -> RawResult:
+        self.log.append("run")
+        self.requests.append(request)
+        return self.answer(request)
+
+    def close(self) -> None:
+        self.log.append("close")
+
+
+class FakeLifecycle:
+    """``mark_dead`` as the lifecycle's: records the look, reports ``death``."""
+
+    def __init__(self, log: list[str], death: str | None = None) -> None:
+        self.log, self.death = log, death
+
+    def mark_dead(self, container: Container, suspect: bool = False) -> str | None:
+        self.log.append(f"look suspect={suspect}")
+        if self.death is not None:
+            container.dead = self.death
+        return self.death
+
+
+def exited(code: int | None, ended: str = "exit") -> Callable[[ActionRequest], RawResult]:
+    return lambda request: RawResult(code, b"out", b"", ended, 3, 0)
+
+
+def setup(
+    answer: Callable[[ActionRequest], RawResult] | None = None,
+    *,
+    grant_error: Exception | None = None,
+    death: str | None = None,
+) -> tuple[ActionRunner, Container, CoreLedger, list[str]]:
+    log: list[str] = []
+    ledger = CoreLedger(TOPOLOGY)
+    blueprint = Blueprint("t", "img", 2.0, SandboxConfig())
+    handle = ContainerHandle("t", "c" * 64, "name", "img", 2.0)
+    control = FakeControl(log, grant_error)
+    transport = FakeTransport(log, answer or exited(0))
+    container = Container(blueprint, handle, control, transport, None)  # type: ignore[arg-type]
+    runner = ActionRunner(None, ledger, FakeLifecycle(log, death))  # type: ignore[arg-type]
+    return runner, container, ledger, log
+
+
+def plan(cores: tuple[int, ...] | int = (0, 1), **kw: Any) -> Any:
+    args = {"quota_cores": None, "timeout_s": 5.0, "max_output_bytes": 100, **kw}
+    return plan_action(AoeConfig(), "echo hi", cores, **args)
+
+
+# --- checking an action ------------------------------------------------------------------------
+
+
+def test_a_plan_fills_in_the_defaults_and_joins_an_argv() -> None:
+    config = AoeConfig()
+    p = plan_action(config, ["echo", "a b"], 2, None, None, None)
+    assert (p.script, p.cores, p.quota) == ("echo 'a b'", 2, 2.0)
+    assert (p.timeout_s, p.max_output_bytes) == (config.default_timeout_s, config.max_output_bytes)
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"quota_cores": 3}, r"quota_cores must be in \(0, 2\]"),
+        ({"quota_cores": 0}, r"quota_cores must be in \(0, 2\]"),
+        ({"timeout_s": 0}, "timeout_s must be positive"),
+        ({"max_output_bytes": 0}, "max_output_bytes must be positive"),
+    ],
+)
+def test_a_bad_argument_raises_naming_it(kw: dict[str, Any], message: str) -> None:
+    with pytest.raises(AoeError, match=message):
+        plan((0, 1), **kw)
+
+
+def test_an_empty_command_raises() -> None:
+    with pytest.raises(AoeError, match="command is empty"):
+        plan_action(AoeConfig(), "  ", 1, None, None, None)
+
+
+def test_the_action_sees_its_grant_and_may_add_its_own_variables() -> None:
+    assert action_env((2, 3), 1.5, {"X": "1"}) == {
+        "TANGRAM_CORES": "2",
+        "OMP_NUM_THREADS": "2",
+        "TANGRAM_CPUSET": "2-3",
+        "TANGRAM_CPU_QUOTA": "1.5",
+        "X": "1",
+    }
+
+
+# --- carrying an action out --------------------------------------------------------------------
+
+
+def test_an_action_is_granted_run_revoked_then_its_cores_are_free() -> None:
+    runner, container, ledger, log = setup()
+    out = runner.run(container, "a1", plan((2, 3)), {"X": "1"}, 0.0)
+    assert out.ok and (out.traj_id, out.action_id, out.cores, out.quota_cores) == (
+        "t",
+        "a1",
+        (2, 3),
+        2.0,
+    )
+    assert log == ["oom?", "grant (2, 3) 2", "run", "park"]
+    assert ledger.free_cores() == TOPOLOGY.cores
+    assert [(g.action_id, g.cores) for g in ledger.log()] == [("a1", (2, 3))]
+    request = container.transport.requests[0]  # type: ignore[attr-defined]
+    assert (request.action_id, request.script, request.env["X"]) == ("a1", "echo hi", "1")
+    assert tuple(out.timings) == TIMING_KEYS
+    assert out.timings["overhead_s"] == pytest.approx(
+        out.timings["total_s"] - out.timings["queue_s"] - out.timings["exec_s"]
+    )
+
+
+def test_a_dead_container_runs_nothing_and_takes_no_cores() -> None:
+    runner, container, ledger, log = setup()
+    container.dead = DIED
+    out = runner.run(container, "a1", plan(), None, 0.0)
+    assert (
+        out.status == "error"
+        and out.error == f"container cccccccccccc is dead ({DIED}); call recreate()"
+    )
+    assert out.cores == () and log == [] and ledger.log() == ()
+    assert tuple(out.timings) == ("queue_s", "total_s", "overhead_s")
+
+
+def test_a_vanished_cgroup_looks_at_the_container_while_the_cores_are_held() -> None:
+    runner, container, ledger, log = setup(grant_error=CgroupGone("gone"), death=DIED)
+    out = runner.run(container, "a1", plan(), None, 0.0)
+    assert out.error == f"container failure: {DIED}" and out.exit_code is None
+    assert log == ["oom?", "grant (0, 1) 2", "look suspect=True", "park"]  # never ran
+    assert ledger.free_cores() == TOPOLOGY.cores and container.dead == DIED
+    assert "exec_s" not in out.timings
+
+
+def test_a_grant_that_cannot_be_written_fails_the_action_without_a_look() -> None:
+    runner, container, ledger, log = setup(grant_error=AoeError("EBUSY"))
+    out = runner.run(container, "a1", plan(), None, 0.0)
+    assert out.error == "container failure: the grant could not be written: EBUSY"
+    assert log == ["oom?", "grant (0, 1) 2", "park"]
+    assert ledger.free_cores() == TOPOLOGY.cores
+
+
+def test_a_transport_error_closes_the_transport_and_names_the_error() -> None:
+    def broken(request: ActionRequest) -> RawResult:
+        raise ConnectionError("socket closed")
+
+    runner, container, ledger, log = setup(broken)
+    out = runner.run(container, "a1", plan(), None, 0.0)
+    assert out.error == "container failure: ConnectionError: socket closed"
+    assert log == ["oom?", "grant (0, 1) 2", "run", "close", "look suspect=True", "park"]
+    assert ledger.free_cores() == TOPOLOGY.cores
+
+
+def test_a_signal_looks_at_the_container_once_after_the_revoke_then_reads_the_oom_counter() -> None:
+    runner, container, _, log = setup(exited(137))
+    container.control.oom = 0  # type: ignore[attr-defined]
+
+    def oom_kill(request: ActionRequest) -> RawResult:
+        container.control.oom = 1  # type: ignore[attr-defined]
+        return RawResult(137, b"", b"Killed\n", "exit", 0, 7)
+
+    container.transport.answer = oom_kill  # type: ignore[attr-defined]
+    out = runner.run(container, "a1", plan(), None, 0.0)
+    assert out.error == "killed by the out-of-memory killer (memory limit 2 GB)"
+    assert log == ["oom?", "grant (0, 1) 2", "run", "park", "look suspect=False", "oom?"]
+
+
+def test_a_clean_failure_neither_looks_at_the_container_nor_rereads_the_oom_counter() -> None:
+    runner, container, _, log = setup(exited(3))
+    out = runner.run(container, "a1", plan(), None, 0.0)
+    assert out.status == "error" and out.error == "exit code 3"
+    assert log == ["oom?", "grant (0, 1) 2", "run", "park"]
+
+
+def test_a_container_found_dead_after_a_lost_stream_fails_the_action_with_its_output() -> None:
+    runner, container, ledger, log = setup(exited(None, "eof"), death=DIED)
+    out = runner.run(container, "a1", plan(), None, 0.0)
+    assert (out.status, out.exit_code, out.stdout) == ("error", None, b"out")
+    assert out.error == f"container failure: {DIED}"
+    assert log == ["oom?", "grant (0, 1) 2", "run", "park", "look suspect=True"]
+
+
+def test_a_count_of_cores_is_chosen_numa_locally_by_the_ledger() -> None:
+    runner, container, _, _ = setup()
+    assert runner.run(container, "a1", plan(2), None, 0.0).cores == (0, 1)
+
+
+# --- a container's identity --------------------------------------------------------------------
+
+
+def test_a_container_is_named_by_session_trajectory_and_generation() -> None:
+    blueprint = Blueprint("traj/7 x", "img", 1.0, SandboxConfig())
+    assert container_name("0123456789abcdef", blueprint) == "tangram-aoe-01234567-traj-7-x-1"
+    again = blueprint.next_generation()
+    assert again.generation == 2 and again.traj_id == blueprint.traj_id
+    assert container_name("0123456789abcdef", again).endswith("-2")
+
+
+def test_a_container_is_labelled_with_its_session_owner_and_trajectory() -> None:
+    found = labels("s1", Blueprint("traj/7", "img", 1.0, SandboxConfig()))
+    assert found[LABEL] == "1" and found[LABEL_SESSION] == "s1" and found[LABEL_TRAJ] == "traj/7"
+    assert found[LABEL_OWNER].count("/") == 2
+
+
+def test_a_blueprint_takes_the_managers_defaults_and_refuses_no_memory() -> None:
+    config = AoeConfig()
+    lifecycle = Lifecycle(config, None, TOPOLOGY, "s1")
+    made = lifecycle.blueprint("t", None, None, None)
+    assert made == Blueprint("t", config.image, config.memory_gb, config.sandbox, 1)
+    own = SandboxConfig(network=True)
+    assert lifecycle.blueprint("t", 0.5, "other", own) == Blueprint("t", "other", 0.5, own, 1)
+    with pytest.raises(AoeError, match="memory_gb of trajectory 't' must be positive, got 0"):
+        lifecycle.blueprint("t", 0, None, None)
