@@ -99,9 +99,17 @@ class ActionRunner:
                 times["total_s"] - times.get("queue_s", 0.0) - times.get("exec_s", 0.0)
             )
             return ActionOutcome(
-                traj_id, aid, v.status, v.exit_code, v.stdout, v.stderr, v.error,
-                granted, plan.quota, times,
-            )  # fmt: skip
+                traj_id,
+                aid,
+                v.status,
+                v.exit_code,
+                v.stdout,
+                v.stderr,
+                v.error,
+                granted,
+                plan.quota,
+                times,
+            )
 
         if container.dead:
             times["queue_s"] = time.perf_counter() - t0
@@ -124,12 +132,12 @@ class ActionRunner:
         death = self._probe(container, judge.probe(raw))
         after = container.control.oom_kills() if judge.wants_oom_count(raw, oom_before) else None
         facts = judge.Facts(
-            plan.max_output_bytes,
-            plan.timeout_s,
-            container.handle.memory_gb,
-            oom_before,
-            after,
-            death,
+            max_output_bytes=plan.max_output_bytes,
+            timeout_s=plan.timeout_s,
+            memory_gb=container.handle.memory_gb,
+            oom_kills_before=oom_before,
+            oom_kills_after=after,
+            death=death,
         )
         return outcome(judge.judge(raw, facts), granted)
 
