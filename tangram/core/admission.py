@@ -57,14 +57,16 @@ class Admission:
         return traj
 
     def placed_node(self, action: Action) -> str | None:
-        """The node of an arrival whose container is placed and large enough (nothing to check
-        or reserve), or None when it needs the full admission."""
-        if action.resource is not ResourceKind.CPU or action.node is not None:
+        """The node of a CPU arrival whose container is placed and large enough, and which
+        names no node or that one (nothing to check or reserve: ``infeasible`` and
+        ``admit_memory`` could only agree), or None when it needs the full admission."""
+        if action.resource is not ResourceKind.CPU:
             return None
         traj = self.trajectories.get(action.trajectory)
         if (
             traj is not None
             and traj.node is not None
+            and (action.node is None or action.node == traj.node)
             and action.memory_gb <= traj.memory_gb
             and action.id not in self.seen
             and self.respects_capacity

@@ -369,20 +369,22 @@ class Scheduler:
         bounded = self.respects_capacity
         state = self.state
         restore, overhead = False, 0.0
-        if kind is ResourceKind.CPU:
-            if (cores is None or (bounded and not in_slot)) and (
-                domain[1] != node or domain[0] != "cpu"
-            ):
+        if cores is None and kind is ResourceKind.CPU:  # the commonest: cores the core picks
+            if domain[1] != node or domain[0] != "cpu":
                 raise CapacityError(
                     f"{action.id}: CPU action started on {node}, its container is on {domain[1]}"
                 )
-            if cores is None:
-                # An unbounded policy holds nothing (its starts are never given back): no cores.
-                cores = state.cpu[node].grant_cores(units) if bounded else ()
-            elif bounded and not in_slot:
-                if len(cores) != units:
-                    raise CapacityError(f"{action.id}: {units} units but {len(cores)} cores")
-                state.cpu[node].take_cores(cores)
+            # An unbounded policy holds nothing (its starts are never given back): no cores.
+            cores = state.cpu[node].grant_cores(units) if bounded else ()
+        elif kind is ResourceKind.CPU:  # on the given cores (a static pod's)
+            if bounded and not in_slot:
+                if domain[1] != node or domain[0] != "cpu":
+                    raise CapacityError(
+                        f"{action.id}: CPU action started on {node}, its container is on {domain[1]}"
+                    )
+                if len(cores) != units:  # type: ignore[arg-type]
+                    raise CapacityError(f"{action.id}: {units} units but {len(cores)} cores")  # type: ignore[arg-type]
+                state.cpu[node].take_cores(cores)  # type: ignore[arg-type]
         elif kind is ResourceKind.GPU:
             cores = ()
             if bounded:

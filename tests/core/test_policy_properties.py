@@ -89,6 +89,8 @@ def workloads(draw, cluster: ClusterSpec) -> list[Action]:
                     arrival=arrival,
                     max_units=draw(st.integers(1, 12)),
                     memory_gb=float(draw(st.sampled_from([0, 1, 3, 200]))),
+                    # Live CPU actions name their container's node; some name another, or none.
+                    node=draw(st.sampled_from([None, *(c.name for c in cluster.cpu_nodes)])),
                 )
             )
         elif kind is ResourceKind.GPU:
@@ -201,6 +203,7 @@ def lone_arrivals(draw):
             arrival=t,
             max_units=draw(st.integers(1, 16)),
             memory_gb=1.0,
+            node=draw(st.sampled_from([None, None, *(c.name for c in cluster.cpu_nodes)])),
         )
         for i, t in enumerate(times)
     ]
