@@ -133,21 +133,9 @@ class Context:
         self.decisions.append(start)
         return start
 
-    def start_on_cores(self, action: Action, node: str, units: int, reason: str) -> Start:
-        """``start`` a CPU action on ``units`` cores the core picks (the same as ``start``
-        without ``cores``; kept for the policies written against it)."""
-        backlog = self._backlog
-        start = self.scheduler.start_action(
-            action,
-            node,
-            units,
-            reason,
-            backlog.options[action.id],
-            backlog.domain_of[action.id],
-            self.now,
-        )
-        self.decisions.append(start)
-        return start
+    #: ``start`` a CPU action on cores the core picks: the same call as ``start`` without
+    #: ``cores``, kept under this name for the policies written against it.
+    start_on_cores = start
 
     def defer(self, action: Action, reason: str) -> None:
         self.decisions.append(Defer(self.now, action, reason))

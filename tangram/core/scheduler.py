@@ -371,17 +371,13 @@ class Scheduler:
         restore, overhead = False, 0.0
         if cores is None and kind is ResourceKind.CPU:  # the commonest: cores the core picks
             if domain[1] != node or domain[0] != "cpu":
-                raise CapacityError(
-                    f"{action.id}: CPU action started on {node}, its container is on {domain[1]}"
-                )
+                raise _off_its_node(action, node, domain)
             # An unbounded policy holds nothing (its starts are never given back): no cores.
             cores = state.cpu[node].grant_cores(units) if bounded else ()
         elif kind is ResourceKind.CPU:  # on the given cores (a static pod's)
             if bounded and not in_slot:
                 if domain[1] != node or domain[0] != "cpu":
-                    raise CapacityError(
-                        f"{action.id}: CPU action started on {node}, its container is on {domain[1]}"
-                    )
+                    raise _off_its_node(action, node, domain)
                 if len(cores) != units:  # type: ignore[arg-type]
                     raise CapacityError(f"{action.id}: {units} units but {len(cores)} cores")  # type: ignore[arg-type]
                 state.cpu[node].take_cores(cores)  # type: ignore[arg-type]
@@ -460,3 +456,10 @@ class Scheduler:
             self.state.gpu[start.node].give(start.gpus, action.id)
         else:
             self.state.api[action.service or ""].give()
+
+
+def _off_its_node(action: Action, node: str, domain: Domain) -> CapacityError:
+    """A CPU start on a node other than its container's (a policy bug)."""
+    return CapacityError(
+        f"{action.id}: CPU action started on {node}, its container is on {domain[1]}"
+    )

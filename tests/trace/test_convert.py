@@ -18,22 +18,11 @@ from tangram.trace import (
     row_to_action,
     write_trace,
 )
+from tests.trace.rows import row as base_row
 
 
 def row(**kw) -> TraceRow:
-    base = dict(
-        action_id="a0",
-        trajectory="t0",
-        step=0,
-        position=0,
-        task="coding",
-        kind="env",
-        gen_before_s=0.5,
-        resource="cpu",
-        t1_s=2.0,
-        max_units=16,
-    )
-    return TraceRow(**{**base, **kw})
+    return base_row(**{"gen_before_s": 0.5, **kw})
 
 
 #: One row of every resource kind and every way of giving elasticity.

@@ -19,23 +19,7 @@ from tangram.trace import (
     load_trace,
     write_trace,
 )
-
-
-def row(**kw) -> TraceRow:
-    base = dict(
-        action_id="a0",
-        trajectory="t0",
-        step=0,
-        position=0,
-        task="coding",
-        kind="env",
-        gen_before_s=1.5,
-        resource="cpu",
-        t1_s=2.0,
-        max_units=16,
-    )
-    return TraceRow(**{**base, **kw})
-
+from tests.trace.rows import row
 
 # --- the schema ------------------------------------------------------------------------------
 
