@@ -16,6 +16,7 @@ from tangram.core.decision import Decision, Defer, Reject, Start
 from tangram.core.fastpaths import FastPaths
 from tangram.core.options import Options
 from tangram.core.running import Running
+from tangram.core.starts import start_action
 
 if TYPE_CHECKING:
     from tangram.core.scheduler import Scheduler
@@ -115,10 +116,11 @@ class Context:
         ``gpus``. ``in_slot``: the units are a reservation its trajectory or service already
         holds. Capacity is checked and taken here; a policy asking for what is not free, or
         for units that are not one of the action's options, gets a ``CapacityError``.
-        (``Scheduler.start_action`` is the one way an action starts.)
+        (``tangram.core.starts.start_action`` is the one way an action starts.)
         """
         backlog = self._backlog
-        start = self.scheduler.start_action(
+        start = start_action(
+            self.scheduler,
             action,
             node,
             units,

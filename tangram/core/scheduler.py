@@ -5,8 +5,8 @@ instant's events with the current time and carry out the decisions it returns. `
 reads as what it does: completions return their units, arrivals are admitted and queued, then
 one pass of the policy over every domain the events touched. The parts, one job each:
 ``backlog`` (what waits), ``running`` (what runs), ``admission`` (feasibility, container
-memory), ``options`` (an action's unit options), ``context`` (a pass), ``fastpaths`` (the
-speed shortcuts, behind one switch). The scheduler never reads a clock and iterates only
+memory), ``options`` (an action's unit options), ``starts`` (the one way an action starts),
+``context`` (a pass), ``fastpaths`` (the speed shortcuts, behind one switch). The scheduler never reads a clock and iterates only
 insertion-ordered containers, so the same events always give the same decisions.
 """
 
@@ -22,9 +22,10 @@ from tangram.core.capabilities import Capabilities
 from tangram.core.context import Context
 from tangram.core.decision import Decision, Reject, Start
 from tangram.core.fastpaths import FAST, FastPaths
-from tangram.core.options import Options, OptionsBuilder, option_index
+from tangram.core.options import Options, OptionsBuilder
 from tangram.core.resources import ClusterSpec, ResourceKind
 from tangram.core.running import Running, RunningSet
+from tangram.core.starts import start_action
 from tangram.core.state import CapacityError, ClusterState
 
 __all__ = [
@@ -341,77 +342,11 @@ class Scheduler:
             return []
         units, reason = decided
         try:
-            start = self.start_action(action, node, units, reason, opts, domain, now, queued=False)
+            start = start_action(self, action, node, units, reason, opts, domain, now, queued=False)
         except CapacityError:  # a policy bug: leave the action where the full pass would
             self.backlog.push(action, domain, opts)
             raise
         return [start]
-
-    def start_action(
-        self,
-        action: Action,
-        node: str,
-        units: int,
-        reason: str,
-        opts: Options,
-        domain: Domain,
-        now: float,
-        cores: tuple[int, ...] | None = None,
-        gpus: tuple[int, ...] = (),
-        in_slot: bool = False,
-        queued: bool = True,
-    ) -> Start:
-        """The one way an action starts: check its option, take its capacity, record it as
-        running (out of the queue when ``queued``), and return the decision. A policy starts
-        actions through ``Context.start``, which calls this."""
-        option = option_index(action, opts, units)
-        kind = action.resource
-        bounded = self.respects_capacity
-        state = self.state
-        restore, overhead = False, 0.0
-        if cores is None and kind is ResourceKind.CPU:  # the commonest: cores the core picks
-            if domain[1] != node or domain[0] != "cpu":
-                raise _off_its_node(action, node, domain)
-            # An unbounded policy holds nothing (its starts are never given back): no cores.
-            cores = state.cpu[node].grant_cores(units) if bounded else ()
-        elif kind is ResourceKind.CPU:  # on the given cores (a static pod's)
-            if bounded and not in_slot:
-                if domain[1] != node or domain[0] != "cpu":
-                    raise _off_its_node(action, node, domain)
-                if len(cores) != units:  # type: ignore[arg-type]
-                    raise CapacityError(f"{action.id}: {units} units but {len(cores)} cores")  # type: ignore[arg-type]
-                state.cpu[node].take_cores(cores)  # type: ignore[arg-type]
-        elif kind is ResourceKind.GPU:
-            cores = ()
-            if bounded:
-                gpu = state.gpu[node]
-                restore = not gpu.is_resident(action.service or "", gpus)
-                overhead = gpu.spec.restore_s(action.service_size_gb, len(gpus)) if restore else 0.0
-                if not in_slot:
-                    if len(gpus) != units:
-                        raise CapacityError(f"{action.id}: {units} units but cell {gpus}")
-                    gpu.take(gpus, action.id)
-        else:
-            cores = ()
-            if bounded and not in_slot:
-                state.api[action.service or ""].take(now)
-        start = Start(  # positional, in field order: the hot path of every replay
-            now,
-            action,
-            node,
-            units,
-            reason,
-            cores,
-            gpus,
-            restore,
-            in_slot,
-            opts.durations[option],
-            overhead,
-        )
-        if queued:
-            self.backlog.remove(action)
-        self.runs.add(start, domain)
-        return start
 
     def _retry_memory_waiters(self, ctx: Context) -> None:
         waiting = self.admission.waiting_for_memory
@@ -456,10 +391,3 @@ class Scheduler:
             self.state.gpu[start.node].give(start.gpus, action.id)
         else:
             self.state.api[action.service or ""].give()
-
-
-def _off_its_node(action: Action, node: str, domain: Domain) -> CapacityError:
-    """A CPU start on a node other than its container's (a policy bug)."""
-    return CapacityError(
-        f"{action.id}: CPU action started on {node}, its container is on {domain[1]}"
-    )
