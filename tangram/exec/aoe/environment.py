@@ -1,0 +1,65 @@
+"""What a client may put in an action's environment and command: the one owner of the rule.
+
+AOE tells an action its grant through variables it sets itself (``TANGRAM_CORES``,
+``OMP_NUM_THREADS``, ``TANGRAM_CPUSET``, ``TANGRAM_CPU_QUOTA``, ``TANGRAM_ACTION_ID``); a client
+that could set them would lie to the action about its cores, or hide its processes from the
+time-out kill. So the ``TANGRAM_`` prefix and ``OMP_NUM_THREADS`` are reserved, a key must be a
+shell variable name, and a value a string without NUL. The service refuses the rest with a 400
+naming the key; AOE checks again before it runs anything.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+#: Variables AOE sets for every action (documented in docs/aoe.md).
+RESERVED_NAMES: frozenset[str] = frozenset({"OMP_NUM_THREADS"})
+#: Every variable with this prefix is Tangram's.
+RESERVED_PREFIX = "TANGRAM_"
+#: A POSIX shell variable name.
+KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+#: The longest command an action may carry (bytes of UTF-8): longer ones are refused with the
+#: limit named, never handed to the runner.
+MAX_COMMAND_BYTES = 1 << 20
+#: The most variables and the longest value an action's environment may carry.
+MAX_ENV_VARS = 256
+MAX_ENV_VALUE_BYTES = 64 << 10
+
+
+def is_reserved(key: str) -> bool:
+    return key.startswith(RESERVED_PREFIX) or key in RESERVED_NAMES
+
+
+def env_problem(env: Mapping[Any, Any]) -> str | None:
+    """Why ``env`` cannot be an action's environment (None when it can)."""
+    if len(env) > MAX_ENV_VARS:
+        return f"env has {len(env)} variables; at most {MAX_ENV_VARS}"
+    for key, value in env.items():
+        if not isinstance(key, str) or not KEY.match(key):
+            return f"env key {key!r} is not a shell variable name ([A-Za-z_][A-Za-z0-9_]*)"
+        if is_reserved(key):
+            return (
+                f"env key {key!r} is reserved: Tangram sets {RESERVED_PREFIX}* and "
+                f"{', '.join(sorted(RESERVED_NAMES))} for every action"
+            )
+        if not isinstance(value, str):
+            return f"env value of {key!r} must be a string, got {type(value).__name__}"
+        if "\x00" in value:
+            return f"env value of {key!r} contains a NUL byte"
+        if len(value.encode("utf-8", "surrogatepass")) > MAX_ENV_VALUE_BYTES:
+            return f"env value of {key!r} is over {MAX_ENV_VALUE_BYTES} bytes"
+    return None
+
+
+def command_problem(command: str | tuple[str, ...] | list[str]) -> str | None:
+    """Why ``command`` is too long to run (None when it is not)."""
+    parts = [command] if isinstance(command, str) else list(command)
+    size = sum(len(p.encode("utf-8", "surrogatepass")) + 1 for p in parts)
+    if size > MAX_COMMAND_BYTES:
+        return (
+            f"command is {size} bytes; the limit is {MAX_COMMAND_BYTES} "
+            "(put a long program in a file of the trajectory's container and run that)"
+        )
+    return None
