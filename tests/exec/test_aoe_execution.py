@@ -4,6 +4,7 @@ trajectory's container is named, labelled and described (``lifecycle``)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +16,14 @@ from tangram.exec.aoe.containers import LABEL, LABEL_OWNER, LABEL_SESSION, LABEL
 from tangram.exec.aoe.errors import AoeError
 from tangram.exec.aoe.execution import ActionRunner, action_env, plan_action
 from tangram.exec.aoe.ledger import CoreLedger
-from tangram.exec.aoe.lifecycle import Blueprint, Container, Lifecycle, container_name, labels
+from tangram.exec.aoe.lifecycle import (
+    Blueprint,
+    Container,
+    Lifecycle,
+    container_name,
+    id_digest,
+    labels,
+)
 from tangram.exec.aoe.records import TIMING_KEYS, ContainerHandle
 from tangram.exec.aoe.topology import NumaTopology
 from tangram.exec.aoe.transport import ActionRequest, RawResult
@@ -243,10 +251,30 @@ def test_a_count_of_cores_is_chosen_numa_locally_by_the_ledger() -> None:
 
 def test_a_container_is_named_by_session_trajectory_and_generation() -> None:
     blueprint = Blueprint("traj/7 x", "img", 1.0, SandboxConfig())
-    assert container_name("0123456789abcdef", blueprint) == "tangram-aoe-01234567-traj-7-x-1"
+    digest = id_digest("traj/7 x")
+    assert len(digest) == 16
+    name = container_name("0123456789abcdef", blueprint)
+    assert name == f"tangram-aoe-01234567-traj-7-x-{digest}-1"
     again = blueprint.next_generation()
     assert again.generation == 2 and again.traj_id == blueprint.traj_id
-    assert container_name("0123456789abcdef", again).endswith("-2")
+    assert container_name("0123456789abcdef", again) == name[:-1] + "2"
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [
+        ("a!", "a?"),
+        (".", ".."),
+        ("траектория", "проба"),
+        ("数据", "模型"),
+        ("x" * 49 + "1", "x" * 49 + "2"),
+    ],
+)
+def test_ids_that_read_alike_get_distinct_docker_legal_names(ids: tuple[str, str]) -> None:
+    names = {container_name("s", Blueprint(t, "img", 1.0, SandboxConfig())) for t in ids}
+    assert len(names) == 2
+    for name in names:
+        assert re.fullmatch(r"[a-zA-Z0-9][a-zA-Z0-9_.-]+", name) and len(name) <= 80
 
 
 def test_a_container_is_labelled_with_its_session_owner_and_trajectory() -> None:

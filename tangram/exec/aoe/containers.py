@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import socket
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,9 @@ LABEL = "tangram.aoe"
 LABEL_SESSION = "tangram.aoe.session"
 LABEL_OWNER = "tangram.aoe.owner"
 LABEL_TRAJ = "tangram.aoe.trajectory"
+#: A random value per creation: the one container a failed ``create`` may remove is the one
+#: carrying its own value.
+LABEL_INSTANCE = "tangram.aoe.instance"
 
 
 def process_start_time(pid: int) -> str | None:
@@ -147,7 +151,12 @@ def safe_name(text: str) -> str:
 
 
 def create(client: Any, spec: ContainerSpec) -> Any:
-    """Create and start the container; raise ``ImageMissing``/``AoeError`` naming the cause."""
+    """Create and start the container; raise ``ImageMissing``/``AoeError`` naming the cause.
+
+    Never removes a container it did not make: each creation carries its own random
+    ``LABEL_INSTANCE``, and a failed start removes the container holding the name only when
+    that label is this creation's (a name already taken is reported, its holder left alone).
+    """
     import docker.errors
 
     try:
@@ -157,12 +166,22 @@ def create(client: Any, spec: ContainerSpec) -> Any:
             f"image {spec.image!r} is not in the local Docker engine (nothing can be pulled "
             "here): build it with scripts/ensure-docker.sh"
         ) from None
+    instance = uuid.uuid4().hex
+    kwargs = create_kwargs(spec)
+    kwargs["labels"] = {**spec.labels, LABEL_INSTANCE: instance}
     try:
-        container = client.containers.run(**create_kwargs(spec))
+        container = client.containers.run(**kwargs)
     except docker.errors.APIError as exc:
-        # The engine may have created it before failing to start it: do not leave it behind.
-        with contextlib.suppress(docker.errors.APIError):
-            client.api.remove_container(spec.name, force=True)
+        holder = _holder(client, spec.name)
+        if holder is not None and holder.labels.get(LABEL_INSTANCE) == instance:
+            # The engine created it before failing to start it: do not leave it behind.
+            remove(client, holder.id)
+        elif holder is not None:
+            raise AoeError(
+                f"could not create container {spec.name}: the name is already taken by "
+                f"container {holder.short_id} ({describe_owner(holder.labels)}), which was "
+                "left alone"
+            ) from exc
         raise AoeError(f"could not start container {spec.name} from {spec.image}: {exc}") from exc
     container.reload()
     if container.status != "running":
@@ -171,6 +190,29 @@ def create(client: Any, spec: ContainerSpec) -> Any:
             container.remove(force=True)
         raise AoeError(f"container {spec.name} exited at once ({container.status}): {logs.strip()}")
     return container
+
+
+def _holder(client: Any, name: str) -> Any | None:
+    """The container that holds ``name`` now, if any."""
+    import docker.errors
+
+    try:
+        return client.containers.get(name)
+    except docker.errors.NotFound:
+        return None
+    except docker.errors.APIError as exc:
+        log.warning("could not look up container %s: %s", name, exc)
+        return None
+
+
+def describe_owner(labels: dict[str, str]) -> str:
+    """Whose a container is, from its labels, in words (for refusals)."""
+    if labels.get(LABEL) != "1":
+        return "not an AOE container"
+    return (
+        f"AOE session {labels.get(LABEL_SESSION, '?')[:8]}, trajectory "
+        f"{labels.get(LABEL_TRAJ, '?')!r}, owner {labels.get(LABEL_OWNER, '?')}"
+    )
 
 
 def remove(client: Any, container_id: str) -> bool:

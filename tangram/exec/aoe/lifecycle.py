@@ -11,6 +11,7 @@ would reset or replace it, never reuse it dirty) and ``discard`` one that never 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import time
 from dataclasses import dataclass, replace
@@ -30,6 +31,9 @@ Transport = ExecTransport | RunnerTransport
 
 #: The transports by ``AoeConfig.transport``.
 TRANSPORTS: dict[str, type[Transport]] = {"runner": RunnerTransport, "exec": ExecTransport}
+
+#: How much of a trajectory id a container's name shows (the hash makes it unique).
+NAME_PREFIX_CHARS = 24
 
 #: The action that proves a new container's runner answers (while it is not yet parked).
 _WARM_UP = ActionRequest("warm-up", "true", {}, 30.0, 1024)
@@ -66,9 +70,22 @@ class Container:
 
 
 def container_name(session: str, blueprint: Blueprint) -> str:
-    """The engine-wide name of a blueprint's container: session, trajectory, generation."""
-    traj = containers.safe_name(blueprint.traj_id)
-    return f"tangram-aoe-{session[:8]}-{traj}-{blueprint.generation}"
+    """The engine-wide name of a blueprint's container: session, trajectory, generation.
+
+    Unique by construction: the trajectory is named by a readable prefix of its id *and* a hash
+    of the whole id, so ids that read alike once made "safe" (``a!``/``a?``, two CJK ids) or
+    that differ past the prefix still get two names. The full id is in a label."""
+    readable = containers.safe_name(blueprint.traj_id)[:NAME_PREFIX_CHARS]
+    return (
+        f"tangram-aoe-{session[:8]}-{readable}-{id_digest(blueprint.traj_id)}"
+        f"-{blueprint.generation}"
+    )
+
+
+def id_digest(traj_id: str) -> str:
+    """64 bits of SHA-256 of the id: a collision is as likely as two random 64-bit draws
+    agreeing, and even then ``containers.create`` refuses rather than takes the name."""
+    return hashlib.sha256(traj_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 def labels(session: str, blueprint: Blueprint) -> dict[str, str]:
