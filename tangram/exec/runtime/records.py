@@ -11,11 +11,13 @@ import hashlib
 import json
 import math
 import pickle
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tangram.core.curves import Amdahl, CurveError, ElasticityCurve, Inelastic, curve_from_dict
+from tangram.exec.aoe.environment import command_problem, env_problem
 from tangram.exec.runtime.errors import BadRequest
 
 Resource = Literal["cpu", "gpu", "api"]
@@ -43,12 +45,24 @@ class CpuWork:
         return None
 
     def check(self) -> None:
-        """``BadRequest`` for a command that cannot run."""
+        """``BadRequest`` for a command that cannot run: empty, too long, or with an
+        environment AOE refuses (reserved or malformed keys; ``aoe.environment`` owns the
+        rule), naming the key or the limit."""
         cmd = self.command
         if isinstance(cmd, str) and not cmd.strip():
             raise BadRequest("command is empty")
         if not isinstance(cmd, str) and (not cmd or not all(isinstance(a, str) for a in cmd)):
             raise BadRequest("command must be a string or a non-empty list of strings")
+        if not isinstance(self.env, Mapping):
+            raise BadRequest(f"env must be an object of strings, got {type(self.env).__name__}")
+        problem = command_problem(cmd) or env_problem(self.env)
+        if problem is not None:
+            raise BadRequest(problem)
+        limit = self.max_output_bytes
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+            raise BadRequest(f"max_output_bytes must be an integer, got {limit!r}")
+        if limit is not None and limit < 1:
+            raise BadRequest(f"max_output_bytes must be >= 1, got {limit}")
 
     def identity(self) -> list[Any]:
         """What makes two submissions of it the same (for ``ActionSpec.fingerprint``)."""
@@ -209,15 +223,69 @@ def _positive(value: Any) -> bool:
     )
 
 
+#: The longest id, in characters.
+MAX_ID_CHARS = 128
+
+
 def check_id(name: str, value: Any) -> str:
-    """Ids are 1..128 printable characters without '/' (they appear in URLs and file names)."""
+    """The id alphabet of actions and trajectories (docs/live.md): 1..128 characters, each
+    printable (``str.isprintable``: no control, format, separator other than the space,
+    private-use or unassigned character), no '/', no space at either end. Ids travel as URL
+    path segments (the clients percent-encode them) and ``BadRequest`` names the field."""
     if not isinstance(value, str) or not value:
         raise BadRequest(f"{name} must be a non-empty string, got {value!r}")
-    if len(value) > 128:
-        raise BadRequest(f"{name} must be at most 128 characters, got {len(value)}")
-    if "/" in value or not value.isprintable() or value.strip() != value:
+    if len(value) > MAX_ID_CHARS:
+        raise BadRequest(f"{name} must be at most {MAX_ID_CHARS} characters, got {len(value)}")
+    if "/" in value:
+        raise BadRequest(f"{name} {value!r} must not contain '/'")
+    if not value.isprintable():
+        raise BadRequest(f"{name} {value!r} must be printable characters only")
+    if value.strip() != value:
+        raise BadRequest(f"{name} {value!r} must not have surrounding whitespace")
+    return value
+
+
+#: The smallest container a trajectory may ask for (GB): 16 MiB, enough for the runner's
+#: shell; Docker itself refuses less than 6 MB.
+MIN_MEMORY_GB = 16 / 1024
+
+
+def check_memory_gb(name: str, value: Any) -> float:
+    """A container's memory: a finite number of GB, at least ``MIN_MEMORY_GB``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise BadRequest(f"{name} must be a number of GB, got {value!r}")
+    if value < MIN_MEMORY_GB:
         raise BadRequest(
-            f"{name} {value!r} must be printable, without '/' or surrounding whitespace"
+            f"{name} must be at least {MIN_MEMORY_GB:g} GB (16 MiB, the smallest container), "
+            f"got {value!r}"
+        )
+    return float(value)
+
+
+#: A Docker image reference: [registry[:port]/]path[:tag][@digest], path components in
+#: lower case (the grammar of the engine's ``reference`` package).
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_DOMAIN = rf"(?:{_LABEL}(?:\.{_LABEL})*(?::[0-9]+)?/)?"
+IMAGE_REFERENCE = re.compile(
+    _DOMAIN
+    + _COMPONENT
+    + rf"(?:/{_COMPONENT})*"
+    + r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    + r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?\Z"
+)
+#: The longest image reference accepted.
+MAX_IMAGE_CHARS = 255
+
+
+def check_image(name: str, value: Any) -> str:
+    """An image reference the engine can parse (whether it exists is the executor's to say)."""
+    if not isinstance(value, str) or not value:
+        raise BadRequest(f"{name} must be a non-empty image reference, got {value!r}")
+    if len(value) > MAX_IMAGE_CHARS or not IMAGE_REFERENCE.match(value):
+        raise BadRequest(
+            f"{name} {value[:300]!r} is not an image reference "
+            "([registry/]name[:tag][@digest], name in lower case, at most 255 characters)"
         )
     return value
 
