@@ -121,7 +121,7 @@ def test_malformed_requests_get_clear_400s() -> None:
             (b'{"endpoint": "echo", "t1_s": -1}', "t1_s"),
             (b'{"endpoint": "nope"}', "unknown API endpoint 'nope'"),
             (b'{"command": "x", "endpoint": "echo"}', "exactly one of"),
-            (b'{"endpoint": "echo", "id": "a/b"}', "without '/'"),
+            (b'{"endpoint": "echo", "id": "a/b"}', "must not contain '/'"),
         ]
         for body, needle in cases:
             r = httpx.post(f"{url}/v1/actions", content=body)

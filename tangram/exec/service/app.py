@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import math
 import tempfile
@@ -23,12 +22,15 @@ from aiohttp import web
 
 from tangram.exec.runtime import Runtime
 from tangram.exec.runtime.errors import BadRequest, Conflict, LiveError
+from tangram.exec.runtime.records import check_id
+from tangram.exec.service.body import read_json
+from tangram.exec.service.causes import translate
 from tangram.exec.service.metrics import CONTENT_TYPE, ServiceMetrics
 from tangram.exec.service.sandbox_fusion import (
     RunCodeSettings,
     parse_run_code,
+    refusal_doc,
     run_code,
-    sandbox_error,
 )
 from tangram.exec.service.schema import (
     error_doc,
@@ -45,18 +47,29 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 #: Paths served without a token (liveness probes).
 OPEN_PATHS = frozenset({"/healthz"})
+#: A path segment holding an id: anything but '/' (aiohttp's default also refuses '{}'), and
+#: then the id alphabet (``check_id``) with a 400 naming the field.
+ID = "{id:[^/]+}"
+#: The cap of ``max_output_bytes`` when none is given: the AOE default, 1 MiB per stream.
+DEFAULT_MAX_OUTPUT_BYTES = 1 << 20
 
 
-def error_response(exc: LiveError) -> web.Response:
-    """The answer to a runtime error: its class's status, its document, its back-off hint."""
+def error_response(exc: LiveError, doc: dict[str, Any] | None = None) -> web.Response:
+    """The answer to a runtime error: its class's status, its document (``doc`` instead when
+    given), its back-off hint."""
     headers = {}
     retry = exc.retry_after_s
     if retry is not None:
         headers["Retry-After"] = str(max(1, math.ceil(retry)))
         headers["X-Retry-After-S"] = f"{retry:.3f}"
-    return web.json_response(
-        error_doc(exc.code, exc.message, exc.retryable), status=exc.http_status, headers=headers
-    )
+    if doc is None:
+        doc = error_doc(exc.code, exc.message, exc.retryable)
+    return web.json_response(doc, status=exc.http_status, headers=headers)
+
+
+def path_id(request: web.Request, field: str) -> str:
+    """The id in the request's path, checked against the id alphabet (400 naming ``field``)."""
+    return check_id(field, request.match_info["id"])
 
 
 class ServiceApp:
@@ -65,7 +78,9 @@ class ServiceApp:
     ``token``: when set, every request but ``/healthz`` needs ``Authorization: Bearer TOKEN``
     (or ``X-Tangram-Token``). ``trace_path``: where ``POST /v1/trace`` writes. ``max_wait_s``
     caps how long one request may wait for an outcome (a longer ``wait`` answers 202 and the
-    client polls).
+    client polls). ``max_output_bytes``: the most output per stream a CPU action may ask for
+    (more is refused with a 400), and its default. ``body_timeout_s``: a request body must
+    arrive within it (else 408).
     """
 
     def __init__(
@@ -76,12 +91,16 @@ class ServiceApp:
         trace_path: Path | None = None,
         run_code_settings: RunCodeSettings | None = None,
         max_wait_s: float = 300.0,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        body_timeout_s: float = 60.0,
     ) -> None:
         self.runtime = runtime
-        self.token = token
+        self.token = token.encode("utf-8", "surrogateescape") if token is not None else None
         self.trace_path = trace_path
         self.run_code_settings = run_code_settings or RunCodeSettings()
         self.max_wait_s = max_wait_s
+        self.max_output_bytes = max_output_bytes
+        self.body_timeout_s = body_timeout_s
         self.metrics = ServiceMetrics(runtime)
 
     def build(self) -> web.Application:
@@ -95,12 +114,12 @@ class ServiceApp:
         r.add_get("/metrics", self.metrics_text)
         r.add_post("/v1/trajectories", self.open_trajectory)
         r.add_get("/v1/trajectories", self.list_trajectories)
-        r.add_get("/v1/trajectories/{id}", self.get_trajectory)
-        r.add_delete("/v1/trajectories/{id}", self.close_trajectory)
-        r.add_post("/v1/trajectories/{id}/recreate", self.recreate_trajectory)
+        r.add_get(f"/v1/trajectories/{ID}", self.get_trajectory)
+        r.add_delete(f"/v1/trajectories/{ID}", self.close_trajectory)
+        r.add_post(f"/v1/trajectories/{ID}/recreate", self.recreate_trajectory)
         r.add_post("/v1/actions", self.submit)
-        r.add_get("/v1/actions/{id}", self.get_action)
-        r.add_delete("/v1/actions/{id}", self.cancel)
+        r.add_get(f"/v1/actions/{ID}", self.get_action)
+        r.add_delete(f"/v1/actions/{ID}", self.cancel)
         r.add_get("/v1/trace", self.get_trace)
         r.add_post("/v1/trace", self.save_trace)
         r.add_post("/run_code", self.run_code)
@@ -113,7 +132,7 @@ class ServiceApp:
         try:
             return await handler(request)
         except LiveError as exc:
-            return error_response(exc)
+            return error_response(translate(exc))
         except web.HTTPException as exc:
             if exc.status >= 400 and exc.content_type != "application/json":
                 return web.json_response(
@@ -136,7 +155,8 @@ class ServiceApp:
         auth = request.headers.get("Authorization", "")
         if auth.startswith("Bearer "):
             given = auth[len("Bearer ") :]
-        if not hmac.compare_digest(given.encode(), self.token.encode()):
+        # Header bytes that are not UTF-8 arrive as surrogates: compare the bytes as sent.
+        if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), self.token):
             return web.json_response(
                 error_doc(
                     "unauthorized",
@@ -149,17 +169,8 @@ class ServiceApp:
 
     # -- helpers --------------------------------------------------------------------------
 
-    @staticmethod
-    async def _body(request: web.Request, *, optional: bool = False) -> Any:
-        text = await request.text()
-        if not text.strip():
-            if optional:
-                return None
-            raise BadRequest("the request body is empty; send a JSON object")
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+    async def _body(self, request: web.Request, *, optional: bool = False) -> Any:
+        return await read_json(request, timeout_s=self.body_timeout_s, optional=optional)
 
     def _wait_s(self, wait: float | None) -> float | None:
         if wait is None:
@@ -190,22 +201,24 @@ class ServiceApp:
         )
 
     async def get_trajectory(self, request: web.Request) -> web.Response:
-        return web.json_response(trajectory_doc(self.runtime.trajectory(request.match_info["id"])))
+        traj = path_id(request, "trajectory")
+        return web.json_response(trajectory_doc(self.runtime.trajectory(traj)))
 
     async def close_trajectory(self, request: web.Request) -> web.Response:
-        info = await self.runtime.close_trajectory(request.match_info["id"])
+        info = await self.runtime.close_trajectory(path_id(request, "trajectory"))
         return web.json_response({**trajectory_doc(info), "closed": True})
 
     async def recreate_trajectory(self, request: web.Request) -> web.Response:
-        info = await self.runtime.recreate_trajectory(request.match_info["id"])
+        info = await self.runtime.recreate_trajectory(path_id(request, "trajectory"))
         return web.json_response(trajectory_doc(info))
 
     async def submit(self, request: web.Request) -> web.Response:
-        spec, wait = parse_action(await self._body(request))
+        spec, wait = parse_action(await self._body(request), max_output_bytes=self.max_output_bytes)
         action_id = await self.runtime.submit(spec)
         return await self._answer(action_id, self._wait_s(wait))
 
     async def get_action(self, request: web.Request) -> web.Response:
+        action_id = path_id(request, "id")
         wait = request.query.get("wait")
         seconds = None
         if wait is not None:
@@ -215,7 +228,7 @@ class ServiceApp:
                 raise BadRequest(f"query 'wait': expected seconds, got {wait!r}") from None
             if not seconds >= 0:
                 raise BadRequest(f"query 'wait': expected seconds >= 0, got {wait!r}")
-        return await self._answer(request.match_info["id"], self._wait_s(seconds))
+        return await self._answer(action_id, self._wait_s(seconds))
 
     async def _answer(self, action_id: str, wait: float | None) -> web.Response:
         rt = self.runtime
@@ -226,7 +239,7 @@ class ServiceApp:
         )
 
     async def cancel(self, request: web.Request) -> web.Response:
-        outcome = await self.runtime.cancel(request.match_info["id"])
+        outcome = await self.runtime.cancel(path_id(request, "id"))
         return web.json_response(state_doc(outcome.action_id, "done", outcome))
 
     async def get_trace(self, request: web.Request) -> web.Response:
@@ -249,8 +262,17 @@ class ServiceApp:
         return web.json_response({"path": str(path), "rows": len(self.runtime.recorder)})
 
     async def run_code(self, request: web.Request) -> web.Response:
+        """SandboxFusion's call; a request refused before anything ran answers in both
+        shapes (``refusal_doc``) at its error's status."""
+        settings = self.run_code_settings
+        cpu = self.runtime.cpu
         try:
-            req = parse_run_code(await self._body(request), self.run_code_settings)
-        except BadRequest as exc:
-            return web.json_response(sandbox_error(exc.message))
-        return web.json_response(await run_code(self.runtime, req, self.run_code_settings))
+            body = await self._body(request)
+            req = parse_run_code(body, settings, cpu.node.memory_gb if cpu else None)
+            answer = await run_code(
+                self.runtime, req, settings, max_output_bytes=self.max_output_bytes
+            )
+        except LiveError as exc:
+            error = translate(exc)
+            return error_response(error, refusal_doc(error))
+        return web.json_response(answer)

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Generator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import httpx
 
@@ -37,6 +38,13 @@ def steps(operation: Operation[T], retries: int) -> Steps[T]:
             call = operation.send(response)
         except StopIteration as done:
             return done.value
+
+
+def segment(id: str) -> str:
+    """``id`` as one URL path segment: every character but letters, digits, '-', '_' and '~'
+    percent-encoded (UTF-8), dots too, so that ``?``, ``#``, ``%xx``, ``.`` and ``..`` stay part
+    of the id instead of becoming a query, a fragment, an escape or a step up the path."""
+    return quote(id, safe="").replace(".", "%2E")
 
 
 def action_body(
@@ -88,7 +96,7 @@ def action_body(
 
 def poll(id: str, wait_s: float) -> Call:
     """``GET /v1/actions/{id}``, waiting up to ``wait_s`` seconds for the outcome."""
-    return Call("GET", f"/v1/actions/{id}", params={"wait": f"{wait_s:g}"})
+    return Call("GET", f"/v1/actions/{segment(id)}", params={"wait": f"{wait_s:g}"})
 
 
 # -- trajectories ----------------------------------------------------------------------------
@@ -109,12 +117,12 @@ def open_trajectory(
 
 def close_trajectory(id: str) -> Operation[dict[str, Any]]:
     """Close a trajectory: its container goes, its queued actions end."""
-    return (yield Call("DELETE", f"/v1/trajectories/{id}", idempotent=False)).json()
+    return (yield Call("DELETE", f"/v1/trajectories/{segment(id)}", idempotent=False)).json()
 
 
 def recreate_trajectory(id: str) -> Operation[dict[str, Any]]:
     """A fresh container for a trajectory whose container died."""
-    return (yield Call("POST", f"/v1/trajectories/{id}/recreate", idempotent=False)).json()
+    return (yield Call("POST", f"/v1/trajectories/{segment(id)}/recreate", idempotent=False)).json()
 
 
 def trajectories() -> Operation[list[dict[str, Any]]]:
@@ -153,7 +161,7 @@ def state(id: str) -> Operation[str]:
 
 def cancel(id: str) -> Operation[Outcome]:
     """Cancel an action; returns its outcome."""
-    doc = (yield Call("DELETE", f"/v1/actions/{id}")).json()
+    doc = (yield Call("DELETE", f"/v1/actions/{segment(id)}")).json()
     return outcome_from_doc(doc["outcome"])
 
 

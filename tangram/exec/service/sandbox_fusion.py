@@ -6,28 +6,37 @@ the ``tangram-python`` image: Debian with python3 and bash) that is removed afte
 SandboxFusion runs each request in a fresh directory. The run is an ordinary action: the
 scheduler grants its cores, admission control bounds it, the trace records it.
 
-Request fields (JSON object):
+Request fields (JSON object; null is the same as absent):
 
 | field | type | supported | meaning |
 |---|---|---|---|
 | ``code`` | string | yes (required) | the program |
-| ``language`` | string | ``python``, ``bash`` | others answer ``SandboxError`` |
+| ``language`` | string | ``python``, ``bash`` | others are refused (400) |
 | ``run_timeout`` | number | yes (default 10) | seconds the program may run (``timeout`` in the container) |
 | ``compile_timeout`` | number | accepted, unused | python and bash have no compile step |
-| ``memory_limit_MB`` | number | yes (-1 or absent: the service default) | the container's memory limit |
+| ``memory_limit_MB`` | number | yes (-1 or absent: the service default; 16 .. the node's) | the container's memory limit |
 | ``stdin`` | string or null | yes | the program's standard input |
 | ``files`` | object name -> base64 | yes | written under the working directory first |
 | ``fetch_files`` | list of paths | yes | read back after the run, base64, into ``files`` |
-| ``max_units`` | integer | Tangram extension | cores the run may use (default 1) |
+| ``max_units`` | integer | Tangram extension | cores the run may use (default 1; more makes it elastic) |
 | others | | ignored | SandboxFusion's ``extra`` etc. |
 
 Response: ``{"status": "Success" | "Failed" | "SandboxError", "message": str,
 "compile_result": null, "run_result": {"status": "Finished" | "TimeLimitExceeded" | "Error",
 "execution_time": s, "return_code": int | null, "stdout": str, "stderr": str} | null,
-"executor_pod_name": null, "files": {path: base64}}``. ``Success`` means the program finished
-with return code 0; ``Failed`` a non-zero return code or the time limit; ``SandboxError`` a
-problem on Tangram's side (bad request, container failure). Admission control answers HTTP
-429 with ``Retry-After`` (verl's client retries 429).
+"executor_pod_name": null, "files": {path: base64}}``.
+
+- ``Success``: the program exited 0.
+- ``Failed``: the program's own failure. A non-zero exit (``Finished``), the time limit
+  (``TimeLimitExceeded``), or an end without an exit of its own (``Error``): its output
+  passed the service's cap (it was killed, the output cut) or it killed its container.
+- ``SandboxError``: Tangram's side failed (the container could not be made, the files could
+  not be written); SandboxFusion's client retries it.
+
+A request that cannot be run as written (a missing or ill-typed field, an unsupported
+language, a memory limit beyond the node) is refused with HTTP 400 before anything runs; its
+body is both a ``SandboxError`` answer and Tangram's error document. Admission control
+answers HTTP 429 with ``Retry-After`` (verl's client retries 429).
 """
 
 from __future__ import annotations
@@ -38,13 +47,15 @@ import math
 import posixpath
 import shlex
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from tangram.exec.aoe.config import PYTHON_IMAGE
 from tangram.exec.runtime import ActionSpec, CommandResult, CpuWork, Outcome, Runtime
-from tangram.exec.runtime.errors import BadRequest
+from tangram.exec.runtime.errors import BadRequest, LiveError
+from tangram.exec.runtime.records import MIN_MEMORY_GB
+from tangram.exec.service.schema import error_doc
 
 LANGUAGES = {"python": ("main.py", "python3"), "bash": ("main.sh", "bash")}
 #: Largest base64 text sent in one shell command (the kernel caps one argument at 128 KiB).
@@ -63,9 +74,13 @@ class RunCodeSettings:
     max_run_timeout_s: float = 600.0
     #: Seconds the run may wait for a container's memory or for cores, beyond its run time.
     queue_allowance_s: float = 300.0
+    #: The Amdahl serial fraction of a run that asks for ``max_units`` > 1: its curve lets the
+    #: scheduler grant it more than one core (a run of ``max_units`` 1 is inelastic).
+    serial_fraction: float = 0.1
 
 
 def sandbox_error(message: str) -> dict[str, Any]:
+    """SandboxFusion's answer when the sandbox, not the program, failed (or was asked wrong)."""
     return {
         "status": "SandboxError",
         "message": message,
@@ -74,6 +89,12 @@ def sandbox_error(message: str) -> dict[str, Any]:
         "executor_pod_name": None,
         "files": {},
     }
+
+
+def refusal_doc(exc: LiveError) -> dict[str, Any]:
+    """A request refused before anything ran, in both shapes: SandboxFusion's ``SandboxError``
+    (what its clients read) and Tangram's error document (what Tangram's clients read)."""
+    return {**sandbox_error(exc.message), **error_doc(exc.code, exc.message, exc.retryable)}
 
 
 @dataclass(frozen=True)
@@ -88,9 +109,12 @@ class RunCodeRequest:
     max_units: int
 
 
-def parse_run_code(body: Any, settings: RunCodeSettings) -> RunCodeRequest:
-    """Check a request; ``BadRequest`` names the field. Unsupported languages pass through
-    (the handler answers them with ``SandboxError``, as SandboxFusion does)."""
+def parse_run_code(
+    body: Any, settings: RunCodeSettings, node_memory_gb: float | None = None
+) -> RunCodeRequest:
+    """Check a request; ``BadRequest`` names the field (a language other than python and
+    bash, a memory limit beyond ``node_memory_gb``, ...). A field given as null is absent;
+    any other value is taken as given or refused, never replaced by a default."""
     if not isinstance(body, Mapping):
         raise BadRequest(f"the request must be a JSON object, got {type(body).__name__}")
     code = body.get("code")
@@ -99,6 +123,11 @@ def parse_run_code(body: Any, settings: RunCodeSettings) -> RunCodeRequest:
     language = body.get("language", "python")
     if not isinstance(language, str):
         raise BadRequest("field 'language': expected a string")
+    if language not in LANGUAGES:
+        raise BadRequest(
+            f"field 'language': {language[:100]!r} is not supported by Tangram's /run_code; "
+            f"supported: {', '.join(sorted(LANGUAGES))}"
+        )
     timeout = body.get("run_timeout", settings.default_run_timeout_s)
     if timeout is None:
         timeout = settings.default_run_timeout_s
@@ -111,16 +140,23 @@ def parse_run_code(body: Any, settings: RunCodeSettings) -> RunCodeRequest:
     mem_mb = body.get("memory_limit_MB")
     memory_gb = settings.memory_gb
     if mem_mb is not None and mem_mb != -1:
-        if not _number(mem_mb) or mem_mb < 16:
+        least = MIN_MEMORY_GB * 1024
+        if not _number(mem_mb) or mem_mb < least:
             raise BadRequest(
-                f"field 'memory_limit_MB': expected -1 or megabytes >= 16, got {mem_mb!r}"
+                f"field 'memory_limit_MB': expected -1 or megabytes >= {least:g}, got {mem_mb!r}"
             )
         memory_gb = mem_mb / 1024
+        if node_memory_gb is not None and memory_gb > node_memory_gb:
+            raise BadRequest(
+                f"field 'memory_limit_MB': {mem_mb:g} MB is more than this service's CPU node "
+                f"has for containers ({node_memory_gb * 1024:g} MB)"
+            )
     stdin = body.get("stdin")
     if stdin is not None and not isinstance(stdin, str):
         raise BadRequest("field 'stdin': expected a string or null")
     files: dict[str, bytes] = {}
-    raw_files = body.get("files") or {}
+    raw_files = body.get("files")
+    raw_files = {} if raw_files is None else raw_files
     if not isinstance(raw_files, Mapping):
         raise BadRequest("field 'files': expected an object of path -> base64 content")
     for name, content in raw_files.items():
@@ -131,10 +167,12 @@ def parse_run_code(body: Any, settings: RunCodeSettings) -> RunCodeRequest:
             files[path] = base64.b64decode(content, validate=True)
         except (binascii.Error, ValueError):
             raise BadRequest(f"field 'files': content of {name!r} is not valid base64") from None
-    fetch = body.get("fetch_files") or []
+    fetch = body.get("fetch_files")
+    fetch = [] if fetch is None else fetch
     if not isinstance(fetch, list) or not all(isinstance(p, str) for p in fetch):
         raise BadRequest("field 'fetch_files': expected a list of paths")
-    units = body.get("max_units", 1)
+    units = body.get("max_units")
+    units = 1 if units is None else units
     if isinstance(units, bool) or not isinstance(units, int) or units < 1:
         raise BadRequest(f"field 'max_units': expected an integer >= 1, got {units!r}")
     return RunCodeRequest(
@@ -194,13 +232,11 @@ def _upload_commands(files: dict[str, bytes]) -> list[str]:
     return commands
 
 
-async def run_code(runtime: Runtime, req: RunCodeRequest, settings: RunCodeSettings) -> dict:
-    """Run one request in a fresh container and answer in SandboxFusion's format."""
-    if req.language not in LANGUAGES:
-        return sandbox_error(
-            f"language {req.language!r} is not supported by Tangram's /run_code; "
-            f"supported: {', '.join(sorted(LANGUAGES))}"
-        )
+async def run_code(
+    runtime: Runtime, req: RunCodeRequest, settings: RunCodeSettings, *, max_output_bytes: int
+) -> dict:
+    """Run one request in a fresh container and answer in SandboxFusion's format; the
+    program's output is cut at ``max_output_bytes`` per stream (the service's cap)."""
     source, interpreter = LANGUAGES[req.language]
     files = dict(req.files)
     files[source] = req.code.encode()
@@ -230,11 +266,12 @@ async def run_code(runtime: Runtime, req: RunCodeRequest, settings: RunCodeSetti
         command = f"{uploads[-1]} && {run}" if uploads else run
         outcome = await runtime.run(
             ActionSpec(
-                CpuWork(command),
+                CpuWork(command, max_output_bytes=max_output_bytes),
                 trajectory=traj,
                 kind="run_code",
                 max_units=req.max_units,
                 t1_s=max(0.01, min(t, 1.0)),
+                serial_fraction=settings.serial_fraction if req.max_units > 1 else None,
                 timeout_s=budget,
                 task="run_code",
             )
@@ -256,28 +293,69 @@ def _why(outcome: Outcome) -> str:
     return outcome.status
 
 
+#: Error codes of the program's own run that the program caused: its output passed the limit
+#: (it was killed), or it killed its container's processes. Each request has a container of
+#: its own, so nothing but the program ran there: ``Failed``, never ``SandboxError`` (which
+#: SandboxFusion's client retries, running the program again).
+PROGRAM_FAULTS = frozenset({"exec_failed", "container_failure"})
+
+
 def _answer(outcome: Outcome, run_timeout_s: float) -> dict[str, Any]:
-    value = outcome.value if isinstance(outcome.value, CommandResult) else None
-    if outcome.status == "timeout" and value is None:
-        value = CommandResult("", "", None, outcome.error.message if outcome.error else None)
-    if outcome.status == "error" or value is None:
+    """The SandboxFusion answer to the program's run, by the outcome's status."""
+    return ANSWERS[outcome.status](outcome, run_timeout_s)
+
+
+def _finished(outcome: Outcome, run_timeout_s: float) -> dict[str, Any]:
+    value = outcome.value
+    if not isinstance(value, CommandResult):
         return sandbox_error(f"the sandbox failed: {_why(outcome)}")
     code = value.exit_code
-    limit_hit = outcome.status == "timeout" or code == TIMEOUT_EXIT
+    limit_hit = code == TIMEOUT_EXIT
     if code == 137 and outcome.timings.exec_s >= run_timeout_s:
         limit_hit = True  # TERM ignored, KILL sent one second later
-    run_status = "TimeLimitExceeded" if limit_hit else "Finished"
-    ok = run_status == "Finished" and code == 0
+    if limit_hit:
+        return _failed(outcome, "TimeLimitExceeded", value.message or "TimeLimitExceeded")
+    if code == 0:
+        return _run_answer("Success", "", outcome, "Finished")
+    return _failed(outcome, "Finished", value.message or "Finished")
+
+
+def _timed_out(outcome: Outcome, run_timeout_s: float) -> dict[str, Any]:
+    why = outcome.error.message if outcome.error else "TimeLimitExceeded"
+    return _failed(outcome, "TimeLimitExceeded", why)
+
+
+def _errored(outcome: Outcome, run_timeout_s: float) -> dict[str, Any]:
+    error = outcome.error
+    if error is not None and error.code in PROGRAM_FAULTS and outcome.start_s is not None:
+        return _failed(outcome, "Error", error.message)
+    return sandbox_error(f"the sandbox failed: {_why(outcome)}")
+
+
+#: The answer for each outcome status (``Outcome.status``).
+ANSWERS: dict[str, Callable[[Outcome, float], dict[str, Any]]] = {
+    "result": _finished,
+    "timeout": _timed_out,
+    "error": _errored,
+}
+
+
+def _failed(outcome: Outcome, run_status: str, message: str) -> dict[str, Any]:
+    return _run_answer("Failed", message, outcome, run_status)
+
+
+def _run_answer(status: str, message: str, outcome: Outcome, run_status: str) -> dict[str, Any]:
+    value = outcome.value if isinstance(outcome.value, CommandResult) else None
     return {
-        "status": "Success" if ok else "Failed",
-        "message": "" if ok else (value.message or run_status),
+        "status": status,
+        "message": message,
         "compile_result": None,
         "run_result": {
             "status": run_status,
             "execution_time": round(outcome.timings.exec_s, 6),
-            "return_code": code,
-            "stdout": value.stdout,
-            "stderr": value.stderr,
+            "return_code": value.exit_code if value else None,
+            "stdout": value.stdout if value else "",
+            "stderr": value.stderr if value else "",
         },
         "executor_pod_name": None,
         "files": {},

@@ -8,7 +8,7 @@ as JSON (nested lists of numbers become tensors, see ``codec``) and results leav
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -23,6 +23,9 @@ from tangram.exec.runtime.records import (
     Outcome,
     Timings,
     TrajectoryInfo,
+    check_id,
+    check_image,
+    check_memory_gb,
 )
 from tangram.exec.service.codec import decode_inputs, to_json
 
@@ -84,8 +87,14 @@ def resource_of(body: Mapping[str, Any]) -> str:
     return found[0]
 
 
-def parse_action(body: Any) -> tuple[ActionSpec, float | None]:
-    """``POST /v1/actions`` body -> (spec, how long to wait for the outcome: None = not)."""
+def parse_action(body: Any, *, max_output_bytes: int) -> tuple[ActionSpec, float | None]:
+    """``POST /v1/actions`` body -> (spec, how long to wait for the outcome: None = not).
+
+    A field that is absent gets ``ActionSpec``'s default; a field that is present is taken as
+    given or refused naming it (0, "" or a negative number are never read as "absent").
+    ``max_output_bytes`` is the service's cap on a CPU action's output per stream: also the
+    default when the action gives none.
+    """
     body = require_object(body, "an action")
     resource = resource_of(body)
     allowed = COMMON_FIELDS | WORK_FIELDS[resource]
@@ -94,47 +103,63 @@ def parse_action(body: Any) -> tuple[ActionSpec, float | None]:
         raise BadRequest(
             f"unknown field {unknown[0]!r} for a {resource} action; allowed: {sorted(allowed)}"
         )
-    if resource == "cpu":
-        command = body.get("command")
-        if isinstance(command, list):
-            if not command or not all(isinstance(a, str) for a in command):
-                raise BadRequest("field 'command': a list must hold strings only")
-            command = tuple(command)
-        elif not isinstance(command, str):
-            raise BadRequest("field 'command': expected a string or a list of strings")
-        env = _typed(body, "env", dict, "an object of strings") or {}
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-            raise BadRequest("field 'env': keys and values must be strings")
-        limit = _typed(body, "max_output_bytes", int, "an integer")
-        if limit is not None and limit < 1:
-            raise BadRequest(f"field 'max_output_bytes': must be >= 1, got {limit}")
-        work: CpuWork | GpuWork | ApiWork = CpuWork(command, env, limit)
-    elif resource == "gpu":
-        service = _typed(body, "service", str, "a string")
-        if not service:
-            raise BadRequest("field 'service': required for a gpu action")
-        if "inputs" not in body:
-            raise BadRequest("field 'inputs': required for a gpu action")
-        work = GpuWork(service, decode_inputs(body["inputs"]))
-    else:
-        endpoint = _typed(body, "endpoint", str, "a string")
-        if not endpoint:
-            raise BadRequest("field 'endpoint': required for an api action")
-        work = ApiWork(endpoint, body.get("payload"))
+    work = WORK_PARSERS[resource](body, max_output_bytes)
     number = (int, float)
-    spec = ActionSpec(
-        work=work,
-        id=_typed(body, "id", str, "a string"),
-        trajectory=_typed(body, "trajectory", str, "a string"),
-        max_units=_typed(body, "max_units", int, "an integer") or 1,
-        t1_s=_typed(body, "t1_s", number, "a number") or 1.0,
-        serial_fraction=_typed(body, "serial_fraction", number, "a number"),
-        curve=_typed(body, "curve", dict, "a curve object"),
-        timeout_s=_typed(body, "timeout_s", number, "a number"),
-        task=_typed(body, "task", str, "a string") or "live",
-        kind=_typed(body, "kind", str, "a string"),
-    )
+    given = {
+        "id": _typed(body, "id", str, "a string"),
+        "trajectory": _typed(body, "trajectory", str, "a string"),
+        "max_units": _typed(body, "max_units", int, "an integer"),
+        "t1_s": _typed(body, "t1_s", number, "a number"),
+        "serial_fraction": _typed(body, "serial_fraction", number, "a number"),
+        "curve": _typed(body, "curve", dict, "a curve object"),
+        "timeout_s": _typed(body, "timeout_s", number, "a number"),
+        "task": _typed(body, "task", str, "a string"),
+        "kind": _typed(body, "kind", str, "a string"),
+    }
+    spec = ActionSpec(work=work, **{k: v for k, v in given.items() if v is not None})
     return spec, parse_wait(body.get("wait"))
+
+
+def _cpu_work(body: Mapping[str, Any], cap: int) -> CpuWork:
+    command = body.get("command")
+    if isinstance(command, list):
+        if not command or not all(isinstance(a, str) for a in command):
+            raise BadRequest("field 'command': a list must hold strings only")
+        command = tuple(command)
+    elif not isinstance(command, str):
+        raise BadRequest("field 'command': expected a string or a list of strings")
+    env = _typed(body, "env", dict, "an object of strings")
+    limit = _typed(body, "max_output_bytes", int, "an integer")
+    if limit is not None and limit > cap:
+        raise BadRequest(
+            f"field 'max_output_bytes': at most {cap} here (the service's cap, "
+            f"--max-output-bytes), got {limit}"
+        )
+    return CpuWork(command, {} if env is None else env, cap if limit is None else limit)
+
+
+def _gpu_work(body: Mapping[str, Any], cap: int) -> GpuWork:
+    service = _typed(body, "service", str, "a string")
+    if not service:
+        raise BadRequest("field 'service': required for a gpu action")
+    if "inputs" not in body:
+        raise BadRequest("field 'inputs': required for a gpu action")
+    return GpuWork(service, decode_inputs(body["inputs"]))
+
+
+def _api_work(body: Mapping[str, Any], cap: int) -> ApiWork:
+    endpoint = _typed(body, "endpoint", str, "a string")
+    if not endpoint:
+        raise BadRequest("field 'endpoint': required for an api action")
+    return ApiWork(endpoint, body.get("payload"))
+
+
+#: Each resource's work, from the body and the service's output cap.
+WORK_PARSERS: dict[str, Callable[[Mapping[str, Any], int], CpuWork | GpuWork | ApiWork]] = {
+    "cpu": _cpu_work,
+    "gpu": _gpu_work,
+    "api": _api_work,
+}
 
 
 def parse_wait(value: Any) -> float | None:
@@ -149,17 +174,25 @@ def parse_wait(value: Any) -> float | None:
 
 
 def parse_trajectory(body: Any) -> dict[str, Any]:
+    """``POST /v1/trajectories`` body -> ``Runtime.open_trajectory``'s arguments; an absent
+    field gets the runtime's default, a present one is checked (never read as absent)."""
     body = require_object(body if body is not None else {}, "a trajectory")
     unknown = sorted(set(body) - TRAJECTORY_FIELDS)
     if unknown:
         raise BadRequest(
             f"unknown field {unknown[0]!r} for a trajectory; allowed: {sorted(TRAJECTORY_FIELDS)}"
         )
+    traj = body.get("id")
+    memory = body.get("memory_gb")
+    image = body.get("image")
+    wait = _typed(body, "wait_s", (int, float), "a number")
+    if wait is not None and wait < 0:
+        raise BadRequest(f"field 'wait_s': must be >= 0 seconds, got {wait!r}")
     return {
-        "trajectory": _typed(body, "id", str, "a string"),
-        "memory_gb": _typed(body, "memory_gb", (int, float), "a number"),
-        "image": _typed(body, "image", str, "a string"),
-        "wait_s": float(_typed(body, "wait_s", (int, float), "a number") or 0.0),
+        "trajectory": None if traj is None else check_id("field 'id' (the trajectory id)", traj),
+        "memory_gb": None if memory is None else check_memory_gb("field 'memory_gb'", memory),
+        "image": None if image is None else check_image("field 'image'", image),
+        "wait_s": 0.0 if wait is None else float(wait),
     }
 
 

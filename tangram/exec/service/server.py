@@ -20,7 +20,8 @@ from pathlib import Path
 from aiohttp import web
 
 from tangram.exec.runtime import Runtime
-from tangram.exec.service.app import ServiceApp
+from tangram.exec.service.app import DEFAULT_MAX_OUTPUT_BYTES, ServiceApp
+from tangram.exec.service.connections import ConnectionLimits, GuardedSite
 from tangram.exec.service.sandbox_fusion import RunCodeSettings
 
 log = logging.getLogger(__name__)
@@ -46,12 +47,26 @@ def check_binding(host: str, token: str | None) -> None:
 
 @dataclass(frozen=True)
 class ServeOptions:
+    """How the service serves (``docs/live.md``, "Running it").
+
+    ``max_output_bytes``: the server's cap on a CPU action's output per stream (a request
+    asking for more is refused with a 400 naming it; also the default). ``limits``: the
+    time-outs for reading a request's headers and body and the bound on open connections.
+    """
+
     host: str = "127.0.0.1"
     port: int = 8765
     token: str | None = None
     trace_path: Path | None = None
     run_code: RunCodeSettings = RunCodeSettings()
     max_wait_s: float = 300.0
+    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
+    limits: ConnectionLimits = ConnectionLimits()
+
+    def __post_init__(self) -> None:
+        cap = self.max_output_bytes
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            raise ValueError(f"max_output_bytes must be a positive integer, got {cap!r}")
 
 
 async def start_site(runtime: Runtime, opts: ServeOptions) -> tuple[web.AppRunner, str]:
@@ -64,17 +79,14 @@ async def start_site(runtime: Runtime, opts: ServeOptions) -> tuple[web.AppRunne
         trace_path=opts.trace_path,
         run_code_settings=opts.run_code,
         max_wait_s=opts.max_wait_s,
+        max_output_bytes=opts.max_output_bytes,
+        body_timeout_s=opts.limits.body_timeout_s,
     ).build()
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
+    runner = web.AppRunner(app, shutdown_timeout=5.0, **opts.limits.handler_kwargs())
     await runner.setup()
-    site = web.TCPSite(runner, opts.host, opts.port, backlog=4096, reuse_address=True)
+    site = GuardedSite(runner, opts.host, opts.port, opts.limits)
     await site.start()
-    port = opts.port
-    server = getattr(site, "_server", None)
-    if server is not None and server.sockets:
-        port = server.sockets[0].getsockname()[1]
-    host = f"[{opts.host}]" if ":" in opts.host else opts.host
-    return runner, f"http://{host}:{port}"
+    return runner, site.name
 
 
 async def serve(

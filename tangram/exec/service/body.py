@@ -1,0 +1,93 @@
+"""A request's JSON body, read so that no body can be a 500 or hold a connection forever.
+
+The body must arrive within ``timeout_s`` (else 408 and the connection is closed), be UTF-8
+(JSON's only encoding, whatever the Content-Type claims), parse as JSON with finite numbers
+and integers of at most 4300 digits, and nest at most ``MAX_DEPTH`` arrays and objects deep.
+Every other way it can be wrong is a ``BadRequest`` saying what is wrong (HTTP 400).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from typing import Any
+
+from aiohttp import web
+
+from tangram.exec.runtime.errors import BadRequest
+from tangram.exec.service.schema import error_doc
+
+#: The deepest nesting of arrays and objects a body may have (GPU inputs need a handful).
+MAX_DEPTH = 64
+
+
+async def read_json(request: web.Request, *, timeout_s: float, optional: bool = False) -> Any:
+    """The body's JSON (None for an empty body when ``optional``)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            data = await request.read()
+    except TimeoutError:
+        raise web.HTTPRequestTimeout(
+            text=json.dumps(
+                error_doc(
+                    "request_timeout",
+                    f"the request body did not arrive within {timeout_s:g} s "
+                    "(the service's --body-timeout-s)",
+                )
+            ),
+            content_type="application/json",
+            headers={"Connection": "close"},
+        ) from None
+    return parse_json(data, optional=optional)
+
+
+def parse_json(data: bytes, *, optional: bool = False) -> Any:
+    """``data`` as JSON, or ``BadRequest`` naming what is wrong with it."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequest(
+            f"the request body is not valid UTF-8 (byte {exc.start}: {data[exc.start : exc.start + 1]!r})"
+        ) from None
+    if not text.strip():
+        if optional:
+            return None
+        raise BadRequest("the request body is empty; send a JSON object")
+    try:
+        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+    except json.JSONDecodeError as exc:
+        raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest(f"the request body nests deeper than {MAX_DEPTH} levels") from None
+    except ValueError as exc:  # an integer of more than 4300 digits, NaN, Infinity, 1e999
+        raise BadRequest(f"the request body has a number JSON cannot carry here: {exc}") from None
+    problem = depth_problem(value)
+    if problem is not None:
+        raise BadRequest(problem)
+    return value
+
+
+def depth_problem(value: Any) -> str | None:
+    """Why ``value`` nests too deep (None when it does not); iterative, for any depth."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if not isinstance(item, dict | list):
+            continue
+        if depth > MAX_DEPTH:
+            return f"the request body nests deeper than {MAX_DEPTH} levels"
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of range for a 64-bit float")
+    return value

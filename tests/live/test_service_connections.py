@@ -1,0 +1,162 @@
+"""Slow and idle clients cannot hold the service (issue 16, defect 10): a connection that does
+not finish its headers, or its body, in time is closed; beyond ``max_connections`` a new one
+is answered 429 at once; the others are served meanwhile. Loopback only; every loop is
+bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from tangram.core.resources import ApiEndpointSpec, ClusterSpec
+from tangram.exec.runtime import ApiExecutor, Runtime, RuntimeConfig
+from tangram.exec.runtime.api import echo
+from tangram.exec.service import Client, ServeOptions, ServiceThread
+from tangram.exec.service.connections import ConnectionLimits
+
+CLUSTER = ClusterSpec(name="conns", apis=(ApiEndpointSpec("echo", concurrency=64),))
+#: How long the tests give the service to close what it must close (the limits are 1 s).
+DEADLINE_S = 20.0
+
+HEAD = (
+    b"POST /v1/actions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    b"Content-Length: 100\r\n\r\n"
+)
+
+
+@contextmanager
+def served(limits: ConnectionLimits) -> Iterator[ServiceThread]:
+    def make() -> Runtime:
+        return Runtime(CLUSTER, RuntimeConfig(max_pending=100), api=ApiExecutor({"echo": echo}))
+
+    with ServiceThread(make, ServeOptions(port=0, limits=limits)) as service:
+        yield service
+
+
+def address(service: ServiceThread) -> tuple[str, int]:
+    host, port = service.url.removeprefix("http://").rsplit(":", 1)
+    return host, int(port)
+
+
+def connect(service: ServiceThread, count: int, first_bytes: bytes) -> list[socket.socket]:
+    socks = []
+    for _ in range(count):
+        s = socket.create_connection(address(service), timeout=5.0)
+        if first_bytes:
+            s.sendall(first_bytes)
+        socks.append(s)
+    return socks
+
+
+def wait_closed(socks: list[socket.socket], deadline_s: float) -> tuple[list[socket.socket], bytes]:
+    """Read each socket until the service closes it or the deadline passes: (still open, one
+    answer seen)."""
+    for s in socks:
+        s.setblocking(False)
+    open_left, seen = list(socks), b""
+    end = time.monotonic() + deadline_s
+    while open_left and time.monotonic() < end:
+        for s in list(open_left):
+            try:
+                data = s.recv(65536)
+            except BlockingIOError:
+                continue
+            except OSError:
+                open_left.remove(s)
+                continue
+            if not data:
+                open_left.remove(s)
+            else:
+                seen = seen or data
+        time.sleep(0.05)
+    return open_left, seen
+
+
+def served_meanwhile(service: ServiceThread) -> None:
+    with Client(service.url, retries=0) as c:
+        assert c.run(endpoint="echo", payload="still here").value == "still here"
+
+
+LIMITS = ConnectionLimits(header_timeout_s=1.0, body_timeout_s=1.0, max_connections=1024)
+
+
+def test_connections_that_sent_headers_and_one_body_byte_are_closed() -> None:
+    with served(LIMITS) as service:
+        socks = connect(service, 200, HEAD + b"{")
+        try:
+            served_meanwhile(service)
+            left, seen = wait_closed(socks, DEADLINE_S)
+            assert not left, f"{len(left)} of 200 slow-body connections still open"
+            assert seen.startswith(b"HTTP/1.1 408"), seen[:200]
+            body = json.loads(seen.split(b"\r\n\r\n", 1)[1])
+            assert body["error"]["code"] == "request_timeout", body
+            served_meanwhile(service)
+        finally:
+            for s in socks:
+                s.close()
+
+
+@pytest.mark.parametrize(
+    "first_bytes",
+    [b"", b"POST /v1/actions HTTP/1.1\r\nHost: x\r\n", b"GET /healthz HTT"],
+    ids=["idle", "half the headers", "half the request line"],
+)
+def test_connections_that_do_not_finish_their_headers_are_closed(first_bytes: bytes) -> None:
+    with served(LIMITS) as service:
+        socks = connect(service, 100, first_bytes)
+        try:
+            served_meanwhile(service)
+            left, _ = wait_closed(socks, DEADLINE_S)
+            assert not left, f"{len(left)} of 100 connections still open"
+        finally:
+            for s in socks:
+                s.close()
+
+
+def test_connections_beyond_the_bound_are_refused_at_once_and_the_rest_served() -> None:
+    limits = ConnectionLimits(header_timeout_s=60.0, body_timeout_s=60.0, max_connections=8)
+    with served(limits) as service:
+        held = connect(service, 8, b"")
+        try:
+            time.sleep(0.2)  # the service has accepted them
+            extra = socket.create_connection(address(service), timeout=10.0)
+            extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = b""
+            for _ in range(100):  # bounded: the answer is small and comes at once
+                chunk = extra.recv(65536)
+                if not chunk:
+                    break
+                answer += chunk
+            extra.close()
+            assert answer.startswith(b"HTTP/1.1 429"), answer[:200]
+            assert b"Retry-After: 1" in answer
+            doc = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+            assert doc["error"]["code"] == "overloaded" and doc["error"]["retryable"] is True
+            assert "8 connections" in doc["error"]["message"]
+        finally:
+            for s in held:
+                s.close()
+        end = time.monotonic() + DEADLINE_S
+        while time.monotonic() < end:  # the held ones are gone once the service saw them close
+            try:
+                served_meanwhile(service)
+                break
+            except Exception:  # noqa: BLE001 - refused while the closes are processed
+                time.sleep(0.1)
+        served_meanwhile(service)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"header_timeout_s": 0}, {"body_timeout_s": -1}, {"max_connections": 0}],
+    ids=str,
+)
+def test_limits_must_be_positive(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        ConnectionLimits(**kwargs)
