@@ -16,6 +16,7 @@ import os
 import sys
 from pathlib import Path
 
+from tangram.exec.service.limits import DEFAULT_MAX_OUTPUT_BYTES, ConnectionLimits
 from tangram.report import add_json_flag
 
 TOKEN_ENV = "TANGRAM_TOKEN"
@@ -53,6 +54,35 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--memory-gb", type=float, default=1.0, help="default container memory (default 1)"
     )
     p.add_argument("--trace", type=Path, help="write the run's trace here at shutdown (JSONL)")
+    p.add_argument(
+        "--max-output-bytes",
+        type=int,
+        default=DEFAULT_MAX_OUTPUT_BYTES,
+        help="the most output per stream a CPU action may ask for, and its default "
+        f"(default {DEFAULT_MAX_OUTPUT_BYTES}: 1 MiB)",
+    )
+    defaults = ConnectionLimits()
+    p.add_argument(
+        "--header-timeout-s",
+        type=float,
+        default=defaults.header_timeout_s,
+        help="close a connection that has not sent a request's headers within this time of "
+        f"opening or of its last answer (idle ones too; default {defaults.header_timeout_s:g})",
+    )
+    p.add_argument(
+        "--body-timeout-s",
+        type=float,
+        default=defaults.body_timeout_s,
+        help="answer 408 and close when a request's body has not arrived within this time "
+        f"(default {defaults.body_timeout_s:g})",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=defaults.max_connections,
+        help="connections open at once; one more is answered 429 and closed "
+        f"(default {defaults.max_connections})",
+    )
     p.add_argument("--no-cpu", action="store_true", help="no CPU executor (no Docker needed)")
     p.add_argument("--no-gpu", action="store_true", help="no GPU executor (no torch needed)")
     p.add_argument(
@@ -103,7 +133,19 @@ def run(args: argparse.Namespace) -> int:
         gpu_backend=args.gpu_backend,
         endpoints=endpoints,
     )
-    opts = ServeOptions(host=args.host, port=args.port, token=token, trace_path=args.trace)
+    limits = ConnectionLimits(
+        header_timeout_s=args.header_timeout_s,
+        body_timeout_s=args.body_timeout_s,
+        max_connections=args.max_connections,
+    )
+    opts = ServeOptions(
+        host=args.host,
+        port=args.port,
+        token=token,
+        trace_path=args.trace,
+        max_output_bytes=args.max_output_bytes,
+        limits=limits,
+    )
 
     def ready(url: str) -> None:
         info = {

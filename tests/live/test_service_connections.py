@@ -18,7 +18,7 @@ from tangram.core.resources import ApiEndpointSpec, ClusterSpec
 from tangram.exec.runtime import ApiExecutor, Runtime, RuntimeConfig
 from tangram.exec.runtime.api import echo
 from tangram.exec.service import Client, ServeOptions, ServiceThread
-from tangram.exec.service.connections import ConnectionLimits
+from tangram.exec.service.limits import ConnectionLimits
 
 CLUSTER = ClusterSpec(name="conns", apis=(ApiEndpointSpec("echo", concurrency=64),))
 #: How long the tests give the service to close what it must close (the limits are 1 s).
@@ -160,3 +160,21 @@ def test_connections_beyond_the_bound_are_refused_at_once_and_the_rest_served() 
 def test_limits_must_be_positive(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         ConnectionLimits(**kwargs)
+
+
+def test_tangram_serve_takes_the_limits_with_their_defaults() -> None:
+    from tangram.cli import build_parser
+    from tangram.exec.service.limits import DEFAULT_MAX_OUTPUT_BYTES
+
+    args = build_parser().parse_args(["serve"])
+    defaults = ConnectionLimits()
+    assert (args.header_timeout_s, args.body_timeout_s, args.max_connections) == (
+        defaults.header_timeout_s,
+        defaults.body_timeout_s,
+        defaults.max_connections,
+    )
+    assert args.max_output_bytes == DEFAULT_MAX_OUTPUT_BYTES
+    given = ["serve", "--header-timeout-s", "2", "--body-timeout-s", "3", "--max-connections", "9"]
+    args = build_parser().parse_args([*given, "--max-output-bytes", "4096"])
+    assert (args.header_timeout_s, args.body_timeout_s, args.max_connections) == (2.0, 3.0, 9)
+    assert args.max_output_bytes == 4096

@@ -25,6 +25,7 @@ from tangram.exec.runtime.errors import BadRequest, Conflict, LiveError
 from tangram.exec.runtime.records import check_id
 from tangram.exec.service.body import read_json
 from tangram.exec.service.causes import translate
+from tangram.exec.service.limits import DEFAULT_MAX_OUTPUT_BYTES
 from tangram.exec.service.metrics import CONTENT_TYPE, ServiceMetrics
 from tangram.exec.service.sandbox_fusion import (
     RunCodeSettings,
@@ -50,8 +51,6 @@ OPEN_PATHS = frozenset({"/healthz"})
 #: A path segment holding an id: anything but '/' (aiohttp's default also refuses '{}'), and
 #: then the id alphabet (``check_id``) with a 400 naming the field.
 ID = "{id:[^/]+}"
-#: The cap of ``max_output_bytes`` when none is given: the AOE default, 1 MiB per stream.
-DEFAULT_MAX_OUTPUT_BYTES = 1 << 20
 
 
 def error_response(exc: LiveError, doc: dict[str, Any] | None = None) -> web.Response:

@@ -1,62 +1,28 @@
-"""Bounds on the service's connections, so that slow or idle clients cannot hold it forever.
+"""Applying ``limits.ConnectionLimits`` to the service's connections, so that slow or idle
+clients cannot hold it forever.
 
-- ``header_timeout_s``: a connection must send a request's headers within this time of
-  opening (or of its previous answer); otherwise it is closed. aiohttp's keep-alive timer
-  does exactly this (it closes a connection still waiting for a request's headers), so it is
-  set to this value; an idle keep-alive connection closes after it too.
-- ``body_timeout_s``: a body must arrive within this time of its headers (``body.read_json``
-  answers 408 and closes the connection).
-- ``max_connections``: at most this many connections are open at once; one more is answered
-  429 ``overloaded`` (the clients retry it) and closed.
-
-``GuardedSite`` is a TCP site that applies the bound when a connection is accepted.
+The header time-out is aiohttp's keep-alive timer (``ConnectionLimits.handler_kwargs``), the
+body time-out ``body.read_json``'s; ``GuardedSite`` is a TCP site that refuses a connection
+beyond ``max_connections`` when it is accepted (``Refusal``: 429 ``overloaded``, then closed)
+and whose connection handlers (``ErrorDocHandler``) answer malformed requests with the
+service's error document.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
-from typing import Any
 
 from aiohttp import web
 
 from tangram.exec.runtime.errors import Overloaded
+from tangram.exec.service.limits import ConnectionLimits
 from tangram.exec.service.schema import error_doc
 
 #: How long a refused connection may take to send its request's headers before the answer.
 REFUSAL_WAIT_S = 1.0
 #: The most bytes read (and dropped) from a refused connection.
 REFUSAL_READ_BYTES = 64 * 1024
-#: How long aiohttp keeps reading (and dropping) the rest of a body it did not read.
-LINGER_S = 2.0
-
-
-@dataclass(frozen=True)
-class ConnectionLimits:
-    """Time-outs for reading requests and the bound on open connections (module doc)."""
-
-    header_timeout_s: float = 15.0
-    body_timeout_s: float = 60.0
-    max_connections: int = 1024
-
-    def __post_init__(self) -> None:
-        for name in ("header_timeout_s", "body_timeout_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-        count = self.max_connections
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise ValueError(f"max_connections must be a positive integer, got {count!r}")
-
-    def handler_kwargs(self) -> dict[str, Any]:
-        """The settings of aiohttp's connection handlers that carry these limits (access log
-        off): the runner's, and ``GuardedSite``'s for the handlers it makes."""
-        return {
-            "access_log": None,
-            "keepalive_timeout": self.header_timeout_s,
-            "lingering_time": LINGER_S,
-        }
 
 
 def refusal_bytes(max_connections: int) -> bytes:

@@ -20,8 +20,9 @@ from pathlib import Path
 from aiohttp import web
 
 from tangram.exec.runtime import Runtime
-from tangram.exec.service.app import DEFAULT_MAX_OUTPUT_BYTES, ServiceApp
-from tangram.exec.service.connections import ConnectionLimits, GuardedSite
+from tangram.exec.service.app import ServiceApp
+from tangram.exec.service.connections import GuardedSite
+from tangram.exec.service.limits import DEFAULT_MAX_OUTPUT_BYTES, ConnectionLimits
 from tangram.exec.service.sandbox_fusion import RunCodeSettings
 
 log = logging.getLogger(__name__)
