@@ -12,16 +12,23 @@ and, with Docker, an image that does not exist (a 400, not a 500; no container l
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from tangram.exec.aoe.environment import MAX_COMMAND_BYTES
+from tangram.exec.runtime.errors import BadRequest
 from tangram.exec.runtime.records import MIN_MEMORY_GB
 from tangram.exec.service import Client, ServeOptions, ServiceThread
+from tangram.exec.service.calls import segment
+from tangram.exec.service.sandbox_fusion import RunCodeSettings, parse_run_code
+from tangram.exec.service.schema import parse_action, parse_trajectory
 from tests.live.test_service_ids import FakeAoe, fake_cpu_runtime
 
 CAP = 4096
@@ -243,6 +250,68 @@ def test_output_limits_above_the_servers_cap_are_refused_naming_it(
     assert r.status_code == 200 and aoe.runs[-1][2]["max_output_bytes"] == CAP
     with pytest.raises(ValueError, match="max_output_bytes"):
         ServeOptions(max_output_bytes=0)
+
+
+# -- random bodies: refused or accepted, never a 500 -----------------------------------------------
+
+SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**6), 10**6)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8)
+)
+JSON = st.recursive(
+    SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=10,
+)
+FIELDS = st.sampled_from(
+    ["id", "trajectory", "command", "endpoint", "payload", "service", "inputs", "max_units",
+     "t1_s", "serial_fraction", "curve", "timeout_s", "task", "kind", "env", "wait",
+     "max_output_bytes", "resource", "memory_gb", "image", "wait_s", "code", "language",
+     "stdin", "files", "fetch_files", "run_timeout", "memory_limit_MB", "max_units"]
+)  # fmt: skip
+CURVES = st.fixed_dictionaries(
+    {"kind": st.sampled_from(["inelastic", "amdahl", "tabulated", "fitted", "other"])},
+    optional={"t1_s": JSON, "serial_fraction": JSON, "points": JSON, "units": JSON},
+)
+BODIES = st.dictionaries(FIELDS, JSON | CURVES, max_size=6)
+PARSERS = {
+    "action": lambda body: parse_action(body, max_output_bytes=CAP),
+    "trajectory": parse_trajectory,
+    "run_code": lambda body: parse_run_code(body, RunCodeSettings(), 16.0),
+}
+
+
+@settings(max_examples=1500, deadline=None, derandomize=True)
+@given(body=BODIES)
+@example(body={"resource": []})  # was a TypeError: a 500
+@example(body={"resource": {}, "command": "x"})
+def test_the_parsers_accept_or_refuse_any_body_and_never_raise_otherwise(body: Any) -> None:
+    for parse in PARSERS.values():
+        with contextlib.suppress(BadRequest):
+            parse(body)
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(body=BODIES, path=st.sampled_from(["/v1/actions", "/v1/trajectories", "/run_code"]))
+def test_random_bodies_over_http_are_never_a_5xx(svc: ServiceThread, body: Any, path: str) -> None:
+    if isinstance(body, dict) and body.get("wait") not in (None, False):
+        body["wait"] = False  # never block on a random action
+    r = httpx.post(svc.url + path, json=body, timeout=30)
+    assert r.status_code < 500, (body, r.status_code, r.text[:300])
+    if r.status_code >= 400:
+        assert r.json()["error"]["message"], r.text[:300]
+    if path == "/v1/trajectories" and r.status_code == 201:
+        httpx.delete(f"{svc.url}/v1/trajectories/{segment(r.json()['id'])}", timeout=30)
 
 
 # -- with Docker: an image the engine does not have ---------------------------------------------

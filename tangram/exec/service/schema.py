@@ -75,7 +75,7 @@ def resource_of(body: Mapping[str, Any]) -> str:
     """The resource: given, or inferred from the one work field present."""
     given = body.get("resource")
     if given is not None:
-        if given not in WORK_FIELDS:
+        if not isinstance(given, str) or given not in WORK_FIELDS:
             raise BadRequest(f"field 'resource': must be cpu, gpu or api, got {given!r}")
         return str(given)
     found = [r for r, names in WORK_FIELDS.items() if names & set(body) - {"env"}]
