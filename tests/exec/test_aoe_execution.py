@@ -100,7 +100,7 @@ def setup(
     handle = ContainerHandle("t", "c" * 64, "name", "img", 2.0)
     control = FakeControl(log, grant_error)
     transport = FakeTransport(log, answer or exited(0))
-    container = Container(blueprint, handle, control, transport, None)  # type: ignore[arg-type]
+    container = Container(blueprint, handle, control, transport, None, None)  # type: ignore[arg-type]
     runner = ActionRunner(None, ledger, FakeLifecycle(log, death))  # type: ignore[arg-type]
     return runner, container, ledger, log
 

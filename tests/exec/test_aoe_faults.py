@@ -68,7 +68,7 @@ def test_timeout_kills_the_action_but_keeps_the_container(
     assert out.text == "started\n" and 0.7 <= took < 4
     after = any_manager.run_action(
         traj,
-        "cat /work/mark; pgrep -f 'slee[p] 3[12]' || echo no-sleepers; "
+        "cat /work/mark; ps -o args | grep '^sleep 3[12]' || echo no-sleepers; "
         "kill -0 $(cat /work/keeper) && echo keeper-alive",
         1,
     )

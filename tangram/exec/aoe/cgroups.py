@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,38 @@ def _keyed(text: str, key: str) -> int | None:
         if name == key:
             return int(value)
     return None
+
+
+@dataclass(frozen=True)
+class Freezer:
+    """How one cgroup version freezes a cgroup and everything below it: the file, its two
+    values, and how to read that the freezing is complete (processes stuck in the kernel can
+    make it lag behind the write)."""
+
+    file: str
+    frozen: str
+    thawed: str
+    #: The file to read, and the test on its text, that the freezing is complete.
+    done_file: str
+    done: Callable[[str], bool]
+
+    def freeze(self, directory: Path) -> None:
+        _write(directory / self.file, self.frozen)
+
+    def thaw(self, directory: Path) -> None:
+        _write(directory / self.file, self.thawed)
+
+    def is_frozen(self, directory: Path) -> bool:
+        return self.done(_read(directory / self.done_file))
+
+
+#: The freezers by cgroup version: v1's ``freezer`` controller, v2's ``cgroup.freeze``.
+FREEZERS: dict[int, Freezer] = {
+    1: Freezer(
+        "freezer.state", "FROZEN", "THAWED", "freezer.state", lambda t: t.strip() == "FROZEN"
+    ),
+    2: Freezer("cgroup.freeze", "1", "0", "cgroup.events", lambda t: _keyed(t, "frozen") == 1),
+}
 
 
 class CpuControl(ABC):
@@ -292,7 +325,7 @@ def find_cgroup_dirs(
     if "cpu" in v1 and "cpu" in paths_v1:
         dirs = {
             c: _join(v1[c], paths_v1[c])
-            for c in ("cpu", "cpuset", "cpuacct", "memory", "pids")
+            for c in ("cpu", "cpuset", "cpuacct", "memory", "pids", "freezer")
             if c in v1 and c in paths_v1
         }
         if "cpuset" not in dirs:

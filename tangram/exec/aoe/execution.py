@@ -5,20 +5,21 @@ judge. The caller holds the container's lock; one call, one ``ActionOutcome``.""
 from __future__ import annotations
 
 import contextlib
+import re
 import shlex
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tangram.exec.aoe import judge
+from tangram.exec.aoe import environment, judge
 from tangram.exec.aoe.cgroups import CgroupGone
 from tangram.exec.aoe.config import AoeConfig
 from tangram.exec.aoe.errors import AoeError
 from tangram.exec.aoe.kill import kill_action
 from tangram.exec.aoe.ledger import CoreLedger
 from tangram.exec.aoe.lifecycle import Container, Lifecycle
-from tangram.exec.aoe.records import ActionOutcome
+from tangram.exec.aoe.records import ActionOutcome, KillReport
 from tangram.exec.aoe.topology import format_cpulist
 from tangram.exec.aoe.transport import ActionRequest, RawResult
 
@@ -34,6 +35,11 @@ class ActionPlan:
     max_output_bytes: int
 
 
+#: What an action id may be made of: it travels on the runner's protocol line (no spaces) and
+#: into the fallback kill's script (no quotes or shell syntax).
+ACTION_ID = re.compile(r"[A-Za-z0-9_.:/@+=,-]{1,256}\Z")
+
+
 def plan_action(
     config: AoeConfig,
     command: str | Sequence[str],
@@ -41,8 +47,21 @@ def plan_action(
     quota_cores: float | None,
     timeout_s: float | None,
     max_output_bytes: int | None,
+    *,
+    env: Mapping[str, str] | None = None,
+    action_id: str | None = None,
 ) -> ActionPlan:
-    """The action with the manager's defaults filled in; ``AoeError`` naming a bad argument."""
+    """The action with the manager's defaults filled in; ``AoeError`` naming a bad argument.
+
+    The environment and the command are held to ``environment``'s rule here, before anything
+    runs, whatever the caller checked already (the service refuses the same with a 400)."""
+    problem = environment.env_problem(env or {}) or environment.command_problem(command)
+    if problem:
+        raise AoeError(problem)
+    if action_id is not None and not ACTION_ID.match(action_id):
+        raise AoeError(
+            f"action id {action_id!r} must be 1-256 characters of letters, digits and _.:/@+=,-"
+        )
     n = cores if isinstance(cores, int) else len(cores)
     quota = float(n if quota_cores is None else quota_cores)
     if not 0 < quota <= n:
@@ -62,13 +81,14 @@ def plan_action(
 
 
 def action_env(granted: tuple[int, ...], quota: float, env: Mapping[str, str] | None) -> dict:
-    """What the action sees of its grant, then the caller's own variables."""
+    """The caller's own variables, then what the action sees of its grant: the grant comes
+    last, so it wins even over a reserved name that got past ``plan_action``."""
     return {
+        **(env or {}),
         "TANGRAM_CORES": str(len(granted)),
         "OMP_NUM_THREADS": str(len(granted)),
         "TANGRAM_CPUSET": format_cpulist(granted),
         "TANGRAM_CPU_QUOTA": f"{quota:g}",
-        **(env or {}),
     }
 
 
@@ -119,8 +139,9 @@ class ActionRunner:
         env_all = action_env(granted, plan.quota, env)
         request = ActionRequest(aid, plan.script, env_all, plan.timeout_s, plan.max_output_bytes)
         oom_before = container.control.oom_kills()
+        kills: list[KillReport] = []
         try:
-            raw = self._granted_run(container, granted, plan.quota, request, times)
+            raw = self._granted_run(container, granted, plan.quota, request, times, kills)
         finally:
             t_revoke = time.perf_counter()
             with contextlib.suppress(CgroupGone):
@@ -138,6 +159,7 @@ class ActionRunner:
             oom_kills_before=oom_before,
             oom_kills_after=after,
             death=death,
+            kill=kills[-1] if kills else None,
         )
         return outcome(judge.judge(raw, facts), granted)
 
@@ -156,9 +178,11 @@ class ActionRunner:
         quota: float,
         request: ActionRequest,
         times: dict[str, float],
+        kills: list[KillReport],
     ) -> RawResult | judge.Verdict:
         """Grant, then run: what the transport saw, or the verdict on why the command could not
-        run (judged here, the cores still held, as the container is looked at)."""
+        run (judged here, the cores still held, as the container is looked at). What a kill
+        did is appended to ``kills``."""
         t_grant = time.perf_counter()
         try:
             container.control.grant(granted, quota)
@@ -172,7 +196,7 @@ class ActionRunner:
         aid = request.action_id
         try:
             return container.transport.run(
-                request, lambda why: kill_action(self.client, container, aid, why)
+                request, lambda why: kills.append(kill_action(container, aid, why))
             )
         except Exception as exc:  # noqa: BLE001 - engine errors become the action's error
             container.transport.close()

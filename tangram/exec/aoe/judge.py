@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tangram.exec.aoe.records import Status
+from tangram.exec.aoe.records import KillReport, Status
 
 if TYPE_CHECKING:
     from tangram.exec.aoe.transport import RawResult
@@ -57,6 +57,8 @@ class Facts:
     oom_kills_after: int | None = None
     #: Why the container is dead, when the probe ``probe`` asked for found it so.
     death: str | None = None
+    #: What the kill at the time-out or on overflow did (None: no kill, or not reported).
+    kill: KillReport | None = None
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,19 @@ def _detail(raw: RawResult) -> str:
     return f": {lines[-1]}" if lines else ""
 
 
+def _kill_note(facts: Facts) -> str:
+    """What a reported kill did not do, to append to "killed" (empty when all died)."""
+    kill = facts.kill
+    if kill is None or (kill.by == "cgroup" and not kill.survivors):
+        return ""
+    if kill.by == "cgroup":
+        return f" but {kill.survivors} of its processes could not be (stuck in the kernel?)"
+    return (
+        " (those that still carried its marker: the container's cgroups are out of reach "
+        "here, and a process that cleared its environment may have survived)"
+    )
+
+
 def _too_large(raw: RawResult, facts: Facts) -> bool:
     limit = facts.max_output_bytes
     return raw.ended == "overflow" or raw.stdout_bytes > limit or raw.stderr_bytes > limit
@@ -116,7 +131,7 @@ def _too_large_error(raw: RawResult, facts: Facts) -> str:
     size = max(raw.stdout_bytes, raw.stderr_bytes)
     return (
         f"output too large: {which} passed max_output_bytes={limit} "
-        f"({size}+ bytes); the action was killed and its output truncated"
+        f"({size}+ bytes); the action was killed{_kill_note(facts)} and its output truncated"
     )
 
 
@@ -150,7 +165,8 @@ RULES: tuple[Rule, ...] = (
         "error",
         lambda raw, facts: raw.ended == "eof",
         lambda raw, facts: (
-            f"{CONTAINER_FAILURE}the action's runner ended unexpectedly (killed from outside?)"
+            f"{CONTAINER_FAILURE}the action's runner ended unexpectedly (killed from "
+            f"outside?){_detail(raw)}"
         ),
     ),
     Rule(
@@ -158,8 +174,8 @@ RULES: tuple[Rule, ...] = (
         "timeout",
         lambda raw, facts: raw.ended == "timeout",
         lambda raw, facts: (
-            f"timed out after {facts.timeout_s:g} s; the action's processes were killed, "
-            "the container was kept"
+            f"timed out after {facts.timeout_s:g} s; the action's processes were killed"
+            f"{_kill_note(facts)}, the container was kept"
         ),
     ),
     Rule("output_too_large", "error", _too_large, _too_large_error),

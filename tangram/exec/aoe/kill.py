@@ -1,6 +1,20 @@
-"""Killing one action and nothing else: its processes are those whose environment carries
-``TANGRAM_ACTION_ID=<id>``, so the kill takes the command, its children and its background
-processes, and keeps the container, its PID 1 and every other action's processes."""
+"""Killing one action and nothing else: its processes are kept in a cgroup of their own.
+
+Before an action starts, the process that will start it (the runner shell, idle on its stdin,
+or an exec's launcher, blocked before the command) is moved into the container's *action
+cgroup*, a child of the container's cgroup made for this purpose. Every process the action
+starts is born there and cannot leave it (the sandbox cannot write cgroup files), whatever it
+does: ``setsid``, a double fork, a cleared environment. The kill freezes that cgroup (so
+nothing forks while it is emptied), SIGKILLs every process in it except the runner, thaws it,
+and counts what is left. When the action ends, what it left running (background processes,
+which survive an action that ended by design) is moved back to the container's cgroup, so a
+later action's kill never takes it.
+
+Without access to the container's cgroups (a remote engine, a manager that is not root) the
+fallback finds the action's processes as before, by ``TANGRAM_ACTION_ID=<id>`` in their
+environment (the caller cannot set that variable, ``environment`` reserves it); a process that
+clears its environment escapes that kill, and the action's outcome says so.
+"""
 
 from __future__ import annotations
 
@@ -8,27 +22,218 @@ import contextlib
 import logging
 import os
 import signal
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tangram.exec.aoe.cgroups import CgroupGone
-from tangram.exec.aoe.transport import ACTION_ENV
+from tangram.exec.aoe.cgroups import FREEZERS, CgroupGone, Freezer, find_cgroup_dirs
+from tangram.exec.aoe.errors import AoeError
+from tangram.exec.aoe.records import KillReport
 
 if TYPE_CHECKING:
     from tangram.exec.aoe.lifecycle import Container
 
 log = logging.getLogger(__name__)
 
+#: Environment variable that marks every process of an action (the fallback kill's key).
+ACTION_ENV = "TANGRAM_ACTION_ID"
+#: The action cgroup's name below the container's cgroup.
+GROUP_NAME = "tangram-action"
+#: How long a kill waits for the cgroup to be frozen, and then for the killed to be gone.
+FREEZE_WAIT_S = 0.5
+GONE_WAIT_S = 1.0
+#: Freeze-and-kill rounds before the kill reports survivors (one is enough unless a process
+#: sits in the kernel and the freezing never completes).
+KILL_ROUNDS = 3
 
-def kill_action(client: Any, container: Container, aid: str, why: str) -> None:
-    """Kill every process of action ``aid`` (found by its environment), keep the rest."""
+
+class ActionGroup(ABC):
+    """Where one action's processes are kept so a kill takes all of them and nothing else."""
+
+    #: Whether ``enter`` needs the launcher's host pid (the transport looks it up if so).
+    places: bool = False
+
+    @abstractmethod
+    def enter(self, action_id: str, pid: int | None, *, launcher_stays: bool) -> None:
+        """The action ``action_id`` is about to start from process ``pid``, which is idle: put
+        it in the group. ``launcher_stays``: the launcher is the runner, which a kill spares
+        (an exec's launcher *is* the action)."""
+
+    @abstractmethod
+    def leave(self) -> None:
+        """The action ended: what it left running, and the runner, back with the container's
+        processes (background processes survive an action that ended)."""
+
+    @abstractmethod
+    def kill(self) -> KillReport:
+        """SIGKILL every process of the current action, keep everything else."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """The container is going: remove what the group made."""
+
+
+class CgroupGroup(ActionGroup):
+    """The action cgroup: a child of the container's freezer (v1) or unified (v2) cgroup."""
+
+    places = True
+
+    def __init__(self, parent: Path, freezer: Freezer) -> None:
+        self.parent = parent
+        self.dir = parent / GROUP_NAME
+        self.freezer = freezer
+        self._spare: int | None = None
+        try:
+            self.dir.mkdir(exist_ok=True)
+        except OSError as exc:
+            raise AoeError(f"cannot make the action cgroup {self.dir}: {exc}") from exc
+
+    def _procs(self) -> set[int]:
+        try:
+            return {int(p) for p in (self.dir / "cgroup.procs").read_text().split()}
+        except FileNotFoundError as exc:
+            raise CgroupGone(f"{self.dir} is gone (container stopped?)") from exc
+
+    def _move(self, pid: int, to: Path) -> None:
+        try:
+            (to / "cgroup.procs").write_text(str(pid))
+        except ProcessLookupError:
+            pass  # it ended meanwhile
+        except FileNotFoundError as exc:
+            raise CgroupGone(f"{to} is gone (container stopped?)") from exc
+
+    def enter(self, action_id: str, pid: int | None, *, launcher_stays: bool) -> None:
+        if pid is None:
+            raise AoeError("the action cgroup needs the launcher's pid")
+        self._move(pid, self.dir)
+        self._spare = pid if launcher_stays else None
+
+    def leave(self) -> None:
+        spare, self._spare = self._spare, None
+        with contextlib.suppress(CgroupGone):  # the container died: nothing left to move
+            pids = self._procs()
+            if pids <= {spare}:  # the usual case: nothing left running, one write at most
+                for pid in pids:
+                    self._move(pid, self.parent)
+                return
+            self.freezer.freeze(self.dir)  # frozen while moved: none forks a child in behind us
+            try:
+                for pid in self._procs():
+                    self._move(pid, self.parent)
+            finally:
+                self.freezer.thaw(self.dir)
+
+    def kill(self) -> KillReport:
+        victims: set[int] = set()
+        for _ in range(KILL_ROUNDS):
+            self.freezer.freeze(self.dir)
+            try:
+                _wait(lambda: self.freezer.is_frozen(self.dir), FREEZE_WAIT_S)
+                victims = self._procs() - {self._spare}
+                for pid in victims:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            finally:
+                self.freezer.thaw(self.dir)
+            if not victims or _wait(lambda: not self._procs() - {self._spare}, GONE_WAIT_S):
+                return KillReport("cgroup", 0)
+        return KillReport("cgroup", len(self._procs() - {self._spare}))
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.dir.rmdir()
+
+
+class MarkerGroup(ActionGroup):
+    """The fallback without cgroup access: an action's processes are those whose environment
+    carries its marker, seen from here when the engine is local, else from inside."""
+
+    def __init__(
+        self, client: Any, container_id: str, user: str, pids: Callable[[], list[int] | None]
+    ) -> None:
+        self.client, self.container_id, self.user, self.pids = client, container_id, user, pids
+        self._action: str | None = None
+
+    def enter(self, action_id: str, pid: int | None, *, launcher_stays: bool) -> None:
+        self._action = action_id
+
+    def leave(self) -> None:
+        self._action = None
+
+    def close(self) -> None:
+        pass  # nothing was made
+
+    def kill(self) -> KillReport:
+        if self._action is not None:
+            try:
+                visible = self.pids() or []
+            except CgroupGone:
+                visible = []
+            if not _kill_visible(visible, f"{ACTION_ENV}={self._action}".encode()):
+                _kill_inside(self.client, self.container_id, self.user, self._action)
+        return KillReport("marker", None)
+
+
+def kill_action(container: Container, aid: str, why: str) -> KillReport:
+    """Kill every process of action ``aid`` in ``container`` (at its time-out or on overflow),
+    keep the rest; what was done, for the outcome."""
     try:
-        pids = container.control.pids()
+        report = container.group.kill()
     except CgroupGone:
-        return
-    killed = _kill_visible(pids or [], f"{ACTION_ENV}={aid}".encode())
-    if not killed:
-        _kill_inside(client, container, aid)
-    log.info("killed action %s in %s (%s)", aid, container.handle.short_id, why)
+        report = KillReport("cgroup", 0)  # the container is gone, and its processes with it
+    log.info(
+        "killed action %s in %s (%s): by %s, %s survivor(s)",
+        aid,
+        container.handle.short_id,
+        why,
+        report.by,
+        "?" if report.survivors is None else report.survivors,
+    )
+    return report
+
+
+def action_group(
+    client: Any,
+    container_id: str,
+    init_pid: int | None,
+    user: str,
+    pids: Callable[[], list[int] | None],
+) -> ActionGroup:
+    """The action cgroup when this process can make one in the container's cgroup (the
+    engine is local and we may write there), otherwise the environment-marker fallback."""
+    why = "the engine's processes are not visible here"
+    if init_pid is not None:
+        try:
+            version, dirs = find_cgroup_dirs(init_pid)
+            parent = dirs.get("freezer") if version == 1 else dirs.get("unified")
+            if parent is None:
+                raise AoeError("no freezer cgroup for the container")
+            return CgroupGroup(parent, FREEZERS[version])
+        except AoeError as exc:
+            why = str(exc)
+    log.warning(
+        "AOE kills the actions of container %s by their environment marker (%s): a process "
+        "that clears its environment can survive a time-out",
+        container_id[:12],
+        why,
+    )
+    return MarkerGroup(client, container_id, user, pids)
+
+
+def _wait(done: Callable[[], bool], timeout_s: float) -> bool:
+    """Poll ``done`` until it holds (True) or ``timeout_s`` passes (False)."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.0005
+    while True:
+        with contextlib.suppress(CgroupGone):
+            if done():
+                return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(delay)
+        delay = min(delay * 2, 0.02)
 
 
 def _kill_visible(pids: list[int], marker: bytes) -> int:
@@ -47,18 +252,16 @@ def _kill_visible(pids: list[int], marker: bytes) -> int:
     return killed
 
 
-def _kill_inside(client: Any, container: Container, aid: str) -> None:
-    """Fallback when the container's processes are not visible from here: kill from inside."""
+def _kill_inside(client: Any, container_id: str, user: str, aid: str) -> None:
+    """Fallback when the container's processes are not visible from here: kill from inside.
+    ``aid`` is held to ``execution.ACTION_ID`` (no quotes, no spaces) and matched as a fixed
+    string."""
     script = (
         "for p in /proc/[0-9]*; do "
-        f"if tr '\\0' '\\n' < $p/environ 2>/dev/null | grep -qx '{ACTION_ENV}={aid}'; "
+        f"if tr '\\0' '\\n' < $p/environ 2>/dev/null | grep -qxF '{ACTION_ENV}={aid}'; "
         "then kill -9 ${p#/proc/} 2>/dev/null; fi; done"
     )
     with contextlib.suppress(Exception):
         client.api.exec_start(
-            client.api.exec_create(
-                container.handle.container_id,
-                ["/bin/sh", "-c", script],
-                user=container.blueprint.sandbox.user,
-            )["Id"]
+            client.api.exec_create(container_id, ["/bin/sh", "-c", script], user=user)["Id"]
         )

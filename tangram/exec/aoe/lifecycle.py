@@ -21,6 +21,7 @@ from tangram.exec.aoe import containers
 from tangram.exec.aoe.cgroups import CpuControl, DockerUpdate, direct_control
 from tangram.exec.aoe.config import AoeConfig, SandboxConfig
 from tangram.exec.aoe.errors import AoeError
+from tangram.exec.aoe.kill import ActionGroup, action_group
 from tangram.exec.aoe.records import ContainerHandle
 from tangram.exec.aoe.topology import NumaTopology
 from tangram.exec.aoe.transport import ActionRequest, ExecTransport, RunnerTransport
@@ -64,6 +65,8 @@ class Container:
     handle: ContainerHandle
     control: CpuControl
     transport: Transport
+    #: Where an action's processes are kept, so its kill takes them all and nothing else.
+    group: ActionGroup
     #: Host pid of the container's init when the engine is local (None otherwise).
     init_pid: int | None
     dead: str | None = None
@@ -169,15 +172,17 @@ class Lifecycle:
                 blueprint.generation,
             )
             sb = blueprint.sandbox
+            init_pid = containers.local_pid(pid, made.id)
+            group = action_group(self.client, made.id, init_pid, sb.user, control.pids)
             transport = TRANSPORTS[cfg.transport](
-                self.client.api, made.id, sb.user, sb.work_dir, cfg.kill_grace_s
+                self.client.api, made.id, sb.user, sb.work_dir, cfg.kill_grace_s, group
             )
             warm_up(transport, name)
             control.park()
         except BaseException:
             containers.remove(self.client, made.id)
             raise
-        return Container(blueprint, handle, control, transport, containers.local_pid(pid, made.id))
+        return Container(blueprint, handle, control, transport, group, init_pid)
 
     def _control(self, container_id: str, pid: int) -> CpuControl:
         """Direct cgroup writes when possible; ``docker update`` as asked, or as the fallback."""
@@ -199,6 +204,7 @@ class Lifecycle:
         """Remove a container that served its trajectory, quota lifted first so its processes
         can die promptly."""
         container.transport.close()
+        container.group.close()
         with contextlib.suppress(AoeError):
             container.control.unthrottle()
         containers.remove(self.client, container.handle.container_id)

@@ -212,7 +212,16 @@ class AoeManager:
         t0 = time.perf_counter()
         traj = self._get(traj_id)
         self.ledger.validate(cores)
-        plan = plan_action(self.config, command, cores, quota_cores, timeout_s, max_output_bytes)
+        plan = plan_action(
+            self.config,
+            command,
+            cores,
+            quota_cores,
+            timeout_s,
+            max_output_bytes,
+            env=env,
+            action_id=action_id,
+        )
         with self._lock:
             self._action_seq += 1
             aid = action_id or f"{containers.safe_name(traj_id)}.{self._action_seq}"

@@ -71,3 +71,14 @@ class ActionOutcome:
     def text(self) -> str:
         """stdout decoded as UTF-8 (undecodable bytes replaced)."""
         return self.stdout.decode("utf-8", "replace")
+
+
+@dataclass(frozen=True)
+class KillReport:
+    """What killing an action did, so its outcome can say it truthfully."""
+
+    #: How its processes were found: ``cgroup`` (all of them, whatever they did) or
+    #: ``marker`` (those still carrying the action's environment marker).
+    by: Literal["cgroup", "marker"]
+    #: How many of its processes were still alive after the kill (None: not known).
+    survivors: int | None

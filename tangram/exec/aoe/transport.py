@@ -1,19 +1,27 @@
 """Running one action's command in a container and collecting what it prints.
 
-Two transports, one contract (``run(request) -> RawResult``):
+Two transports, one contract (``run(request, kill) -> RawResult``):
 
 - ``ExecTransport``: one ``docker exec`` per action. Simple; tens of milliseconds per action,
   and an action that leaves a background process holding its stdout ends only when that
   process closes it (docker's own semantics).
 - ``RunnerTransport``: one long-lived ``/bin/sh`` loop per container, started once with
-  ``docker exec -i``; each action is one line on its stdin (a base64 command script) and comes
-  back as its output followed by a random end marker carrying the exit code. About a
-  millisecond per action, and an action ends when its own shell exits.
+  ``docker exec -i``; each action is sent on its stdin and comes back as its output followed
+  by a random end marker carrying the exit code. About a millisecond per action, and an action
+  ends when its own shell exits.
+
+Both send the action the same way (``frame``): one line ``[TOKEN] ACTION_ID ARG``, where ARG
+is the base64 of a short script, or ``@N`` followed by the N raw bytes of a long one, which
+the container's shell writes to a file in ``/tmp`` (``head -c``) and sources: a script passed
+as one argument is limited by the kernel to 128 KiB, and reading a megabyte with ``read`` would
+take a second. Before the line is sent, the shell that will start the action is idle on its
+stdin and is put in the action cgroup (``kill.ActionGroup``), so whatever the action starts is
+born there.
 
 Both read docker's multiplexed stream (8-byte frame headers) with a deadline, enforce the
-output size limit while reading, and call ``kill`` at the time-out or on overflow; the
-action's processes are found by the ``TANGRAM_ACTION_ID`` in their environment, so the kill
-takes exactly that action's processes and keeps the container and its other processes.
+output size limit while reading, and call ``kill`` at the time-out or on overflow; the kill
+takes the action cgroup's processes (the runner spared) and keeps the container and the
+processes of earlier actions.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import base64
 import contextlib
 import logging
 import secrets
+import shlex
 import socket
 import struct
 import time
@@ -29,26 +38,76 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tangram.exec.aoe.environment import KEY
 from tangram.exec.aoe.errors import AoeError
+from tangram.exec.aoe.kill import ActionGroup
 
 log = logging.getLogger(__name__)
 
-#: Environment variable that marks every process of an action (used to kill exactly those).
-ACTION_ENV = "TANGRAM_ACTION_ID"
+#: Scripts up to this size travel inline (base64 on the protocol line, run with ``sh -c``);
+#: longer ones through a file. Well under the kernel's 128 KiB limit on one argument, and
+#: where reading the line byte by byte (as ``read`` does on a pipe) still costs milliseconds.
+INLINE_MAX_BYTES = 16 << 10
 
-#: The persistent runner: read "TOKEN ACTION_ID BASE64_SCRIPT" lines; run each script in a
-#: fresh /bin/sh with the action id exported (so it is in the environ of every process the
-#: action starts), stdin from /dev/null; then print the end markers. POSIX sh: runs under
-#: busybox ash and dash alike.
-RUNNER_SCRIPT = r"""
-while IFS=' ' read -r tok aid b64; do
-  script=$(printf '%s' "$b64" | base64 -d 2>/dev/null) || script='echo "tangram runner: could not decode the action (fork failed: pids limit reached?)" >&2; exit 125'
+#: Shell function both transports use to turn ARG into ``$script`` (and ``$f``, the file a
+#: long script was written to). Fails (status 2) only when a long script's bytes could not be
+#: taken off stdin (a fork refused at the pids limit, /tmp full): the stream is then out of
+#: step, and the caller must stop reading it.
+_LOAD = r"""
+tangram_load() {
+  f=
+  case $1 in
+  @*)
+    f=/tmp/.tangram-command-$$
+    if ! head -c "${1#@}" > "$f"; then
+      echo "tangram runner: could not receive the command into $f (pids limit reached? /tmp full?)" >&2
+      rm -f "$f"
+      return 2
+    fi
+    script=". $f" ;;
+  *)
+    script=$(printf '%s' "$1" | base64 -d 2>/dev/null) || script='echo "tangram runner: could not decode the action (fork failed: pids limit reached?)" >&2; exit 125' ;;
+  esac
+}
+"""
+
+#: The persistent runner: read "TOKEN ACTION_ID ARG" lines; run each script in a fresh
+#: /bin/sh with the action id exported, stdin from /dev/null; then print the end markers.
+#: POSIX sh: runs under busybox ash and dash alike.
+RUNNER_SCRIPT = (
+    _LOAD
+    + r"""
+while IFS=' ' read -r tok aid arg; do
+  tangram_load "$arg" || exit 125
   ( export TANGRAM_ACTION_ID="$aid"; exec /bin/sh -c "$script" ) </dev/null
   rc=$?
-  printf '\n%s %s\n' "$tok" "$rc"
-  printf '\n%s\n' "$tok" >&2
+  [ -z "$f" ] || rm -f "$f"
+  printf '
+%s %s
+' "$tok" "$rc"
+  printf '
+%s
+' "$tok" >&2
 done
 """
+)
+
+#: One exec's launcher: wait for its "ACTION_ID ARG" line (idle, so it can be put in the
+#: action cgroup first), then become the action's shell (or, for a long script, run it and
+#: remove its file).
+EXEC_SCRIPT = (
+    _LOAD
+    + r"""
+IFS=' ' read -r aid arg || exit 125
+tangram_load "$arg" || exit 125
+export TANGRAM_ACTION_ID="$aid"
+[ -n "$f" ] || exec /bin/sh -c "$script" </dev/null
+/bin/sh -c "$script" </dev/null
+rc=$?
+rm -f "$f"
+exit $rc
+"""
+)
 
 
 @dataclass(frozen=True)
@@ -85,11 +144,47 @@ def _raw_socket(sock: Any) -> socket.socket:
 
 
 def shell_script(env: Mapping[str, str], command: str) -> str:
-    """A /bin/sh script exporting ``env`` then running ``command``."""
-    import shlex
-
+    """A /bin/sh script exporting ``env`` then running ``command``. Values are quoted; a name
+    cannot be (``export`` takes a bare name), so one that is not a shell variable name is
+    refused here, whatever the callers checked."""
+    for key in env:
+        if not isinstance(key, str) or not KEY.match(key):
+            raise AoeError(f"env key {key!r} is not a shell variable name ([A-Za-z_][A-Za-z0-9_]*)")
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
     return exports + command
+
+
+def frame(prefix: str, req: ActionRequest) -> bytes:
+    """The bytes that hand ``req`` to a waiting launcher: ``PREFIX ARG`` then, for a long
+    script, its raw bytes (see the module's docstring)."""
+    script = shell_script(req.env, req.script).encode()
+    if len(script) <= INLINE_MAX_BYTES:
+        return f"{prefix} {base64.b64encode(script).decode()}\n".encode()
+    return f"{prefix} @{len(script)}\n".encode() + script
+
+
+def send(sock: socket.socket, data: bytes, timeout_s: float) -> None:
+    """Write all of ``data``, blocking up to ``timeout_s`` in all (the reader leaves the socket
+    non-blocking; a megabyte does not fit in its buffer at once)."""
+    sock.settimeout(max(timeout_s, 0.001))
+    try:
+        sock.sendall(data)
+    except OSError as exc:
+        raise AoeError(f"could not send the action ({len(data)} bytes): {exc}") from exc
+
+
+def launcher_pid(api: Any, exec_id: str, timeout_s: float = 10.0) -> int:
+    """The host pid of an exec's process, once the engine has started it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = api.exec_inspect(exec_id)
+        if info.get("Pid"):
+            return int(info["Pid"])
+        if time.monotonic() >= deadline or (
+            info.get("ExitCode") is not None and not info.get("Running")
+        ):
+            raise AoeError(f"the exec's shell did not start (exit code {info.get('ExitCode')})")
+        time.sleep(0.001)
 
 
 class FrameReader:
@@ -234,27 +329,36 @@ class ExecTransport:
     name = "exec"
 
     def __init__(
-        self, api: Any, container_id: str, user: str, workdir: str, grace_s: float
+        self,
+        api: Any,
+        container_id: str,
+        user: str,
+        workdir: str,
+        grace_s: float,
+        group: ActionGroup,
     ) -> None:
         self.api, self.container_id = api, container_id
         self.user, self.workdir, self.grace_s = user, workdir, grace_s
+        self.group = group
 
     def run(self, req: ActionRequest, kill: Callable[[str], None]) -> RawResult:
         exec_id = self.api.exec_create(
             self.container_id,
-            ["/bin/sh", "-c", req.script],
+            ["/bin/sh", "-c", EXEC_SCRIPT],
+            stdin=True,
             stdout=True,
             stderr=True,
             user=self.user,
             workdir=self.workdir,
-            environment={ACTION_ENV: req.action_id, **req.env},
         )["Id"]
-        sock = self.api.exec_start(exec_id, socket=True)
-        raw = _raw_socket(sock)
+        raw = _raw_socket(self.api.exec_start(exec_id, socket=True))
         out = Capture(req.max_output_bytes, None, False)
         err = Capture(req.max_output_bytes, None, False)
         reader = FrameReader(raw)
         try:
+            pid = launcher_pid(self.api, exec_id) if self.group.places else None
+            self.group.enter(req.action_id, pid, launcher_stays=False)
+            send(raw, frame(req.action_id, req), req.timeout_s)
             ended = collect(
                 reader,
                 out,
@@ -267,6 +371,7 @@ class ExecTransport:
         finally:
             with contextlib.suppress(OSError):
                 raw.close()
+            self.group.leave()
         code = None
         if ended != "stuck":
             for _ in range(200):  # the exit code lands just after the stream closes
@@ -289,13 +394,22 @@ class RunnerTransport:
     name = "runner"
 
     def __init__(
-        self, api: Any, container_id: str, user: str, workdir: str, grace_s: float
+        self,
+        api: Any,
+        container_id: str,
+        user: str,
+        workdir: str,
+        grace_s: float,
+        group: ActionGroup,
     ) -> None:
         self.api, self.container_id = api, container_id
         self.user, self.workdir, self.grace_s = user, workdir, grace_s
+        self.group = group
         self._sock: socket.socket | None = None
         self._reader: FrameReader | None = None
         self.exec_id: str | None = None
+        #: The runner's host pid, when the action group needs it.
+        self.pid: int | None = None
 
     def start(self) -> None:
         self.close()
@@ -310,6 +424,7 @@ class RunnerTransport:
         )["Id"]
         self._sock = _raw_socket(self.api.exec_start(self.exec_id, socket=True))
         self._reader = FrameReader(self._sock)
+        self.pid = launcher_pid(self.api, self.exec_id) if self.group.places else None
 
     def alive(self) -> bool:
         return self._reader is not None and not self._reader.eof
@@ -329,25 +444,28 @@ class RunnerTransport:
             self.start()
             assert self._reader is not None and self._sock is not None
         token = "@@tangram-end-" + secrets.token_hex(12)
-        script = base64.b64encode(shell_script(req.env, req.script).encode()).decode()
-        line = f"{token} {req.action_id} {script}\n".encode()
+        data = frame(f"{token} {req.action_id}", req)
         out = Capture(req.max_output_bytes, b"\n" + token.encode() + b" ", True)
         err = Capture(req.max_output_bytes, b"\n" + token.encode(), False)
-        try:
-            self._sock.sendall(line)
-        except OSError as exc:
-            self._reader.eof = True
-            raise AoeError(f"could not send the action to the runner: {exc}") from exc
         reader = self._reader
-        ended = collect(
-            reader,
-            out,
-            err,
-            time.monotonic() + req.timeout_s,
-            self.grace_s,
-            kill,
-            lambda: out.done and err.done,
-        )
+        try:
+            self.group.enter(req.action_id, self.pid, launcher_stays=True)
+            try:
+                send(self._sock, data, req.timeout_s)
+            except AoeError:
+                reader.eof = True  # the runner may hold half an action: a fresh one next time
+                raise
+            ended = collect(
+                reader,
+                out,
+                err,
+                time.monotonic() + req.timeout_s,
+                self.grace_s,
+                kill,
+                lambda: out.done and err.done,
+            )
+        finally:
+            self.group.leave()
         if ended in ("stuck", "eof"):
             self.close()  # a fresh runner next time
         code = out.code if out.done else None

@@ -1,0 +1,125 @@
+"""The action cgroup (``tangram.exec.aoe.kill``) on fake cgroup trees, without Docker: the
+launcher is written into it before an action, the kill freezes it while it signals every
+process but the runner and reports survivors truthfully, and what an action leaves running goes
+back to the container's cgroup. The real kernel's side is in ``test_aoe_environment.py``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tangram.exec.aoe import kill as kill_mod
+from tangram.exec.aoe.cgroups import FREEZERS
+from tangram.exec.aoe.judge import Facts, judge
+from tangram.exec.aoe.kill import GROUP_NAME, CgroupGroup
+from tangram.exec.aoe.records import KillReport
+from tangram.exec.aoe.transport import RawResult
+
+RUNNER, CHILD, GRANDCHILD = 101, 202, 303
+
+
+@pytest.fixture(params=[1, 2], ids=["v1", "v2"])
+def group(request: pytest.FixtureRequest, tmp_path: Path) -> CgroupGroup:
+    freezer = FREEZERS[request.param]
+    for d in (tmp_path, tmp_path / GROUP_NAME):
+        d.mkdir(exist_ok=True)
+        (d / "cgroup.procs").write_text("")
+        (d / freezer.file).write_text(freezer.thawed)
+    made = CgroupGroup(tmp_path, freezer)
+    # A fake freezer file is its own state; v2 reports it in cgroup.events.
+    if request.param == 2:
+        (tmp_path / GROUP_NAME / "cgroup.events").write_text("populated 1\nfrozen 1\n")
+    return made
+
+
+def test_the_launcher_is_written_into_the_action_cgroup(group: CgroupGroup) -> None:
+    group.enter("a1", RUNNER, launcher_stays=True)
+    assert (group.dir / "cgroup.procs").read_text() == str(RUNNER)
+
+
+def test_a_kill_freezes_signals_all_but_the_runner_thaws_and_counts_survivors(
+    group: CgroupGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    group.enter("a1", RUNNER, launcher_stays=True)
+    (group.dir / "cgroup.procs").write_text(f"{RUNNER}\n{CHILD}\n{GRANDCHILD}\n")
+    killed: list[tuple[int, str]] = []
+    state = group.dir / group.freezer.file
+    monkeypatch.setattr(
+        kill_mod.os, "kill", lambda pid, sig: killed.append((pid, state.read_text()))
+    )
+    monkeypatch.setattr(kill_mod, "GONE_WAIT_S", 0.01)
+    report = group.kill()
+    assert sorted(pid for pid, _ in killed) == [
+        CHILD,
+        CHILD,
+        CHILD,
+        GRANDCHILD,
+        GRANDCHILD,
+        GRANDCHILD,
+    ]
+    assert {frozen for _, frozen in killed} == {group.freezer.frozen}  # signalled while frozen
+    assert state.read_text() == group.freezer.thawed
+    # The fake processes never leave the fake file: the report says two could not be killed.
+    assert report == KillReport("cgroup", 2)
+
+
+def test_a_kill_whose_processes_are_gone_reports_none_left(
+    group: CgroupGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    group.enter("a1", RUNNER, launcher_stays=True)
+    procs = group.dir / "cgroup.procs"
+    procs.write_text(f"{RUNNER}\n{CHILD}\n")
+    monkeypatch.setattr(kill_mod.os, "kill", lambda pid, sig: procs.write_text(f"{RUNNER}\n"))
+    assert group.kill() == KillReport("cgroup", 0)
+
+
+def test_an_exec_launcher_is_the_action_and_is_killed_too(
+    group: CgroupGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    group.enter("a1", CHILD, launcher_stays=False)
+    procs = group.dir / "cgroup.procs"
+    procs.write_text(f"{CHILD}\n")
+    killed: list[int] = []
+    monkeypatch.setattr(
+        kill_mod.os, "kill", lambda pid, sig: (killed.append(pid), procs.write_text(""))
+    )
+    assert group.kill() == KillReport("cgroup", 0) and killed == [CHILD]
+
+
+def test_what_an_action_left_running_goes_back_to_the_container(group: CgroupGroup) -> None:
+    group.enter("a1", RUNNER, launcher_stays=True)
+    (group.dir / "cgroup.procs").write_text(f"{RUNNER}\n{CHILD}\n")
+    moved: list[str] = []
+    real_move = group._move
+    group._move = lambda pid, to: (moved.append(f"{pid}->{to.name}"), real_move(pid, to))  # type: ignore[method-assign]
+    group.leave()
+    assert sorted(moved) == sorted(
+        [f"{RUNNER}->{group.parent.name}", f"{CHILD}->{group.parent.name}"]
+    )
+    assert (group.dir / group.freezer.file).read_text() == group.freezer.thawed
+
+
+def test_close_removes_the_action_cgroup(group: CgroupGroup) -> None:
+    for f in group.dir.iterdir():
+        f.unlink()
+    group.close()
+    assert not group.dir.exists()
+
+
+def _timed_out() -> RawResult:
+    return RawResult(None, b"", b"", "timeout", 0, 0)
+
+
+@pytest.mark.parametrize(
+    "report,says",
+    [
+        (None, "the action's processes were killed, the container was kept"),
+        (KillReport("cgroup", 0), "the action's processes were killed, the container was kept"),
+        (KillReport("cgroup", 2), "killed but 2 of its processes could not be"),
+        (KillReport("marker", None), "that still carried its marker"),
+    ],
+)
+def test_a_timeout_says_what_the_kill_did(report: KillReport | None, says: str) -> None:
+    verdict = judge(_timed_out(), Facts(100, 0.5, 1.0, kill=report))
+    assert verdict.status == "timeout" and says in (verdict.error or "")
