@@ -278,7 +278,7 @@ CURVES = st.fixed_dictionaries(
     {"kind": st.sampled_from(["inelastic", "amdahl", "tabulated", "fitted", "other"])},
     optional={"t1_s": JSON, "serial_fraction": JSON, "points": JSON, "units": JSON},
 )
-BODIES = st.dictionaries(FIELDS, JSON | CURVES, max_size=6)
+RANDOM_BODIES = st.dictionaries(FIELDS, JSON | CURVES, max_size=6)
 PARSERS = {
     "action": lambda body: parse_action(body, max_output_bytes=CAP),
     "trajectory": parse_trajectory,
@@ -287,7 +287,7 @@ PARSERS = {
 
 
 @settings(max_examples=1500, deadline=None, derandomize=True)
-@given(body=BODIES)
+@given(body=RANDOM_BODIES)
 @example(body={"resource": []})  # was a TypeError: a 500
 @example(body={"resource": {}, "command": "x"})
 def test_the_parsers_accept_or_refuse_any_body_and_never_raise_otherwise(body: Any) -> None:
@@ -302,7 +302,7 @@ def test_the_parsers_accept_or_refuse_any_body_and_never_raise_otherwise(body: A
     derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
-@given(body=BODIES, path=st.sampled_from(["/v1/actions", "/v1/trajectories", "/run_code"]))
+@given(body=RANDOM_BODIES, path=st.sampled_from(["/v1/actions", "/v1/trajectories", "/run_code"]))
 def test_random_bodies_over_http_are_never_a_5xx(svc: ServiceThread, body: Any, path: str) -> None:
     if isinstance(body, dict) and body.get("wait") not in (None, False):
         body["wait"] = False  # never block on a random action
