@@ -1,15 +1,20 @@
 """An ended action's ``Outcome``: where its time went (queue, overhead, execution) and on what.
 
 Kept apart from the runtime because it is pure arithmetic on the action's record and the
-executor's own timings, and every outcome (result, error, time-out, refusal) goes through it.
+executor's own timings, and every outcome (result, error, time-out, refusal) goes through it;
+``unknown_outcome`` is the one outcome no action record backs (a journal's, after a restart).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from tangram.exec.runtime.actions import LiveAction
-from tangram.exec.runtime.records import ErrorInfo, Outcome, Timings
+from tangram.exec.runtime.records import ErrorInfo, Outcome, Resource, Timings
+
+#: The error code of an ``unknown`` outcome.
+UNKNOWN_CODE = "outcome_unknown"
 
 
 def outcome_of(
@@ -52,4 +57,34 @@ def outcome_of(
         cores=start.cores if start else (),
         gpus=start.gpus if start else (),
         reason=start.reason if start else (error.message if error else ""),
+    )
+
+
+def unknown_outcome(
+    action_id: str, resource: Resource, trajectory: str | None, accepted_unix: float
+) -> Outcome:
+    """The outcome of an action a previous run of the service accepted and never ended.
+
+    Whether it ran is unknown (the service stopped while it was queued or running), so it is
+    never run again: its timings are zero and its times are this run's start (0 s), because
+    none was observed; the message gives when it was accepted (wall clock).
+    """
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(accepted_unix))
+    message = (
+        f"the service stopped after accepting action {action_id} (at {when}) and before its "
+        "outcome was recorded; it may have run, in part or in full, or not at all, and it will "
+        "not run again: submit it under a new id to run it"
+    )
+    return Outcome(
+        action_id=action_id,
+        trajectory=trajectory,
+        resource=resource,
+        status="unknown",
+        value=None,
+        error=ErrorInfo(UNKNOWN_CODE, message),
+        timings=Timings(0.0, 0.0, 0.0, 0.0),
+        arrival_s=0.0,
+        start_s=None,
+        end_s=0.0,
+        reason=message,
     )

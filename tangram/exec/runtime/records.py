@@ -21,8 +21,11 @@ from tangram.exec.aoe.environment import command_problem, env_problem
 from tangram.exec.runtime.errors import BadRequest
 
 Resource = Literal["cpu", "gpu", "api"]
-Status = Literal["result", "error", "timeout"]
-STATUSES: tuple[str, ...] = ("result", "error", "timeout")
+#: How an action ended. ``unknown``: the service stopped (killed, crashed) after accepting it
+#: and before recording its outcome; it may have run, in part or in full, or not at all, and
+#: it is never run again (``docs/live.md``, "Durability"). Only a journal gives it.
+Status = Literal["result", "error", "timeout", "unknown"]
+STATUSES: tuple[str, ...] = ("result", "error", "timeout", "unknown")
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from the runtime when scraped; the per-action time histograms are fed by an outc
 | metric | type | labels | meaning |
 |---|---|---|---|
 | ``tangram_actions_submitted_total`` | counter | resource | actions accepted |
-| ``tangram_actions_completed_total`` | counter | status | outcomes given (result, error, timeout) |
+| ``tangram_actions_completed_total`` | counter | status | outcomes given (``STATUSES``) |
 | ``tangram_actions_refused_total`` | counter | reason | submissions refused by admission control |
 | ``tangram_actions_pending`` | gauge | | accepted and not yet ended |
 | ``tangram_actions_queued`` / ``_running`` | gauge | | in the core's queues / running |
@@ -28,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from tangram.exec.runtime import Outcome, Runtime
+from tangram.exec.runtime.records import STATUSES
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -49,7 +50,7 @@ class _RuntimeCollector(Collector):
         completed = CounterMetricFamily(
             "tangram_actions_completed", "Outcomes given.", labels=["status"]
         )
-        for s in ("result", "error", "timeout"):
+        for s in STATUSES:  # unknown: actions a previous run accepted and never ended
             completed.add_metric([s], c[f"outcome_{s}"])
         yield completed
         refused = CounterMetricFamily(
