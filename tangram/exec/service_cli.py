@@ -3,6 +3,12 @@
 Without ``--cluster`` the cluster is this machine (``discover_cluster``): its cores and
 memory, its GPUs (NVML) or two CPU-backed devices, and the demo API endpoints. The service
 binds 127.0.0.1 unless told otherwise, and refuses any other address without a token.
+
+The journal (accepted action ids and their outcomes, so a restarted service never runs an id
+twice) is at ``--journal PATH``; by default beside the trace (``TRACE.journal``), else in the
+state directory (``$XDG_STATE_HOME/tangram``, ``~/.local/state/tangram``) named after the
+address and port; with ``--port 0`` and no trace, in a temporary directory removed at exit
+(a service on a random port cannot be found again after a restart). ``--no-journal``: none.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import json
 import logging
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from tangram.exec.service.limits import DEFAULT_MAX_OUTPUT_BYTES, ConnectionLimits
@@ -54,6 +61,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--memory-gb", type=float, default=1.0, help="default container memory (default 1)"
     )
     p.add_argument("--trace", type=Path, help="write the run's trace here at shutdown (JSONL)")
+    p.add_argument(
+        "--journal",
+        type=Path,
+        help="journal of accepted ids and outcomes (SQLite; default: beside the trace, else in "
+        "the state directory; see above)",
+    )
+    p.add_argument(
+        "--no-journal",
+        action="store_true",
+        help="no journal: a restarted service forgets every id (a resent one runs again)",
+    )
+    p.add_argument(
+        "--journal-fsync",
+        action="store_true",
+        help="sync the journal to disk at every commit (survives power loss; slower)",
+    )
     p.add_argument(
         "--max-output-bytes",
         type=int,
@@ -118,12 +141,17 @@ def run(args: argparse.Namespace) -> int:
         if not sep or not name or not url.startswith(("http://", "https://")):
             raise ValueError(f"--api {item!r}: expected NAME=http(s)://...")
         endpoints[name] = http_endpoint(url)
+    if args.no_journal and args.journal is not None:
+        raise ValueError("give --journal PATH or --no-journal, not both")
+    scratch = contextlib.ExitStack()
     config = RuntimeConfig(
         policy=args.policy,
         max_pending=args.max_pending,
         default_timeout_s=args.default_timeout_s,
         default_memory_gb=args.memory_gb,
         trace_path=args.trace,
+        journal_path=None if args.no_journal else journal_path(args, scratch),
+        journal_fsync=args.journal_fsync,
     )
     runtime = build_runtime(
         cluster,
@@ -156,13 +184,30 @@ def run(args: argparse.Namespace) -> int:
             "gpu": runtime.gpu.node.name if runtime.gpu else None,
             "api": list(runtime.api.endpoints()),
             "token": bool(token),
+            "journal": str(config.journal_path) if config.journal_path else None,
         }
         if args.json:
             print(json.dumps(info), flush=True)
         else:
             print(f"tangram serve: listening on {url} ({json.dumps(info)})", flush=True)
 
-    with contextlib.suppress(KeyboardInterrupt):
+    with scratch, contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(runtime, opts, ready))
     print("tangram serve: stopped", file=sys.stderr)
     return 0
+
+
+def journal_path(args: argparse.Namespace, scratch: contextlib.ExitStack) -> Path:
+    """The journal's path: given; beside the trace; in the state directory, named after the
+    address and port (a restart on them finds it); or, on a random port without a trace, in
+    a temporary directory that ``scratch`` removes."""
+    if args.journal is not None:
+        return args.journal
+    if args.trace is not None:
+        return args.trace.with_name(args.trace.name + ".journal")
+    if args.port == 0:
+        tmp = scratch.enter_context(tempfile.TemporaryDirectory(prefix="tangram-journal-"))
+        return Path(tmp) / "journal.sqlite"
+    state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    name = "".join(c if c.isalnum() or c in ".-" else "_" for c in args.host)
+    return state / "tangram" / f"journal-{name}-{args.port}.sqlite"

@@ -9,8 +9,9 @@ loudly where it happens instead of leaving units held or an outcome missing.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
@@ -103,15 +104,21 @@ def move(rec: LiveAction, to: Phase) -> None:
 
 
 class ActionTable:
-    """Accepted actions by id; ended ones are kept for polling up to ``keep`` (oldest first
-    dropped, and never while the core still holds them)."""
+    """Accepted actions by id. Ended ones are kept for polling, at most ``keep`` of them and
+    for ``keep_s`` seconds after they ended (on the runtime's clock): oldest dropped first,
+    never while the core still holds them. Both bounds, because the count alone let a busy
+    service hold every outcome of the last ``keep`` actions and an idle one hold old ones
+    forever (issue 16); a journal answers for the ones dropped."""
 
-    __slots__ = ("keep", "_by_id", "_ended")
+    __slots__ = ("keep", "keep_s", "forget", "_by_id", "_ended")
 
-    def __init__(self, keep: int) -> None:
-        self.keep = keep
+    def __init__(self, keep: int, keep_s: float = math.inf) -> None:
+        self.keep, self.keep_s = keep, keep_s
+        #: Called with the id of each ended action the table drops (None: nothing to tell).
+        self.forget: Callable[[str], None] | None = None
         self._by_id: dict[str, LiveAction] = {}
-        self._ended: deque[str] = deque()
+        #: Ended actions, oldest first, with when they ended.
+        self._ended: deque[tuple[LiveAction, float]] = deque()
 
     def __contains__(self, action_id: object) -> bool:
         return action_id in self._by_id
@@ -135,14 +142,21 @@ class ActionTable:
         return list(self._by_id.values())
 
     def retire(self, rec: LiveAction) -> None:
-        """``rec`` has its outcome: remember it, and forget the oldest beyond ``keep``."""
+        """``rec`` has its outcome: remember it, and forget the oldest beyond ``keep`` or
+        ended more than ``keep_s`` before it."""
         ended, by_id = self._ended, self._by_id
-        ended.append(rec.id)
-        while len(ended) > self.keep:
-            old = by_id.get(ended[0])
-            if old is not None and old.phase is not Phase.OUT:
+        now = rec.outcome.end_s if rec.outcome is not None else 0.0
+        ended.append((rec, now))
+        cutoff = now - self.keep_s
+        while ended and (len(ended) > self.keep or ended[0][1] < cutoff):
+            old = ended[0][0]
+            if old.phase is not Phase.OUT:
                 break  # the core still holds it: keep it until it is out
-            by_id.pop(ended.popleft(), None)
+            ended.popleft()
+            if by_id.get(old.id) is old:  # (a later action may reuse a forgotten id)
+                del by_id[old.id]
+                if self.forget is not None:
+                    self.forget(old.id)
 
     def waiting(self) -> dict[str, int]:
         """Actions without an outcome, counted by phase name (for status)."""

@@ -22,9 +22,21 @@ class RuntimeConfig:
     - ``timeout_grace_s``: how long after its deadline a running CPU action (which AOE kills at
       the deadline) may take to report before the runtime declares the time-out itself.
     - ``close_grace_s``: at shutdown, how long running actions may take to end.
-    - ``keep_outcomes``: finished outcomes kept for polling (oldest dropped beyond it; the
-      trace keeps every action regardless).
-    - ``trace_path``: where the trace is written at shutdown (None: not written).
+    - ``keep_outcomes``, ``keep_outcomes_s``: finished outcomes kept in memory for polling, at
+      most this many and this long after they ended (oldest dropped first; a journal answers
+      for older ones, and the trace, streamed to disk, keeps every action regardless). Why
+      both: memory must not grow with the count of actions (issue 16), and 10,000 outcomes
+      or an hour covers any poller still waiting for its action.
+    - ``trace_path``: the trace, streamed there as actions end when it is ``.jsonl`` (else
+      beside it, ``PATH.partial.jsonl``) and rewritten with a final header at shutdown (None:
+      a temporary spool, for ``GET /v1/trace``).
+    - ``journal_path``: the journal of accepted ids and their outcomes (``journal.py``), so a
+      restarted service never runs an id twice (None: no journal; ids are remembered only
+      while their outcome is kept). ``journal_fsync``: sync every commit to disk (survives a
+      power loss too; off by default: a killed process loses nothing without it).
+      ``journal_keep``, ``journal_keep_s``: its bounds (finished entries beyond the newest
+      1,000,000 or accepted over a day ago are deleted: a resend comes within minutes, and
+      a small action's entry is about 0.6 KB on disk).
     """
 
     policy: str = "tangram"
@@ -33,8 +45,13 @@ class RuntimeConfig:
     default_memory_gb: float = 1.0
     timeout_grace_s: float = 10.0
     close_grace_s: float = 30.0
-    keep_outcomes: int = 200_000
+    keep_outcomes: int = 10_000
+    keep_outcomes_s: float = 3600.0
     trace_path: Path | None = None
+    journal_path: Path | None = None
+    journal_fsync: bool = False
+    journal_keep: int = 1_000_000
+    journal_keep_s: float = 86_400.0
 
     def __post_init__(self) -> None:
         policy = make_policy(self.policy)  # raises ValueError naming the known policies
@@ -51,5 +68,9 @@ class RuntimeConfig:
         for name in ("timeout_grace_s", "close_grace_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
-        if self.keep_outcomes < 1:
-            raise ValueError(f"keep_outcomes must be >= 1, got {self.keep_outcomes!r}")
+        for name in ("keep_outcomes", "journal_keep"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
+        for name in ("keep_outcomes_s", "journal_keep_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")

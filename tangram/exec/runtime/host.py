@@ -10,7 +10,8 @@
   with the core's reason, a ``Defer`` is counted; a wake-up the core asks for (an API rate
   token frees then) is a ``call_at`` timer that ticks it;
 - outcomes: ``end`` gives an action its one outcome (later calls are ignored) and hands it to
-  the runtime (trace, listeners). A deadline or a cancel ends a waiting action at once,
+  the runtime (journal, trace, listeners); ``before_start`` runs before every start (the
+  journal's write-ahead commit) and keeps the action from running if it fails. A deadline or a cancel ends a waiting action at once,
   withdrawn from the loop or the core's queue; a running one as its executor's
   ``on_deadline`` says.
 
@@ -57,7 +58,10 @@ class LiveHost:
         self.counters = counters
         #: Called once per action with its outcome (the runtime records and publishes it).
         self.on_end = on_end
-        self.table = ActionTable(config.keep_outcomes)
+        self.table = ActionTable(config.keep_outcomes, config.keep_outcomes_s)
+        #: Run before any action starts; raising keeps it from running. The runtime commits
+        #: its journal here, so an action that may run is on disk first (write-ahead).
+        self.before_start: Callable[[], None] | None = None
         self.loop = DriverLoop(scheduler, self)
         #: Actions accepted and not yet ended (what admission control bounds).
         self.pending = 0
@@ -148,6 +152,15 @@ class LiveHost:
         if rec.outcome is not None:  # it ended while queued: give the units back
             self.finish(rec)
             return
+        if self.before_start is not None:
+            try:
+                self.before_start()
+            except Exception as exc:  # noqa: BLE001 - the action must not run unrecorded
+                log.exception("could not record %s before its start; it does not run", rec.id)
+                self.finish(rec)
+                message = f"the service could not record the action before running it: {exc}"
+                self.end(rec, "error", error=ErrorInfo("journal_failed", message, True))
+                return
         assert self._aio is not None
         rec.task = self._aio.create_task(self._execute(rec))
 

@@ -1,15 +1,36 @@
-"""Recording a live run as a trace (format v1, ``docs/trace-format.md``) with observed timings.
+"""Recording a live run as a trace (format v1, ``docs/trace-format.md``) with observed timings,
+streamed to disk as it grows.
 
-Every action that ends is remembered with what the client declared (resource, units, curve,
-service, memory) and what was observed (arrival, units granted, queue, overhead and
-execution times, outcome, node). ``trace()`` turns them into an open-loop ``Trace``: each row's
-``arrival_s`` is its observed submission time, so ``tangram replay`` can feed the simulator the
-same arrivals. Positions are numbered per trajectory in arrival order at write time, so a
-trace written while actions are still running is valid too (they are left out).
+Every action that ends is turned into its trace row with what the client declared (resource,
+units, curve, service, memory) and what was observed (arrival, units granted, queue, overhead
+and execution times, outcome, node), and appended to a JSONL file: the configured trace path
+when it is ``.jsonl``, else a spool file. Why on disk: a service runs for days, and keeping
+every finished action until the trace was written made its memory grow with the count of
+actions (issue 16). What stays in memory is the rows of the current event-loop iteration and,
+per trajectory label, its next position and the end of its last action.
+
+- **Always a valid trace.** The header is written first and rows are appended whole, so the
+  file is a valid v1 trace at every moment (after a kill -9 too; at most a row being written
+  then is torn). Rows are in the order actions ended; positions number a trajectory's actions
+  in that order too (an agent's actions run one after another, so it is their arrival order),
+  so the positions in any prefix are contiguous. ``gen_before_s`` is the gap between an
+  action's arrival and the end of its trajectory's previous action (or the trajectory's open).
+- **Written on demand.** ``write`` copies the rows under a header of that moment (the EOE
+  figures change during a run), or rewrites the stream in place when it is the target;
+  ``trace`` reads them back through the format's reader.
+- **``unknown`` outcomes are not recorded.** A trace records what this run observed, and the
+  trace format's outcomes are ``result``, ``error`` and ``timeout``. An ``unknown`` outcome is
+  given by the journal to an action of a previous run (which this run never saw arrive); the
+  previous run's streamed trace ends without it. Any that reaches the recorder is counted in
+  ``skipped_unknown`` and left out.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import tempfile
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,7 +38,21 @@ from pathlib import Path
 from typing import Any
 
 from tangram.exec.runtime.records import ActionSpec, Outcome
-from tangram.trace import LiveObservation, Trace, TraceRow, row_from_observation, write_trace
+from tangram.trace import (
+    HEADER_KEY,
+    TRACE_VERSION,
+    LiveObservation,
+    Trace,
+    load_trace,
+    row_from_observation,
+    row_to_mapping,
+    write_trace,
+)
+
+log = logging.getLogger(__name__)
+
+#: Bytes copied at a time when a trace is written from the stream.
+_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -34,48 +69,213 @@ class RecordedAction:
 
 
 class TraceRecorder:
-    """Collects finished actions; thread-safe so a writer may snapshot while the loop runs."""
+    """Streams finished actions' rows to a JSONL file; thread-safe, so a writer may copy the
+    trace from another thread while the event loop records.
 
-    def __init__(self) -> None:
-        self._rows: list[RecordedAction] = []
-        self._opened: dict[str, float] = {}
+    ``path``: the stream (a ``.jsonl`` file); None: a temporary spool file, removed by
+    ``close``. ``start(meta)`` writes the header; rows buffered by ``add`` are appended by
+    ``flush`` (the runtime calls it once per event-loop iteration).
+    """
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self._given = Path(path) if path is not None else None
+        self._spool: tempfile.TemporaryDirectory[str] | None = None
+        self.path: Path | None = None
+        self._fd: int | None = None
+        self._header_end = 0
+        self._size = 0
+        self._pending: list[RecordedAction] = []
+        #: Per trajectory label: [its next position, the end of its last action (or open)].
+        self._trajs: dict[str, list[Any]] = {}
+        self._rows = 0
+        self.skipped_unknown = 0
         self._lock = threading.Lock()
+        #: One ``write`` at a time: a rewrite of the stream moves the rows another would copy.
+        self._writing = threading.Lock()
 
-    def trajectory_opened(self, trajectory: str, at_s: float) -> None:
+    # ------------------------------------------------------------------ life
+    def start(self, meta: Mapping[str, Any]) -> Path:
+        """Create (or truncate) the stream and write its header; returns its path."""
         with self._lock:
-            self._opened.setdefault(trajectory, at_s)
+            if self.path is None:
+                if self._given is None:
+                    self._spool = tempfile.TemporaryDirectory(prefix="tangram-trace-")
+                    self.path = Path(self._spool.name) / "live.jsonl"
+                else:
+                    self.path = self._given
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._reopen(_header(meta), truncate=True)
+            self._flush_locked()
+            return self.path
+
+    def close(self) -> None:
+        """Append what is buffered and close the stream (a temporary spool is removed)."""
+        with self._lock:
+            self._flush_locked()
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+            if self._spool is not None:
+                self._spool.cleanup()
+                self._spool = None
+                self.path = None
+
+    def clear(self, meta: Mapping[str, Any], opened: Mapping[str, float]) -> None:
+        """Forget what was recorded (e.g. a warm-up): the stream starts over with ``meta``,
+        positions from 0; ``opened`` are the trajectories open now and when they opened."""
+        with self._lock:
+            self._pending.clear()
+            self._trajs = {traj: [0, at] for traj, at in opened.items()}
+            self._rows = 0
+            if self._fd is not None:
+                self._reopen(_header(meta), truncate=True)
+
+    # ------------------------------------------------------------------ recording
+    def trajectory_opened(self, trajectory: str, at_s: float) -> None:
+        """Its first action's generation gap counts from ``at_s`` (a reopened one keeps its
+        positions and last end)."""
+        with self._lock:
+            self._trajs.setdefault(trajectory, [0, at_s])
 
     def add(self, entry: RecordedAction) -> None:
+        """Buffer a finished action (``flush`` appends its row)."""
+        if entry.outcome.status == "unknown":
+            self.skipped_unknown += 1
+            return
         with self._lock:
-            self._rows.append(entry)
+            self._pending.append(entry)
+
+    def flush(self) -> None:
+        """Append the rows of the buffered actions to the stream (one write)."""
+        with self._lock:
+            self._flush_locked()
 
     def __len__(self) -> int:
-        return len(self._rows)
+        """Actions recorded (appended or buffered)."""
+        return self._rows + len(self._pending)
+
+    # ------------------------------------------------------------------ reading
+    def write(self, path: str | Path, meta: Mapping[str, Any] | None = None) -> Path:
+        """Write the trace so far to ``path`` under a header of ``meta`` (``.jsonl`` by a
+        copy of the stream's rows; ``.jsonl.gz`` and ``.parquet`` through the format's
+        writer); returns ``path``."""
+        with self._writing:
+            return self._write(Path(path), meta)
+
+    def _write(self, path: Path, meta: Mapping[str, Any] | None) -> Path:
+        header = _header(meta or {})
+        with self._lock:
+            self._flush_locked()
+            stream, start, stop = self.path, self._header_end, self._size
+        if stream is None:
+            raise RuntimeError("the recorder is not started")
+        if not path.name.endswith(".jsonl"):
+            with tempfile.TemporaryDirectory(prefix="tangram-trace-") as tmp:
+                plain = self._write(Path(tmp) / "trace.jsonl", meta)
+                write_trace(load_trace(plain), path)
+            return path
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as out:
+            out.write(header)
+            _copy(stream, start, stop, out)
+            if _same_file(path, stream):
+                with self._lock:  # rows appended meanwhile, then the swap: no row lost
+                    _copy(stream, stop, self._size, out)
+                    out.flush()
+                    os.replace(tmp, path)
+                    self._reopen(header, truncate=False)
+                return path
+        os.replace(tmp, path)
+        return path
 
     def trace(self, meta: Mapping[str, Any] | None = None) -> Trace:
-        """The recorded actions as an open-loop trace (``arrival_s`` = observed arrival)."""
-        with self._lock:
-            entries = list(self._rows)
-            opened = dict(self._opened)
-        by_traj: dict[str, list[RecordedAction]] = {}
-        for e in sorted(entries, key=lambda e: (e.outcome.arrival_s, e.seq)):
-            by_traj.setdefault(e.trajectory, []).append(e)
-        rows: list[TraceRow] = []
-        for traj, items in by_traj.items():
-            prev_end = opened.get(traj)
-            for position, e in enumerate(items):
-                rows.append(_row(e, position, prev_end))
-                prev_end = e.outcome.end_s
-        rows.sort(key=lambda r: (r.arrival_s or 0.0, r.action_id))
-        return Trace(tuple(rows), dict(meta or {}))
+        """The actions recorded so far, read back from the stream as a ``Trace``."""
+        with tempfile.TemporaryDirectory(prefix="tangram-trace-") as tmp:
+            return load_trace(self.write(Path(tmp) / "trace.jsonl", meta))
 
-    def write(self, path: str | Path, meta: Mapping[str, Any] | None = None) -> Path:
-        return write_trace(self.trace(meta), Path(path))
+    # ------------------------------------------------------------------ inside
+    def _reopen(self, header: bytes, *, truncate: bool) -> None:
+        """(Re)open the stream for appending; ``truncate`` starts it over with ``header``
+        (else ``header`` is already the file's first line). Lock held."""
+        assert self.path is not None
+        if self._fd is not None:
+            os.close(self._fd)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (os.O_TRUNC if truncate else 0)
+        self._fd = os.open(self.path, flags, 0o644)
+        if truncate:
+            _write_all(self._fd, header)
+        self._header_end = len(header)
+        self._size = os.fstat(self._fd).st_size
+
+    def _flush_locked(self) -> None:
+        if not self._pending or self._fd is None:
+            return
+        entries, self._pending = self._pending, []
+        lines = []
+        for entry in entries:
+            line = self._line(entry)
+            if line is not None:
+                lines.append(line)
+        data = "".join(lines).encode()
+        _write_all(self._fd, data)
+        self._size += len(data)
+        self._rows += len(lines)
+
+    def _line(self, e: RecordedAction) -> str | None:
+        """The JSONL line of ``e``, its trajectory's position taken (None: left out)."""
+        label = e.trajectory
+        single = label == "~" + e.outcome.action_id  # GPU/API work without a trajectory
+        state = None if single else self._trajs.get(label)
+        position, prev_end = (0, None) if state is None else state
+        try:
+            row = row_from_observation(_observation(e), position, prev_end)
+        except Exception:  # noqa: BLE001 - a bad row must not stop the loop; it is left out
+            log.exception("action %s could not be recorded in the trace", e.outcome.action_id)
+            return None
+        if not single:
+            self._trajs[label] = [position + 1, e.outcome.end_s]
+        return json.dumps(row_to_mapping(row, drop_defaults=True), separators=(",", ":")) + "\n"
 
 
-def _row(e: RecordedAction, position: int, prev_end: float | None) -> TraceRow:
-    """The trace row of a finished action (``tangram.trace.convert`` does the conversion)."""
-    return row_from_observation(_observation(e), position, prev_end)
+def stream_path(trace_path: Path | None) -> Path | None:
+    """Where a run with ``trace_path`` streams its rows: that file when it is ``.jsonl``, else
+    ``PATH.partial.jsonl`` beside it (the ``.jsonl.gz`` or Parquet file is written from it at
+    the end); None (no trace path): a temporary spool."""
+    if trace_path is None or trace_path.name.endswith(".jsonl"):
+        return trace_path
+    return trace_path.with_name(trace_path.name + ".partial.jsonl")
+
+
+def _header(meta: Mapping[str, Any]) -> bytes:
+    """The trace's first line (as ``tangram.trace`` writes it)."""
+    head = {HEADER_KEY: TRACE_VERSION, **meta}
+    return (json.dumps(head, separators=(",", ":")) + "\n").encode()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _copy(src: Path, start: int, stop: int, out: Any) -> None:
+    """Bytes ``start..stop`` of ``src`` to ``out``."""
+    with open(src, "rb") as fh:
+        fh.seek(start)
+        left = stop - start
+        while left > 0:
+            chunk = fh.read(min(_CHUNK, left))
+            if not chunk:
+                break
+            out.write(chunk)
+            left -= len(chunk)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _observation(e: RecordedAction) -> LiveObservation:

@@ -43,6 +43,11 @@ def status(rt: Runtime) -> dict[str, Any]:
             "api": list(rt.api.endpoints()),
         },
         "residency": rt.gpu.eoe.residency() if rt.gpu else {},
+        "journal": str(rt.journal.path) if rt.journal is not None else None,
+        "trace": {
+            "stream": str(rt.recorder.path) if rt.recorder.path is not None else None,
+            "rows": len(rt.recorder),
+        },
     }
 
 

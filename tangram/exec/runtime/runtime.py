@@ -13,12 +13,16 @@ decision -> executor -> event.
 - ``trajectories``: open trajectories, their containers' memory in the core and their
   containers (AOE), opening and closing.
 - ``reporting``: ``status`` and the trace's metadata.
+- ``journal``: accepted ids, fingerprints and outcomes on disk, so a restarted service never
+  runs an id twice; ``recorder``: the trace, streamed to disk as actions end.
 
 This class keeps what is the runtime's own: admission (validation, the ``max_pending`` bound,
-idempotent ids), the trace of what ended, and the order of shutdown. Every
-accepted action ends with exactly one ``Outcome`` (result, error or timeout) carrying its
-timings. Beyond ``max_pending`` a submission is refused at once with ``Overloaded``
-(retryable, nothing was accepted), never left to time out.
+idempotent ids, in memory and in the journal), what ended (journal, trace), and the order of
+shutdown. Every accepted action ends with exactly one ``Outcome`` (result, error or timeout;
+``unknown`` for one a previous run accepted and never ended) carrying its timings. Beyond
+``max_pending`` a submission is refused at once with ``Overloaded`` (retryable, nothing was
+accepted), never left to time out. Journal commits and trace rows are written once per
+event-loop iteration (``_persist``), and before any start (the host's ``before_start``).
 """
 
 from __future__ import annotations
@@ -52,7 +56,8 @@ from tangram.exec.runtime.errors import (
 from tangram.exec.runtime.executor import executor_for, executors_by_work
 from tangram.exec.runtime.gpu import GpuExecutor
 from tangram.exec.runtime.host import LiveHost
-from tangram.exec.runtime.recorder import RecordedAction, TraceRecorder
+from tangram.exec.runtime.journal import LINGER_S, Entry, Journal
+from tangram.exec.runtime.recorder import RecordedAction, TraceRecorder, stream_path
 from tangram.exec.runtime.records import (
     ActionSpec,
     ErrorInfo,
@@ -97,11 +102,30 @@ class Runtime:
         self.cpu, self.gpu, self.api = cpu, gpu, api or ApiExecutor()
         #: The executors by the kind of work they run (``CpuWork`` -> ``self.cpu``...).
         self.executors = executors_by_work(self.cpu, self.gpu, self.api)
-        self.recorder = TraceRecorder()
+        self.recorder = TraceRecorder(stream_path(self.config.trace_path))
+        cfg = self.config
+        #: Accepted ids and outcomes on disk (None: ids live only as long as their outcome).
+        self.journal = (
+            Journal(
+                cfg.journal_path,
+                fsync=cfg.journal_fsync,
+                keep=cfg.journal_keep,
+                keep_s=cfg.journal_keep_s,
+            )
+            if cfg.journal_path is not None
+            else None
+        )
         self.on_outcome: list[Callable[[Outcome], None]] = []
         self.on_refused: list[Callable[[str], None]] = []
         self.counters: Counter[str] = Counter()
         self.host = LiveHost(self.scheduler, self.config, self.counters, self._recorded)
+        if self.journal is not None:
+            self.host.before_start = self.journal.commit  # write-ahead: on disk before it runs
+            # The core remembers every id it ever admitted, to refuse a second use
+            # (``Admission.seen``): a set that grows with every action. With a journal the
+            # runtime refuses a reused id itself (table, then journal) before the core sees
+            # it, so an id the table drops leaves that set too and memory stays bounded.
+            self.host.table.forget = self.scheduler.admission.seen.discard
         #: Wall-clock time of the start (the trace's ``started_at_unix``).
         self.started_unix = 0.0
         #: GPU services resident when the recording began (the replay starts warm if any).
@@ -118,16 +142,29 @@ class Runtime:
         self._seq = itertools.count(1)
         self._closing = False
         self._closed: asyncio.Event | None = None
+        self._persist_armed = False
+        self._commit_armed = False
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> Runtime:
         if self._loop is not None:
             return self
+        if self.journal is not None:  # first: a journal in use elsewhere stops the start here
+            unknown = self.journal.open()
+            self.counters["completed"] += unknown
+            self.counters["outcome_unknown"] += unknown
         self._loop = asyncio.get_running_loop()
         self._t0 = self._loop.time()
         self.host.bind(self._loop, self._t0)
         self.started_unix = time.time()
         self._closed = asyncio.Event()
+        try:
+            self.recorder.start(self.trace_meta())
+        except BaseException:
+            if self.journal is not None:
+                self.journal.close()
+            self._loop = None
+            raise
         return self
 
     async def __aenter__(self) -> Runtime:
@@ -191,12 +228,20 @@ class Runtime:
             for task in late:
                 task.cancel()
         host.close()
-        if self.config.trace_path is not None:
+        self._persist()
+        if self.journal is not None:
+            self.journal.close()  # (commits what is buffered)
+        trace_path = self.config.trace_path
+        if trace_path is not None:
             try:
-                path = self.write_trace(self.config.trace_path)
+                path = self.write_trace(trace_path)
                 log.info("trace of %d actions written to %s", len(self.recorder), path)
+                stream = stream_path(trace_path)
+                if stream != trace_path and stream is not None:
+                    stream.unlink(missing_ok=True)  # the final file is written from it
             except Exception:
-                log.exception("could not write the trace to %s", self.config.trace_path)
+                log.exception("could not write the trace to %s", trace_path)
+        self.recorder.close()
         loop = self._require_loop()
         for executor in self.executors.values():
             try:
@@ -256,6 +301,10 @@ class Runtime:
         table = self.host.table
         if spec.id is not None and spec.id in table:
             return self._resubmission(spec)
+        if spec.id is not None and self.journal is not None:
+            entry = self.journal.lookup(spec.id)
+            if entry is not None:  # accepted earlier (maybe by a previous run): never again
+                return self._resubmission(spec, entry)
         traj = await self.trajs.of(spec.trajectory)
         executor = executor_for(self.executors, spec.work)
         admitted = executor.admit(spec, traj, self.cluster)
@@ -302,6 +351,11 @@ class Runtime:
         self.counters[f"submitted_{spec.resource}"] += 1
         if traj is not None:
             traj.active[action_id] = rec
+        if self.journal is not None:  # before it can start: the host's gate commits it
+            self.journal.accept(
+                action_id, rec.fingerprint, spec.resource, spec.trajectory, time.time()
+            )
+            self._commit_soon()
         self.host.accept(rec, timeout)
         return action_id
 
@@ -313,7 +367,9 @@ class Runtime:
     async def result(self, action_id: str, wait_s: float | None = None) -> Outcome | None:
         """The outcome, waiting up to ``wait_s`` seconds for it (None: until it comes);
         None when it has not come by then."""
-        rec = self._record(action_id)
+        rec = self.host.table.get(action_id)
+        if rec is None:
+            return self._journaled(action_id)
         if rec.outcome is not None:
             return rec.outcome
         if wait_s is not None and wait_s <= 0:
@@ -325,7 +381,10 @@ class Runtime:
 
     def state(self, action_id: str) -> str:
         """``queued``, ``running`` or ``done``."""
-        rec = self._record(action_id)
+        rec = self.host.table.get(action_id)
+        if rec is None:
+            self._journaled(action_id)  # raises UnknownAction if it is not there either
+            return "done"
         if rec.outcome is not None:
             return "done"
         return "running" if rec.phase in STARTED else "queued"
@@ -337,18 +396,47 @@ class Runtime:
         interrupted (its task cancelled) and ends the same way; a running CPU or GPU action
         cannot be interrupted (``NotCancellable``); a finished one returns its outcome as is.
         """
-        return await self.host.cancel(self._record(action_id))
-
-    def _record(self, action_id: str) -> LiveAction:
         rec = self.host.table.get(action_id)
         if rec is None:
-            raise UnknownAction(f"no action {action_id!r} (never accepted, or long forgotten)")
-        return rec
+            return self._journaled(action_id)
+        return await self.host.cancel(rec)
 
-    def _resubmission(self, spec: ActionSpec) -> str:
+    def _journaled(self, action_id: str) -> Outcome:
+        """The outcome of an action no longer (or never) in memory, from the journal;
+        ``UnknownAction`` saying why when there is none."""
+        cfg = self.config
+        kept = (
+            f"outcomes are kept in memory for {cfg.keep_outcomes_s:g} s, at most "
+            f"{cfg.keep_outcomes:,}"
+        )
+        if self.journal is None:
+            raise UnknownAction(
+                f"no action {action_id!r}: never accepted, or its outcome expired ({kept}; "
+                "a service with a journal answers for older ones)"
+            )
+        entry = self.journal.lookup(action_id)
+        if entry is None:
+            raise UnknownAction(
+                f"no action {action_id!r}: never accepted, or expired from the journal too "
+                f"({kept}; the journal keeps {cfg.journal_keep:,} entries for "
+                f"{cfg.journal_keep_s:g} s)"
+            )
+        if entry.outcome is None:  # every accepted action not ended is in memory
+            raise RuntimeError(f"journal entry {action_id!r} has no outcome and no record")
+        return entry.outcome
+
+    def _resubmission(self, spec: ActionSpec, entry: Entry | None = None) -> str:
+        """The same id again: the same action (never a second run), or ``Conflict`` when the
+        content differs; ``entry`` when it is known from the journal only."""
         assert spec.id is not None
-        rec = self._record(spec.id)
-        if rec.fingerprint != spec.fingerprint():
+        rec = self.host.table.get(spec.id)
+        if entry is not None:
+            fingerprint = entry.fingerprint
+        elif rec is not None:
+            fingerprint = rec.fingerprint
+        else:
+            raise UnknownAction(f"no action {spec.id!r}")
+        if fingerprint != spec.fingerprint():
             raise Conflict(
                 f"action id {spec.id!r} was already used for a different action; ids must be "
                 "unique (a retry must resend the same content)"
@@ -386,7 +474,12 @@ class Runtime:
         return min(5.0, max(0.05, 0.1 * self.config.max_pending / rate))
 
     def _recorded(self, rec: LiveAction, outcome: Outcome) -> None:
-        """An action ended (the host calls this once per action): trace it, tell listeners."""
+        """An action ended (the host calls this once per action): journal it, trace it, tell
+        listeners."""
+        if self.journal is not None and self.journal.is_open:
+            self.journal.ended(outcome, time.time())
+            self._commit_soon()
+        self._persist_soon()
         self.recorder.add(
             RecordedAction(
                 spec=rec.spec,
@@ -403,6 +496,40 @@ class Runtime:
                 listener(outcome)
             except Exception:
                 log.exception("an outcome listener raised")
+
+    def _persist_soon(self) -> None:
+        """Arm one ``_persist`` for this event-loop iteration: its trace rows in one write,
+        after the answers its outcomes woke (their callbacks were queued first)."""
+        if not self._persist_armed and self._loop is not None and not self._loop.is_closed():
+            self._persist_armed = True
+            self._loop.call_soon(self._persist)
+
+    def _commit_soon(self) -> None:
+        """Arm one journal commit ``LINGER_S`` from now (a start commits sooner)."""
+        if not self._commit_armed and self._loop is not None and not self._loop.is_closed():
+            self._commit_armed = True
+            self._loop.call_later(LINGER_S, self._commit)
+
+    def _persist(self) -> None:
+        """Append the iteration's trace rows to the stream (a failure is logged; the rows
+        stay buffered for the next one)."""
+        self._persist_armed = False
+        try:
+            self.recorder.flush()
+        except Exception:
+            log.exception("could not append to the trace stream %s", self.recorder.path)
+
+    def _commit(self) -> None:
+        """Commit the journal's buffered entries. A failure is logged and retried at the next
+        commit (the journal keeps them buffered; the start gate keeps unrecorded actions
+        from running meanwhile)."""
+        self._commit_armed = False
+        if self.journal is not None and self.journal.is_open:
+            try:
+                self.journal.commit()
+            except Exception:
+                log.exception("journal commit failed (%d entries kept)", self.journal.buffered)
+                self._commit_soon()
 
     def residency_changed(self, service: str, gpus: tuple[int, ...], resident: bool) -> None:
         """EOE restored or evicted ``service`` on ``gpus`` (called from any thread)."""
@@ -424,10 +551,9 @@ class Runtime:
     def clear_trace(self) -> None:
         """Forget the actions recorded so far (e.g. a warm-up or calibration phase); later
         actions are recorded as usual."""
-        self.recorder = TraceRecorder()
-        for traj in self.trajs.by_id.values():
-            self.recorder.trajectory_opened(traj.id, traj.opened_at)
         self.residency_at_record_start = self.gpu.eoe.residency() if self.gpu else {}
+        opened = {traj.id: traj.opened_at for traj in self.trajs.by_id.values()}
+        self.recorder.clear(self.trace_meta(), opened)
 
     def trace(self) -> Trace:
         """The actions ended so far as a trace (format v1, open loop, observed timings)."""

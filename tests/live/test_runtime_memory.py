@@ -1,0 +1,185 @@
+"""Bounded memory (issue 16, defect 4) on API work (no Docker, no torch): outcomes kept for
+polling expire by count and age and an expired id answers clearly; the trace is streamed to
+disk as actions end (a valid trace file at every moment) instead of kept in memory; with a
+journal, nothing per action stays in memory beyond the polling bound."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import math
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tangram.exec.runtime import (
+    ActionSpec,
+    ApiWork,
+    Outcome,
+    Runtime,
+    RuntimeConfig,
+    UnknownAction,
+)
+from tangram.exec.runtime.actions import ActionTable, LiveAction, Phase
+from tangram.exec.runtime.outcomes import unknown_outcome
+from tangram.exec.runtime.recorder import RecordedAction, TraceRecorder
+from tangram.trace import load_trace
+from tests.live.conftest import CallLog
+from tests.live.test_runtime import counted, with_runtime
+
+
+def echo(i: int, **kw: Any) -> ActionSpec:
+    return ActionSpec(ApiWork("echo", {"i": i}), id=f"e{i}", **kw)
+
+
+async def run_all(rt: Runtime, specs: list[ActionSpec], width: int = 16) -> list[Outcome]:
+    """Run ``specs`` ``width`` at a time (bounded concurrency, like a pool of clients)."""
+    outs: list[Outcome] = []
+    for k in range(0, len(specs), width):
+        outs += await asyncio.gather(*(rt.run(s) for s in specs[k : k + width]))
+    return outs
+
+
+def live(kind: type) -> int:
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if type(o) is kind)
+
+
+def test_polled_outcomes_expire_by_count_and_an_expired_id_answers_clearly() -> None:
+    async def body(rt: Runtime, log: CallLog) -> None:
+        await run_all(rt, [echo(i) for i in range(30)])
+        await rt.run(echo(30))  # alone: the batch before it is out of the core by now
+        assert len(rt.host.table) == 10
+        assert (await rt.result("e29")).ok  # type: ignore[union-attr]
+        with pytest.raises(UnknownAction, match="expired .*kept in memory for 3600 s, at most 10"):
+            await rt.result("e0")
+        with pytest.raises(UnknownAction, match="journal"):
+            rt.state("e0")
+
+    with_runtime(body, config=RuntimeConfig(keep_outcomes=10))
+
+
+def test_polled_outcomes_expire_by_age() -> None:
+    table = ActionTable(keep=100, keep_s=5.0)
+    forgotten: list[str] = []
+
+    def end(i: int, at: float) -> None:
+        rec = SimpleNamespace(id=f"r{i}", phase=Phase.OUT, outcome=SimpleNamespace(end_s=at))
+        table.add(rec)  # type: ignore[arg-type]  # (what the table reads of a record)
+        table.retire(rec)  # type: ignore[arg-type]
+
+    for i, at in enumerate([0.0, 1.0, 4.0, 6.5, 9.9]):
+        end(i, at)
+    assert sorted(r.id for r in table) == ["r3", "r4"], "ended within 5 s of the last"
+    table.forget = forgotten.append
+    end(5, 20.0)
+    assert [r.id for r in table] == ["r5"] and forgotten == ["r3", "r4"]
+
+
+def test_an_expired_outcome_is_answered_from_the_journal(tmp_path: Path) -> None:
+    config = RuntimeConfig(keep_outcomes=5, journal_path=tmp_path / "j.sqlite")
+
+    async def body(rt: Runtime, log: CallLog) -> None:
+        outs = await run_all(rt, [echo(i) for i in range(20)])
+        assert "e0" not in rt.host.table
+        assert await rt.result("e0") == outs[0] and rt.state("e0") == "done"
+        again = await rt.run(echo(0))  # a late resend: the same outcome, not a second run
+        assert again == outs[0] and rt.counters["resubmitted"] == 1
+
+    with_runtime(body, config=config)
+
+
+def test_nothing_per_action_stays_in_memory_beyond_the_polling_bound(tmp_path: Path) -> None:
+    """Before: every ended action stayed in the recorder (and every id in the core's set of
+    ids) for the life of the process."""
+    config = RuntimeConfig(
+        keep_outcomes=50, journal_path=tmp_path / "j.sqlite", trace_path=tmp_path / "t.jsonl"
+    )
+
+    async def body(rt: Runtime, log: CallLog) -> None:
+        before = {kind: live(kind) for kind in (RecordedAction, LiveAction, Outcome)}
+        await run_all(rt, [echo(i) for i in range(1500)])
+        await asyncio.sleep(0.05)  # the last iteration's rows and commit
+        grew = {kind: live(kind) - n for kind, n in before.items()}
+        assert grew[RecordedAction] <= 0, "the recorder streamed its rows to disk"
+        assert grew[LiveAction] <= 50 and grew[Outcome] <= 50
+        assert len(rt.scheduler.admission.seen) <= 50, "the core forgets ids the table drops"
+        assert len(rt.recorder) == 1500
+
+    with_runtime(body, config=config)
+    assert len(load_trace(tmp_path / "t.jsonl")) == 1500
+
+
+def test_the_trace_file_is_a_valid_trace_while_the_run_goes_on(tmp_path: Path) -> None:
+    path = tmp_path / "live.jsonl"
+    config = RuntimeConfig(trace_path=path)
+
+    async def body(rt: Runtime, log: CallLog) -> None:
+        # one labelled trajectory whose calls overlap and end out of arrival order
+        ended: list[str] = []
+        rt.on_outcome.append(lambda o: ended.append(o.action_id))
+        specs = [counted(f"k{i}", s=0.03 * (5 - i), trajectory="lab", id=f"c{i}") for i in range(5)]
+        await asyncio.gather(*(rt.run(s) for s in specs))
+        await asyncio.sleep(0.02)
+        mid = load_trace(path)  # read while running: validated (contiguous positions...)
+        assert len(mid) == 5 and mid.meta["policy"] == "tangram"
+        by_pos = [r.action_id for r in mid.trajectories()[(0, "lab")]]
+        assert by_pos == ended and ended != sorted(ended), "positions in the order they ended"
+        await run_all(rt, [echo(i) for i in range(20)])
+        copy = rt.write_trace(tmp_path / "copy.jsonl")
+        assert len(load_trace(copy)) == 25 and len(rt.trace()) == 25
+        rt.write_trace(path)  # the stream itself: rewritten in place, still appended to
+        await rt.run(echo(99))
+
+    with_runtime(body, config=config)
+    final = load_trace(path)  # rewritten at shutdown with the final header
+    assert len(final) == 26 and {r.obs_outcome for r in final.rows} == {"result"}
+
+
+def test_a_parquet_trace_is_written_from_its_stream_which_is_then_removed(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "live.parquet"
+
+    async def body(rt: Runtime, log: CallLog) -> None:
+        await run_all(rt, [echo(i) for i in range(7)])
+        await asyncio.sleep(0.02)
+        assert len(load_trace(tmp_path / "live.parquet.partial.jsonl")) == 7
+
+    with_runtime(body, config=RuntimeConfig(trace_path=path))
+    assert len(load_trace(path)) == 7
+    assert not (tmp_path / "live.parquet.partial.jsonl").exists()
+
+
+def test_clear_trace_starts_the_stream_over(tmp_path: Path) -> None:
+    path = tmp_path / "live.jsonl"
+
+    async def body(rt: Runtime, log: CallLog) -> None:
+        await run_all(rt, [echo(i) for i in range(5)])
+        rt.clear_trace()
+        await run_all(rt, [echo(i) for i in range(5, 8)])
+        assert [r.action_id for r in rt.trace().rows] == ["e5", "e6", "e7"]
+
+    with_runtime(body, config=RuntimeConfig(trace_path=path))
+
+
+def test_unknown_outcomes_are_not_recorded(tmp_path: Path) -> None:
+    """The trace format's outcomes are result, error and timeout; an unknown one belongs to
+    a previous run, which this run's trace never saw arrive."""
+    recorder = TraceRecorder(tmp_path / "t.jsonl")
+    recorder.start({"source": "test"})
+    lost = unknown_outcome("lost", "api", None, 0.0)
+    recorder.add(RecordedAction(echo(0), "~lost", lost, 1, 0.0, 0.0, 1))
+    recorder.flush()
+    assert len(recorder) == 0 and recorder.skipped_unknown == 1
+    assert len(load_trace(tmp_path / "t.jsonl")) == 0
+    recorder.close()
+
+
+def test_keep_bounds_are_checked() -> None:
+    for bad in ({"keep_outcomes": 0}, {"keep_outcomes_s": 0.0}, {"journal_keep_s": -1.0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            RuntimeConfig(**bad)  # type: ignore[arg-type]
+    assert RuntimeConfig().keep_outcomes_s < math.inf
