@@ -30,6 +30,7 @@ BENCHMARKS: dict[str, str] = {
     "aoe": "tangram.exec.aoe.bench",
     "eoe": "tangram.exec.eoe.bench",
     "service": "tangram.exec.service_bench",
+    "soak": "tangram.exec.soak_bench",
 }
 
 
