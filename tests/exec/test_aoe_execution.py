@@ -4,8 +4,12 @@ trajectory's container is named, labelled and described (``lifecycle``)."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +27,7 @@ from tangram.exec.aoe.lifecycle import (
     container_name,
     id_digest,
     labels,
+    park,
 )
 from tangram.exec.aoe.records import TIMING_KEYS, ContainerHandle
 from tangram.exec.aoe.topology import NumaTopology
@@ -292,3 +297,33 @@ def test_a_blueprint_takes_the_managers_defaults_and_refuses_no_memory() -> None
     assert lifecycle.blueprint("t", 0.5, "other", own) == Blueprint("t", "other", 0.5, own, 1)
     with pytest.raises(AoeError, match="memory_gb of trajectory 't' must be positive, got 0"):
         lifecycle.blueprint("t", 0, None, None)
+
+
+def test_a_live_container_is_parked_and_a_dead_one_thawed_instead() -> None:
+    """A frozen dead container is taken by runc for a paused one and never deleted: ``park``
+    freezes only a container whose init is neither gone, a zombie nor exiting."""
+
+    class Control(FakeControl):
+        def unthrottle(self) -> None:
+            self.log.append("thaw")
+
+    def parked_with(init_pid: int | None) -> list[str]:
+        log: list[str] = []
+        blueprint = Blueprint("t", "img", 1.0, SandboxConfig())
+        handle = ContainerHandle("t", "c" * 64, "name", "img", 1.0)
+        container = Container(blueprint, handle, Control(log), None, None, init_pid)  # type: ignore[arg-type]
+        park(container)
+        return log
+
+    zombie = subprocess.Popen(["true"])
+    try:
+        deadline = time.monotonic() + 5
+        while Path(f"/proc/{zombie.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < deadline, "the child did not exit"
+            time.sleep(0.01)
+        assert parked_with(zombie.pid) == ["thaw"]
+    finally:
+        zombie.wait()
+    assert parked_with(zombie.pid) == ["thaw"]  # gone altogether
+    assert parked_with(os.getpid()) == ["park"]
+    assert parked_with(None) == ["park"]  # a remote engine: nothing to look at

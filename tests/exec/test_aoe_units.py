@@ -224,12 +224,12 @@ def _fake_v1(tmp_path: Path) -> tuple[Path, Path]:
     proc = tmp_path / "proc"
     (proc / "42").mkdir(parents=True)
     (proc / "42" / "cgroup").write_text(
-        "4:memory:/docker/abc\n3:cpuset:/docker/abc\n2:cpuacct:/docker/abc\n"
-        "1:cpu:/docker/abc\n0::/docker/abc\n"
+        "5:freezer:/docker/abc\n4:memory:/docker/abc\n3:cpuset:/docker/abc\n"
+        "2:cpuacct:/docker/abc\n1:cpu:/docker/abc\n0::/docker/abc\n"
     )
     root = tmp_path / "cg"
     lines = []
-    for i, ctrl in enumerate(("cpu", "cpuacct", "cpuset", "memory")):
+    for i, ctrl in enumerate(("cpu", "cpuacct", "cpuset", "memory", "freezer")):
         d = root / ctrl / "docker" / "abc"
         d.mkdir(parents=True)
         lines.append(f"{30 + i} 1 0:{30 + i} / {root / ctrl} rw - cgroup cgroup rw,{ctrl}")
@@ -238,6 +238,7 @@ def _fake_v1(tmp_path: Path) -> tuple[Path, Path]:
     (root / "cpu/docker/abc/cpu.cfs_period_us").write_text("100000")
     (root / "cpu/docker/abc/cgroup.procs").write_text("42\n43\n")
     (root / "cpuset/docker/abc/cpuset.cpus").write_text("0-3")
+    (root / "freezer/docker/abc/freezer.state").write_text("THAWED")
     (root / "cpuacct/docker/abc/cpuacct.usage").write_text("123456789")
     (root / "memory/docker/abc/memory.oom_control").write_text(
         "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n"
@@ -255,11 +256,16 @@ def test_cgroup_v1_discovery_and_writes(tmp_path: Path) -> None:
     assert isinstance(control, CgroupV1)
     control.grant((2, 3), 1.5)
     cpu, cpuset = tmp_path / "cg/cpu/docker/abc", tmp_path / "cg/cpuset/docker/abc"
+    state = tmp_path / "cg/freezer/docker/abc/freezer.state"
     assert (cpuset / "cpuset.cpus").read_text() == "2-3"
     assert (cpu / "cpu.cfs_quota_us").read_text() == "150000"
+    assert state.read_text() == "THAWED"
     control.park()
+    assert state.read_text() == "FROZEN" and control.parked_cores == 0.0
     assert (cpu / "cpu.cfs_quota_us").read_text() == "1000"
     assert (cpuset / "cpuset.cpus").read_text() == "0-3"
+    control.unthrottle()
+    assert state.read_text() == "THAWED" and (cpu / "cpu.cfs_quota_us").read_text() == "-1"
     assert control.usage_ns() == 123456789 and control.pids() == [42, 43]
     assert control.oom_kills() == 2
 
@@ -276,6 +282,7 @@ def test_cgroup_v2_discovery_and_writes(tmp_path: Path) -> None:
         ("cgroup.procs", "7\n"),
         ("cpu.stat", "usage_usec 2500\nuser_usec 2000\n"),
         ("memory.events", "low 0\noom 1\noom_kill 1\n"),
+        ("cgroup.freeze", "0"),
     ):
         (d / name).write_text(text)
     mountinfo = tmp_path / "mountinfo"
@@ -285,7 +292,9 @@ def test_cgroup_v2_discovery_and_writes(tmp_path: Path) -> None:
     control.grant((1,), 0.5)
     assert (d / "cpu.max").read_text() == "50000 100000"
     assert (d / "cpuset.cpus").read_text() == "1"
+    assert (d / "cgroup.freeze").read_text() == "0"
     control.park()
+    assert (d / "cgroup.freeze").read_text() == "1" and control.parked_cores == 0.0
     assert (d / "cpu.max").read_text() == "1000 100000"
     assert (d / "cpuset.cpus").read_text() == "0-1"
     assert control.usage_ns() == 2_500_000 and control.oom_kills() == 1
@@ -295,6 +304,13 @@ def test_direct_control_names_the_file_it_cannot_write(tmp_path: Path) -> None:
     proc, mountinfo = _fake_v1(tmp_path)
     (tmp_path / "cg/cpuset/docker/abc/cpuset.cpus").unlink()
     with pytest.raises(AoeError, match=r"cpuset\.cpus is missing"):
+        direct_control(42, 100_000, 1_000, (0,), proc, mountinfo)
+
+
+def test_direct_control_needs_the_freezer_to_park(tmp_path: Path) -> None:
+    proc, mountinfo = _fake_v1(tmp_path)
+    (tmp_path / "cg/freezer/docker/abc/freezer.state").unlink()
+    with pytest.raises(AoeError, match=r"freezer\.state is missing"):
         direct_control(42, 100_000, 1_000, (0,), proc, mountinfo)
 
 

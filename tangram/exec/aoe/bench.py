@@ -62,6 +62,7 @@ def _grant_figures(manager: Any, iterations: int, docker_iterations: int) -> tup
     control = manager.control("bench")
     direct = _time_grants(lambda: control.grant(core, 1.0), control.park, iterations)
     cfg = manager.config
+    control.unthrottle()  # thawed by hand: runc refuses to pause a container it sees frozen
     upd = DockerUpdate(
         manager.client.api,
         manager.handle("bench").container_id,
@@ -70,6 +71,8 @@ def _grant_figures(manager: Any, iterations: int, docker_iterations: int) -> tup
         manager.topology.cores,
     )
     via_docker = _time_grants(lambda: upd.grant(core, 1.0), upd.park, docker_iterations)
+    upd.unthrottle()  # docker's pause off again: the manager's own control parks it
+    control.park()
     machine = {
         "cores": len(manager.topology.cores),
         "numa_domains": len(manager.topology.domains),

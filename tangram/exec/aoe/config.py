@@ -116,7 +116,8 @@ class AoeConfig:
     - ``sandbox``: default ``SandboxConfig``; ``open_trajectory`` may override it per task.
     - ``memory_gb``: default memory limit of a container.
     - ``cfs_period_us``/``park_quota_us``: the CFS period, and the quota of a parked container
-      (1 ms per 100 ms = 1% of one core: the kernel's minimum quota is 1 ms).
+      (1 ms per 100 ms = 1% of one core: the kernel's minimum quota is 1 ms); a parked
+      container is also frozen, so the quota only bounds it while it thaws or freezes.
     - ``cgroup_mode``: ``direct`` writes the container's cgroup files (microseconds),
       ``docker`` calls ``docker update`` (milliseconds), ``auto`` uses direct writes when the
       cgroup files are writable and falls back to ``docker update`` otherwise.

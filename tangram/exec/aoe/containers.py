@@ -50,13 +50,20 @@ def local_pid(pid: int, container_id: str) -> int | None:
         return None
 
 
+#: The kernel's flag of a task in ``do_exit`` (``/proc/PID/stat`` field 9).
+PF_EXITING = 0x4
+
+
 def pid_running(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
+    """True while ``pid`` exists, is not a zombie and is not exiting. A container's init is
+    exiting (its pid namespace being emptied) before the container's other processes die and
+    well before it is a zombie: that is when a dying container must be told from a live one."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    fields = stat.rsplit(")", 1)[1].split()
+    return fields[0] not in ("Z", "X") and not int(fields[6]) & PF_EXITING
 
 
 def owner_label(pid: int | None = None) -> str:
@@ -219,7 +226,7 @@ def remove(client: Any, container_id: str) -> bool:
     """Force-remove a container (its tmpfs goes with it); False when it was already gone.
 
     Processes throttled by a parking quota die slowly, and the engine gives up waiting for
-    them ("did not receive an exit event"): then lift the quota and try again.
+    them ("did not receive an exit event"): then lift the quota, thaw, and try again.
     """
     import docker.errors
 
@@ -236,7 +243,30 @@ def remove(client: Any, container_id: str) -> bool:
                 raise AoeError(f"could not remove container {container_id[:12]}: {exc}") from exc
             with contextlib.suppress(docker.errors.APIError):
                 client.api.update_container(container_id, cpu_quota=-1)
+            thaw(client, container_id)
     return False
+
+
+def thaw(client: Any, container_id: str) -> None:
+    """Thaw a parked container that this process did not park (an orphan, the reaper's): a
+    frozen process cannot die on some kernels. Its freezer is written directly when the engine
+    is local (docker does not know of that freeze, and runc then refuses to pause or unpause);
+    ``docker unpause`` covers a container parked by ``docker pause``. Best effort."""
+    import docker.errors
+
+    from tangram.exec.aoe.cgroups import FREEZERS, find_cgroup_dirs
+
+    with contextlib.suppress(docker.errors.APIError):
+        client.api.unpause(container_id)
+    st = state(client, container_id) or {}
+    pid = local_pid(int(st.get("Pid") or 0), container_id) if st.get("Pid") else None
+    if pid is None:
+        return
+    with contextlib.suppress(AoeError, OSError):
+        version, dirs = find_cgroup_dirs(pid)
+        directory = dirs.get("freezer" if version == 1 else "unified")
+        if directory is not None:
+            FREEZERS[version].thaw(directory)
 
 
 def state(client: Any, container_id: str) -> dict[str, Any] | None:

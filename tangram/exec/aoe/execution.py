@@ -18,7 +18,7 @@ from tangram.exec.aoe.config import AoeConfig
 from tangram.exec.aoe.errors import AoeError
 from tangram.exec.aoe.kill import kill_action
 from tangram.exec.aoe.ledger import CoreLedger
-from tangram.exec.aoe.lifecycle import Container, Lifecycle
+from tangram.exec.aoe.lifecycle import Container, Lifecycle, park
 from tangram.exec.aoe.records import ActionOutcome, KillReport
 from tangram.exec.aoe.topology import format_cpulist
 from tangram.exec.aoe.transport import ActionRequest, RawResult
@@ -145,7 +145,7 @@ class ActionRunner:
         finally:
             t_revoke = time.perf_counter()
             with contextlib.suppress(CgroupGone):
-                container.control.park()
+                park(container)
             times["revoke_s"] = time.perf_counter() - t_revoke
             self.ledger.release(aid, traj_id, plan.quota)
         if isinstance(raw, judge.Verdict):

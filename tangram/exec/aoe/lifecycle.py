@@ -101,6 +101,17 @@ def labels(session: str, blueprint: Blueprint) -> dict[str, str]:
     }
 
 
+def park(container: Container) -> None:
+    """Park a container after an action: frozen, on the parking quota. One whose init has
+    exited is thawed instead: runc takes a frozen cgroup for a paused container, and the
+    engine would never delete a dead one (its cgroups would be left behind)."""
+    if container.init_pid is not None and not containers.pid_running(container.init_pid):
+        with contextlib.suppress(AoeError):
+            container.control.unthrottle()
+        return
+    container.control.park()
+
+
 def warm_up(transport: Transport, name: str) -> None:
     """Start the runner and see it answer, while the new container is not yet parked."""
     if not isinstance(transport, RunnerTransport):
@@ -240,4 +251,6 @@ class Lifecycle:
         why = containers.describe_death(st) if not running else "its init process exited"
         container.dead = f"container {container.handle.short_id} died: {why}"
         container.transport.close()
+        with contextlib.suppress(AoeError):  # never leave a dead container frozen (see park)
+            container.control.unthrottle()
         return container.dead

@@ -2,9 +2,9 @@
 
 A trajectory's container lives from ``open_trajectory`` to ``close_trajectory`` and keeps its
 memory, files and background processes all that time, but it holds CPU only while one of its
-actions runs: between actions it is parked on a 1%-of-a-core quota. ``run_action`` takes the
-cores (waiting, first come first served, if another action holds them), writes the grant into
-the container's cgroup, runs the command, and revokes the grant however the command ended.
+actions runs: between actions it is parked (frozen, on a 1%-of-a-core quota). ``run_action``
+takes the cores (waiting, first come first served, if another action holds them), writes the
+grant into the container's cgroup, runs the command, and revokes the grant however it ended.
 
 This class is the front: it holds the locks and wires the parts. ``lifecycle`` makes, retires
 and watches containers; ``execution`` carries an action through cores, grant, run and revoke;
@@ -167,6 +167,13 @@ class AoeManager:
 
     def free_cores(self) -> tuple[int, ...]:
         return self.ledger.free_cores()
+
+    def parked_reserve_cores(self) -> float:
+        """CPU the parked containers may take outside any grant, in cores: what the node's
+        grants must leave free. Zero: a parked container is frozen (docs/aoe.md, "Parking")."""
+        with self._lock:
+            trajs = list(self._trajs.values())
+        return sum(t.container.control.parked_cores for t in trajs)
 
     def grant_log(self) -> tuple[GrantRecord, ...]:
         """Every grant so far (cores, quota, monotonic start and end)."""
