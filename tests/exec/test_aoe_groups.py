@@ -87,16 +87,29 @@ def test_an_exec_launcher_is_the_action_and_is_killed_too(
     assert group.kill() == KillReport("cgroup", 0) and killed == [CHILD]
 
 
-def test_what_an_action_left_running_goes_back_to_the_container(group: CgroupGroup) -> None:
-    group.enter("a1", RUNNER, launcher_stays=True)
-    (group.dir / "cgroup.procs").write_text(f"{RUNNER}\n{CHILD}\n")
+def _recorded_moves(group: CgroupGroup) -> list[str]:
     moved: list[str] = []
     real_move = group._move
     group._move = lambda pid, to: (moved.append(f"{pid}->{to.name}"), real_move(pid, to))  # type: ignore[method-assign]
+    return moved
+
+
+def test_the_runner_is_moved_in_once_and_stays(group: CgroupGroup) -> None:
+    moved = _recorded_moves(group)
+    for action in ("a1", "a2", "a3"):
+        group.enter(action, RUNNER, launcher_stays=True)
+        group.leave()
+    assert moved == [f"{RUNNER}->{GROUP_NAME}"]  # one write, not two per action
+    group.enter("a4", RUNNER + 1, launcher_stays=True)  # a fresh runner is moved in too
+    assert moved[-1] == f"{RUNNER + 1}->{GROUP_NAME}"
+
+
+def test_what_an_action_left_running_goes_back_to_the_container(group: CgroupGroup) -> None:
+    group.enter("a1", RUNNER, launcher_stays=True)
+    (group.dir / "cgroup.procs").write_text(f"{RUNNER}\n{CHILD}\n")
+    moved = _recorded_moves(group)
     group.leave()
-    assert sorted(moved) == sorted(
-        [f"{RUNNER}->{group.parent.name}", f"{CHILD}->{group.parent.name}"]
-    )
+    assert moved == [f"{CHILD}->{group.parent.name}"]  # the runner stays
     assert (group.dir / group.freezer.file).read_text() == group.freezer.thawed
 
 

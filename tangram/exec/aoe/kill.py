@@ -1,14 +1,18 @@
 """Killing one action and nothing else: its processes are kept in a cgroup of their own.
 
-Before an action starts, the process that will start it (the runner shell, idle on its stdin,
-or an exec's launcher, blocked before the command) is moved into the container's *action
-cgroup*, a child of the container's cgroup made for this purpose. Every process the action
-starts is born there and cannot leave it (the sandbox cannot write cgroup files), whatever it
-does: ``setsid``, a double fork, a cleared environment. The kill freezes that cgroup (so
-nothing forks while it is emptied), SIGKILLs every process in it except the runner, thaws it,
-and counts what is left. When the action ends, what it left running (background processes,
-which survive an action that ended by design) is moved back to the container's cgroup, so a
-later action's kill never takes it.
+The process that starts an action lives in the container's *action cgroup*, a child of the
+container's cgroup made for this purpose: the runner shell is moved there once, idle on its
+stdin, before its first action, and stays; an exec's launcher is moved there before its
+command, blocked on its stdin. Every process the action starts is born there and cannot leave
+it (the sandbox cannot write cgroup files), whatever it does: ``setsid``, a double fork, a
+cleared environment. The kill freezes that cgroup (so nothing forks while it is emptied),
+SIGKILLs every process in it except the runner, thaws it, and counts what is left. When the
+action ends, what it left running (background processes, which survive an action that ended by
+design) is moved back to the container's cgroup, so a later action's kill never takes it.
+
+Moves are few on purpose: writing ``cgroup.procs`` waits for an RCU grace period when none was
+waited for lately (4 to 20 ms here between one-second actions), so the runner is moved once,
+not in and out at every action, and survivors only when there are some.
 
 Without access to the container's cgroups (a remote engine, a manager that is not root) the
 fallback finds the action's processes as before, by ``TANGRAM_ACTION_ID=<id>`` in their
@@ -63,8 +67,8 @@ class ActionGroup(ABC):
 
     @abstractmethod
     def leave(self) -> None:
-        """The action ended: what it left running, and the runner, back with the container's
-        processes (background processes survive an action that ended)."""
+        """The action ended: what it left running back with the container's processes
+        (background processes survive an action that ended); the runner stays."""
 
     @abstractmethod
     def kill(self) -> KillReport:
@@ -84,6 +88,9 @@ class CgroupGroup(ActionGroup):
         self.parent = parent
         self.dir = parent / GROUP_NAME
         self.freezer = freezer
+        #: The runner, which lives in the group between actions (moved in once).
+        self._resident: int | None = None
+        #: The process the current action's kill spares (the runner), if any.
         self._spare: int | None = None
         try:
             self.dir.mkdir(exist_ok=True)
@@ -107,20 +114,23 @@ class CgroupGroup(ActionGroup):
     def enter(self, action_id: str, pid: int | None, *, launcher_stays: bool) -> None:
         if pid is None:
             raise AoeError("the action cgroup needs the launcher's pid")
-        self._move(pid, self.dir)
-        self._spare = pid if launcher_stays else None
+        if not launcher_stays:
+            self._move(pid, self.dir)
+            self._spare = None
+            return
+        if pid != self._resident:  # a new runner: in once, for good
+            self._move(pid, self.dir)
+            self._resident = pid
+        self._spare = pid
 
     def leave(self) -> None:
-        spare, self._spare = self._spare, None
+        self._spare = None
         with contextlib.suppress(CgroupGone):  # the container died: nothing left to move
-            pids = self._procs()
-            if pids <= {spare}:  # the usual case: nothing left running, one write at most
-                for pid in pids:
-                    self._move(pid, self.parent)
-                return
+            if not self._procs() - {self._resident}:
+                return  # the usual case: nothing left running but the runner, no write
             self.freezer.freeze(self.dir)  # frozen while moved: none forks a child in behind us
             try:
-                for pid in self._procs():
+                for pid in self._procs() - {self._resident}:
                     self._move(pid, self.parent)
             finally:
                 self.freezer.thaw(self.dir)
