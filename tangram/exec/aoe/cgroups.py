@@ -96,6 +96,10 @@ FREEZERS: dict[int, Freezer] = {
 }
 
 
+#: Which of ``find_cgroup_dirs``'s directories holds a container's freezer, by cgroup version.
+FREEZER_DIR: dict[int, str] = {1: "freezer", 2: "unified"}
+
+
 class CpuControl(ABC):
     """What the manager needs of a container's cgroup: grant, park, and read usage."""
 

@@ -254,7 +254,7 @@ def thaw(client: Any, container_id: str) -> None:
     ``docker unpause`` covers a container parked by ``docker pause``. Best effort."""
     import docker.errors
 
-    from tangram.exec.aoe.cgroups import FREEZERS, find_cgroup_dirs
+    from tangram.exec.aoe.cgroups import FREEZER_DIR, FREEZERS, find_cgroup_dirs
 
     with contextlib.suppress(docker.errors.APIError):
         client.api.unpause(container_id)
@@ -264,7 +264,7 @@ def thaw(client: Any, container_id: str) -> None:
         return
     with contextlib.suppress(AoeError, OSError):
         version, dirs = find_cgroup_dirs(pid)
-        directory = dirs.get("freezer" if version == 1 else "unified")
+        directory = dirs.get(FREEZER_DIR[version])
         if directory is not None:
             FREEZERS[version].thaw(directory)
 

@@ -32,7 +32,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tangram.exec.aoe.cgroups import FREEZERS, CgroupGone, Freezer, find_cgroup_dirs
+from tangram.exec.aoe.cgroups import (
+    FREEZER_DIR,
+    FREEZERS,
+    CgroupGone,
+    Freezer,
+    find_cgroup_dirs,
+)
 from tangram.exec.aoe.errors import AoeError
 from tangram.exec.aoe.records import KillReport
 
@@ -217,7 +223,7 @@ def action_group(
     if init_pid is not None:
         try:
             version, dirs = find_cgroup_dirs(init_pid)
-            parent = dirs.get("freezer") if version == 1 else dirs.get("unified")
+            parent = dirs.get(FREEZER_DIR[version])
             if parent is None:
                 raise AoeError("no freezer cgroup for the container")
             return CgroupGroup(parent, FREEZERS[version])
