@@ -75,7 +75,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--journal-fsync",
         action="store_true",
-        help="sync the journal to disk at every commit (survives power loss; slower)",
+        help="sync the journal to disk before each start and at every commit (survives a "
+        "power loss too; slower)",
     )
     p.add_argument(
         "--max-output-bytes",

@@ -32,8 +32,9 @@ class RuntimeConfig:
       a temporary spool, for ``GET /v1/trace``).
     - ``journal_path``: the journal of accepted ids and their outcomes (``journal.py``), so a
       restarted service never runs an id twice (None: no journal; ids are remembered only
-      while their outcome is kept). ``journal_fsync``: sync every commit to disk (survives a
-      power loss too; off by default: a killed process loses nothing without it).
+      while their outcome is kept). ``journal_fsync``: sync it to disk before each start and
+      at every commit (survives a power loss too; off by default: a killed process loses
+      nothing without it, and a sync costs ~0.2 ms here on the path of starts).
       ``journal_keep``, ``journal_keep_s``: its bounds (finished entries beyond the newest
       1,000,000 or accepted over a day ago are deleted: a resend comes within minutes, and
       a small action's entry is about 0.6 KB on disk).

@@ -11,9 +11,9 @@
   token frees then) is a ``call_at`` timer that ticks it;
 - outcomes: ``end`` gives an action its one outcome (later calls are ignored) and hands it to
   the runtime (journal, trace, listeners); ``before_start`` runs before every start (the
-  journal's write-ahead commit) and keeps the action from running if it fails. A deadline or a cancel ends a waiting action at once,
-  withdrawn from the loop or the core's queue; a running one as its executor's
-  ``on_deadline`` says.
+  journal's write-ahead) and keeps the action from running if it fails. A deadline or a
+  cancel ends a waiting action at once, withdrawn from the loop or the core's queue; a
+  running one as its executor's ``on_deadline`` says.
 
 Phases change only through ``actions.move``.
 """
@@ -59,8 +59,8 @@ class LiveHost:
         #: Called once per action with its outcome (the runtime records and publishes it).
         self.on_end = on_end
         self.table = ActionTable(config.keep_outcomes, config.keep_outcomes_s)
-        #: Run before any action starts; raising keeps it from running. The runtime commits
-        #: its journal here, so an action that may run is on disk first (write-ahead).
+        #: Run before any action starts; raising keeps it from running. The runtime writes
+        #: its journal's acceptances here, so an action that may run is on disk first.
         self.before_start: Callable[[], None] | None = None
         self.loop = DriverLoop(scheduler, self)
         #: Actions accepted and not yet ended (what admission control bounds).

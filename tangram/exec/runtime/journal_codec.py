@@ -30,8 +30,8 @@ def outcome_to_json(o: Outcome) -> str:
         "resource": o.resource,
         "status": o.status,
         "value": _value(o.value),  # not asdict(o): it would deep-copy the value first
-        "error": asdict(o.error) if o.error else None,
-        "timings": asdict(o.timings),
+        "error": _error(o.error),
+        "timings": _timings(o.timings),
         "arrival_s": o.arrival_s,
         "start_s": o.start_s,
         "end_s": o.end_s,
@@ -70,6 +70,15 @@ def outcome_from_json(text: str) -> Outcome:
         gpus=tuple(doc["gpus"]),
         reason=doc["reason"],
     )
+
+
+def _error(e: ErrorInfo | None) -> dict[str, Any] | None:
+    """(Not ``asdict``: it is several times slower, and this runs once per action.)"""
+    return None if e is None else {"code": e.code, "message": e.message, "retryable": e.retryable}
+
+
+def _timings(t: Timings) -> dict[str, float]:
+    return {"queue_s": t.queue_s, "overhead_s": t.overhead_s, "exec_s": t.exec_s, "act_s": t.act_s}
 
 
 def _value(value: Any) -> dict[str, Any]:

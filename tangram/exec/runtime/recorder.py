@@ -288,7 +288,7 @@ def _observation(e: RecordedAction) -> LiveObservation:
         task=spec.task,
         kind=spec.label(),
         resource=spec.resource,
-        t1_s=spec.elasticity().t1,
+        t1_s=spec.elasticity().t1 if spec.curve is not None else spec.t1_s,  # (the same)
         max_units=e.max_units,
         serial_fraction=spec.serial_fraction,
         curve=spec.curve,

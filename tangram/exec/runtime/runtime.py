@@ -21,8 +21,9 @@ idempotent ids, in memory and in the journal), what ended (journal, trace), and 
 shutdown. Every accepted action ends with exactly one ``Outcome`` (result, error or timeout;
 ``unknown`` for one a previous run accepted and never ended) carrying its timings. Beyond
 ``max_pending`` a submission is refused at once with ``Overloaded`` (retryable, nothing was
-accepted), never left to time out. Journal commits and trace rows are written once per
-event-loop iteration (``_persist``), and before any start (the host's ``before_start``).
+accepted), never left to time out. Acceptances reach the journal's log before any start
+(the host's ``before_start``), its SQLite commits follow within ``LINGER_S`` (``_commit``),
+and trace rows are appended once per event-loop iteration (``_persist``).
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ class Runtime:
         self.counters: Counter[str] = Counter()
         self.host = LiveHost(self.scheduler, self.config, self.counters, self._recorded)
         if self.journal is not None:
-            self.host.before_start = self.journal.commit  # write-ahead: on disk before it runs
+            self.host.before_start = self.journal.write_ahead  # on disk before it can run
             # The core remembers every id it ever admitted, to refuse a second use
             # (``Admission.seen``): a set that grows with every action. With a journal the
             # runtime refuses a reused id itself (table, then journal) before the core sees
@@ -351,7 +352,7 @@ class Runtime:
         self.counters[f"submitted_{spec.resource}"] += 1
         if traj is not None:
             traj.active[action_id] = rec
-        if self.journal is not None:  # before it can start: the host's gate commits it
+        if self.journal is not None:  # before it can start: the host's gate logs it
             self.journal.accept(
                 action_id, rec.fingerprint, spec.resource, spec.trajectory, time.time()
             )
@@ -505,7 +506,7 @@ class Runtime:
             self._loop.call_soon(self._persist)
 
     def _commit_soon(self) -> None:
-        """Arm one journal commit ``LINGER_S`` from now (a start commits sooner)."""
+        """Arm one journal commit ``LINGER_S`` from now (outcomes and acceptances share it)."""
         if not self._commit_armed and self._loop is not None and not self._loop.is_closed():
             self._commit_armed = True
             self._loop.call_later(LINGER_S, self._commit)
@@ -520,16 +521,11 @@ class Runtime:
             log.exception("could not append to the trace stream %s", self.recorder.path)
 
     def _commit(self) -> None:
-        """Commit the journal's buffered entries. A failure is logged and retried at the next
-        commit (the journal keeps them buffered; the start gate keeps unrecorded actions
-        from running meanwhile)."""
+        """Hand the journal's buffered entries to its writer thread (which commits them to
+        SQLite, retrying on failure; the journal's log keeps the acceptances meanwhile)."""
         self._commit_armed = False
-        if self.journal is not None and self.journal.is_open:
-            try:
-                self.journal.commit()
-            except Exception:
-                log.exception("journal commit failed (%d entries kept)", self.journal.buffered)
-                self._commit_soon()
+        if self.journal is not None and self.journal.is_open and not self.journal.flush():
+            self._commit_soon()  # the writer still commits the previous batch
 
     def residency_changed(self, service: str, gpus: tuple[int, ...], resident: bool) -> None:
         """EOE restored or evicted ``service`` on ``gpus`` (called from any thread)."""
