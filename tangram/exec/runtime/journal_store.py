@@ -90,7 +90,7 @@ def transaction(db: sqlite3.Connection, *steps: tuple[str, Sequence[Any]]) -> No
 
 def write(db: sqlite3.Connection, inserts: Sequence[Sequence[Any]], updates: Sequence[Any]) -> None:
     """Insert rows (``INSERT`` order) and set outcomes (``(ended_unix, outcome, id)``) in one
-    transaction, each in statements of up to ``ROWS_PER_STATEMENT`` rows.
+    transaction, in statements of a power-of-two number of rows up to ``ROWS_PER_STATEMENT``.
 
     Why not ``executemany``: it steps once per row, and the writer thread takes the GIL back
     after each step; on a busy event loop each of those is a forced switch (the convoy
@@ -108,12 +108,20 @@ def write(db: sqlite3.Connection, inserts: Sequence[Sequence[Any]], updates: Seq
         raise
 
 
-#: Rows per statement in ``write`` (7 parameters each, well under SQLite's 32,766).
+#: Most rows per statement in ``write`` (7 parameters each, well under SQLite's 32,766).
 ROWS_PER_STATEMENT = 256
 
 
 def _chunks(rows: Sequence[Any]) -> list[Sequence[Any]]:
-    return [rows[i : i + ROWS_PER_STATEMENT] for i in range(0, len(rows), ROWS_PER_STATEMENT)]
+    """``rows`` in chunks of 256, 128, ... 1 rows: nine statement shapes in all. Why powers of
+    two: each shape is a statement SQLite prepares and caches (up to 128 per connection, tens
+    of KB each for long ones); one per batch size made the service's memory creep."""
+    out, i = [], 0
+    while i < len(rows):
+        n = min(ROWS_PER_STATEMENT, 1 << ((len(rows) - i).bit_length() - 1))
+        out.append(rows[i : i + n])
+        i += n
+    return out
 
 
 @functools.cache
