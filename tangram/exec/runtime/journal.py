@@ -109,8 +109,10 @@ class Journal:
         self._new: dict[str, list[Any]] = {}
         #: Acceptances not yet written to the log.
         self._unlogged: list[list[Any]] = []
-        #: Buffered outcomes of ids handed over earlier (id -> (ended_unix, JSON, outcome)).
-        self._ends: dict[str, tuple[float, str, Outcome]] = {}
+        #: Buffered outcomes of ids handed over earlier (id -> [ended_unix, JSON, outcome]).
+        self._ends: dict[str, list[Any]] = {}
+        #: Buffered rows whose outcome is not yet encoded, with the index of its JSON.
+        self._unencoded: list[tuple[list[Any], int]] = []
         #: The last batch handed to the writer, for lookups while it commits it: its
         #: acceptances (id -> entry) and its outcomes of earlier acceptances (id -> outcome).
         #: Only this thread changes them (a committed batch's are stale but still right).
@@ -197,14 +199,23 @@ class Journal:
         self._unlogged.clear()
 
     def ended(self, outcome: Outcome, at_unix: float) -> None:
-        """Buffer an action's outcome, encoded now (one action's few microseconds here, not
-        a whole span's at once in ``flush``: that was a stall of the event loop)."""
-        text = _encode(outcome)
+        """Buffer an action's outcome (``encode`` encodes it soon after)."""
         row = self._new.get(outcome.action_id)
         if row is not None:  # accepted and ended within one span: one insert
-            row[5], row[6], row[7] = at_unix, text, outcome
+            row[5], row[7] = at_unix, outcome
+            self._unencoded.append((row, 6))
         else:
-            self._ends[outcome.action_id] = (at_unix, text, outcome)
+            end = [at_unix, None, outcome]
+            self._ends[outcome.action_id] = end
+            self._unencoded.append((end, 1))
+
+    def encode(self) -> None:
+        """Encode the outcomes buffered since the last call. The runtime calls it once per
+        event-loop iteration, after the answers (a few microseconds per outcome there, not a
+        whole span's at once in ``flush``: that was a stall of the event loop)."""
+        for row, at in self._unencoded:
+            row[at] = _encode(row[at + 1])
+        self._unencoded.clear()
 
     @property
     def buffered(self) -> int:
@@ -219,6 +230,7 @@ class Journal:
             return True
         if writer.busy:
             return False
+        self.encode()
         new, ends = self._new, self._ends
         inserts = [row[:7] for row in new.values()]
         updates = [(at, text, i) for i, (at, text, _) in ends.items()]

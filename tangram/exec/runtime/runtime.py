@@ -70,6 +70,10 @@ from tangram.trace import Trace
 
 log = logging.getLogger(__name__)
 
+#: Event-loop iterations between an outcome and the writing of its trace row and journal
+#: entry (``Runtime._persist_soon`` says why).
+PERSIST_HOPS = 3
+
 
 class Runtime:
     """The live runtime: one scheduler core, its policy, and the executors that carry it out.
@@ -499,11 +503,22 @@ class Runtime:
                 log.exception("an outcome listener raised")
 
     def _persist_soon(self) -> None:
-        """Arm one ``_persist`` for this event-loop iteration: its trace rows in one write,
-        after the answers its outcomes woke (their callbacks were queued first)."""
+        """Arm one ``_persist`` for the outcomes of this event-loop iteration, to run
+        ``PERSIST_HOPS`` iterations later: after the answers they woke are written (a waiter
+        wakes through a shield, ``wait_for`` and its task, one iteration each). Measured with
+        one client: run at the next iteration, the rows were on the path of every answer
+        (+55 us at the median round trip of 0.44 ms); after the answers, they overlap with
+        the client's own time."""
         if not self._persist_armed and self._loop is not None and not self._loop.is_closed():
             self._persist_armed = True
-            self._loop.call_soon(self._persist)
+            self._loop.call_soon(self._persist_after, PERSIST_HOPS)
+
+    def _persist_after(self, hops: int) -> None:
+        assert self._loop is not None
+        if hops > 1 and not self._loop.is_closed():
+            self._loop.call_soon(self._persist_after, hops - 1)
+        else:
+            self._persist()
 
     def _commit_soon(self) -> None:
         """Arm one journal commit ``LINGER_S`` from now (outcomes and acceptances share it)."""
@@ -512,13 +527,15 @@ class Runtime:
             self._loop.call_later(LINGER_S, self._commit)
 
     def _persist(self) -> None:
-        """Append the iteration's trace rows to the stream (a failure is logged; the rows
-        stay buffered for the next one)."""
+        """Append the trace rows of what ended to the stream (a failure is logged; the rows
+        stay buffered for the next one) and encode the journal's outcomes."""
         self._persist_armed = False
         try:
             self.recorder.flush()
         except Exception:
             log.exception("could not append to the trace stream %s", self.recorder.path)
+        if self.journal is not None and self.journal.is_open:
+            self.journal.encode()
 
     def _commit(self) -> None:
         """Hand the journal's buffered entries to its writer thread (which commits them to
