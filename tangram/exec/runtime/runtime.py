@@ -23,7 +23,7 @@ shutdown. Every accepted action ends with exactly one ``Outcome`` (result, error
 ``max_pending`` a submission is refused at once with ``Overloaded`` (retryable, nothing was
 accepted), never left to time out. Acceptances reach the journal's log before any start
 (the host's ``before_start``), its SQLite commits follow within ``LINGER_S`` (``_commit``),
-and trace rows are appended once per event-loop iteration (``_persist``).
+and trace rows are appended (and outcomes encoded) once the answers are out (``_persist``).
 """
 
 from __future__ import annotations
