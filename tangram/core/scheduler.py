@@ -198,6 +198,13 @@ class Scheduler:
         self.backlog.remove(self.backlog.queues[domain].live[action_id])
         return True
 
+    def forget(self, action_id: str) -> None:
+        """Stop remembering an ended action's id, which the core keeps to refuse its reuse: a
+        driver that guards ids itself (the live runtime's journal) calls this, so a long run
+        does not keep every id it ever saw. Reusing a forgotten id is the driver's to refuse."""
+        if action_id not in self._running and action_id not in self.backlog.domain_of:
+            self._seen.discard(action_id)
+
     def tick(self, now: float) -> list[Decision]:
         """A wake-up the scheduler asked for (``next_wakeup``): rate tokens may be free now."""
         ctx = self._begin(now)

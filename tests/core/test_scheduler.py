@@ -459,3 +459,15 @@ def test_a_lone_arrival_the_rule_starts_wrongly_stays_queued():
     with pytest.raises(CapacityError, match="99 units is not one of its options"):
         sched.submit(cpu(1), 1.0)
     assert sched.queued == 1 and "c1" not in sched.running  # not lost
+
+
+def test_an_ended_actions_id_can_be_forgotten_but_not_a_waiting_or_running_one():
+    sched = Scheduler(ClusterSpec("one", (CpuNodeSpec("n", 1, 1, 64.0),)), make_policy("tangram"))
+    sched.submit_many([cpu(0, traj="A"), cpu(1, traj="B")], 0.0)  # c0 runs, c1 waits
+    sched.forget("c0")
+    sched.forget("c1")
+    (again,) = sched.submit(cpu(1, traj="B"), 0.1)  # still known: refused as a duplicate
+    assert isinstance(again, Reject) and "duplicate" in again.reason
+    sched.finish("c0", 1.0)
+    sched.forget("c0")  # ended: the driver guards its ids, the core may forget it
+    assert not any(isinstance(d, Reject) for d in sched.submit(cpu(0, traj="A"), 2.0))

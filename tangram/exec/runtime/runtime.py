@@ -130,7 +130,7 @@ class Runtime:
             # (``Admission.seen``): a set that grows with every action. With a journal the
             # runtime refuses a reused id itself (table, then journal) before the core sees
             # it, so an id the table drops leaves that set too and memory stays bounded.
-            self.host.table.forget = self.scheduler.admission.seen.discard
+            self.host.table.forget = self.scheduler.forget
         #: Wall-clock time of the start (the trace's ``started_at_unix``).
         self.started_unix = 0.0
         #: GPU services resident when the recording began (the replay starts warm if any).

@@ -43,6 +43,9 @@ from tangram.exec.service.schema import (
 
 log = logging.getLogger(__name__)
 
+#: How much of the trace file ``GET /v1/trace`` reads and sends at a time.
+TRACE_CHUNK_BYTES = 1 << 20
+
 RUNTIME_KEY = web.AppKey("runtime", Runtime)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -241,14 +244,22 @@ class ServiceApp:
         outcome = await self.runtime.cancel(path_id(request, "id"))
         return web.json_response(state_doc(outcome.action_id, "done", outcome))
 
-    async def get_trace(self, request: web.Request) -> web.Response:
-        data = await asyncio.get_running_loop().run_in_executor(None, self._trace_bytes)
-        return web.Response(body=data, content_type="application/x-ndjson")
-
-    def _trace_bytes(self) -> bytes:
+    async def get_trace(self, request: web.Request) -> web.StreamResponse:
+        """The trace so far, streamed from a copy on disk in 1 MiB chunks (never held whole
+        in memory: a long run's trace is tens of MB)."""
+        loop = asyncio.get_running_loop()
         with tempfile.TemporaryDirectory(prefix="tangram-trace-") as tmp:
-            path = self.runtime.write_trace(Path(tmp) / "live.jsonl")
-            return path.read_bytes()
+            path = await loop.run_in_executor(
+                None, self.runtime.write_trace, Path(tmp) / "live.jsonl"
+            )
+            response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+            response.content_length = path.stat().st_size
+            await response.prepare(request)
+            with path.open("rb") as f:
+                while chunk := await loop.run_in_executor(None, f.read, TRACE_CHUNK_BYTES):
+                    await response.write(chunk)
+            await response.write_eof()
+            return response
 
     async def save_trace(self, request: web.Request) -> web.Response:
         if self.trace_path is None:
