@@ -27,7 +27,7 @@ from tangram.exec.runtime import (
     UnknownAction,
     UnknownTrajectory,
 )
-from tests.live.conftest import CallLog, faulty_endpoints
+from tests.live.conftest import CallLog, faulty_endpoints, live_cluster
 
 
 def api_cluster(concurrency: int = 3, rate: float | None = None) -> ClusterSpec:
@@ -277,3 +277,34 @@ def test_trace_of_a_run_is_valid_open_loop_with_observations(tmp_path: Any) -> N
         assert r.arrival_s == r.obs_arrival_s is not None
         assert r.obs_queue_s is not None and r.obs_exec_s is not None
         assert r.obs_units == 1 and r.obs_node in ("counted", "faulty")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"trajectory": ""}, "trajectory"),
+        ({"trajectory": "t", "memory_gb": 1e-9}, "memory_gb"),
+        ({"trajectory": "t", "memory_gb": 0}, "memory_gb"),
+        ({"trajectory": "t", "image": ""}, "image"),
+        ({"trajectory": "t", "image": "Not An Image!"}, "image"),
+    ],
+)
+def test_the_python_api_refuses_what_http_refuses_never_rewriting_it(kwargs, words) -> None:
+    """The runtime's own API holds the HTTP rules: a given value is checked, not replaced."""
+    from tangram.exec.runtime import BadRequest, Runtime
+    from tangram.exec.runtime.cpu import CpuExecutor
+
+    class NoContainers(CpuExecutor):  # refusals come before any container: none is made
+        def __init__(self) -> None:
+            pass
+
+        @property
+        def node(self):  # type: ignore[override]
+            return live_cluster().cpu_nodes[0]
+
+    async def go() -> None:
+        async with Runtime(live_cluster(), cpu=NoContainers()) as rt:
+            with pytest.raises(BadRequest, match=words):
+                await rt.open_trajectory(**kwargs)
+
+    asyncio.run(go())

@@ -29,7 +29,13 @@ from tangram.exec.runtime.errors import (
     ShuttingDown,
     UnknownTrajectory,
 )
-from tangram.exec.runtime.records import ErrorInfo, TrajectoryInfo, check_id
+from tangram.exec.runtime.records import (
+    ErrorInfo,
+    TrajectoryInfo,
+    check_id,
+    check_image,
+    check_memory_gb,
+)
 
 if TYPE_CHECKING:
     from tangram.exec.runtime.cpu import CpuExecutor
@@ -134,12 +140,20 @@ class Trajectories:
                 "this runtime has no CPU executor (started without Docker): it cannot open "
                 "trajectory containers"
             )
-        traj_id = check_id("trajectory", trajectory) if trajectory else f"t-{uuid.uuid4().hex[:12]}"
+        # Absent fields get their defaults; given ones are checked, never rewritten (an empty
+        # id is refused, not replaced by a fresh one): the same rules as over HTTP.
+        traj_id = (
+            check_id("trajectory", trajectory)
+            if trajectory is not None
+            else f"t-{uuid.uuid4().hex[:12]}"
+        )
         if traj_id in self.by_id:
             raise Conflict(f"trajectory {traj_id!r} is already open")
-        memory = self.default_memory_gb if memory_gb is None else memory_gb
-        if not isinstance(memory, int | float) or isinstance(memory, bool) or not memory > 0:
-            raise BadRequest(f"memory_gb must be a positive number, got {memory_gb!r}")
+        memory = check_memory_gb(
+            "memory_gb", self.default_memory_gb if memory_gb is None else memory_gb
+        )
+        if image is not None:
+            check_image("image", image)
         node_spec = cpu.node
         if memory > node_spec.memory_gb:
             raise BadRequest(
