@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -57,8 +58,15 @@ def test_replay_of_a_live_run_matches_its_act(tmp_path: Path) -> None:
     for key in ("p50", "p95", "mean"):
         assert abs(report.error[key]) < 0.10, (key, report.error, report.live, report.sim)
     assert set(report.by_resource) == {"api"}
-    curve = replay(path, durations="curve")  # the declared t1_s is the sleep: close too
-    assert abs(curve.error["p50"]) < 0.25
+    # With the declared curves the simulator predicts execution from t1_s (the sleep asked
+    # for). On a machine that delivered it, the replay is close; on a loaded one the sleeps
+    # overshoot, and the replay can only err short: what holds either way.
+    curve = replay(path, durations="curve")
+    slowdown = statistics.median(r.obs_exec_s / r.t1_s for r in trace.rows)
+    if slowdown <= 1.1:
+        assert abs(curve.error["p50"]) < 0.25, (slowdown, curve.error)
+    else:
+        assert curve.error["p50"] < 0.05, (slowdown, curve.error)
 
 
 def test_replay_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
