@@ -20,15 +20,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import subprocess
-import sys
+import tempfile
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from tangram.exec.runtime.errors import Overloaded
+from tangram.exec.serve_process import start_serve
 from tangram.report import add_json_flag, emit
 
 
@@ -45,34 +46,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--policy", default="tangram")
     add_json_flag(p)
     p.set_defaults(func=main)
-
-
-def start_server(policy: str, requests: int) -> tuple[subprocess.Popen[str], str]:
-    """``tangram serve`` on a free loopback port; returns the process and its URL."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "tangram.cli",
-        "serve",
-        "--no-cpu",
-        "--no-gpu",
-        "--port",
-        "0",
-        "--json",
-        "--policy",
-        policy,
-        "--max-pending",
-        str(max(4096, 4 * requests)),
-    ]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ)
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line:
-        err = proc.stderr.read() if proc.stderr else ""
-        raise RuntimeError(f"tangram serve did not start: {err.strip()[-2000:]}")
-    return proc, json.loads(line)["url"]
 
 
 def _quantiles(values: list[float]) -> dict[str, float]:
@@ -135,7 +108,9 @@ async def _phase(url: str, requests: int, clients: int, wait: bool) -> dict[str,
 
 def run_bench(requests: int, clients: int, warmup: int, policy: str) -> dict[str, Any]:
     load_before = os.getloadavg()[0]
-    proc, url = start_server(policy, requests)
+    log = Path(tempfile.mkdtemp(prefix="tangram-bench-service-")) / "serve.log"
+    args = ["--policy", policy, "--max-pending", str(max(4096, 4 * requests))]
+    proc, url = start_serve(args, log)
     try:
         asyncio.run(_phase(url, warmup, min(clients, warmup), True))
         waited = asyncio.run(_phase(url, requests, clients, True))

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -25,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tangram.exec.runtime.errors import Overloaded
+from tangram.exec.serve_process import start_serve
 from tangram.report import add_json_flag, emit
 
 #: The sample the last one is compared with (actions), and the allowed growth.
@@ -53,36 +52,6 @@ def rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"no VmRSS for process {pid}")
-
-
-def start_server(policy: str, state: Path) -> tuple[subprocess.Popen[str], str]:
-    """``tangram serve`` on a free loopback port with its journal and trace under ``state``."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "tangram.cli",
-        "serve",
-        "--no-cpu",
-        "--no-gpu",
-        "--port",
-        "0",
-        "--json",
-        "--policy",
-        policy,
-        "--journal",
-        str(state / "journal.sqlite"),
-        "--trace",
-        str(state / "soak.jsonl"),
-    ]
-    # stderr to a file: an unread pipe would stall the server once it filled
-    err = (state / "serve.log").open("w")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line:
-        proc.wait(10)
-        raise RuntimeError(f"tangram serve did not start: {(state / 'serve.log').read_text()}")
-    return proc, json.loads(line)["url"]
 
 
 async def _batch(url: str, first: int, count: int, clients: int, prefix: str) -> int:
@@ -120,7 +89,17 @@ def run_soak(actions: int, every: int, clients: int, policy: str) -> dict[str, A
     prefix = uuid.uuid4().hex[:8]
     with tempfile.TemporaryDirectory(prefix="tangram-soak-") as tmp:
         state = Path(tmp)
-        proc, url = start_server(policy, state)
+        proc, url = start_serve(
+            [
+                "--policy",
+                policy,
+                "--journal",
+                str(state / "journal.sqlite"),
+                "--trace",
+                str(state / "soak.jsonl"),
+            ],
+            state / "serve.log",
+        )
         t0 = time.perf_counter()
         try:
             samples.append({"actions": 0, "rss_mb": rss_bytes(proc.pid) / 2**20, "wall_s": 0.0})

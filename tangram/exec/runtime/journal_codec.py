@@ -11,11 +11,11 @@ runtime's own, kept to what an outcome holds.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
+from tangram.exec.runtime.plain import to_json
 from tangram.exec.runtime.records import CommandResult, ErrorInfo, Outcome, Timings
 
 #: Marks a stored ``CommandResult`` (any other value is stored as plain JSON).
@@ -85,18 +85,4 @@ def _value(value: Any) -> dict[str, Any]:
     """The stored form: a tagged ``CommandResult`` or ``{"json": plain}``."""
     if isinstance(value, CommandResult):
         return {_COMMAND: asdict(value)}
-    return {"json": _plain(value)}
-
-
-def _plain(value: Any) -> Any:
-    if value is None or isinstance(value, bool | int | str):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else repr(value)
-    if hasattr(value, "tolist") and callable(value.tolist):  # torch tensors, numpy arrays
-        return _plain(value.tolist())
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        return [_plain(v) for v in value]
-    return repr(value)
+    return {"json": to_json(value)}

@@ -9,11 +9,13 @@ lists, tuples lists, and anything else not JSON its ``repr``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
 from tangram.exec.runtime.errors import BadRequest
+from tangram.exec.runtime.plain import to_json
+
+__all__ = ["decode_inputs", "to_json"]
 
 
 def decode_inputs(value: Any) -> Any:
@@ -40,17 +42,3 @@ def _has_float(value: Any) -> bool:
     if isinstance(value, list):
         return any(_has_float(v) for v in value)
     return isinstance(value, float)
-
-
-def to_json(value: Any) -> Any:
-    if value is None or isinstance(value, bool | int | str):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else repr(value)
-    if hasattr(value, "tolist") and callable(value.tolist):  # torch tensors, numpy arrays
-        return to_json(value.tolist())
-    if isinstance(value, Mapping):
-        return {str(k): to_json(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        return [to_json(v) for v in value]
-    return repr(value)

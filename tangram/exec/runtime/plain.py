@@ -1,0 +1,23 @@
+"""A result as plain JSON values: what the HTTP answers and the journal store of a GPU or API
+call's value (tensors and numpy arrays as lists, tuples and sets as lists, non-finite floats
+and anything else not JSON as its ``repr``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+
+def to_json(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if hasattr(value, "tolist") and callable(value.tolist):  # torch tensors, numpy arrays
+        return to_json(value.tolist())
+    if isinstance(value, Mapping):
+        return {str(k): to_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [to_json(v) for v in value]
+    return repr(value)
