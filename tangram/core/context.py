@@ -108,6 +108,7 @@ class Context:
         cores: tuple[int, ...] | None = None,
         gpus: tuple[int, ...] = (),
         in_slot: bool = False,
+        slot_since: float | None = None,
     ) -> Start:
         """Start a queued action on ``node`` with ``units`` of its options.
 
@@ -131,6 +132,7 @@ class Context:
             cores,
             gpus,
             in_slot,
+            slot_since=slot_since,
         )
         self.decisions.append(start)
         return start

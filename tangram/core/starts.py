@@ -36,6 +36,7 @@ def start_action(
     gpus: tuple[int, ...] = (),
     in_slot: bool = False,
     queued: bool = True,
+    slot_since: float | None = None,
 ) -> Start:
     """The one way an action starts: check its option, take its capacity, record it as
     running (out of the queue when ``queued``), and return the decision. A policy starts
@@ -83,6 +84,7 @@ def start_action(
         in_slot,
         opts.durations[option],
         overhead,
+        slot_since,
     )
     if queued:
         sched.backlog.remove(action)

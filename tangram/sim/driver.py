@@ -34,6 +34,7 @@ from tangram.core.policies import make_policy
 from tangram.core.resources import ClusterSpec, ResourceKind
 from tangram.core.scheduler import Scheduler
 from tangram.sim.config import SimConfig
+from tangram.sim.pods import StartupClock
 from tangram.sim.residency import ResidencyModel
 from tangram.trace import Trace, TraceRow, row_to_action
 
@@ -157,7 +158,7 @@ class Simulation:
         self.trajectories: list[TrajectoryRecord] = []
         self.steps: list[StepRecord] = []
         self.timeline = UsageTimeline()
-        self.container_ready: dict[str, float] = {}
+        self.startup = StartupClock(self.config.overheads)
         self.loop = DriverLoop(self.scheduler, self, timer=clock)
         self._unbounded = self.scheduler.unbounded
         self._usage = self.scheduler.state.usage
@@ -255,8 +256,8 @@ class Simulation:
         if any(r.resource == "cpu" for r in rows):
             memory = max(r.memory_gb for r in rows if r.resource == "cpu")
             # AOE creates the container now, overlapped with the first generation.
-            self.scheduler.open_trajectory(name, self.env.now, memory_gb=memory)
-            self.container_ready[name] = self.env.now + self.config.overheads.container_start_s
+            node = self.scheduler.open_trajectory(name, self.env.now, memory_gb=memory)
+            self.startup.open_container(name, node, self.env.now)
         _TrajectoryRun(self, name, rows, rec, on_end).advance()
 
     def _open_loop(self):
@@ -355,10 +356,11 @@ class Simulation:
             kind = d.action.resource
             if kind is ResourceKind.CPU:
                 traj = d.action.trajectory
-                if d.in_slot and traj not in self.container_ready:
-                    self.container_ready[traj] = now + ov.container_start_s  # the pod starts now
-                ready = self.container_ready.get(traj, now)
-                overhead = max(0.0, ready - now) + (0.0 if d.in_slot else ov.aoe_grant_s)
+                if d.in_slot:  # a pod: created when it was granted its cores
+                    since = now if d.slot_since is None else d.slot_since
+                    overhead = max(0.0, self.startup.pod(traj, d.node, since) - now)
+                else:
+                    overhead = max(0.0, self.startup.container(traj, now) - now) + ov.aoe_grant_s
             elif kind is ResourceKind.GPU:
                 service = d.action.service or ""
                 if d.in_slot:  # a dedicated replica: loaded once, at deployment
@@ -459,7 +461,7 @@ class _TrajectoryRun:
         sim = self.sim
         now = sim.env.now
         sim.loop.close_trajectory(self.name, now)
-        sim.container_ready.pop(self.name, None)
+        sim.startup.forget(self.name)
         self.record.end = now
         self.on_end()
 

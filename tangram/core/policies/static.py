@@ -29,6 +29,8 @@ class StaticPods(DomainRule):
     def __init__(self, cores_per_pod: int) -> None:
         self.k = cores_per_pod
         self.slots: dict[str, tuple[str, tuple[int, ...]]] = {}
+        #: trajectory -> when its pod was granted (created): its startup is counted from then.
+        self.granted_at: dict[str, float] = {}
         self.busy: set[str] = set()
         #: node -> trajectories waiting for a pod there, FCFS (insertion order).
         self.waiting: dict[str, dict[str, None]] = {}
@@ -45,6 +47,7 @@ class StaticPods(DomainRule):
             f"k8s-static: in its pod of {len(cores)} cores",
             cores=cores[:units],
             in_slot=True,
+            slot_since=self.granted_at[action.trajectory],
         )
 
     def _start_next(self, ctx: Context, trajectory: str) -> None:
@@ -68,6 +71,7 @@ class StaticPods(DomainRule):
             cores = node.choose_cores(size)
             ctx.hold_cores(node_name, cores)
             self.slots[trajectory] = (node_name, cores)
+            self.granted_at[trajectory] = ctx.now
             if start:
                 self._start_next(ctx, trajectory)
 
@@ -100,6 +104,7 @@ class StaticPods(DomainRule):
         for waiting in self.waiting.values():
             waiting.pop(trajectory, None)
         slot = self.slots.pop(trajectory, None)
+        self.granted_at.pop(trajectory, None)
         self.busy.discard(trajectory)
         if slot is not None:
             ctx.unhold_cores(*slot)
