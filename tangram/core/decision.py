@@ -11,15 +11,15 @@ from tangram.core.action import Action
 class Start(NamedTuple):
     """Run ``action`` now on ``node`` with ``units`` units.
 
-        ``cores`` are the CPU core ids granted (AOE writes them into the container's cpuset);
-        ``gpus`` the aligned GPU cell; ``restore`` says the service must first be restored to that
-        cell (EOE). ``in_slot`` marks a static-baseline action running inside cores its trajectory
-        already holds. ``est_duration`` is the curve's estimate, ``est_overhead`` the expected restore.
+    ``cores`` are the CPU core ids granted (AOE writes them into the container's cpuset);
+    ``gpus`` the aligned GPU cell; ``restore`` says the service must first be restored to that
+    cell (EOE). ``in_slot`` marks a static-baseline action running inside cores its trajectory
+    already holds. ``est_duration`` is the curve's estimate, ``est_overhead`` the expected restore.
     ``slot_since`` is when that reservation (a pod) was granted: a pod is created then, so the
     simulator starts its startup clock there, not when the trajectory opened.
 
-        An immutable record like the others, but a NamedTuple: one is built for every action the
-        simulator replays, and a tuple costs a third of a frozen dataclass to build.
+    An immutable record like the others, but a NamedTuple: one is built for every action the
+    simulator replays, and a tuple costs a third of a frozen dataclass to build.
     """
 
     time: float
