@@ -12,7 +12,7 @@ class Overheads:
     ``aoe_grant_s``: writing and reverting a container's cgroup for one action (grant+revoke,
     direct cgroup writes; ``tangram bench aoe``). ``container_start_s``: creating a
     trajectory's container; AOE creates it when the trajectory opens, overlapped with the first
-    generation, the static baseline when its pod gets cores. EOE restore time comes from the
+    generation. EOE restore time comes from the
     cluster file (model bytes / host-to-GPU bandwidth + fixed cost); ``eviction_s`` is paid per
     service evicted to make room. ``exec_noise_sigma`` makes real durations deviate from the
     curve (log-normal, seeded), so policies are tested against estimates that are wrong.
