@@ -12,12 +12,14 @@ Eviction drops the replica (module and buffer); nothing else holds the device bu
 
 from __future__ import annotations
 
+import bisect
 import copy
 import threading
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tangram.exec.eoe import sharding
 from tangram.exec.eoe.devices import Device, round_up
 from tangram.exec.eoe.errors import ServiceSpecError
 
@@ -46,7 +48,7 @@ class TensorSlot:
 class HostBackup:
     """The host copy of one service's weights and the recipe to rebuild a replica on a device."""
 
-    def __init__(self, module: torch.nn.Module, *, pin: bool) -> None:
+    def __init__(self, module: torch.nn.Module, *, pin: bool, shards: int = 1) -> None:
         import torch
 
         if not isinstance(module, torch.nn.Module):
@@ -76,6 +78,14 @@ class HostBackup:
             sources.append(tensor)
             names.append([name])
             kinds.append(is_param)
+        layers = sharding.layer_list(module) if shards > 1 else None
+        units = [sharding.unit_of(n[0], layers) for n in names]
+        if shards > 1:  # lay the tensors out unit by unit, so that each shard is one range
+            rank = sharding.unit_order(module)
+            order = sorted(range(len(sources)), key=lambda i: rank[units[i]])
+            sources, names, kinds, units = (
+                [xs[i] for i in order] for xs in (sources, names, kinds, units)
+            )
         layout = []
         for tensor in sources:
             nbytes = tensor.numel() * tensor.element_size()
@@ -97,15 +107,47 @@ class HostBackup:
         self.slots: tuple[TensorSlot, ...] = tuple(slots)
         #: Bytes of the tensors themselves (without alignment padding).
         self.tensor_bytes: int = sum(s.nbytes for s in slots)
+        #: Byte range of the flat buffer that each shard holds (one range: not sharded).
+        self.shard_ranges: tuple[tuple[int, int], ...] = self._shard_ranges(units, shards)
         # The template keeps the module's structure and code but no data.
         self.template: torch.nn.Module = module.to("meta").eval()
         self.template.requires_grad_(False)
+        if shards > 1:
+            hooked = {sharding.unit_of(n, layers) for slot in slots for n in slot.names}
+            sharding.install_hooks(
+                self.template, sorted(hooked, key=sharding.unit_order(module).get)
+            )
         self._meta = [self._meta_tensor(slot) for slot in self.slots]
         # Skeletons (deep copies of the template) cost milliseconds to make; an evicted
         # replica's skeleton is emptied and kept for the next restore.
         self._lock = threading.Lock()
         self._spares: list[torch.nn.Module] = []
         self._owners: weakref.WeakKeyDictionary[torch.nn.Module, list] = weakref.WeakKeyDictionary()
+
+    def _shard_ranges(self, units: list[str], shards: int) -> tuple[tuple[int, int], ...]:
+        """Cut the units (in layout order) into ``shards`` runs of about equal bytes."""
+        if shards == 1:
+            return ((0, self.nbytes),)
+        groups: list[list[TensorSlot]] = []
+        for slot, unit, prev in zip(self.slots, units, [None, *units[:-1]], strict=True):
+            if unit != prev:
+                groups.append([])
+            groups[-1].append(slot)
+        try:
+            starts = sharding.cut([sum(s.nbytes for s in g) for g in groups], shards)
+        except ValueError as exc:
+            raise ServiceSpecError(f"cannot split the module into {shards} shards: {exc}") from exc
+        bounds = [groups[i][0].offset for i in starts] + [self.nbytes]
+        return tuple(zip(bounds[:-1], bounds[1:], strict=True))
+
+    @property
+    def shards(self) -> int:
+        return len(self.shard_ranges)
+
+    @property
+    def shard_bytes(self) -> tuple[int, ...]:
+        """Bytes of each shard's device buffer."""
+        return tuple(round_up(b - a) for a, b in self.shard_ranges)
 
     def _meta_tensor(self, slot: TensorSlot) -> torch.Tensor:
         owner_name, _, leaf = slot.names[0].rpartition(".")
@@ -148,25 +190,51 @@ class HostBackup:
         with self._lock:
             self._spares.append(module)
 
-    def restore(self, device: Device, *, sync: bool = True) -> tuple[torch.nn.Module, torch.Tensor]:
+    def restore(
+        self, device: Device, *, sync: bool = True, shard: int | None = None
+    ) -> tuple[torch.nn.Module | None, torch.Tensor]:
         """A replica on ``device``: (module, its device buffer). Raises DeviceOutOfMemoryError.
 
+        With ``shard`` (a sharded service), only that shard's range is copied and the module is
+        None: ``assemble`` builds the model from the cell's shards for a call.
         With ``sync=False`` the copy may still be in flight on the device's current stream when
         this returns (work queued later on that stream sees the weights); call
         ``device.synchronize()`` before timing it or using it from another stream.
         """
-        storage = device.alloc(self.nbytes)
+        start, end = (0, self.nbytes) if shard is None else self.shard_ranges[shard]
+        storage = device.alloc(end - start)
+        module = None
         try:
             with device.context():
-                storage.copy_(self.buffer, non_blocking=True)
-            module, owners = self._skeleton()  # while the copy is in flight on CUDA
-            self._attach(owners, storage)
+                storage[: end - start].copy_(self.buffer[start:end], non_blocking=True)
+            if shard is None:
+                module, owners = self._skeleton()  # while the copy is in flight on CUDA
+                self._attach(owners, storage)
             if sync:
                 device.synchronize()
         except BaseException:
             module = storage = None  # noqa: F841 (free the buffer before the error propagates)
             raise
         return module, storage
+
+    def assemble(self, storages: list[torch.Tensor]) -> torch.nn.Module:
+        """The whole model over the device buffers of its shards (in shard order), for one call;
+        ``recycle`` it afterwards."""
+        import torch
+
+        if len(storages) != self.shards:
+            raise ValueError(f"{len(storages)} buffers for {self.shards} shards")
+        module, owners = self._skeleton()
+        starts = [a for a, _ in self.shard_ranges]
+        for slot, places in zip(self.slots, owners, strict=True):
+            i = bisect.bisect_right(starts, slot.offset) - 1
+            off = slot.offset - starts[i]
+            value = storages[i][off : off + slot.nbytes].view(slot.dtype).view(slot.shape)
+            if slot.is_parameter:
+                value = torch.nn.Parameter(value, requires_grad=False)
+            for table, leaf in places:
+                table[leaf] = value
+        return module
 
     def host_module(self) -> torch.nn.Module:
         """A module on the host whose weights are views of the backup (for references/tests)."""

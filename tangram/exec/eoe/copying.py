@@ -20,16 +20,17 @@ if TYPE_CHECKING:
 
 
 def start_restore(
-    service: str, backup: HostBackup, device: Device, gpu: int
-) -> tuple[torch.nn.Module, torch.Tensor, Any]:
-    """A replica of ``service`` on ``device`` (the manager's GPU ``gpu``) whose copy may still run: (module, its device
-    buffer, a fence to wait on). ``RestoreOutOfMemoryError`` for lack of memory (the budget or
-    a real CUDA OOM), ``RestoreError`` for anything else."""
+    service: str, backup: HostBackup, device: Device, gpu: int, shard: int | None = None
+) -> tuple[torch.nn.Module | None, torch.Tensor, Any]:
+    """A replica of ``service`` (or its shard ``shard``) on ``device`` (the manager's GPU
+    ``gpu``) whose copy may still run: (module, None for a shard; its device buffer; a fence to
+    wait on). ``RestoreOutOfMemoryError`` for lack of memory (the budget or a real CUDA OOM),
+    ``RestoreError`` for anything else."""
     try:
-        module, storage = backup.restore(device, sync=False)
+        module, storage = backup.restore(device, sync=False, shard=shard)
     except DeviceOutOfMemoryError as exc:
         raise RestoreOutOfMemoryError(
-            f"service {service!r}: out of memory restoring {backup.nbytes} bytes to "
+            f"service {service!r}: out of memory restoring {int(storage_bytes(backup, shard))} bytes to "
             f"GPU {gpu}: {exc}"
         ) from exc
     except Exception as exc:
@@ -41,6 +42,11 @@ def start_restore(
             f"service {service!r}: restoring to GPU {gpu} failed: {type(exc).__name__}: {exc}"
         ) from exc
     return module, storage, device.fence()
+
+
+def storage_bytes(backup: HostBackup, shard: int | None) -> int:
+    """Bytes of the device buffer a restore of ``shard`` (None: the whole replica) allocates."""
+    return backup.nbytes if shard is None else backup.shard_bytes[shard]
 
 
 def wait_for_copies(fences: Iterable[Any]) -> None:

@@ -14,7 +14,7 @@ from tangram.exec.eoe.errors import CallFailedError, InputSplitError
 from tangram.exec.eoe.registry import ServiceSpec, map_tensors
 
 if TYPE_CHECKING:
-    from tangram.exec.eoe.bookkeeping import Replica
+    from tangram.exec.eoe.bookkeeping import Replica, Service
 
 
 class ReplicaRunner:
@@ -26,12 +26,16 @@ class ReplicaRunner:
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
 
-    def run(self, spec: ServiceSpec, replicas: Sequence[Replica], inputs: Any) -> Any:
-        """The call's result: ``inputs`` split across ``replicas``, results merged.
+    def run(self, service: Service, replicas: Sequence[Replica], inputs: Any) -> Any:
+        """The call's result: ``inputs`` split across ``replicas``, results merged; for a
+        sharded service, one run of the model assembled from the cell's shards.
 
         ``InputSplitError`` if the inputs cannot be split; ``CallFailedError`` if a part or the
         merge raised (the first part's error when several did).
         """
+        spec = service.spec
+        if service.info.shards > 1:
+            return self._run_sharded(service, replicas, inputs)
         if len(replicas) == 1:
             parts = [inputs]
         else:
@@ -74,12 +78,24 @@ class ReplicaRunner:
                 f"{type(exc).__name__}: {exc}"
             ) from exc
 
-    def _run_part(self, spec: ServiceSpec, rep: Replica, part: Any) -> Any:
+    def _run_sharded(self, service: Service, shards: Sequence[Replica], inputs: Any) -> Any:
+        """One call on the model assembled over its shards (in GPU order: shard i on the i-th
+        GPU of the cell); the inputs go to the first shard's device, the hooks do the rest."""
+        ordered = sorted(shards, key=lambda r: r.gpu)
+        module = service.backup.assemble([r.storage for r in ordered])
+        try:
+            return self._run_part(service.spec, ordered[0], inputs, module)
+        finally:
+            service.backup.recycle(module)
+
+    def _run_part(
+        self, spec: ServiceSpec, rep: Replica, part: Any, module: Any | None = None
+    ) -> Any:
         device = self._devices[rep.gpu]
         try:
             with no_grad_on(device):
                 moved = map_tensors(part, lambda t: t.to(device.torch_device, non_blocking=True))
-                result = spec.call(rep.module, moved)
+                result = spec.call(rep.module if module is None else module, moved)
                 return map_tensors(result, lambda t: t.to("cpu"))
         except Exception as exc:
             oom = " (out of memory)" if is_cuda_oom(exc) else ""

@@ -27,28 +27,35 @@ def build_service(spec: ServiceSpec, *, pin: bool, largest_budget: int) -> Servi
         raise ServiceSpecError(
             f"service {spec.name!r}: factory raised {type(exc).__name__}: {exc}"
         ) from exc
-    backup = HostBackup(module, pin=pin)
+    backup = HostBackup(module, pin=pin, shards=spec.shards)
     del module
-    if spec.memory_bytes is not None and spec.memory_bytes < backup.tensor_bytes:
+    per_gpu = max(backup.shard_bytes)  # the whole replica unless sharded
+    if spec.memory_bytes is not None and spec.memory_bytes < min(per_gpu, backup.tensor_bytes):
         raise ServiceSpecError(
             f"service {spec.name!r} declares memory_bytes={spec.memory_bytes} but its "
-            f"parameters and buffers take {backup.tensor_bytes} bytes"
+            f"parameters and buffers take {min(per_gpu, backup.tensor_bytes)} bytes per GPU"
         )
     info = ServiceInfo(
         name=spec.name,
         dops=spec.dops,
         weight_bytes=backup.tensor_bytes,
         replica_bytes=backup.nbytes,
-        resident_bytes=max(spec.memory_bytes or 0, backup.nbytes),
+        resident_bytes=max(spec.memory_bytes or 0, per_gpu),
         workspace_bytes=spec.workspace_bytes,
         pinned=backup.pinned,
         build_s=time.perf_counter() - start,
+        shards=backup.shards,
     )
     if info.need_bytes > largest_budget:
+        held = (
+            f"one of {info.shards} layer shards"
+            if info.shards > 1
+            else "a whole data-parallel replica (a larger model needs shards=k)"
+        )
         raise ServiceTooLargeError(
             f"service {spec.name!r} needs {info.need_bytes} bytes per GPU "
             f"({info.resident_bytes} resident + {info.workspace_bytes} workspace) but the "
-            f"largest GPU budget is {largest_budget} bytes; every GPU of a cell holds a whole "
-            f"data-parallel replica, so no cell can run it"
+            f"largest GPU budget is {largest_budget} bytes; every GPU of a cell holds "
+            f"{held}, so no cell can run it"
         )
     return Service(spec, backup, info)

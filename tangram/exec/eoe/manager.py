@@ -226,7 +226,7 @@ class EoeManager:
         try:
             replicas = self._prepare(state)
             t0 = time.perf_counter()
-            value = self._runner.run(state.service.spec, replicas, inputs)
+            value = self._runner.run(state.service, replicas, inputs)
             state.exec_s = time.perf_counter() - t0
             return value
         finally:
@@ -350,8 +350,9 @@ class EoeManager:
         failure: EoeError | None = None
         for rep in reps:
             try:
+                shard = rep.gpu % svc.info.shards if svc.info.shards > 1 else None
                 module, storage, fence = start_restore(
-                    svc.spec.name, svc.backup, self.devices[rep.gpu], rep.gpu
+                    svc.spec.name, svc.backup, self.devices[rep.gpu], rep.gpu, shard
                 )
             except EoeError as exc:
                 failure = exc

@@ -30,13 +30,13 @@ def check_request(
 ) -> Request:
     """The request with its DoP filled in, or the error that makes it impossible on this node.
 
-    ``dop`` defaults to ``len(gpus)``, or 1; it must be one of the service's DoPs and fit the
+    ``dop`` defaults to ``len(gpus)``, or the service's shards (1 unless split by layers); it must be one of the service's DoPs and fit the
     node; ``gpus``, if given, must be an aligned cell of ``dop`` GPUs each of whose budgets
     holds the service (``DopNotSupportedError``, ``InvalidCellError``, ``ServiceTooLargeError``).
     """
     n = len(budgets)
     if dop is None:
-        dop = len(tuple(gpus)) if gpus is not None else 1
+        dop = len(tuple(gpus)) if gpus is not None else info.shards
     if dop not in info.dops:
         raise DopNotSupportedError(f"service {info.name!r} supports DoPs {info.dops}, not {dop!r}")
     if dop > n:

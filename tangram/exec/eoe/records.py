@@ -33,6 +33,14 @@ class ServiceInfo:
     pinned: bool
     #: Seconds taken by the factory and the backup at registration.
     build_s: float
+    #: 1: data-parallel replicas (a whole copy per GPU); k: split by layers over a k-GPU cell,
+    #: each GPU holding one shard (``resident_bytes`` is then the largest shard's).
+    shards: int = 1
+
+    @property
+    def parallelism(self) -> str:
+        """How a cell of several GPUs runs the service: "replicas" or "layers"."""
+        return "layers" if self.shards > 1 else "replicas"
 
     @property
     def need_bytes(self) -> int:

@@ -54,6 +54,10 @@ class ServiceSpec:
     #: Join the parts' results in order; default ``merge_batch``.
     merge: Callable[[list[Any]], Any] | None = None
     description: str = ""
+    #: 1: data-parallel replicas (each GPU of a cell holds the whole model). k > 1: the model
+    #: is split by layers into k shards (``sharding``), one per GPU of a k-GPU cell, so each
+    #: holds about size/k; ``dops`` is then (k,).
+    shards: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -65,7 +69,18 @@ class ServiceSpec:
             raise ServiceSpecError(f"service {self.name!r}: factory must be callable")
         if not callable(self.call):
             raise ServiceSpecError(f"service {self.name!r}: call must be callable")
+        if not isinstance(self.shards, int) or self.shards not in CELL_SIZES:
+            raise ServiceSpecError(
+                f"service {self.name!r}: shards must be one of {CELL_SIZES}, got {self.shards!r}"
+            )
+        if self.shards > 1 and tuple(self.dops) == (1,):
+            object.__setattr__(self, "dops", (self.shards,))  # the default: its one cell size
         dops = tuple(self.dops)
+        if self.shards > 1 and dops != (self.shards,):
+            raise ServiceSpecError(
+                f"service {self.name!r}: a service split into {self.shards} shards runs on "
+                f"cells of {self.shards} GPUs only: dops must be ({self.shards},), got {dops!r}"
+            )
         if not dops or any(d not in CELL_SIZES for d in dops) or len(set(dops)) != len(dops):
             raise ServiceSpecError(
                 f"service {self.name!r}: dops must be distinct values from {CELL_SIZES}, "

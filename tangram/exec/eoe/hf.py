@@ -1,0 +1,182 @@
+"""EOE services from local Hugging Face model directories: a causal LM as a teacher (per-token
+log-probs of given sequences) and a sequence-classification model as a reward model (a score
+per sequence), loaded with ``transformers`` from local files only (no hub at run time).
+
+``hf_service(name, path, kind)`` gives an ``HfService``: its ``spec`` (register it with an
+``EoeManager``) and its tokenizer, which front ends (the OpenAI-style routes) use to turn text
+into token ids. The factory runs ``from_pretrained(path, local_files_only=True)``, which reads
+the directory's config and safetensors weights; the host backup is then built from those
+weights, and restores copy them from there (``backup.py``).
+
+Inputs of both kinds: a LongTensor of token ids (B, T), or a dict with ``input_ids`` and
+``attention_mask`` (B, T) for a right-padded batch of different lengths; a teacher's dict may
+add ``top_k`` (a LongTensor (B,) repeating one k) for the k most likely tokens at each position.
+Outputs: the teacher's ``{"token_logprobs": (B, T-1)}`` (log p(token[t+1] | tokens[:t+1]),
+float32; plus ``top_ids``/``top_logprobs`` (B, T-1, k) when asked), the reward model's scores
+(B,) float32. Tensors batch on dim 0, so data-parallel replicas split and merge them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tangram.exec.eoe.errors import ServiceSpecError
+from tangram.exec.eoe.registry import ServiceSpec
+
+if TYPE_CHECKING:
+    import torch
+
+TEACHER = "teacher"
+REWARD = "reward"
+
+
+def _as_batch(inputs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(input_ids, attention_mask or None) from a tensor or a dict."""
+    if isinstance(inputs, dict):
+        if "input_ids" not in inputs:
+            raise ValueError("inputs must have 'input_ids'")
+        return inputs["input_ids"], inputs.get("attention_mask")
+    return inputs, None
+
+
+def teacher_logprobs(module: torch.nn.Module, inputs: Any) -> dict[str, torch.Tensor]:
+    """Call function of a causal LM: each next token's log-prob (and the top k when asked)."""
+    import torch
+
+    ids, mask = _as_batch(inputs)
+    logits = module(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    out = {"token_logprobs": logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)}
+    top_k = inputs.get("top_k") if isinstance(inputs, dict) else None
+    if top_k is not None and int(top_k.max()) > 0:
+        values, indices = logp.topk(int(top_k.max()), dim=-1)
+        out["top_logprobs"], out["top_ids"] = values, indices
+    return out
+
+
+def reward_scores(module: torch.nn.Module, inputs: Any) -> torch.Tensor:
+    """Call function of a one-label sequence classifier: its score per sequence, (B,) float32.
+
+    The model scores each sequence at its last token that is not padding (``transformers``
+    finds it from the config's ``pad_token_id``)."""
+    ids, mask = _as_batch(inputs)
+    return module(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, 0].float()
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What a kind of model directory is loaded as, and how it is called."""
+
+    auto_class: str
+    call: Callable[[Any, Any], Any]
+
+
+#: The kinds of service a model directory can be, by name.
+KINDS: dict[str, Kind] = {
+    TEACHER: Kind("AutoModelForCausalLM", teacher_logprobs),
+    REWARD: Kind("AutoModelForSequenceClassification", reward_scores),
+}
+
+
+@dataclass(frozen=True)
+class HfService:
+    """A model directory as an EOE service: the ``spec`` to register and what front ends need."""
+
+    spec: ServiceSpec
+    kind: str
+    path: Path
+    tokenizer: Any
+    vocab_size: int
+    #: The longest sequence the model takes (its config's ``max_position_embeddings``).
+    max_len: int
+    pad_token_id: int
+
+
+def _check_dir(path: Path) -> None:
+    if not path.is_dir():
+        raise ServiceSpecError(f"model directory {str(path)!r} does not exist")
+    if not (path / "config.json").is_file():
+        raise ServiceSpecError(f"model directory {str(path)!r} has no config.json")
+    if not any(path.glob("*.safetensors")):
+        raise ServiceSpecError(f"model directory {str(path)!r} has no *.safetensors weights")
+
+
+def _quiet() -> None:
+    """No progress bars from ``transformers`` (its loading bar would go to the server's log)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+def load_model(path: str | Path, kind: str, dtype: str | None = None) -> torch.nn.Module:
+    """The model in ``path`` as ``kind``, from local files only, in eval mode without grads."""
+    import torch
+    import transformers
+
+    _quiet()
+    auto = getattr(transformers, KINDS[kind].auto_class)
+    kwargs: dict[str, Any] = {"local_files_only": True}
+    if dtype is not None:
+        kwargs["dtype"] = getattr(torch, dtype)
+    model = auto.from_pretrained(str(path), **kwargs).eval()
+    model.requires_grad_(False)
+    return model
+
+
+def hf_service(
+    name: str,
+    path: str | Path,
+    kind: str,
+    *,
+    shards: int = 1,
+    dops: tuple[int, ...] | None = None,
+    dtype: str | None = None,
+    workspace_bytes: int = 0,
+) -> HfService:
+    """The model directory ``path`` (config.json, safetensors weights, tokenizer) as a
+    ``kind`` service ("teacher" or "reward") named ``name``.
+
+    ``shards`` > 1 splits it by layers over a cell of that many GPUs (``dops`` is then that
+    cell size); otherwise ``dops`` (default (1, 2)) are data-parallel replicas. ``dtype``
+    ("bfloat16", ...) overrides the checkpoint's. The tokenizer and config are read now; the
+    weights when the service is registered. ``ServiceSpecError`` names what is missing.
+    """
+    from transformers import AutoConfig, AutoTokenizer
+
+    if kind not in KINDS:
+        raise ServiceSpecError(f"kind must be one of {sorted(KINDS)}, got {kind!r}")
+    path = Path(path)
+    _check_dir(path)
+    _quiet()
+    try:
+        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ServiceSpecError(f"model directory {str(path)!r}: {exc}") from exc
+    pad = config.pad_token_id if config.pad_token_id is not None else tokenizer.pad_token_id
+    if kind == REWARD and (pad is None or getattr(config, "num_labels", 1) != 1):
+        raise ServiceSpecError(
+            f"reward model {str(path)!r} needs num_labels=1 and a pad_token_id (config or "
+            "tokenizer) to find each sequence's last token"
+        )
+    spec = ServiceSpec(
+        name=name,
+        factory=lambda: load_model(path, kind, dtype),
+        call=KINDS[kind].call,
+        dops=dops if dops is not None else ((shards,) if shards > 1 else (1, 2)),
+        workspace_bytes=workspace_bytes,
+        shards=shards,
+        description=f"{kind} from {path}",
+    )
+    return HfService(
+        spec=spec,
+        kind=kind,
+        path=path,
+        tokenizer=tokenizer,
+        vocab_size=int(config.vocab_size),
+        max_len=int(getattr(config, "max_position_embeddings", 1 << 30)),
+        pad_token_id=int(pad if pad is not None else 0),
+    )

@@ -1,0 +1,254 @@
+"""EOE services from Hugging Face model directories, and sharded cells.
+
+The models are small Llama-style checkpoints made here from configs (``hf_tiny``), saved to a
+temporary directory and loaded back from local files only, as a real checkpoint would be.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tangram.exec.eoe import EoeConfig, EoeManager, ServiceSpecError, ServiceTooLargeError
+from tangram.exec.eoe.hf import hf_service, load_model
+from tangram.exec.eoe.hf_tiny import HfShape, save_model_dir, words
+from tangram.exec.eoe.sharding import cut
+from tangram.exec.eoe.testing import BACKEND, blob_spec, missing_devices
+
+SHAPE = HfShape(layers=4)
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("hf")
+    return {
+        "teacher": save_model_dir(root / "teacher", "teacher", SHAPE, seed=0),
+        "reward": save_model_dir(root / "reward", "reward", SHAPE, seed=1),
+    }
+
+
+def manager(devices: int = 2, mib: int = 64) -> EoeManager:
+    return EoeManager(EoeConfig(backend=BACKEND, devices=devices, device_memory_bytes=mib << 20))
+
+
+def batch(tokenizer: Any, n: int = 3) -> dict[str, torch.Tensor]:
+    """``n`` sequences of different lengths, right-padded, with their attention mask."""
+    texts = [words(6 + 5 * i, seed=i) for i in range(n)]
+    enc = tokenizer(texts, padding=True, return_tensors="pt")
+    return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+
+
+def reference_logprobs(path: Path, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """What ``transformers`` itself gives: log p(token[t+1] | tokens[:t+1])."""
+    model = load_model(path, "teacher")
+    with torch.inference_mode():
+        logits = model(**inputs).logits[:, :-1].float()
+    ids = inputs["input_ids"][:, 1:]
+    return torch.log_softmax(logits, -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+
+
+def reference_scores(path: Path, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    model = load_model(path, "reward")
+    with torch.inference_mode():
+        return model(**inputs).logits[:, 0].float()
+
+
+@pytest.mark.parametrize("kind", ["teacher", "reward"])
+def test_a_directory_service_gives_identical_outputs_after_evict_and_restore(
+    dirs: dict[str, Path], kind: str
+) -> None:
+    svc = hf_service(kind, dirs[kind], kind)
+    inputs = batch(svc.tokenizer)
+    with manager() as m:
+        m.register(svc.spec)
+        first = m.call(kind, inputs).unwrap()
+        assert m.residency() == {kind: (0,)}
+        assert m.evict(kind).gpus == (0,)
+        again = m.call(kind, inputs, gpus=(1,))
+        assert again.ok and again.restored_gpus == (1,) and not again.hit
+        wide = m.call(kind, inputs, dop=2).unwrap()  # data-parallel replicas on (0, 1)
+    key = "token_logprobs" if kind == "teacher" else None
+    pick = (lambda v: v[key]) if key else (lambda v: v)
+    assert torch.equal(pick(first), pick(again.value))
+    assert torch.equal(pick(first), pick(wide))
+    reference = (reference_logprobs if kind == "teacher" else reference_scores)(dirs[kind], inputs)
+    assert torch.allclose(pick(first), reference, atol=1e-5, rtol=0)
+
+
+def test_the_host_backup_holds_the_safetensors_weights(dirs: dict[str, Path]) -> None:
+    from safetensors import safe_open
+
+    svc = hf_service("teacher", dirs["teacher"], "teacher")
+    with manager() as m:
+        m.register(svc.spec)
+        backup = m._service("teacher").backup
+        host = dict(backup.host_module().named_parameters(remove_duplicate=False))
+    with safe_open(str(dirs["teacher"] / "model.safetensors"), framework="pt") as f:
+        keys = list(f.keys())
+        assert keys
+        for key in keys:
+            assert torch.equal(host[key], f.get_tensor(key)), key
+    # the tied output embedding is stored once and shared
+    assert host["lm_head.weight"].data_ptr() == host["model.embed_tokens.weight"].data_ptr()
+
+
+@pytest.mark.parametrize("kind", ["teacher", "reward"])
+def test_a_two_shard_cell_holds_half_on_each_device_and_matches_one_device(
+    dirs: dict[str, Path], kind: str
+) -> None:
+    whole = hf_service(f"{kind}-1", dirs[kind], kind)
+    split = hf_service(f"{kind}-2", dirs[kind], kind, shards=2)
+    inputs = batch(whole.tokenizer)
+    with manager() as m:
+        one = m.register(whole.spec)
+        info = m.register(split.spec)
+        assert (info.shards, info.dops, info.parallelism) == (2, (2,), "layers")
+        assert (one.shards, one.parallelism) == (1, "replicas")
+        single = m.call(whole.spec.name, inputs, gpus=(0,)).unwrap()
+        m.evict(whole.spec.name)
+        base = [d.allocated_bytes for d in m.stats().devices]
+        out = m.call(split.spec.name, inputs)  # the default DoP is its shard count
+        assert out.ok and out.gpus == (0, 1) and out.restored_gpus == (0, 1)
+        held = [d.allocated_bytes - b for d, b in zip(m.stats().devices, base, strict=True)]
+        assert sum(held) == pytest.approx(one.replica_bytes, abs=2048)
+        for h in held:  # about size/k on each: no GPU holds the whole model
+            assert 0.35 * one.replica_bytes < h < 0.65 * one.replica_bytes
+        assert info.resident_bytes == max(held)
+        again = m.call(split.spec.name, inputs).unwrap()
+    pick = (lambda v: v["token_logprobs"]) if kind == "teacher" else (lambda v: v)
+    assert torch.equal(pick(out.value), pick(single))
+    assert torch.equal(pick(again), pick(single))
+
+
+def test_one_evicted_shard_is_restored_alone_and_outputs_stay_identical(
+    dirs: dict[str, Path],
+) -> None:
+    split = hf_service("t2", dirs["teacher"], "teacher", shards=2)
+    inputs = batch(split.tokenizer)
+    with manager() as m:
+        m.register(split.spec)
+        first = m.call("t2", inputs).unwrap()
+        assert m.evict("t2", gpus=[1]).gpus == (1,)
+        assert m.residency() == {"t2": (0,)}
+        again = m.call("t2", inputs)
+        assert again.restored_gpus == (1,)
+        # a shard is no replica: the service cannot run on one GPU
+        alone = m.call("t2", inputs, gpus=(0,))
+        assert not alone.ok and "DoP" in alone.message
+    assert torch.equal(first["token_logprobs"], again.value["token_logprobs"])
+
+
+def test_a_model_larger_than_one_device_runs_split_over_two(dirs: dict[str, Path]) -> None:
+    whole = hf_service("big", dirs["teacher"], "teacher")
+    split = hf_service("big2", dirs["teacher"], "teacher", shards=2)
+    budget = 400 * 1024  # the tiny teacher takes ~600 KB: more than one device, half fits
+    with EoeManager(EoeConfig(backend="cpu", devices=2, device_memory_bytes=budget)) as m:
+        with pytest.raises(ServiceTooLargeError, match="shards=k"):
+            m.register(whole.spec)
+        m.register(split.spec)
+        assert m.call("big2", batch(split.tokenizer)).ok
+
+
+def test_bad_directories_and_specs_are_refused_naming_the_problem(
+    dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    with pytest.raises(ServiceSpecError, match="does not exist"):
+        hf_service("x", tmp_path / "nowhere", "teacher")
+    with pytest.raises(ServiceSpecError, match="no config.json"):
+        hf_service("x", tmp_path, "teacher")
+    with pytest.raises(ServiceSpecError, match="kind must be one of"):
+        hf_service("x", dirs["teacher"], "judge")
+    with pytest.raises(ServiceSpecError, match="dops must be"):
+        hf_service("x", dirs["teacher"], "teacher", shards=2, dops=(1, 2))
+    with pytest.raises(ServiceSpecError, match="shards must be one of"):
+        hf_service("x", dirs["teacher"], "teacher", shards=3)
+    # one tensor-holding unit cannot be cut into two shards
+    with manager() as m, pytest.raises(ServiceSpecError, match="cannot split the module into 2"):
+        m.register(blob_spec("blob", shards=2, dops=(2,)))
+    # more shards than units (embeddings, 4 layers, norm, rotary table)
+    too_many = hf_service("t8", dirs["teacher"], "teacher", shards=8)
+    m8 = EoeManager(EoeConfig(backend="cpu", devices=8, device_memory_bytes=1 << 24))
+    with m8, pytest.raises(ServiceSpecError, match="7 units cannot be cut into 8"):
+        m8.register(too_many.spec)
+
+
+def test_a_reward_model_without_a_pad_token_is_refused(tmp_path: Path) -> None:
+    import json
+
+    path = save_model_dir(tmp_path / "r", "reward", SHAPE)
+    config = json.loads((path / "config.json").read_text())
+    config["pad_token_id"] = None
+    (path / "config.json").write_text(json.dumps(config))
+    tok = json.loads((path / "tokenizer_config.json").read_text())
+    tok.pop("pad_token", None)
+    (path / "tokenizer_config.json").write_text(json.dumps(tok))
+    with pytest.raises(ServiceSpecError, match="pad_token_id"):
+        hf_service("r", path, "reward")
+
+
+def test_the_teacher_gives_the_top_k_tokens_when_asked(dirs: dict[str, Path]) -> None:
+    svc = hf_service("teacher", dirs["teacher"], "teacher")
+    inputs = batch(svc.tokenizer, n=2)
+    inputs["top_k"] = torch.full((2,), 3)
+    with manager() as m:
+        m.register(svc.spec)
+        out = m.call("teacher", inputs, dop=2).unwrap()
+    assert out["top_ids"].shape == (*out["token_logprobs"].shape, 3)
+    best = out["top_logprobs"][..., 0]
+    assert torch.all(best >= out["token_logprobs"] - 1e-6)
+    assert torch.all(out["top_logprobs"][..., :-1] >= out["top_logprobs"][..., 1:])
+
+
+def _best_cut(sizes: list[int], parts: int) -> int:
+    """The smallest largest run over every way to cut (brute force)."""
+    n = len(sizes)
+    best = None
+    for inner in itertools.combinations(range(1, n), parts - 1):
+        bounds = (0, *inner, n)
+        worst = max(sum(sizes[a:b]) for a, b in itertools.pairwise(bounds))
+        best = worst if best is None else min(best, worst)
+    assert best is not None
+    return best
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 1000), min_size=1, max_size=9), st.integers(1, 8))
+def test_cut_gives_contiguous_nonempty_shards_with_the_smallest_largest_one(
+    sizes: list[int], parts: int
+) -> None:
+    if len(sizes) < parts:
+        with pytest.raises(ValueError, match="cannot be cut"):
+            cut(sizes, parts)
+        return
+    starts = cut(sizes, parts)
+    assert starts[0] == 0 and len(starts) == parts
+    assert all(a < b for a, b in itertools.pairwise(starts))  # non-empty, in order
+    bounds = (*starts, len(sizes))
+    worst = max(sum(sizes[a:b]) for a, b in itertools.pairwise(bounds))
+    assert worst == _best_cut(sizes, parts)
+
+
+@pytest.mark.skipif(
+    BACKEND != "cuda" or missing_devices(2) is not None,
+    reason="CUDA-only: needs TANGRAM_EOE_BACKEND=cuda and 2 GPUs (experiments/gpu_eoe_check.sh)",
+)
+def test_cuda_shards_live_on_their_gpus_and_activations_follow(dirs: dict[str, Path]) -> None:
+    whole = hf_service("w", dirs["teacher"], "teacher")
+    split = hf_service("s", dirs["teacher"], "teacher", shards=2)
+    inputs = batch(whole.tokenizer)
+    with manager(mib=256) as m:
+        m.register(whole.spec)
+        m.register(split.spec)
+        one = m.call("w", inputs, gpus=(0,)).unwrap()["token_logprobs"]
+        m.evict("w")
+        before = [torch.cuda.memory_allocated(i) for i in range(2)]
+        two = m.call("s", inputs).unwrap()["token_logprobs"]
+        grew = [torch.cuda.memory_allocated(i) - before[i] for i in range(2)]
+        assert all(g > 0 for g in grew)
+    assert torch.allclose(one, two, atol=1e-4)
