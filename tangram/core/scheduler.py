@@ -21,6 +21,7 @@ from tangram.core.backlog import GPU_DOMAIN, Backlog, Domain, FcfsQueue
 from tangram.core.capabilities import Capabilities
 from tangram.core.context import Context
 from tangram.core.decision import Decision, Reject, Start
+from tangram.core.demand import ServiceDemand
 from tangram.core.fastpaths import FAST, FastPaths
 from tangram.core.options import Options, OptionsBuilder
 from tangram.core.resources import ClusterSpec, ResourceKind
@@ -161,6 +162,11 @@ class Scheduler:
                         f"policy decided {len(ctx.decisions)} actions at a trajectory open"
                     )
         return traj.node
+
+    def expect(self, demands: tuple[ServiceDemand, ...]) -> None:
+        """Tell the policy the load each GPU service is expected to get, before any action
+        (``tangram.core.demand``: a static baseline sizes its replicas from it)."""
+        self.policy.expect(tuple(demands))
 
     def close_trajectory(self, trajectory: str, now: float) -> list[Decision]:
         """The trajectory ended: its container's memory (and any static slot) is freed.

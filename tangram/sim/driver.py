@@ -34,6 +34,7 @@ from tangram.core.policies import make_policy
 from tangram.core.resources import ClusterSpec, ResourceKind
 from tangram.core.scheduler import Scheduler
 from tangram.sim.config import SimConfig
+from tangram.sim.demand import expected_demand
 from tangram.sim.pods import StartupClock
 from tangram.sim.residency import ResidencyModel
 from tangram.trace import Trace, TraceRow, row_to_action
@@ -174,6 +175,8 @@ class Simulation:
 
     # ------------------------------------------------------------------ run
     def run(self) -> SimResult:
+        if self.cluster.gpu_nodes:  # what an operator sizing static replicas knows in advance
+            self.scheduler.expect(expected_demand(self.trace, self.cluster))
         if self.config.warm_gpus and not self._unbounded and self.cluster.gpu_nodes:
             self._warm_gpus()
         if self.config.rollout.mode == "closed":

@@ -13,7 +13,7 @@ from tangram.core.policies.elastic import ElasticCpu, ElasticGpu
 from tangram.core.policies.fifo_api import FifoApi
 from tangram.core.policies.fixed import FixedCpu, FixedGpu
 from tangram.core.policies.lower_bound import LowerBound
-from tangram.core.policies.static import DedicatedGpus, StaticPods
+from tangram.core.policies.static import DedicatedGpus, SizedGpus, StaticPods
 
 #: Cores per pod of the Kubernetes baseline when none is given (``k8s-static:K`` overrides).
 DEFAULT_POD_CORES = 4
@@ -49,13 +49,22 @@ def _sglang(arg: int | None) -> Policy:
     )
 
 
+def _sglang_sized(arg: int | None) -> Policy:
+    label = "sglang-sized" if arg is None else f"sglang-sized:{arg}"
+    return CompositePolicy(
+        label, cpu=StaticPods(DEFAULT_POD_CORES), gpu=SizedGpus(arg), api=FifoApi()
+    )
+
+
 #: name -> factory(optional integer argument). The static baselines are static for every kind:
-#: ``k8s-static:K`` sets the pod size, ``sglang-static:G`` the GPUs per service.
+#: ``k8s-static:K`` sets the pod size, ``sglang-static:G`` the GPUs per service,
+#: ``sglang-sized:G`` the GPUs split among services by expected load (default: all of them).
 POLICIES: dict[str, Callable[[int | None], Policy]] = {
     "tangram": _tangram,
     "fixed": _fixed,
     "k8s-static": _k8s,
     "sglang-static": _sglang,
+    "sglang-sized": _sglang_sized,
     "lower-bound": lambda arg: LowerBound(),
 }
 

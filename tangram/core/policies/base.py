@@ -17,6 +17,7 @@ from typing import Protocol
 from tangram.core.backlog import Domain
 from tangram.core.capabilities import Capabilities
 from tangram.core.context import Context
+from tangram.core.demand import ServiceDemand
 
 
 class Policy(Protocol):
@@ -28,6 +29,8 @@ class Policy(Protocol):
     def on_trajectory_open(self, ctx: Context, trajectory: str, node: str) -> None: ...
 
     def on_trajectory_close(self, ctx: Context, trajectory: str) -> None: ...
+
+    def expect(self, demands: tuple[ServiceDemand, ...]) -> None: ...
 
 
 class BasePolicy:
@@ -44,6 +47,9 @@ class BasePolicy:
 
     def on_trajectory_close(self, ctx: Context, trajectory: str) -> None:
         """Release whatever the policy held for the trajectory."""
+
+    def expect(self, demands: tuple[ServiceDemand, ...]) -> None:
+        """The load each GPU service is expected to get (before any action; optional)."""
 
     def __repr__(self) -> str:
         return f"<policy {self.name}>"
@@ -97,6 +103,9 @@ class DomainRule:
     def on_trajectory_close(self, ctx: Context, trajectory: str) -> None:
         """Release whatever the rule held for the trajectory."""
 
+    def expect(self, demands: tuple[ServiceDemand, ...]) -> None:
+        """The load each GPU service is expected to get (a static sizing reads it)."""
+
 
 class CompositePolicy(BasePolicy):
     """A named policy made of one rule per resource kind ("cpu", "gpu", "api")."""
@@ -128,3 +137,7 @@ class CompositePolicy(BasePolicy):
     def on_trajectory_close(self, ctx: Context, trajectory: str) -> None:
         for rule in self.rules.values():
             rule.on_trajectory_close(ctx, trajectory)
+
+    def expect(self, demands: tuple[ServiceDemand, ...]) -> None:
+        for rule in self.rules.values():
+            rule.expect(demands)

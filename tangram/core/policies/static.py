@@ -10,6 +10,10 @@ queue.
 for the rest of the run, as replicas of its smallest cell (the tensor-parallel degree its
 memory needs); its calls queue FCFS per service and run one per replica. A service that finds
 no GPU left to reserve has its calls rejected, with the arithmetic in the reason.
+
+``SizedGpus`` (SGLang as operators size it): the same serving, but the GPU budget is split
+among the services in proportion to the load each is expected to get (``tangram.core.demand``:
+popularity x call cost), and every replica is deployed before the first call is served.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 from tangram.core.action import Action
 from tangram.core.backlog import GPU_DOMAIN, Domain
 from tangram.core.context import Context
+from tangram.core.demand import ServiceDemand, size_replicas
 from tangram.core.gpu_placement import place_cell
 from tangram.core.policies.base import DomainRule, RuleTraits
 from tangram.core.resources import ResourceKind
@@ -183,3 +188,53 @@ class DedicatedGpus(DomainRule):
                     gpus=cell,
                     in_slot=True,
                 )
+
+
+class SizedGpus(DedicatedGpus):
+    """Replicas per service sized to its expected load within ``total_gpus`` (None: all GPUs).
+
+    The sizing needs the expected demand (``expect``); without it every service that calls
+    gets one replica of its smallest cell, and the reason says that no demand was declared.
+    """
+
+    traits = RuleTraits(observes=True)
+
+    def __init__(self, total_gpus: int | None = None) -> None:
+        super().__init__(gpus_per_service=1)
+        self.total_gpus = total_gpus
+        self.demands: dict[str, ServiceDemand] = {}
+        self.plan: dict[str, int] | None = None
+        self.deployed = False
+
+    def expect(self, demands: tuple[ServiceDemand, ...]) -> None:
+        self.demands = {d.service: d for d in demands}
+
+    def _deploy_all(self, ctx: Context) -> None:
+        """Size and place every declared service's replicas, largest replicas first."""
+        total = sum(n.spec.gpus for n in ctx.state.gpu.values())
+        budget = total if self.total_gpus is None else min(self.total_gpus, total)
+        self.plan = size_replicas(self.demands.values(), budget)
+        for d in sorted(self.demands.values(), key=lambda d: (-d.replica_gpus, d.service)):
+            cells = []
+            for _ in range(self.plan[d.service]):
+                spot = place_cell(ctx.state, d.replica_gpus, f"dedicated:{d.service}")
+                if spot is None:
+                    break
+                ctx.hold_cell(spot[0], spot[1], f"dedicated:{d.service}")
+                cells.append(spot)
+            if cells:
+                self.replicas[d.service] = cells
+            else:
+                self.unservable[d.service] = (
+                    f"sglang-sized: no replica of {d.replica_gpus} GPUs left for {d.service!r} "
+                    f"in a budget of {budget} GPUs sized by load {self._plan_text()}"
+                )
+        self.deployed = True
+
+    def _plan_text(self) -> str:
+        return "(" + ", ".join(f"{s}: {n}" for s, n in sorted((self.plan or {}).items())) + ")"
+
+    def observe(self, ctx: Context) -> None:
+        if not self.deployed and self.demands:
+            self._deploy_all(ctx)
+        super().observe(ctx)

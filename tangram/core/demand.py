@@ -1,0 +1,64 @@
+"""Expected demand per GPU service, and how an operator sizes static replicas from it.
+
+An operator who deploys one static serving group per model sizes each group to the load it
+expects: the share of calls the model receives (its popularity) times what a call costs.
+``ServiceDemand.gpu_seconds`` is that product summed over the expected calls, in GPU-seconds
+at the replica shape the model needs. ``size_replicas`` turns demands and a GPU budget into
+replica counts. (The simulator declares demand from the trace it replays: the operator's
+knowledge of the workload; ``tangram.sim.demand``.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServiceDemand:
+    """One service's expected load: GPU-seconds of calls, and the GPUs one replica needs."""
+
+    service: str
+    #: GPUs of one replica: the smallest cell the model's memory fits (its tensor-parallel size).
+    replica_gpus: int
+    #: Expected calls x GPU-seconds per call at ``replica_gpus``.
+    gpu_seconds: float
+
+    def __post_init__(self) -> None:
+        if not self.service:
+            raise ValueError("ServiceDemand.service must be a non-empty name")
+        if self.replica_gpus < 1:
+            raise ValueError(f"{self.service}: replica_gpus must be >= 1, got {self.replica_gpus}")
+        if not self.gpu_seconds >= 0:
+            raise ValueError(f"{self.service}: gpu_seconds must be >= 0, got {self.gpu_seconds}")
+
+
+def size_replicas(demands: Iterable[ServiceDemand], total_gpus: int) -> dict[str, int]:
+    """Replicas per service, sized to load, within ``total_gpus``.
+
+    Every service first gets one replica (the most loaded first, while GPUs last: a service
+    that gets none cannot be served at all); each remaining replica then goes to the service
+    whose replicas would otherwise carry the most load per GPU (its GPU-seconds over the GPUs
+    it holds), among those whose replica still fits. The GPUs left over are fewer than the
+    smallest replica, so the replicas use all ``total_gpus`` whenever the shapes allow it.
+    Ties break by name, so the sizing is deterministic.
+    """
+    ds = sorted(demands, key=lambda d: (-d.gpu_seconds, d.service))
+    names = [d.service for d in ds]
+    if len(set(names)) != len(names):
+        raise ValueError(f"size_replicas: a service is declared twice in {names}")
+    by_name = sorted(ds, key=lambda d: d.service)
+    replicas = {d.service: 0 for d in ds}
+    left = total_gpus
+    for d in ds:
+        if d.replica_gpus <= left:
+            replicas[d.service] = 1
+            left -= d.replica_gpus
+    while True:
+        fits = [d for d in by_name if replicas[d.service] and d.replica_gpus <= left]
+        if not fits:
+            return replicas
+        # max() keeps the first of equals: the name first in sorted order.
+        best = max(fits, key=lambda d: d.gpu_seconds / (replicas[d.service] * d.replica_gpus))
+        replicas[best.service] += 1
+        left -= best.replica_gpus
