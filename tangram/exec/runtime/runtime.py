@@ -95,10 +95,15 @@ class Runtime:
         self.config = config or RuntimeConfig()
         self.policy = make_policy(self.config.policy)
         self.scheduler = Scheduler(cluster, self.policy)
-        if cpu is not None and cpu.node.name not in {n.name for n in cluster.cpu_nodes}:
+        # A multi-node executor (``multi_node``: ``tangram.exec.ray``) routes each start to
+        # the node the core chose; a plain one drives the one node it names.
+        single_cpu = cpu is not None and not getattr(cpu, "multi_node", False)
+        if single_cpu and cpu.node.name not in {n.name for n in cluster.cpu_nodes}:
             raise ValueError(f"CPU executor's node {cpu.node.name!r} is not in the cluster")
-        if gpu is not None and (
-            len(cluster.gpu_nodes) != 1 or cluster.gpu_nodes[0].name != gpu.node.name
+        if (
+            gpu is not None
+            and not getattr(gpu, "multi_node", False)
+            and (len(cluster.gpu_nodes) != 1 or cluster.gpu_nodes[0].name != gpu.node.name)
         ):
             raise ValueError(
                 "a live runtime drives one GPU node: the cluster must describe exactly the "

@@ -154,7 +154,10 @@ class Trajectories:
         )
         if image is not None:
             check_image("image", image)
-        node_spec = cpu.node
+        node_spec = cpu.node  # (a multi-node executor's: its largest node)
+        # A plain executor's containers go to its node; a multi-node one's where the core
+        # places them (the roomiest node: ``Admission.bind``).
+        pinned = None if getattr(cpu, "multi_node", False) else node_spec.name
         if memory > node_spec.memory_gb:
             raise BadRequest(
                 f"memory_gb={memory:g} exceeds the CPU node {node_spec.name!r} "
@@ -164,16 +167,17 @@ class Trajectories:
         deadline = loop.time() + max(0.0, wait_s)
         while True:
             node = self.scheduler.open_trajectory(
-                traj_id, self.host.now(), memory_gb=float(memory), node=node_spec.name
+                traj_id, self.host.now(), memory_gb=float(memory), node=pinned
             )
             if node is not None:
                 break
             self.host.close_trajectory(traj_id)  # forget it
             left = deadline - loop.time()
             if left <= 0:
+                where = f"node {pinned!r} has" if pinned else "no CPU node has"
                 raise CapacityShort(
-                    f"node {node_spec.name!r} has not {memory:g} GB free for trajectory "
-                    f"{traj_id!r} now ({len(self.by_id)} containers open); retry later"
+                    f"{where} not {memory:g} GB free for trajectory {traj_id!r} now "
+                    f"({len(self.by_id)} containers open); retry later"
                 )
             async with self._capacity:
                 with contextlib.suppress(TimeoutError):

@@ -1,0 +1,152 @@
+"""``NodeAgent``: the Ray actor on each node that runs that node's containers (AOE) and models
+(EOE), through the same adapters as the single-node runtime (``CpuExecutor``, ``GpuExecutor``).
+
+It is pinned to its node (``NodeAffinitySchedulingStrategy``, not soft) and holds no Ray CPUs:
+Tangram accounts for the cores it grants itself (Ray cannot resize an actor's CPUs). It is
+created by the scheduler actor, which owns it: if the scheduler actor dies, Ray kills its
+agents, and each agent's AOE watchdog (``tangram.exec.aoe.reaper``) removes its containers.
+Core numbers in calls are the node's (0..n-1, the scheduler's numbering); the adapter maps
+them to host cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from tangram.exec.ray.nodes import NodeReport, core_domains, gpu_plan, memory_gb, node_name
+from tangram.exec.runtime.result import ExecResult
+
+log = logging.getLogger(__name__)
+
+
+class NodeAgent:
+    """One node's executors (its ``report`` says what it runs); wrapped by ``ray.remote``."""
+
+    def __init__(
+        self,
+        ray_node: str,
+        labels: Mapping[str, str],
+        ray_memory_bytes: float,
+        settings: Mapping[str, Any],
+    ) -> None:
+        domains = core_domains(labels)
+        memory = memory_gb(labels, ray_memory_bytes)
+        gpus = gpu_plan(labels, float(settings.get("gpu_memory_gb", 2.0)))
+        self.report = NodeReport(ray_node, node_name(ray_node, labels), domains, memory, gpus)
+        self.cpu: Any = None
+        self.gpu: Any = None
+        cpu_spec, gpu_spec = self.report.cpu_spec(), self.report.gpu_spec()
+        if cpu_spec is not None:
+            from tangram.exec.aoe import AoeConfig, AoeManager
+            from tangram.exec.aoe.topology import NumaTopology
+            from tangram.exec.runtime.cpu import CpuExecutor
+
+            config = AoeConfig(topology=NumaTopology(domains), **dict(settings.get("aoe", {})))
+            aoe = AoeManager(config)
+            self.cpu = CpuExecutor(aoe, cpu_spec)
+        if gpu_spec is not None and gpus is not None:
+            from tangram.exec.eoe import EoeConfig, EoeManager
+            from tangram.exec.runtime.builder import default_services
+            from tangram.exec.runtime.gpu import GB, GpuExecutor
+
+            eoe = EoeManager(
+                EoeConfig(
+                    backend=gpus.backend,
+                    devices=gpus.count,
+                    device_memory_bytes=int(gpus.memory_gb * GB) if gpus.backend == "cpu" else None,
+                )
+            )
+            services = settings.get("services")
+            for spec in default_services() if services is None else services:
+                eoe.register(spec)
+            self.gpu = GpuExecutor(eoe, gpu_spec)
+
+    # -- what the scheduler asks --------------------------------------------------------------
+
+    def describe(self) -> NodeReport:
+        return self.report
+
+    async def ping(self) -> str:
+        return self.report.name
+
+    def catalog(self) -> dict[str, tuple[tuple[int, ...], float]]:
+        """The GPU services here: name -> (DoPs, resident GB per GPU)."""
+        if self.gpu is None:
+            return {}
+        return {s: (self.gpu.dops(s), self.gpu.size_gb(s)) for s in self.gpu.services()}
+
+    # -- containers ---------------------------------------------------------------------------
+
+    async def open(self, traj: str, memory: float, image: str | None) -> str | None:
+        handle = await self._cpu().open(traj, memory, image)
+        return getattr(handle, "container_id", None)
+
+    async def close(self, traj: str) -> None:
+        await self._cpu().close(traj)
+
+    async def recreate(self, traj: str) -> str | None:
+        handle = await self._cpu().recreate(traj)
+        return getattr(handle, "container_id", None)
+
+    def containers(self) -> dict[str, str | None]:
+        """Open trajectories here -> their container ids."""
+        cpu = self._cpu()
+        return {t: cpu.container_of(t) for t in cpu.aoe.trajectories()}
+
+    # -- actions ------------------------------------------------------------------------------
+
+    async def run_cpu(
+        self,
+        traj: str,
+        command: str | tuple[str, ...],
+        cores: tuple[int, ...],
+        timeout_s: float,
+        env: Mapping[str, str] | None,
+        max_output_bytes: int | None,
+    ) -> ExecResult:
+        """Run a command in the trajectory's container on the node's ``cores``."""
+        return await self._cpu().run(
+            traj, command, cores, timeout_s=timeout_s, env=env, max_output_bytes=max_output_bytes
+        )
+
+    async def call_gpu(
+        self, service: str, inputs: Any, gpus: tuple[int, ...]
+    ) -> tuple[ExecResult, dict[str, tuple[int, ...]]]:
+        """Call a service on the cell ``gpus``; the result and the node's residency after it."""
+        gpu = self.gpu
+        if gpu is None:
+            raise RuntimeError(f"node {self.report.name} runs no GPU executor")
+        result = await gpu.run(service, inputs, gpus)
+        return result, dict(gpu.eoe.residency())
+
+    def stats(self) -> dict[str, Any]:
+        """EOE's counters here (restores, evictions), for the status and the trace header."""
+        if self.gpu is None:
+            return {}
+        s = self.gpu.eoe.stats()
+        return {
+            "backend": self.gpu.eoe.backend,
+            "restores": s.restores,
+            "bytes_restored": s.bytes_restored,
+            "restore_s": s.restore_s,
+            "evictions": s.evictions,
+            "evict_s": s.evict_s,
+            "calls": s.calls,
+            "residency": dict(self.gpu.eoe.residency()),
+        }
+
+    async def shutdown(self) -> None:
+        """Remove this node's containers and free its devices."""
+        loop = asyncio.get_running_loop()
+        for executor in (self.cpu, self.gpu):
+            if executor is not None:
+                await loop.run_in_executor(None, executor.shutdown)
+        self.cpu = self.gpu = None
+
+    def _cpu(self) -> Any:
+        if self.cpu is None:
+            raise RuntimeError(f"node {self.report.name} runs no CPU executor")
+        return self.cpu

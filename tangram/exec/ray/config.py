@@ -1,0 +1,62 @@
+"""``RayConfig``: how Tangram runs on a Ray cluster (names, node labels, fault bounds)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tangram.core.resources import ApiEndpointSpec
+from tangram.exec.runtime.config import RuntimeConfig
+
+#: Ray node labels a deployment may set on a node (``ray start --labels``) to shape its agent:
+#: the host cores its containers get (a cpulist, "" for none), its GPUs ("cpu:N" for N
+#: CPU-backed devices, "0" for none; absent: what NVML finds), its Tangram name, its
+#: container memory in GB.
+LABEL_CORES = "tangram-cores"
+LABEL_GPUS = "tangram-gpus"
+LABEL_NAME = "tangram-name"
+LABEL_MEMORY = "tangram-memory-gb"
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    """Settings of the scheduler actor and its node agents.
+
+    - ``namespace``, ``name``: where the detached scheduler actor is found by name.
+    - ``runtime``: the same ``RuntimeConfig`` as the single-node service (policy, bounds).
+    - ``apis``: the API endpoints of the cluster (called from the scheduler actor).
+    - ``endpoints``: extra endpoint callables by name (``builtin_endpoints`` otherwise).
+    - ``services``: EOE service specs every GPU agent registers (None: ``reward``, ``teacher``).
+    - ``gpu_memory_gb``: memory of each CPU-backed GPU device (GPUs found by NVML say theirs).
+    - ``ping_every_s``, ``lost_after_s``: the scheduler pings every agent this often; one that
+      has not answered for ``lost_after_s`` is lost (its node too): its running actions end
+      with ``node_lost``. An agent whose process died is lost at once (Ray says so).
+    - ``aoe``: keyword arguments of each agent's ``AoeConfig`` (e.g. ``kill_grace_s``).
+    - ``http``: ``ServeOptions`` of an HTTP service in the scheduler actor (None: Ray only).
+    """
+
+    namespace: str = "tangram"
+    name: str = "tangram-scheduler"
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    apis: tuple[ApiEndpointSpec, ...] = (
+        ApiEndpointSpec("echo", concurrency=256),
+        ApiEndpointSpec("search", concurrency=8, rate_per_s=20.0, burst=4),
+    )
+    endpoints: Mapping[str, Callable[[Any], Any]] | None = None
+    services: Sequence[Any] | None = None
+    gpu_memory_gb: float = 2.0
+    ping_every_s: float = 0.5
+    lost_after_s: float = 3.0
+    aoe: Mapping[str, Any] = field(default_factory=dict)
+    http: Any = None
+
+    def __post_init__(self) -> None:
+        for name in ("ping_every_s", "lost_after_s", "gpu_memory_gb"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        if self.lost_after_s < 2 * self.ping_every_s:
+            raise ValueError(
+                f"lost_after_s ({self.lost_after_s:g}) must be at least two pings "
+                f"({2 * self.ping_every_s:g} s)"
+            )

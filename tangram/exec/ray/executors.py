@@ -1,0 +1,219 @@
+"""The runtime's CPU and GPU executors on a Ray cluster: each start goes to the node agent of
+the node the core chose (``Start.node``), through ``Fleet.call``.
+
+They are ``multi_node`` executors of ``tangram.exec.runtime``: the runtime lets the core place
+containers (the roomiest node, ``Admission.bind``) and cells on any GPU node. Admission is the
+single-node adapters' own (``CpuExecutor.admit``, ``GpuExecutor``'s rule for cells). An
+action whose node is lost ends with a retryable ``node_lost`` error; EOE's residency after
+each GPU call is reported to the core per node.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from tangram.core.cells import cell_sizes
+from tangram.core.decision import Start
+from tangram.core.resources import ClusterSpec, CpuNodeSpec, GpuNodeSpec, ResourceKind
+from tangram.core.scheduler import Scheduler
+from tangram.exec.ray.fleet import Fleet, NodeLost, lost_result
+from tangram.exec.runtime.cpu import CpuExecutor
+from tangram.exec.runtime.errors import BadRequest
+from tangram.exec.runtime.executor import Admission, OnDeadline
+from tangram.exec.runtime.records import ActionSpec, CpuWork, ErrorInfo, GpuWork
+from tangram.exec.runtime.result import ExecResult
+from tangram.exec.runtime.trajectories import Trajectory
+
+
+@dataclass(frozen=True)
+class Handle:
+    """A container as the runtime's trajectories see it (``container_id``)."""
+
+    container_id: str | None
+
+
+def largest_cpu(cluster: ClusterSpec) -> CpuNodeSpec:
+    """The node a container's memory is checked against (none larger could hold it)."""
+    return max(cluster.cpu_nodes, key=lambda n: (n.memory_gb, n.cores, n.name))
+
+
+class RayCpuExecutor:
+    """CPU work in containers on the agents' nodes; a trajectory's container on its node."""
+
+    work: ClassVar[type] = CpuWork
+    on_deadline: ClassVar[OnDeadline] = OnDeadline.AWAIT_KILL
+    deadline_note: ClassVar[str] = "; the node's executor did not report the kill"
+    cancellable: ClassVar[bool] = False
+    multi_node: ClassVar[bool] = True
+
+    def __init__(self, fleet: Fleet, cluster: ClusterSpec) -> None:
+        self.fleet = fleet
+        #: The runtime's core (set once the runtime is made): where containers were placed.
+        self.scheduler: Scheduler | None = None
+        #: The largest node (the runtime checks a container's memory against it).
+        self.node = largest_cpu(cluster)
+        #: Trajectory -> the node its container is on.
+        self.placed: dict[str, str] = {}
+        self.containers: dict[str, str | None] = {}
+
+    admit = CpuExecutor.admit
+
+    async def open(self, traj: str, memory_gb: float, image: str | None) -> Handle:
+        assert self.scheduler is not None
+        node = self.scheduler.trajectories[traj].node
+        assert node is not None, "the core places a container before it is created"
+        self.placed[traj] = node
+        cid = await self.fleet.call(node, "open", traj, memory_gb, image)
+        self.containers[traj] = cid
+        return Handle(cid)
+
+    async def close(self, traj: str) -> None:
+        node = self.placed.pop(traj, None)
+        self.containers.pop(traj, None)
+        if node is not None and self.fleet.alive(node):
+            await self.fleet.call(node, "close", traj)
+
+    async def recreate(self, traj: str) -> Handle:
+        cid = await self.fleet.call(self.placed[traj], "recreate", traj)
+        self.containers[traj] = cid
+        return Handle(cid)
+
+    def container_of(self, traj: str) -> str | None:
+        return self.containers.get(traj)
+
+    async def execute(
+        self, work: CpuWork, start: Start, *, trajectory: str, time_left_s: float
+    ) -> ExecResult:
+        if time_left_s <= 0:
+            return ExecResult(
+                "timeout", error=ErrorInfo("timeout", "the time-out passed at its start")
+            )
+        try:
+            return await self.fleet.call(
+                start.node,
+                "run_cpu",
+                trajectory,
+                work.command,
+                start.cores,
+                time_left_s,
+                dict(work.env) if work.env else None,
+                work.max_output_bytes,
+            )
+        except NodeLost as err:
+            return lost_result(err)
+
+    def shutdown(self) -> None:
+        """Nothing here: the scheduler actor shuts its agents down."""
+
+
+class RayGpuExecutor:
+    """GPU calls on the agents' nodes, on the cell the core granted there."""
+
+    work: ClassVar[type] = GpuWork
+    on_deadline: ClassVar[OnDeadline] = OnDeadline.END_NOW
+    deadline_note: ClassVar[str] = "; the GPU call runs on and its result is discarded"
+    cancellable: ClassVar[bool] = False
+    multi_node: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        cluster: ClusterSpec,
+        catalog: Mapping[str, tuple[tuple[int, ...], float]],
+    ) -> None:
+        self.fleet = fleet
+        #: The runtime's core (set once the runtime is made): residency is reported to it.
+        self.scheduler: Scheduler | None = None
+        self.catalog = dict(catalog)
+        #: The node with the most GPUs (cells are planned up to its size).
+        self.node: GpuNodeSpec = max(cluster.gpu_nodes, key=lambda n: (n.gpus, n.name))
+        #: Each node's residency as its agent last reported it.
+        self.residency: dict[str, dict[str, tuple[int, ...]]] = {
+            n.name: {} for n in cluster.gpu_nodes
+        }
+        self.eoe = EoeView(self)
+
+    def services(self) -> tuple[str, ...]:
+        return tuple(self.catalog)
+
+    def admit(
+        self, spec: ActionSpec, trajectory: Trajectory | None, cluster: ClusterSpec
+    ) -> Admission:
+        """The single-node rule: a registered service, cells from 1 GPU up to its DoPs."""
+        work: GpuWork = spec.work  # type: ignore[assignment]
+        if work.service not in self.catalog:
+            raise BadRequest(
+                f"unknown GPU service {work.service!r}; registered: {list(self.catalog)}"
+            )
+        dops, size_gb = self.catalog[work.service]
+        usable = list(itertools.takewhile(lambda k: k in set(dops), cell_sizes(self.node.gpus)))
+        if not usable:
+            raise BadRequest(
+                f"GPU service {work.service!r} supports DoPs {sorted(dops)}; the scheduler "
+                "may start any cell from 1 GPU up to max_units, so it must support DoP 1"
+            )
+        max_units = max(k for k in usable if k <= max(spec.max_units, 1))
+        return Admission(ResourceKind.GPU, max_units, size_gb=size_gb)
+
+    async def execute(
+        self, work: GpuWork, start: Start, *, trajectory: str, time_left_s: float
+    ) -> ExecResult:
+        try:
+            result, residency = await self.fleet.call(
+                start.node, "call_gpu", work.service, work.inputs, start.gpus
+            )
+        except NodeLost as err:
+            return lost_result(err)
+        self.report(start.node, residency)
+        return result
+
+    def report(self, node: str, residency: Mapping[str, tuple[int, ...]]) -> None:
+        """Tell the core what changed in ``node``'s residency since its last report."""
+        assert self.scheduler is not None
+        before = self.residency.get(node, {})
+        for service, gpus in before.items():
+            if residency.get(service) != gpus:
+                self.scheduler.report_residency(node, tuple(gpus), service, False)
+        for service, gpus in residency.items():
+            if before.get(service) != gpus:
+                self.scheduler.report_residency(node, tuple(gpus), service, True)
+        self.residency[node] = dict(residency)
+
+    def shutdown(self) -> None:
+        """Nothing here: the scheduler actor shuts its agents down."""
+
+
+class EoeView:
+    """What the runtime's reports read of ``gpu.eoe``, for many nodes: residency keyed
+    ``service@node``, and EOE's counters summed over the nodes (refreshed by the actor)."""
+
+    backend = "ray"
+
+    def __init__(self, gpu: RayGpuExecutor) -> None:
+        self.gpu = gpu
+        self.counters: dict[str, dict[str, Any]] = {}
+
+    def residency(self) -> dict[str, tuple[int, ...]]:
+        return {
+            f"{service}@{node}": gpus
+            for node, held in sorted(self.gpu.residency.items())
+            for service, gpus in sorted(held.items())
+        }
+
+    def stats(self) -> Any:
+        keys = ("restores", "bytes_restored", "restore_s", "evictions", "evict_s", "calls")
+        total = {k: sum(c.get(k, 0) for c in self.counters.values()) for k in keys}
+        return _Stats(**total)
+
+
+@dataclass(frozen=True)
+class _Stats:
+    restores: int
+    bytes_restored: int
+    restore_s: float
+    evictions: int
+    evict_s: float
+    calls: int

@@ -1,0 +1,126 @@
+"""The scheduler actor's view of its node agents: handles, liveness, and the calls in flight.
+
+Every call to an agent goes through ``Fleet.call``: it returns the agent's answer, or a
+retryable ``node_lost`` error as soon as the node is lost (its agent's process died, or it
+stopped answering pings), whichever comes first, so no action waits on a dead node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tangram.exec.ray.nodes import NodeReport
+from tangram.exec.runtime.records import ErrorInfo
+from tangram.exec.runtime.result import ExecResult
+
+log = logging.getLogger(__name__)
+
+#: The error code of an action whose node was lost while it ran (retryable).
+NODE_LOST = "node_lost"
+
+
+class NodeLost(Exception):
+    """A call to an agent whose node is lost (or was lost while the call ran)."""
+
+    def __init__(self, node: str, why: str) -> None:
+        super().__init__(f"node {node} was lost: {why}")
+        self.node, self.why = node, why
+
+
+def lost_result(err: NodeLost) -> ExecResult:
+    """The outcome of an action whose node was lost: a retryable ``node_lost`` error."""
+    message = f"{err}; the action may not have finished there: submit it again (a new id)"
+    return ExecResult("error", error=ErrorInfo(NODE_LOST, message, retryable=True))
+
+
+@dataclass(eq=False)
+class Member:
+    """One node agent: its handle, its report, whether it is alive, its calls in flight."""
+
+    report: NodeReport
+    handle: Any
+    alive: bool = True
+    why: str = ""
+    last_seen: float = 0.0
+    pending: set[asyncio.Future[Any]] = field(default_factory=set)
+
+
+class Fleet:
+    """The node agents by Tangram node name."""
+
+    def __init__(self) -> None:
+        self.by_name: dict[str, Member] = {}
+        #: Called once per lost node (the scheduler actor ends its trajectories).
+        self.on_lost: list[Callable[[str, str], None]] = []
+
+    def add(self, report: NodeReport, handle: Any, now: float) -> Member:
+        member = Member(report, handle, last_seen=now)
+        self.by_name[report.name] = member
+        return member
+
+    def alive(self, name: str) -> bool:
+        member = self.by_name.get(name)
+        return member is not None and member.alive
+
+    def members(self) -> list[Member]:
+        return list(self.by_name.values())
+
+    async def call(self, name: str, method: str, *args: Any) -> Any:
+        """``agent.method(*args)`` on node ``name``; ``NodeLost`` if the node is or gets lost."""
+        member = self.by_name.get(name)
+        if member is None or not member.alive:
+            raise NodeLost(name, member.why if member else "no agent runs there")
+        import ray
+
+        ref = getattr(member.handle, method).remote(*args)
+        loop = asyncio.get_running_loop()
+        out: asyncio.Future[Any] = loop.create_future()
+        member.pending.add(out)
+        inner = asyncio.wrap_future(ref.future(), loop=loop)
+
+        def relay(done: asyncio.Future[Any]) -> None:
+            if out.done():
+                return
+            exc = done.exception()
+            if exc is None:
+                out.set_result(done.result())
+            elif isinstance(exc, ray.exceptions.RayActorError | ray.exceptions.ActorDiedError):
+                self.lose(name, f"its agent died ({type(exc).__name__})")
+            else:
+                out.set_exception(_cause(exc))
+
+        inner.add_done_callback(relay)
+        try:
+            return await out
+        finally:
+            member.pending.discard(out)
+
+    def lose(self, name: str, why: str) -> None:
+        """Mark the node lost: every call in flight to it ends with ``NodeLost`` now."""
+        member = self.by_name.get(name)
+        if member is None or not member.alive:
+            return
+        member.alive, member.why = False, why
+        log.warning("node %s lost: %s", name, why)
+        for fut in list(member.pending):
+            if not fut.done():
+                fut.set_exception(NodeLost(name, why))
+        member.pending.clear()
+        for listener in self.on_lost:
+            listener(name, why)
+
+
+def _cause(exc: BaseException) -> BaseException:
+    """The agent's own exception out of Ray's wrapper (``RayTaskError``)."""
+    try:
+        import ray
+
+        if isinstance(exc, ray.exceptions.RayTaskError):
+            return exc.as_instanceof_cause()
+    except Exception:  # noqa: BLE001 - keep Ray's error as is
+        pass
+    return exc
