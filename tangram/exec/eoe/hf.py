@@ -171,7 +171,7 @@ def hf_service(
         shards=shards,
         description=f"{kind} from {path}",
     )
-    return HfService(
+    service = HfService(
         spec=spec,
         kind=kind,
         path=path,
@@ -180,3 +180,5 @@ def hf_service(
         max_len=int(getattr(config, "max_position_embeddings", 1 << 30)),
         pad_token_id=int(pad if pad is not None else 0),
     )
+    object.__setattr__(spec, "frontend", service)  # the spec tells front ends how to speak to it
+    return service

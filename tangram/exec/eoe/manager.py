@@ -155,6 +155,10 @@ class EoeManager:
     def info(self, service: str) -> ServiceInfo:
         return self._service(service).info
 
+    def spec(self, service: str) -> ServiceSpec:
+        """The registered spec of ``service`` (``UnknownServiceError`` naming the known ones)."""
+        return self._service(service).spec
+
     def _service(self, name: str) -> Service:
         with self._cond:
             svc = self._services.get(name)

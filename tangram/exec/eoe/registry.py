@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tangram.core.cells import CELL_SIZES
@@ -58,6 +58,9 @@ class ServiceSpec:
     #: is split by layers into k shards (``sharding``), one per GPU of a k-GPU cell, so each
     #: holds about size/k; ``dops`` is then (k,).
     shards: int = 1
+    #: What front ends need to speak to the service in text (for a model directory, its
+    #: ``hf.HfService``: kind, tokenizer, limits); None for services called with tensors only.
+    frontend: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):

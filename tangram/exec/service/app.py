@@ -27,6 +27,7 @@ from tangram.exec.service.body import read_json
 from tangram.exec.service.causes import translate
 from tangram.exec.service.limits import DEFAULT_MAX_OUTPUT_BYTES
 from tangram.exec.service.metrics import CONTENT_TYPE, ServiceMetrics
+from tangram.exec.service.openai_routes import OpenAiRoutes
 from tangram.exec.service.sandbox_fusion import (
     RunCodeSettings,
     parse_run_code,
@@ -125,6 +126,7 @@ class ServiceApp:
         r.add_get("/v1/trace", self.get_trace)
         r.add_post("/v1/trace", self.save_trace)
         r.add_post("/run_code", self.run_code)
+        OpenAiRoutes(self.runtime, body_timeout_s=self.body_timeout_s).add_to(r)
         return app
 
     # -- middlewares ----------------------------------------------------------------------

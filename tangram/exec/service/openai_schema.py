@@ -1,0 +1,276 @@
+"""The OpenAI-style request and answer shapes of EOE's model services, parsed and built without
+I/O: ``/v1/completions`` (a teacher's prompt log-probs, as vLLM answers ``echo`` +
+``logprobs`` + ``max_tokens: 0``), ``/pooling`` (vLLM's shape, a reward model's score per
+input) and OpenRLHF's ``/get_reward`` (``{"query": [...]}`` -> ``{"rewards": [...]}``).
+
+Prompts are text (tokenised with the service's tokenizer) or token ids, one or a list. A bad
+request raises ``OpenAiError`` naming the field (``param``), answered in OpenAI's error shape
+``{"error": {"message", "type", "param", "code"}}``; nothing is truncated or rewritten.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+#: The most top log-probs per position a request may ask for (vLLM's default limit).
+MAX_LOGPROBS = 20
+#: The most prompts in one request.
+MAX_PROMPTS = 1024
+
+
+class OpenAiError(Exception):
+    """A request the endpoint refuses: HTTP ``status`` and OpenAI's error fields."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        status: int = 400,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.message, self.param, self.status, self.code, self.kind = (
+            message,
+            param,
+            status,
+            code,
+            kind,
+        )
+
+    def doc(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt as token ids, with its text (given, or decoded from the ids)."""
+
+    ids: tuple[int, ...]
+    text: str
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    model: str
+    prompts: tuple[Prompt, ...]
+    #: How many top log-probs per position (0: only the prompt tokens' own).
+    top: int
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _field(body: Mapping[str, Any], name: str, *, required: bool = False) -> Any:
+    if required and name not in body:
+        raise OpenAiError(f"'{name}' is a required property", param=name)
+    return body.get(name)
+
+
+def check_body(body: Any) -> Mapping[str, Any]:
+    if not isinstance(body, Mapping):
+        raise OpenAiError("the request body must be a JSON object")
+    return body
+
+
+def model_name(body: Mapping[str, Any]) -> str:
+    model = _field(body, "model", required=True)
+    if not isinstance(model, str) or not model:
+        raise OpenAiError("'model' must be a non-empty string naming a service", param="model")
+    return model
+
+
+def prompts(value: Any, param: str, frontend: Any) -> tuple[Prompt, ...]:
+    """``value`` as prompts: a string, a list of strings, a list of token ids or a list of
+    lists of token ids; each non-empty, within the model's vocabulary and length."""
+    if isinstance(value, str):
+        items: list[Any] = [value]
+    elif isinstance(value, list) and value and all(_is_int(x) for x in value):
+        items = [value]
+    elif isinstance(value, list) and value:
+        items = value
+    else:
+        raise OpenAiError(
+            f"'{param}' must be a string, a list of strings, a list of token ids or a list of "
+            "lists of token ids, and not empty",
+            param=param,
+        )
+    if len(items) > MAX_PROMPTS:
+        raise OpenAiError(f"'{param}' has {len(items)} prompts; at most {MAX_PROMPTS}", param=param)
+    return tuple(_prompt(item, f"{param}[{i}]", param, frontend) for i, item in enumerate(items))
+
+
+def _prompt(item: Any, where: str, param: str, frontend: Any) -> Prompt:
+    tok = frontend.tokenizer
+    if isinstance(item, str):
+        if not item:
+            raise OpenAiError(f"'{where}' is an empty string", param=param)
+        ids = tuple(tok(item, add_special_tokens=False)["input_ids"])
+        text = item
+    elif isinstance(item, list) and item and all(_is_int(x) for x in item):
+        bad = [x for x in item if not 0 <= x < frontend.vocab_size]
+        if bad:
+            raise OpenAiError(
+                f"'{where}' has token ids {bad[:5]} outside the model's vocabulary "
+                f"[0, {frontend.vocab_size})",
+                param=param,
+            )
+        ids = tuple(item)
+        text = tok.decode(list(ids))
+    else:
+        raise OpenAiError(
+            f"'{where}' must be a non-empty string or a non-empty list of token ids", param=param
+        )
+    if not ids:
+        raise OpenAiError(f"'{where}' has no tokens", param=param)
+    if len(ids) > frontend.max_len:
+        raise OpenAiError(
+            f"'{where}' has {len(ids)} tokens; the model takes at most {frontend.max_len}",
+            param=param,
+        )
+    return Prompt(ids, text)
+
+
+def completion_request(body: Any, frontend_of: Any) -> CompletionRequest:
+    """A ``/v1/completions`` body for a teacher: ``echo`` true, ``max_tokens`` 0, ``logprobs``
+    0..20 (``frontend_of(model)`` gives the service's front end or raises ``OpenAiError``)."""
+    body = check_body(body)
+    model = model_name(body)
+    frontend = frontend_of(model, "teacher")
+    if body.get("max_tokens") != 0:
+        raise OpenAiError(
+            "this service scores prompts and does not generate: send 'max_tokens': 0 with "
+            "'echo': true and 'logprobs'",
+            param="max_tokens",
+        )
+    if body.get("echo") is not True:
+        raise OpenAiError(
+            "'echo' must be true: the answer is the prompt's own log-probs", param="echo"
+        )
+    top = body.get("logprobs")
+    if not _is_int(top) or not 0 <= top <= MAX_LOGPROBS:
+        raise OpenAiError(
+            f"'logprobs' must be an integer from 0 to {MAX_LOGPROBS}, got {top!r}",
+            param="logprobs",
+        )
+    if body.get("stream"):
+        raise OpenAiError("'stream' is not supported", param="stream")
+    if body.get("n", 1) != 1 or body.get("best_of", 1) not in (1, None):
+        raise OpenAiError("only one choice per prompt ('n': 1)", param="n")
+    return CompletionRequest(
+        model, prompts(_field(body, "prompt", required=True), "prompt", frontend), top
+    )
+
+
+def padded(items: Sequence[Prompt], pad: int, top: int | None = None) -> dict[str, Any]:
+    """The prompts as one right-padded batch: ``input_ids``, ``attention_mask`` (and ``top_k``)."""
+    import torch
+
+    width = max(len(p.ids) for p in items)
+    ids = torch.full((len(items), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(items), width), dtype=torch.long)
+    for i, p in enumerate(items):
+        ids[i, : len(p.ids)] = torch.tensor(p.ids)
+        mask[i, : len(p.ids)] = 1
+    batch: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
+    if top:
+        batch["top_k"] = torch.full((len(items),), top, dtype=torch.long)
+    return batch
+
+
+def _ident(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def completion_doc(
+    req: CompletionRequest, value: Mapping[str, Any], frontend: Any
+) -> dict[str, Any]:
+    """vLLM's answer to ``echo`` + ``logprobs`` + ``max_tokens: 0``: per prompt, its tokens,
+    their log-probs (None for the first, which has no context), the top ``logprobs`` at each
+    position (with the prompt's own token) and each token's offset in the text."""
+    tok = frontend.tokenizer
+    choices = []
+    for i, p in enumerate(req.prompts):
+        n = len(p.ids)
+        logps = value["token_logprobs"][i, : n - 1].tolist()
+        tokens = tok.convert_ids_to_tokens(list(p.ids))
+        offsets = [0, *itertools.accumulate(len(t) for t in tokens[:-1])]
+        top: list[dict[str, float] | None] | None = None
+        if req.top:
+            top = [None]
+            ids_k = value["top_ids"][i, : n - 1].tolist()
+            lps_k = value["top_logprobs"][i, : n - 1].tolist()
+            for t in range(n - 1):
+                entry = dict(
+                    zip(
+                        tok.convert_ids_to_tokens(ids_k[t][: req.top]),
+                        lps_k[t][: req.top],
+                        strict=True,
+                    )
+                )
+                entry.setdefault(tokens[t + 1], logps[t])
+                top.append(entry)
+        choices.append(
+            {
+                "index": i,
+                "text": p.text,
+                "logprobs": {
+                    "tokens": tokens,
+                    "token_logprobs": [None, *logps],
+                    "top_logprobs": top,
+                    "text_offset": offsets,
+                },
+                "finish_reason": "length",
+                "stop_reason": None,
+            }
+        )
+    used = sum(len(p.ids) for p in req.prompts)
+    return {
+        "id": _ident("cmpl"),
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": req.model,
+        "choices": choices,
+        "usage": {"prompt_tokens": used, "completion_tokens": 0, "total_tokens": used},
+    }
+
+
+def pooling_doc(model: str, items: Sequence[Prompt], scores: Sequence[float]) -> dict[str, Any]:
+    """vLLM's ``/pooling`` answer for a reward model: one score per input."""
+    used = sum(len(p.ids) for p in items)
+    return {
+        "id": _ident("pool"),
+        "object": "list",
+        "created": int(time.time()),
+        "model": model,
+        "data": [
+            {"index": i, "object": "pooling", "data": [score]} for i, score in enumerate(scores)
+        ],
+        "usage": {"prompt_tokens": used, "completion_tokens": 0, "total_tokens": used},
+    }
+
+
+def reward_texts(body: Any) -> tuple[str | None, list[str]]:
+    """OpenRLHF's ``/get_reward`` body: (its optional ``model``, the ``query`` texts)."""
+    body = check_body(body)
+    query = _field(body, "query", required=True)
+    if not isinstance(query, list) or not query or not all(isinstance(q, str) for q in query):
+        raise OpenAiError("'query' must be a non-empty list of strings", param="query")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise OpenAiError("'model' must be a string naming a reward service", param="model")
+    return model, query

@@ -1,0 +1,220 @@
+"""The OpenAI-style endpoints of EOE's model services, over HTTP on loopback.
+
+A service (GPU node of 2 CPU-backed devices, no CPU node: no Docker needed) serves a teacher
+and a reward model saved here from configs to a temporary directory. The log-probs are checked
+against ``transformers``' own forward pass on the same tokens, and the official ``openai``
+client calls both endpoints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import torch
+
+from tangram.core.resources import ClusterSpec, GpuNodeSpec
+from tangram.exec.eoe.hf import hf_service, load_model
+from tangram.exec.eoe.hf_tiny import HfShape, save_model_dir, words
+
+SHAPE = HfShape(layers=3)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from tangram.exec.runtime import RuntimeConfig, build_runtime
+    from tangram.exec.service import ServeOptions, ServiceThread
+
+    root = tmp_path_factory.mktemp("models")
+    teacher = save_model_dir(root / "teacher", "teacher", SHAPE, seed=3)
+    reward = save_model_dir(root / "reward", "reward", SHAPE, seed=4)
+    cluster = ClusterSpec(
+        name="openai-test",
+        cpu_nodes=(),
+        gpu_nodes=(GpuNodeSpec("g", gpus=2, gpu_memory_gb=1.0, host_memory_gb=4.0),),
+        apis=(),
+    )
+
+    def make() -> Any:
+        return build_runtime(
+            cluster,
+            RuntimeConfig(default_timeout_s=60.0),
+            cpu=False,
+            gpu_backend="cpu",
+            services=[
+                hf_service("teacher", teacher, "teacher").spec,
+                hf_service("rm", reward, "reward").spec,
+            ],
+        )
+
+    thread = ServiceThread(make, ServeOptions(port=0)).start()
+    thread.dirs = {"teacher": teacher, "reward": reward}  # type: ignore[attr-defined]
+    try:
+        yield thread
+    finally:
+        thread.stop()
+
+
+def post(served: Any, path: str, body: Any) -> httpx.Response:
+    return httpx.post(served.url + path, json=body, timeout=60.0)
+
+
+def own_forward(path: Path, ids: list[int]) -> list[float]:
+    """``transformers``' log p(token[t] | tokens[:t]) for t >= 1, on the same token ids."""
+    model = load_model(path, "teacher")
+    tokens = torch.tensor([ids])
+    with torch.inference_mode():
+        logp = torch.log_softmax(model(input_ids=tokens).logits[0, :-1].float(), -1)
+    return logp.gather(-1, tokens[0, 1:, None])[:, 0].tolist()
+
+
+def test_echo_logprobs_equal_transformers_forward_for_text_and_token_ids(served: Any) -> None:
+    texts = [words(12, seed=1), words(4, seed=2)]
+    body = {"model": "teacher", "prompt": texts, "echo": True, "logprobs": 0, "max_tokens": 0}
+    r = post(served, "/v1/completions", body)
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    assert doc["object"] == "text_completion" and doc["model"] == "teacher"
+    assert [c["text"] for c in doc["choices"]] == texts
+    tok = load_tokenizer(served)
+    for choice, text in zip(doc["choices"], texts, strict=True):
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        lp = choice["logprobs"]
+        assert lp["tokens"] == text.split()
+        assert lp["token_logprobs"][0] is None and len(lp["token_logprobs"]) == len(ids)
+        assert lp["token_logprobs"][1:] == pytest.approx(
+            own_forward(served.dirs["teacher"], ids), abs=1e-5
+        )
+        assert lp["text_offset"][0] == 0
+    # the same prompt as token ids gives the same log-probs (batched with another, padded)
+    ids = tok(texts[0], add_special_tokens=False)["input_ids"]
+    by_ids = post(served, "/v1/completions", {**body, "prompt": [ids, ids[:3]]}).json()
+    assert by_ids["choices"][0]["logprobs"]["token_logprobs"][1:] == pytest.approx(
+        doc["choices"][0]["logprobs"]["token_logprobs"][1:], abs=1e-5
+    )
+    assert by_ids["usage"]["prompt_tokens"] == len(ids) + 3
+
+
+def test_top_logprobs_hold_the_most_likely_tokens_and_the_prompts_own(served: Any) -> None:
+    body = {
+        "model": "teacher",
+        "prompt": words(6, seed=5),
+        "echo": True,
+        "logprobs": 2,
+        "max_tokens": 0,
+    }
+    lp = post(served, "/v1/completions", body).json()["choices"][0]["logprobs"]
+    assert lp["top_logprobs"][0] is None
+    for t, entry in enumerate(lp["top_logprobs"][1:], start=1):
+        assert lp["tokens"][t] in entry and 2 <= len(entry) <= 3
+        assert max(entry.values()) >= lp["token_logprobs"][t] - 1e-6
+
+
+def test_the_reward_endpoints_give_transformers_scores(served: Any) -> None:
+    texts = [words(9, seed=7), words(3, seed=8)]
+    model = load_model(served.dirs["reward"], "reward")
+    tok = load_tokenizer(served)
+    with torch.inference_mode():
+        expected = [
+            model(input_ids=torch.tensor([tok(t, add_special_tokens=False)["input_ids"]]))
+            .logits[0, 0]
+            .item()
+            for t in texts
+        ]
+    pooled = post(served, "/pooling", {"model": "rm", "input": texts}).json()
+    assert [d["data"][0] for d in pooled["data"]] == pytest.approx(expected, abs=1e-5)
+    assert [d["index"] for d in pooled["data"]] == [0, 1]
+    rewards = post(served, "/get_reward", {"query": texts, "prompts": ["p", "q"]}).json()
+    assert rewards["rewards"] == pytest.approx(expected, abs=1e-5)
+
+
+def test_the_official_openai_client_calls_both_endpoints(served: Any) -> None:
+    client = openai.OpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0)
+    text = words(8, seed=11)
+    out = client.completions.create(
+        model="teacher", prompt=text, echo=True, logprobs=1, max_tokens=0
+    )
+    assert out.choices[0].text == text
+    assert out.choices[0].logprobs.token_logprobs[0] is None
+    assert len(out.choices[0].logprobs.tokens) == 8
+    assert [m.id for m in client.models.list()] == ["rm", "teacher"]
+    pooled = client.post("/pooling", body={"model": "rm", "input": [text]}, cast_to=object)
+    assert isinstance(pooled["data"][0]["data"][0], float)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="teacher", prompt=text, max_tokens=16)
+    assert info.value.body["param"] == "max_tokens"
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt=text, echo=True, logprobs=0, max_tokens=0)
+
+
+BAD = [
+    ({"prompt": "w1", "echo": True, "logprobs": 0, "max_tokens": 0}, 400, "model"),
+    ({"model": "ghost", "prompt": "w1", "echo": True, "logprobs": 0, "max_tokens": 0}, 404, "model"),
+    ({"model": "rm", "prompt": "w1", "echo": True, "logprobs": 0, "max_tokens": 0}, 400, "model"),
+    ({"model": "teacher", "prompt": "w1", "echo": True, "logprobs": 0}, 400, "max_tokens"),
+    ({"model": "teacher", "prompt": "w1", "logprobs": 0, "max_tokens": 0}, 400, "echo"),
+    ({"model": "teacher", "prompt": "w1", "echo": True, "max_tokens": 0}, 400, "logprobs"),
+    ({"model": "teacher", "prompt": "w1", "echo": True, "logprobs": 99, "max_tokens": 0}, 400, "logprobs"),
+    ({"model": "teacher", "prompt": [], "echo": True, "logprobs": 0, "max_tokens": 0}, 400, "prompt"),
+    ({"model": "teacher", "prompt": [5, 10**6], "echo": True, "logprobs": 0, "max_tokens": 0}, 400, "prompt"),
+    ({"model": "teacher", "prompt": [[1], "w1", 3.5], "echo": True, "logprobs": 0, "max_tokens": 0}, 400, "prompt"),
+    ({"model": "teacher", "prompt": " ".join(["w1"] * 300), "echo": True, "logprobs": 0, "max_tokens": 0}, 400, "prompt"),
+    ({"model": "teacher", "echo": True, "logprobs": 0, "max_tokens": 0}, 400, "prompt"),
+    ({"model": "teacher", "prompt": "w1", "echo": True, "logprobs": 0, "max_tokens": 0, "stream": True}, 400, "stream"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("body", "status", "param"), BAD)
+def test_bad_completion_requests_get_an_openai_error_naming_the_field(
+    served: Any, body: dict[str, Any], status: int, param: str
+) -> None:
+    r = post(served, "/v1/completions", body)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and error["message"] and error["type"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/pooling", {"model": "rm"}, "input"),
+        ("/pooling", {"model": "teacher", "input": "w1"}, "model"),
+        ("/pooling", {"model": "rm", "input": [""]}, "input"),
+        ("/get_reward", {"query": "w1"}, "query"),
+        ("/get_reward", {"query": []}, "query"),
+        ("/get_reward", {"query": ["w1"], "model": "teacher"}, "model"),
+        ("/get_reward", [1, 2], None),
+    ],
+)
+def test_bad_reward_requests_get_an_openai_error(
+    served: Any, path: str, body: Any, param: str | None
+) -> None:
+    r = post(served, path, body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_malformed_json_is_refused_in_the_openai_shape(served: Any) -> None:
+    r = httpx.post(
+        served.url + "/v1/completions",
+        content=b"{not json",
+        headers={"Content-Type": "application/json"},
+        timeout=10,
+    )
+    assert r.status_code == 400 and r.json()["error"]["message"]
+
+
+def test_each_request_is_one_traced_gpu_action(served: Any) -> None:
+    before = served.runtime.status()["counters"].get("completed", 0)
+    body = {"model": "teacher", "prompt": ["w1 w2", "w3 w4 w5"], "echo": True}
+    post(served, "/v1/completions", {**body, "logprobs": 0, "max_tokens": 0}).raise_for_status()
+    after = served.runtime.status()["counters"].get("completed", 0)
+    assert after == before + 1
+
+
+def load_tokenizer(served: Any) -> Any:
+    return hf_service("x", served.dirs["teacher"], "teacher").tokenizer
