@@ -10,15 +10,24 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1, refused with a message naming the value."""
+def _int_at_least(text: str, minimum: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1, refused with a message naming the value."""
+    return _int_at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: an integer >= 0, refused with a message naming the value."""
+    return _int_at_least(text, 0)
 
 
 def add_json_flag(parser: argparse.ArgumentParser) -> None:
@@ -27,7 +36,8 @@ def add_json_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _fmt(value: Any) -> str:
+def format_number(value: Any) -> str:
+    """A figure as the tables print it: NaN as ``-``, 3 decimals, 1 above 100, 3 digits beyond."""
     if isinstance(value, float):
         if math.isnan(value):
             return "-"
@@ -42,12 +52,28 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | Non
     if not rows:
         return "(no rows)"
     cols = list(columns or dict.fromkeys(k for row in rows for k in row))
-    cells = [[_fmt(row.get(c, "")) for c in cols] for row in rows]
+    cells = [[format_number(row.get(c, "")) for c in cols] for row in rows]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(cols)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))]
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
     return "\n".join(lines)
+
+
+def table_width(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> int:
+    """Characters per line of ``format_table(rows, columns)``."""
+    return max(len(line) for line in format_table(rows, columns).splitlines())
+
+
+def fit_columns(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], width: int) -> list[str]:
+    """``columns`` (most important first), less the last ones, so the table fits ``width``.
+
+    The first column is always kept.
+    """
+    kept = list(columns)
+    while len(kept) > 1 and table_width(rows, kept) > width:
+        kept.pop()
+    return kept
 
 
 def emit(

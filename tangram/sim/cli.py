@@ -1,22 +1,35 @@
 """``tangram sim``: replay a trace (or a generated workload) under one or more policies.
 
 With no arguments it replays the bundled coding trace on the ``paper`` cluster under
-``tangram`` and ``k8s-static`` and prints the comparison.
+``tangram`` and ``k8s-static`` and prints the comparison: a table that fits 100 columns
+(``--wide``: every figure), the rejected actions and why, and the default policy against each
+other policy in words. ``--set NAME=VALUE`` sets any field of the workload's parameters
+(``overheads.NAME`` / ``rollout.NAME``: of the simulator's); ``--gpus`` / ``--cpu-nodes``
+resize the cluster.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import sys
+import textwrap
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from tangram.core.cluster_file import load_cluster
-from tangram.report import add_json_flag, emit, positive_int
+from tangram.report import add_json_flag, emit, fit_columns, non_negative_int, positive_int
+from tangram.sim.cluster_size import resize
+from tangram.sim.compare import WIDTH, closing_lines
 from tangram.sim.config import Overheads, RolloutConfig, SimConfig
+from tangram.sim.overrides import OverrideError, Setting, add_set_flag, build
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "traces" / "coding.jsonl.gz"
 DEFAULT_POLICIES = ("tangram", "k8s-static")
 
+#: ``--wide``: every figure of the summary, by its key.
 TABLE_COLUMNS = [
     "policy",
     "actions",
@@ -36,6 +49,22 @@ TABLE_COLUMNS = [
     "busy_gpu_s",
     "cost_usd",
 ]
+
+#: The default table: summary key -> header, most important first (the last are dropped if a
+#: table would not fit 100 columns); held columns only for resources the trace uses.
+NARROW_COLUMNS = {
+    "policy": "policy",
+    "actions": "actions",
+    "rejected": "rejected",
+    "act_mean_s": "ACT mean",
+    "act_p50_s": "ACT p50",
+    "act_p99_s": "ACT p99",
+    "step_mean_s": "step",
+    "held_core_s": "held core-s",
+    "held_gpu_s": "held GPU-s",
+    "cost_usd": "cost USD",
+}
+HELD_BY_RESOURCE = {"held_core_s": "cpu", "held_gpu_s": "gpu"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -64,23 +93,48 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--steps", type=positive_int, default=1, help="RL steps (with --workload)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--train-s", type=float, default=0.0, help="training phase after each step (s)")
+    add_set_flag(
+        p,
+        "set a field of the workload's parameters (with --workload; e.g. exec_mean_s=2, "
+        'teachers=\'[{"name": "m", "params_b": 7}]\'), or overheads.FIELD / '
+        "rollout.FIELD; repeatable, the last wins; typed by the field (docs/workloads.md)",
+    )
     p.add_argument(
-        "--open-loop", action="store_true", help="actions arrive at the trace's arrival_s"
+        "--gpus",
+        type=non_negative_int,
+        help="resize the cluster to N GPUs: whole nodes of its GPU node's shape, a remainder "
+        "as smaller nodes in powers of two (36 of 8-GPU nodes: 4x8 + 1x4)",
+    )
+    p.add_argument(
+        "--cpu-nodes",
+        type=non_negative_int,
+        help="resize the cluster to N CPU nodes of its CPU node's shape",
+    )
+    p.add_argument(
+        "--train-s", type=float, help="training phase after each step (s) = rollout.train_s"
+    )
+    p.add_argument(
+        "--open-loop",
+        action="store_true",
+        help="actions arrive at the trace's arrival_s (= rollout.mode=open)",
     )
     p.add_argument(
         "--grant-s",
         type=float,
-        default=Overheads.aoe_grant_s,
-        help="AOE grant+revoke per CPU action (s)",
+        help=f"AOE grant+revoke per CPU action (s) = overheads.aoe_grant_s "
+        f"(default {Overheads.aoe_grant_s})",
     )
-    p.add_argument("--container-start-s", type=float, default=Overheads.container_start_s)
+    p.add_argument(
+        "--container-start-s",
+        type=float,
+        help=f"= overheads.container_start_s (default {Overheads.container_start_s})",
+    )
     p.add_argument(
         "--exec-noise",
         type=float,
-        default=0.0,
-        help="log-normal sigma of real vs estimated duration",
+        help="log-normal sigma of real vs estimated duration = overheads.exec_noise_sigma",
     )
+    p.add_argument("--wide", action="store_true", help="print every figure (a wide table)")
     p.add_argument(
         "--out", type=Path, help="write per-action/trajectory/step Parquet and a plot here"
     )
@@ -89,14 +143,96 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=main)
 
 
-def load_source(args: argparse.Namespace):
+#: Old flags, as the settings they stand for (a later ``--set`` of the same field wins).
+FLAG_SETTINGS = {
+    "grant_s": "overheads.aoe_grant_s",
+    "container_start_s": "overheads.container_start_s",
+    "exec_noise": "overheads.exec_noise_sigma",
+    "train_s": "rollout.train_s",
+}
+
+
+def sections() -> dict[str, type]:
+    """``--set`` prefixes for the simulator's own parameters: SimConfig's dataclass fields."""
+    defaults = SimConfig()
+    values = {f.name: getattr(defaults, f.name) for f in dataclasses.fields(SimConfig)}
+    return {name: type(v) for name, v in values.items() if dataclasses.is_dataclass(v)}
+
+
+def all_settings(args: argparse.Namespace) -> list[Setting]:
+    """The old flags as settings, then ``--set`` in command-line order."""
+    out = [
+        Setting(name, repr(getattr(args, flag)))
+        for flag, name in FLAG_SETTINGS.items()
+        if getattr(args, flag) is not None
+    ]
+    if args.open_loop:
+        out.append(Setting("rollout.mode", "open"))
+    return out + list(args.settings)
+
+
+def configure(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """Workload parameters (None for a trace) and the simulator's sections, from the settings."""
+    groups = sections()
+    also = "; or " + ", ".join(f"{g}.FIELD" for g in groups)
+    mine: dict[str, list[Setting]] = {g: [] for g in groups}
+    workload: list[Setting] = []
+    for s in all_settings(args):
+        head = s.name.split(".", 1)[0]
+        (mine[head] if head in groups and "." in s.name else workload).append(s)
+    built = {g: build(tp, mine[g], g, prefix=f"{g}.", also=also) for g, tp in groups.items()}
+    if not args.workload:
+        if workload:
+            raise OverrideError(
+                f"--set {workload[0].text}: workload parameters need --workload (a trace file "
+                f"has no generator); with a trace only {', '.join(f'{g}.FIELD' for g in groups)}"
+            )
+        return None, built
+    from tangram.sim.workloads import WORKLOADS
+
+    if args.workload not in WORKLOADS:
+        raise ValueError(
+            f"unknown workload {args.workload!r}; known: {', '.join(sorted(WORKLOADS))}"
+        )
+    params = build(
+        WORKLOADS[args.workload].params_type, workload, f"workload {args.workload!r}", also=also
+    )
+    return params, built
+
+
+def load_source(args: argparse.Namespace, params: Any = None):
     from tangram.trace import load_trace
 
     if args.workload:
-        from tangram.sim.workloads import generate
+        from tangram.sim.workloads import WORKLOADS
 
-        return generate(args.workload, batch=args.batch, steps=args.steps, seed=args.seed)
+        workload = WORKLOADS[args.workload]
+        return workload(params, batch=args.batch, steps=args.steps, seed=args.seed)
     return load_trace(args.trace or DEFAULT_TRACE)
+
+
+def narrow_table(rows: Sequence[dict[str, Any]], resources: set[str]) -> list[dict[str, Any]]:
+    """The default table: the main figures under short headers, fitted to 100 columns."""
+    keys = [k for k in NARROW_COLUMNS if HELD_BY_RESOURCE.get(k, "") in resources | {""}]
+    shown = [{NARROW_COLUMNS[k]: r[k] for k in keys} for r in rows]
+    kept = fit_columns(shown, [NARROW_COLUMNS[k] for k in keys], WIDTH)
+    return [{h: r[h] for h in kept} for r in shown]
+
+
+def rejection_lines(
+    rows: Sequence[dict[str, Any]], reasons: dict[str, dict[str, int]]
+) -> list[str]:
+    """Per policy with rejections: how many and why (most frequent reasons first)."""
+    lines = []
+    for r in rows:
+        if not r["rejected"]:
+            continue
+        why = sorted(reasons[r["policy"]].items(), key=lambda kv: (-kv[1], kv[0]))
+        lines.append(f"{r['policy']}: {r['rejected']} of {r['actions']} actions rejected")
+        lines += [f"  {n} x {reason}"[:WIDTH] for reason, n in why[:3]]
+        if len(why) > 3:
+            lines.append(f"  ... and {len(why) - 3} other reasons")
+    return lines
 
 
 def main(args: argparse.Namespace) -> int:
@@ -105,16 +241,14 @@ def main(args: argparse.Namespace) -> int:
     from tangram.sim.driver import simulate
     from tangram.sim.metrics import actions_frame, summary, timeline_frame, write_results
 
-    trace = load_source(args)
-    cluster = load_cluster(args.cluster)
+    params, built = configure(args)
+    trace = load_source(args, params)
+    cluster = resize(load_cluster(args.cluster), gpus=args.gpus, cpu_nodes=args.cpu_nodes)
     policies = args.policy or list(DEFAULT_POLICIES)
-    overheads = Overheads(
-        aoe_grant_s=args.grant_s,
-        container_start_s=args.container_start_s,
-        exec_noise_sigma=args.exec_noise,
-    )
-    rollout = RolloutConfig(train_s=args.train_s, mode="open" if args.open_loop else "closed")
+    overheads: Overheads = built["overheads"]
+    rollout: RolloutConfig = built["rollout"]
     rows, files, frames, timelines = [], {}, {}, {}
+    reasons: dict[str, dict[str, int]] = {}
     bar = tqdm(
         total=len(trace) * len(policies),
         unit="action",
@@ -130,6 +264,8 @@ def main(args: argparse.Namespace) -> int:
         row = summary(result, actions=acts, timeline=tl)
         row["wall_s"] = time.perf_counter() - t0
         rows.append(row)
+        rejected = acts[acts["outcome"] == "rejected"] if len(acts) else acts
+        reasons[policy] = {str(k): int(v) for k, v in rejected["reason"].value_counts().items()}
         if args.out:
             files[policy] = write_results(result, args.out, actions=acts, timeline=tl)
             frames[policy], timelines[policy] = acts, tl
@@ -140,28 +276,46 @@ def main(args: argparse.Namespace) -> int:
         "cluster": cluster.name,
         "results": rows,
         "files": files,
+        "settings": [s.text for s in args.settings],
+        "overheads": dataclasses.asdict(overheads),
+        "rollout": dataclasses.asdict(rollout),
+        "rejected_reasons": reasons,
     }
     if args.out:
         from tangram.sim.plots import comparison_figure
 
         doc["figure"] = str(comparison_figure(frames, timelines, Path(args.out) / "comparison.png"))
     source = args.workload or Path(args.trace or DEFAULT_TRACE).name
-    emit(
-        args.json,
-        doc,
-        {
-            f"{source} on {cluster.name} ({len(trace)} actions)": [
-                {k: r[k] for k in TABLE_COLUMNS} for r in rows
-            ]
-        },
-    )
-    if len(rows) >= 2 and not args.json:
-        base, ours = rows[-1], rows[0]
+    title = f"{source} on {cluster.name}: {len(trace)} actions"
+    if args.wide:
+        table = [{k: r[k] for k in TABLE_COLUMNS} for r in rows]
+    else:
+        table = narrow_table(rows, {r.resource for r in trace.rows})
+    emit(args.json, doc, {title: table})
+    if not args.json:
+        notes = ["times in s; ACT over the actions that ran; cost in USD"]
+        notes[0] += "" if args.wide else "; --wide: every figure"
+        notes += rejection_lines(rows, reasons) + closing_lines(rows)
+        if notes:
+            print("\n" + "\n".join(notes))
+        if args.out:
+            print(f"results: {args.out}/ (Parquet per policy, comparison.png)")
+    if rows and all(r["actions"] and r["rejected"] == r["actions"] for r in rows):
         print(
-            f"\n{ours['policy']} vs {base['policy']}: mean ACT {base['act_mean_s'] / ours['act_mean_s']:.2f}x lower, "
-            f"step {base['step_mean_s'] / ours['step_mean_s']:.2f}x shorter, "
-            f"held core-s {base['held_core_s'] / max(ours['held_core_s'], 1e-9):.2f}x fewer"
+            textwrap.fill(all_rejected_message(rows, reasons, cluster.name), WIDTH), file=sys.stderr
         )
-    if args.out and not args.json:
-        print(f"results: {args.out}/ (Parquet per policy, comparison.png)")
+        return 1
     return 0
+
+
+def all_rejected_message(
+    rows: Sequence[dict[str, Any]], reasons: dict[str, dict[str, int]], cluster: str
+) -> str:
+    """Why there is nothing to compare: every action of every policy was rejected."""
+    first = rows[0]
+    why = max(reasons[first["policy"]].items(), key=lambda kv: kv[1])[0]
+    return (
+        f"tangram sim: every action was rejected ({first['actions']} per policy, "
+        f"{len(rows)} {'policy' if len(rows) == 1 else 'policies'}), so there is no ACT, step "
+        f"or cost to compare. Cluster {cluster!r} cannot run this trace; e.g. {why}"
+    )

@@ -1,0 +1,110 @@
+"""The closing words of ``tangram sim``: the default policy against each other policy, in words.
+
+The default policy is the first ``tangram*`` policy run (else the first). Each other policy gets
+one sentence: per figure, how many times lower or higher the default's is (the values are in
+the table). A
+figure both policies have at 0 (held GPU-s of a CPU-only workload) is left out; one at 0 on one
+side only is worded ("0 vs 12.5"), never printed as a ratio of 0 or infinity; one that is
+unknown (NaN: no action ran, or the timeline was off) is said to be unknown.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tangram.report import format_number
+
+WIDTH = 100
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A compared summary figure: its key, how it is named, and the words for less and more."""
+
+    key: str
+    label: str
+    less: str
+    more: str
+    unit: str = ""
+
+
+FIGURES: tuple[Figure, ...] = (
+    Figure("act_mean_s", "mean ACT", "lower", "higher", " s"),
+    Figure("act_p99_s", "p99 ACT", "lower", "higher", " s"),
+    Figure("step_mean_s", "step", "shorter", "longer", " s"),
+    Figure("held_core_s", "held core-s", "fewer", "more"),
+    Figure("held_gpu_s", "held GPU-s", "fewer", "more"),
+    Figure("cost_usd", "cost", "lower", "higher", " USD"),
+)
+
+#: Ratios within this relative distance of 1 are said to be "the same".
+SAME = 0.005
+
+
+def default_index(rows: Sequence[Mapping[str, Any]]) -> int:
+    """Index of the default policy: the first whose name starts with ``tangram``, else 0."""
+    for i, row in enumerate(rows):
+        if str(row["policy"]).startswith("tangram"):
+            return i
+    return 0
+
+
+def _number(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def phrase(figure: Figure, ours: Any, theirs: Any) -> str | None:
+    """How ``ours`` compares with ``theirs`` for one figure, in words; None if both are 0."""
+    a, b = _number(ours), _number(theirs)
+    if math.isnan(a) or math.isnan(b):
+        if math.isnan(a) and math.isnan(b):
+            return f"{figure.label} unknown for both"
+        known = b if math.isnan(a) else a
+        side = "ours" if math.isnan(a) else "theirs"
+        return f"{figure.label} unknown for {side} ({format_number(known)}{figure.unit} vs -)"
+    if a == 0 and b == 0:
+        return None
+    if a == 0 or b == 0:
+        return f"{figure.label} {format_number(a)} vs {format_number(b)}{figure.unit}"
+    ratio = b / a
+    if abs(ratio - 1) <= SAME:
+        return f"{figure.label} the same"
+    if ratio > 1:
+        return f"{figure.label} {ratio:.2f}x {figure.less}"
+    return f"{figure.label} {1 / ratio:.2f}x {figure.more}"
+
+
+def sentence(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> str:
+    """One policy against another: every figure that applies, and the rejections if any."""
+    head = f"{ours['policy']} vs {theirs['policy']}: "
+    ran_ours = int(ours["actions"]) - int(ours["rejected"])
+    ran_theirs = int(theirs["actions"]) - int(theirs["rejected"])
+    if ran_ours == 0 or ran_theirs == 0:
+        idle = [r["policy"] for r, n in ((ours, ran_ours), (theirs, ran_theirs)) if n == 0]
+        return head + f"{' and '.join(idle)} rejected every action: no ACT to compare"
+    parts = [p for f in FIGURES if (p := phrase(f, ours[f.key], theirs[f.key])) is not None]
+    if int(ours["rejected"]) or int(theirs["rejected"]):
+        parts.append(
+            f"rejected {ours['rejected']} vs {theirs['rejected']} of {ours['actions']} "
+            "(ACT is over the actions that ran)"
+        )
+    return head + ", ".join(parts)
+
+
+def closing_lines(rows: Sequence[Mapping[str, Any]], width: int = WIDTH) -> list[str]:
+    """The default policy against each other policy, one wrapped sentence each."""
+    if len(rows) < 2:
+        return []
+    d = default_index(rows)
+    lines: list[str] = []
+    for i, row in enumerate(rows):
+        if i != d:
+            lines += textwrap.wrap(sentence(rows[d], row), width=width, subsequent_indent="  ")
+    return lines
