@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "profile-cpu": "tangram.exec.aoe.cli",
     "serve": "tangram.exec.service_cli",
     "replay": "tangram.sim.replay_cli",
+    "import": "tangram.sim.importers.cli",
 }
 
 #: ``tangram bench NAME`` -> module defining ``register(subparsers)`` for that benchmark.
