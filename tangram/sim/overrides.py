@@ -201,7 +201,8 @@ def _coerce_union(tp: Any, value: Any, where: str) -> Any:
         value is None or (isinstance(value, str) and value.strip().lower() in _NONE)
     ):
         return None
-    for member in members:
+    # str last: text that reads as a number or a bool is one ("2.5" for ``str | float``).
+    for member in sorted(members, key=lambda m: m is str):
         if member is type(None):
             continue
         try:

@@ -155,3 +155,14 @@ def test_an_offset_range_without_a_batch_is_refused(tmp_path, trajs, capsys):
     code, _, err = run(capsys, "swe-agent", str(trajs[0]), "-o", str(tmp_path / "x.jsonl"),
                        "--max-offset-s", "3")  # fmt: skip
     assert code == 2 and "--max-offset-s applies to tiling" in err
+
+
+def test_a_union_typed_parameter_reads_a_number_as_a_number(tmp_path, capsys):
+    # OpenHands' gen is "gap", "latency" or seconds (str | float): 2.5 is seconds.
+    out = tmp_path / "oh.jsonl"
+    code, _, err = run(capsys, "openhands", str(OPENHANDS_SAMPLE), "-o", str(out),
+                       "--set", "gen=2.5", "--set", "skip_kinds=message,system,think,finish")  # fmt: skip
+    assert code == 0, err
+    rows = load_trace(out).rows
+    assert rows and all(r.gen_before_s == 2.5 for r in rows)
+    assert load_trace(out).meta["params"]["skip_kinds"] == ["finish", "message", "system", "think"]
