@@ -6,17 +6,20 @@ words, and a default table that fits 100 columns (``--wide``: every figure)."""
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import typing
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tangram.cli import build_parser, main
 from tangram.core import load_cluster
 from tangram.sim.cli import TABLE_COLUMNS, configure
 from tangram.sim.cluster_size import gpu_node_sizes, resize
 from tangram.sim.compare import FIGURES, closing_lines, default_index, phrase
-from tangram.sim.overrides import OverrideError, Setting, build
+from tangram.sim.overrides import OverrideError, Setting, build, coerce
 from tangram.sim.workloads import WORKLOADS
 from tangram.trace import Trace, write_trace
 from tests.trace.rows import row
@@ -44,12 +47,15 @@ def parsed(*args: str):
 
 def as_text(value) -> str:
     """A default value as a person would type it after ``--set NAME=``."""
+
+    def plain(v):
+        if dataclasses.is_dataclass(v):
+            return dataclasses.asdict(v)
+        return v.value if isinstance(v, enum.Enum) else str(v)
+
     if dataclasses.is_dataclass(value) or isinstance(value, tuple | list | dict):
-        return json.dumps(
-            value,
-            default=lambda v: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else str(v),
-        )
-    return str(value)
+        return json.dumps(value, default=plain)
+    return str(value.value if isinstance(value, enum.Enum) else value)
 
 
 # --- --set: any field of the workload's parameters ---------------------------------------------
@@ -134,6 +140,22 @@ def test_booleans_optionals_and_tuples_parse_by_type():
         OverrideError, match=r"--set sizes=4,x \[item 1\]: expected an integer, got 'x'"
     ):
         build(P, [Setting("sizes", "4,x")], "P")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(-(10**12), 10**12),
+    st.floats(allow_nan=False),
+    st.lists(st.floats(allow_nan=False, allow_infinity=False), max_size=5),
+    st.booleans(),
+)
+def test_values_written_as_text_read_back_exactly(i, x, xs, b):
+    assert coerce(int, str(i), "i") == i
+    assert coerce(float, repr(x), "x") == x
+    assert coerce(tuple[float, ...], ",".join(map(repr, xs)), "xs") == tuple(xs)
+    assert coerce(tuple[float, ...], json.dumps(xs), "xs") == tuple(xs)
+    assert coerce(bool, str(b).lower(), "b") is b
+    assert coerce(int | None, "none", "n") is None
 
 
 @pytest.mark.parametrize(
