@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import gc
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -243,15 +243,23 @@ class Simulation:
                 if left[0] == 0:
                     step_done.succeed()
 
+            barrier = None
+            if any(r.sync for _, rows in by_step[step] for r in rows):
+                barrier = StepBarrier(f"{step}/{traj}" for traj, _ in by_step[step])
             for traj, rows in by_step[step]:
-                self._trajectory(step, traj, rows, one_done)
+                self._trajectory(step, traj, rows, one_done, barrier)
             yield step_done
             record.rollout_end = self.env.now
             yield self.env.timeout(self.config.rollout.train_s)
             record.end = self.env.now
 
     def _trajectory(
-        self, step: int, traj: str, rows: tuple[TraceRow, ...], on_end: Callable[[], None]
+        self,
+        step: int,
+        traj: str,
+        rows: tuple[TraceRow, ...],
+        on_end: Callable[[], None],
+        barrier: StepBarrier | None = None,
     ) -> None:
         name = f"{step}/{traj}"
         rec = TrajectoryRecord(step, name, self.env.now, actions=len(rows))
@@ -261,7 +269,7 @@ class Simulation:
             # AOE creates the container now, overlapped with the first generation.
             node = self.scheduler.open_trajectory(name, self.env.now, memory_gb=memory)
             self.startup.open_container(name, node, self.env.now)
-        _TrajectoryRun(self, name, rows, rec, on_end).advance()
+        _TrajectoryRun(self, name, rows, rec, on_end, barrier).advance()
 
     def _open_loop(self):
         groups = list(self.trace.trajectories().items())
@@ -426,7 +434,7 @@ class _TrajectoryRun:
     that call each other form reference cycles, garbage the collector must find later.)
     """
 
-    __slots__ = ("sim", "name", "rows", "next", "record", "on_end")
+    __slots__ = ("sim", "name", "rows", "next", "record", "on_end", "barrier", "synced")
 
     def __init__(
         self,
@@ -435,9 +443,12 @@ class _TrajectoryRun:
         rows: tuple[TraceRow, ...],
         record: TrajectoryRecord,
         on_end: Callable[[], None],
+        barrier: StepBarrier | None = None,
     ) -> None:
         self.sim, self.name, self.rows, self.record, self.on_end = sim, name, rows, record, on_end
+        self.barrier = barrier
         self.next = 0
+        self.synced = 0  # sync actions passed
 
     def advance(self) -> None:
         """The previous action ended (or the trajectory starts): generate, then the next one."""
@@ -452,13 +463,21 @@ class _TrajectoryRun:
             return
         self.next = i + 1
         row = rows[i]
-        if row.gen_before_s:
+        if row.gen_before_s or row.sync:
             env.timeout(row.gen_before_s, row).callbacks.append(self._submit)
         else:
             self.sim._submit(self.name, row, self.advance)
 
     def _submit(self, generated: simpy.Event) -> None:
-        self.sim._submit(self.name, generated.value, self.advance)
+        row = generated.value
+        if row.sync and self.barrier is not None:
+            self.synced += 1
+            self.barrier.reach(self.name, self.synced, lambda: self._submit_now(row))
+        else:
+            self.sim._submit(self.name, row, self.advance)
+
+    def _submit_now(self, row: TraceRow) -> None:
+        self.sim._submit(self.name, row, self.advance)
 
     def _finish(self, _event: object = None) -> None:
         sim = self.sim
@@ -466,7 +485,41 @@ class _TrajectoryRun:
         sim.loop.close_trajectory(self.name, now)
         sim.startup.forget(self.name)
         self.record.end = now
+        if self.barrier is not None:
+            self.barrier.end(self.name)
         self.on_end()
+
+
+class StepBarrier:
+    """Holds a step's ``sync`` actions until every trajectory of the step has reached the
+    same one (its k-th) or ended: a batch-synchronous reward or judge."""
+
+    __slots__ = ("members", "ended", "waiting", "released")
+
+    def __init__(self, members: Iterable[str]) -> None:
+        self.members = frozenset(members)
+        self.ended: set[str] = set()
+        #: round k -> trajectory -> the continuation that submits its k-th sync action.
+        self.waiting: dict[int, dict[str, Callable[[], None]]] = {}
+        self.released = 0  # rounds released
+
+    def reach(self, trajectory: str, round_: int, go: Callable[[], None]) -> None:
+        self.waiting.setdefault(round_, {})[trajectory] = go
+        self._release()
+
+    def end(self, trajectory: str) -> None:
+        self.ended.add(trajectory)
+        self._release()
+
+    def _release(self) -> None:
+        while True:
+            k = self.released + 1
+            here = self.waiting.get(k, {})
+            if len(here) + len(self.ended - here.keys()) < len(self.members) or not here:
+                return
+            self.released = k
+            for go in self.waiting.pop(k).values():
+                go()
 
 
 def simulate(

@@ -15,7 +15,13 @@ from typing import Any
 
 from tangram.trace.columns import DTYPES, from_cell, to_flat
 from tangram.trace.errors import TraceError
-from tangram.trace.header import HEADER_KEY, header_object, meta_from_header
+from tangram.trace.header import (
+    HEADER_KEY,
+    check_fields_of_version,
+    fields_of_version,
+    header_object,
+    meta_from_header,
+)
 from tangram.trace.row import FIELDS, REQUIRED, TraceRow, parse_record, row_to_mapping
 from tangram.trace.trace import Trace, checked_trace
 
@@ -29,6 +35,7 @@ def read_jsonl(path: str | Path) -> Trace:
     rows: list[TraceRow] = []
     lines: list[int] = []
     meta: dict[str, Any] | None = None
+    version = 1
     opener = gzip.open if path.name.endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as fh:
         for lineno, text in enumerate(fh, start=1):
@@ -44,7 +51,10 @@ def read_jsonl(path: str | Path) -> Trace:
                 ) from None
             if meta is None:
                 meta = meta_from_header(obj, path, f"line {lineno}")
+                version = obj[HEADER_KEY]
                 continue
+            if isinstance(obj, Mapping):
+                check_fields_of_version(set(obj), version, path, f"line {lineno}")
             rows.append(parse_record(obj, f"line {lineno}", path))
             lines.append(lineno)
     if meta is None:
@@ -55,7 +65,7 @@ def read_jsonl(path: str | Path) -> Trace:
 def write_jsonl(trace: Trace, path: str | Path) -> None:
     """Write the header then one compact object per row (fields at their defaults omitted)."""
     path = Path(path)
-    lines = [json.dumps(header_object(trace.meta), separators=(",", ":"))]
+    lines = [json.dumps(header_object(trace.meta, trace.format_version()), separators=(",", ":"))]
     lines += [
         json.dumps(row_to_mapping(row, drop_defaults=True), separators=(",", ":"))
         for row in trace.rows
@@ -71,7 +81,7 @@ def write_jsonl(trace: Trace, path: str | Path) -> None:
 # Parquet.
 
 
-def _arrow_schema(meta: Mapping[str, Any]) -> Any:
+def _arrow_schema(meta: Mapping[str, Any], version: int) -> Any:
     import pyarrow as pa
 
     types = {
@@ -81,18 +91,24 @@ def _arrow_schema(meta: Mapping[str, Any]) -> Any:
         "object": pa.string(),
     }
     return pa.schema(
-        [pa.field(name, types[DTYPES[name]], nullable=name not in REQUIRED) for name in FIELDS],
-        metadata={HEADER_KEY: json.dumps(header_object(meta))},
+        [
+            pa.field(name, types[DTYPES[name]], nullable=name not in REQUIRED)
+            for name in fields_of_version(FIELDS, version)
+        ],
+        metadata={HEADER_KEY: json.dumps(header_object(meta, version))},
     )
 
 
 def write_parquet(trace: Trace, path: str | Path) -> None:
-    """Write one column per v1 field (``curve`` as JSON text), meta in the schema metadata."""
+    """Write one column per field of the trace's version (``curve`` as JSON text), meta in the
+    schema metadata."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = _arrow_schema(trace.meta)
-    flat = [to_flat(row) for row in trace.rows]
+    version = trace.format_version()
+    schema = _arrow_schema(trace.meta, version)
+    columns = schema.names
+    flat = [{k: v for k, v in to_flat(row).items() if k in columns} for row in trace.rows]
     table = pa.Table.from_pylist(flat, schema=schema)
     pq.write_table(table, Path(path))
 
@@ -124,6 +140,7 @@ def read_parquet(path: str | Path) -> Trace:
     unknown = [c for c in table.column_names if c not in FIELDS]
     if unknown:
         raise TraceError("unknown column", field=unknown[0], where="columns", path=path)
+    check_fields_of_version(set(table.column_names), header[HEADER_KEY], path, "columns")
     rows = []
     for i, record in enumerate(table.to_pylist()):
         record = {k: v for k, v in record.items() if not (v is None and k not in REQUIRED)}

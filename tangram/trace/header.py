@@ -12,8 +12,14 @@ from typing import Any
 
 from tangram.trace.errors import TraceError
 
-#: The schema version this code reads and writes (the ``tangram_trace`` header key).
-TRACE_VERSION = 1
+#: The newest schema version this code reads and writes (the ``tangram_trace`` header key).
+#: It reads every version from 1; it writes the lowest version that holds a trace's rows, so a
+#: trace that uses no newer field stays readable by older readers.
+TRACE_VERSION = 2
+
+#: Fields added after version 1, with the version that added them (a reader of an older
+#: version refuses them as unknown fields).
+FIELD_SINCE: dict[str, int] = {"sync": 2}
 
 #: Key of the header object (JSONL), of the Arrow schema metadata (Parquet) and of ``df.attrs``.
 HEADER_KEY = "tangram_trace"
@@ -55,6 +61,24 @@ def meta_from_header(header: Any, path: str | Path, where: str) -> dict[str, Any
     return {k: v for k, v in header.items() if k != HEADER_KEY}
 
 
-def header_object(meta: Mapping[str, Any]) -> dict[str, Any]:
+def header_object(meta: Mapping[str, Any], version: int = 1) -> dict[str, Any]:
     """The header a writer stores: the version first, then the meta."""
-    return {HEADER_KEY: TRACE_VERSION, **meta}
+    return {HEADER_KEY: version, **meta}
+
+
+def fields_of_version(fields: tuple[str, ...], version: int) -> tuple[str, ...]:
+    """The fields a file of ``version`` may carry (columns of a Parquet file of it)."""
+    return tuple(f for f in fields if FIELD_SINCE.get(f, 1) <= version)
+
+
+def check_fields_of_version(used: set[str], version: int, path: str | Path, where: str) -> None:
+    """Refuse a field newer than the file's declared version."""
+    for name in sorted(used):
+        since = FIELD_SINCE.get(name, 1)
+        if since > version:
+            raise TraceError(
+                f"field added in format version {since}, but the file declares version {version}",
+                field=name,
+                where=where,
+                path=path,
+            )

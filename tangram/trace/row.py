@@ -26,6 +26,8 @@ from tangram.core.curves import (
 from tangram.trace.errors import TraceError
 
 RESOURCES = ("cpu", "gpu", "api")
+#: ``sync`` values: "step" = the action arrives once every trajectory of its step reached it.
+SYNCS = ("step",)
 OUTCOMES = ("result", "error", "timeout")
 
 #: Relative tolerance when checking that a curve's one-unit time agrees with ``t1_s``.
@@ -89,7 +91,9 @@ class TraceRow:
     ``gen_before_s`` is the LLM generation that precedes the action on the training cluster
     (not managed by Tangram); ``gen_after_s`` the generation after a trajectory's last action.
     ``arrival_s`` set means an open-loop trace (absolute submission times); ``None`` means the
-    rollout model decides arrivals. ``obs_*`` fields are what a live run observed (``None`` in
+    rollout model decides arrivals. ``sync="step"`` (closed loop) holds the action, once its
+    generation is done, until every trajectory of its step has reached its own ``sync`` action
+    or ended: a batch-synchronous reward or judge. ``obs_*`` fields are what a live run observed (``None`` in
     generated traces).
     """
 
@@ -110,6 +114,7 @@ class TraceRow:
     memory_gb: float = 0.0
     arrival_s: float | None = None
     gen_after_s: float = 0.0
+    sync: str | None = None
     obs_arrival_s: float | None = None
     obs_units: int | None = None
     obs_queue_s: float | None = None
@@ -148,6 +153,8 @@ class TraceRow:
             put(self, name, _as_float(name, getattr(self, name)))
         for name in ("arrival_s", "obs_arrival_s", "obs_queue_s", "obs_overhead_s", "obs_exec_s"):
             put(self, name, _as_float(name, getattr(self, name), optional=True))
+        if self.sync is not None and self.sync not in SYNCS:
+            raise _fail("sync", f"must be one of {list(SYNCS)} or null, got {self.sync!r}")
         put(self, "obs_units", _as_int("obs_units", self.obs_units, minimum=1, optional=True))
         if self.obs_outcome is not None and self.obs_outcome not in OUTCOMES:
             raise _fail(

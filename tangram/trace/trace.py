@@ -13,13 +13,14 @@ from typing import Any
 
 from tangram.trace.columns import DTYPES, from_cell, to_flat
 from tangram.trace.errors import TraceError
-from tangram.trace.header import HEADER_KEY
+from tangram.trace.header import FIELD_SINCE, HEADER_KEY
 from tangram.trace.row import FIELDS, REQUIRED, TraceRow, parse_record
 
 
 def check_rows(rows: Sequence[TraceRow], locate: Callable[[int], str]) -> None:
     """Cross-row rules: unique action ids, contiguous positions per (step, trajectory),
-    ``gen_after_s`` only on a trajectory's last row, open- and closed-loop rows not mixed.
+    ``gen_after_s`` only on a trajectory's last row, open- and closed-loop rows not mixed,
+    ``sync`` only in closed-loop traces.
     ``locate(i)`` names row ``i`` in error messages ("line 7", "row 3")."""
     seen: dict[str, int] = {}
     groups: dict[tuple[int, str], list[int]] = {}
@@ -35,6 +36,13 @@ def check_rows(rows: Sequence[TraceRow], locate: Callable[[int], str]) -> None:
     if rows:
         open_loop = rows[0].arrival_s is not None
         for i, row in enumerate(rows):
+            if open_loop and row.sync is not None:
+                raise TraceError(
+                    "sync is for closed-loop traces (the rollout model holds the action); "
+                    "an open-loop row arrives at its arrival_s",
+                    field="sync",
+                    where=locate(i),
+                )
             if (row.arrival_s is not None) != open_loop:
                 raise TraceError(
                     "arrival_s must be set on every row (open-loop trace) or on none (closed-loop); "
@@ -84,6 +92,14 @@ class Trace:
 
     rows: tuple[TraceRow, ...]
     meta: dict[str, Any] = field(default_factory=dict)
+
+    def format_version(self) -> int:
+        """The lowest format version that holds these rows (``header.FIELD_SINCE``)."""
+        version = 1
+        for name, since in FIELD_SINCE.items():
+            if since > version and any(getattr(r, name) is not None for r in self.rows):
+                version = since
+        return version
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rows", tuple(self.rows))

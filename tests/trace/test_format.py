@@ -19,6 +19,7 @@ from tangram.trace import (
     load_trace,
     write_trace,
 )
+from tangram.trace.row import row_to_mapping
 from tests.trace.rows import row
 
 # --- the schema ------------------------------------------------------------------------------
@@ -28,7 +29,7 @@ def test_the_fields_are_the_v1_contract_in_order():
     assert FIELDS == (
         "action_id", "trajectory", "step", "position", "task", "kind", "gen_before_s",
         "resource", "t1_s", "max_units", "serial_fraction", "curve", "service",
-        "service_size_gb", "memory_gb", "arrival_s", "gen_after_s", "obs_arrival_s",
+        "service_size_gb", "memory_gb", "arrival_s", "gen_after_s", "sync", "obs_arrival_s",
         "obs_units", "obs_queue_s", "obs_overhead_s", "obs_exec_s", "obs_outcome", "obs_node",
     )  # fmt: skip
     assert {
@@ -73,7 +74,27 @@ def test_the_jsonl_header_carries_the_version_and_meta(tmp_path):
     trace = Trace((row(),), {"workload": "w", "seed": 3})
     path = write_trace(trace, tmp_path / "t.jsonl")
     first = json.loads(path.read_text().splitlines()[0])
-    assert first == {"tangram_trace": TRACE_VERSION, "workload": "w", "seed": 3}
+    # The lowest version that holds the rows: version 1 while no row uses a newer field.
+    assert first == {"tangram_trace": 1, "workload": "w", "seed": 3}
+    synced = Trace((row(sync="step"),), {"workload": "w"})
+    first = json.loads(write_trace(synced, tmp_path / "s.jsonl").read_text().splitlines()[0])
+    assert first == {"tangram_trace": TRACE_VERSION, "workload": "w"}
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_a_sync_row_round_trips_and_a_v1_file_is_written_without_it(tmp_path, suffix):
+    synced = Trace((row(sync="step"),), {})
+    assert load_trace(write_trace(synced, tmp_path / f"s{suffix}")) == synced
+    plain = Trace((row(),), {})
+    assert load_trace(write_trace(plain, tmp_path / f"p{suffix}")) == plain
+
+
+def test_a_v1_file_with_a_field_of_version_2_is_refused_naming_it(tmp_path):
+    path = tmp_path / "t.jsonl"
+    record = row_to_mapping(row(sync="step"), drop_defaults=True)
+    path.write_text(json.dumps({"tangram_trace": 1}) + "\n" + json.dumps(record) + "\n")
+    with pytest.raises(TraceError, match="field 'sync'.*version 2.*declares version 1"):
+        load_trace(path)
 
 
 def test_jsonl_omits_optional_fields_at_their_defaults(tmp_path):
@@ -87,7 +108,7 @@ def test_parquet_stores_curve_as_json_and_meta_in_the_schema(tmp_path):
     trace = Trace((row(curve=Amdahl(2.0, 0.5).to_dict()),), {"workload": "w"})
     path = write_trace(trace, tmp_path / "t.parquet")
     table = pq.read_table(path)
-    assert table.column_names == list(FIELDS)
+    assert table.column_names == [f for f in FIELDS if f != "sync"]  # a v1 file
     assert json.loads(table.column("curve")[0].as_py()) == {
         "kind": "amdahl",
         "t1": 2.0,

@@ -40,7 +40,6 @@ from typing import Any
 from tangram.exec.runtime.records import ActionSpec, Outcome
 from tangram.trace import (
     HEADER_KEY,
-    TRACE_VERSION,
     LiveObservation,
     Trace,
     load_trace,
@@ -248,7 +247,7 @@ def stream_path(trace_path: Path | None) -> Path | None:
 
 def _header(meta: Mapping[str, Any]) -> bytes:
     """The trace's first line (as ``tangram.trace`` writes it)."""
-    head = {HEADER_KEY: TRACE_VERSION, **meta}
+    head = {HEADER_KEY: 1, **meta}  # live traces use no field newer than version 1
     return (json.dumps(head, separators=(",", ":")) + "\n").encode()
 
 
