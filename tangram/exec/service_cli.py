@@ -119,6 +119,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="NAME=URL",
         help="forward API endpoint NAME (declared in the cluster) to an HTTP URL; repeatable",
     )
+    p.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="NAME=KIND:PATH",
+        help="also serve the Hugging Face model directory PATH as GPU service NAME, KIND "
+        "teacher or reward (OpenAI-style routes: /v1/completions, /pooling, /get_reward); "
+        "repeatable",
+    )
     p.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     add_json_flag(p)
     p.set_defaults(func=run)
@@ -154,12 +163,19 @@ def run(args: argparse.Namespace) -> int:
         journal_path=None if args.no_journal else journal_path(args, scratch),
         journal_fsync=args.journal_fsync,
     )
+    services = None
+    if args.model:
+        from tangram.exec.eoe.hf import service_from_arg
+        from tangram.exec.runtime import default_services
+
+        services = [*default_services(), *(service_from_arg(m).spec for m in args.model)]
     runtime = build_runtime(
         cluster,
         config,
         cpu=not args.no_cpu,
         gpu=not args.no_gpu,
         gpu_backend=args.gpu_backend,
+        services=services,
         endpoints=endpoints,
     )
     limits = ConnectionLimits(

@@ -252,3 +252,14 @@ def test_cuda_shards_live_on_their_gpus_and_activations_follow(dirs: dict[str, P
         grew = [torch.cuda.memory_allocated(i) - before[i] for i in range(2)]
         assert all(g > 0 for g in grew)
     assert torch.allclose(one, two, atol=1e-4)
+
+
+def test_serve_model_arguments_name_kind_and_path(dirs: dict[str, Path]) -> None:
+    from tangram.exec.eoe.hf import service_from_arg
+
+    svc = service_from_arg(f"judge=reward:{dirs['reward']}")
+    assert (svc.spec.name, svc.kind, svc.path) == ("judge", "reward", dirs["reward"])
+    assert svc.spec.frontend is svc
+    for bad in ("judge", "judge=reward", f"=reward:{dirs['reward']}", "judge=:x"):
+        with pytest.raises(ValueError, match="NAME=KIND:PATH"):
+            service_from_arg(bad)

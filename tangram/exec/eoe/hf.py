@@ -182,3 +182,13 @@ def hf_service(
     )
     object.__setattr__(spec, "frontend", service)  # the spec tells front ends how to speak to it
     return service
+
+
+def service_from_arg(text: str) -> HfService:
+    """``NAME=KIND:PATH`` (``tangram serve --model``) as a service; ``ValueError`` naming the
+    expected form."""
+    name, sep, rest = text.partition("=")
+    kind, colon, path = rest.partition(":")
+    if not sep or not name or not kind or not colon or not path:
+        raise ValueError(f"--model {text!r}: expected NAME=KIND:PATH, KIND one of {sorted(KINDS)}")
+    return hf_service(name, path, kind)

@@ -57,10 +57,12 @@ class OpenAiError(Exception):
 
 @dataclass(frozen=True)
 class Prompt:
-    """One prompt as token ids, with its text (given, or decoded from the ids)."""
+    """One prompt as token ids, with its text (given, or decoded from the ids) and where each
+    token starts in that text."""
 
     ids: tuple[int, ...]
     text: str
+    offsets: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,7 @@ def _prompt(item: Any, where: str, param: str, frontend: Any) -> Prompt:
     if isinstance(item, str):
         if not item:
             raise OpenAiError(f"'{where}' is an empty string", param=param)
-        ids = tuple(tok(item, add_special_tokens=False)["input_ids"])
+        ids, offsets = _encode(tok, item)
         text = item
     elif isinstance(item, list) and item and all(_is_int(x) for x in item):
         bad = [x for x in item if not 0 <= x < frontend.vocab_size]
@@ -131,6 +133,10 @@ def _prompt(item: Any, where: str, param: str, frontend: Any) -> Prompt:
             )
         ids = tuple(item)
         text = tok.decode(list(ids))
+        again, offsets = _encode(tok, text)
+        if again != ids:  # the text does not tokenise back to these ids: offsets by piece
+            pieces = tok.convert_ids_to_tokens(list(ids))
+            offsets = (0, *itertools.accumulate(len(t) for t in pieces[:-1]))
     else:
         raise OpenAiError(
             f"'{where}' must be a non-empty string or a non-empty list of token ids", param=param
@@ -142,7 +148,13 @@ def _prompt(item: Any, where: str, param: str, frontend: Any) -> Prompt:
             f"'{where}' has {len(ids)} tokens; the model takes at most {frontend.max_len}",
             param=param,
         )
-    return Prompt(ids, text)
+    return Prompt(ids, text, tuple(offsets))
+
+
+def _encode(tok: Any, text: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``text``'s token ids and each token's start in it."""
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    return tuple(enc["input_ids"]), tuple(a for a, _ in enc["offset_mapping"])
 
 
 def completion_request(body: Any, frontend_of: Any) -> CompletionRequest:
@@ -208,7 +220,6 @@ def completion_doc(
         n = len(p.ids)
         logps = value["token_logprobs"][i, : n - 1].tolist()
         tokens = tok.convert_ids_to_tokens(list(p.ids))
-        offsets = [0, *itertools.accumulate(len(t) for t in tokens[:-1])]
         top: list[dict[str, float] | None] | None = None
         if req.top:
             top = [None]
@@ -232,7 +243,7 @@ def completion_doc(
                     "tokens": tokens,
                     "token_logprobs": [None, *logps],
                     "top_logprobs": top,
-                    "text_offset": offsets,
+                    "text_offset": list(p.offsets),
                 },
                 "finish_reason": "length",
                 "stop_reason": None,
