@@ -24,7 +24,7 @@ from tangram.report import add_json_flag, emit, fit_columns, non_negative_int, p
 from tangram.sim.cluster_size import resize
 from tangram.sim.compare import WIDTH, closing_lines
 from tangram.sim.config import Overheads, RolloutConfig, SimConfig
-from tangram.sim.overrides import OverrideError, Setting, add_set_flag, build
+from tangram.sim.overrides import OverrideError, Setting, add_set_flag, build, describe_fields
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "traces" / "coding.jsonl.gz"
 DEFAULT_POLICIES = ("tangram", "k8s-static")
@@ -136,6 +136,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--wide", action="store_true", help="print every figure (a wide table)")
     p.add_argument(
+        "--list-params",
+        action="store_true",
+        help="list what --set can change (the workload's parameters with --workload), then exit",
+    )
+    p.add_argument(
         "--out", type=Path, help="write per-action/trajectory/step Parquet and a plot here"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -211,6 +216,27 @@ def load_source(args: argparse.Namespace, params: Any = None):
     return load_trace(args.trace or DEFAULT_TRACE)
 
 
+def list_params(args: argparse.Namespace) -> int:
+    """Print each settable name with its type and default (a default too long is cut)."""
+    tables = {}
+    if args.workload:
+        from tangram.sim.workloads import WORKLOADS
+
+        tp = WORKLOADS[args.workload].params_type
+        tables[f"--set NAME=VALUE for workload {args.workload!r} ({tp.__name__})"] = tp
+    for group, tp in sections().items():
+        tables[f"--set {group}.NAME=VALUE ({tp.__name__})"] = tp
+    doc = {title: describe_fields(tp) for title, tp in tables.items()}
+    if not args.json:
+        for rows in doc.values():
+            for r in rows:
+                room = WIDTH - 2 * 2 - max(len(x["name"]) for x in rows) - 24
+                if len(r["default"]) > room:
+                    r["default"] = r["default"][: room - 3] + "..."
+    emit(args.json, doc, doc)
+    return 0
+
+
 def narrow_table(rows: Sequence[dict[str, Any]], resources: set[str]) -> list[dict[str, Any]]:
     """The default table: the main figures under short headers, fitted to 100 columns."""
     keys = [k for k in NARROW_COLUMNS if HELD_BY_RESOURCE.get(k, "") in resources | {""}]
@@ -242,6 +268,8 @@ def main(args: argparse.Namespace) -> int:
     from tangram.sim.metrics import actions_frame, summary, timeline_frame, write_results
 
     params, built = configure(args)
+    if args.list_params:
+        return list_params(args)
     trace = load_source(args, params)
     cluster = resize(load_cluster(args.cluster), gpus=args.gpus, cpu_nodes=args.cpu_nodes)
     policies = args.policy or list(DEFAULT_POLICIES)

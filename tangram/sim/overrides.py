@@ -388,6 +388,22 @@ def build(
     raise OverrideError(f"{texts}: {problem}")
 
 
+def describe_fields(tp: type, prefix: str = "") -> list[dict[str, str]]:
+    """Name, type and default of each field ``--set`` can change, for a listing."""
+    hints = type_hints(tp)
+    out = []
+    for f in dataclasses.fields(tp):
+        if not f.init:
+            continue
+        try:
+            value = _default(tp, f.name)
+            default = value if isinstance(value, str) else repr(value)
+        except OverrideError:
+            default = "(required)"
+        out.append({"name": prefix + f.name, "type": describe(hints[f.name]), "default": default})
+    return out
+
+
 def kwargs_for(
     function: Callable[..., Any], settings: Sequence[Setting], owner: str
 ) -> dict[str, Any]:

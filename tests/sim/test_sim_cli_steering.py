@@ -19,6 +19,7 @@ from tangram.core import load_cluster
 from tangram.sim.cli import TABLE_COLUMNS, configure
 from tangram.sim.cluster_size import gpu_node_sizes, resize
 from tangram.sim.compare import FIGURES, closing_lines, default_index, phrase
+from tangram.sim.config import Overheads, RolloutConfig
 from tangram.sim.overrides import OverrideError, Setting, build, coerce
 from tangram.sim.workloads import WORKLOADS
 from tangram.trace import Trace, write_trace
@@ -71,6 +72,16 @@ def test_every_workload_parameter_can_be_set_from_its_text(workload):
         args = parsed("--workload", workload, "--set", f"{field.name}={as_text(value)}")
         params, _ = configure(args)
         assert getattr(params, field.name) == value, field.name
+
+
+@pytest.mark.parametrize("workload", sorted(WORKLOADS))
+def test_list_params_names_every_settable_field_in_100_columns(capsys, workload):
+    code, out, _ = sim(capsys, "--workload", workload, "--list-params")
+    assert code == 0
+    names = {line.split()[0] for line in out.splitlines() if line.strip()}
+    groups = (WORKLOADS[workload].params_type, Overheads, RolloutConfig)
+    assert {f.name for tp in groups for f in dataclasses.fields(tp)} <= names
+    assert max(len(line) for line in out.splitlines()) <= 100
 
 
 def test_a_set_value_reaches_the_generated_trace(capsys):
