@@ -97,17 +97,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         p,
         "set a field of the workload's parameters (with --workload; e.g. exec_mean_s=2, "
         'teachers=\'[{"name": "m", "params_b": 7}]\'), or overheads.FIELD / '
-        "rollout.FIELD; repeatable, the last wins; typed by the field (docs/workloads.md)",
+        "rollout.FIELD; repeatable, the last wins; typed by the field (--list-params lists them)",
     )
     p.add_argument(
         "--gpus",
         type=non_negative_int,
+        metavar="N",
         help="resize the cluster to N GPUs: whole nodes of its GPU node's shape, a remainder "
         "as smaller nodes in powers of two (36 of 8-GPU nodes: 4x8 + 1x4)",
     )
     p.add_argument(
         "--cpu-nodes",
         type=non_negative_int,
+        metavar="N",
         help="resize the cluster to N CPU nodes of its CPU node's shape",
     )
     p.add_argument(
