@@ -26,6 +26,11 @@ GENERATOR_VERSION = 1
 #: z-score of the 90th percentile of a standard normal (to turn p50/p90 into a log-normal sigma).
 Z90 = 1.2815515655446004
 
+#: When a reward or judge runs (a workload's ``*_sync`` parameter) -> the trace row's ``sync``
+#: value: "trajectory" right after its trajectory's rollout (None: not held), "step" once every
+#: trajectory of the step has finished its rollout (batch-synchronous).
+REWARD_SYNCS: dict[str, str | None] = {"trajectory": None, "step": "step"}
+
 #: Generated times are rounded to this many decimals (microseconds): exact JSON round trips and
 #: compact files, far below any scheduling effect.
 TIME_DECIMALS = 6

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tangram.sim.workloads.base import (
+    REWARD_SYNCS,
     counts_lognormal,
     expected_count,
     lognormal_mean,
@@ -77,6 +78,22 @@ class CodingParams:
     #: Container memory per trajectory, uniform in [min, max], rounded to 0.5 GB. [ours]
     memory_gb_min: float = 2.0
     memory_gb_max: float = 4.0
+    #: Mean one-core time of a setup action at trajectory start (check out the repository,
+    #: install its dependencies), seconds; 0 = none. Every trajectory of a step starts it at
+    #: the step's first instant: a batch-wide burst. [ours] off by default: the paper's
+    #: published means (``exec_mean_s``) are calibrated without one, and it publishes no setup
+    #: time; SkyRL reports ~20 s to start a container on a 224-core box (field notes).
+    setup_t1_mean_s: float = 0.0
+    #: Log-space sigma of setup times. [ours]
+    setup_t1_sigma: float = 0.5
+    #: Amdahl serial fraction of the setup (downloads and installs parallelise poorly). [ours]
+    setup_serial_fraction: float = 0.7
+    #: Most cores a setup action can use. [ours]
+    setup_max_units: int = 8
+    #: When the reward runs: "trajectory" = right after the trajectory's last generation (the
+    #: paper's asynchronous rollout, VeRL async); "step" = batch-synchronous, once every
+    #: trajectory of the step has finished its rollout (synchronous GRPO loops). [paper] async.
+    reward_sync: str = "trajectory"
 
     def __post_init__(self) -> None:
         require(self.env_actions_median >= 1, "env_actions_median", "must be >= 1")
@@ -102,6 +119,15 @@ class CodingParams:
         require(0 < self.busy_share < 1, "busy_share", "must lie in (0, 1)")
         require(
             0 <= self.memory_gb_min <= self.memory_gb_max, "memory_gb_min", "must be in [0, max]"
+        )
+        require(self.setup_t1_mean_s >= 0, "setup_t1_mean_s", "must be >= 0 (0: no setup)")
+        require(self.setup_t1_sigma >= 0, "setup_t1_sigma", "must be >= 0")
+        require(0 <= self.setup_serial_fraction <= 1, "setup_serial_fraction", "must lie in [0, 1]")
+        require(self.setup_max_units >= 1, "setup_max_units", "must be >= 1")
+        require(
+            self.reward_sync in REWARD_SYNCS,
+            "reward_sync",
+            f"must be one of {list(REWARD_SYNCS)}, got {self.reward_sync!r}",
         )
 
     def expected_env_actions(self) -> float:
@@ -154,6 +180,7 @@ _STREAMS = (
     "reward_serial",
     "gen",
     "memory",
+    "setup_t1",
 )
 
 
@@ -189,11 +216,37 @@ def generate_coding(params: CodingParams, *, batch: int, steps: int, seed: int) 
             np.round(rng["memory"].uniform(params.memory_gb_min, params.memory_gb_max, batch) * 2)
             / 2
         )
+        setup = (
+            times(
+                lognormal_mean(
+                    rng["setup_t1"], params.setup_t1_mean_s, params.setup_t1_sigma, batch
+                )
+            )
+            if params.setup_t1_mean_s > 0
+            else None
+        )
+        first = 0 if setup is None else 1  # the env actions' first position
         k = 0  # index into the per-env-action arrays
         g = 0  # index into the generation array
         for i in range(batch):
             mem = float(memory[i])
-            for pos in range(int(n_env[i])):
+            if setup is not None:
+                rows.append(
+                    row(
+                        TASK,
+                        step,
+                        i,
+                        0,
+                        "setup",
+                        gen_before_s=0.0,
+                        resource="cpu",
+                        t1_s=setup[i],
+                        max_units=params.setup_max_units,
+                        serial_fraction=params.setup_serial_fraction,
+                        memory_gb=mem,
+                    )
+                )
+            for pos in range(first, first + int(n_env[i])):
                 rows.append(
                     row(
                         TASK,
@@ -211,7 +264,7 @@ def generate_coding(params: CodingParams, *, batch: int, steps: int, seed: int) 
                 )
                 k += 1
                 g += 1
-            pos = int(n_env[i])
+            pos = first + int(n_env[i])
             rows.append(
                 row(
                     TASK,
@@ -225,6 +278,7 @@ def generate_coding(params: CodingParams, *, batch: int, steps: int, seed: int) 
                     max_units=params.reward_max_units,
                     serial_fraction=float(reward_s[i]),
                     memory_gb=mem,
+                    sync=REWARD_SYNCS[params.reward_sync],
                 )
             )
             g += 1

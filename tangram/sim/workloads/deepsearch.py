@@ -14,6 +14,7 @@ import numpy as np
 
 from tangram.core.cells import CELL_SIZES
 from tangram.sim.workloads.base import (
+    REWARD_SYNCS,
     counts_lognormal,
     lognormal_median,
     meta_for,
@@ -65,8 +66,17 @@ class DeepSearchParams:
     gen_median_s: float = 4.9
     #: Log-space sigma of generation. [stats §1.6] p90 20.2 s: ln(20.2/4.9)/1.2816 = 1.105.
     gen_sigma: float = 1.105
+    #: When the judge runs: "trajectory" = after the trajectory's final answer (asynchronous
+    #: rollout, as the paper runs VeRL); "step" = batch-synchronous, once every trajectory of
+    #: the step has answered. [paper] async.
+    judge_sync: str = "trajectory"
 
     def __post_init__(self) -> None:
+        require(
+            self.judge_sync in REWARD_SYNCS,
+            "judge_sync",
+            f"must be one of {list(REWARD_SYNCS)}, got {self.judge_sync!r}",
+        )
         require(self.searches_median >= 1, "searches_median", "must be >= 1")
         require(self.searches_max >= 1, "searches_max", "must be >= 1")
         for name in ("search_median_s", "search_timeout_s", "judge_t1_median_s", "gen_median_s"):
@@ -147,6 +157,7 @@ def generate_deepsearch(params: DeepSearchParams, *, batch: int, steps: int, see
                     serial_fraction=params.judge_serial_fraction,
                     service=params.judge_service,
                     service_size_gb=params.judge_size_gb,
+                    sync=REWARD_SYNCS[params.judge_sync],
                 )
             )
             g += 1

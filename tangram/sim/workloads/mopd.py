@@ -12,6 +12,7 @@ sizes are a plausible 7B-72B mix at bf16; the time on one GPU grows with the tea
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,6 +56,14 @@ DEFAULT_TEACHERS: tuple[TeacherSpec, ...] = (
 )
 
 
+#: zipf_order -> the teachers from most to least popular (stable: ties keep the listed order).
+ZIPF_ORDERS: dict[str, Callable[[tuple[TeacherSpec, ...]], list[TeacherSpec]]] = {
+    "largest-first": lambda ts: sorted(ts, key=lambda t: -t.params_b),
+    "smallest-first": lambda ts: sorted(ts, key=lambda t: t.params_b),
+    "listed": list,
+}
+
+
 @dataclass(frozen=True)
 class MopdParams:
     """Distributions of the MOPD workload (every one seeded from its own stream)."""
@@ -76,8 +85,23 @@ class MopdParams:
     serial_fraction: float = 0.25
     #: Most GPUs a teacher call can use. [paper] the baseline gives each teacher 4 GPUs.
     max_units: int = 4
-    #: Teacher calls per trajectory (one log-prob pass per student turn). [ours]
+    #: Teacher calls per trajectory (one log-prob pass per student turn). [ours] 1: the paper
+    #: describes one log-prob pass over each response.
     calls_per_trajectory: int = 1
+    #: With several calls per trajectory, whether the teacher's server keeps the conversation's
+    #: prefix cached, so a call computes only its turn's new tokens; without it, call j
+    #: recomputes every turn up to j (its time scales with the tokens so far over the turn's).
+    #: [SGLang RadixAttention and vLLM v1 automatic prefix caching are on by default]
+    prefix_cache: bool = True
+    #: Which teacher a trajectory is routed to: "shares" (each teacher's ``share``: equal by
+    #: default) or "zipf" (the i-th teacher in ``zipf_order`` gets weight 1 / i^zipf_exponent).
+    #: [paper] silent on routing; [ours] equal by default.
+    popularity: str = "shares"
+    #: Zipf exponent of the skew (1 = classic Zipf). [ours]
+    zipf_exponent: float = 1.0
+    #: Order of the Zipf ranking: "largest-first" (the biggest teachers most called),
+    #: "smallest-first", or "listed" (the ``teachers`` order). [ours]
+    zipf_order: str = "largest-first"
     #: Median student response length, tokens (the generation before each teacher call).
     #: [ours] a quarter of a 32k-token response limit, as in long-reasoning RL.
     response_tokens_median: float = 8192.0
@@ -109,9 +133,28 @@ class MopdParams:
         require(self.response_tokens_sigma >= 0, "response_tokens_sigma", "must be >= 0")
         require(self.response_tokens_max >= 1, "response_tokens_max", "must be >= 1")
         require(self.decode_tok_s > 0, "decode_tok_s", "must be > 0")
+        require(
+            self.popularity in ("shares", "zipf"),
+            "popularity",
+            f"must be 'shares' or 'zipf', got {self.popularity!r}",
+        )
+        require(self.zipf_exponent >= 0, "zipf_exponent", "must be >= 0")
+        require(
+            self.zipf_order in ZIPF_ORDERS,
+            "zipf_order",
+            f"must be one of {list(ZIPF_ORDERS)}, got {self.zipf_order!r}",
+        )
 
     def routing(self) -> np.ndarray:
-        shares = np.array([t.share for t in self.teachers], dtype=float)
+        """Each teacher's probability of being routed a trajectory (``popularity``)."""
+        if self.popularity == "zipf":
+            ranked = ZIPF_ORDERS[self.zipf_order](self.teachers)
+            rank = {t.name: i + 1 for i, t in enumerate(ranked)}
+            shares = np.array(
+                [rank[t.name] ** -self.zipf_exponent for t in self.teachers], dtype=float
+            )
+        else:
+            shares = np.array([t.share for t in self.teachers], dtype=float)
         return shares / shares.sum()
 
     def teacher_t1_means(self) -> np.ndarray:
@@ -148,6 +191,11 @@ def generate_mopd(params: MopdParams, *, batch: int, steps: int, seed: int) -> T
             params.response_tokens_max,
         )
         gen = times(tokens / params.decode_tok_s)
+        if not params.prefix_cache and calls > 1:
+            # Call j recomputes turns 0..j: its time grows by the tokens so far over its own.
+            per_traj = tokens.reshape(batch, calls)
+            growth = (np.cumsum(per_traj, axis=1) / per_traj).ravel()
+            t1 = times(np.asarray(t1) * growth)
         for i in range(batch):
             spec = params.teachers[int(teacher[i])]
             for pos in range(calls):
