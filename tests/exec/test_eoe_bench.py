@@ -23,6 +23,8 @@ def test_bench_eoe_json_has_every_figure(capsys) -> None:
             "2",
             "--seq-len",
             "16",
+            "--models",
+            "hf-tiny",
             "--json",
         ]
     )
@@ -36,6 +38,14 @@ def test_bench_eoe_json_has_every_figure(capsys) -> None:
     assert fig["restore_gbps"] > 0 and fig["restore_pct_of_copy"] > 0
     assert len(fig["restore_s_all"]) == 2 and len(fig["copy_s_all"]) == 2
     assert fig["miss_s"] >= fig["restore_s"]  # a miss includes its restore
+    (model,) = doc["models"]
+    assert model["model"] == "hf-tiny" and model["shards"] == doc["shards"] == 2
+    assert model["identical"] is True  # the split cell's log-probs equal one GPU's
+    # each GPU of the split cell holds about half of the replica
+    assert 0.35 * model["replica_bytes"] < model["shard_bytes"] < 0.65 * model["replica_bytes"]
+    for key in ("restore_s", "hit_s", "miss_s", "shard_restore_s", "shard_hit_s", "load_s"):
+        assert model[key] > 0, key
+    assert model["shard_miss_s"] >= model["shard_restore_s"]
 
 
 def test_bench_eoe_table(capsys) -> None:
@@ -56,12 +66,15 @@ def test_bench_eoe_table(capsys) -> None:
                 "2",
                 "--backend",
                 "cpu",
+                "--models",
+                "none",
             ]
         )
         == 0
     )
     out = capsys.readouterr().out
     assert "EOE benchmark (medians)" in out and "restore % of copy" in out and "CPU mode" in out
+    assert "split by layers" not in out  # --models none
 
 
 def test_importing_the_package_and_bench_parser_needs_no_torch() -> None:

@@ -10,6 +10,10 @@ For each size of the example reward model it measures, through a real ``EoeManag
 - eviction time (dropping the replica and checking the allocator's figure fell);
 - call latency on a hit (resident) and on a miss (evicted first), and the execution alone.
 
+It also serves Hugging Face model directories (``bench_hf``): a teacher saved from a config,
+loaded with ``from_pretrained``, restored and called whole on one GPU and split by layers over a
+cell of ``--shards`` GPUs (bytes per GPU, restore and hit/miss latency, identical outputs).
+
 On CPU the "device" is host memory: the copies are memcpy, so the figures show the executor's
 overheads, not PCIe. Torch is imported only when the benchmark runs.
 """
@@ -40,6 +44,10 @@ class BenchConfig:
     seq_len: int = 128
     dop: int = 1
     backend: str = "auto"
+    #: Directory-loaded models (``hf_tiny.HF_SHAPES`` names); None: the backend's defaults.
+    models: tuple[str, ...] | None = None
+    #: GPUs of the cell the models are split over.
+    shards: int = 2
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
     parser.add_argument("--dop", type=int, default=1, choices=CELL_SIZES, help="DoP of the calls")
     parser.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda"))
+    parser.add_argument(
+        "--models",
+        help="comma-separated directory-loaded models (hf-tiny, hf-small, hf-medium) or 'none'; "
+        "default hf-tiny,hf-small on CPU, hf-small,hf-medium on CUDA",
+    )
+    parser.add_argument(
+        "--shards", type=int, default=2, choices=CELL_SIZES[1:], help="GPUs to split models over"
+    )
     add_json_flag(parser)
     parser.set_defaults(func=main)
 
@@ -96,6 +112,8 @@ def main(args: argparse.Namespace) -> int:
         seq_len=args.seq_len,
         dop=args.dop,
         backend=args.backend,
+        models=_names(args.models),
+        shards=args.shards,
     )
     document = run(config)
     rows = [
@@ -115,10 +133,25 @@ def main(args: argparse.Namespace) -> int:
         for f in document["sizes"]
     ]
     setup = [{k: v for k, v in document.items() if k not in ("sizes", "note")}]
-    emit(args.json, document, {"EOE benchmark (medians)": rows, "setup": setup})
+    from tangram.exec.eoe.bench_hf import table
+
+    setup = [{k: v for k, v in setup[0].items() if k != "models"}]
+    tables = {"EOE benchmark (medians)": rows, "setup": setup}
+    if document["models"]:
+        tables["model directories, whole and split by layers (medians)"] = table(document["models"])
+    emit(args.json, document, tables)
     if not args.json:
         print(f"\n{document['note']}")
     return 0
+
+
+def _names(text: str | None) -> tuple[str, ...] | None:
+    """A comma-separated list of names ('none': empty; None: the defaults)."""
+    if text is None:
+        return None
+    if text.strip() == "none":
+        return ()
+    return tuple(s.strip() for s in text.split(",") if s.strip())
 
 
 def _median(values: list[float]) -> float:
@@ -224,6 +257,26 @@ def run(config: BenchConfig) -> dict[str, Any]:
     backend = resolve_backend(EoeConfig(backend=config.backend))
     sizes = config.sizes or (DEFAULT_SIZES_CUDA if backend == "cuda" else DEFAULT_SIZES_CPU)
     figures = [asdict(_measure_size(size, config, backend)) for size in sizes]
+    from tangram.exec.eoe.bench_hf import DEFAULT_MODELS_CPU, DEFAULT_MODELS_CUDA, measure_model
+
+    models = config.models
+    if models is None:
+        models = DEFAULT_MODELS_CUDA if backend == "cuda" else DEFAULT_MODELS_CPU
+    if backend == "cuda" and torch.cuda.device_count() < config.shards:
+        models = ()  # a split cell needs that many GPUs
+    model_figures = [
+        asdict(
+            measure_model(
+                m,
+                shards=config.shards,
+                reps=config.reps,
+                batch=config.batch,
+                seq_len=config.seq_len,
+                backend=backend,
+            )
+        )
+        for m in models
+    ]
     if backend == "cuda":
         device_name = torch.cuda.get_device_name(0)
         note = (
@@ -253,4 +306,6 @@ def run(config: BenchConfig) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "note": note,
         "sizes": figures,
+        "shards": config.shards,
+        "models": model_figures,
     }
