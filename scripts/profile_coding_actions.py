@@ -1,0 +1,637 @@
+#!/usr/bin/env python3
+"""Profile typical coding-agent actions at 1..N cores and fit each one's Amdahl serial fraction.
+
+Each action kind (a ``pytest -n`` suite, ``python -m compileall``, ``grep -r``, ``pip install``
+from a local wheel directory, a ``make -j`` C build) runs in the ``tangram-profile`` sandbox
+image (``scripts/ensure-profile-image.sh``) through ``tangram profile-cpu``'s own function
+(``tangram.exec.aoe.profile.profile_command``: one container, the action granted 1..N cores,
+``--repeat`` timed runs per core count after ``--warmup`` untimed ones). The whole set is run
+``--rounds`` times, the kinds in a seeded order each round, so a burst of load from other work
+on the machine lands on one round, not on one kind. While it runs, a sampler reads
+``/proc/stat`` (runnable threads, per-core busy time) and ``/proc/loadavg``; a run during which
+the machine had more runnable threads than cores (the sampler's own left out) is flagged
+disturbed, since then some thread, maybe the action's, waited for a core; the pooled fit uses
+the undisturbed runs when each core count has at least three.
+
+Per kind the document gives the raw run times per core count and round, each round's fit, the
+pooled fit (median of the pooled runs per core count, ``tangram.core.curves.fit_amdahl``), its
+relative RMS error, the spread of the serial fraction (across rounds, and a seeded bootstrap
+over runs), and suggested Beta(alpha, beta) for the coding workload's ``env_serial_*`` and
+``reward_serial_*`` (``docs/profiles.md`` says how). With two core counts the fit is exactly
+determined: the error is 0 by construction and the repeats alone measure the uncertainty.
+
+Usage: scripts/profile_coding_actions.py [--rounds 3] [--repeat 3] [--json] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tangram.core.curves import fit_amdahl  # noqa: E402
+
+IMAGE = "tangram-profile"
+OUT_DIR = ROOT / "experiments" / "results" / "profiles"
+PIP = "/opt/profile/wheels/pip-26.3-py3-none-any.whl/pip"
+#: The env-action mix of the suggested Beta: grep stands for every serial command (file reads,
+#: searches, listings, edits, one-off scripts: all 33 commands of the real agent traces in
+#: shared/real-traces), the rest for the heavy, parallel kinds (builds, test runs, installs).
+ENV_WEIGHTS: Mapping[str, float] = {
+    "grep": 0.8,
+    "pytest": 0.05,
+    "compileall": 0.05,
+    "pip-install": 0.05,
+    "make": 0.05,
+}
+
+
+@dataclass(frozen=True)
+class ActionKind:
+    """One coding-agent action: a shell command run in the sandbox, and its workload role."""
+
+    name: str
+    role: str  # "env" (an agent command) or "reward" (the test suite)
+    command: str
+    what: str
+
+
+# Every command copies what it writes into /work (the image is read-only) on its first run,
+# which is a warm-up run, so the timed runs do the action's work alone.
+ACTIONS: Mapping[str, ActionKind] = {
+    a.name: a
+    for a in (
+        ActionKind(
+            "pytest",
+            "reward",
+            "[ -d /work/suite ] || cp -r /opt/profile/suite /work/suite; cd /work/suite && "
+            "CI=1 PYTHONPATH=/opt/profile/site python3 -m pytest -q -p no:cacheprovider "
+            "-n $TANGRAM_CORES tests/core >/dev/null",
+            "pytest -n <cores> (pytest-xdist) of Tangram's tests/core: 117 tests, hypothesis "
+            "derandomized",
+        ),
+        ActionKind(
+            "compileall",
+            "env",
+            "[ -d /work/pkgs ] || cp -r /opt/profile/site /work/pkgs; "
+            "python3 -m compileall -q -f -j $TANGRAM_CORES /work/pkgs >/dev/null",
+            "python -m compileall -f -j <cores> of numpy, scipy, hypothesis, pytest (2,069 files)",
+        ),
+        ActionKind(
+            "grep",
+            "env",
+            "grep -rnI 'def \\|import' /usr /opt/profile | wc -l >/dev/null",
+            "grep -r over /usr and /opt/profile (~100k matching lines); grep has no -j",
+        ),
+        ActionKind(
+            "pip-install",
+            "env",
+            f"rm -rf /work/venv; python3 {PIP} install -q --no-index --no-cache-dir "
+            "--disable-pip-version-check --find-links /opt/profile/wheels --target /work/venv "
+            "pytest pytest-xdist hypothesis numpy",
+            "pip install --no-index from a local wheel directory (10 wheels with numpy); pip has "
+            "no -j",
+        ),
+        ActionKind(
+            "make",
+            "env",
+            "[ -d /work/lua ] || cp -r /opt/profile/lua /work/lua; cd /work/lua/src && "
+            "make -s clean && make -s -j$TANGRAM_CORES linux >/dev/null 2>&1",
+            "make clean && make -j <cores> of Lua 5.4 (Debian's source: 33 C files, gcc -O2)",
+        ),
+    )
+}
+
+
+# --- fitting and aggregation (pure: tests/scripts/test_profile_coding_actions.py) -------------
+
+
+def fit_points(points: Mapping[int, Sequence[float]]) -> dict[str, float]:
+    """Amdahl fit of the median run per core count: serial fraction, one-core time, error."""
+    fit = fit_amdahl([(m, statistics.median(runs)) for m, runs in points.items()])
+    return {
+        "serial_fraction": fit.curve.serial_fraction,
+        "t1_s": fit.curve.t1_seconds,
+        "rel_rms_error": fit.rel_rms_error,
+    }
+
+
+def pool_runs(
+    rounds: Sequence[Mapping[int, Sequence[tuple[float, bool]]]], *, min_clean: int = 3
+) -> tuple[dict[int, list[float]], bool]:
+    """All rounds' runs per core count, given as (seconds, disturbed): the undisturbed ones, or
+    every run when some core count has fewer than ``min_clean`` undisturbed runs (then the
+    second value, ``clean``, is False)."""
+    if not rounds:
+        raise ValueError("no rounds to pool")
+    clean: dict[int, list[float]] = {}
+    every: dict[int, list[float]] = {}
+    for r in rounds:
+        for m, runs in r.items():
+            every.setdefault(m, []).extend(t for t, _ in runs)
+            clean.setdefault(m, []).extend(t for t, bad in runs if not bad)
+    if all(len(runs) >= min_clean for runs in clean.values()):
+        return dict(sorted(clean.items())), True
+    return dict(sorted(every.items())), False
+
+
+def bootstrap_serial_fraction(
+    points: Mapping[int, Sequence[float]], *, samples: int, seed: int
+) -> list[float]:
+    """Serial fractions fitted to ``samples`` resamplings (with replacement, per core count) of
+    the runs: the spread the repeats allow, seeded."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(samples):
+        resampled = {m: rng.choices(list(runs), k=len(runs)) for m, runs in points.items()}
+        out.append(fit_points(resampled)["serial_fraction"])
+    return out
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) of ``values``, linear between order statistics."""
+    if not values:
+        raise ValueError("percentile of no values")
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def two_point_serial_fraction(t1: float, t2: float) -> float:
+    """Amdahl's serial fraction from one- and two-core times: s = 2 * t2 / t1 - 1, in [0, 1]."""
+    return min(1.0, max(0.0, 2.0 * t2 / t1 - 1.0))
+
+
+def beta_from_moments(mean: float, var: float) -> tuple[float, float]:
+    """Beta(alpha, beta) with this mean and variance (method of moments)."""
+    if not 0.0 < mean < 1.0:
+        raise ValueError(f"a Beta's mean lies in (0, 1), got {mean}")
+    if not 0.0 < var < mean * (1.0 - mean):
+        raise ValueError(f"a Beta with mean {mean} needs 0 < variance < {mean * (1 - mean)}")
+    k = mean * (1.0 - mean) / var - 1.0
+    return mean * k, (1.0 - mean) * k
+
+
+def mixture_moments(components: Sequence[tuple[float, float, float]]) -> tuple[float, float]:
+    """Mean and variance of a mixture of (weight, mean, variance) components (weights normed)."""
+    total = sum(w for w, _, _ in components)
+    if total <= 0 or any(w < 0 for w, _, _ in components):
+        raise ValueError("mixture weights must be >= 0 with a positive sum")
+    mean = sum(w * m for w, m, _ in components) / total
+    second = sum(w * (v + m * m) for w, m, v in components) / total
+    return mean, max(0.0, second - mean * mean)
+
+
+def clamp_open(x: float, eps: float = 1e-3) -> float:
+    """``x`` moved into [eps, 1 - eps], so a fraction measured as 0 or 1 can be a Beta's mean."""
+    return min(1.0 - eps, max(eps, x))
+
+
+def suggest_betas(
+    kinds: Mapping[str, Mapping[str, Any]],
+    env_weights: Mapping[str, float],
+    reward_concentration: float,
+) -> dict[str, Any]:
+    """Beta(alpha, beta) for env actions (a weighted mixture of the env kinds' fitted fractions,
+    each with its bootstrap variance) and for the reward (the test suite's fitted fraction as
+    the mean, ``reward_concentration`` = alpha + beta for the spread across suites, which one
+    suite cannot measure)."""
+    comps, used = [], {}
+    for name, w in env_weights.items():
+        if w <= 0 or name not in kinds:
+            continue
+        sf = kinds[name]["serial_fraction"]
+        comps.append((w, clamp_open(sf["fit"]), sf["bootstrap_sd"] ** 2))
+        used[name] = w
+    out: dict[str, Any] = {}
+    if comps:
+        mean, var = mixture_moments(comps)
+        var = min(max(var, 1e-6), 0.999 * mean * (1 - mean))
+        a, b = beta_from_moments(mean, var)
+        out["env"] = {"weights": used, "mean": mean, "sd": math.sqrt(var), "alpha": a, "beta": b}
+    rewards = [k for k in kinds.values() if k["role"] == "reward"]
+    if rewards:
+        mean = clamp_open(statistics.mean(k["serial_fraction"]["fit"] for k in rewards))
+        out["reward"] = {
+            "kinds": [k["name"] for k in rewards],
+            "mean": mean,
+            "concentration": reward_concentration,
+            "alpha": mean * reward_concentration,
+            "beta": (1 - mean) * reward_concentration,
+        }
+    return out
+
+
+def summarize_kind(
+    kind: ActionKind,
+    rounds: Sequence[Mapping[str, Any]],
+    *,
+    bootstrap: int,
+    seed: int,
+) -> dict[str, Any]:
+    """One kind's pooled points, pooled fit, per-round fits and the serial fraction's spread."""
+    runs_by_round = [
+        {p["cores"]: list(zip(p["runs"], p["disturbed"], strict=True)) for p in r["points"]}
+        for r in rounds
+    ]
+    pooled, clean = pool_runs(runs_by_round)
+    fit = fit_points(pooled)
+    fit_min = fit_amdahl([(m, min(runs)) for m, runs in pooled.items()])
+    boot = bootstrap_serial_fraction(pooled, samples=bootstrap, seed=seed)
+    per_round = [r["fit"]["serial_fraction"] for r in rounds]
+    return {
+        "name": kind.name,
+        "role": kind.role,
+        "what": kind.what,
+        "command": kind.command,
+        "runs_disturbed": sum(sum(p["disturbed"]) for r in rounds for p in r["points"]),
+        "runs_total": sum(len(p["runs"]) for r in rounds for p in r["points"]),
+        "pooled_clean_only": clean,
+        "points": [
+            {
+                "cores": m,
+                "runs": len(runs),
+                "median_s": statistics.median(runs),
+                "min_s": min(runs),
+                "max_s": max(runs),
+                "speedup": statistics.median(pooled[min(pooled)]) / statistics.median(runs),
+            }
+            for m, runs in pooled.items()
+        ],
+        "fit": fit,
+        "fit_of_minima": {
+            "serial_fraction": fit_min.curve.serial_fraction,
+            "t1_s": fit_min.curve.t1_seconds,
+            "rel_rms_error": fit_min.rel_rms_error,
+        },
+        "two_core_counts": len(pooled) == 2,
+        "serial_fraction": {
+            "fit": fit["serial_fraction"],
+            "rounds": per_round,
+            "rounds_min": min(per_round),
+            "rounds_max": max(per_round),
+            "bootstrap_p05": percentile(boot, 5),
+            "bootstrap_p95": percentile(boot, 95),
+            "bootstrap_sd": statistics.pstdev(boot),
+        },
+    }
+
+
+# --- measuring ------------------------------------------------------------------------------
+
+
+def _read_stat() -> tuple[int, list[tuple[int, int]]]:
+    """Runnable threads now, and (busy, total) jiffies per core, from /proc/stat."""
+    running, cores = 0, []
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("cpu") and line[3:4].isdigit():
+            v = [int(x) for x in line.split()[1:]]
+            idle = v[3] + v[4]
+            cores.append((sum(v) - idle, sum(v)))
+        elif line.startswith("procs_running"):
+            running = int(line.split()[1])
+    return running, cores
+
+
+class LoadSampler:
+    """Samples the machine's load every ``interval_s`` on a thread: runnable threads, per-core
+    busy jiffies, 1-minute load average; ``window`` summarises a time span."""
+
+    def __init__(self, interval_s: float = 0.2) -> None:
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, int, list[tuple[int, int]], float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="load-sampler", daemon=True)
+
+    def __enter__(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            running, cores = _read_stat()
+            load1 = float(Path("/proc/loadavg").read_text().split()[0])
+            self.samples.append((time.monotonic(), running, cores, load1))
+            self._stop.wait(self.interval_s)
+
+    def window(self, start: float, end: float, cores: Sequence[int]) -> dict[str, Any]:
+        """Load between monotonic ``start`` and ``end``: mean runnable threads (less the
+        sampler), how many exceeded the machine's cores (``oversubscribed``), busy share of the
+        granted ``cores`` and of the machine, 1-minute load average at both ends."""
+        inside = [s for s in self.samples if start <= s[0] <= end]
+        before = [s for s in self.samples if s[0] <= start][-1:] or inside[:1]
+        after = [s for s in self.samples if s[0] >= end][:1] or inside[-1:]
+        if not before or not after:
+            return {"samples": 0}
+        around = inside or before + after
+        running = statistics.mean(s[1] for s in around) - 1.0
+        first, last = before[0], after[0]
+        ncpu = len(first[2])
+
+        def busy(ids: Sequence[int]) -> float:
+            d_busy = sum(last[2][i][0] - first[2][i][0] for i in ids)
+            d_total = sum(last[2][i][1] - first[2][i][1] for i in ids)
+            return d_busy / d_total if d_total else float("nan")
+
+        return {
+            "samples": len(inside),
+            "running": running,
+            "oversubscribed": max(0.0, running - ncpu),
+            "load1_start": first[3],
+            "load1_end": last[3],
+            "granted_busy": busy(cores),
+            "machine_busy": busy(range(ncpu)),
+        }
+
+
+def machine_info() -> dict[str, Any]:
+    """The machine and software a profile was taken on."""
+
+    def sh(cmd: list[str]) -> str:
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    return {
+        "cpu_model": model,
+        "cpus": os.cpu_count(),
+        "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "kernel": platform.release(),
+        "docker": sh(["docker", "version", "--format", "{{.Server.Version}}"]),
+        "image_id": sh(["docker", "image", "inspect", "-f", "{{.Id}}", IMAGE]),
+        "tangram_commit": sh(["git", "-C", str(ROOT), "rev-parse", "HEAD"]),
+    }
+
+
+def measure(args: argparse.Namespace, kinds: Sequence[ActionKind]) -> dict[str, Any]:
+    """Run every kind ``args.rounds`` times through profile_command; raw rounds per kind."""
+    from tqdm import tqdm
+
+    from tangram.exec.aoe.config import AoeConfig, SandboxConfig
+    from tangram.exec.aoe.manager import AoeManager
+    from tangram.exec.aoe.profile import profile_command
+    from tangram.exec.aoe.topology import choose_cores
+
+    rng = random.Random(args.seed)
+    raw: dict[str, list[dict[str, Any]]] = {k.name: [] for k in kinds}
+    config = AoeConfig(image=args.image, sandbox=SandboxConfig(work_size_mb=args.work_mb))
+    with AoeManager(config) as manager, LoadSampler() as sampler:
+        top = args.max_cores or len(manager.topology.cores)
+        total = args.rounds * len(kinds) * top * args.repeat
+        bar = tqdm(total=total, unit="run", file=sys.stderr, disable=args.no_progress)
+        for rnd in range(args.rounds):
+            order = list(kinds)
+            rng.shuffle(order)
+            for kind in order:
+                bar.set_description(f"round {rnd + 1}/{args.rounds} {kind.name}")
+                ends: dict[int, list[tuple[float, float]]] = {}
+
+                def progress(m: int, i: int, exec_s: float, ends: dict = ends) -> None:
+                    ends.setdefault(m, []).append((time.monotonic(), exec_s))
+                    bar.update(1)
+
+                started = datetime.now(UTC).isoformat(timespec="seconds")
+                profile = profile_command(
+                    manager,
+                    kind.command,
+                    max_cores=top,
+                    repeat=args.repeat,
+                    warmup=args.warmup,
+                    timeout_s=args.timeout,
+                    memory_gb=args.memory_gb,
+                    progress=progress,
+                )
+                points = []
+                for p in profile.points:
+                    granted = choose_cores(manager.topology, manager.topology.cores, p.cores)
+                    loads = [sampler.window(end - t, end, granted) for end, t in ends[p.cores]]
+                    points.append(
+                        {
+                            "cores": p.cores,
+                            "runs": list(p.runs),
+                            "median_s": p.median_s,
+                            "load": loads,
+                            "disturbed": [
+                                w.get("oversubscribed", 0.0) > args.disturbed_above for w in loads
+                            ],
+                        }
+                    )
+                raw[kind.name].append(
+                    {
+                        "round": rnd,
+                        "started_utc": started,
+                        "points": points,
+                        "fit": {
+                            "serial_fraction": profile.fit.curve.serial_fraction,
+                            "t1_s": profile.fit.curve.t1_seconds,
+                            "rel_rms_error": profile.fit.rel_rms_error,
+                        },
+                    }
+                )
+        bar.close()
+    return raw
+
+
+def parse_weights(text: str) -> dict[str, float]:
+    """``name=w,name=w`` into a dict, naming a malformed entry or an unknown kind."""
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        if not sep or name not in ACTIONS:
+            raise argparse.ArgumentTypeError(
+                f"bad weight {part!r}: expected KIND=WEIGHT, KIND one of {sorted(ACTIONS)}"
+            )
+        try:
+            out[name] = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"weight of {name!r} is not a number: {value!r}"
+            ) from None
+        if out[name] < 0:
+            raise argparse.ArgumentTypeError(f"weight of {name!r} must be >= 0, got {value}")
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--actions", default=",".join(ACTIONS), help="kinds to profile, comma-separated")
+    p.add_argument("--rounds", type=int, default=3, help="times the whole set runs (default 3)")
+    p.add_argument("--repeat", type=int, default=3, help="timed runs per core count and round")
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs per core count and round")
+    p.add_argument("--max-cores", type=int, default=None, help="largest core count (default all)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
+    p.add_argument("--memory-gb", type=float, default=3.0, help="container memory (default 3)")
+    p.add_argument("--work-mb", type=int, default=1536, help="/work tmpfs size (default 1536)")
+    p.add_argument("--image", default=IMAGE, help=f"sandbox image (default {IMAGE})")
+    p.add_argument("--seed", type=int, default=0, help="round order and bootstrap seed")
+    p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamplings")
+    p.add_argument(
+        "--disturbed-above",
+        type=float,
+        default=0.5,
+        help="flag a run during which runnable threads exceeded the cores by more than this "
+        "on average (default 0.5)",
+    )
+    p.add_argument(
+        "--env-weights",
+        type=parse_weights,
+        default=ENV_WEIGHTS,
+        help="env-action mix for the suggested Beta, KIND=W,... (default: "
+        + ",".join(f"{k}={v}" for k, v in ENV_WEIGHTS.items())
+        + "; docs/profiles.md says why)",
+    )
+    p.add_argument(
+        "--reward-concentration",
+        type=float,
+        default=7.0,
+        help="alpha + beta of the reward's Beta (default 7, the spread of the old Beta(1, 6))",
+    )
+    p.add_argument("--out", type=Path, default=OUT_DIR, help=f"directory (default {OUT_DIR})")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the document as JSON")
+    p.add_argument(
+        "--from-raw",
+        type=Path,
+        default=None,
+        help="re-aggregate a saved document's raw rounds instead of measuring",
+    )
+    return p
+
+
+def aggregate(args: argparse.Namespace, raw: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict:
+    """Each kind's summary and the suggested Betas from the raw rounds."""
+    kinds = {
+        name: summarize_kind(ACTIONS[name], rounds, bootstrap=args.bootstrap, seed=args.seed)
+        for name, rounds in raw.items()
+    }
+    return {
+        "kinds": kinds,
+        "suggested_beta": suggest_betas(kinds, args.env_weights, args.reward_concentration),
+    }
+
+
+def table(doc: Mapping[str, Any]) -> str:
+    """The kinds' serial fractions as an aligned plain-text table."""
+    from tangram.report import format_table
+
+    rows = []
+    for k in doc["kinds"].values():
+        sf, pts = k["serial_fraction"], {p["cores"]: p for p in k["points"]}
+        rows.append(
+            {
+                "kind": k["name"],
+                "role": k["role"],
+                "t1_s": pts[1]["median_s"],
+                "speedup@max": k["points"][-1]["speedup"],
+                "s": sf["fit"],
+                "s_p05": sf["bootstrap_p05"],
+                "s_p95": sf["bootstrap_p95"],
+                "rounds_min": sf["rounds_min"],
+                "rounds_max": sf["rounds_max"],
+                "rms_err": k["fit"]["rel_rms_error"],
+                "s_of_min": k["fit_of_minima"]["serial_fraction"],
+                "disturbed": f"{k['runs_disturbed']}/{k['runs_total']}",
+                "pooled": "clean" if k["pooled_clean_only"] else "all",
+            }
+        )
+    lines = [format_table(rows)]
+    for role, b in doc["suggested_beta"].items():
+        lines.append(f"{role}: Beta({b['alpha']:.2f}, {b['beta']:.2f}) (mean {b['mean']:.3f})")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    names = [n.strip() for n in args.actions.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ACTIONS]
+    if unknown:
+        print(f"unknown action kind(s) {unknown}; known: {sorted(ACTIONS)}", file=sys.stderr)
+        return 2
+    if args.rounds < 1 or args.repeat < 1 or args.warmup < 1:
+        print(
+            "--rounds and --repeat must be >= 1, --warmup >= 1 (it copies inputs)", file=sys.stderr
+        )
+        return 2
+    if args.from_raw:
+        saved = json.loads(args.from_raw.read_text())
+        doc = {k: v for k, v in saved.items() if k not in ("kinds", "suggested_beta")}
+        doc.update(aggregate(args, saved["raw"]))
+    else:
+        subprocess.run([str(ROOT / "scripts" / "ensure-profile-image.sh")], check=True)
+        started = datetime.now(UTC)
+        load_before = Path("/proc/loadavg").read_text().split()[:3]
+        t0 = time.monotonic()
+        raw = measure(args, [ACTIONS[n] for n in names])
+        doc = {
+            "date_utc": started.isoformat(timespec="seconds"),
+            "duration_s": round(time.monotonic() - t0, 1),
+            "machine": machine_info(),
+            "loadavg_before": [float(x) for x in load_before],
+            "loadavg_after": [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]],
+            "settings": {
+                k: getattr(args, k)
+                for k in (
+                    "rounds",
+                    "repeat",
+                    "warmup",
+                    "max_cores",
+                    "seed",
+                    "bootstrap",
+                    "disturbed_above",
+                    "memory_gb",
+                    "image",
+                )
+            },
+            "equivalent_cli": {
+                n: f"tangram profile-cpu --image {args.image} --repeat {args.repeat} "
+                f"--warmup {args.warmup} -- {json.dumps(ACTIONS[n].command)}"
+                for n in names
+            },
+            "raw": raw,
+        }
+        doc.update(aggregate(args, raw))
+        args.out.mkdir(parents=True, exist_ok=True)
+        stamp = started.strftime("%Y%m%dT%H%MZ")
+        path = args.out / f"coding_actions.{stamp}.json"
+        path.write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {path}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(doc, indent=1))
+    else:
+        print(table(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
