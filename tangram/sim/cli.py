@@ -187,7 +187,7 @@ def configure(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     for s in all_settings(args):
         head = s.name.split(".", 1)[0]
         (mine[head] if head in groups and "." in s.name else workload).append(s)
-    built = {g: build(tp, mine[g], g, prefix=f"{g}.", also=also) for g, tp in groups.items()}
+    built = {g: build(tp, mine[g], g, prefix=f"{g}.") for g, tp in groups.items()}
     if not args.workload:
         if workload:
             raise OverrideError(

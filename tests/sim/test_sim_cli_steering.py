@@ -305,6 +305,10 @@ def test_a_run_where_every_action_is_rejected_ends_with_a_clear_message(tmp_path
     assert "GPU action but the cluster has no GPU node" in err
     assert "3 of 3 actions rejected" in out
     assert "0.00x" not in out and "inf" not in out and "nan" not in out
+    # With --json the document still comes (every action counted as rejected), then the message.
+    code, out, err = sim(capsys, "--trace", str(path), "--gpus", "0", "--json")
+    assert code == 1 and "every action was rejected" in err
+    assert [(r["actions"], r["rejected"]) for r in json.loads(out)["results"]] == [(3, 3)] * 2
 
 
 def test_every_rejected_action_is_counted_and_act_is_over_the_actions_that_ran(capsys):
