@@ -3,8 +3,9 @@
 
 It is pinned to its node (``NodeAffinitySchedulingStrategy``, not soft) and holds no Ray CPUs:
 Tangram accounts for the cores it grants itself (Ray cannot resize an actor's CPUs). It is
-created by the scheduler actor, which owns it: if the scheduler actor dies, Ray kills its
-agents, and each agent's AOE watchdog (``tangram.exec.aoe.reaper``) removes its containers.
+created by the scheduler actor and watches it: when the scheduler actor dies, the agent
+removes its containers and exits (and if the agent's own process dies, its AOE watchdog,
+``tangram.exec.aoe.reaper``, removes them).
 Core numbers in calls are the node's (0..n-1, the scheduler's numbering); the adapter maps
 them to host cores.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,6 +22,9 @@ from tangram.exec.ray.nodes import NodeReport, core_domains, gpu_plan, memory_gb
 from tangram.exec.runtime.result import ExecResult
 
 log = logging.getLogger(__name__)
+
+#: How often an agent checks that its scheduler actor is alive.
+WATCH_EVERY_S = 1.0
 
 
 class NodeAgent:
@@ -38,6 +43,7 @@ class NodeAgent:
         self.report = NodeReport(ray_node, node_name(ray_node, labels), domains, memory, gpus)
         self.cpu: Any = None
         self.gpu: Any = None
+        self._watch: asyncio.Task[None] | None = None
         cpu_spec, gpu_spec = self.report.cpu_spec(), self.report.gpu_spec()
         if cpu_spec is not None:
             from tangram.exec.aoe import AoeConfig, AoeManager
@@ -66,11 +72,34 @@ class NodeAgent:
 
     # -- what the scheduler asks --------------------------------------------------------------
 
-    def describe(self) -> NodeReport:
+    async def describe(self, scheduler: Any = None) -> NodeReport:
+        """This node's report; from then on the agent watches ``scheduler`` (its owner)."""
+        if scheduler is not None and self._watch is None:
+            self._watch = asyncio.get_running_loop().create_task(self._watch_owner(scheduler))
         return self.report
+
+    async def _watch_owner(self, scheduler: Any) -> None:
+        """When the scheduler actor is gone (Ray says it died), remove this node's containers
+        and exit: a scheduler that restarts makes new agents, so nothing is left behind."""
+        import ray
+
+        while True:
+            await asyncio.sleep(WATCH_EVERY_S)
+            try:
+                await asyncio.wait_for(scheduler.alive.remote(), WATCH_EVERY_S * 10)
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError):
+                log.warning("the scheduler actor is gone: node %s shuts down", self.report.name)
+                await self.shutdown()
+                os._exit(0)
+            except Exception:  # noqa: BLE001 - busy or slow: ask again
+                continue
 
     async def ping(self) -> str:
         return self.report.name
+
+    def pid(self) -> int:
+        """This agent's process id (fault tests kill it)."""
+        return os.getpid()
 
     def catalog(self) -> dict[str, tuple[tuple[int, ...], float]]:
         """The GPU services here: name -> (DoPs, resident GB per GPU)."""

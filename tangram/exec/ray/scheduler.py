@@ -3,7 +3,8 @@
 It runs the same ``Runtime`` as ``tangram serve`` (the ``Scheduler`` and its policy through
 ``DriverLoop`` and ``LiveHost``; admission, idempotent ids, outcomes, trace), with executors
 that send each start to the node agent of the node the core chose (``executors``). One
-``NodeAgent`` per Ray node, created pinned to its node, owned by this actor. Optionally it
+``NodeAgent`` per Ray node, created pinned to its node (detached: each watches this actor
+and removes its containers when it is gone). Optionally it
 serves the HTTP API itself (``RayConfig.http``), so ``/v1/...`` and ``/run_code`` reach the
 runtime with no extra hop; frameworks on Ray call its methods instead (``client``).
 
@@ -140,10 +141,15 @@ class SchedulerActor:
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
                 name=f"tangram-agent-{node_name(node['NodeID'], labels)}-{time.time_ns()}",
                 namespace=self.config.namespace,
+                # Not owned by this actor: Ray would kill an owned agent with it, AOE's
+                # watchdog process too, and leave its containers. A detached agent outlives
+                # this actor, sees it gone (``NodeAgent._watch_owner``), removes them, exits.
+                lifetime="detached",
             ).remote(node["NodeID"], labels, node["Resources"].get("memory", 0.0), settings)
             handles.append(handle)
+        me = ray.get_runtime_context().current_actor
         reports = await asyncio.wait_for(
-            asyncio.gather(*(h.describe.remote() for h in handles)), AGENT_START_S
+            asyncio.gather(*(h.describe.remote(me) for h in handles)), AGENT_START_S
         )
         now = time.monotonic()
         out = []
@@ -163,10 +169,18 @@ class SchedulerActor:
             await self.runtime.close()
         if self.runner is not None:
             await self.runner.cleanup()
+        import ray
+
         for member in self.fleet.members():
             if member.alive:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(member.handle.shutdown.remote(), 60.0)
+                with contextlib.suppress(Exception):
+                    ray.kill(member.handle)
+
+    async def alive(self) -> bool:
+        """The agents' check that their scheduler still runs."""
+        return True
 
     def info(self) -> dict[str, Any]:
         rt = self._rt()
@@ -205,6 +219,9 @@ class SchedulerActor:
             if member.alive and now - member.last_seen > self.config.lost_after_s:
                 silent = now - member.last_seen
                 self.fleet.lose(member.report.name, f"its agent did not answer for {silent:.1f} s")
+        for member in self.fleet.members():
+            if not member.alive:
+                self._fence(member.report.name)  # cells freed since by actions that ended
         nodes = await _all_nodes()
         by_id = {n["NodeID"]: n for n in nodes}
         for member in self.fleet.members():
@@ -232,8 +249,9 @@ class SchedulerActor:
         report = reports[0]
         if report.cpu_spec() != old.report.cpu_spec() or report.gpu_spec() != old.report.gpu_spec():
             log.warning("node %s came back with another shape; used as before", report.name)
-        for fence in self.fences.pop(report.name, []):
-            rt.host.close_trajectory(fence)
+        self._unfence(report.name)
+        if isinstance(rt.gpu, RayGpuExecutor):
+            rt.gpu.report(report.name, {})  # a new agent: nothing resident yet
         log.warning("node %s joined again (Ray node %s)", report.name, node["NodeID"])
 
     def _lost(self, name: str, why: str) -> None:
@@ -244,9 +262,11 @@ class SchedulerActor:
     async def _evacuate(self, name: str, why: str) -> None:
         """The node is gone: fence its memory, end its trajectories' actions, close them."""
         rt = self._rt()
+        if isinstance(rt.gpu, RayGpuExecutor) and name in rt.gpu.residency:
+            rt.gpu.report(name, {})  # its models went with it
+        self._fence(name)
         if name not in rt.scheduler.state.cpu:
             return
-        self._fence(name)
         info = ErrorInfo(NODE_LOST, f"node {name} was lost ({why}) before the action started", True)
         doomed = [t for t in rt.trajs.by_id.values() if t.node == name]
         for traj in doomed:
@@ -260,16 +280,39 @@ class SchedulerActor:
         self._fence(name)
 
     def _fence(self, name: str) -> None:
-        """Hold the node's free container memory in the core, so nothing is placed there."""
+        """Hold a lost node's free capacity in the core, so nothing is placed there: its free
+        container memory (a trajectory that holds it) and its free GPUs (held by a fence;
+        a cell a running action holds is fenced when it ends: the watch calls this again)."""
         rt = self._rt()
-        free = rt.scheduler.state.cpu[name].memory_free_gb
-        if free <= 1e-9:
+        state = rt.scheduler.state
+        holder = f"~lost~{name}"
+        gpus = state.gpu.get(name)
+        if gpus is not None:
+            for g, owner in enumerate(gpus.owner):
+                if owner is None:
+                    gpus.take((g,), holder)
+        cpu = state.cpu.get(name)
+        if cpu is None or cpu.memory_free_gb <= 1e-9:
             return
         self._fence_seq += 1
-        fence = f"~lost~{name}~{self._fence_seq}"
-        placed = rt.scheduler.open_trajectory(fence, rt.host.now(), memory_gb=free, node=name)
+        fence = f"{holder}~{self._fence_seq}"
+        placed = rt.scheduler.open_trajectory(
+            fence, rt.host.now(), memory_gb=cpu.memory_free_gb, node=name
+        )
         if placed is not None:
             self.fences.setdefault(name, []).append(fence)
+
+    def _unfence(self, name: str) -> None:
+        """Give a returned node's capacity back to the core."""
+        rt = self._rt()
+        holder = f"~lost~{name}"
+        gpus = rt.scheduler.state.gpu.get(name)
+        if gpus is not None:
+            for g, owner in enumerate(gpus.owner):
+                if owner == holder:
+                    gpus.give((g,), holder)
+        for fence in self.fences.pop(name, []):
+            rt.host.close_trajectory(fence)  # (a pass over the node: CPU work may start)
 
     # ------------------------------------------------------------------ the Ray-native API
     async def open_trajectory(self, body: Mapping[str, Any]) -> dict[str, Any]:

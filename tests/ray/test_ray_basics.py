@@ -1,0 +1,47 @@
+"""The cluster as the scheduler actor sees it, and one action of each kind over HTTP and over
+the Ray-native client, on the node the core chose and its share of this machine's cores."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tangram.exec.ray import RayClient
+from tangram.exec.service import Client
+
+#: Host cores of each CPU node's containers (its ``tangram-cores`` label, in conftest).
+HOST_CORES = {"w1": "0", "w2": "1"}
+
+
+def test_the_cluster_spec_comes_from_the_ray_nodes(ray_cluster: Any) -> None:
+    status = RayClient(ray_cluster.handle).status()
+    nodes = status["nodes"]
+    assert {n: (d["cores"], d["gpus"]) for n, d in nodes.items()} == {
+        "head": (0, 2),
+        "w1": (1, 2),
+        "w2": (1, 2),
+    }
+    assert ray_cluster.info["cpu_nodes"] == ["w1", "w2"]
+    assert ray_cluster.info["gpu_nodes"] == ["head", "w1", "w2"]
+
+
+def test_each_kind_runs_on_its_node_over_http_and_ray(ray_cluster: Any) -> None:
+    show = "echo hi; grep Cpus_allowed_list /proc/self/status | cut -f2"
+    with Client(ray_cluster.info["url"]) as c:
+        a = c.open_trajectory("basic-a", memory_gb=1)
+        b = c.open_trajectory("basic-b", memory_gb=1)
+        assert {a["node"], b["node"]} == {"w1", "w2"}  # spread: the roomiest node first
+        out = c.run(command=show, trajectory="basic-a")
+        assert out.ok and out.node == a["node"]
+        assert out.value.stdout == f"hi\n{HOST_CORES[a['node']]}\n"
+        gpu = c.run(service="reward", inputs=[[1, 2, 3]])
+        assert gpu.ok and gpu.node in {"head", "w1", "w2"} and len(gpu.gpus) == 1
+        api = c.run(endpoint="echo", payload={"x": 1})
+        assert api.ok and api.value == {"x": 1}
+    r = RayClient(ray_cluster.handle)
+    out = r.run(command=show, trajectory="basic-b")
+    assert out.ok and out.node == b["node"]
+    assert out.value.stdout == f"hi\n{HOST_CORES[b['node']]}\n"
+    same = r.run(id="basic-x", endpoint="echo", payload=[1])
+    assert r.run(id="basic-x", endpoint="echo", payload=[1]) == same  # one action, one outcome
+    for t in ("basic-a", "basic-b"):
+        r.close_trajectory(t)
