@@ -2,7 +2,11 @@
 # EOE on a real GPU: run the EOE tests against CUDA and the benchmark, and print the figures.
 #
 #   bash experiments/gpu_eoe_check.sh            # from the repository root, on a GPU machine
-#   PYTHON=/path/to/python SIZES=small,large REPS=5 bash experiments/gpu_eoe_check.sh
+#   PYTHON=/path/to/python SIZES=small,large MODELS=hf-small REPS=5 bash experiments/gpu_eoe_check.sh
+#
+# Also runs the model-directory and sharded-cell tests on CUDA (tests/exec/test_eoe_hf.py: the
+# 2-GPU ones skip on a 1-GPU machine, saying so), and benchmarks directory-loaded models
+# ($MODELS): whole on one GPU and, with 2+ GPUs, split by layers over 2.
 #
 # Needs: an NVIDIA GPU, a CUDA build of torch (torch==2.13.0 as pinned), pynvml, and for the
 # tests pytest + hypothesis. Results go to $OUT (the device tool's output folder) or
@@ -14,6 +18,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT_DIR="${OUT:-experiments/out}"
 SIZES="${SIZES:-small,medium,large,xl-bf16}"
 REPS="${REPS:-5}"
+MODELS="${MODELS:-hf-small,hf-medium}"
 TEST_TIMEOUT="${TEST_TIMEOUT:-300}"
 BENCH_TIMEOUT="${BENCH_TIMEOUT:-400}"
 
@@ -54,7 +59,8 @@ if "$PY" -c 'import pytest, hypothesis' 2>/dev/null; then
   TANGRAM_EOE_BACKEND=cuda EOE_PROPERTY_EXAMPLES="${EOE_PROPERTY_EXAMPLES:-25}" \
     timeout "$TEST_TIMEOUT" "$PY" -m pytest -q -p no:cacheprovider -rs \
     tests/exec/test_eoe_cuda.py tests/exec/test_eoe_manager.py tests/exec/test_eoe_concurrency.py \
-    tests/exec/test_eoe_registry.py 2>&1 | tee "$OUT_DIR/eoe_tests_cuda.txt"
+    tests/exec/test_eoe_registry.py tests/exec/test_eoe_hf.py \
+    2>&1 | tee "$OUT_DIR/eoe_tests_cuda.txt"
   rc=${PIPESTATUS[0]}
   echo "tests exit code: $rc"
   [ "$rc" -eq 0 ] || status=1
@@ -63,8 +69,8 @@ else
   status=1
 fi
 
-echo "== benchmark: tangram bench eoe --backend cuda --sizes $SIZES --reps $REPS"
-timeout "$BENCH_TIMEOUT" "$PY" -m tangram.cli bench eoe --backend cuda --sizes "$SIZES" --reps "$REPS" --json \
+echo "== benchmark: tangram bench eoe --backend cuda --sizes $SIZES --models $MODELS --reps $REPS"
+timeout "$BENCH_TIMEOUT" "$PY" -m tangram.cli bench eoe --backend cuda --sizes "$SIZES" --models "$MODELS" --reps "$REPS" --json \
   > "$OUT_DIR/eoe_bench_cuda.json"
 rc=$?
 if [ "$rc" -ne 0 ]; then
@@ -88,6 +94,10 @@ big = [f for f in doc["sizes"] if f["replica_bytes"] >= 256 * 2**20]
 print(f"restore / plain copy bandwidth: worst {worst:.1f}% over all sizes; "
       + (f"{min(f['restore_pct_of_copy'] for f in big):.1f}% over sizes >= 256 MiB" if big else "no size >= 256 MiB"))
 print("target (>= 80% for large models):", "MET" if big and min(f["restore_pct_of_copy"] for f in big) >= 80 else "NOT MET")
+if doc.get("models"):
+    from tangram.exec.eoe.bench_hf import table
+    print("\nmodel directories, whole and split by layers (medians):")
+    print(format_table(table(doc["models"])))
 PYEOF
 fi
 exit $status

@@ -34,6 +34,10 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def manager(devices: int = 2, mib: int = 64) -> EoeManager:
+    """``devices`` devices of ``mib`` MiB (skips only where CUDA has fewer GPUs than that)."""
+    reason = missing_devices(devices)
+    if reason is not None:
+        pytest.skip(reason)
     return EoeManager(EoeConfig(backend=BACKEND, devices=devices, device_memory_bytes=mib << 20))
 
 

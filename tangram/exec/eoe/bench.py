@@ -262,13 +262,14 @@ def run(config: BenchConfig) -> dict[str, Any]:
     models = config.models
     if models is None:
         models = DEFAULT_MODELS_CUDA if backend == "cuda" else DEFAULT_MODELS_CPU
-    if backend == "cuda" and torch.cuda.device_count() < config.shards:
-        models = ()  # a split cell needs that many GPUs
+    shards = config.shards
+    if backend == "cuda":  # a split cell needs that many GPUs: with fewer, the whole model only
+        shards = min(shards, max(1, torch.cuda.device_count()))
     model_figures = [
         asdict(
             measure_model(
                 m,
-                shards=config.shards,
+                shards=shards,
                 reps=config.reps,
                 batch=config.batch,
                 seq_len=config.seq_len,
@@ -306,6 +307,6 @@ def run(config: BenchConfig) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "note": note,
         "sizes": figures,
-        "shards": config.shards,
+        "shards": shards,
         "models": model_figures,
     }
