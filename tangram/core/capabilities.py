@@ -35,6 +35,8 @@ class Capabilities:
     queue_driven: bool = False
     #: What its pass decides for a lone CPU arrival into an empty queue (queue-driven only).
     alone: AloneRule | None = None
+    #: Its CPU starts share their node's cycles as CFS does (``RuleTraits.shares_cpu``).
+    cpu_shared: bool = False
 
     def __post_init__(self) -> None:
         if self.alone is not None and not self.queue_driven:

@@ -33,6 +33,7 @@ from tangram.core.loop import DriverLoop
 from tangram.core.policies import make_policy
 from tangram.core.resources import ClusterSpec, ResourceKind
 from tangram.core.scheduler import Scheduler
+from tangram.sim.cfs import Job, SharedNode
 from tangram.sim.config import SimConfig
 from tangram.sim.demand import expected_demand
 from tangram.sim.pods import StartupClock
@@ -162,6 +163,12 @@ class Simulation:
         self.startup = StartupClock(self.config.overheads)
         self.loop = DriverLoop(self.scheduler, self, timer=clock)
         self._unbounded = self.scheduler.unbounded
+        #: node -> its running burstable actions, when the policy shares CPU as CFS does.
+        self._shared: dict[str, SharedNode] | None = (
+            {n.name: SharedNode(n.cores) for n in cluster.cpu_nodes}
+            if self.scheduler.capabilities.cpu_shared
+            else None
+        )
         self._usage = self.scheduler.state.usage
         #: Record usage after every event (an unbounded policy holds nothing to record).
         self._sampling = self.config.timeline and not self._unbounded
@@ -370,6 +377,9 @@ class Simulation:
                 if d.in_slot:  # a pod: created when it was granted its cores
                     since = now if d.slot_since is None else d.slot_since
                     overhead = max(0.0, self.startup.pod(traj, d.node, since) - now)
+                    if self._shared is not None:
+                        self._start_shared(d, rec, overhead)
+                        return
                 else:
                     overhead = max(0.0, self.startup.container(traj, now) - now) + ov.aoe_grant_s
             elif kind is ResourceKind.GPU:
@@ -395,8 +405,53 @@ class Simulation:
         # One timer per action (no process): busy time is derived from the records afterwards.
         self.env.timeout(overhead + execution, d.action.id).callbacks.append(self._finished)
 
+    # ------------------------------------------------------------------ CFS-shared CPU
+    def _start_shared(self, d: Start, rec: ActionRecord, overhead: float) -> None:
+        """A burstable pod's action: its work joins the node's CFS split after its overhead."""
+        curve = d.action.curve
+        work = curve.t1
+        ov = self.config.overheads
+        if ov.exec_noise_sigma > 0:
+            work *= float(self.noise.lognormal(-0.5 * ov.exec_noise_sigma**2, ov.exec_noise_sigma))
+        job = Job(work=work, cap=curve.speedup(d.units), weight=float(max(len(d.cores), 1)))
+        rec.overhead = overhead
+        entry = (d.node, d.action.id, job)
+        if overhead > 0:
+            self.env.timeout(overhead, entry).callbacks.append(self._enter_shared)
+        else:
+            self._enter_shared(entry)
+
+    def _enter_shared(self, entry: object) -> None:
+        node, action_id, job = entry.value if isinstance(entry, simpy.Event) else entry
+        self._shared[node].add(self.env.now, action_id, job)  # type: ignore[index]
+        self._arm_shared(node)
+
+    def _arm_shared(self, node: str) -> None:
+        shared = self._shared[node]  # type: ignore[index]
+        when = shared.next_finish()
+        if when is not None:
+            wake = self.env.timeout(max(0.0, when - self.env.now), (node, shared.version))
+            wake.callbacks.append(self._wake_shared)
+
+    def _wake_shared(self, timer: simpy.Event) -> None:
+        node, version = timer.value
+        shared = self._shared[node]  # type: ignore[index]
+        if version != shared.version:
+            return  # the split changed since this wake-up was armed
+        now = self.env.now
+        for action_id, job in shared.finish_due(now):
+            rec = self.records[action_id]
+            rec.execution = now - rec.start - rec.overhead
+            # The mean cores it received, so that busy core-seconds (units x execution) are
+            # its work.
+            rec.units = job.total / rec.execution if rec.execution > 0 else job.cap
+            self._complete(action_id)
+        self._arm_shared(node)
+
     def _finished(self, timer: simpy.Event) -> None:
-        action_id = timer.value
+        self._complete(timer.value)
+
+    def _complete(self, action_id: str) -> None:
         rec = self.records[action_id]
         rec.finish = self.env.now
         rec.outcome = "result"

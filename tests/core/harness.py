@@ -48,7 +48,8 @@ def check_invariants(sched: Scheduler, traj_nodes: dict[str, str]) -> None:
             assert s.node == traj_nodes.setdefault(r.action.trajectory, s.node), (
                 "CPU action off its container's node"
             )
-            assert len(s.cores) == s.units
+            # A CFS-shared start names its pod's requested cores and runs ``units`` threads.
+            assert len(s.cores) == s.units or (sched.capabilities.cpu_shared and s.in_slot)
             if not s.in_slot:
                 held[s.node].update(s.cores)
         elif r.action.resource is ResourceKind.GPU:
@@ -93,7 +94,9 @@ class _HarnessHost:
     def start(self, d: Start) -> None:
         self.out.log.append(("Start", d.action.id, d.units, d.node))
         assert d.action.id not in self.out.started, "started twice"
-        check_start_record(d, bounded=not self.sched.unbounded)
+        check_start_record(
+            d, bounded=not self.sched.unbounded, shared=self.sched.capabilities.cpu_shared
+        )
         self.out.started[d.action.id] = d
         end = self.now + d.est_duration + d.est_overhead
         heapq.heappush(self.events, (end, 0, d.action.id, d.action.id))
@@ -126,12 +129,16 @@ class _HarnessHost:
             self.loop.close_trajectory(traj, self.now)
 
 
-def check_start_record(d: Start, *, bounded: bool) -> None:
+def check_start_record(d: Start, *, bounded: bool, shared: bool = False) -> None:
     """A start carries what its executor needs, typed as ``Start`` declares: CPU cores for a
-    CPU action (none for an unbounded policy), a GPU cell for a GPU call, neither for an API."""
+    CPU action (none for an unbounded policy; a CFS-shared start names its pod's requested
+    cores and runs its threads, ``units``, on the node), a GPU cell for a GPU call, neither
+    for an API."""
     assert isinstance(d.cores, tuple) and isinstance(d.gpus, tuple), d
     kind = d.action.resource
-    if kind is ResourceKind.CPU:
+    if kind is ResourceKind.CPU and shared and d.in_slot:
+        assert d.gpus == () and d.cores and d.units >= 1, d
+    elif kind is ResourceKind.CPU:
         assert d.gpus == () and len(d.cores) == (d.units if bounded else 0), d
     elif kind is ResourceKind.GPU:
         assert d.cores == () and len(d.gpus) == (d.units if bounded else 0), d

@@ -13,7 +13,7 @@ from tangram.core.policies.elastic import ElasticCpu, ElasticGpu
 from tangram.core.policies.fifo_api import FifoApi
 from tangram.core.policies.fixed import FixedCpu, FixedGpu
 from tangram.core.policies.lower_bound import LowerBound
-from tangram.core.policies.static import DedicatedGpus, SizedGpus, StaticPods
+from tangram.core.policies.static import BurstablePods, DedicatedGpus, SizedGpus, StaticPods
 
 #: Cores per pod of the Kubernetes baseline when none is given (``k8s-static:K`` overrides).
 DEFAULT_POD_CORES = 4
@@ -42,6 +42,16 @@ def _k8s(arg: int | None) -> Policy:
     )
 
 
+def _k8s_burstable(arg: int | None) -> Policy:
+    r = arg or DEFAULT_POD_CORES
+    return CompositePolicy(
+        f"k8s-burstable:{r}",
+        cpu=BurstablePods(r),
+        gpu=DedicatedGpus(DEFAULT_GPUS_PER_SERVICE),
+        api=FifoApi(),
+    )
+
+
 def _sglang(arg: int | None) -> Policy:
     g = arg or DEFAULT_GPUS_PER_SERVICE
     return CompositePolicy(
@@ -57,12 +67,13 @@ def _sglang_sized(arg: int | None) -> Policy:
 
 
 #: name -> factory(optional integer argument). The static baselines are static for every kind:
-#: ``k8s-static:K`` sets the pod size, ``sglang-static:G`` the GPUs per service,
+#: ``k8s-static:K`` sets the pod size, ``k8s-burstable:R`` the pod's CPU requests, ``sglang-static:G`` the GPUs per service,
 #: ``sglang-sized:G`` the GPUs split among services by expected load (default: all of them).
 POLICIES: dict[str, Callable[[int | None], Policy]] = {
     "tangram": _tangram,
     "fixed": _fixed,
     "k8s-static": _k8s,
+    "k8s-burstable": _k8s_burstable,
     "sglang-static": _sglang,
     "sglang-sized": _sglang_sized,
     "lower-bound": lambda arg: LowerBound(),

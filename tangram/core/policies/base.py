@@ -66,6 +66,10 @@ class RuleTraits:
     lone_arrival: bool = False
     #: It overrides ``observe``, which must then see every pass's arrivals and completions.
     observes: bool = False
+    #: Its CPU starts are requests, not exclusive cores: running actions share their node's
+    #: cycles the way Linux CFS does (a burstable pod). The simulator models that sharing
+    #: (``tangram.sim.cfs``); the live runtime, which grants exclusive cores, refuses it.
+    shares_cpu: bool = False
 
 
 class DomainRule:
@@ -122,6 +126,7 @@ class CompositePolicy(BasePolicy):
             queue_driven=queue_driven,
             # The CPU rule's decision for a lone arrival into an empty queue, when it has one.
             alone=cpu.alone if queue_driven and cpu.traits.lone_arrival else None,  # type: ignore[attr-defined]
+            cpu_shared=cpu.traits.shares_cpu,
         )
 
     def schedule(self, ctx: Context) -> None:

@@ -6,6 +6,11 @@ FCFS per node when K cores are free, and held until the trajectory closes, busy 
 actions run inside the pod at their largest option not above K; until the pod is granted, they
 queue.
 
+``BurstablePods`` (Kubernetes, burstable QoS): pods request R cores and set no limit. They
+are admitted by their requests like the static pods, but an action in a pod is not confined
+to R cores: it may run as many threads as it has on the node's idle cycles, shared among the
+node's busy pods in proportion to their requests (CFS weights; ``tangram.sim.cfs``).
+
 ``DedicatedGpus`` (SGLang-style serving): the first call of a service reserves G GPUs for it
 for the rest of the run, as replicas of its smallest cell (the tensor-parallel degree its
 memory needs); its calls queue FCFS per service and run one per replica. A service that finds
@@ -113,6 +118,28 @@ class StaticPods(DomainRule):
         self.busy.discard(trajectory)
         if slot is not None:
             ctx.unhold_cores(*slot)
+
+
+class BurstablePods(StaticPods):
+    """Pods of R requested cores and no limit: admitted by requests, sharing idle cycles."""
+
+    traits = RuleTraits(observes=True, shares_cpu=True)
+
+    def _start_in_slot(self, ctx: Context, action: Action) -> None:
+        node, cores = self.slots[action.trajectory]
+        opts = ctx.options(action)
+        self.busy.add(action.trajectory)
+        # No limit: the action runs all its threads (its largest option); how many cores it
+        # gets at each instant is CFS's split of the node, not a grant.
+        ctx.start(
+            action,
+            node,
+            opts.units[-1],
+            f"k8s-burstable: in its pod (requests {len(cores)} cores, no limit)",
+            cores=cores,
+            in_slot=True,
+            slot_since=self.granted_at[action.trajectory],
+        )
 
 
 class DedicatedGpus(DomainRule):

@@ -61,6 +61,11 @@ class RuntimeConfig:
                 f"policy {self.policy!r} ignores capacity (a floor for reports, not a schedule); "
                 "the live runtime needs a policy that respects the cluster"
             )
+        if policy.capabilities.cpu_shared:
+            raise ValueError(
+                f"policy {self.policy!r} shares CPU cycles the way CFS does (a simulator "
+                "baseline); the live runtime grants exclusive cores"
+            )
         if not isinstance(self.max_pending, int) or self.max_pending < 1:
             raise ValueError(f"max_pending must be a positive integer, got {self.max_pending!r}")
         for name in ("default_timeout_s", "default_memory_gb"):
