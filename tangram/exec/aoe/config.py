@@ -104,6 +104,39 @@ class SandboxConfig:
         return tuple(out)
 
 
+@dataclass(frozen=True)
+class WarmPoolConfig:
+    """The warm pool of parked containers (``pool.py``); ``max_per_key`` 0 turns it off.
+
+    - ``max_per_key``: parked containers per (image, memory, sandbox) at most.
+    - ``max_total``: parked (or resetting) containers of all keys at most.
+    - ``window_s``: a key keeps as many parked as it had in use at once over this window.
+    - ``prewarm_s``: how long a ``prewarm`` count holds without demand.
+    - ``workers``: threads that reset, create and remove pool containers.
+    """
+
+    max_per_key: int = 0
+    max_total: int = 32
+    window_s: float = 60.0
+    prewarm_s: float = 600.0
+    workers: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("max_per_key", "max_total"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise AoeError(f"WarmPoolConfig.{name} must be an integer >= 0, got {value!r}")
+        if not isinstance(self.workers, int) or self.workers < 1:
+            raise AoeError(f"WarmPoolConfig.workers must be >= 1, got {self.workers!r}")
+        for name in ("window_s", "prewarm_s"):
+            if getattr(self, name) <= 0:
+                raise AoeError(f"WarmPoolConfig.{name} must be positive, got {getattr(self, name)}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_per_key > 0 and self.max_total > 0
+
+
 Transport = Literal["runner", "exec"]
 CgroupMode = Literal["auto", "direct", "docker"]
 
@@ -132,6 +165,7 @@ class AoeConfig:
     - ``cleanup_orphans``: on start, remove containers of dead managers (by label).
     - ``reaper``: start a watchdog process that removes this manager's containers when the
       manager's process dies, even by SIGKILL.
+    - ``warm_pool``: parked containers handed to new trajectories (off by default).
     """
 
     image: str = BUSYBOX_IMAGE
@@ -149,6 +183,7 @@ class AoeConfig:
     cleanup_orphans: bool = True
     reaper: bool = True
     docker_base_url: str | None = None
+    warm_pool: WarmPoolConfig = field(default_factory=WarmPoolConfig)
 
     def __post_init__(self) -> None:
         if self.cgroup_mode not in ("auto", "direct", "docker"):

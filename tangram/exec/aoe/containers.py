@@ -97,6 +97,9 @@ class ContainerSpec:
     park_cores: tuple[int, ...]
     use_init: bool
     labels: dict[str, str]
+    #: The uid:gid of the container's init and keeper process, when not ``sandbox.user``: a
+    #: warm pool's containers keep them out of the actions' reach (no signal, no ptrace).
+    keeper_user: str | None = None
 
 
 def _uid_gid(user: str) -> tuple[str, str] | None:
@@ -121,7 +124,7 @@ def create_kwargs(spec: ContainerSpec) -> dict[str, Any]:
         "detach": True,
         "init": spec.use_init,
         "labels": spec.labels,
-        "user": sb.user,
+        "user": spec.keeper_user or sb.user,
         "working_dir": sb.work_dir,
         "read_only": sb.read_only_root,
         "tmpfs": {"/tmp": f"rw,size={sb.tmp_size_mb}m,mode=1777"},

@@ -2,10 +2,11 @@
 ``Blueprint``, created sandboxed, its runner warmed up, parked; retired (or discarded unused)
 at the end; and noticed when it dies. The manager holds the locks; this module does the work.
 
-The seams later work builds on: ``container_name`` and ``labels`` are the one place a
-container's identity is decided; ``Lifecycle.start`` the one place one is made (a warm pool
-would hand out a ready one here); ``retire`` the one place one that served actions goes (a pool
-would reset or replace it, never reuse it dirty) and ``discard`` one that never served.
+The seams: ``container_name`` and ``labels`` are the one place a container's identity is
+decided; ``Lifecycle.start`` the one place one is made (with a warm pool, ``pool.py``, it hands
+out a parked one of the same image, memory and sandbox when there is one); ``retire`` the one
+place one that served actions goes (a pooled one goes back to the pool, which resets it in the
+background or removes it, never reuses it dirty) and ``discard`` one that never served.
 """
 
 from __future__ import annotations
@@ -15,16 +16,21 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tangram.exec.aoe import containers
 from tangram.exec.aoe.cgroups import CpuControl, DockerUpdate, direct_control
 from tangram.exec.aoe.config import AoeConfig, SandboxConfig
 from tangram.exec.aoe.errors import AoeError
 from tangram.exec.aoe.kill import ActionGroup, action_group
+from tangram.exec.aoe.pool import PoolKey, PoolStats, WarmPool
 from tangram.exec.aoe.records import ContainerHandle
+from tangram.exec.aoe.reset import KEEPER_USER, reset
 from tangram.exec.aoe.topology import NumaTopology
 from tangram.exec.aoe.transport import ActionRequest, ExecTransport, RunnerTransport
+
+if TYPE_CHECKING:
+    from tangram.exec.aoe.ledger import CoreLedger
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +41,9 @@ TRANSPORTS: dict[str, type[Transport]] = {"runner": RunnerTransport, "exec": Exe
 
 #: How much of a trajectory id a container's name shows (the hash makes it unique).
 NAME_PREFIX_CHARS = 24
+
+#: What a pool container's trajectory label says while it waits for one.
+POOL_TRAJ = "(warm pool)"
 
 #: The action that proves a new container's runner answers (while it is not yet parked).
 _WARM_UP = ActionRequest("warm-up", "true", {}, 30.0, 1024)
@@ -70,6 +79,8 @@ class Container:
     #: Host pid of the container's init when the engine is local (None otherwise).
     init_pid: int | None
     dead: str | None = None
+    #: The warm pool's key when the container belongs to the pool (goes back there at retire).
+    pool_key: PoolKey | None = None
 
 
 def container_name(session: str, blueprint: Blueprint) -> str:
@@ -128,13 +139,27 @@ class Lifecycle:
     """Makes, retires and watches the containers of one manager session."""
 
     def __init__(
-        self, config: AoeConfig, client: Any, topology: NumaTopology, session: str
+        self,
+        config: AoeConfig,
+        client: Any,
+        topology: NumaTopology,
+        session: str,
+        ledger: CoreLedger | None = None,
     ) -> None:
         self.config = config
         self.client = client
         self.topology = topology
         self.session = session
         self._warned_fallback = False
+        #: The warm pool: on when configured, with a ledger (a reset holds a core) and a runner.
+        self.pool: WarmPool | None = None
+        if config.warm_pool.enabled and ledger is not None and config.transport == "runner":
+            self.pool = WarmPool(
+                config.warm_pool,
+                self._create_pooled,
+                lambda c: reset(c, ledger),
+                self._remove,
+            )
 
     def blueprint(
         self,
@@ -154,11 +179,58 @@ class Lifecycle:
             raise AoeError(f"memory_gb of trajectory {traj_id!r} must be positive, got {mem}")
         return Blueprint(traj_id, image or self.config.image, mem, sandbox or self.config.sandbox)
 
+    def pool_key(self, blueprint: Blueprint) -> PoolKey | None:
+        """The blueprint's key in the warm pool, None when it is not pooled."""
+        if self.pool is None or not WarmPool.poolable(blueprint.sandbox):
+            return None
+        return PoolKey(blueprint.image, blueprint.memory_gb, blueprint.sandbox)
+
     def start(self, blueprint: Blueprint) -> Container:
-        """Create the blueprint's container, warm its runner up and park it; nothing is left
-        behind when any step fails."""
+        """The blueprint's container, parked: a warm one from the pool when one fits, else a
+        new one (created, runner warmed up, parked; nothing left behind when a step fails)."""
+        key = self.pool_key(blueprint)
+        if key is None or self.pool is None:
+            return self._make(
+                blueprint, container_name(self.session, blueprint), labels(self.session, blueprint)
+            )
+        found = self.pool.take(key)
+        if found is None:
+            try:
+                found = self._create_pooled(key)
+            except BaseException:
+                self.pool.untake(key)
+                raise
+        found.blueprint = blueprint
+        found.handle = replace(
+            found.handle, traj_id=blueprint.traj_id, generation=blueprint.generation
+        )
+        return found
+
+    def prewarm(self, blueprint: Blueprint, count: int) -> bool:
+        """Have ``count`` parked containers of the blueprint's kind made in the background;
+        False when there is no pool for it."""
+        key = self.pool_key(blueprint)
+        if key is None or self.pool is None:
+            return False
+        self.pool.prewarm(key, count)
+        return True
+
+    def pool_stats(self) -> PoolStats | None:
+        return None if self.pool is None else self.pool.stats()
+
+    def _create_pooled(self, key: PoolKey) -> Container:
+        """A new container that belongs to the warm pool (named and labelled as the pool's)."""
+        assert self.pool is not None
+        blueprint = Blueprint(POOL_TRAJ, key.image, key.memory_gb, key.sandbox)
+        name = f"tangram-aoe-{self.session[:8]}-{self.pool.next_name()}"
+        made = self._make(blueprint, name, labels(self.session, blueprint), KEEPER_USER)
+        made.pool_key = key
+        return made
+
+    def _make(
+        self, blueprint: Blueprint, name: str, tags: dict[str, str], keeper: str | None = None
+    ) -> Container:
         cfg = self.config
-        name = container_name(self.session, blueprint)
         spec = containers.ContainerSpec(
             name=name,
             image=blueprint.image,
@@ -168,7 +240,8 @@ class Lifecycle:
             start_quota_us=cfg.cfs_period_us * len(self.topology.cores),
             park_cores=self.topology.cores,
             use_init=cfg.use_init,
-            labels=labels(self.session, blueprint),
+            labels=tags,
+            keeper_user=keeper,
         )
         made = containers.create(self.client, spec)
         try:
@@ -212,17 +285,32 @@ class Lifecycle:
             return DockerUpdate(self.client.api, container_id, *args)
 
     def retire(self, container: Container) -> None:
-        """Remove a container that served its trajectory, quota lifted first so its processes
-        can die promptly."""
+        """A container that served its trajectory: back to the warm pool (reset there in the
+        background) when it is the pool's and alive, else removed, quota lifted first so its
+        processes can die promptly."""
+        key = container.pool_key
+        if key is not None and self.pool is not None:
+            if container.dead is None:
+                self.pool.give_back(key, container)
+                return
+            self.pool.untake(key)
+        self._remove(container)
+
+    def discard(self, container: Container) -> None:
+        """A container that never ran an action (its trajectory lost a race at open)."""
+        self.retire(container)
+
+    def _remove(self, container: Container) -> None:
         container.transport.close()
         container.group.close()
         with contextlib.suppress(AoeError):
             container.control.unthrottle()
         containers.remove(self.client, container.handle.container_id)
 
-    def discard(self, container: Container) -> None:
-        """Remove a container that never ran an action (its trajectory lost a race at open)."""
-        containers.remove(self.client, container.handle.container_id)
+    def close_pool(self) -> None:
+        """Stop the warm pool and remove its parked containers (at the manager's shutdown)."""
+        if self.pool is not None:
+            self.pool.close()
 
     def remove_leftovers(self) -> None:
         """Remove whatever container of this session is still in the engine."""

@@ -38,6 +38,7 @@ from tangram.exec.aoe.execution import ActionRunner, plan_action
 from tangram.exec.aoe.images import connect
 from tangram.exec.aoe.ledger import CoreLedger
 from tangram.exec.aoe.lifecycle import Container, Lifecycle
+from tangram.exec.aoe.pool import PoolStats
 from tangram.exec.aoe.records import ActionOutcome, ContainerHandle, GrantRecord
 from tangram.exec.aoe.topology import NumaTopology, as_topology, read_host_topology
 
@@ -71,7 +72,9 @@ class AoeManager:
         )
         self.ledger = CoreLedger(self.topology)
         self.session = uuid.uuid4().hex
-        self._containers = Lifecycle(self.config, self.client, self.topology, self.session)
+        self._containers = Lifecycle(
+            self.config, self.client, self.topology, self.session, self.ledger
+        )
         self._actions = ActionRunner(self.client, self.ledger, self._containers)
         self._trajs: dict[str, Trajectory] = {}
         self._lock = threading.Lock()  # guards _trajs and _action_seq
@@ -149,6 +152,24 @@ class AoeManager:
             fresh = self._containers.start(traj.container.blueprint.next_generation())
             traj.container = fresh
         return fresh.handle
+
+    def prewarm(
+        self,
+        count: int,
+        *,
+        image: str | None = None,
+        memory_gb: float | None = None,
+        sandbox: SandboxConfig | None = None,
+    ) -> bool:
+        """Have ``count`` parked containers of this kind made in the background for the warm
+        pool (``AoeConfig.warm_pool``); False when there is no pool for it."""
+        blueprint = self._containers.blueprint("(prewarm)", memory_gb, image, sandbox)
+        return self._containers.prewarm(blueprint, count)
+
+    def pool_stats(self) -> PoolStats | None:
+        """The warm pool's parked, in-use and target counts per key and its counters (None
+        without a pool)."""
+        return self._containers.pool_stats()
 
     def handle(self, traj_id: str) -> ContainerHandle:
         return self._get(traj_id).container.handle
@@ -243,6 +264,7 @@ class AoeManager:
         if self._closed:
             return
         self._closed = True
+        self._containers.close_pool()  # resets end, parked containers go
         self.ledger.close("the AOE manager is shut down")
         with self._lock:
             trajs = list(self._trajs.values())

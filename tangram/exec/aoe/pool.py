@@ -1,0 +1,292 @@
+"""Warm pools: parked containers per (image, memory, sandbox), ready for the next trajectory.
+
+Opening a trajectory takes a parked container of its key when one is there (no create, no
+runner start: only its execution is left to pay); a container whose trajectory closed comes
+back here and is reset in the background (``reset.reset``: processes killed, writable dirs
+emptied, parked again), never reused dirty: a reset that fails removes it.
+
+Size: each key keeps as many containers (parked, in use and being reset together) as it had
+busy (in use or being reset) at once during the last ``window_s`` (its recent demand), and
+never more than ``max_per_key``; all keys together
+at most ``max_total``. A container coming back beyond that is removed, and a key below it is
+filled by creating containers in the background. ``prewarm`` fills a key before demand shows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tangram.exec.aoe.config import SandboxConfig, WarmPoolConfig
+from tangram.exec.aoe.errors import AoeError
+
+if TYPE_CHECKING:
+    from tangram.exec.aoe.lifecycle import Container
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PoolKey:
+    """What makes two containers interchangeable: the same image, memory limit and sandbox."""
+
+    image: str
+    memory_gb: float
+    sandbox: SandboxConfig
+
+    def describe(self) -> str:
+        return f"{self.image}/{self.memory_gb:g}GB"
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    """A snapshot of the pool for ``/metrics`` and the benchmark."""
+
+    parked: dict[str, int]
+    in_use: dict[str, int]
+    target: dict[str, int]
+    resetting: int
+    counters: dict[str, int]
+
+
+class Demand:
+    """The most containers of a key busy at once (in use or being reset after use) over the
+    last ``window_s`` seconds."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self.busy: Counter[PoolKey] = Counter()
+        self._peaks: dict[PoolKey, deque[tuple[float, int]]] = {}
+
+    def change(self, key: PoolKey, delta: int, now: float) -> None:
+        self.busy[key] += delta
+        marks = self._peaks.setdefault(key, deque())
+        marks.append((now, self.busy[key]))
+        self._trim(marks, now)
+
+    def peak(self, key: PoolKey, now: float) -> int:
+        marks = self._peaks.get(key)
+        if not marks:
+            return self.busy[key]
+        self._trim(marks, now)
+        return max([self.busy[key], *(n for _, n in marks)])
+
+    def _trim(self, marks: deque[tuple[float, int]], now: float) -> None:
+        while marks and marks[0][0] < now - self.window_s:
+            marks.popleft()
+
+
+class WarmPool:
+    """The parked containers of one manager, with their resets and fills on worker threads.
+
+    ``create(key)`` makes a new parked container of a key, ``reset(c)`` returns None when a
+    container is clean again (else why not) and ``remove(c)`` removes one; the lifecycle
+    provides all three."""
+
+    def __init__(
+        self,
+        config: WarmPoolConfig,
+        create: Callable[[PoolKey], Container],
+        reset: Callable[[Container], str | None],
+        remove: Callable[[Container], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self._create, self._reset, self._remove = create, reset, remove
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._parked: dict[PoolKey, list[Container]] = {}
+        self._filling: Counter[PoolKey] = Counter()  # being created
+        self._resetting: Counter[PoolKey] = Counter()
+        self._demand = Demand(config.window_s)
+        self.counters: Counter[str] = Counter()
+        self._closed = False
+        self._jobs = ThreadPoolExecutor(config.workers, thread_name_prefix="tangram-pool")
+        self._seq = itertools.count(1)
+        #: A key's prewarmed count and until when it holds without demand.
+        self._floor: dict[PoolKey, tuple[int, float]] = {}
+
+    @staticmethod
+    def poolable(sandbox: SandboxConfig) -> bool:
+        """Only a strict sandbox is pooled: its actions can write nothing but the dirs a reset
+        empties and cannot reach the keeper (no root, no capabilities, read-only root). A
+        container on a named work volume is its trajectory's: never pooled."""
+        return (
+            sandbox.work_volume is None
+            and not sandbox.runs_as_root
+            and sandbox.read_only_root
+            and sandbox.drop_all_capabilities
+            and sandbox.no_new_privileges
+            and not sandbox.cap_add
+        )
+
+    def next_name(self) -> str:
+        """A unique suffix for a pool container's name."""
+        return f"pool{next(self._seq)}"
+
+    # -- the trajectories' side -----------------------------------------------------------
+
+    def take(self, key: PoolKey) -> Container | None:
+        """A clean parked container of ``key`` (counted busy), or None (counted busy anyway:
+        the caller creates one, which comes back here at its end)."""
+        with self._lock:
+            self._demand.change(key, +1, self._clock())
+            parked = self._parked.get(key)
+            found = parked.pop() if parked else None
+            self.counters["hits" if found else "misses"] += 1
+        self._refill(key)
+        return found
+
+    def untake(self, key: PoolKey) -> None:
+        """A ``take`` whose container was never made (its create failed)."""
+        with self._lock:
+            self._demand.change(key, -1, self._clock())
+
+    def give_back(self, key: PoolKey, container: Container) -> None:
+        """A container that served a trajectory: reset it in the background, then park it if
+        the key still wants it, else remove it."""
+        with self._lock:
+            keep = not self._closed and self._room(key, returning=True)
+            if keep:
+                self._resetting[key] += 1  # still busy until its reset ends
+            else:
+                self._demand.change(key, -1, self._clock())
+                self.counters["removed_surplus"] += 1
+        self._submit(self._reset_job if keep else self._remove_job, key, container)
+
+    def prewarm(self, key: PoolKey, count: int) -> None:
+        """Create up to ``count`` parked containers of ``key`` now (bounded by the limits);
+        they are kept while ``prewarm_s`` lasts even without demand."""
+        with self._lock:
+            self._floor[key] = (max(0, count), self._clock() + self.config.prewarm_s)
+        self._refill(key)
+
+    # -- sizing ---------------------------------------------------------------------------
+
+    def target(self, key: PoolKey) -> int:
+        """Parked containers ``key`` should have: its recent peak in use (or its prewarm
+        floor), at most ``max_per_key``. Caller holds the lock."""
+        now = self._clock()
+        floor, until = self._floor.get(key, (0, 0.0))
+        want = max(self._demand.peak(key, now), floor if now < until else 0)
+        return min(self.config.max_per_key, want)
+
+    def _held(self) -> int:
+        """Containers the pool holds: parked, being created, being reset."""
+        parked = sum(len(v) for v in self._parked.values())
+        return parked + sum(self._filling.values()) + sum(self._resetting.values())
+
+    def _room(self, key: PoolKey, returning: bool = False) -> bool:
+        """Whether one more container of ``key`` fits its target (counting the busy ones,
+        which come back) and the pool's total; ``returning``: the one asking is busy now."""
+        mine = len(self._parked.get(key, ())) + self._filling[key] + self._demand.busy[key]
+        return mine - returning < self.target(key) and self._held() < self.config.max_total
+
+    def _refill(self, key: PoolKey) -> None:
+        while True:
+            with self._lock:
+                if self._closed or not self._room(key):
+                    return
+                self._filling[key] += 1
+            self._submit(self._fill_job, key, None)
+
+    # -- jobs (worker threads) ------------------------------------------------------------
+
+    def _submit(
+        self,
+        job: Callable[[PoolKey, Container | None], None],
+        key: PoolKey,
+        container: Container | None,
+    ) -> None:
+        try:
+            self._jobs.submit(job, key, container)
+        except RuntimeError:  # shut down: remove it here
+            if container is not None:
+                self._remove_quietly(container)
+
+    def _reset_job(self, key: PoolKey, container: Container | None) -> None:
+        assert container is not None
+        t0 = self._clock()
+        try:
+            why = self._reset(container)
+        except Exception as exc:  # noqa: BLE001 - any failure retires it
+            why = f"{type(exc).__name__}: {exc}"
+        self._settle(key, container, why, "resets", self._clock() - t0)
+
+    def _fill_job(self, key: PoolKey, _: Container | None) -> None:
+        try:
+            container = self._create(key)
+        except Exception as exc:  # noqa: BLE001 - a failed fill is logged, not raised
+            log.warning("warm pool: creating a %s container failed: %s", key.describe(), exc)
+            with self._lock:
+                self._filling[key] -= 1
+                self.counters["create_failed"] += 1
+            return
+        self._settle(key, container, None, "created", 0.0)
+
+    def _remove_job(self, key: PoolKey, container: Container | None) -> None:
+        assert container is not None
+        self._remove_quietly(container)
+
+    def _settle(
+        self, key: PoolKey, container: Container, why: str | None, counter: str, took_s: float
+    ) -> None:
+        """Park a clean container (if still wanted), remove any other."""
+        with self._lock:
+            if counter == "resets":
+                self._resetting[key] -= 1
+                self._demand.change(key, -1, self._clock())
+            else:
+                self._filling[key] -= 1
+            if why is not None:
+                self.counters["reset_failed"] += 1
+            else:
+                self.counters[counter] += 1
+                if counter == "resets":
+                    self.counters["reset_us_total"] += round(took_s * 1e6)
+            keep = why is None and not self._closed
+            if keep:
+                self._parked.setdefault(key, []).append(container)
+        if why is not None:
+            log.info("warm pool: container %s retired: %s", container.handle.short_id, why)
+        if not keep:
+            self._remove_quietly(container)
+
+    def _remove_quietly(self, container: Container) -> None:
+        try:
+            self._remove(container)
+        except AoeError as exc:
+            log.warning("warm pool: removing %s failed: %s", container.handle.short_id, exc)
+
+    # -- reporting and shutdown -----------------------------------------------------------
+
+    def stats(self) -> PoolStats:
+        with self._lock:
+            keys = set(self._parked) | set(self._demand.busy)
+            return PoolStats(
+                parked={k.describe(): len(self._parked.get(k, ())) for k in keys},
+                in_use={k.describe(): self._demand.busy[k] - self._resetting[k] for k in keys},
+                target={k.describe(): self.target(k) for k in keys},
+                resetting=sum(self._resetting.values()),
+                counters=dict(self.counters),
+            )
+
+    def close(self) -> None:
+        """Stop taking work, let running jobs end, remove every parked container."""
+        with self._lock:
+            self._closed = True
+        self._jobs.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            parked = [c for cs in self._parked.values() for c in cs]
+            self._parked.clear()
+        for container in parked:
+            with contextlib.suppress(Exception):
+                self._remove(container)

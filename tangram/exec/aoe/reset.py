@@ -1,0 +1,157 @@
+"""Making a container that served a trajectory clean enough for the next one, or saying why not.
+
+A warm pool hands a container to a new trajectory only after this succeeds; any failure
+retires it. The reset, in order, with the container frozen (parked) when it starts:
+
+1. every process but the container's init and keeper is SIGKILLed from the host (the runner
+   too: an action of the same uid could have altered it), then the container is thawed on one
+   core held in the ledger so they can exit; any survivor after ``GONE_WAIT_S`` fails the
+   reset. A pooled container's init and keeper run as ``KEEPER_USER``, another uid than the
+   actions', so no action could signal or ptrace them (the actions have no capabilities and
+   no way to change uid: ``no-new-privileges``);
+2. a fresh runner empties the writable places (the work dir, ``/tmp``, ``/dev/shm``) as the
+   sandbox user, and checks they are empty and that it is alone with init;
+3. the container is parked again (the grant's cpuset and quota put back to the parking ones).
+
+Nothing else is writable in a sandboxed container (read-only root), the environment is the
+runner's (each action's exports die with its shell), and the memory and pids limits cannot be
+changed from inside (no capabilities), so these three steps leave nothing of the last user.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tangram.exec.aoe import containers
+from tangram.exec.aoe.cgroups import CgroupGone
+from tangram.exec.aoe.errors import AoeError
+from tangram.exec.aoe.kill import CgroupGroup
+from tangram.exec.aoe.transport import ActionRequest, RunnerTransport
+
+if TYPE_CHECKING:
+    from tangram.exec.aoe.ledger import CoreLedger
+    from tangram.exec.aoe.lifecycle import Container
+
+#: The uid:gid of a pooled container's init and keeper (``nobody``): not the actions'.
+KEEPER_USER = "65534:65534"
+KEEPER_UID = 65534
+#: How long the killed processes get to be gone.
+GONE_WAIT_S = 2.0
+#: The emptying step's own time limit.
+CLEAN_TIMEOUT_S = 10.0
+#: Writable places a sandboxed container has besides its work dir.
+SCRATCH_DIRS = ("/tmp", "/dev/shm")
+
+_seq = itertools.count(1)
+
+
+def clean_script(work_dir: str) -> str:
+    """Shell (busybox or Debian) that empties the writable dirs and fails if anything stays."""
+    dirs = " ".join((work_dir, *SCRATCH_DIRS))
+    return (
+        f"cd / && for d in {dirs}; do [ -d $d ] || continue; "
+        'chmod -R u+rwx "$d"/* "$d"/.[!.]* "$d"/..?* 2>/dev/null; '
+        'rm -rf "$d"/* "$d"/.[!.]* "$d"/..?* 2>/dev/null; '
+        'left=$(ls -A "$d" 2>/dev/null); '
+        'if [ -n "$left" ]; then echo "$d still holds: $left" | head -c 500 >&2; exit 3; fi; '
+        "done"
+    )
+
+
+def processes(container: Container) -> set[int]:
+    """Host pids of every process of the container (its action cgroup's too, which cgroup v2
+    lists apart)."""
+    pids = set(container.control.pids() or ())
+    group = container.group
+    if isinstance(group, CgroupGroup):
+        with contextlib.suppress(CgroupGone, OSError):
+            pids |= {int(p) for p in (group.dir / "cgroup.procs").read_text().split()}
+    return pids
+
+
+def keepers(pids: set[int]) -> set[int]:
+    """Those of ``pids`` that run as the keeper's uid (real uid, from /proc)."""
+    found = set()
+    for pid in pids:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            status = Path(f"/proc/{pid}/status").read_text()
+            uid = next(ln for ln in status.splitlines() if ln.startswith("Uid:")).split()[1]
+            if int(uid) == KEEPER_UID:
+                found.add(pid)
+    return found
+
+
+def _wait(done: Callable[[], bool], timeout_s: float) -> bool:
+    """Poll ``done`` until it holds (True) or ``timeout_s`` passes (False)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if done():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.002)
+
+
+def reset(container: Container, ledger: CoreLedger) -> str | None:
+    """Reset ``container`` (parked, not in use) for its next trajectory; None when it is
+    clean and parked again, else why it must be removed instead."""
+    if container.dead:
+        return container.dead
+    init = container.init_pid
+    if init is None or not containers.pid_running(init):
+        return "its init process is gone or not visible from here"
+    if not isinstance(container.transport, RunnerTransport):
+        return "only containers with a runner transport are reset"
+    if container.control.pids() is None:
+        return "its processes cannot be listed from here (no cgroup access)"
+    container.transport.close()
+    aid = f"reset.{next(_seq)}"
+    cores = ledger.acquire(aid, 1)
+    try:
+        return _reset_on(container, init, cores)
+    except (AoeError, OSError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        with contextlib.suppress(AoeError):
+            container.control.park()
+        ledger.release(aid, container.handle.traj_id, 1.0)
+
+
+def _reset_on(container: Container, init: int, cores: tuple[int, ...]) -> str | None:
+    spared = keepers(processes(container))
+    if init not in spared:
+        return f"its init does not run as the keeper's uid {KEEPER_UID}: not a pool container"
+    for pid in processes(container) - spared:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    container.control.grant(cores, 1.0)
+    if not _wait(lambda: processes(container) <= spared, GONE_WAIT_S):
+        left = sorted(processes(container) - spared)
+        return f"{len(left)} process(es) survived SIGKILL: {left[:8]}"
+    transport = container.transport
+    assert isinstance(transport, RunnerTransport)
+    transport.start()
+    request = ActionRequest(
+        f"reset{next(_seq)}",
+        clean_script(container.blueprint.sandbox.work_dir),
+        {},
+        CLEAN_TIMEOUT_S,
+        4096,
+    )
+    raw = transport.run(request, lambda why: None)
+    if raw.ended != "exit" or raw.exit_code != 0:
+        return (
+            f"emptying the writable dirs failed ({raw.ended}, exit {raw.exit_code}): "
+            f"{raw.stderr.decode(errors='replace').strip()[:300]}"
+        )
+    alone = spared | ({transport.pid} if transport.pid is not None else set())
+    if not _wait(lambda: processes(container) <= alone, GONE_WAIT_S):
+        return f"processes other than init and the runner remain: {sorted(processes(container))}"
+    return None

@@ -1,0 +1,197 @@
+"""The warm pool: a container that served a trajectory is reset before the next one gets it
+(never reused dirty), a failed reset retires it, and the pool stays within its bounds."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tangram.exec.aoe.config import PYTHON_IMAGE, AoeConfig, SandboxConfig, WarmPoolConfig
+from tangram.exec.aoe.pool import PoolKey, WarmPool
+
+# -- the pool's bookkeeping, on fake containers -------------------------------------------
+
+
+@dataclass(eq=False)
+class FakeContainer:
+    n: int
+    dirty: bool = False
+
+    @property
+    def handle(self) -> Any:
+        return type("H", (), {"short_id": f"fake{self.n}"})()
+
+
+class Fakes:
+    """create/reset/remove callbacks that record what the pool did."""
+
+    def __init__(self, failing_resets: set[int] = frozenset()) -> None:
+        self.made: list[FakeContainer] = []
+        self.removed: list[FakeContainer] = []
+        self.failing = failing_resets
+
+    def create(self, key: PoolKey) -> Any:
+        c = FakeContainer(len(self.made))
+        self.made.append(c)
+        return c
+
+    def reset(self, c: Any) -> str | None:
+        if c.n in self.failing:
+            return "a process survived"
+        c.dirty = False
+        return None
+
+    def remove(self, c: Any) -> None:
+        self.removed.append(c)
+
+
+KEY = PoolKey("img", 0.5, SandboxConfig())
+
+
+def settle(pool: WarmPool) -> None:
+    """Let the worker threads finish what was submitted."""
+    deadline = time.monotonic() + 5
+    while pool.stats().resetting or any(pool._filling.values()):
+        assert time.monotonic() < deadline, "the pool's jobs did not finish"
+        time.sleep(0.002)
+
+
+def test_a_failed_reset_retires_the_container_and_a_clean_one_is_handed_out_again() -> None:
+    fakes = Fakes(failing_resets={0})
+    pool = WarmPool(WarmPoolConfig(max_per_key=4), fakes.create, fakes.reset, fakes.remove)
+    try:
+        assert pool.take(KEY) is None  # cold: the caller makes one
+        first, second = fakes.create(KEY), fakes.create(KEY)
+        pool.take(KEY)
+        first.dirty = second.dirty = True
+        pool.give_back(KEY, first)
+        pool.give_back(KEY, second)
+        settle(pool)
+        assert first in fakes.removed, "the container whose reset failed was not removed"
+        again = pool.take(KEY)
+        assert again is second and not again.dirty
+        assert pool.take(KEY) is not first
+        assert pool.stats().counters["reset_failed"] == 1
+    finally:
+        pool.close()
+
+
+@given(st.lists(st.sampled_from(["take", "back"]), max_size=40), st.integers(1, 3))
+def test_the_pool_never_holds_more_than_its_bounds(ops: list[str], max_total: int) -> None:
+    fakes = Fakes()
+    cfg = WarmPoolConfig(max_per_key=2, max_total=max_total, workers=1)
+    pool = WarmPool(cfg, fakes.create, fakes.reset, fakes.remove)
+    out: list[Any] = []
+    try:
+        for op in ops:
+            if op == "take":
+                got = pool.take(KEY)
+                out.append(got if got is not None else fakes.create(KEY))
+            elif out:
+                pool.give_back(KEY, out.pop())
+            settle(pool)
+            s = pool.stats()
+            parked = sum(s.parked.values())
+            assert parked <= cfg.max_per_key and parked + s.resetting <= max_total
+            assert not set(map(id, out)) & {id(c) for c in pool._parked.get(KEY, [])}
+    finally:
+        pool.close()
+
+
+# -- real containers ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pooled(docker_client: Any) -> Iterator[Any]:
+    """A manager with a warm pool of at most two containers per kind."""
+    from tangram.exec.aoe import AoeManager
+
+    cfg = AoeConfig(image=PYTHON_IMAGE, kill_grace_s=3.0, warm_pool=WarmPoolConfig(2))
+    with AoeManager(cfg, client=docker_client) as m:
+        yield m
+
+
+def wait_parked(manager: Any, n: int = 1) -> None:
+    deadline = time.monotonic() + 30
+    while sum(manager.pool_stats().parked.values()) < n:
+        assert time.monotonic() < deadline, f"no container parked: {manager.pool_stats()}"
+        time.sleep(0.02)
+
+
+DIRTY = (
+    "echo secret > left.txt; echo 'export EVIL=1' > .profile; mkdir -p locked/in; "
+    "echo x > locked/in/f; chmod 000 locked; echo t > /tmp/t; echo s > /dev/shm/s; "
+    "(exec -a tangram-leftover sleep 1000 &); nohup sh -c 'exec sleep 999' >/dev/null 2>&1 & "
+    "export EVIL=1; echo done"
+)
+CHECK = (
+    "echo files=$(ls -A /work /tmp /dev/shm | grep -v :$ | tr -d '\\n'); "
+    "echo procs=$(for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done "
+    "| grep -c 'sleep [1]000\\|sleep [9]99\\|tangram-leftove[r]'); echo evil=${EVIL:-none}"
+)
+
+
+def test_a_dirty_container_is_reset_before_the_next_trajectory_gets_it(pooled: Any) -> None:
+    first = pooled.open_trajectory("dirty")
+    out = pooled.run_action("dirty", DIRTY)
+    assert out.status == "ok" and out.stdout.strip().endswith(b"done"), out
+    before = pooled.run_action("dirty", CHECK).stdout.decode()
+    assert "procs=0" not in before and "files=\n" not in before  # the mess is there
+    pooled.close_trajectory("dirty")
+    wait_parked(pooled)
+    second = pooled.open_trajectory("clean")
+    try:
+        assert second.container_id == first.container_id, "the pool did not reuse it"
+        assert second.traj_id == "clean"
+        after = pooled.run_action("clean", CHECK)
+        assert after.stdout.decode().split() == ["files=", "procs=0", "evil=none"], after
+    finally:
+        pooled.close_trajectory("clean")
+
+
+def parked_ids(manager: Any) -> set[str]:
+    """Container ids the manager's pool holds parked, once no reset is running."""
+    deadline = time.monotonic() + 30
+    while manager.pool_stats().resetting:
+        assert time.monotonic() < deadline, f"resets did not end: {manager.pool_stats()}"
+        time.sleep(0.02)
+    pool = manager._containers.pool
+    with pool._lock:
+        return {c.handle.container_id for cs in pool._parked.values() for c in cs}
+
+
+def test_an_action_cannot_kill_a_pooled_containers_keeper(pooled: Any) -> None:
+    failed = pooled.pool_stats().counters.get("reset_failed", 0)
+    handle = pooled.open_trajectory("killer")
+    out = pooled.run_action("killer", "kill -9 -1; kill -9 1; sleep 1")
+    assert out.status in ("ok", "error")
+    pooled.close_trajectory("killer")
+    assert handle.container_id in parked_ids(pooled), "the container died or was retired"
+    assert pooled.pool_stats().counters.get("reset_failed", 0) == failed
+
+
+def test_prewarmed_containers_serve_opens_without_a_create(pooled: Any) -> None:
+    assert pooled.prewarm(2)
+    wait_parked(pooled, 2)
+    hits = pooled.pool_stats().counters.get("hits", 0)
+    pooled.open_trajectory("warm")
+    try:
+        assert pooled.pool_stats().counters["hits"] == hits + 1
+        assert pooled.run_action("warm", "python3 -c 'print(6*7)'").stdout == b"42\n"
+    finally:
+        pooled.close_trajectory("warm")
+
+
+def test_a_relaxed_sandbox_is_never_pooled(pooled: Any) -> None:
+    assert not pooled.prewarm(1, sandbox=SandboxConfig(user="0:0"))
+    assert not pooled.prewarm(1, sandbox=SandboxConfig(read_only_root=False))
+
+
+def test_no_pool_unless_configured(manager: Any) -> None:
+    assert manager.pool_stats() is None and not manager.prewarm(1)
