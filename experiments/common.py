@@ -87,6 +87,8 @@ class Variant:
     timeline: bool = True
     clock: bool = False
     extra: tuple[tuple[str, Any], ...] = ()
+    #: ``tangram.sim.config.Overheads`` fields to change (e.g. ``(("pod_start_s", 30.0),)``).
+    overheads: tuple[tuple[str, Any], ...] = ()
 
     @property
     def name(self) -> str:
@@ -203,7 +205,7 @@ def _slim_timeline(result, resolution_s: float = 1.0) -> pd.DataFrame:
 
 def execute(job: Job) -> list[dict[str, Any]]:
     """Generate the job's trace and replay it under each variant; one row per variant."""
-    from tangram.sim.config import RolloutConfig, SimConfig
+    from tangram.sim.config import Overheads, RolloutConfig, SimConfig
     from tangram.sim.driver import Simulation
     from tangram.sim.metrics import summary
     from tangram.sim.workloads import generate
@@ -219,6 +221,7 @@ def execute(job: Job) -> list[dict[str, Any]]:
             seed=job.seed,
             rollout=RolloutConfig(train_s=v.train_s),
             timeline=v.timeline,
+            overheads=Overheads(**dict(v.overheads)),
         )
         t0 = time.perf_counter()
         sim = Simulation(trace, cluster, config, clock=time.perf_counter if v.clock else None)
@@ -237,6 +240,7 @@ def execute(job: Job) -> list[dict[str, Any]]:
             **dict(job.overrides),
             **dict(job.tags),
             **dict(v.extra),
+            **{f"overheads.{k}": val for k, val in v.overheads},
         }
         s = summary(result)
         row.update({k: s[k] for k in SUMMARY_COLUMNS})

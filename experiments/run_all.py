@@ -1,6 +1,6 @@
 """Run every experiment, then rebuild the results table of ``docs/experiments.md``.
 
-    python experiments/run_all.py                 # all six, 3 seeds each (~15-20 min on 2 cores)
+    python experiments/run_all.py                 # all of them, 3 seeds each (~25 min on 2 cores)
     python experiments/run_all.py --only coding_act fixed_dop
     python experiments/run_all.py --docs-only     # just regather results/*.claims.csv into the doc
     python experiments/run_all.py --smoke --out /tmp/x   # tiny configuration (tests)
@@ -30,6 +30,7 @@ EXPERIMENTS = [
     "step_time",
     "fixed_dop",
     "scheduler_overhead",
+    "sensitivity",
     "fidelity",  # live: needs the Docker engine (scripts/ensure-docker.sh), ~4 min
 ]
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"

@@ -124,3 +124,19 @@ def test_run_all_updates_doc_table(tmp_path):
     text = doc.read_text()
     assert "old" not in text and "| 1 | c (m) | 4.3x | 1.5x |" in text
     assert text.startswith("intro") and text.endswith("outro\n")
+
+
+def test_sensitivity_smoke_varies_each_assumption_and_reports_ratios(tmp_path):
+    run_smoke("sensitivity.py", tmp_path)
+    ratios = pd.read_csv(tmp_path / "sensitivity.ratios.csv")
+    assert set(ratios.section) == {"pods", "serial", "bursts", "popularity"}
+    pods = ratios[ratios.section == "pods"].set_index("baseline").ratio_mean
+    # A slower pod start can only make the static pods' ACT longer, tangram's being the same.
+    starts = [pods[f"k8s-static:4 start {s:g}s"] for s in (0, 5, 10, 30, 60)]
+    assert starts == sorted(starts) and starts[-1] > starts[0]
+    runs = pd.read_csv(tmp_path / "sensitivity_runs.csv")
+    assert (runs.rejected == 0).all()
+    pop = runs[runs.section == "popularity"]
+    assert pop.offered_load.between(0, 1).all()  # busy <= provisioned GPU-seconds
+    md = (tmp_path / "sensitivity.md").read_text()
+    assert "offered load" in md and "Pod startup and pod shape" in md
