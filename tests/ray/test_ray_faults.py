@@ -92,7 +92,7 @@ def test_a_stopped_node_ends_its_actions_and_leaves_no_cpu_capacity(ray_cluster:
     running = c.submit(command="sleep 30", trajectory="stop-1")
     wait_for(lambda: _state(c, running) == "running", 10, "start")
     stopped_at = time.monotonic()
-    ray_cluster.cluster.remove_node(ray_cluster.workers.pop("w2"), allow_graceful=False)
+    ray_cluster.local.remove("w2")
     out = outcome_when_done(c, running, LOST_WITHIN_S)
     took = time.monotonic() - stopped_at
     print(f"node stopped: its action ended node_lost after {took:.2f} s")
@@ -108,9 +108,9 @@ def test_nodes_that_join_add_their_capacity_without_a_restart(ray_cluster: Any) 
     import ray
 
     c = RayClient(ray_cluster.handle)
-    ray_cluster.cluster.remove_node(ray_cluster.workers.pop("w1"), allow_graceful=False)
+    ray_cluster.local.remove("w1")
     for name in ("w1", "w2"):
-        ray_cluster.add(name)
+        ray_cluster.local.add(name)
     wait_for(
         lambda: all(n["alive"] for n in c.status()["nodes"].values()), 120, "the nodes' return"
     )

@@ -111,6 +111,7 @@ class SchedulerActor:
         for executor in (cpu, gpu):
             if executor is not None:
                 executor.scheduler = runtime.scheduler  # (the core the runtime made)
+        runtime.host.loop.timer = time.perf_counter  # the time spent in the core, measured
         self.runtime = runtime
         if cfg.http is not None:
             from tangram.exec.service.server import start_site
@@ -391,6 +392,12 @@ class SchedulerActor:
         doc["lost_trajectories"] = dict(self.lost_trajectories)
         doc["unplaced_nodes"] = dict(self.unplaced)
         return {"value": doc}
+
+    async def core_figures(self) -> dict[str, float]:
+        """Scheduling so far: decisions, passes, and seconds spent in the core (its own rate
+        is decisions / core_s; ``tangram bench ray`` reads it before and after a load)."""
+        loop = self._rt().host.loop
+        return {"decisions": loop.decisions, "passes": loop.passes, "core_s": loop.core_seconds}
 
     async def agent_handles(self) -> dict[str, Any]:
         """Node name -> its agent's handle (tests and tools read containers, grant logs)."""
