@@ -107,6 +107,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="connections open at once; one more is answered 429 and closed "
         f"(default {defaults.max_connections})",
     )
+    p.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run on a Ray cluster (an address or 'auto'): the scheduler in a named actor, "
+        "an agent per node; the cluster comes from the Ray nodes (docs/ray.md)",
+    )
     p.add_argument("--no-cpu", action="store_true", help="no CPU executor (no Docker needed)")
     p.add_argument("--no-gpu", action="store_true", help="no GPU executor (no torch needed)")
     p.add_argument(
@@ -141,6 +147,10 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     token = args.token or os.environ.get(TOKEN_ENV) or None
     check_binding(args.host, token)
+    if args.ray:
+        from tangram.exec.ray.cli import serve_on_ray
+
+        return serve_on_ray(args, token)
     if args.cluster:
         cluster = load_cluster(args.cluster)
     else:

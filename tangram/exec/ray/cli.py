@@ -1,0 +1,91 @@
+"""``tangram serve --ray ADDRESS|auto``: the HTTP service on a Ray cluster.
+
+Attaches to the cluster (``ray.init(address=...)``), starts the scheduler actor on this
+node (agents on every node; ``docs/ray.md``) with the settings of ``tangram serve`` (policy,
+bounds, trace, journal, token, limits), prints where it listens, and on SIGINT/SIGTERM shuts
+it down: queued actions end, running ones finish, containers are removed, the actor goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import signal
+import sys
+import threading
+from typing import Any
+
+#: The Ray namespace of ``tangram serve --ray``'s scheduler actor (``RayConfig.namespace``).
+NAMESPACE = "tangram"
+
+
+def serve_on_ray(args: argparse.Namespace, token: str | None) -> int:
+    import ray
+
+    from tangram.core.cluster_file import load_cluster
+    from tangram.exec.ray.config import RayConfig
+    from tangram.exec.ray.service import start, stop
+    from tangram.exec.runtime import RuntimeConfig, http_endpoint
+    from tangram.exec.runtime.discovery import default_apis
+    from tangram.exec.service.limits import ConnectionLimits
+    from tangram.exec.service.server import ServeOptions
+    from tangram.exec.service_cli import journal_path
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    if args.no_journal and args.journal is not None:
+        raise ValueError("give --journal PATH or --no-journal, not both")
+    apis = load_cluster(args.cluster).apis if args.cluster else default_apis()
+    endpoints: dict[str, Any] = {}
+    for item in args.api:
+        name, sep, url = item.partition("=")
+        if not sep or not name or not url.startswith(("http://", "https://")):
+            raise ValueError(f"--api {item!r}: expected NAME=http(s)://...")
+        endpoints[name] = http_endpoint(url)
+    scratch = contextlib.ExitStack()
+    with scratch:
+        runtime = RuntimeConfig(
+            policy=args.policy,
+            max_pending=args.max_pending,
+            default_timeout_s=args.default_timeout_s,
+            default_memory_gb=args.memory_gb,
+            trace_path=args.trace,
+            journal_path=None if args.no_journal else journal_path(args, scratch),
+            journal_fsync=args.journal_fsync,
+        )
+        http = ServeOptions(
+            host=args.host,
+            port=args.port,
+            token=token,
+            trace_path=args.trace,
+            max_output_bytes=args.max_output_bytes,
+            limits=ConnectionLimits(
+                header_timeout_s=args.header_timeout_s,
+                body_timeout_s=args.body_timeout_s,
+                max_connections=args.max_connections,
+            ),
+        )
+        config = RayConfig(
+            namespace=NAMESPACE, runtime=runtime, apis=apis, endpoints=endpoints, http=http
+        )
+        ray.init(address=args.ray, namespace=NAMESPACE, log_to_driver=False)
+        done = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: done.set())
+        handle, info = start(config)
+        try:
+            info = {**info, "ray": args.ray, "token": bool(token)}
+            if args.json:
+                print(json.dumps(info), flush=True)
+            else:
+                print(
+                    f"tangram serve: on Ray, listening on {info['url']} ({json.dumps(info)})",
+                    flush=True,
+                )
+            done.wait()
+        finally:
+            stop(config, handle)
+            ray.shutdown()
+    print("tangram serve: stopped", file=sys.stderr)
+    return 0
