@@ -74,7 +74,11 @@ def main(argv=None) -> int:
     batches = [32] if args.smoke else [2048, 3072]
     grid = [4, 8, 10, 16, 24, FULL_GPUS] if args.smoke else list(range(2, FULL_GPUS + 1))
     # The scan's timeline (held GPUs) is kept only on the full pool, to save time.
-    variants = (Variant("sglang-static", label="sglang-static@36", gpus=SGLANG_GPUS),) + tuple(
+    variants = (
+        Variant("sglang-static", label="sglang-static@36", gpus=SGLANG_GPUS),
+        # The same 36 GPUs split by expected load (popularity x call cost), as operators size them.
+        Variant("sglang-sized", label="sglang-sized@36", gpus=SGLANG_GPUS),
+    ) + tuple(
         Variant("tangram", label=f"tangram@{n}", gpus=n, timeline=n == FULL_GPUS) for n in grid
     )
     jobs = [Job("mopd", b, s, variants) for b in batches for s in args.seeds]
@@ -86,6 +90,7 @@ def main(argv=None) -> int:
     savings = []
     for (b, s), g in runs.groupby(["batch", "seed"]):
         sg = g[g.variant == "sglang-static@36"].iloc[0]
+        sized = g[g.variant == "sglang-sized@36"].iloc[0]
         full = g[g.variant == "tangram@40"].iloc[0]
         sc = g[g.scan].sort_values("gpus")
         n_act = smallest(sc, sc.act_mean_s <= sg.act_mean_s)
@@ -102,6 +107,8 @@ def main(argv=None) -> int:
                 "tangram40_act_mean_s": full.act_mean_s,
                 "speedup_at_40": sg.act_mean_s / full.act_mean_s,
                 "gpus_equal_act": n_act,
+                "sized_act_mean_s": sized.act_mean_s,
+                "gpus_equal_act_sized": smallest(sc, sc.act_mean_s <= sized.act_mean_s),
                 "saved_equal_act": 1 - n_act / SGLANG_GPUS,
                 "gpus_act_within_10pct": n_act10,
                 "gpus_step_within_1pct": n_step,
@@ -193,6 +200,19 @@ def main(argv=None) -> int:
         return text, a.act_mean_s_mean, a.act_mean_s_std
 
     b0 = batches[0]
+
+    def load(b: int, v: str) -> str:
+        """Offered load of a variant: busy / provisioned GPU-seconds (mean over seeds)."""
+        a = agg[(agg.batch == b) & (agg.variant == v)]
+        if a.empty:
+            return "n/a"
+        a = a.iloc[0]
+        return f"{a.busy_gpu_s_mean / a.provisioned_gpu_s_mean:.1%}"
+
+    loads = (
+        f"offered load (busy / provisioned GPU-s): sglang@36 {load(b0, 'sglang-static@36')}, "
+        f"tangram@40 {load(b0, 'tangram@40')}, tangram@10 {load(b0, 'tangram@10')}"
+    )
     claims = []
     t, m, sd = s_(b0, "gpus_equal_act", 1)
     saved_m, saved_s = mean_std(sav[sav.batch == b0].saved_equal_act)
@@ -201,7 +221,18 @@ def main(argv=None) -> int:
             f"MOPD GPUs for equal mean ACT, batch {b0}",
             "GPUs: sglang-static -> tangram (saved)",
             "36 -> 10 (71.2%)",
-            f"36 -> {t} ({pm(100 * saved_m, 100 * saved_s, 1, '%')})",
+            f"36 -> {t} ({pm(100 * saved_m, 100 * saved_s, 1, '%')}); {loads}",
+            m,
+            sd,
+        )
+    )
+    t, m, sd = s_(b0, "gpus_equal_act_sized", 1)
+    claims.append(
+        Claim(
+            f"MOPD GPUs for equal mean ACT vs SGLang sized by load, batch {b0}",
+            "GPUs: sglang-sized -> tangram",
+            "-",
+            f"36 -> {t}; offered load sglang-sized@36 {load(b0, 'sglang-sized@36')}",
             m,
             sd,
         )
@@ -212,7 +243,7 @@ def main(argv=None) -> int:
             f"MOPD GPUs for step time within 1% of SGLang, batch {b0}",
             "GPUs: sglang-static -> tangram",
             '36 -> 10 ("comparable latency")',
-            f"36 -> {t}",
+            f"36 -> {t}; {loads}",
             m,
             sd,
         )
@@ -248,6 +279,8 @@ def main(argv=None) -> int:
         rec = {"batch": b}
         for col, label, d in (
             ("sglang_act_mean_s", "sglang@36 ACT (s)", 3),
+            ("sized_act_mean_s", "sglang-sized@36 ACT (s)", 3),
+            ("gpus_equal_act_sized", "GPUs: ACT <= sized", 1),
             ("tangram40_act_mean_s", "tangram@40 ACT (s)", 3),
             ("speedup_at_40", "speedup", 2),
             ("gpus_equal_act", "GPUs: ACT <= sglang", 1),
