@@ -5,8 +5,10 @@
 #   PYTHON=/path/to/python SIZES=small,large MODELS=hf-small REPS=5 bash experiments/gpu_eoe_check.sh
 #
 # Also runs the model-directory and sharded-cell tests on CUDA (tests/exec/test_eoe_hf.py: the
-# 2-GPU ones skip on a 1-GPU machine, saying so), and benchmarks directory-loaded models
-# ($MODELS): whole on one GPU and, with 2+ GPUs, split by layers over 2.
+# 2-GPU ones skip on a 1-GPU machine, saying so) and the engine backend's
+# (tests/exec/test_eoe_engine.py; the vLLM one where vLLM is installed), benchmarks
+# directory-loaded models ($MODELS): whole on one GPU and, with 2+ GPUs, split by layers over 2,
+# and the engine backend's restore (wake-up) against a plain pinned copy (eoe_engine_cuda.json).
 #
 # Needs: an NVIDIA GPU, a CUDA build of torch (torch==2.13.0 as pinned), pynvml, and for the
 # tests pytest + hypothesis. Results go to $OUT (the device tool's output folder) or
@@ -59,7 +61,7 @@ if "$PY" -c 'import pytest, hypothesis' 2>/dev/null; then
   TANGRAM_EOE_BACKEND=cuda EOE_PROPERTY_EXAMPLES="${EOE_PROPERTY_EXAMPLES:-25}" \
     timeout "$TEST_TIMEOUT" "$PY" -m pytest -q -p no:cacheprovider -rs \
     tests/exec/test_eoe_cuda.py tests/exec/test_eoe_manager.py tests/exec/test_eoe_concurrency.py \
-    tests/exec/test_eoe_registry.py tests/exec/test_eoe_hf.py \
+    tests/exec/test_eoe_registry.py tests/exec/test_eoe_hf.py tests/exec/test_eoe_engine.py \
     2>&1 | tee "$OUT_DIR/eoe_tests_cuda.txt"
   rc=${PIPESTATUS[0]}
   echo "tests exit code: $rc"
@@ -98,6 +100,29 @@ if doc.get("models"):
     from tangram.exec.eoe.bench_hf import table
     print("\nmodel directories, whole and split by layers (medians):")
     print(format_table(table(doc["models"])))
+PYEOF
+fi
+echo "== engine backend: restore (wake-up) vs plain pinned copy (python -m tangram.exec.eoe.bench_engine)"
+timeout "$BENCH_TIMEOUT" "$PY" -m tangram.exec.eoe.bench_engine --backend cuda --model "${ENGINE_MODEL:-hf-medium}" \
+  --reps "$REPS" > "$OUT_DIR/eoe_engine_cuda.json"
+rc=$?
+if [ "$rc" -ne 0 ]; then
+  echo "engine benchmark failed (exit $rc)"; status=1
+else
+  "$PY" - "$OUT_DIR/eoe_engine_cuda.json" <<'PYEOF' | tee "$OUT_DIR/eoe_engine_cuda.txt"
+import json, sys
+from tangram.report import format_table
+doc = json.load(open(sys.argv[1]))
+print(format_table([{
+    "engine": r["engine"], "MiB": r["weight_bytes"] / 2**20, "restore ms": r["restore_s"] * 1e3,
+    "restore GB/s": r["restore_gbps"], "copy GB/s": r["copy_gbps"],
+    "restore % of copy": r["restore_pct_of_copy"],
+} for r in doc["engines"]]))
+for kind, why in doc["skipped"].items():
+    print(f"{kind}: skipped ({why})")
+for r in doc["engines"]:
+    print(f"{r['engine']}: target (restore >= 80% of a plain pinned copy):",
+          "MET" if r["restore_pct_of_copy"] >= 80 else "NOT MET")
 PYEOF
 fi
 exit $status

@@ -8,6 +8,7 @@ import time
 
 from tangram.exec.eoe.backup import HostBackup
 from tangram.exec.eoe.bookkeeping import Service
+from tangram.exec.eoe.engine import EngineBackup
 from tangram.exec.eoe.errors import ServiceSpecError, ServiceTooLargeError
 from tangram.exec.eoe.records import ServiceInfo
 from tangram.exec.eoe.registry import ServiceSpec
@@ -27,7 +28,10 @@ def build_service(spec: ServiceSpec, *, pin: bool, largest_budget: int) -> Servi
         raise ServiceSpecError(
             f"service {spec.name!r}: factory raised {type(exc).__name__}: {exc}"
         ) from exc
-    backup = HostBackup(module, pin=pin, shards=spec.shards)
+    if spec.backend == "engine":
+        backup = EngineBackup(module, spec.home)
+    else:
+        backup = HostBackup(module, pin=pin, shards=spec.shards)
     del module
     per_gpu = max(backup.shard_bytes)  # the whole replica unless sharded
     if spec.memory_bytes is not None and spec.memory_bytes < min(per_gpu, backup.tensor_bytes):
@@ -45,6 +49,7 @@ def build_service(spec: ServiceSpec, *, pin: bool, largest_budget: int) -> Servi
         pinned=backup.pinned,
         build_s=time.perf_counter() - start,
         shards=backup.shards,
+        home=spec.home,
     )
     if info.need_bytes > largest_budget:
         held = (

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from tangram.exec.eoe.cells import Cell, aligned_cells, validate_cell
-from tangram.exec.eoe.errors import DopNotSupportedError, ServiceTooLargeError
+from tangram.exec.eoe.errors import DopNotSupportedError, InvalidCellError, ServiceTooLargeError
 from tangram.exec.eoe.records import ServiceInfo
 
 
@@ -44,6 +44,11 @@ def check_request(
             f"DoP {dop} needs a cell of {dop} GPUs but this executor has {n}"
         )
     cell = validate_cell(gpus, n, dop) if gpus is not None else None
+    if info.home is not None and (info.home >= n or cell not in (None, (info.home,))):
+        raise InvalidCellError(
+            f"service {info.name!r} runs on GPU {info.home} only (its engine lives there), "
+            f"not on {cell if cell is not None else f'this executor of {n} GPUs'}"
+        )
     need = info.need_bytes
     small = [g for g in (cell or ()) if budgets[g] < need]
     if small:
@@ -59,6 +64,8 @@ def cells_for(info: ServiceInfo, request: Request, budgets: Sequence[int]) -> tu
     DoP whose budgets each hold one replica plus workspace (``ServiceTooLargeError`` if none)."""
     if request.cell is not None:
         return (request.cell,)
+    if info.home is not None:
+        return ((info.home,),)
     need = info.need_bytes
     fit = tuple(
         c for c in aligned_cells(len(budgets), request.dop) if all(budgets[g] >= need for g in c)

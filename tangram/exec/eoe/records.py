@@ -36,6 +36,8 @@ class ServiceInfo:
     #: 1: data-parallel replicas (a whole copy per GPU); k: split by layers over a k-GPU cell,
     #: each GPU holding one shard (``resident_bytes`` is then the largest shard's).
     shards: int = 1
+    #: The one GPU an engine service runs on; None: any cell.
+    home: int | None = None
 
     @property
     def parallelism(self) -> str:

@@ -24,6 +24,8 @@ from tangram.exec.eoe.errors import DuplicateServiceError, ServiceSpecError, Unk
 if TYPE_CHECKING:
     import torch
 
+#: Who moves a service's weights (see ``ServiceSpec.backend``).
+BACKENDS = ("copies", "engine")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]*$")
 
 
@@ -61,6 +63,11 @@ class ServiceSpec:
     #: What front ends need to speak to the service in text (for a model directory, its
     #: ``hf.HfService``: kind, tokenizer, limits); None for services called with tensors only.
     frontend: Any = field(default=None, compare=False, repr=False)
+    #: Who moves the weights: "copies" (Tangram's host backup, restored by copies) or "engine"
+    #: (``factory()`` builds an ``engine.Engine`` that sleeps and wakes itself, on GPU ``home``).
+    backend: str = "copies"
+    #: The one GPU an engine service runs on (its engine lives there); None for copies.
+    home: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -72,6 +79,22 @@ class ServiceSpec:
             raise ServiceSpecError(f"service {self.name!r}: factory must be callable")
         if not callable(self.call):
             raise ServiceSpecError(f"service {self.name!r}: call must be callable")
+        if self.backend not in BACKENDS:
+            raise ServiceSpecError(
+                f"service {self.name!r}: backend must be one of {BACKENDS}, got {self.backend!r}"
+            )
+        if (self.backend == "engine") != (self.home is not None):
+            raise ServiceSpecError(
+                f"service {self.name!r}: an engine service names its GPU (home), a service "
+                "restored by copies does not"
+            )
+        if self.backend == "engine" and (
+            tuple(self.dops) != (1,) or self.shards != 1 or self.memory_bytes is None
+        ):
+            raise ServiceSpecError(
+                f"service {self.name!r}: an engine service runs at DoP 1 on its home GPU, "
+                "unsharded, and declares memory_bytes (its engine allocates that memory)"
+            )
         if not isinstance(self.shards, int) or self.shards not in CELL_SIZES:
             raise ServiceSpecError(
                 f"service {self.name!r}: shards must be one of {CELL_SIZES}, got {self.shards!r}"

@@ -1,0 +1,163 @@
+"""The engine backend: services whose engine sleeps and wakes itself, behind EoeManager.
+
+``ModuleEngine`` (weights to host memory on sleep, back on wake-up, as vLLM's level 1) runs
+here; ``VllmEngine`` needs CUDA and vLLM and is run by experiments/gpu_eoe_check.sh.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tangram.exec.eoe import EoeConfig, EoeManager, ServiceSpec, ServiceSpecError
+from tangram.exec.eoe.engine import ModuleEngine, engine_spec
+from tangram.exec.eoe.errors import InvalidCellError
+from tangram.exec.eoe.hf import load_model, teacher_logprobs
+from tangram.exec.eoe.hf_tiny import HfShape, save_model_dir
+from tangram.exec.eoe.testing import BACKEND, missing_devices
+
+SHAPE = HfShape(layers=2)
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_model_dir(tmp_path_factory.mktemp("engine") / "teacher", "teacher", SHAPE)
+
+
+def device_name(gpu: int) -> str:
+    return f"cuda:{gpu}" if BACKEND == "cuda" else "cpu"
+
+
+def teacher_engine(path: Path, gpu: int = 0) -> Any:
+    return lambda: ModuleEngine(load_model(path, "teacher"), device_name(gpu), teacher_logprobs)
+
+
+def manager(devices: int = 2, mib: int = 8) -> EoeManager:
+    reason = missing_devices(devices)
+    if reason is not None:
+        pytest.skip(reason)
+    return EoeManager(EoeConfig(backend=BACKEND, devices=devices, device_memory_bytes=mib * MIB))
+
+
+def asleep(engine: ModuleEngine) -> bool:
+    return all(p.numel() == 0 for p in engine.module.parameters())
+
+
+def ids() -> torch.Tensor:
+    return torch.randint(4, SHAPE.vocab, (3, 12), generator=torch.Generator().manual_seed(0))
+
+
+def test_an_engine_wakes_for_a_call_sleeps_when_evicted_and_gives_identical_outputs(
+    model_dir: Path,
+) -> None:
+    with manager() as m:
+        info = m.register(engine_spec("t", teacher_engine(model_dir), home=0, memory_bytes=2 * MIB))
+        engine = m._service("t").backup.engine
+        assert asleep(engine) and info.home == 0 and info.resident_bytes == 2 * MIB
+        first = m.call("t", ids())
+        assert first.ok and first.restored_gpus == (0,) and not first.hit
+        assert not asleep(engine) and m.residency() == {"t": (0,)}
+        hit = m.call("t", ids())
+        assert hit.hit
+        m.evict("t")
+        assert asleep(engine) and m.residency() == {}
+        again = m.call("t", ids())
+        assert again.ok and again.restored_gpus == (0,)
+    with torch.inference_mode():
+        expected = teacher_logprobs(load_model(model_dir, "teacher"), ids())["token_logprobs"]
+    for out in (first, hit, again):
+        assert torch.equal(out.value["token_logprobs"], expected)
+    assert asleep(engine)  # closing the manager put it to sleep
+
+
+def test_memory_pressure_puts_the_least_recently_used_engine_to_sleep(model_dir: Path) -> None:
+    with manager(mib=3) as m:  # room for one engine's 2 MiB claim per GPU
+        m.register(engine_spec("a", teacher_engine(model_dir), home=0, memory_bytes=2 * MIB))
+        m.register(engine_spec("b", teacher_engine(model_dir), home=0, memory_bytes=2 * MIB))
+        a, b = (m._service(n).backup.engine for n in "ab")
+        assert m.call("a", ids()).ok and not asleep(a)
+        out = m.call("b", ids())
+        assert out.ok and out.evicted == (("a", 0),)
+        assert asleep(a) and not asleep(b) and m.residency() == {"b": (0,)}
+
+
+def test_an_engine_runs_on_its_home_gpu_only(model_dir: Path) -> None:
+    with manager() as m:
+        m.register(engine_spec("t", teacher_engine(model_dir, 1), home=1, memory_bytes=2 * MIB))
+        assert m.call("t", ids()).gpus == (1,)
+        wrong = m.call("t", ids(), gpus=(0,))
+        assert isinstance(wrong.error, InvalidCellError) and "GPU 1 only" in wrong.message
+        m.register(engine_spec("far", teacher_engine(model_dir), home=5, memory_bytes=2 * MIB))
+        assert isinstance(m.call("far", ids()).error, InvalidCellError)
+
+
+def test_engine_specs_are_checked(model_dir: Path) -> None:
+    make = teacher_engine(model_dir)
+    with pytest.raises(ServiceSpecError, match="declares memory_bytes"):
+        ServiceSpec("x", make, lambda e, i: e(i), backend="engine", home=0)
+    with pytest.raises(ServiceSpecError, match="DoP 1"):
+        ServiceSpec(
+            "x", make, lambda e, i: e(i), dops=(1, 2), memory_bytes=1, backend="engine", home=0
+        )
+    with pytest.raises(ServiceSpecError, match="names its GPU"):
+        ServiceSpec("x", make, lambda e, i: e(i), memory_bytes=1, backend="engine")
+    with pytest.raises(ServiceSpecError, match="backend must be one of"):
+        ServiceSpec("x", make, lambda e, i: e(i), backend="vllm")
+    not_an_engine = engine_spec("m", lambda: torch.nn.Linear(2, 2), home=0, memory_bytes=MIB)
+    with manager() as m, pytest.raises(ServiceSpecError, match="lacks wake_up"):
+        m.register(not_an_engine)
+
+
+NO_VLLM = importlib.util.find_spec("vllm") is None or not torch.cuda.is_available()
+
+
+@pytest.mark.skipif(
+    NO_VLLM, reason="CUDA-only: needs a GPU and vLLM (experiments/gpu_eoe_check.sh)"
+)
+def test_cuda_vllm_engine_sleeps_and_wakes_behind_the_manager(model_dir: Path) -> None:
+    from tangram.exec.eoe.engine import VllmEngine
+
+    def make() -> VllmEngine:
+        return VllmEngine(str(model_dir), dtype="float32", gpu_memory_utilization=0.2)
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    config = EoeConfig(backend="cuda", devices=1, device_memory_bytes=int(0.5 * total))
+    prompt = {"prompt_token_ids": ids().tolist()}
+    with EoeManager(config) as m:
+        m.register(engine_spec("v", make, home=0, memory_bytes=int(0.2 * total)))
+        engine = m._service("v").backup.engine
+        first = m.call("v", prompt)
+        assert first.ok, first.message
+        free_awake = torch.cuda.mem_get_info()[0]
+        m.evict("v")
+        assert torch.cuda.mem_get_info()[0] > free_awake  # sleep gave memory back
+        t0 = time.perf_counter()
+        again = m.call("v", prompt)
+        wake_s = time.perf_counter() - t0
+        assert again.ok and again.restored_gpus == (0,) and again.value == first.value
+    with torch.inference_mode():
+        ref = teacher_logprobs(load_model(model_dir, "teacher"), ids())["token_logprobs"]
+    got = torch.tensor([row[1:] for row in first.value])
+    assert torch.allclose(got, ref, atol=1e-3)
+    print(
+        f"vLLM wake-up: {engine.weight_bytes} weight bytes, restore {again.restore_s:.4f} s, call {wake_s:.4f} s"
+    )
+
+
+def test_the_engine_benchmark_reports_restore_against_a_plain_copy(capsys: Any) -> None:
+    import json
+
+    from tangram.exec.eoe import bench_engine
+
+    assert bench_engine.main(["--model", "hf-tiny", "--reps", "1", "--backend", "cpu"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    (row,) = doc["engines"]
+    assert row["engine"] == "module" and row["weight_bytes"] > 500_000
+    assert row["restore_s"] > 0 and row["copy_s"] > 0 and row["restore_pct_of_copy"] > 0
+    assert doc["skipped"] == {"vllm": "needs CUDA and vLLM"}
