@@ -1,0 +1,52 @@
+"""``tangram serve --ray ADDRESS``: attaches to the running cluster, serves the HTTP API from
+its scheduler actor, and on SIGINT shuts it down and removes the actor."""
+
+from __future__ import annotations
+
+import json
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from tangram.exec.service import Client
+
+
+def first_line(proc: subprocess.Popen[str], timeout_s: float) -> str:
+    assert proc.stdout is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    if not sel.select(timeout_s):
+        proc.kill()
+        pytest.fail(f"tangram serve --ray printed nothing within {timeout_s} s")
+    return proc.stdout.readline()
+
+
+def test_serve_on_ray_attaches_serves_and_stops(ray_cluster: Any, tmp_path: Any) -> None:
+    import ray
+
+    cmd = [sys.executable, "-m", "tangram.cli", "serve", "--ray", ray_cluster.local.address]
+    cmd += ["--port", "0", "--json", "--no-journal", "--policy", "fixed:1"]
+    log = (tmp_path / "serve.log").open("w")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+    try:
+        info = json.loads(first_line(proc, 180))
+        assert info["cpu_nodes"] == ["w1", "w2"] and info["policy"] == "fixed:1"
+        with Client(info["url"]) as c:
+            traj = c.open_trajectory("cli-1", memory_gb=0.5)
+            out = c.run(command="echo served", trajectory="cli-1")
+            assert out.ok and out.value.stdout == "served\n" and out.node == traj["node"]
+            assert c.run(endpoint="echo", payload="x").value == "x"
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(120) == 0
+        print(f"tangram serve --ray stopped in {time.monotonic() - t0:.1f} s")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    with pytest.raises(ValueError):
+        ray.get_actor("tangram-scheduler", namespace="tangram")
