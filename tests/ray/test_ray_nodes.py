@@ -1,0 +1,78 @@
+"""The cluster spec from the agents' reports (no Ray needed): node labels read as documented,
+bad ones refused naming the label, and the same nodes give the same spec in any order."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tangram.core.resources import ApiEndpointSpec
+from tangram.exec.ray.nodes import (
+    GpuPlan,
+    NodeReport,
+    cluster_spec,
+    core_domains,
+    gpu_plan,
+    memory_gb,
+    node_name,
+)
+
+APIS = (ApiEndpointSpec("echo", concurrency=4),)
+
+
+def test_labels_shape_a_node() -> None:
+    labels = {"tangram-cores": "0-3,8", "tangram-gpus": "cpu:4", "tangram-memory-gb": "12"}
+    assert core_domains(labels) == ((0, 1, 2, 3, 8),)
+    assert core_domains({"tangram-cores": ""}) == ()
+    assert gpu_plan(labels, 2.0) == GpuPlan(4, "cpu", 2.0)
+    assert gpu_plan({"tangram-gpus": "0"}, 2.0) is None
+    assert memory_gb(labels, 64 * 2**30) == 12.0
+    assert memory_gb({}, 64 * 2**30) == 64.0
+    assert node_name("abcdef0123456789", {}) == "ray-abcdef01"
+    assert node_name("abcdef0123456789", {"tangram-name": "cpu-7"}) == "cpu-7"
+
+
+@pytest.mark.parametrize(
+    ("labels", "names"),
+    [
+        ({"tangram-gpus": "cpu:3"}, "tangram-gpus"),
+        ({"tangram-gpus": "tpu:2"}, "tangram-gpus"),
+        ({"tangram-gpus": "many"}, "tangram-gpus"),
+        ({"tangram-memory-gb": "-1"}, "tangram-memory-gb"),
+    ],
+)
+def test_bad_labels_are_refused_naming_the_label(labels: dict[str, str], names: str) -> None:
+    with pytest.raises(ValueError, match=names):
+        gpu_plan(labels, 2.0)
+        memory_gb(labels, 1.0)
+
+
+def report(name: str, cores: int, gpus: int) -> NodeReport:
+    domains = (tuple(range(cores)),) if cores else ()
+    plan = GpuPlan(gpus, "cpu", 2.0) if gpus else None
+    return NodeReport(f"id-{name}", name, domains, 8.0, plan)
+
+
+nodes = st.lists(
+    st.tuples(st.integers(0, 4), st.sampled_from([0, 1, 2, 4, 8])).filter(lambda t: any(t)),
+    min_size=1,
+    max_size=6,
+)
+
+
+@given(nodes, st.randoms())
+def test_the_same_nodes_give_the_same_spec_in_any_order(shapes, rng) -> None:
+    reports = [report(f"n{i}", c, g) for i, (c, g) in enumerate(shapes)]
+    shuffled = list(reports)
+    rng.shuffle(shuffled)
+    spec = cluster_spec(reports, APIS)
+    assert spec == cluster_spec(shuffled, APIS)
+    assert [n.name for n in spec.cpu_nodes] == sorted(r.name for r in reports if r.domains)
+    assert [n.gpus for n in spec.gpu_nodes] == [g for _, g in shapes if g]
+    assert spec.total_cores == sum(c for c, _ in shapes)
+
+
+def test_two_nodes_with_one_name_are_refused() -> None:
+    with pytest.raises(ValueError, match="tangram-name"):
+        cluster_spec([report("a", 1, 0), report("a", 2, 0)], APIS)
