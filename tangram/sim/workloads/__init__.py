@@ -14,6 +14,7 @@ from tangram.sim.workloads.base import Workload
 from tangram.sim.workloads.coding import CodingParams, generate_coding
 from tangram.sim.workloads.deepsearch import DeepSearchParams, generate_deepsearch
 from tangram.sim.workloads.mopd import MopdParams, TeacherSpec, generate_mopd
+from tangram.sim.workloads.random_instances import RandomParams, generate_random
 from tangram.sim.workloads.stats import summarize
 from tangram.trace import Trace
 
@@ -39,6 +40,14 @@ WORKLOADS: dict[str, Workload] = {
         generate_mopd,
         "MOPD: log-prob calls to 9 teacher models on GPU (paper batch 2048)",
     ),
+    "random": Workload(
+        "random",
+        RandomParams,
+        40,
+        generate_random,
+        "small random instances (trace + cluster) of a family: cpu, gpu or mixed "
+        "(batch = most trajectories)",
+    ),
 }
 
 
@@ -63,6 +72,7 @@ __all__ = [
     "CodingParams",
     "DeepSearchParams",
     "MopdParams",
+    "RandomParams",
     "TeacherSpec",
     "Workload",
     "generate",
