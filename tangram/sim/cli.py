@@ -77,9 +77,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=Path,
         help="trace file (.jsonl, .jsonl.gz, .parquet); default: bundled coding trace",
     )
-    src.add_argument("--workload", help="generate a workload instead: coding, deepsearch or mopd")
+    src.add_argument(
+        "--workload", help="generate a workload instead: coding, deepsearch, mopd or random"
+    )
     p.add_argument(
-        "--cluster", default="paper", help="bundled cluster name or TOML path (default: paper)"
+        "--cluster",
+        help="bundled cluster name or TOML path (default: the cluster the trace carries, as "
+        "random instances do, else paper)",
     )
     p.add_argument(
         "--policy",
@@ -267,13 +271,20 @@ def main(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from tangram.sim.driver import simulate
+    from tangram.sim.instances import trace_cluster
     from tangram.sim.metrics import actions_frame, summary, timeline_frame, write_results
 
     params, built = configure(args)
     if args.list_params:
         return list_params(args)
     trace = load_source(args, params)
-    cluster = resize(load_cluster(args.cluster), gpus=args.gpus, cpu_nodes=args.cpu_nodes)
+    cluster = resize(
+        load_cluster(args.cluster)
+        if args.cluster
+        else trace_cluster(trace) or load_cluster("paper"),
+        gpus=args.gpus,
+        cpu_nodes=args.cpu_nodes,
+    )
     policies = args.policy or list(DEFAULT_POLICIES)
     overheads: Overheads = built["overheads"]
     rollout: RolloutConfig = built["rollout"]
