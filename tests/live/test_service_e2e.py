@@ -252,7 +252,7 @@ def test_run_code_speaks_sandbox_fusion(service: Any) -> None:
         assert r["status"] == "Success" and r["run_result"]["stdout"] == "1\n"
         # A request that cannot run is a 400 (its body: SandboxError and the error document).
         with pytest.raises(ServiceError, match="not supported"):
-            c.run_code("fn main() {}", language="rust")
+            c.run_code("IDENTIFICATION DIVISION.", language="cobol")
         with pytest.raises(ServiceError, match="run_timeout"):
             c.run_code("print(1)", run_timeout=-1)
         # verl's exact request shape

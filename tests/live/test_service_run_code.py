@@ -56,7 +56,7 @@ def test_a_program_that_kills_its_container_is_the_programs_failure(service: Any
     ("body", "field"),
     [
         ({"code": "print(1)", "memory_limit_MB": 10**7}, "memory_limit_MB"),
-        ({"code": "fn main() {}", "language": "rust"}, "language"),
+        ({"code": "IDENTIFICATION DIVISION.", "language": "cobol"}, "language"),
         ({"code": "print(1)", "run_timeout": -1}, "run_timeout"),
         ({"code": 5}, "code"),
     ],

@@ -18,6 +18,9 @@ from tangram.exec.aoe.topology import NumaTopology
 #: Images built by ``scripts/ensure-docker.sh``.
 BUSYBOX_IMAGE = "tangram-busybox"
 PYTHON_IMAGE = "tangram-python"
+#: Built by ``scripts/ensure-compilers-image.sh`` when a language needs it (C, C++, Java, Go,
+#: Node, Rust on top of tangram-python).
+COMPILERS_IMAGE = "tangram-compilers"
 
 #: The unprivileged account both images carry (``sandbox``, uid/gid 1000).
 SANDBOX_USER = "1000:1000"

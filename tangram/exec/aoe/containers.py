@@ -113,7 +113,9 @@ def create_kwargs(spec: ContainerSpec) -> dict[str, Any]:
     """The ``containers.run`` arguments of a sandboxed container (parked once started)."""
     sb = spec.sandbox
     owner = _uid_gid(sb.user)
-    work_opts = f"rw,size={sb.work_size_mb}m,mode=0755"
+    # exec: a compiled program runs from the work dir (docker's tmpfs is noexec by default,
+    # which guards nothing here: the sandbox's interpreters run any file anyway).
+    work_opts = f"rw,exec,size={sb.work_size_mb}m,mode=0755"
     if owner:
         work_opts += f",uid={owner[0]},gid={owner[1]}"
     kwargs: dict[str, Any] = {

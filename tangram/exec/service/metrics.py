@@ -16,6 +16,7 @@ from the runtime when scraped; the per-action time histograms are fed by an outc
 | ``tangram_api_in_flight`` | gauge | endpoint | API calls in flight |
 | ``tangram_scheduler_passes_total`` | counter | | scheduling passes (``advance`` calls) |
 | ``tangram_action_{act,queue,overhead,exec}_seconds`` | histogram | resource | per-action times |
+| ``tangram_warm_pool_*`` | | | the AOE warm pool (``pool_metrics.py``) |
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from prometheus_client.registry import Collector
 
 from tangram.exec.runtime import Outcome, Runtime
 from tangram.exec.runtime.records import STATUSES
+from tangram.exec.service.pool_metrics import PoolCollector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -86,6 +88,7 @@ class ServiceMetrics:
     def __init__(self, runtime: Runtime) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(_RuntimeCollector(runtime))
+        self.registry.register(PoolCollector(runtime))  # the warm pool, when there is one
         self.hist = {
             part: Histogram(
                 f"tangram_action_{part}_seconds",

@@ -1,20 +1,22 @@
 """``POST /run_code``: SandboxFusion's code-execution call, served by Tangram's CPU executor.
 
 verl's sandbox tool (and anything else written against SandboxFusion) can point its URL at a
-Tangram service unchanged. Each request runs in a fresh container (an ephemeral trajectory on
-the ``tangram-python`` image: Debian with python3 and bash) that is removed afterwards, as
-SandboxFusion runs each request in a fresh directory. The run is an ordinary action: the
-scheduler grants its cores, admission control bounds it, the trace records it.
+Tangram service unchanged. Each request runs in a container of its own (an ephemeral
+trajectory: ``tangram-python`` for python and bash, ``tangram-compilers`` for the others, see
+``languages.py``), taken warm from the pool when the service has one (reset before any other
+request gets it) or made and removed, as SandboxFusion runs each request in a fresh directory.
+Compile and run are ordinary actions: the scheduler grants their cores, admission control
+bounds them, the trace records them.
 
 Request fields (JSON object; null is the same as absent):
 
 | field | type | supported | meaning |
 |---|---|---|---|
 | ``code`` | string | yes (required) | the program |
-| ``language`` | string | ``python``, ``bash`` | others are refused (400) |
+| ``language`` | string | ``python``, ``bash``, ``c``, ``cpp``, ``java``, ``go``, ``nodejs``, ``rust`` (and aliases) | others are refused (400) |
 | ``run_timeout`` | number | yes (default 10) | seconds the program may run (``timeout`` in the container) |
-| ``compile_timeout`` | number | accepted, unused | python and bash have no compile step |
-| ``memory_limit_MB`` | number | yes (-1 or absent: the service default; 16 .. the node's) | the container's memory limit |
+| ``compile_timeout`` | number | yes (default 10) | seconds the compile step may take (compiled languages) |
+| ``memory_limit_MB`` | number | yes (-1 or absent: the service default; 16 .. the node's) | the container's memory limit (the compiler's too) |
 | ``stdin`` | string or null | yes | the program's standard input |
 | ``files`` | object name -> base64 | yes | written under the working directory first |
 | ``fetch_files`` | list of paths | yes | read back after the run, base64, into ``files`` |
@@ -22,14 +24,17 @@ Request fields (JSON object; null is the same as absent):
 | others | | ignored | SandboxFusion's ``extra`` etc. |
 
 Response: ``{"status": "Success" | "Failed" | "SandboxError", "message": str,
-"compile_result": null, "run_result": {"status": "Finished" | "TimeLimitExceeded" | "Error",
-"execution_time": s, "return_code": int | null, "stdout": str, "stderr": str} | null,
-"executor_pod_name": null, "files": {path: base64}}``.
+"compile_result": R | null, "run_result": R | null, "executor_pod_name": null,
+"files": {path: base64}}`` with ``R = {"status": "Finished" | "TimeLimitExceeded" | "Error",
+"execution_time": s, "return_code": int | null, "stdout": str, "stderr": str}``.
 
-- ``Success``: the program exited 0.
-- ``Failed``: the program's own failure. A non-zero exit (``Finished``), the time limit
-  (``TimeLimitExceeded``), or an end without an exit of its own (``Error``): its output
-  passed the service's cap (it was killed, the output cut) or it killed its container.
+- ``Success``: the compile step (if any) and the program exited 0.
+- ``Failed``: the program's own failure. A compile error (``compile_result`` ``Finished`` with
+  a non-zero code, or ``TimeLimitExceeded``; ``run_result`` null, nothing ran), a non-zero exit
+  (``Finished``; a memory-limit breach is the kernel's SIGKILL, return code 137), the time limit
+  (``TimeLimitExceeded``, return code null, as SandboxFusion's), or an end without an exit of its
+  own (``Error``): its output passed the service's cap (it was killed, the output cut) or it
+  killed its container.
 - ``SandboxError``: Tangram's side failed (the container could not be made, the files could
   not be written); SandboxFusion's client retries it.
 
@@ -55,9 +60,9 @@ from tangram.exec.aoe.config import PYTHON_IMAGE
 from tangram.exec.runtime import ActionSpec, CommandResult, CpuWork, Outcome, Runtime
 from tangram.exec.runtime.errors import BadRequest, LiveError
 from tangram.exec.runtime.records import MIN_MEMORY_GB
+from tangram.exec.service.languages import LANGUAGES, ImageBuilds, resolve
 from tangram.exec.service.schema import error_doc
 
-LANGUAGES = {"python": ("main.py", "python3"), "bash": ("main.sh", "bash")}
 #: Largest base64 text sent in one shell command (the kernel caps one argument at 128 KiB).
 CHUNK_CHARS = 60_000
 #: Exit code of coreutils ``timeout`` when the limit fired.
@@ -70,7 +75,10 @@ class RunCodeSettings:
 
     image: str = PYTHON_IMAGE
     memory_gb: float = 0.5
+    #: Default memory of a compiled language's container (javac and rustc need more).
+    compiled_memory_gb: float = 1.0
     default_run_timeout_s: float = 10.0
+    default_compile_timeout_s: float = 10.0
     max_run_timeout_s: float = 600.0
     #: Seconds the run may wait for a container's memory or for cores, beyond its run time.
     queue_allowance_s: float = 300.0
@@ -102,6 +110,7 @@ class RunCodeRequest:
     code: str
     language: str
     run_timeout_s: float
+    compile_timeout_s: float
     memory_gb: float
     stdin: str | None
     files: dict[str, bytes]
@@ -120,25 +129,23 @@ def parse_run_code(
     code = body.get("code")
     if not isinstance(code, str):
         raise BadRequest("field 'code': required, a string")
-    language = body.get("language", "python")
-    if not isinstance(language, str):
+    asked = body.get("language")
+    asked = "python" if asked is None else asked
+    if not isinstance(asked, str):
         raise BadRequest("field 'language': expected a string")
-    if language not in LANGUAGES:
+    language = resolve(asked)
+    if language is None:
         raise BadRequest(
-            f"field 'language': {language[:100]!r} is not supported by Tangram's /run_code; "
+            f"field 'language': {asked[:100]!r} is not supported by Tangram's /run_code; "
             f"supported: {', '.join(sorted(LANGUAGES))}"
         )
-    timeout = body.get("run_timeout", settings.default_run_timeout_s)
-    if timeout is None:
-        timeout = settings.default_run_timeout_s
-    if not _number(timeout) or timeout <= 0:
-        raise BadRequest(f"field 'run_timeout': expected seconds > 0, got {timeout!r}")
-    if timeout > settings.max_run_timeout_s:
-        raise BadRequest(
-            f"field 'run_timeout': at most {settings.max_run_timeout_s:g} s here, got {timeout}"
-        )
+    timeout = _seconds(body, "run_timeout", settings.default_run_timeout_s, settings)
+    compile_timeout = _seconds(
+        body, "compile_timeout", settings.default_compile_timeout_s, settings
+    )
     mem_mb = body.get("memory_limit_MB")
-    memory_gb = settings.memory_gb
+    compiled = LANGUAGES[language].image is not None
+    memory_gb = settings.compiled_memory_gb if compiled else settings.memory_gb
     if mem_mb is not None and mem_mb != -1:
         least = MIN_MEMORY_GB * 1024
         if not _number(mem_mb) or mem_mb < least:
@@ -178,13 +185,27 @@ def parse_run_code(
     return RunCodeRequest(
         code=code,
         language=language,
-        run_timeout_s=float(timeout),
+        run_timeout_s=timeout,
+        compile_timeout_s=compile_timeout,
         memory_gb=float(memory_gb),
         stdin=stdin,
         files=files,
         fetch_files=tuple(_safe_path(p, "fetch_files") for p in fetch),
         max_units=units,
     )
+
+
+def _seconds(body: Mapping, field: str, default: float, settings: RunCodeSettings) -> float:
+    """A time limit field: absent or null is ``default``, else seconds in (0, max]."""
+    value = body.get(field)
+    value = default if value is None else value
+    if not _number(value) or value <= 0:
+        raise BadRequest(f"field {field!r}: expected seconds > 0, got {value!r}")
+    if value > settings.max_run_timeout_s:
+        raise BadRequest(
+            f"field {field!r}: at most {settings.max_run_timeout_s:g} s here, got {value}"
+        )
+    return float(value)
 
 
 def _number(value: Any) -> bool:
@@ -232,27 +253,34 @@ def _upload_commands(files: dict[str, bytes]) -> list[str]:
     return commands
 
 
+#: Builds the compilers image the first time a request needs it (one build per process).
+IMAGE_BUILDS = ImageBuilds()
+
+
 async def run_code(
     runtime: Runtime, req: RunCodeRequest, settings: RunCodeSettings, *, max_output_bytes: int
 ) -> dict:
-    """Run one request in a fresh container and answer in SandboxFusion's format; the
-    program's output is cut at ``max_output_bytes`` per stream (the service's cap)."""
-    source, interpreter = LANGUAGES[req.language]
+    """Run one request in a container of its own (compile, then run) and answer in
+    SandboxFusion's format; the output is cut at ``max_output_bytes`` per stream."""
+    lang = LANGUAGES[req.language]
+    image = lang.image or settings.image
+    if lang.image is not None and runtime.cpu is not None:
+        try:
+            await IMAGE_BUILDS.ensure(runtime.cpu.aoe.client, image)
+        except LiveError as exc:
+            return sandbox_error(exc.message)
     files = dict(req.files)
-    files[source] = req.code.encode()
+    files[lang.source] = req.code.encode()
     stdin_path = "/tmp/.tangram-stdin"
     if req.stdin is not None:
         files[stdin_path] = req.stdin.encode()
     uploads = _upload_commands(files)
     redirect = stdin_path if req.stdin is not None else "/dev/null"
-    t = req.run_timeout_s
-    run = f"timeout -k 1 {t:g} {interpreter} {source} < {redirect}"
-    budget = t + settings.queue_allowance_s
     traj = f"run-code-{uuid.uuid4().hex[:12]}"
     await runtime.open_trajectory(
         traj,
         memory_gb=req.memory_gb,
-        image=settings.image,
+        image=image,
         wait_s=settings.queue_allowance_s,
         ephemeral=True,
     )
@@ -263,25 +291,61 @@ async def run_code(
             )
             if not setup.ok or setup.value.exit_code != 0:
                 return sandbox_error(f"writing the files failed: {_why(setup)}")
-        command = f"{uploads[-1]} && {run}" if uploads else run
-        outcome = await runtime.run(
-            ActionSpec(
-                CpuWork(command, max_output_bytes=max_output_bytes),
-                trajectory=traj,
-                kind="run_code",
-                max_units=req.max_units,
-                t1_s=max(0.01, min(t, 1.0)),
-                serial_fraction=settings.serial_fraction if req.max_units > 1 else None,
-                timeout_s=budget,
-                task="run_code",
+        last_upload = uploads[-1] if uploads else None
+        compiled: dict[str, Any] | None = None
+        if lang.compile is not None:
+            step = f"timeout -k 1 {req.compile_timeout_s:g} sh -c {shlex.quote(lang.compile)}"
+            outcome = await _step(
+                runtime, traj, req, settings, last_upload, step, "compile", max_output_bytes
             )
-        )
-        answer = _answer(outcome, t)
+            last_upload = None
+            compiled = _answer(outcome, req.compile_timeout_s)
+            if compiled["status"] == "SandboxError":
+                return compiled
+            compiled["compile_result"], compiled["run_result"] = compiled["run_result"], None
+            if compiled["status"] != "Success":
+                answer = compiled
+                answer["message"] = answer["message"] or "compile error"
+        if compiled is None or compiled["status"] == "Success":
+            t = req.run_timeout_s
+            run = f"timeout -k 1 {t:g} {lang.run} < {redirect}"
+            outcome = await _step(
+                runtime, traj, req, settings, last_upload, run, "run", max_output_bytes
+            )
+            answer = _answer(outcome, t)
+            if compiled is not None and answer["status"] != "SandboxError":
+                answer["compile_result"] = compiled["compile_result"]
         if req.fetch_files and answer["status"] != "SandboxError":
             answer["files"] = await _fetch(runtime, traj, req.fetch_files)
         return answer
     finally:
         await runtime.close_trajectory(traj)
+
+
+async def _step(
+    runtime: Runtime,
+    traj: str,
+    req: RunCodeRequest,
+    settings: RunCodeSettings,
+    upload: str | None,
+    command: str,
+    what: str,
+    cap: int,
+) -> Outcome:
+    """One compile or run action (after the last file upload, when one is left)."""
+    t = req.compile_timeout_s if what == "compile" else req.run_timeout_s
+    return await runtime.run(
+        ActionSpec(
+            CpuWork(f"{upload} && {command}" if upload else command, max_output_bytes=cap),
+            trajectory=traj,
+            kind="run_code" if what == "run" else "run_code_compile",
+            max_units=req.max_units,
+            t1_s=max(0.01, min(t, 1.0)),
+            serial_fraction=settings.serial_fraction if req.max_units > 1 else None,
+            timeout_s=t + settings.queue_allowance_s,
+            task="run_code",
+        )
+    )
 
 
 def _why(outcome: Outcome) -> str:
@@ -353,7 +417,8 @@ def _run_answer(status: str, message: str, outcome: Outcome, run_status: str) ->
         "run_result": {
             "status": run_status,
             "execution_time": round(outcome.timings.exec_s, 6),
-            "return_code": value.exit_code if value else None,
+            # SandboxFusion has no return code for a run it stopped at the time limit.
+            "return_code": value.exit_code if value and run_status != "TimeLimitExceeded" else None,
             "stdout": value.stdout if value else "",
             "stderr": value.stderr if value else "",
         },
