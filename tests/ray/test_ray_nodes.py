@@ -22,7 +22,7 @@ APIS = (ApiEndpointSpec("echo", concurrency=4),)
 
 
 def test_labels_shape_a_node() -> None:
-    labels = {"tangram-cores": "0-3,8", "tangram-gpus": "cpu:4", "tangram-memory-gb": "12"}
+    labels = {"tangram-cores": "0-3_8", "tangram-gpus": "cpu-4", "tangram-memory-gb": "12"}
     assert core_domains(labels) == ((0, 1, 2, 3, 8),)
     assert core_domains({"tangram-cores": ""}) == ()
     assert gpu_plan(labels, 2.0) == GpuPlan(4, "cpu", 2.0)
@@ -36,8 +36,8 @@ def test_labels_shape_a_node() -> None:
 @pytest.mark.parametrize(
     ("labels", "names"),
     [
-        ({"tangram-gpus": "cpu:3"}, "tangram-gpus"),
-        ({"tangram-gpus": "tpu:2"}, "tangram-gpus"),
+        ({"tangram-gpus": "cpu-3"}, "tangram-gpus"),
+        ({"tangram-gpus": "tpu-2"}, "tangram-gpus"),
         ({"tangram-gpus": "many"}, "tangram-gpus"),
         ({"tangram-memory-gb": "-1"}, "tangram-memory-gb"),
     ],
@@ -76,3 +76,12 @@ def test_the_same_nodes_give_the_same_spec_in_any_order(shapes, rng) -> None:
 def test_two_nodes_with_one_name_are_refused() -> None:
     with pytest.raises(ValueError, match="tangram-name"):
         cluster_spec([report("a", 1, 0), report("a", 2, 0)], APIS)
+
+
+def test_the_local_clusters_labels_are_valid_ray_labels() -> None:
+    from ray._private.label_utils import validate_node_label_syntax
+
+    from tangram.exec.ray.local import LOCAL_NODES
+
+    for labels in LOCAL_NODES.values():
+        validate_node_label_syntax(labels)  # what ``ray start --labels`` checks

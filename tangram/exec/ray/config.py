@@ -10,7 +10,7 @@ from tangram.core.resources import ApiEndpointSpec
 from tangram.exec.runtime.config import RuntimeConfig
 
 #: Ray node labels a deployment may set on a node (``ray start --labels``) to shape its agent:
-#: the host cores its containers get (a cpulist, "" for none), its GPUs ("cpu:N" for N
+#: the host cores its containers get (a cpulist, "" for none), its GPUs ("cpu-N" for N
 #: CPU-backed devices, "0" for none; absent: what NVML finds), its Tangram name, its
 #: container memory in GB.
 LABEL_CORES = "tangram-cores"

@@ -22,17 +22,17 @@ CLONE_NEWNET = 0x40000000
 
 #: The nodes of the local cluster: Tangram name -> the labels its agent reads.
 LOCAL_NODES: dict[str, dict[str, str]] = {
-    "head": {"tangram-name": "head", "tangram-cores": "", "tangram-gpus": "cpu:2"},
+    "head": {"tangram-name": "head", "tangram-cores": "", "tangram-gpus": "cpu-2"},
     "w1": {
         "tangram-name": "w1",
         "tangram-cores": "0",
-        "tangram-gpus": "cpu:2",
+        "tangram-gpus": "cpu-2",
         "tangram-memory-gb": "8",
     },
     "w2": {
         "tangram-name": "w2",
         "tangram-cores": "1",
-        "tangram-gpus": "cpu:2",
+        "tangram-gpus": "cpu-2",
         "tangram-memory-gb": "8",
     },
 }

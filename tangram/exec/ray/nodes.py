@@ -3,7 +3,7 @@
 Each agent reads its node's shape where it runs: the host cores its containers may use (the
 ``tangram-cores`` label, else every core its process may use, grouped by NUMA domain), the
 memory for containers (``tangram-memory-gb``, else the Ray node's memory), its GPUs
-(``tangram-gpus``: ``cpu:N`` CPU-backed devices or a count; else NVML's). The scheduler turns
+(``tangram-gpus``: ``cpu-N`` CPU-backed devices or a count; else NVML's). The scheduler turns
 the reports into one ``ClusterSpec``: a CPU node per report with cores, a GPU node per report
 with GPUs, under the report's Tangram name.
 """
@@ -71,7 +71,8 @@ def node_name(ray_node: str, labels: Mapping[str, str]) -> str:
 
 
 def gpu_plan(labels: Mapping[str, str], device_memory_gb: float) -> GpuPlan | None:
-    """The node's GPUs from its ``tangram-gpus`` label (``cpu:N``, ``N``, ``0``), else NVML."""
+    """The node's GPUs from its ``tangram-gpus`` label (``cpu-N``: N CPU-backed devices,
+    ``N``: N CUDA GPUs, ``0``: none), else what NVML finds."""
     text = labels.get(LABEL_GPUS)
     if text is None:
         from tangram.exec.runtime.discovery import discover_gpus
@@ -80,11 +81,11 @@ def gpu_plan(labels: Mapping[str, str], device_memory_gb: float) -> GpuPlan | No
         if found.backend != "cuda":
             return None
         return GpuPlan(found.node.gpus, "cuda", found.node.gpu_memory_gb)
-    backend, _, count_text = text.rpartition(":")
+    backend, _, count_text = text.replace(":", "-").rpartition("-")
     try:
         count = int(count_text)
     except ValueError:
-        raise ValueError(f"label {LABEL_GPUS}={text!r}: expected 'cpu:N', 'N' or '0'") from None
+        raise ValueError(f"label {LABEL_GPUS}={text!r}: expected 'cpu-N', 'N' or '0'") from None
     if count == 0:
         return None
     if count not in GPU_COUNTS:
@@ -95,7 +96,8 @@ def gpu_plan(labels: Mapping[str, str], device_memory_gb: float) -> GpuPlan | No
 
 
 def core_domains(labels: Mapping[str, str]) -> tuple[tuple[int, ...], ...]:
-    """Host cores for containers: the ``tangram-cores`` cpulist (one domain), else the host's."""
+    """Host cores for containers: the ``tangram-cores`` cpulist (one domain; ``_`` separates
+    ranges, as a Ray label value has no commas: ``0-3_8-11``), else the host's NUMA domains."""
     text = labels.get(LABEL_CORES)
     if text is None:
         from tangram.exec.aoe.topology import read_host_topology
@@ -105,7 +107,7 @@ def core_domains(labels: Mapping[str, str]) -> tuple[tuple[int, ...], ...]:
         return ()
     from tangram.exec.aoe.topology import parse_cpulist
 
-    return (tuple(parse_cpulist(text)),)
+    return (tuple(parse_cpulist(text.replace("_", ","))),)
 
 
 def memory_gb(labels: Mapping[str, str], ray_memory_bytes: float) -> float:
