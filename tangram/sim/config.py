@@ -36,6 +36,9 @@ class Overheads:
     eviction_s: float = 0.01
     api_call_s: float = 0.0
     exec_noise_sigma: float = 0.0
+    #: The GPU calls' own noise sigma (their spread differs from CPU work's: a replay measures
+    #: each); None: ``exec_noise_sigma`` for every action.
+    gpu_exec_noise_sigma: float | None = None
     pod_start_s: float = 5.0
     image_pull_s: float = 0.0
     warm_pods: int = 0
@@ -53,6 +56,13 @@ class Overheads:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
                 raise ValueError(f"overheads.{name} must be a number >= 0, got {value!r}")
+        gpu = self.gpu_exec_noise_sigma
+        if gpu is not None and (
+            isinstance(gpu, bool) or not isinstance(gpu, int | float) or not gpu >= 0
+        ):
+            raise ValueError(
+                f"overheads.gpu_exec_noise_sigma must be None or a number >= 0, got {gpu!r}"
+            )
         if (
             isinstance(self.warm_pods, bool)
             or not isinstance(self.warm_pods, int)

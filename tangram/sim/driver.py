@@ -397,10 +397,11 @@ class Simulation:
             else:
                 overhead = ov.api_call_s
         execution = d.action.curve.duration(d.units)
-        if ov.exec_noise_sigma > 0:
-            execution *= float(
-                self.noise.lognormal(-0.5 * ov.exec_noise_sigma**2, ov.exec_noise_sigma)
-            )
+        sigma = ov.exec_noise_sigma
+        if d.action.resource is ResourceKind.GPU and ov.gpu_exec_noise_sigma is not None:
+            sigma = ov.gpu_exec_noise_sigma
+        if sigma > 0:
+            execution *= float(self.noise.lognormal(-0.5 * sigma**2, sigma))
         rec.overhead, rec.execution = overhead, execution
         # One timer per action (no process): busy time is derived from the records afterwards.
         self.env.timeout(overhead + execution, d.action.id).callbacks.append(self._finished)

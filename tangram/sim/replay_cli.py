@@ -16,7 +16,9 @@ submission time and the queueing, overhead and execution times it had. The repla
    the curves the clients declared (``--durations curve``: the simulator's own prediction),
    then with the spread of the observed times around the curves as the simulator's
    log-normal execution noise (``exec_noise_sigma``, measured; ``--exec-noise`` overrides),
-   since queues grow with the variance of service times, not only with their mean; with
+   since queues grow with the variance of service times, not only with their mean (one
+   spread for all actions; ``--noise per-resource``: GPU calls and the other actions each
+   their own, measured); with
    noise the simulation runs ``--runs`` times (seeds) and its percentiles are averaged;
 5. reports ACT percentiles (p50, p90, p95, p99, mean) live and simulated, and the relative
    error (sim - live) / live of each, overall and per resource.
@@ -50,6 +52,9 @@ from tangram.trace.calibrate import (
     relative_error,
     replay_trace,
 )
+
+#: How the replay spreads execution times around the declared curves.
+NOISE_MODELS = ("per-resource", "pooled")
 
 __all__ = [
     "DURATIONS",
@@ -97,6 +102,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="log-normal sigma of execution around the curves (default: measured with "
         "--durations curve, 0 with observed)",
     )
+    p.add_argument(
+        "--noise",
+        choices=NOISE_MODELS,
+        default="pooled",
+        help="with --durations curve: one measured spread for all actions (default) or each "
+        "resource's own (GPU calls spread more than CPU work)",
+    )
     add_json_flag(p)
     p.set_defaults(func=main)
 
@@ -133,6 +145,7 @@ def replay(
     api_call_s: float | None = None,
     exec_noise: float | None = None,
     runs: int = 10,
+    noise: str = "pooled",
 ) -> ReplayReport:
     """Replay a live trace and compare its ACTs with the simulation's.
 
@@ -177,7 +190,16 @@ def replay(
             else (measured.exec_noise_sigma if durations == "curve" else 0.0)
         ),
     )
-    noisy = overheads.exec_noise_sigma > 0
+    if noise not in NOISE_MODELS:
+        raise ValueError(f"noise must be one of {NOISE_MODELS}, got {noise!r}")
+    if noise == "per-resource" and exec_noise is None and durations == "curve":
+        other, gpu = measured.other_exec_noise_sigma, measured.gpu_exec_noise_sigma
+        overheads = dataclasses.replace(
+            overheads,
+            exec_noise_sigma=overheads.exec_noise_sigma if other is None else other,
+            gpu_exec_noise_sigma=gpu,
+        )
+    noisy = overheads.exec_noise_sigma > 0 or (overheads.gpu_exec_noise_sigma or 0.0) > 0
     frames = []
     for seed in range(runs if noisy else 1):
         config = SimConfig(
@@ -264,6 +286,7 @@ def main(args: argparse.Namespace) -> int:
         api_call_s=args.api_call_s,
         exec_noise=args.exec_noise,
         runs=args.runs,
+        noise=args.noise,
     )
     rows = []
     for name, block in [("all", {"live": report.live, "sim": report.sim, "error": report.error})]:

@@ -43,6 +43,11 @@ class Measured:
     #: Spread of the observed execution times around the declared curves: the standard
     #: deviation of log(observed / declared) (the simulator's ``exec_noise_sigma``).
     exec_noise_sigma: float = 0.0
+    #: The same spread of the GPU calls alone and of the other actions alone (None: fewer than
+    #: two such actions). GPU calls spread more than CPU work (a model sharing the host's cores
+    #: with the containers): one pooled sigma gives them too little spread and CPU work too much.
+    gpu_exec_noise_sigma: float | None = None
+    other_exec_noise_sigma: float | None = None
 
 
 def percentiles(values: Sequence[float]) -> dict[str, float]:
@@ -79,6 +84,17 @@ def measure(trace: Trace) -> Measured:
         for r in ran
         if (r.obs_exec_s or 0.0) > 0 and r.obs_units is not None
     ]
+    logs_of = {
+        gpu_rows: [
+            math.log(r.obs_exec_s / r.curve_object().duration(r.obs_units))
+            for r in ran
+            if (r.obs_exec_s or 0.0) > 0
+            and r.obs_units is not None
+            and (r.resource == "gpu") == gpu_rows
+        ]
+        for gpu_rows in (True, False)
+    }
+    spread = {k: statistics.pstdev(v) if len(v) > 1 else None for k, v in logs_of.items()}
     return Measured(
         cpu_overhead_s=statistics.fmean(cpu) if cpu else 0.0,
         api_overhead_s=statistics.fmean(api) if api else 0.0,
@@ -87,6 +103,8 @@ def measure(trace: Trace) -> Measured:
         restore_fixed_s=fixed,
         eviction_s=(eoe.get("evict_s", 0.0) / evictions) if evictions else 0.01,
         exec_noise_sigma=statistics.pstdev(logs) if len(logs) > 1 else 0.0,
+        gpu_exec_noise_sigma=spread[True],
+        other_exec_noise_sigma=spread[False],
     )
 
 

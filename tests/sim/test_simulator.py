@@ -85,6 +85,31 @@ def test_same_seed_same_results_and_noise_follows_the_seed(mixed_trace):
     assert not np.allclose(a["exec_s"], c["exec_s"])
 
 
+def test_gpu_calls_can_have_their_own_execution_noise(mixed_trace):
+    """``gpu_exec_noise_sigma`` spreads GPU calls only; None leaves every action to
+    ``exec_noise_sigma``, drawing the same numbers as before it existed."""
+    cluster = load_cluster("paper")
+
+    def run(**noise):
+        cfg = SimConfig(policy="tangram", seed=3, overheads=Overheads(**noise))
+        acts = actions_frame(simulate(mixed_trace, cluster, cfg))
+        return acts[acts["outcome"] == "result"].set_index("action_id")
+
+    exact = run()
+    gpu_only = run(gpu_exec_noise_sigma=0.3)
+    is_gpu = exact["resource"] == "gpu"
+    assert is_gpu.any() and (~is_gpu).any()
+    others = exact.index[~is_gpu]
+    np.testing.assert_allclose(gpu_only.loc[others, "exec_s"], exact.loc[others, "exec_s"])
+    gpus = exact.index[is_gpu]
+    assert not np.allclose(gpu_only.loc[gpus, "exec_s"], exact.loc[gpus, "exec_s"])
+    pd.testing.assert_frame_equal(
+        run(exec_noise_sigma=0.2), run(exec_noise_sigma=0.2, gpu_exec_noise_sigma=None)
+    )
+    with pytest.raises(ValueError, match="gpu_exec_noise_sigma"):
+        Overheads(gpu_exec_noise_sigma=-1.0)
+
+
 def erlang_c_wait(c: int, lam: float, mu: float) -> float:
     """Mean wait in queue of an M/M/c queue (Erlang C)."""
     a = lam / mu

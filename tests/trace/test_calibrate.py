@@ -105,3 +105,18 @@ def test_percentiles_and_relative_error() -> None:
     assert p["p50"] == 2.5 and p["mean"] == 2.5 and set(p) == {"p50", "p90", "p95", "p99", "mean"}
     err = relative_error({"p50": 3.0, "mean": 1.0}, {"p50": 2.5, "mean": 0.0})
     assert math.isclose(err["p50"], 0.2) and math.isnan(err["mean"])
+
+
+def test_the_spread_of_gpu_calls_and_of_the_other_actions_is_measured_apart() -> None:
+    gpu = dict(resource="gpu", service="rm", serial_fraction=None, max_units=1, memory_gb=0.0)
+    rows = (  # CPU work: declared 1.5 s on 2 units, observed 1.2 and 1.8 s; GPU calls wider
+        live("a", "t", 0, 0.0, obs_exec_s=1.2),
+        live("b", "t", 1, 1.0, obs_exec_s=1.8),
+        live("g", "u", 0, 0.5, t1_s=1.0, obs_units=1, obs_exec_s=0.5, **gpu),
+        live("h", "u", 1, 0.9, t1_s=1.0, obs_units=1, obs_exec_s=2.0, **gpu),
+    )
+    m = measure(Trace(rows, {}))
+    assert math.isclose(m.other_exec_noise_sigma, abs(math.log(1.8 / 1.2)) / 2)
+    assert math.isclose(m.gpu_exec_noise_sigma, abs(math.log(2.0 / 0.5)) / 2)
+    assert m.other_exec_noise_sigma < m.exec_noise_sigma < m.gpu_exec_noise_sigma
+    assert measure(Trace(rows[:3], {})).gpu_exec_noise_sigma is None  # one GPU call: no spread
