@@ -43,7 +43,7 @@ def test_the_registry_names_the_three_paper_workloads_with_their_batches():
         "coding": 1280,
         "deepsearch": 2048,
         "mopd": 2048,
-        "random": 40,  # the most trajectories of a random instance (issue 11)
+        "random": 40,  # random instances of issue 11 (the benchmark draws 2..40)
     }
     assert WORKLOADS["coding"].params_type is CodingParams
     assert WORKLOADS["deepsearch"].params_type is DeepSearchParams

@@ -45,8 +45,7 @@ WORKLOADS: dict[str, Workload] = {
         RandomParams,
         40,
         generate_random,
-        "small random instances (trace + cluster) of a family: cpu, gpu or mixed "
-        "(batch = most trajectories)",
+        "small random instances (trace + cluster) of a family: cpu, gpu or mixed",
     ),
 }
 

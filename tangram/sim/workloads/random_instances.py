@@ -1,9 +1,11 @@
 """``random``: seeded small random instances (a trace AND its cluster) that hunt for failures.
 
 One seed gives one instance of a family: ``cpu`` (1-2 nodes of 4-64 cores, CPU actions),
-``gpu`` (1-2 nodes, 2-8 GPUs, several services of several sizes, some larger than one GPU,
-skewed popularity) or ``mixed`` (CPU, GPU and API actions in the same trajectories). Every
-instance draws its own shape: 2..batch trajectories, 1..``actions_max`` actions each,
+``gpu`` (1-2 nodes of 2, 4 or 8 GPUs, several services of several sizes, some larger than one
+GPU, skewed popularity) or ``mixed`` (CPU, GPU and API actions in the same trajectories). As
+for every workload, ``batch`` is the trajectories per step; :func:`random_instance` draws it
+from 2..40 with the seed, as the robustness benchmark does. Every instance draws its own
+shape: 1..``actions_max`` actions per trajectory,
 heavy-tailed times (log-normal, sigma drawn up to ``sigma_max``), a share of long actions among
 short ones, and with probability ``sync_share`` synchronised first actions (every trajectory's
 first action arrives at the step's start). The cluster travels in the trace's meta
@@ -44,12 +46,10 @@ API_NAME = "search"
 
 @dataclass(frozen=True)
 class RandomParams:
-    """What a random instance is drawn from; ``batch`` is the most trajectories (2..batch)."""
+    """What a random instance is drawn from (``batch``, as everywhere, is its trajectories)."""
 
     #: ``cpu``, ``gpu`` or ``mixed``.
     family: str = "cpu"
-    #: Fewest trajectories of an instance (the most is the workload's ``batch``, default 40).
-    trajectories_min: int = 2
     #: Most actions per trajectory (each draws 1..actions_max).
     actions_max: int = 6
     #: Most CPU nodes (each instance draws 1..cpu_nodes_max).
@@ -88,7 +88,7 @@ class RandomParams:
 
     def __post_init__(self) -> None:
         require(self.family in FAMILIES, "family", f"must be one of {list(FAMILIES)}")
-        for name in ("trajectories_min", "actions_max", "cpu_nodes_max", "gpu_nodes_max"):
+        for name in ("actions_max", "cpu_nodes_max", "gpu_nodes_max"):
             require(getattr(self, name) >= 1, name, "must be >= 1")
         require(self.services_max >= 1, "services_max", "must be >= 1")
         require(self.api_concurrency_max >= 1, "api_concurrency_max", "must be >= 1")
@@ -154,7 +154,6 @@ def _cluster(p: RandomParams, rng: np.random.Generator, kinds: set[str], seed: i
 
 def _shape(p: RandomParams, rng: dict[str, np.random.Generator], batch: int, seed: int) -> _Shape:
     shape = rng["shape"]
-    lo = min(p.trajectories_min, batch)
     kinds = {"cpu": {"cpu"}, "gpu": {"gpu"}, "mixed": {"cpu", "gpu", "api"}}[p.family]
     shares = {
         "cpu": (1.0, 0.0, 0.0),
@@ -174,7 +173,7 @@ def _shape(p: RandomParams, rng: dict[str, np.random.Generator], batch: int, see
             for j, (b, w) in enumerate(zip(sizes, popularity, strict=True))
         )
     return _Shape(
-        trajectories=int(shape.integers(lo, batch + 1)),
+        trajectories=batch,
         sigma=float(shape.uniform(0, p.sigma_max)),
         long_share=float(shape.uniform(0, p.long_share_max)),
         synced=bool(shape.random() < p.sync_share),
@@ -282,13 +281,25 @@ def _action(
     )  # fmt: skip
 
 
+#: An instance's trajectories per step, drawn by :func:`instance_batch` (both ends included).
+TRAJECTORIES = (2, 40)
+
+
+def instance_batch(family: str, seed: int) -> int:
+    """The trajectories of instance ``seed`` of ``family``: uniform in ``TRAJECTORIES``."""
+    rng = streams(seed, [f"{family}/batch"])[f"{family}/batch"]
+    return int(rng.integers(TRAJECTORIES[0], TRAJECTORIES[1] + 1))
+
+
 def random_instance(
-    params: RandomParams | None = None, *, seed: int = 0, batch: int = 40, steps: int = 1
+    params: RandomParams | None = None, *, seed: int = 0, steps: int = 1
 ) -> tuple[Trace, ClusterSpec]:
-    """One instance: its trace and its cluster."""
+    """Instance ``seed`` of ``params.family``: its trace (with a drawn batch) and cluster."""
     from tangram.sim.instances import trace_cluster
     from tangram.sim.workloads import WORKLOADS
 
+    params = params or RandomParams()
+    batch = instance_batch(params.family, seed)
     trace = WORKLOADS["random"](params, batch=batch, steps=steps, seed=seed)
     cluster = trace_cluster(trace)
     assert cluster is not None  # generate_random always writes one
