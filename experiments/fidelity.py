@@ -159,20 +159,38 @@ def fit_loop(points: list[tuple[float, float]]) -> tuple[float, float]:
     return max(1e-3, my - b * mx), b
 
 
-def refit(observations: list[tuple[str, int, int, float]], base: Calibration) -> Calibration:
+#: How the model's call times are refitted to the warm-up run: one factor per cell size (the
+#: call time vs cell size as measured under load) or one pooled factor (the earlier way).
+GPU_REFITS = ("dop", "pooled")
+
+
+def refit(
+    observations: list[tuple[str, int, int, float]], base: Calibration, gpu: str = "dop"
+) -> Calibration:
     """The idle calibration scaled to a warm-up run under load: one slow-down factor for the
-    busy loop and one for the model, each the median of observed / idle-predicted times
-    (medians, so that a few disturbed actions do not tilt the curves)."""
+    busy loop and, for the model, one per cell size (``gpu="dop"``, where the warm-up has 3
+    calls at it; else the pooled one) or one for all (``"pooled"``); each the median of
+    observed / idle-predicted times (medians, so that a few disturbed actions do not tilt the
+    curves). Under load a call at DoP 2 slows down less than one at DoP 1 (its two halves run
+    on both cores), so one pooled factor makes the declared DoP-2 time too long."""
     cpu = [
         t / (base.serial_s + w * base.per_iter_s / u) for k, w, u, t in observations if k == "cpu"
     ]
-    gpu = [t / base.gpu_s[u] for k, _, u, t in observations if k == "gpu"]
     k_cpu = statistics.median(cpu) if len(cpu) >= 4 else 1.0
-    k_gpu = statistics.median(gpu) if len(gpu) >= 3 else 1.0
+    ratios = {
+        d: [t / base.gpu_s[u] for k, _, u, t in observations if k == "gpu" and u == d]
+        for d in base.gpu_s
+    }
+    pooled = [x for xs in ratios.values() for x in xs]
+    k_all = statistics.median(pooled) if len(pooled) >= 3 else 1.0
+    k_gpu = {
+        d: statistics.median(xs) if gpu == "dop" and len(xs) >= 3 else k_all
+        for d, xs in ratios.items()
+    }
     return Calibration(
         base.serial_s * k_cpu,
         base.per_iter_s * k_cpu,
-        {d: t * k_gpu for d, t in base.gpu_s.items()},
+        {d: t * k_gpu[d] for d, t in base.gpu_s.items()},
     )
 
 
@@ -249,7 +267,9 @@ def cpu_times() -> tuple[float, float]:
     return sum(fields) - idle, sum(fields)
 
 
-def run_seed(cluster: Any, params: Params, seed: int, out: Path, reps: int) -> dict[str, Any]:
+def run_seed(
+    cluster: Any, params: Params, seed: int, out: Path, reps: int, gpu_refit: str = "dop"
+) -> dict[str, Any]:
     from tangram.sim.replay_cli import replay
     from tangram.trace import load_trace
 
@@ -263,7 +283,7 @@ def run_seed(cluster: Any, params: Params, seed: int, out: Path, reps: int) -> d
             # seed), its observed times refitted into the curves the clients then declare.
             warm = Params(**{**asdict(params), "actions": max(4, params.actions // 3)})
             warmup = await live_run(rt, idle, warm, seed + 1000)
-            cal = refit(warmup["observations"], idle)
+            cal = refit(warmup["observations"], idle, gpu_refit)
             live_idle["calibration_idle"] = asdict(idle)
             rt.clear_trace()  # record the workload only, not the calibration
             busy0, total0 = cpu_times()
@@ -307,6 +327,25 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 "per_seed": errs,
             }
         out[mode] = block
+    out["by_resource"] = {}
+    for mode in ("observed", "curve"):
+        per: dict[str, Any] = {}
+        for res in ("cpu", "gpu"):
+            have = [
+                r["replay"][mode]["by_resource"][res]
+                for r in runs
+                if res in r["replay"][mode]["by_resource"]
+            ]
+            if have:
+                per[res] = {
+                    key: {
+                        "mean": statistics.fmean(b["error"][key] for b in have),
+                        "max_abs": max(abs(b["error"][key]) for b in have),
+                        "per_seed": [b["error"][key] for b in have],
+                    }
+                    for key in ("p50", "p95")
+                }
+        out["by_resource"][mode] = per
     return out
 
 
@@ -381,6 +420,33 @@ def write_outputs(runs: list[dict[str, Any]], params: Params, out: Path, argv: l
             f"- {res}: {int(block['actions']['n'])} actions, P50 error "
             f"{pct(block['error']['p50'])}, P95 error {pct(block['error']['p95'])}"
         )
+    lines += [
+        "",
+        "Per resource, every seed (P50 / P95 error of the resource's own actions):",
+        "",
+        "| seed | durations | CPU actions | CPU P50 | CPU P95 | GPU actions | GPU P50 | GPU P95 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        for mode in ("observed", "curve"):
+            br = r["replay"][mode]["by_resource"]
+            cells = []
+            for res in ("cpu", "gpu"):
+                b = br.get(res)
+                cells += (
+                    [str(int(b["actions"]["n"])), pct(b["error"]["p50"]), pct(b["error"]["p95"])]
+                    if b
+                    else ["0", "-", "-"]
+                )
+            lines.append(f"| {r['seed']} | {mode} | " + " | ".join(cells) + " |")
+    lines += ["", "Per resource, mean over seeds (largest |error| in brackets):", ""]
+    for mode in ("observed", "curve"):
+        for res, block in summary["by_resource"][mode].items():
+            lines.append(
+                f"- {res}, `--durations {mode}`: P50 {pct(block['p50']['mean'])} "
+                f"({100 * block['p50']['max_abs']:.1f}%), P95 {pct(block['p95']['mean'])} "
+                f"({100 * block['p95']['max_abs']:.1f}%)"
+            )
     lines += ["", "Conditions of each run:", ""]
     for r in runs:
         cal, after, live = r["calibration"], r["calibration_after"], r["live"]
@@ -471,6 +537,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--smoke", action="store_true", help="2 trajectories x 6 actions, one seed")
     p.add_argument(
+        "--gpu-refit",
+        choices=GPU_REFITS,
+        default="dop",
+        help="refit the model's call times per cell size (default) or with one pooled factor",
+    )
+    p.add_argument(
         "--replay-only",
         action="store_true",
         help="keep the recorded traces and live figures in --out, redo the replays and reports",
@@ -501,15 +573,19 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for seed in seeds:
         t0 = time.perf_counter()
-        run = run_seed(cluster, params, seed, args.out, reps=1 if args.smoke else 3)
+        run = run_seed(
+            cluster, params, seed, args.out, reps=1 if args.smoke else 3, gpu_refit=args.gpu_refit
+        )
         run["seconds"] = time.perf_counter() - t0
         runs.append(run)
         obs = run["replay"]["observed"]["error"]
         cur = run["replay"]["curve"]["error"]
+        gpu = run["replay"]["curve"]["by_resource"].get("gpu", {}).get("error", {})
         print(
             f"seed {seed}: {run['live']['actions']} actions in {run['live']['wall_s']:.1f} s; "
             f"ACT error observed P50 {pct(obs['p50'])} P95 {pct(obs['p95'])}; "
-            f"curve P50 {pct(cur['p50'])} P95 {pct(cur['p95'])}",
+            f"curve P50 {pct(cur['p50'])} P95 {pct(cur['p95'])}; curve GPU P50 "
+            f"{pct(gpu.get('p50', math.nan))} P95 {pct(gpu.get('p95', math.nan))}",
             flush=True,
         )
     write_outputs(runs, params, args.out, list(argv if argv is not None else sys.argv[1:]))
