@@ -65,6 +65,11 @@ class NodeAgent:
                     device_memory_bytes=int(gpus.memory_gb * GB) if gpus.backend == "cpu" else None,
                 )
             )
+            threads = settings.get("torch_threads")
+            if threads:
+                import torch
+
+                torch.set_num_threads(int(threads))
             services = settings.get("services")
             for spec in default_services() if services is None else services:
                 eoe.register(spec)

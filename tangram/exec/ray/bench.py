@@ -52,6 +52,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--samples", type=int, default=300, help="one-client actions per phase")
     p.add_argument("--actions", type=int, default=4000, help="actions in the throughput phase")
     p.add_argument("--clients", type=int, default=64, help="concurrent clients (throughput)")
+    p.add_argument(
+        "--address",
+        help="an existing Ray cluster to measure on (default: start the local 3-node one in "
+        "a loopback-only network namespace, which needs root)",
+    )
     add_json_flag(p)
     p.set_defaults(func=main)
 
@@ -176,37 +181,55 @@ def _on_ray(handle: Any, url: str, samples: int, actions: int, clients: int) -> 
     return asyncio.run(go())
 
 
-def run_bench(samples: int, actions: int, clients: int) -> dict[str, Any]:
-    """Start the local cluster in a loopback namespace, measure both paths, stop it."""
+def _measure(address: str, samples: int, actions: int, clients: int) -> dict[str, Any]:
+    """Both paths, with a scheduler actor of its own on the cluster at ``address`` (this
+    process's Ray connection when it has one)."""
     import ray
 
     from tangram.exec.ray.config import RayConfig
-    from tangram.exec.ray.local import LocalCluster, loopback_namespace
     from tangram.exec.ray.service import start, stop
     from tangram.exec.service import ServeOptions
 
-    load_before = os.getloadavg()[0]
-    with loopback_namespace():
-        single = _single_node(samples, actions, clients)
-        local = LocalCluster.start()
+    single = _single_node(samples, actions, clients)
+    joined = not ray.is_initialized()
+    if joined:
+        ray.init(address=address, log_to_driver=False)
+    config = RayConfig(namespace="tangram-bench", http=ServeOptions(port=0))
+    try:
+        handle, info = start(config)
         try:
-            ray.init(address=local.address, namespace="tangram-bench", log_to_driver=False)
-            config = RayConfig(namespace="tangram-bench", http=ServeOptions(port=0))
-            handle, info = start(config)
-            try:
-                on_ray = _on_ray(handle, info["url"], samples, actions, clients)
-            finally:
-                with contextlib.suppress(Exception):
-                    stop(config, handle)
-                ray.shutdown()
+            on_ray = _on_ray(handle, info["url"], samples, actions, clients)
         finally:
-            local.shutdown()
+            with contextlib.suppress(Exception):
+                stop(config, handle)
+    finally:
+        if joined:
+            ray.shutdown()
+    return {"single_node": single, **on_ray}
+
+
+def run_bench(
+    samples: int, actions: int, clients: int, address: str | None = None
+) -> dict[str, Any]:
+    """Measure on ``address``, or on the local cluster started in a loopback namespace."""
+    from tangram.exec.ray.local import LocalCluster, loopback_namespace
+
+    load_before = os.getloadavg()[0]
+    if address is not None:
+        measured = _measure(address, samples, actions, clients)
+    else:
+        with loopback_namespace():
+            local = LocalCluster.start()
+            try:
+                measured = _measure(local.address, samples, actions, clients)
+            finally:
+                local.shutdown()
     return {
         "cpus": os.cpu_count(),
         "loadavg_1m_before": round(load_before, 2),
         "loadavg_1m_after": round(os.getloadavg()[0], 2),
-        "single_node": single,
-        **on_ray,
+        "cluster": address or "local 3-node cluster (tangram.exec.ray.local)",
+        **measured,
         "targets": {"added_p50_ms": ADDED_P50_MS, "actions_per_s": ACTIONS_PER_S},
     }
 
@@ -215,7 +238,7 @@ def main(args: argparse.Namespace) -> int:
     for name in ("samples", "actions", "clients"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} must be >= 1")
-    doc = run_bench(args.samples, args.actions, args.clients)
+    doc = run_bench(args.samples, args.actions, args.clients, args.address)
     single = doc["single_node"]
     rows = []
     for kind in ("api", "cpu"):

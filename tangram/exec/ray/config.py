@@ -33,6 +33,8 @@ class RayConfig:
       has not answered for ``lost_after_s`` is lost (its node too): its running actions end
       with ``node_lost``. An agent whose process died is lost at once (Ray says so).
     - ``aoe``: keyword arguments of each agent's ``AoeConfig`` (e.g. ``kill_grace_s``).
+    - ``torch_threads``: threads of torch in each GPU agent (CPU-backed devices share the
+      node's cores: 1 keeps a call on one core); None leaves torch's default.
     - ``http``: ``ServeOptions`` of an HTTP service in the scheduler actor (None: Ray only).
     """
 
@@ -49,6 +51,7 @@ class RayConfig:
     ping_every_s: float = 0.5
     lost_after_s: float = 3.0
     aoe: Mapping[str, Any] = field(default_factory=dict)
+    torch_threads: int | None = None
     http: Any = None
 
     def __post_init__(self) -> None:

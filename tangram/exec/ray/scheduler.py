@@ -33,7 +33,7 @@ from tangram.exec.ray.nodes import NodeReport, cluster_spec, node_name
 from tangram.exec.runtime.actions import WAITING
 from tangram.exec.runtime.api import ApiExecutor, builtin_endpoints
 from tangram.exec.runtime.errors import LiveError, UnknownTrajectory
-from tangram.exec.runtime.records import ErrorInfo
+from tangram.exec.runtime.records import ActionSpec, ErrorInfo
 from tangram.exec.runtime.runtime import Runtime
 from tangram.exec.service.limits import DEFAULT_MAX_OUTPUT_BYTES
 from tangram.exec.service.schema import (
@@ -132,6 +132,7 @@ class SchedulerActor:
             "gpu_memory_gb": self.config.gpu_memory_gb,
             "aoe": dict(self.config.aoe),
             "services": self.config.services,
+            "torch_threads": self.config.torch_threads,
         }
         handles = []
         for node in nodes:
@@ -357,6 +358,23 @@ class SchedulerActor:
             return error_reply(self._explain(exc, body.get("trajectory")))
         assert outcome is not None
         return {"value": outcome_doc(outcome)}
+
+    async def run_spec(self, spec: ActionSpec) -> dict[str, Any]:
+        """Submit an ``ActionSpec`` (Python objects: tensors as inputs) and wait: the
+        ``Outcome`` itself, for drivers that build specs as the runtime's own callers do."""
+        try:
+            rt = self._rt()
+            return {"value": await rt.result(await rt.submit(spec))}
+        except LiveError as exc:
+            return error_reply(self._explain(exc, spec.trajectory))
+
+    async def clear_trace(self) -> None:
+        """Forget the actions recorded so far (a warm-up's); later ones are recorded."""
+        self._rt().clear_trace()
+
+    async def write_trace(self, path: str) -> str:
+        """Write the trace so far (format v1) to ``path`` on this actor's node."""
+        return str(self._rt().write_trace(path))
 
     async def result(self, action_id: str, wait_s: float | None = 0.0) -> dict[str, Any]:
         try:
