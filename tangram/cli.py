@@ -33,6 +33,7 @@ BENCHMARKS: dict[str, str] = {
     "service": "tangram.exec.service_bench",
     "soak": "tangram.exec.soak_bench",
     "ray": "tangram.exec.ray.bench",
+    "robustness": "tangram.bench.robustness",
 }
 
 

@@ -1,0 +1,350 @@
+"""``tangram bench robustness``: hunt for instances where a static baseline beats the default.
+
+For ``--instances`` seeded random instances of each family (the ``random`` workload: ``cpu``,
+``gpu``, ``mixed``; instance i of a run has seed ``--seed + i`` and 2..40 trajectories drawn
+from it), replays each under the default policy, ``lower-bound`` and every baseline in
+``BASELINES``, and computes the capacity-aware bound (``tangram.sim.bounds``). Per family it
+reports the share of instances where some baseline beats the default by more than 5% and by
+more than 20% on mean ACT, p99 ACT and step time; which baselines win most; and the
+distribution of the default over ``lower-bound`` and over the capacity-aware bound. The worst
+instances (largest margin of a baseline over the default) are written to ``--out`` as trace +
+cluster files for ``tangram sim --trace T --cluster C``.
+
+A run in which a policy rejected any action is not compared (its figures cover fewer actions):
+such baselines are counted as ``incomparable``, and an instance whose default rejected an action
+is left out of the shares and ratios (counted as ``default_rejected``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tangram.report import add_json_flag, emit, positive_int
+
+DEFAULT_POLICY = "tangram"
+#: The static baselines: fixed DoP in powers of two (1, 2, 4, 8, 16; the others between add
+#: little and cost time), Kubernetes static and burstable pods of 1..4 cores, SGLang with 1..4
+#: GPUs per service and sized by load.
+BASELINES: tuple[str, ...] = (
+    *(f"fixed:{k}" for k in (1, 2, 4, 8, 16)),
+    *(f"k8s-static:{k}" for k in (1, 2, 3, 4)),
+    *(f"k8s-burstable:{k}" for k in (1, 2, 3, 4)),
+    *(f"sglang-static:{k}" for k in (1, 2, 3, 4)),
+    "sglang-sized",
+)
+#: Figures compared: key -> label.
+METRICS: dict[str, str] = {"act_mean_s": "mean ACT", "act_p99_s": "p99 ACT", "step_s": "step"}
+#: "Beats by more than x": the default's figure over the baseline's exceeds 1 + x.
+MARGINS = (0.05, 0.20)
+DEFAULT_INSTANCES = 60
+DEFAULT_WORST = 3
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    """One policy's figures on one instance."""
+
+    act_mean_s: float
+    act_p99_s: float
+    step_s: float
+    rejected: int
+
+
+def figures(trace: Any, cluster: Any, policy: str) -> RunFigures:
+    """Replay ``trace`` under ``policy`` and read its mean and p99 ACT, mean step, rejections."""
+    from tangram.sim.config import SimConfig
+    from tangram.sim.driver import simulate
+
+    result = simulate(trace, cluster, SimConfig(policy=policy, timeline=False))
+    act = np.array([r.finish - r.arrival for r in result.actions if r.outcome == "result"])
+    steps = [s.end - s.start for s in result.steps if s.end is not None]
+    return RunFigures(
+        act_mean_s=float(act.mean()) if len(act) else math.nan,
+        act_p99_s=float(np.percentile(act, 99)) if len(act) else math.nan,
+        step_s=float(np.mean(steps)) if steps else math.nan,
+        rejected=len(result.actions) - len(act),
+    )
+
+
+def run_instance(family: str, seed: int, policies: Sequence[str]) -> dict[str, Any]:
+    """One instance: every policy's figures, the capacity-aware bound, the best baseline."""
+    from tangram.sim.bounds import capacity_bound
+    from tangram.sim.workloads.random_instances import RandomParams, random_instance
+
+    trace, cluster = random_instance(RandomParams(family=family), seed=seed)
+    runs = {p: figures(trace, cluster, p) for p in (DEFAULT_POLICY, "lower-bound", *policies)}
+    bound = capacity_bound(trace, cluster)
+    default = runs[DEFAULT_POLICY]
+    record: dict[str, Any] = {
+        "family": family,
+        "seed": seed,
+        "trajectories": trace.meta["trajectories"],
+        "actions": len(trace),
+        "synced": trace.meta["synced"],
+        "cluster": {
+            "cores": cluster.total_cores,
+            "gpus": cluster.total_gpus,
+            "api_concurrency": sum(a.concurrency for a in cluster.apis),
+        },
+        "runs": {p: vars(f) for p, f in runs.items()},
+        "bound": {"act_mean_s": bound.act_mean_s, "step_s": bound.step_mean_s},
+        "default_rejected": default.rejected > 0,
+        "incomparable": sorted(p for p in policies if runs[p].rejected),
+    }
+    # margin = default / best comparable baseline - 1 (> 0: a baseline beats the default).
+    best: dict[str, dict[str, Any]] = {}
+    for key in METRICS:
+        ok = [p for p in policies if not runs[p].rejected]
+        if default.rejected or not ok:
+            best[key] = {"policy": None, "margin": math.nan}
+            continue
+        top = min(ok, key=lambda p: (getattr(runs[p], key), p))
+        best[key] = {"policy": top, "margin": getattr(default, key) / getattr(runs[top], key) - 1}
+    record["best"] = best
+    lb = runs["lower-bound"]
+    record["ratios"] = {
+        "act_over_lower_bound": default.act_mean_s / lb.act_mean_s,
+        "act_over_capacity_bound": default.act_mean_s / bound.act_mean_s,
+        "step_over_lower_bound": default.step_s / lb.step_s,
+        "step_over_capacity_bound": default.step_s / bound.step_mean_s,
+    }
+    record["_instance"] = (trace, cluster)
+    return record
+
+
+def _quantiles(values: Sequence[float]) -> dict[str, float]:
+    v = [x for x in values if not math.isnan(x)]
+    if not v:
+        return {"p50": math.nan, "p90": math.nan, "max": math.nan}
+    return {
+        "p50": float(np.percentile(v, 50)),
+        "p90": float(np.percentile(v, 90)),
+        "max": float(max(v)),
+    }
+
+
+def family_summary(records: Sequence[dict[str, Any]], policies: Sequence[str]) -> dict[str, Any]:
+    """Per family: shares beaten by more than each margin, top winners, ratio distributions."""
+    compared = [r for r in records if not r["default_rejected"]]
+    n = len(compared)
+    beaten: dict[str, dict[str, float]] = {}
+    winners: dict[str, list[tuple[str, int]]] = {}
+    for key in METRICS:
+        beaten[key] = {
+            f">{round(m * 100)}%": (
+                sum(r["best"][key]["margin"] > m for r in compared) / n if n else math.nan
+            )
+            for m in MARGINS
+        }
+        # Which baselines beat the default by more than 5% (each counted once per instance).
+        wins: Counter[str] = Counter()
+        for r in compared:
+            d = r["runs"][DEFAULT_POLICY][key]
+            for p in policies:
+                run = r["runs"][p]
+                if not run["rejected"] and d / run[key] - 1 > MARGINS[0]:
+                    wins[p] += 1
+        winners[key] = wins.most_common(3)
+    ratios = {
+        name: _quantiles([r["ratios"][name] for r in compared])
+        for name in (
+            "act_over_lower_bound",
+            "act_over_capacity_bound",
+            "step_over_lower_bound",
+            "step_over_capacity_bound",
+        )
+    }
+    return {
+        "instances": len(records),
+        "compared": n,
+        "default_rejected": len(records) - n,
+        "incomparable_runs": sum(len(r["incomparable"]) for r in records),
+        "beaten": beaten,
+        "winners": {k: [{"policy": p, "instances": c} for p, c in v] for k, v in winners.items()},
+        "ratios": ratios,
+    }
+
+
+def worst_margin(record: dict[str, Any]) -> float:
+    """The largest margin of a baseline over the default on any figure (NaN-free)."""
+    margins = [b["margin"] for b in record["best"].values() if not math.isnan(b["margin"])]
+    return max(margins, default=-math.inf)
+
+
+def write_worst(
+    records: Sequence[dict[str, Any]], out: Path, per_family: int
+) -> list[dict[str, Any]]:
+    """Write the ``per_family`` worst instances of each family as trace + cluster files."""
+    from tangram.sim.instances import write_instance
+
+    written = []
+    families = dict.fromkeys(r["family"] for r in records)
+    for family in families:
+        mine = [r for r in records if r["family"] == family and worst_margin(r) > 0]
+        for r in sorted(mine, key=lambda r: (-worst_margin(r), r["seed"]))[:per_family]:
+            key = max(METRICS, key=lambda k: np.nan_to_num(r["best"][k]["margin"], nan=-1.0))
+            trace, cluster = r["_instance"]
+            paths = write_instance(trace, cluster, out, f"{family}-seed{r['seed']}")
+            best = r["best"][key]["policy"]
+            written.append(
+                {
+                    "family": family,
+                    "seed": r["seed"],
+                    "figure": key,
+                    "baseline": best,
+                    "margin": r["best"][key]["margin"],
+                    **paths,
+                    "replay": f"tangram sim --trace {paths['trace']} --cluster "
+                    f"{paths['cluster']} --policy {DEFAULT_POLICY} --policy {best}",
+                }
+            )
+    return written
+
+
+def run_bench(
+    *,
+    instances: int = DEFAULT_INSTANCES,
+    seed: int = 0,
+    families: Sequence[str] = ("cpu", "gpu", "mixed"),
+    policies: Sequence[str] = BASELINES,
+    out: Path | None = None,
+    worst: int = DEFAULT_WORST,
+    progress: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+    """The whole benchmark as one JSON-ready document."""
+    from tangram.sim.workloads.random_instances import FAMILIES
+
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown:
+        raise ValueError(f"unknown family {unknown[0]!r}; known: {', '.join(FAMILIES)}")
+    t0 = time.perf_counter()
+    records = []
+    for family in families:
+        for i in range(instances):
+            records.append(run_instance(family, seed + i, policies))
+            if progress:
+                progress()
+    doc: dict[str, Any] = {
+        "benchmark": "robustness",
+        "default": DEFAULT_POLICY,
+        "baselines": list(policies),
+        "instances_per_family": instances,
+        "seed": seed,
+        "families": {
+            f: family_summary([r for r in records if r["family"] == f], policies) for f in families
+        },  # fmt: skip
+        "worst": write_worst(records, out, worst) if out else [],
+        "instances": [{k: v for k, v in r.items() if k != "_instance"} for r in records],
+    }
+    doc["wall_s"] = time.perf_counter() - t0
+    return doc
+
+
+def tables(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The document as tables for a person (each fits 100 columns)."""
+    beaten, ratios = [], []
+    for family, s in doc["families"].items():
+        for key, label in METRICS.items():
+            top = ", ".join(f"{w['policy']} {w['instances']}" for w in s["winners"][key])
+            beaten.append(
+                {
+                    "family": family,
+                    "figure": label,
+                    "n": s["compared"],
+                    **{f"beaten {m}": f"{v:.0%}" for m, v in s["beaten"][key].items()},
+                    "most wins >5% (instances)": top or "-",
+                }
+            )
+        for name, label in (
+            ("act_over_lower_bound", "ACT / lower-bound"),
+            ("act_over_capacity_bound", "ACT / capacity bound"),
+            ("step_over_lower_bound", "step / lower-bound"),
+            ("step_over_capacity_bound", "step / capacity bound"),
+        ):
+            q = s["ratios"][name]
+            ratios.append({"family": family, "default's": label, **q})
+    out = {
+        f"instances where a baseline beats {doc['default']} by more than 5% / 20%": beaten,
+        f"{doc['default']} over the floors (p50, p90, max over instances)": ratios,
+    }
+    if doc["worst"]:
+        out["worst instances (replay with the command in --json's worst[].replay)"] = [
+            {
+                "family": w["family"],
+                "seed": w["seed"],
+                "baseline": w["baseline"],
+                "figure": METRICS[w["figure"]],
+                "margin": f"{w['margin']:+.0%}",
+                "trace": w["trace"],
+            }
+            for w in doc["worst"]
+        ]
+    return out
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "robustness",
+        help="random instances where a static baseline may beat the default policy",
+    )
+    p.add_argument(
+        "--instances",
+        type=positive_int,
+        default=DEFAULT_INSTANCES,
+        help=f"instances per family (default {DEFAULT_INSTANCES})",
+    )
+    p.add_argument("--seed", type=int, default=0, help="instance i has seed SEED + i")
+    p.add_argument(
+        "--families",
+        default="cpu,gpu,mixed",
+        help="comma-separated families of the random workload (default cpu,gpu,mixed)",
+    )
+    p.add_argument(
+        "--out", type=Path, help="write the worst instances here as trace + cluster files"
+    )
+    p.add_argument(
+        "--worst",
+        type=positive_int,
+        default=DEFAULT_WORST,
+        help=f"worst instances written per family (default {DEFAULT_WORST})",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_json_flag(p)
+    p.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    families = [f.strip() for f in args.families.split(",") if f.strip()]
+    bar = tqdm(
+        total=args.instances * len(families),
+        unit="instance",
+        disable=args.quiet or args.json,
+        leave=False,
+    )
+    doc = run_bench(
+        instances=args.instances,
+        seed=args.seed,
+        families=families,
+        out=args.out,
+        worst=args.worst,
+        progress=lambda: bar.update(1),
+    )
+    bar.close()
+    emit(args.json, doc, tables(doc))
+    if not args.json:
+        print(
+            f"\n{len(families)} families x {args.instances} instances, "
+            f"{1 + 1 + len(doc['baselines'])} policies each; wall {doc['wall_s']:.1f} s"
+        )
+    return 0

@@ -1,0 +1,276 @@
+"""A capacity-aware lower bound on mean ACT and step time: the floor no policy can beat.
+
+The ``lower-bound`` policy runs every action at its fastest option the moment it arrives; it
+ignores capacity, so on a small busy cluster no schedule comes near it. This bound keeps the
+capacity, in a *fluid relaxation* (``docs/metrics.md``, "The capacity-aware bound"):
+
+- each domain's units are pooled and divisible: all the cluster's cores are one pool of
+  ``C_cpu`` cores, all its GPUs one pool of ``C_gpu`` GPUs, each API endpoint a pool of its
+  concurrency (pooling and dividing only widen what a schedule may do);
+- an action ``i`` needs an *area* ``a_i = min_m m * T_i(m)`` unit-seconds (its work at its best
+  efficiency) and at least ``d_i = min_m T_i(m)`` seconds (its fastest option), ``m`` ranging
+  over the options any capacity-respecting schedule has: 1..min(max_units, the largest node's
+  cores) cores, the aligned cells that hold its model up to max_units, one API slot;
+- overheads (container starts, grants, restores, pod starts) count as zero.
+
+**Mean ACT.** ACT_i = C_i - r_i (completion minus arrival). In a closed loop most arrivals
+depend on the schedule, but two kinds do not, up to a shift common to the group: the first
+actions of a step (arrival = step start + ``gen_before_s``; steps run one after another) and a
+``sync`` round (all released at one instant). The actions are partitioned into groups (per step
+and domain: the first actions without ``sync``; each sync round; every other action alone).
+Restricting any schedule to one group gives a schedule of that group alone on the whole pool,
+so the sum of the groups' optimal flow times bounds the sum of ACTs. For a group with release
+times ``r_i`` on a pool of ``C`` units, sort any schedule's completions ``C_(1) <= ... <= C_(n)``:
+
+1. ``C_(k) >= S_(k)``, the k-th completion of SRPT on one machine of speed ``C`` processing
+   sizes ``a_i`` (a fluid schedule is a preemptive one-machine schedule of speed ``C``; on one
+   machine SRPT completes at least as many jobs by any time as any preemptive schedule);
+2. ``C_(k) >= (r + d)_(k)``, the k-th smallest ``r_i + d_i`` (the first k to complete each
+   finish no earlier than their own ``r_i + d_i``).
+
+So ``sum ACT >= sum_k max(S_(k), (r + d)_(k)) - sum r_i`` for a group, ``d_i`` for a lone action;
+at least ``sum d_i`` in every case, hence never below ``lower-bound``'s figure when the
+``lower-bound`` options include the capacity-respecting ones (true unless a GPU call's
+``max_units`` is below the smallest cell that holds its model: then ``lower-bound`` takes a
+cell no schedule can use and is itself no bound).
+
+**Step time.** A step lasts at least (a) its critical path: every action at ``d_i`` with its
+generations, ``sync`` barriers included, plus ``train_s``; and (b) for each domain and each
+threshold ``t`` among the earliest arrivals ``h_i`` of its actions (from (a)): ``t`` plus the
+area of the actions with ``h_i >= t`` over ``C``, plus the least time ``q_i`` any of those needs
+after it completes (its trajectory's later generations and fastest actions), plus ``train_s``.
+The bound assumes ``exec_noise_sigma = 0`` (durations equal the curves).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tangram.core.cells import unit_options
+from tangram.core.resources import ClusterSpec
+from tangram.sim.config import RolloutConfig
+from tangram.trace import Trace, TraceRow
+
+#: A domain: ("cpu", ""), ("gpu", "") or ("api", endpoint).
+Domain = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class ActionNeed:
+    """What one action needs at least: its domain, area (unit-seconds) and duration (s)."""
+
+    domain: Domain
+    area: float
+    duration: float
+
+
+@dataclass(frozen=True)
+class CapacityBound:
+    """The bound's figures for one trace on one cluster (seconds)."""
+
+    #: Lower bound on mean ACT over the actions the cluster can run.
+    act_mean_s: float
+    #: Mean over actions of the fastest option alone (what the bound adds contention to).
+    act_floor_s: float
+    #: Lower bound on mean step time (NaN for an open-loop replay, which has no steps).
+    step_mean_s: float
+    #: Actions counted, and those no capacity-respecting schedule can run (left out).
+    actions: int
+    unrunnable: int
+
+
+def action_need(row: TraceRow, cluster: ClusterSpec) -> ActionNeed | None:
+    """The action's domain, least area and least duration on ``cluster`` (None: cannot run)."""
+    curve = row.curve_object()
+    if row.resource == "cpu":
+        top = min(row.max_units, max((n.cores for n in cluster.cpu_nodes), default=0))
+        units: Sequence[int] = range(1, top + 1)
+        domain: Domain = ("cpu", "")
+    elif row.resource == "gpu":
+        units = unit_options(
+            row.service_size_gb,
+            max((n.gpu_memory_gb for n in cluster.gpu_nodes), default=0.0),
+            max((n.gpus for n in cluster.gpu_nodes), default=0),
+            row.max_units,
+        )
+        domain = ("gpu", "")
+    else:
+        units = (1,) if any(a.name == row.service for a in cluster.apis) else ()
+        domain = ("api", row.service or "")
+    if not units:
+        return None
+    durations = curve.durations(tuple(units))
+    area = min(m * t for m, t in zip(units, durations, strict=True))
+    return ActionNeed(domain, area, min(durations))
+
+
+def capacities(cluster: ClusterSpec) -> dict[Domain, float]:
+    """Each domain's pooled units."""
+    out: dict[Domain, float] = {("cpu", ""): cluster.total_cores, ("gpu", ""): cluster.total_gpus}
+    out.update({("api", a.name): a.concurrency for a in cluster.apis})
+    return out
+
+
+def srpt_completions(jobs: Sequence[tuple[float, float]], speed: float) -> list[float]:
+    """Completion times, ascending, of SRPT on one machine of ``speed`` (jobs: release, size)."""
+    order = sorted(jobs)
+    done: list[float] = []
+    heap: list[float] = []
+    t, i, n = 0.0, 0, len(order)
+    while i < n or heap:
+        if not heap:
+            t = max(t, order[i][0])
+        while i < n and order[i][0] <= t:
+            heapq.heappush(heap, order[i][1])
+            i += 1
+        rest = heapq.heappop(heap)
+        finish = t + rest / speed
+        if i < n and order[i][0] < finish:
+            nxt = order[i][0]
+            heapq.heappush(heap, rest - (nxt - t) * speed)
+            t = nxt
+        else:
+            done.append(finish)
+            t = finish
+    return done
+
+
+def group_flow_bound(jobs: Sequence[tuple[float, ActionNeed]], capacity: float) -> float:
+    """Least sum of flow times of actions (release, need) alone on ``capacity`` pooled units."""
+    if len(jobs) == 1:
+        return jobs[0][1].duration
+    srpt = srpt_completions([(r, need.area) for r, need in jobs], capacity)
+    alone = sorted(r + need.duration for r, need in jobs)
+    return sum(max(s, a) for s, a in zip(srpt, alone, strict=True)) - sum(r for r, _ in jobs)
+
+
+def _chain(
+    groups: Sequence[tuple[TraceRow, ...]], needs: dict[str, ActionNeed]
+) -> tuple[dict[str, float], float]:
+    """Earliest arrival of each action and the step's earliest rollout end, sync included."""
+    arrival: dict[str, float] = {}
+    clock = [0.0] * len(groups)
+    pos = [0] * len(groups)
+    while True:
+        waiting = []  # trajectories at a sync action: (index, reach time)
+        for j, rows in enumerate(groups):
+            while pos[j] < len(rows):
+                row = rows[pos[j]]
+                reach = clock[j] + row.gen_before_s
+                if row.sync:
+                    waiting.append((j, reach))
+                    break
+                arrival[row.action_id] = reach
+                clock[j] = reach + needs[row.action_id].duration
+                pos[j] += 1
+        if not waiting:
+            break
+        ends = [
+            clock[j] + (rows[-1].gen_after_s if rows else 0.0)
+            for j, rows in enumerate(groups)
+            if pos[j] == len(rows)
+        ]
+        release = max([t for _, t in waiting] + ends)
+        for j, _ in waiting:
+            row = groups[j][pos[j]]
+            arrival[row.action_id] = release
+            clock[j] = release + needs[row.action_id].duration
+            pos[j] += 1
+    end = max((clock[j] + (rows[-1].gen_after_s if rows else 0.0)) for j, rows in enumerate(groups))
+    return arrival, end
+
+
+def _tails(rows: Sequence[TraceRow], needs: dict[str, ActionNeed]) -> dict[str, float]:
+    """Least time from each action's completion to its trajectory's end."""
+    out, after = {}, rows[-1].gen_after_s if rows else 0.0
+    for row in reversed(rows):
+        out[row.action_id] = after
+        after += row.gen_before_s + needs[row.action_id].duration
+    return out
+
+
+def _domain_step_bound(items: list[tuple[float, float, float]], capacity: float) -> float:
+    """max over thresholds t of t + area(h >= t) / C + min tail(h >= t); items: (h, area, tail)."""
+    best, area, tail = 0.0, 0.0, math.inf
+    for h, a, q in sorted(items, reverse=True):
+        area += a
+        tail = min(tail, q)
+        best = max(best, h + area / capacity + tail)
+    return best
+
+
+def capacity_bound(
+    trace: Trace, cluster: ClusterSpec, rollout: RolloutConfig | None = None
+) -> CapacityBound:
+    """The capacity-aware lower bound of ``trace`` on ``cluster`` (see the module docstring)."""
+    rollout = rollout or RolloutConfig()
+    caps = capacities(cluster)
+    needs: dict[str, ActionNeed] = {}
+    unrunnable = set()
+    for row in trace.rows:
+        need = action_need(row, cluster)
+        if need is None:
+            unrunnable.add(row.action_id)
+        else:
+            needs[row.action_id] = need
+    if not needs:
+        nan = math.nan
+        return CapacityBound(nan, nan, nan, 0, len(unrunnable))
+    # Unrunnable actions are left out (every schedule rejects them); their trajectories go on.
+    trajectories = {
+        key: tuple(r for r in rows if r.action_id in needs)
+        for key, rows in trace.trajectories().items()
+    }
+    groups: dict[tuple, list[tuple[float, ActionNeed]]] = {}
+    lone = 0.0
+    steps: dict[int, list[tuple[TraceRow, ...]]] = {}
+    for (step, _), rows in trajectories.items():
+        steps.setdefault(step, []).append(rows)
+        synced = 0
+        for row in rows:
+            need = needs[row.action_id]
+            if row.sync:
+                synced += 1
+            if rollout.mode == "open":
+                groups.setdefault(("open", need.domain), []).append((row.arrival_s or 0.0, need))
+            elif row.sync:
+                groups.setdefault((step, "sync", synced, need.domain), []).append((0.0, need))
+            elif row.position == 0:
+                groups.setdefault((step, "first", need.domain), []).append((row.gen_before_s, need))
+            else:
+                lone += need.duration
+    flow = lone + sum(group_flow_bound(jobs, caps[jobs[0][1].domain]) for jobs in groups.values())
+    n = len(needs)
+    step_mean = math.nan
+    if rollout.mode == "closed":
+        step_mean = sum(_step_bound(g, needs, caps) for g in steps.values()) / len(steps)
+        step_mean += rollout.train_s
+    return CapacityBound(
+        act_mean_s=flow / n,
+        act_floor_s=sum(need.duration for need in needs.values()) / n,
+        step_mean_s=step_mean,
+        actions=n,
+        unrunnable=len(unrunnable),
+    )
+
+
+def _step_bound(
+    groups: list[tuple[TraceRow, ...]], needs: dict[str, ActionNeed], caps: dict[Domain, float]
+) -> float:
+    """Least rollout time of one step: its critical path, or a domain's work after a threshold."""
+    groups = [g for g in groups if g]
+    if not groups:
+        return 0.0
+    arrival, end = _chain(groups, needs)
+    items: dict[Domain, list[tuple[float, float, float]]] = {}
+    for rows in groups:
+        tails = _tails(rows, needs)
+        for row in rows:
+            need = needs[row.action_id]
+            items.setdefault(need.domain, []).append(
+                (arrival[row.action_id], need.area, tails[row.action_id])
+            )
+    return max([end] + [_domain_step_bound(v, caps[d]) for d, v in items.items()])
