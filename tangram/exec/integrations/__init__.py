@@ -1,0 +1,1 @@
+"""Adapters that let RL frameworks use Tangram through their own interfaces (verl's tools)."""

@@ -1,0 +1,163 @@
+"""A stateful sandbox tool for verl's agent loop, on a per-trajectory Tangram container.
+
+verl's ``SandboxFusionTool`` is stateless: every call runs in a fresh sandbox, so a file written
+by one tool call is gone at the next. ``TangramSandboxTool`` follows verl's ``BaseTool``
+lifecycle on one container per trajectory of ``tangram serve``:
+
+- ``create``: opens a trajectory (a container: memory, files and processes kept until release;
+  from the service's warm pool when it has one);
+- ``execute``: runs the call's ``code`` (python or bash) in that container as one action: the
+  scheduler grants it cores for this call only (``max_units``, elastic when > 1);
+- ``calc_reward``: runs the configured ``reward_command`` in the same container (e.g. the
+  task's tests): 1.0 when it exits 0, else 0.0; 0.0 without one;
+- ``release``: closes the trajectory (its container goes).
+
+Config (verl's tool yaml, ``verl_tool_config.yaml`` beside this file): ``tangram_url``,
+``token``, ``image``, ``memory_gb``, ``max_units``, ``t1_s``, ``serial_fraction``, ``timeout_s``,
+``max_output_chars``, ``default_language``, ``reward_command``. Needs the ``verl`` package
+(``pip install --no-deps verl`` works: the tool modules need only pydantic, omegaconf and
+tensordict besides).
+"""
+
+from __future__ import annotations
+
+import base64
+import shlex
+import uuid
+from dataclasses import dataclass, fields
+from typing import Any
+
+from verl.tools.base_tool import BaseTool
+from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+
+from tangram.exec.service.client import AsyncClient
+
+#: How each language's code is run: file name and interpreter.
+RUNNERS: dict[str, tuple[str, str]] = {"python": (".py", "python3"), "bash": (".sh", "bash")}
+
+SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "code_interpreter",
+        "description": "Run code in this conversation's sandbox. Files and background "
+        "processes persist between calls.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "code": {"type": "string", "description": "The code to run."},
+                "language": {"type": "string", "description": "python (default) or bash."},
+            },
+            "required": ["code"],
+        },
+    },
+}
+
+
+@dataclass(frozen=True)
+class ToolSettings:
+    """The tool's config, from verl's tool yaml (unknown keys such as ``type`` are ignored)."""
+
+    tangram_url: str = "http://127.0.0.1:8765"
+    token: str | None = None
+    image: str = "tangram-python"
+    memory_gb: float = 1.0
+    max_units: int = 1
+    t1_s: float = 1.0
+    serial_fraction: float = 0.1
+    timeout_s: float = 30.0
+    max_output_chars: int = 8000
+    default_language: str = "python"
+    reward_command: str | None = None
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> ToolSettings:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in (config or {}).items() if k in known})
+
+
+class TangramSandboxTool(BaseTool):
+    """verl ``BaseTool`` on a Tangram container per trajectory (see the module's docstring)."""
+
+    def __init__(self, config: dict, tool_schema: OpenAIFunctionToolSchema | None = None):
+        schema = tool_schema or OpenAIFunctionToolSchema.model_validate(SCHEMA)
+        super().__init__(config, schema)
+        self.settings = ToolSettings.from_config(config)
+        self._client: AsyncClient | None = None
+        self._calls: dict[str, int] = {}
+
+    @property
+    def client(self) -> AsyncClient:
+        """One HTTP client per tool, made on first use (inside verl's event loop)."""
+        if self._client is None:
+            self._client = AsyncClient(self.settings.tangram_url, token=self.settings.token)
+        return self._client
+
+    async def create(
+        self, instance_id: str | None = None, **kwargs: Any
+    ) -> tuple[str, ToolResponse]:
+        """Open the trajectory's container; its id is the instance id."""
+        traj = instance_id or f"verl-{uuid.uuid4().hex[:16]}"
+        s = self.settings
+        await self.client.open_trajectory(traj, memory_gb=s.memory_gb, image=s.image, wait_s=60)
+        self._calls[traj] = 0
+        return traj, ToolResponse()
+
+    async def execute(
+        self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
+    ) -> tuple[ToolResponse, float, dict]:
+        """Run ``parameters["code"]`` in the trajectory's container; the answer is its output."""
+        code = parameters.get("code")
+        language = parameters.get("language") or self.settings.default_language
+        if not isinstance(code, str) or not code:
+            return ToolResponse(text="Error: 'code' must be a non-empty string."), 0.0, {}
+        if language not in RUNNERS:
+            supported = ", ".join(sorted(RUNNERS))
+            return ToolResponse(text=f"Error: language {language!r}; use {supported}."), 0.0, {}
+        self._calls[instance_id] = self._calls.get(instance_id, 0) + 1
+        outcome = await self._run(instance_id, _script(code, language, self._calls[instance_id]))
+        value = outcome.value
+        metrics = {
+            "status": outcome.status,
+            "exit_code": getattr(value, "exit_code", None),
+            "queue_s": outcome.timings.queue_s,
+            "exec_s": outcome.timings.exec_s,
+        }
+        if value is None or not hasattr(value, "stdout"):
+            why = outcome.error.message if outcome.error else outcome.status
+            return ToolResponse(text=f"Error: {why}"), 0.0, metrics
+        text = value.stdout + (f"\n[stderr]\n{value.stderr}" if value.stderr else "")
+        if outcome.status == "timeout":
+            text += f"\n[timed out after {self.settings.timeout_s:g} s]"
+        return ToolResponse(text=text[: self.settings.max_output_chars]), 0.0, metrics
+
+    async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
+        """1.0 when ``reward_command`` exits 0 in the trajectory's container, else 0.0."""
+        if not self.settings.reward_command:
+            return 0.0
+        outcome = await self._run(instance_id, self.settings.reward_command)
+        return 1.0 if outcome.ok and getattr(outcome.value, "exit_code", 1) == 0 else 0.0
+
+    async def release(self, instance_id: str, **kwargs: Any) -> None:
+        """Close the trajectory: its container (and everything in it) goes."""
+        self._calls.pop(instance_id, None)
+        await self.client.close_trajectory(instance_id)
+
+    async def _run(self, traj: str, command: str) -> Any:
+        s = self.settings
+        return await self.client.run(
+            command=command,
+            trajectory=traj,
+            max_units=s.max_units,
+            t1_s=s.t1_s,
+            serial_fraction=s.serial_fraction if s.max_units > 1 else None,
+            timeout_s=s.timeout_s,
+            kind="verl_tool",
+        )
+
+
+def _script(code: str, language: str, n: int) -> str:
+    """A shell command that writes the call's code to a file of its own and runs it."""
+    suffix, interpreter = RUNNERS[language]
+    name = f".tool_call_{n}{suffix}"
+    encoded = base64.b64encode(code.encode()).decode()
+    return f"printf %s {encoded} | base64 -d > {name} && {interpreter} {shlex.quote(name)}"

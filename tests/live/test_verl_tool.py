@@ -1,0 +1,121 @@
+"""The verl tool against verl's real ``BaseTool`` (the ``verl`` package, loaded from the example
+tool config by verl's own loader): a trajectory writes a file in one call and reads it in the
+next, a background process outlives its call, ``calc_reward`` runs in the same container, and
+``release`` removes the container."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker.errors
+import pytest
+from verl.tools.base_tool import BaseTool
+from verl.tools.tool_registry import initialize_tools_from_config
+
+from tangram.exec.service import Client
+from tests.live.conftest import live_cluster
+
+pytestmark = pytest.mark.docker
+
+CONFIG = Path(__file__).resolve().parents[2] / "tangram/exec/integrations/verl_tool_config.yaml"
+
+
+@pytest.fixture(scope="module")
+def service(docker_client: Any) -> Iterator[Any]:
+    """A CPU-only service without a warm pool (so release visibly removes the container)."""
+    from tangram.exec.aoe import AoeConfig
+    from tangram.exec.runtime import RuntimeConfig, build_runtime
+    from tangram.exec.service import ServeOptions, ServiceThread
+
+    def make() -> Any:
+        return build_runtime(
+            live_cluster(),
+            RuntimeConfig(max_pending=64, default_timeout_s=60.0),
+            gpu=False,
+            aoe_config=AoeConfig(kill_grace_s=3.0),
+            docker_client=docker_client,
+        )
+
+    thread = ServiceThread(make, ServeOptions(port=0))
+    thread.start()
+    try:
+        yield thread
+    finally:
+        thread.stop()
+
+
+@pytest.fixture
+def tool(service: Any, tmp_path: Path) -> BaseTool:
+    """The example config's tool, pointed at the test service, with a reward command."""
+    text = CONFIG.read_text().replace("http://127.0.0.1:8765", service.url)
+    text = text.replace(
+        '# reward_command: "python3 -m pytest -q tests"',
+        'reward_command: "grep -q hello notes.txt"',
+    )
+    path = tmp_path / "tools.yaml"
+    path.write_text(text)
+    [loaded] = initialize_tools_from_config(str(path))
+    return loaded
+
+
+def test_the_tool_is_a_verl_base_tool_with_its_schema(tool: BaseTool) -> None:
+    assert isinstance(tool, BaseTool)
+    assert tool.name == "code_interpreter"
+    assert tool.get_openai_tool_schema().function.parameters.required == ["code"]
+
+
+def test_a_trajectory_keeps_its_files_and_processes_across_calls(
+    tool: BaseTool, service: Any, docker_client: Any
+) -> None:
+    async def lifecycle() -> tuple[list[str], float, float, str]:
+        traj, _ = await tool.create()
+        try:
+            with Client(service.url) as c:
+                [info] = [t for t in c.trajectories() if t["id"] == traj]
+            container = info["container"]
+            texts = []
+            for params in (
+                {"code": "open('notes.txt', 'w').write('hello from call 1')"},
+                {"code": "sleep 300 & echo $! > bg.pid; echo started", "language": "bash"},
+                {"code": "print(open('notes.txt').read())"},
+                {"code": "kill -0 $(cat bg.pid) && echo still-running", "language": "bash"},
+                {"code": "import os; print(os.environ['TANGRAM_CORES'])"},
+            ):
+                response, _, metrics = await tool.execute(traj, params)
+                assert metrics["status"] == "result" and metrics["exit_code"] == 0, metrics
+                texts.append(response.text)
+            good = await tool.calc_reward(traj)
+            await tool.execute(traj, {"code": "rm notes.txt", "language": "bash"})
+            bad = await tool.calc_reward(traj)
+        finally:
+            await tool.release(traj)
+        return texts, good, bad, container
+
+    texts, good, bad, container = asyncio.run(lifecycle())
+    assert texts[2].strip() == "hello from call 1"
+    assert texts[3].strip() == "still-running"
+    assert 1 <= int(texts[4]) <= 2  # cores granted for that call (max_units 2)
+    assert (good, bad) == (1.0, 0.0)
+    with pytest.raises(docker.errors.NotFound):
+        docker_client.containers.get(container)
+    with Client(service.url) as c:
+        assert not c.trajectories(), "release left the trajectory open"
+
+
+def test_a_bad_call_is_answered_not_raised(tool: BaseTool) -> None:
+    async def calls() -> list[str]:
+        traj, _ = await tool.create()
+        try:
+            out = [
+                (await tool.execute(traj, p))[0].text
+                for p in ({}, {"code": "x", "language": "cobol"})
+            ]
+        finally:
+            await tool.release(traj)
+        return out
+
+    missing, language = asyncio.run(calls())
+    assert "'code'" in missing and "cobol" in language
