@@ -38,6 +38,10 @@ class Action:
     service: str | None = None
     service_size_gb: float = 0.0
     node: str | None = None
+    #: The GPU service runs as whole data-parallel replicas, one per GPU of its cell (each GPU
+    #: holds and restores all ``service_size_gb``); False: split in k shards of size/k, as EOE's
+    #: layer-sharded services and the simulator's model are.
+    service_replicas: bool = False
     #: Free-form label the driver uses to find the work (a command, a payload key); never read by the core.
     payload: str | None = field(default=None, compare=False)
 
@@ -107,6 +111,7 @@ class Action:
                 "service": service,
                 "service_size_gb": service_size_gb,
                 "node": None,
+                "service_replicas": False,
                 "payload": None,
             },
         )

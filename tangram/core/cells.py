@@ -97,10 +97,15 @@ def smallest_cell_for(size_gb: float, gpu_memory_gb: float, n_gpus: int) -> int 
     return None
 
 
-def unit_options(size_gb: float, gpu_memory_gb: float, n_gpus: int, max_units: int) -> Cell:
+def unit_options(
+    size_gb: float, gpu_memory_gb: float, n_gpus: int, max_units: int, *, replicas: bool = False
+) -> Cell:
     """The cell sizes a call of a ``size_gb`` model may run on: from the smallest that holds
-    it up to ``max_units`` (at least the smallest), within ``n_gpus``. Empty when none fits."""
-    fits = [k for k in CELL_SIZES if k <= n_gpus and size_gb <= k * gpu_memory_gb]
+    it up to ``max_units`` (at least the smallest), within ``n_gpus``. Empty when none fits.
+    A model run as ``replicas`` puts all of it on every GPU, so one GPU must hold it."""
+    fits = [
+        k for k in CELL_SIZES if k <= n_gpus and size_gb <= (1 if replicas else k) * gpu_memory_gb
+    ]
     if not fits:
         return ()
     top = max(fits[0], max_units)  # fits[0]: ``smallest_cell_for``

@@ -95,7 +95,9 @@ class Context:
     def restore_cost(self, action: Action, node: str, cell_size: int = 1) -> float:
         """EOE restore estimate of the action's service onto a cell of ``node``
         (``GpuNodeSpec.restore_s``)."""
-        return self.state.gpu[node].spec.restore_s(action.service_size_gb, cell_size)
+        return self.state.gpu[node].spec.restore_s(
+            action.service_size_gb, cell_size, replicas=action.service_replicas
+        )
 
     # --- acting ------------------------------------------------------------------------------
     def start(

@@ -110,7 +110,11 @@ class OptionsBuilder:
     def gpu_units(self, action: Action) -> tuple[int, ...]:
         """The cell sizes a GPU call may use on this cluster (empty: none holds its model)."""
         return unit_options(
-            action.service_size_gb, self._max_gpu_mem, self._max_node_gpus, action.max_units
+            action.service_size_gb,
+            self._max_gpu_mem,
+            self._max_node_gpus,
+            action.max_units,
+            replicas=action.service_replicas,
         )
 
     def for_action(self, action: Action, node: str | None) -> Options:

@@ -101,11 +101,13 @@ class GpuNodeSpec:
             f"must be >= 0, got {self.restore_fixed_s!r}",
         )
 
-    def restore_s(self, size_gb: float, cell_size: int = 1) -> float:
+    def restore_s(self, size_gb: float, cell_size: int = 1, *, replicas: bool = False) -> float:
         """EOE's restore estimate for a model of ``size_gb`` onto a cell of ``cell_size`` GPUs:
         each GPU loads its 1/k shard over its own host-to-GPU link, so k GPUs restore k times
-        faster (plus the fixed cost)."""
-        return size_gb / (cell_size * self.h2d_gbps) + self.restore_fixed_s
+        faster (plus the fixed cost); a service run as ``replicas`` loads the whole model on
+        every GPU of the cell at once, which takes as long as one."""
+        shards = 1 if replicas else cell_size
+        return size_gb / (shards * self.h2d_gbps) + self.restore_fixed_s
 
 
 @dataclass(frozen=True)

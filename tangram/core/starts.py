@@ -63,7 +63,13 @@ def start_action(
         if bounded:
             gpu = state.gpu[node]
             restore = not gpu.is_resident(action.service or "", gpus)
-            overhead = gpu.spec.restore_s(action.service_size_gb, len(gpus)) if restore else 0.0
+            overhead = (
+                gpu.spec.restore_s(
+                    action.service_size_gb, len(gpus), replicas=action.service_replicas
+                )
+                if restore
+                else 0.0
+            )
             if not in_slot:
                 if len(gpus) != units:
                     raise CapacityError(f"{action.id}: {units} units but cell {gpus}")

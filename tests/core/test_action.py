@@ -44,3 +44,21 @@ def test_units_by_resource():
 def test_bad_fields_are_named(kw, message):
     with pytest.raises(ActionError, match=message):
         cpu(**kw)
+
+
+def test_a_replicated_service_restores_the_whole_model_on_each_gpu_and_must_fit_one() -> None:
+    """The core's two forms of a k-GPU service: k shards of size/k (the default, EOE's layer
+    shards) or k whole data-parallel replicas (``service_replicas``)."""
+    from tangram.core.cells import unit_options
+    from tangram.core.resources import GpuNodeSpec
+
+    node = GpuNodeSpec("g", gpus=8, gpu_memory_gb=80.0, host_memory_gb=1000.0, h2d_gbps=25.0)
+    assert node.restore_s(100.0, 4) == pytest.approx(100.0 / (4 * 25.0) + node.restore_fixed_s)
+    for k in (1, 2, 4, 8):  # every GPU loads all 100 GB over its own link, all at once
+        assert node.restore_s(100.0, k, replicas=True) == pytest.approx(4.0 + node.restore_fixed_s)
+    assert unit_options(144.0, 80.0, 8, 8) == (2, 4, 8)  # a 72B bf16 teacher: 2+ shards
+    assert unit_options(144.0, 80.0, 8, 8, replicas=True) == ()  # no GPU holds a whole copy
+    assert unit_options(30.0, 80.0, 8, 4, replicas=True) == (1, 2, 4)
+    gpu = Action("a", "t", ResourceKind.GPU, Inelastic(1.0), service="m", service_size_gb=1.0)
+    assert gpu.service_replicas is False
+    assert dataclasses.replace(gpu, service_replicas=True).service_replicas is True

@@ -62,7 +62,9 @@ def gpu_executor(gpus: int = 8, dops: tuple[int, ...] = (1, 2, 4)) -> GpuExecuto
         devices=list(range(gpus)),
         config=SimpleNamespace(calls_per_gpu=1),
         services=lambda: ("model",),
-        info=lambda name: SimpleNamespace(dops=dops, resident_bytes=3 << 30),
+        info=lambda name: SimpleNamespace(
+            dops=dops, resident_bytes=3 << 30, parallelism="replicas"
+        ),
         close=lambda: None,
     )
     node = GpuNodeSpec("gpu", gpus=gpus, gpu_memory_gb=16.0, host_memory_gb=64.0)
@@ -154,7 +156,8 @@ def test_gpu_work_is_admitted_on_aligned_cells_its_service_runs_on(
     gpu = gpu_executor(gpus, dops)
     try:
         got = gpu.admit(ActionSpec(GpuWork("model", [1]), max_units=asked), None, CLUSTER)
-        assert got == Admission(ResourceKind.GPU, granted, size_gb=3.0)
+        # the core is told the service runs as whole replicas (EOE's ServiceInfo.parallelism)
+        assert got == Admission(ResourceKind.GPU, granted, size_gb=3.0, replicas=True)
     finally:
         gpu.shutdown()
 

@@ -322,7 +322,9 @@ def _resident_busy_until(ctx: Context) -> dict[str, float]:
 
 def _first_restore_cost(ctx: Context) -> Callable[[Action, int], float]:
     spec = next(iter(ctx.state.gpu.values())).spec
-    return lambda action, cell_size: spec.restore_s(action.service_size_gb, cell_size)
+    return lambda action, cell_size: spec.restore_s(
+        action.service_size_gb, cell_size, replicas=action.service_replicas
+    )
 
 
 def _defer_evicted(ctx: Context, rnd: Round) -> None:

@@ -46,8 +46,10 @@ class Admission:
     resource: ResourceKind
     #: The most units the core may grant (capped to what the executor can run).
     max_units: int
-    #: The model's resident size per GPU (GPU work), for the core's restore estimate.
+    #: The model's size (GPU work), for the core's restore estimate and cell choice.
     size_gb: float = 0.0
+    #: GPU work: the service runs as whole data-parallel replicas (``Action.service_replicas``).
+    replicas: bool = False
     #: The trajectory container's memory (CPU work), for the trace.
     memory_gb: float = 0.0
     #: The node it must run on (CPU work: its container's), None when any will do.

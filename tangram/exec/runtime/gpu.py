@@ -51,8 +51,13 @@ class GpuExecutor:
         return tuple(self.eoe.services())
 
     def size_gb(self, service: str) -> float:
-        """The service's resident bytes per GPU, in GB, for the scheduler's restore estimate."""
+        """The service's resident bytes per GPU, in GB, for the scheduler's restore estimate
+        (the whole model: a service the runtime admits runs as data-parallel replicas)."""
         return self.eoe.info(service).resident_bytes / GB
+
+    def replicas(self, service: str) -> bool:
+        """True when the service runs as whole replicas, one per GPU of its cell (EOE says)."""
+        return self.eoe.info(service).parallelism == "replicas"
 
     def dops(self, service: str) -> tuple[int, ...]:
         return tuple(self.eoe.info(service).dops)
@@ -74,7 +79,12 @@ class GpuExecutor:
                 "may start any cell from 1 GPU up to max_units, so it must support DoP 1"
             )
         max_units = max(k for k in usable if k <= max(spec.max_units, 1))
-        return Admission(ResourceKind.GPU, max_units, size_gb=self.size_gb(work.service))
+        return Admission(
+            ResourceKind.GPU,
+            max_units,
+            size_gb=self.size_gb(work.service),
+            replicas=self.replicas(work.service),
+        )
 
     async def execute(
         self, work: GpuWork, start: Start, *, trajectory: str, time_left_s: float

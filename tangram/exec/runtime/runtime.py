@@ -338,6 +338,7 @@ class Runtime:
                 service=spec.service,
                 service_size_gb=admitted.size_gb,
                 node=admitted.node,
+                service_replicas=admitted.replicas,
             )
         except ActionError as exc:
             raise BadRequest(str(exc)) from None
