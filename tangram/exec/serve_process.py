@@ -10,10 +10,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 
-def start_serve(args: Sequence[str], log: Path) -> tuple[subprocess.Popen[str], str]:
-    """``tangram serve --no-cpu --no-gpu --port 0 --json ARGS``, its log in ``log`` (a file:
-    an unread pipe would stall the server once it filled); returns the process and its URL."""
-    cmd = [sys.executable, "-m", "tangram.cli", "serve", "--no-cpu", "--no-gpu"]
+def start_serve(
+    args: Sequence[str], log: Path, executors: Sequence[str] = ("--no-cpu", "--no-gpu")
+) -> tuple[subprocess.Popen[str], str]:
+    """``tangram serve --no-cpu --no-gpu --port 0 --json ARGS`` (``executors``: the flags
+    that leave executors out), its log in ``log`` (a file: an unread pipe would stall the
+    server once it filled); returns the process and its URL."""
+    cmd = [sys.executable, "-m", "tangram.cli", "serve", *executors]
     cmd += ["--port", "0", "--json", *args]
     with log.open("w") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)

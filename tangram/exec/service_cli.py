@@ -113,6 +113,24 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="run on a Ray cluster (an address or 'auto'): the scheduler in a named actor, "
         "an agent per node; the cluster comes from the Ray nodes (docs/ray.md)",
     )
+    p.add_argument(
+        "--warm-pool",
+        type=int,
+        default=16,
+        metavar="N",
+        help="parked containers per image and memory at most, handed to new trajectories and "
+        "/run_code requests and reset after use (sized by recent demand; 0: off; default 16)",
+    )
+    p.add_argument(
+        "--warm-pool-total", type=int, default=32, help="parked containers in all (default 32)"
+    )
+    p.add_argument(
+        "--prewarm",
+        type=int,
+        default=2,
+        metavar="N",
+        help="/run_code python containers made at start (default 2)",
+    )
     p.add_argument("--no-cpu", action="store_true", help="no CPU executor (no Docker needed)")
     p.add_argument("--no-gpu", action="store_true", help="no GPU executor (no torch needed)")
     p.add_argument(
@@ -179,15 +197,24 @@ def run(args: argparse.Namespace) -> int:
         from tangram.exec.runtime import default_services
 
         services = [*default_services(), *(service_from_arg(m).spec for m in args.model)]
+    from tangram.exec.aoe import AoeConfig
+    from tangram.exec.aoe.config import WarmPoolConfig
+    from tangram.exec.service.sandbox_fusion import RunCodeSettings
+
+    pool = WarmPoolConfig(max_per_key=args.warm_pool, max_total=args.warm_pool_total)
     runtime = build_runtime(
         cluster,
         config,
+        aoe_config=AoeConfig(warm_pool=pool),
         cpu=not args.no_cpu,
         gpu=not args.no_gpu,
         gpu_backend=args.gpu_backend,
         services=services,
         endpoints=endpoints,
     )
+    if runtime.cpu is not None and args.prewarm > 0:
+        rc = RunCodeSettings()
+        runtime.cpu.aoe.prewarm(args.prewarm, image=rc.image, memory_gb=rc.memory_gb)
     limits = ConnectionLimits(
         header_timeout_s=args.header_timeout_s,
         body_timeout_s=args.body_timeout_s,
