@@ -1,0 +1,140 @@
+"""The capacity-aware bound: tight where the arithmetic says so, never above any policy's result."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tangram.bench.robustness import BASELINES
+from tangram.core.resources import ClusterSpec, CpuNodeSpec
+from tangram.sim.bounds import ActionNeed, capacity_bound, group_flow_bound, srpt_completions
+from tangram.sim.config import Overheads, RolloutConfig, SimConfig
+from tangram.sim.driver import simulate
+from tangram.sim.instances import trace_cluster
+from tangram.sim.workloads import WORKLOADS
+from tangram.sim.workloads.random_instances import FAMILIES, RandomParams
+from tangram.trace import Trace, TraceRow
+
+FREE = Overheads(aoe_grant_s=0.0, container_start_s=0.0)
+
+
+def cpu_trace(n: int, *, t1: float, max_units: int, gen: float = 0.0) -> Trace:
+    rows = tuple(
+        TraceRow(f"a{i}", f"t{i}", 0, 0, "hand", "env", gen, "cpu", t1, max_units,
+                 serial_fraction=0.0)
+        for i in range(n)
+    )  # fmt: skip
+    return Trace(rows, {})
+
+
+def two_cores() -> ClusterSpec:
+    return ClusterSpec("two", cpu_nodes=(CpuNodeSpec("cpu0", 2, 1, 64.0),))
+
+
+def run(trace: Trace, cluster: ClusterSpec, policy: str, overheads: Overheads = FREE):
+    result = simulate(trace, cluster, SimConfig(policy=policy, overheads=overheads))
+    ran = [r for r in result.actions if r.outcome == "result"]
+    act = float(np.mean([r.finish - r.arrival for r in ran]))
+    step = float(np.mean([s.end - s.start for s in result.steps]))
+    return act, step, len(result.actions) - len(ran)
+
+
+def test_four_synchronised_actions_on_two_cores_queue_and_the_bound_is_tight():
+    # Four actions of 4 core-s each (no serial part, up to 2 cores) arrive at once on 2 cores.
+    # Alone each takes 2 s; together the pool finishes 4 core-s per 2 s: completions 2, 4, 6,
+    # 8, mean ACT 5 s, step 8 s. lower-bound says 2 s and 2 s; fixed:2 achieves 5 s and 8 s.
+    trace, cluster = cpu_trace(4, t1=4.0, max_units=2), two_cores()
+    bound = capacity_bound(trace, cluster)
+    assert bound.act_mean_s == 5.0 and bound.step_mean_s == 8.0 and bound.act_floor_s == 2.0
+    assert run(trace, cluster, "lower-bound")[:2] == (2.0, 2.0)
+    assert run(trace, cluster, "fixed:2")[:2] == (5.0, 8.0)
+
+
+def test_a_lone_action_and_spread_arrivals_are_bounded_by_their_fastest_option_only():
+    # Arrivals 10 s apart (gen_before 0, 10, 20...): nothing overlaps, the bound is the floor.
+    rows = tuple(
+        dataclasses.replace(r, gen_before_s=10.0 * i)
+        for i, r in enumerate(cpu_trace(3, t1=4.0, max_units=2).rows)
+    )
+    bound = capacity_bound(Trace(rows, {}), two_cores())
+    assert bound.act_mean_s == bound.act_floor_s == 2.0
+    assert bound.step_mean_s == 22.0  # the last arrives at 20 and runs 2 s
+
+
+def test_the_node_caps_an_actions_cores_where_lower_bound_does_not():
+    # One action of up to 16 cores (no serial part, 16 s on one) on a 2-core node: 8 s at best.
+    trace, cluster = cpu_trace(1, t1=16.0, max_units=16), two_cores()
+    assert capacity_bound(trace, cluster).act_mean_s == 8.0
+    assert run(trace, cluster, "lower-bound")[0] == 1.0  # it ignores the node's size
+
+
+def test_srpt_preempts_a_long_job_for_a_short_arrival():
+    # A (4 s) from 0, B (1 s) at 1: B runs 1-2, A resumes and ends at 5.
+    assert srpt_completions([(0.0, 4.0), (1.0, 1.0)], 1.0) == [2.0, 5.0]
+    # Two units: 4 unit-s at rate 2 -> A done at 2 unless B (1 unit-s at 1) preempts: 1.5, 2.5.
+    assert srpt_completions([(0.0, 4.0), (1.0, 1.0)], 2.0) == [1.5, 2.5]
+
+
+def test_a_groups_flow_is_at_least_each_actions_fastest_time():
+    # Areas small, durations long (no contention): the flow is the durations' sum.
+    needs = [(0.0, ActionNeed(("cpu", ""), 1.0, 10.0)), (0.0, ActionNeed(("cpu", ""), 1.0, 3.0))]
+    assert group_flow_bound(needs, 100.0) == 13.0
+
+
+POLICIES = ("tangram", *BASELINES)
+
+
+@st.composite
+def instances(draw):
+    family = draw(st.sampled_from(FAMILIES))
+    params = RandomParams(
+        family=family,
+        actions_max=draw(st.integers(1, 4)),
+        sigma_max=draw(st.sampled_from([0.0, 1.0, 2.0])),
+        sync_share=draw(st.sampled_from([0.0, 1.0])),
+        long_factor=draw(st.sampled_from([1.0, 20.0])),
+        cpu_nodes_max=draw(st.integers(1, 2)),
+    )
+    seed = draw(st.integers(0, 10_000))
+    trace = WORKLOADS["random"](params, batch=draw(st.integers(1, 12)), seed=seed)
+    if draw(st.booleans()):  # a batch-synchronous last action (a reward held for the batch)
+        last = {}
+        for r in trace.rows:
+            last[r.trajectory] = max(last.get(r.trajectory, 0), r.position)
+        rows = tuple(
+            dataclasses.replace(r, sync="step") if r.position == last[r.trajectory] else r
+            for r in trace.rows
+        )
+        trace = Trace(rows, trace.meta)
+    overheads = draw(st.sampled_from([FREE, Overheads()]))
+    return trace, trace_cluster(trace), overheads
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances())
+def test_no_policy_that_respects_capacity_is_ever_below_the_bound(instance):
+    trace, cluster, overheads = instance
+    bound = capacity_bound(trace, cluster, RolloutConfig())
+    lb_act, lb_step, _ = run(trace, cluster, "lower-bound", overheads)
+    assert bound.act_mean_s >= lb_act * (1 - 1e-9)
+    assert bound.step_mean_s >= lb_step * (1 - 1e-9)
+    assert bound.act_mean_s >= bound.act_floor_s * (1 - 1e-12)
+    compared = 0
+    for policy in POLICIES:
+        try:
+            act, step, rejected = run(trace, cluster, policy, overheads)
+        except RuntimeError as exc:
+            # Known simulator limitation (reported with issue 11): static pods held by
+            # trajectories waiting at a batch-synchronous barrier starve the trajectories that
+            # have no pod yet, and the replay ends with their actions unresolved.
+            assert "unresolved" in str(exc) and any(r.sync for r in trace.rows), policy
+            continue
+        if rejected:
+            continue  # it ran fewer actions: its mean is over another set
+        compared += 1
+        assert act >= bound.act_mean_s * (1 - 1e-9) - 1e-9, policy
+        assert step >= bound.step_mean_s * (1 - 1e-9) - 1e-9, policy
+    assert compared >= 1  # the default at least runs every action
