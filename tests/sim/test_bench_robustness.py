@@ -1,0 +1,71 @@
+"""``tangram bench robustness``: its JSON document and the worst instances it writes out."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import pytest
+
+from tangram.bench.robustness import BASELINES, METRICS
+from tangram.cli import main
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    out = tmp_path_factory.mktemp("worst")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(["bench", "robustness", "--instances", "2", "--seed", "0", "--json",
+                     "--out", str(out), "--worst", "1"])  # fmt: skip
+    assert code == 0
+    return json.loads(buf.getvalue()), out
+
+
+def test_the_document_reports_each_family_and_figure(bench):
+    doc, _ = bench
+    assert doc["benchmark"] == "robustness" and doc["default"] == "tangram"
+    assert doc["baselines"] == list(BASELINES) and len(doc["instances"]) == 6
+    assert set(doc["families"]) == {"cpu", "gpu", "mixed"}
+    for s in doc["families"].values():
+        assert s["instances"] == 2 and s["compared"] + s["default_rejected"] == 2
+        assert set(s["beaten"]) == set(METRICS)
+        for shares in s["beaten"].values():
+            assert set(shares) == {">5%", ">20%"}
+            assert 0 <= shares[">20%"] <= shares[">5%"] <= 1
+        for name, q in s["ratios"].items():
+            assert q["p50"] <= q["p90"] <= q["max"]
+            assert q["p50"] >= 1 - 1e-9, name  # the default never beats a floor
+
+
+def test_each_instance_carries_every_policys_figures_and_its_best_baseline(bench):
+    doc, _ = bench
+    for r in doc["instances"]:
+        assert set(r["runs"]) == {"tangram", "lower-bound", *BASELINES}
+        for key, best in r["best"].items():
+            ran = [p for p in BASELINES if not r["runs"][p]["rejected"]]
+            top = min(r["runs"][p][key] for p in ran)
+            assert best["margin"] == pytest.approx(r["runs"]["tangram"][key] / top - 1)
+        assert r["bound"]["act_mean_s"] <= r["runs"]["tangram"]["act_mean_s"] * (1 + 1e-9)
+
+
+def test_the_worst_instances_are_written_and_replay_to_the_same_figures(bench, capsys):
+    doc, out = bench
+    assert doc["worst"], "two instances per family: at least one baseline wins somewhere"
+    for w in doc["worst"]:
+        assert w["margin"] > 0
+        record = next(
+            r for r in doc["instances"] if (r["family"], r["seed"]) == (w["family"], w["seed"])
+        )
+        assert main(["sim", "--trace", w["trace"], "--cluster", w["cluster"], "--json",
+                     "--policy", "tangram", "--policy", w["baseline"]]) == 0  # fmt: skip
+        rows = json.loads(capsys.readouterr().out)["results"]
+        assert rows[0]["act_mean_s"] == pytest.approx(record["runs"]["tangram"]["act_mean_s"])
+        assert rows[1]["act_mean_s"] == pytest.approx(record["runs"][w["baseline"]]["act_mean_s"])
+    assert len(list(out.glob("*.jsonl"))) == len(list(out.glob("*.toml"))) == len(doc["worst"])
+
+
+def test_an_unknown_family_is_refused_naming_it(capsys):
+    assert main(["bench", "robustness", "--families", "cpu,tpu", "--instances", "1"]) == 2
+    assert "unknown family 'tpu'" in capsys.readouterr().err
