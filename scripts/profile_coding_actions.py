@@ -31,12 +31,13 @@ import math
 import os
 import platform
 import random
+import signal
 import statistics
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -103,7 +104,8 @@ ACTIONS: Mapping[str, ActionKind] = {
         ActionKind(
             "pip-install",
             "env",
-            f"rm -rf /work/venv; python3 {PIP} install -q --no-index --no-cache-dir "
+            "rm -rf /work/venv /work/tmp; mkdir /work/tmp; "
+            f"TMPDIR=/work/tmp python3 {PIP} install -q --no-index --no-cache-dir "
             "--disable-pip-version-check --find-links /opt/profile/wheels --target /work/venv "
             "pytest pytest-xdist hypothesis numpy",
             "pip install --no-index from a local wheel directory (10 wheels with numpy); pip has "
@@ -246,8 +248,13 @@ def summarize_kind(
     *,
     bootstrap: int,
     seed: int,
-) -> dict[str, Any]:
-    """One kind's pooled points, pooled fit, per-round fits and the serial fraction's spread."""
+) -> dict[str, Any] | None:
+    """One kind's pooled points, pooled fit, per-round fits and the serial fraction's spread
+    (rounds that failed are counted and left out; None when every round failed)."""
+    errors = [r["error"] for r in rounds if "error" in r]
+    rounds = [r for r in rounds if "error" not in r]
+    if not rounds:
+        return None
     runs_by_round = [
         {p["cores"]: list(zip(p["runs"], p["disturbed"], strict=True)) for p in r["points"]}
         for r in rounds
@@ -265,6 +272,8 @@ def summarize_kind(
         "runs_disturbed": sum(sum(p["disturbed"]) for r in rounds for p in r["points"]),
         "runs_total": sum(len(p["runs"]) for r in rounds for p in r["points"]),
         "pooled_clean_only": clean,
+        "rounds_failed": len(errors),
+        "errors": errors,
         "points": [
             {
                 "cores": m,
@@ -394,11 +403,19 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-def measure(args: argparse.Namespace, kinds: Sequence[ActionKind]) -> dict[str, Any]:
-    """Run every kind ``args.rounds`` times through profile_command; raw rounds per kind."""
+def measure(
+    args: argparse.Namespace,
+    kinds: Sequence[ActionKind],
+    checkpoint: Callable[[dict[str, list[dict[str, Any]]]], None],
+) -> dict[str, Any]:
+    """Run every kind ``args.rounds`` times through profile_command; raw rounds per kind (a
+    failed profile is kept as its error and the others go on); ``checkpoint`` gets them so far
+    after each profile, so a run stopped early keeps what it measured.
+    """
     from tqdm import tqdm
 
     from tangram.exec.aoe.config import AoeConfig, SandboxConfig
+    from tangram.exec.aoe.errors import AoeError
     from tangram.exec.aoe.manager import AoeManager
     from tangram.exec.aoe.profile import profile_command
     from tangram.exec.aoe.topology import choose_cores
@@ -422,16 +439,23 @@ def measure(args: argparse.Namespace, kinds: Sequence[ActionKind]) -> dict[str, 
                     bar.update(1)
 
                 started = datetime.now(UTC).isoformat(timespec="seconds")
-                profile = profile_command(
-                    manager,
-                    kind.command,
-                    max_cores=top,
-                    repeat=args.repeat,
-                    warmup=args.warmup,
-                    timeout_s=args.timeout,
-                    memory_gb=args.memory_gb,
-                    progress=progress,
-                )
+                try:
+                    profile = profile_command(
+                        manager,
+                        kind.command,
+                        max_cores=top,
+                        repeat=args.repeat,
+                        warmup=args.warmup,
+                        timeout_s=args.timeout,
+                        memory_gb=args.memory_gb,
+                        progress=progress,
+                    )
+                except AoeError as exc:
+                    print(f"\n{kind.name}, round {rnd + 1}: {exc}", file=sys.stderr)
+                    raw[kind.name].append({"round": rnd, "started_utc": started, "error": str(exc)})
+                    bar.update(top * args.repeat - sum(len(v) for v in ends.values()))
+                    checkpoint(raw)
+                    continue
                 points = []
                 for p in profile.points:
                     granted = choose_cores(manager.topology, manager.topology.cores, p.cores)
@@ -459,6 +483,7 @@ def measure(args: argparse.Namespace, kinds: Sequence[ActionKind]) -> dict[str, 
                         },
                     }
                 )
+                checkpoint(raw)
         bar.close()
     return raw
 
@@ -530,13 +555,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def aggregate(args: argparse.Namespace, raw: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict:
-    """Each kind's summary and the suggested Betas from the raw rounds."""
-    kinds = {
+    """Each kind's summary and the suggested Betas from the raw rounds; kinds whose every round
+    failed are listed apart."""
+    summaries = {
         name: summarize_kind(ACTIONS[name], rounds, bootstrap=args.bootstrap, seed=args.seed)
         for name, rounds in raw.items()
     }
+    kinds = {name: k for name, k in summaries.items() if k is not None}
     return {
         "kinds": kinds,
+        "failed_kinds": sorted(name for name, k in summaries.items() if k is None),
         "suggested_beta": suggest_betas(kinds, args.env_weights, args.reward_concentration),
     }
 
@@ -566,9 +594,16 @@ def table(doc: Mapping[str, Any]) -> str:
             }
         )
     lines = [format_table(rows)]
+    if doc.get("failed_kinds"):
+        lines.append(f"every round failed (see the document's errors): {doc['failed_kinds']}")
     for role, b in doc["suggested_beta"].items():
         lines.append(f"{role}: Beta({b['alpha']:.2f}, {b['beta']:.2f}) (mean {b['mean']:.3f})")
     return "\n".join(lines)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM as Ctrl-C, so the AOE manager's ``with`` removes the container on the way out."""
+    raise KeyboardInterrupt
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -588,17 +623,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         doc = {k: v for k, v in saved.items() if k not in ("kinds", "suggested_beta")}
         doc.update(aggregate(args, saved["raw"]))
     else:
+        signal.signal(signal.SIGTERM, _interrupt)
         subprocess.run([str(ROOT / "scripts" / "ensure-profile-image.sh")], check=True)
         started = datetime.now(UTC)
-        load_before = Path("/proc/loadavg").read_text().split()[:3]
+        path = args.out / f"coding_actions.{started.strftime('%Y%m%dT%H%MZ')}.json"
+        args.out.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
-        raw = measure(args, [ACTIONS[n] for n in names])
         doc = {
             "date_utc": started.isoformat(timespec="seconds"),
-            "duration_s": round(time.monotonic() - t0, 1),
             "machine": machine_info(),
-            "loadavg_before": [float(x) for x in load_before],
-            "loadavg_after": [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]],
+            "loadavg_before": [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]],
             "settings": {
                 k: getattr(args, k)
                 for k in (
@@ -611,6 +645,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "disturbed_above",
                     "memory_gb",
                     "image",
+                    "env_weights",
+                    "reward_concentration",
                 )
             },
             "equivalent_cli": {
@@ -618,12 +654,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"--warmup {args.warmup} -- {json.dumps(ACTIONS[n].command)}"
                 for n in names
             },
-            "raw": raw,
         }
+
+        def save(raw: Mapping[str, Any]) -> None:
+            path.write_text(json.dumps({**doc, "raw": raw}, indent=1) + "\n")
+
+        raw = measure(args, [ACTIONS[n] for n in names], save)
+        doc["duration_s"] = round(time.monotonic() - t0, 1)
+        doc["loadavg_after"] = [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+        doc["raw"] = raw
         doc.update(aggregate(args, raw))
-        args.out.mkdir(parents=True, exist_ok=True)
-        stamp = started.strftime("%Y%m%dT%H%MZ")
-        path = args.out / f"coding_actions.{stamp}.json"
         path.write_text(json.dumps(doc, indent=1) + "\n")
         print(f"wrote {path}", file=sys.stderr)
     if args.json:

@@ -174,7 +174,11 @@ def test_re_aggregating_a_saved_document_needs_no_docker(tmp_path, capsys):
             raw_round(0, [10.0, 10.2, 9.8], [6.0, 6.1, 19.0], disturbed_2=(2,)),
             raw_round(1, [10.1, 9.9, 10.0], [5.9, 6.0, 6.2]),
         ],
-        "pytest": [raw_round(0, [20.0, 20.0, 20.0], [13.0, 13.0, 13.0])],
+        "pytest": [
+            raw_round(0, [20.0, 20.0, 20.0], [13.0, 13.0, 13.0]),
+            {"round": 1, "error": "the command failed at 2 core(s): exit code 1"},
+        ],
+        "pip-install": [{"round": 0, "error": "No space left on device"}],
     }
     saved = tmp_path / "doc.json"
     saved.write_text(json.dumps({"date_utc": "2026-11-30T15:00:00+00:00", "raw": raw}))
@@ -186,6 +190,9 @@ def test_re_aggregating_a_saved_document_needs_no_docker(tmp_path, capsys):
     assert [p["runs"] for p in make["points"]] == [6, 5]  # the 19 s run is left out
     assert make["serial_fraction"]["fit"] == pytest.approx(2 * 6.0 / 10.0 - 1)
     assert doc["kinds"]["pytest"]["serial_fraction"]["fit"] == pytest.approx(0.3)
+    assert doc["kinds"]["pytest"]["rounds_failed"] == 1  # counted, left out of the fit
+    assert doc["failed_kinds"] == ["pip-install"]
+    assert "pip-install" not in doc["kinds"]
     assert doc["suggested_beta"]["reward"]["mean"] == pytest.approx(0.3)
     assert doc["date_utc"] == "2026-11-30T15:00:00+00:00"
 
