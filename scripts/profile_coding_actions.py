@@ -544,6 +544,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", type=Path, default=OUT_DIR, help=f"directory (default {OUT_DIR})")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--write-md", type=Path, default=None, help="with --from-raw: write the markdown report"
+    )
     p.add_argument("--json", action="store_true", help="print the document as JSON")
     p.add_argument(
         "--from-raw",
@@ -601,6 +604,72 @@ def table(doc: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def amdahl_speedup(s: float, m: int) -> float:
+    """Amdahl's speedup at m cores for serial fraction s."""
+    return 1.0 / (s + (1.0 - s) / m)
+
+
+def markdown(doc: Mapping[str, Any]) -> str:
+    """The document as a short markdown report: machine, load, per-kind points and fits."""
+    from tangram.report import format_number as f
+
+    mach = doc.get("machine", {})
+    out = [
+        f"# Coding-action profiles, {doc.get('date_utc', '?')}",
+        "",
+        f"Machine: {mach.get('cpus', '?')} x {mach.get('cpu_model', '?')}, "
+        f"{mach.get('memory_gb', '?')} GB, kernel {mach.get('kernel', '?')}, Docker "
+        f"{mach.get('docker', '?')}; image {mach.get('image_id', '?')[:19]}; Tangram "
+        f"{mach.get('tangram_commit', '?')[:10]}. Load average (1/5/15 min) before "
+        f"{doc.get('loadavg_before')}, after {doc.get('loadavg_after')}; "
+        f"{doc.get('duration_s', '?')} s. Settings: {json.dumps(doc.get('settings', {}))}.",
+        "",
+        "| kind | cores | runs | median s | min s | max s | speedup | mean runnable | disturbed |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, k in doc["kinds"].items():
+        loads: dict[int, list[dict[str, Any]]] = {}
+        flags: dict[int, list[bool]] = {}
+        for r in doc.get("raw", {}).get(name, []):
+            for p in r.get("points", []):
+                loads.setdefault(p["cores"], []).extend(p.get("load", []))
+                flags.setdefault(p["cores"], []).extend(p["disturbed"])
+        for p in k["points"]:
+            runnable = [w["running"] for w in loads.get(p["cores"], []) if "running" in w]
+            mean_run = f(statistics.mean(runnable)) if runnable else "-"
+            bad = flags.get(p["cores"], [])
+            out.append(
+                f"| {name} | {p['cores']} | {p['runs']} | {f(p['median_s'])} | {f(p['min_s'])} | "
+                f"{f(p['max_s'])} | {f(p['speedup'])} | {mean_run} | {sum(bad)}/{len(bad)} |"
+            )
+    out += [
+        "",
+        "| kind | role | serial fraction | bootstrap p05-p95 | rounds min-max | of minima | "
+        "rel RMS error | pooled | predicted speedup at 16 (p05-p95 s) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, k in doc["kinds"].items():
+        sf = k["serial_fraction"]
+        lo, hi = sf["bootstrap_p05"], sf["bootstrap_p95"]
+        out.append(
+            f"| {name} | {k['role']} | {f(sf['fit'])} | {f(lo)}-{f(hi)} | "
+            f"{f(sf['rounds_min'])}-{f(sf['rounds_max'])} | "
+            f"{f(k['fit_of_minima']['serial_fraction'])} | {f(k['fit']['rel_rms_error'])} | "
+            f"{'undisturbed runs' if k['pooled_clean_only'] else 'all runs'} | "
+            f"{f(amdahl_speedup(sf['fit'], 16))} ({f(amdahl_speedup(hi, 16))}-"
+            f"{f(amdahl_speedup(lo, 16))}) |"
+        )
+    if doc.get("failed_kinds"):
+        out += ["", f"Every round failed for {doc['failed_kinds']} (errors in the JSON)."]
+    out += ["", "Suggested Betas:", ""]
+    for role, b in doc["suggested_beta"].items():
+        src = b.get("weights") or b.get("kinds")
+        out.append(
+            f"- {role}: Beta({b['alpha']:.3g}, {b['beta']:.3g}), mean {b['mean']:.3f} (from {src})"
+        )
+    return "\n".join(out) + "\n"
+
+
 def _interrupt(signum: int, frame: object) -> None:
     """SIGTERM as Ctrl-C, so the AOE manager's ``with`` removes the container on the way out."""
     raise KeyboardInterrupt
@@ -622,6 +691,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         saved = json.loads(args.from_raw.read_text())
         doc = {k: v for k, v in saved.items() if k not in ("kinds", "suggested_beta")}
         doc.update(aggregate(args, saved["raw"]))
+        if args.write_md:
+            args.write_md.write_text(markdown(doc))
     else:
         signal.signal(signal.SIGTERM, _interrupt)
         subprocess.run([str(ROOT / "scripts" / "ensure-profile-image.sh")], check=True)
@@ -665,7 +736,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         doc["raw"] = raw
         doc.update(aggregate(args, raw))
         path.write_text(json.dumps(doc, indent=1) + "\n")
-        print(f"wrote {path}", file=sys.stderr)
+        path.with_suffix(".md").write_text(markdown(doc))
+        print(f"wrote {path} and its .md", file=sys.stderr)
     if args.json:
         print(json.dumps(doc, indent=1))
     else:

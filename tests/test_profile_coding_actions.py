@@ -195,6 +195,9 @@ def test_re_aggregating_a_saved_document_needs_no_docker(tmp_path, capsys):
     assert "pip-install" not in doc["kinds"]
     assert doc["suggested_beta"]["reward"]["mean"] == pytest.approx(0.3)
     assert doc["date_utc"] == "2026-11-30T15:00:00+00:00"
+    report = pca.markdown(doc)
+    assert "| make | 2 | 5 | 6.000 |" in report  # cores, runs pooled, median
+    assert "undisturbed runs" in report and "pip-install" in report  # named as failed
 
 
 def test_an_unknown_action_kind_is_refused_by_name(capsys):
