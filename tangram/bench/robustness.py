@@ -45,7 +45,7 @@ BASELINES: tuple[str, ...] = (
 METRICS: dict[str, str] = {"act_mean_s": "mean ACT", "act_p99_s": "p99 ACT", "step_s": "step"}
 #: "Beats by more than x": the default's figure over the baseline's exceeds 1 + x.
 MARGINS = (0.05, 0.20)
-DEFAULT_INSTANCES = 60
+DEFAULT_INSTANCES = 200
 DEFAULT_WORST = 3
 
 
