@@ -140,6 +140,10 @@ class CpuControl(ABC):
         """Host pids of the container's processes, or None when they cannot be listed here."""
         return None
 
+    def background(self, on: bool) -> None:  # noqa: B027 - optional, no-op by default
+        """The container's CPU weight at the lowest (on) or back at the default (off): work
+        that holds no grant (a warm pool's reset) runs on idle cycles only. No-op by default."""
+
     def oom_kills(self) -> int | None:
         """How many processes the OOM killer has killed in the container, when known."""
         return None
@@ -192,6 +196,9 @@ class CgroupV1(CpuControl):
     def usage_ns(self) -> int:
         return int(_read(self.cpuacct / "cpuacct.usage"))
 
+    def background(self, on: bool) -> None:
+        _write(self.cpu / "cpu.shares", "2" if on else "1024")
+
     def pids(self) -> list[int] | None:
         return [int(p) for p in _read(self.cpu / "cgroup.procs").split()]
 
@@ -237,6 +244,9 @@ class CgroupV2(CpuControl):
 
     def pids(self) -> list[int] | None:
         return [int(p) for p in _read(self.dir / "cgroup.procs").split()]
+
+    def background(self, on: bool) -> None:
+        _write(self.dir / "cpu.weight", "1" if on else "100")
 
     def oom_kills(self) -> int | None:
         try:

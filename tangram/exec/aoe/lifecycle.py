@@ -151,14 +151,14 @@ class Lifecycle:
         self.topology = topology
         self.session = session
         self._warned_fallback = False
-        #: The warm pool: on when configured, with a ledger (a reset holds a core) and a runner.
+        #: The warm pool: on when configured, with a runner (resets run on idle cycles of
+        #: the node's cores, at the lowest weight). ``ledger`` is accepted for callers that
+        #: pass it; resets hold no core in it.
         self.pool: WarmPool | None = None
-        if config.warm_pool.enabled and ledger is not None and config.transport == "runner":
+        if config.warm_pool.enabled and config.transport == "runner":
+            cores = tuple(topology.cores)
             self.pool = WarmPool(
-                config.warm_pool,
-                self._create_pooled,
-                lambda c: reset(c, ledger),
-                self._remove,
+                config.warm_pool, self._create_pooled, lambda c: reset(c, cores), self._remove
             )
 
     def blueprint(

@@ -4,9 +4,10 @@ A warm pool hands a container to a new trajectory only after this succeeds; any 
 retires it. The reset, in order, with the container frozen (parked) when it starts:
 
 1. every process but the container's init and keeper is SIGKILLed from the host (the runner
-   too: an action of the same uid could have altered it), then the container is thawed on one
-   core held in the ledger so they can exit; any survivor after ``GONE_WAIT_S`` fails the
-   reset. A pooled container's init and keeper run as ``KEEPER_USER``, another uid than the
+   too: an action of the same uid could have altered it), then the container is thawed at the
+   lowest CPU weight (``CpuControl.background``: it runs on cycles no granted action wants,
+   and holds no core in the ledger, so it never makes an action wait for its cores); any
+   survivor after ``GONE_WAIT_S`` fails the reset. A pooled container's init and keeper run as ``KEEPER_USER``, another uid than the
    actions', so no action could signal or ptrace them (the actions have no capabilities and
    no way to change uid: ``no-new-privileges``);
 2. a fresh runner empties the writable places (the work dir, ``/tmp``, ``/dev/shm``) as the
@@ -36,7 +37,6 @@ from tangram.exec.aoe.kill import CgroupGroup
 from tangram.exec.aoe.transport import ActionRequest, RunnerTransport
 
 if TYPE_CHECKING:
-    from tangram.exec.aoe.ledger import CoreLedger
     from tangram.exec.aoe.lifecycle import Container
 
 #: The uid:gid of a pooled container's init and keeper (``nobody``): not the actions'.
@@ -99,9 +99,9 @@ def _wait(done: Callable[[], bool], timeout_s: float) -> bool:
         time.sleep(0.002)
 
 
-def reset(container: Container, ledger: CoreLedger) -> str | None:
-    """Reset ``container`` (parked, not in use) for its next trajectory; None when it is
-    clean and parked again, else why it must be removed instead."""
+def reset(container: Container, cores: tuple[int, ...]) -> str | None:
+    """Reset ``container`` (parked, not in use) for its next trajectory, on ``cores`` at the
+    lowest weight; None when it is clean and parked again, else why it must be removed."""
     if container.dead:
         return container.dead
     init = container.init_pid
@@ -112,16 +112,15 @@ def reset(container: Container, ledger: CoreLedger) -> str | None:
     if container.control.pids() is None:
         return "its processes cannot be listed from here (no cgroup access)"
     container.transport.close()
-    aid = f"reset.{next(_seq)}"
-    cores = ledger.acquire(aid, 1)
     try:
+        container.control.background(True)
         return _reset_on(container, init, cores)
     except (AoeError, OSError) as exc:
         return f"{type(exc).__name__}: {exc}"
     finally:
         with contextlib.suppress(AoeError):
             container.control.park()
-        ledger.release(aid, container.handle.traj_id, 1.0)
+            container.control.background(False)
 
 
 def _reset_on(container: Container, init: int, cores: tuple[int, ...]) -> str | None:
@@ -131,7 +130,7 @@ def _reset_on(container: Container, init: int, cores: tuple[int, ...]) -> str | 
     for pid in processes(container) - spared:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    container.control.grant(cores, 1.0)
+    container.control.grant(cores, float(len(cores)))
     if not _wait(lambda: processes(container) <= spared, GONE_WAIT_S):
         left = sorted(processes(container) - spared)
         return f"{len(left)} process(es) survived SIGKILL: {left[:8]}"
