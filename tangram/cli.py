@@ -32,6 +32,7 @@ BENCHMARKS: dict[str, str] = {
     "eoe": "tangram.exec.eoe.bench",
     "service": "tangram.exec.service_bench",
     "soak": "tangram.exec.soak_bench",
+    "run-code": "tangram.exec.run_code_bench",
     "ray": "tangram.exec.ray.bench",
     "robustness": "tangram.bench.robustness",
 }
