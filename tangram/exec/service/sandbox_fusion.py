@@ -46,6 +46,7 @@ answers HTTP 429 with ``Retry-After`` (verl's client retries 429).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import math
@@ -58,7 +59,7 @@ from typing import Any
 
 from tangram.exec.aoe.config import PYTHON_IMAGE
 from tangram.exec.runtime import ActionSpec, CommandResult, CpuWork, Outcome, Runtime
-from tangram.exec.runtime.errors import BadRequest, LiveError
+from tangram.exec.runtime.errors import BadRequest, LiveError, Overloaded
 from tangram.exec.runtime.records import MIN_MEMORY_GB
 from tangram.exec.service.languages import LANGUAGES, ImageBuilds, resolve
 from tangram.exec.service.schema import error_doc
@@ -316,7 +317,12 @@ async def run_code(
             if compiled is not None and answer["status"] != "SandboxError":
                 answer["compile_result"] = compiled["compile_result"]
         if req.fetch_files and answer["status"] != "SandboxError":
-            answer["files"] = await _fetch(runtime, traj, req.fetch_files)
+            try:
+                answer["files"] = await _fetch(
+                    runtime, traj, req.fetch_files, settings.queue_allowance_s
+                )
+            except LiveError as exc:
+                answer["message"] = exc.message  # the run's answer stands; files are missing
         return answer
     finally:
         await runtime.close_trajectory(traj)
@@ -427,19 +433,37 @@ def _run_answer(status: str, message: str, outcome: Outcome, run_status: str) ->
     }
 
 
-async def _fetch(runtime: Runtime, traj: str, paths: tuple[str, ...]) -> dict[str, str]:
+async def _fetch(
+    runtime: Runtime, traj: str, paths: tuple[str, ...], patience_s: float
+) -> dict[str, str]:
     """Read files back (base64); a missing file is left out, as SandboxFusion does."""
     found: dict[str, str] = {}
     for path in paths:
-        outcome = await runtime.run(
+        outcome = await _after_the_run(
+            runtime,
             ActionSpec(
                 CpuWork(f"test -f {shlex.quote(path)} && base64 -w0 {shlex.quote(path)}"),
                 trajectory=traj,
                 kind="run_code_fetch",
                 t1_s=0.01,
-            )
+            ),
+            patience_s,
         )
         value = outcome.value
         if outcome.ok and isinstance(value, CommandResult) and value.exit_code == 0:
             found[path] = value.stdout.strip()
     return found
+
+
+async def _after_the_run(runtime: Runtime, spec: ActionSpec, patience_s: float) -> Outcome:
+    """An action after the program ran: admission's refusal is waited out (its Retry-After),
+    never answered with a 429, which the client would resend, running the program again."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + patience_s
+    while True:
+        try:
+            return await runtime.run(spec)
+        except Overloaded as exc:
+            if loop.time() >= deadline:
+                raise LiveError(f"the program ran but its files could not be read: {exc}") from exc
+            await asyncio.sleep(min(exc.retry_after_s, max(0.0, deadline - loop.time())))
