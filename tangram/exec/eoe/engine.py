@@ -159,7 +159,8 @@ class ModuleEngine:
     def wake_up(self) -> None:
         import torch
 
-        self._set(lambda name: self._host[name].to(self.device, non_blocking=True))
+        # copy=True: on CPU too the weights come back as new memory, as a GPU's would
+        self._set(lambda name: self._host[name].to(self.device, non_blocking=True, copy=True))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
