@@ -137,9 +137,17 @@ CHECK = (
 )
 
 
-def test_a_dirty_container_is_reset_before_the_next_trajectory_gets_it(pooled: Any) -> None:
+def test_a_dirty_container_is_reset_before_the_next_trajectory_gets_it(
+    pooled: Any, tmp_path: Any
+) -> None:
+    # Canaries on the host: symlinks to them from the work dir must not lead the reset (which
+    # empties the dirs from the host) out of the container.
+    canary_dir = tmp_path / "canary"
+    canary_dir.mkdir()
+    (canary_dir / "keep.txt").write_text("host file")
     first = pooled.open_trajectory("dirty")
-    out = pooled.run_action("dirty", DIRTY)
+    links = f"ln -s {canary_dir} dirlink; ln -s {canary_dir / 'keep.txt'} filelink; "
+    out = pooled.run_action("dirty", links + DIRTY)
     assert out.status == "ok" and out.stdout.strip().endswith(b"done"), out
     before = pooled.run_action("dirty", CHECK).stdout.decode()
     assert "procs=0" not in before and "files=\n" not in before  # the mess is there
@@ -151,6 +159,7 @@ def test_a_dirty_container_is_reset_before_the_next_trajectory_gets_it(pooled: A
         assert second.traj_id == "clean"
         after = pooled.run_action("clean", CHECK)
         assert after.stdout.decode().split() == ["files=", "procs=0", "evil=none"], after
+        assert (canary_dir / "keep.txt").read_text() == "host file"
     finally:
         pooled.close_trajectory("clean")
 

@@ -197,7 +197,7 @@ class CgroupV1(CpuControl):
         return int(_read(self.cpuacct / "cpuacct.usage"))
 
     def background(self, on: bool) -> None:
-        _write(self.cpu / "cpu.shares", "2" if on else "1024")
+        _write(self.cpu / "cpu.shares", "128" if on else "1024")
 
     def pids(self) -> list[int] | None:
         return [int(p) for p in _read(self.cpu / "cgroup.procs").split()]
@@ -246,7 +246,7 @@ class CgroupV2(CpuControl):
         return [int(p) for p in _read(self.dir / "cgroup.procs").split()]
 
     def background(self, on: bool) -> None:
-        _write(self.dir / "cpu.weight", "1" if on else "100")
+        _write(self.dir / "cpu.weight", "12" if on else "100")
 
     def oom_kills(self) -> int | None:
         try:

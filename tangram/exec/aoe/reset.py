@@ -10,8 +10,10 @@ retires it. The reset, in order, with the container frozen (parked) when it star
    survivor after ``GONE_WAIT_S`` fails the reset. A pooled container's init and keeper run as ``KEEPER_USER``, another uid than the
    actions', so no action could signal or ptrace them (the actions have no capabilities and
    no way to change uid: ``no-new-privileges``);
-2. a fresh runner empties the writable places (the work dir, ``/tmp``, ``/dev/shm``) as the
-   sandbox user, and checks they are empty and that it is alone with init;
+2. the writable places (the work dir, ``/tmp``, ``/dev/shm``) are emptied from the host
+   through ``/proc/<init>/root`` (no process is left to race it; ``shutil.rmtree``'s fd-based
+   walk follows no symlink, so nothing outside the container can be reached), and checked
+   empty; then a fresh runner is started and must answer, alone with init and the keeper;
 3. the container is parked again (the grant's cpuset and quota put back to the parking ones).
 
 Nothing else is writable in a sandboxed container (read-only root), the environment is the
@@ -24,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import shutil
 import signal
 import time
 from collections.abc import Callable
@@ -44,25 +47,24 @@ KEEPER_USER = "65534:65534"
 KEEPER_UID = 65534
 #: How long the killed processes get to be gone.
 GONE_WAIT_S = 2.0
-#: The emptying step's own time limit.
-CLEAN_TIMEOUT_S = 10.0
+#: How long the fresh runner has to answer.
+START_TIMEOUT_S = 10.0
 #: Writable places a sandboxed container has besides its work dir.
 SCRATCH_DIRS = ("/tmp", "/dev/shm")
 
 _seq = itertools.count(1)
 
 
-def clean_script(work_dir: str) -> str:
-    """Shell (busybox or Debian) that empties the writable dirs and fails if anything stays."""
-    dirs = " ".join((work_dir, *SCRATCH_DIRS))
-    return (
-        f"cd / && for d in {dirs}; do [ -d $d ] || continue; "
-        'chmod -R u+rwx "$d"/* "$d"/.[!.]* "$d"/..?* 2>/dev/null; '
-        'rm -rf "$d"/* "$d"/.[!.]* "$d"/..?* 2>/dev/null; '
-        'left=$(ls -A "$d" 2>/dev/null); '
-        'if [ -n "$left" ]; then echo "$d still holds: $left" | head -c 500 >&2; exit 3; fi; '
-        "done"
-    )
+def empty_dir(directory: Path) -> list[str]:
+    """Remove everything inside ``directory`` without following any symlink (``rmtree``'s
+    fd-based walk, as root: no permission bits stop it); the names still there after."""
+    for entry in os.scandir(directory):
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+    return sorted(os.listdir(directory))[:10]
 
 
 def processes(container: Container) -> set[int]:
@@ -86,6 +88,10 @@ def keepers(pids: set[int]) -> set[int]:
             if int(uid) == KEEPER_UID:
                 found.add(pid)
     return found
+
+
+def _no_kill(why: str) -> None:
+    """The runner's check needs no kill: at its time-out the reset fails."""
 
 
 def _wait(done: Callable[[], bool], timeout_s: float) -> bool:
@@ -134,22 +140,19 @@ def _reset_on(container: Container, init: int, cores: tuple[int, ...]) -> str | 
     if not _wait(lambda: processes(container) <= spared, GONE_WAIT_S):
         left = sorted(processes(container) - spared)
         return f"{len(left)} process(es) survived SIGKILL: {left[:8]}"
+    root = Path(f"/proc/{init}/root")  # the container's own mounts, seen from here
+    for d in (container.blueprint.sandbox.work_dir, *SCRATCH_DIRS):
+        where = root / d.lstrip("/")
+        if where.is_dir() and (left := empty_dir(where)):
+            return f"{d} still holds {left} after emptying"
     transport = container.transport
     assert isinstance(transport, RunnerTransport)
     transport.start()
-    request = ActionRequest(
-        f"reset{next(_seq)}",
-        clean_script(container.blueprint.sandbox.work_dir),
-        {},
-        CLEAN_TIMEOUT_S,
-        4096,
+    raw = transport.run(
+        ActionRequest(f"reset{next(_seq)}", "true", {}, START_TIMEOUT_S, 4096), _no_kill
     )
-    raw = transport.run(request, lambda why: None)
     if raw.ended != "exit" or raw.exit_code != 0:
-        return (
-            f"emptying the writable dirs failed ({raw.ended}, exit {raw.exit_code}): "
-            f"{raw.stderr.decode(errors='replace').strip()[:300]}"
-        )
+        return f"the fresh runner did not answer ({raw.ended}, exit {raw.exit_code})"
     alone = spared | ({transport.pid} if transport.pid is not None else set())
     if not _wait(lambda: processes(container) <= alone, GONE_WAIT_S):
         return f"processes other than init and the runner remain: {sorted(processes(container))}"
