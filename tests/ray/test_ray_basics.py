@@ -20,7 +20,7 @@ def test_the_cluster_spec_comes_from_the_ray_nodes(ray_cluster: Any) -> None:
         "w1": (1, 2),
         "w2": (1, 2),
     }
-    assert ray_cluster.info["cpu_nodes"] == ["w1", "w2"]
+    assert status["executors"]["cpu"] == ray_cluster.info["cpu_nodes"] == ["w1", "w2"]
     assert ray_cluster.info["gpu_nodes"] == ["head", "w1", "w2"]
 
 

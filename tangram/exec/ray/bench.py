@@ -62,14 +62,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _quantiles(values: list[float]) -> dict[str, float]:
-    import numpy as np
+    from tangram.exec.service_bench import _quantiles as quantiles
 
-    arr = np.asarray(values) * 1e3
-    return {
-        "p50_ms": float(np.percentile(arr, 50)),
-        "p99_ms": float(np.percentile(arr, 99)),
-        "n": len(values),
-    }
+    return {**quantiles(values), "n": len(values)}
 
 
 async def _one_client(client: Any, samples: int, action: dict[str, Any]) -> dict[str, float]:

@@ -8,6 +8,10 @@ runtime error raises ``ServiceError`` with its code and the HTTP status the serv
 answer; retryable ones (overloaded, capacity short) are retried after their hint, ``retries``
 times. If the scheduler actor dies, a call raises ``ServiceError`` with code
 ``scheduler_lost`` at once (Ray reports the death; nothing waits).
+
+As with the HTTP clients, each operation is described once (``RayCall``: the actor method,
+its arguments, whether a retry is safe, how to read the answer); ``AsyncRayClient`` and
+``RayClient`` only differ in how they wait.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from tangram.exec.runtime.errors import ERRORS
@@ -25,6 +30,49 @@ from tangram.exec.service.schema import outcome_from_doc
 
 #: The code of a call whose scheduler actor died (or could not be reached).
 SCHEDULER_LOST = "scheduler_lost"
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _maybe_outcome(doc: dict[str, Any]) -> Outcome | None:
+    return outcome_from_doc(doc["outcome"]) if doc["outcome"] is not None else None
+
+
+@dataclass(frozen=True)
+class RayCall:
+    """One operation: ``actor.method(*args)``, retried when ``retry`` and the error is
+    retryable (the same id: never a second action), its value read by ``read``."""
+
+    method: str
+    args: tuple[Any, ...] = ()
+    retry: bool = False
+    read: Callable[[Any], Any] = _same
+
+
+def open_trajectory(
+    id: str | None, memory_gb: float | None, image: str | None, wait_s: float | None
+) -> RayCall:
+    body = {"id": id, "memory_gb": memory_gb, "image": image, "wait_s": wait_s}
+    doc = {k: v for k, v in body.items() if v is not None}
+    return RayCall("open_trajectory", (doc,), retry=id is not None)
+
+
+def run(action: dict[str, Any]) -> RayCall:
+    return RayCall("run", (action_body(**action),), retry=True, read=outcome_from_doc)
+
+
+def submit(action: dict[str, Any]) -> RayCall:
+    return RayCall("submit", (action_body(**action),), retry=True)
+
+
+def result(id: str, wait_s: float) -> RayCall:
+    return RayCall("result", (id, wait_s), read=_maybe_outcome)
+
+
+def cancel(id: str) -> RayCall:
+    return RayCall("cancel", (id,), read=outcome_from_doc)
 
 
 def unwrap(reply: dict[str, Any]) -> Any:
@@ -51,11 +99,17 @@ def _lost(exc: BaseException) -> ServiceError:
     )
 
 
-def _trajectory_body(
-    id: str | None, memory_gb: float | None, image: str | None, wait_s: float | None
-) -> dict[str, Any]:
-    body = {"id": id, "memory_gb": memory_gb, "image": image, "wait_s": wait_s}
-    return {k: v for k, v in body.items() if v is not None}
+def _dead() -> tuple[type[BaseException], ...]:
+    import ray
+
+    return (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError)
+
+
+def _pause(exc: ServiceError, call: RayCall, attempt: int, retries: int) -> float:
+    """Seconds to wait before retrying ``call`` after ``exc``; re-raises when it must not."""
+    if not (call.retry and exc.retryable) or attempt == retries:
+        raise exc
+    return min(5.0, exc.retry_after_s or 0.5)
 
 
 class AsyncRayClient:
@@ -64,20 +118,16 @@ class AsyncRayClient:
     def __init__(self, handle: Any, *, retries: int = 8) -> None:
         self.handle, self.retries = handle, retries
 
-    async def _call(self, method: str, *args: Any, retry: bool = False) -> Any:
-        import ray
-
+    async def _do(self, call: RayCall) -> Any:
         for attempt in range(self.retries + 1):
             try:
-                reply = await getattr(self.handle, method).remote(*args)
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as exc:
+                reply = await getattr(self.handle, call.method).remote(*call.args)
+            except _dead() as exc:
                 raise _lost(exc) from exc
             try:
-                return unwrap(reply)
+                return call.read(unwrap(reply))
             except ServiceError as exc:
-                if not (retry and exc.retryable) or attempt == self.retries:
-                    raise
-                await asyncio.sleep(min(5.0, exc.retry_after_s or 0.5))
+                await asyncio.sleep(_pause(exc, call, attempt, self.retries))
         raise AssertionError("unreachable")
 
     async def open_trajectory(
@@ -88,33 +138,31 @@ class AsyncRayClient:
         image: str | None = None,
         wait_s: float | None = None,
     ) -> dict[str, Any]:
-        body = _trajectory_body(id, memory_gb, image, wait_s)
-        return await self._call("open_trajectory", body, retry=id is not None)
+        return await self._do(open_trajectory(id, memory_gb, image, wait_s))
 
     async def close_trajectory(self, id: str) -> dict[str, Any]:
-        return await self._call("close_trajectory", id)
+        return await self._do(RayCall("close_trajectory", (id,)))
 
     async def recreate_trajectory(self, id: str) -> dict[str, Any]:
-        return await self._call("recreate_trajectory", id)
+        return await self._do(RayCall("recreate_trajectory", (id,)))
 
     async def trajectories(self) -> list[dict[str, Any]]:
-        return await self._call("trajectories")
+        return await self._do(RayCall("trajectories"))
 
     async def submit(self, **action: Any) -> str:
-        return await self._call("submit", action_body(**action), retry=True)
+        return await self._do(submit(action))
 
     async def run(self, **action: Any) -> Outcome:
-        return outcome_from_doc(await self._call("run", action_body(**action), retry=True))
+        return await self._do(run(action))
 
     async def result(self, id: str, wait_s: float = 0.0) -> Outcome | None:
-        doc = await self._call("result", id, wait_s)
-        return outcome_from_doc(doc["outcome"]) if doc["outcome"] is not None else None
+        return await self._do(result(id, wait_s))
 
     async def cancel(self, id: str) -> Outcome:
-        return outcome_from_doc(await self._call("cancel", id))
+        return await self._do(cancel(id))
 
     async def status(self) -> dict[str, Any]:
-        return await self._call("status")
+        return await self._do(RayCall("status"))
 
 
 class RayClient:
@@ -123,20 +171,18 @@ class RayClient:
     def __init__(self, handle: Any, *, retries: int = 8) -> None:
         self.handle, self.retries = handle, retries
 
-    def _call(self, method: str, *args: Any, retry: bool = False) -> Any:
+    def _do(self, call: RayCall) -> Any:
         import ray
 
         for attempt in range(self.retries + 1):
             try:
-                reply = ray.get(getattr(self.handle, method).remote(*args))
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as exc:
+                reply = ray.get(getattr(self.handle, call.method).remote(*call.args))
+            except _dead() as exc:
                 raise _lost(exc) from exc
             try:
-                return unwrap(reply)
+                return call.read(unwrap(reply))
             except ServiceError as exc:
-                if not (retry and exc.retryable) or attempt == self.retries:
-                    raise
-                time.sleep(min(5.0, exc.retry_after_s or 0.5))
+                time.sleep(_pause(exc, call, attempt, self.retries))
         raise AssertionError("unreachable")
 
     def open_trajectory(
@@ -147,34 +193,28 @@ class RayClient:
         image: str | None = None,
         wait_s: float | None = None,
     ) -> dict[str, Any]:
-        body = _trajectory_body(id, memory_gb, image, wait_s)
-        return self._call("open_trajectory", body, retry=id is not None)
+        return self._do(open_trajectory(id, memory_gb, image, wait_s))
 
     def close_trajectory(self, id: str) -> dict[str, Any]:
-        return self._call("close_trajectory", id)
+        return self._do(RayCall("close_trajectory", (id,)))
 
     def recreate_trajectory(self, id: str) -> dict[str, Any]:
-        return self._call("recreate_trajectory", id)
+        return self._do(RayCall("recreate_trajectory", (id,)))
 
     def trajectories(self) -> list[dict[str, Any]]:
-        return self._call("trajectories")
+        return self._do(RayCall("trajectories"))
 
     def submit(self, **action: Any) -> str:
-        return self._call("submit", action_body(**action), retry=True)
+        return self._do(submit(action))
 
     def run(self, **action: Any) -> Outcome:
-        return outcome_from_doc(self._call("run", action_body(**action), retry=True))
+        return self._do(run(action))
 
     def result(self, id: str, wait_s: float = 0.0) -> Outcome | None:
-        doc = self._call("result", id, wait_s)
-        return outcome_from_doc(doc["outcome"]) if doc["outcome"] is not None else None
+        return self._do(result(id, wait_s))
 
     def cancel(self, id: str) -> Outcome:
-        return outcome_from_doc(self._call("cancel", id))
+        return self._do(cancel(id))
 
     def status(self) -> dict[str, Any]:
-        return self._call("status")
-
-
-#: Both clients' shared shape, for type hints.
-Factory = Callable[[Any], RayClient | AsyncRayClient]
+        return self._do(RayCall("status"))

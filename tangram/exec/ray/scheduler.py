@@ -395,6 +395,8 @@ class SchedulerActor:
         rt = self._rt()
         await self._refresh_stats()
         doc = rt.status()
+        doc["executors"]["cpu"] = [n.name for n in rt.cluster.cpu_nodes] if rt.cpu else None
+        doc["executors"]["gpu"] = [n.name for n in rt.cluster.gpu_nodes] if rt.gpu else None
         doc["nodes"] = {
             m.report.name: {
                 "ray_node": m.report.ray_node,
