@@ -4,12 +4,13 @@ that has only loopback, and a scheduler actor on it serving HTTP on 127.0.0.1.
 On this machine Ray binds the machine's interface even when told 127.0.0.1; in a namespace
 with only ``lo`` every node binds 127.0.0.1 (``/work/shared/design.md``). The session enters
 such a namespace on its main thread (Ray's processes are its children and inherit it) and
-goes back to the machine's at the end. Docker is reached through its Unix socket.
+goes back to the machine's after the last test of this package (the fixture's scope), so
+the rest of the suite runs outside it. Docker is reached through its Unix socket.
 
 Nodes: ``head`` (no container cores, 2 CPU-backed GPU devices; the scheduler actor and the
 driver run here), ``w1`` (host core 0) and ``w2`` (host core 1), each with 2 CPU-backed GPU
-devices: disjoint shares of this machine's cores. One cluster for the whole session (a start
-costs ~20 s); ``test_ray_faults.py`` changes it and runs last.
+devices: disjoint shares of this machine's cores. One cluster for the package (a start costs
+~20 s); ``test_ray_faults.py`` changes it and runs last of the tests that use it.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def counted_endpoint() -> Any:
     return counted
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def ray_cluster(request: pytest.FixtureRequest) -> Iterator[RayCluster]:
     """The 3-node cluster and a started scheduler actor (HTTP service on 127.0.0.1)."""
     request.getfixturevalue("docker_client")  # the engine and images, started if needed
