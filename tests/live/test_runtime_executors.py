@@ -162,6 +162,31 @@ def test_gpu_work_is_admitted_on_aligned_cells_its_service_runs_on(
         gpu.shutdown()
 
 
+def test_a_layer_sharded_service_is_admitted_on_its_k_gpus_when_it_needs_them_all() -> None:
+    def executor(resident_gb: float) -> GpuExecutor:
+        info = SimpleNamespace(
+            dops=(2,), resident_bytes=int(resident_gb * (1 << 30)), shards=2, parallelism="layers"
+        )
+        eoe = SimpleNamespace(
+            devices=list(range(4)),
+            config=SimpleNamespace(calls_per_gpu=1),
+            services=lambda: ("model",),
+            info=lambda name: info,
+            close=lambda: None,
+        )
+        return GpuExecutor(eoe, GpuNodeSpec("gpu", gpus=4, gpu_memory_gb=16.0, host_memory_gb=64.0))
+
+    big, small = executor(12.0), executor(6.0)  # 24 GB needs 2 GPUs of 16; 12 GB fits one
+    try:
+        got = big.admit(ActionSpec(GpuWork("model", [1]), max_units=1), None, CLUSTER)
+        assert got == Admission(ResourceKind.GPU, 2, size_gb=24.0, replicas=False)
+        with pytest.raises(BadRequest, match="split in 2 shards.*a cell of 1 GPUs"):
+            small.admit(ActionSpec(GpuWork("model", [1])), None, CLUSTER)
+    finally:
+        big.shutdown()
+        small.shutdown()
+
+
 def test_gpu_work_is_refused_for_an_unknown_service_or_one_without_dop_1() -> None:
     gpu = gpu_executor(dops=(2, 4))
     try:

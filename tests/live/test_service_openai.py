@@ -218,3 +218,39 @@ def test_each_request_is_one_traced_gpu_action(served: Any) -> None:
 
 def load_tokenizer(served: Any) -> Any:
     return hf_service("x", served.dirs["teacher"], "teacher").tokenizer
+
+
+def test_a_teacher_split_over_two_gpus_is_served_through_the_scheduler(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Each GPU holds 400 KiB: the ~600 KB teacher fits only split in 2 layer shards, so the
+    scheduler grants its calls both GPUs and EOE runs it across them."""
+    from tangram.exec.runtime import RuntimeConfig, build_runtime
+    from tangram.exec.service import ServeOptions, ServiceThread
+
+    path = save_model_dir(tmp_path_factory.mktemp("split") / "t", "teacher", SHAPE, seed=3)
+    cluster = ClusterSpec(
+        name="split-test",
+        cpu_nodes=(),
+        gpu_nodes=(GpuNodeSpec("g", gpus=2, gpu_memory_gb=400 / (1 << 20), host_memory_gb=1.0),),
+        apis=(),
+    )
+
+    def make() -> Any:
+        split = hf_service("t2", path, "teacher", shards=2).spec
+        return build_runtime(
+            cluster, RuntimeConfig(), cpu=False, gpu_backend="cpu", services=[split]
+        )
+
+    thread = ServiceThread(make, ServeOptions(port=0)).start()
+    try:
+        text = words(10, seed=4)
+        body = {"model": "t2", "prompt": text, "echo": True, "logprobs": 0, "max_tokens": 0}
+        r = httpx.post(thread.url + "/v1/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        ids = hf_service("x", path, "teacher").tokenizer(text, add_special_tokens=False)
+        got = r.json()["choices"][0]["logprobs"]["token_logprobs"][1:]
+        assert got == pytest.approx(own_forward(path, ids["input_ids"]), abs=1e-5)
+        assert thread.runtime.gpu.eoe.residency() == {"t2": (0, 1)}
+    finally:
+        thread.stop()

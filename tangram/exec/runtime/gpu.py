@@ -15,7 +15,7 @@ import itertools
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
-from tangram.core.cells import cell_sizes
+from tangram.core.cells import cell_sizes, smallest_cell_for
 from tangram.core.decision import Start
 from tangram.core.resources import ClusterSpec, GpuNodeSpec, ResourceKind
 from tangram.exec.runtime.errors import BadRequest
@@ -51,9 +51,12 @@ class GpuExecutor:
         return tuple(self.eoe.services())
 
     def size_gb(self, service: str) -> float:
-        """The service's resident bytes per GPU, in GB, for the scheduler's restore estimate
-        (the whole model: a service the runtime admits runs as data-parallel replicas)."""
-        return self.eoe.info(service).resident_bytes / GB
+        """The model's size in GB, for the scheduler's restore estimate and cell choice: the
+        bytes each replica holds, or all of a layer-sharded model's shards."""
+        info = self.eoe.info(service)
+        if info.parallelism == "replicas":
+            return info.resident_bytes / GB
+        return info.resident_bytes * info.shards / GB
 
     def replicas(self, service: str) -> bool:
         """True when the service runs as whole replicas, one per GPU of its cell (EOE says)."""
@@ -66,11 +69,14 @@ class GpuExecutor:
         self, spec: ActionSpec, trajectory: Trajectory | None, cluster: ClusterSpec
     ) -> Admission:
         """A registered service, on cells from 1 GPU up to the largest of its DoPs (without a
-        gap) within ``max_units``."""
+        gap) within ``max_units``; a layer-sharded one on its k GPUs, which the scheduler
+        grants exactly when k is the fewest GPUs whose memory holds the model."""
         work: GpuWork = spec.work  # type: ignore[assignment]  # the registry's key
         services = self.services()
         if work.service not in services:
             raise BadRequest(f"unknown GPU service {work.service!r}; registered: {list(services)}")
+        if not self.replicas(work.service):
+            return self._admit_shards(work.service)
         dops = set(self.dops(work.service))
         usable = list(itertools.takewhile(lambda k: k in dops, cell_sizes(self.node.gpus)))
         if not usable:
@@ -85,6 +91,20 @@ class GpuExecutor:
             size_gb=self.size_gb(work.service),
             replicas=self.replicas(work.service),
         )
+
+    def _admit_shards(self, service: str) -> Admission:
+        """A service split in k layer shards runs on cells of exactly k GPUs; the core's cells
+        for a model of its size start at the fewest GPUs that hold it, so the two must agree."""
+        k = self.eoe.info(service).shards
+        size = self.size_gb(service)
+        fewest = smallest_cell_for(size, self.node.gpu_memory_gb, self.node.gpus)
+        if fewest != k:
+            raise BadRequest(
+                f"GPU service {service!r} is split in {k} shards, but the scheduler would grant "
+                f"a model of {size:.3g} GB a cell of {fewest} GPUs of {self.node.gpu_memory_gb} "
+                f"GB: it runs through the runtime only when it needs all {k}"
+            )
+        return Admission(ResourceKind.GPU, k, size_gb=size, replicas=False)
 
     async def execute(
         self, work: GpuWork, start: Start, *, trajectory: str, time_left_s: float
