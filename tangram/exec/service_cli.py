@@ -147,10 +147,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--model",
         action="append",
         default=[],
-        metavar="NAME=KIND:PATH",
+        metavar="NAME=KIND[/SHARDS]:PATH",
         help="also serve the Hugging Face model directory PATH as GPU service NAME, KIND "
-        "teacher or reward (OpenAI-style routes: /v1/completions, /pooling, /get_reward); "
-        "repeatable",
+        "teacher or reward, split by layers over SHARDS GPUs when given (OpenAI-style routes: "
+        "/v1/completions, /pooling, /get_reward); repeatable",
     )
     p.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     add_json_flag(p)

@@ -264,6 +264,8 @@ def test_serve_model_arguments_name_kind_and_path(dirs: dict[str, Path]) -> None
     svc = service_from_arg(f"judge=reward:{dirs['reward']}")
     assert (svc.spec.name, svc.kind, svc.path) == ("judge", "reward", dirs["reward"])
     assert svc.spec.frontend is svc
-    for bad in ("judge", "judge=reward", f"=reward:{dirs['reward']}", "judge=:x"):
-        with pytest.raises(ValueError, match="NAME=KIND:PATH"):
+    split = service_from_arg(f"t=teacher/2:{dirs['teacher']}")
+    assert (split.spec.shards, split.spec.dops) == (2, (2,))
+    for bad in ("judge", "judge=reward", f"=reward:{dirs['reward']}", "judge=:x", "t=teacher/x:p"):
+        with pytest.raises(ValueError, match=r"NAME=KIND\[/SHARDS\]:PATH"):
             service_from_arg(bad)

@@ -185,10 +185,14 @@ def hf_service(
 
 
 def service_from_arg(text: str) -> HfService:
-    """``NAME=KIND:PATH`` (``tangram serve --model``) as a service; ``ValueError`` naming the
-    expected form."""
+    """``NAME=KIND[/SHARDS]:PATH`` (``tangram serve --model``) as a service, split in SHARDS
+    layer shards when given; ``ValueError`` naming the expected form."""
     name, sep, rest = text.partition("=")
     kind, colon, path = rest.partition(":")
+    kind, slash, shards = kind.partition("/")
+    form = f"expected NAME=KIND[/SHARDS]:PATH, KIND one of {sorted(KINDS)}, SHARDS 2, 4 or 8"
     if not sep or not name or not kind or not colon or not path:
-        raise ValueError(f"--model {text!r}: expected NAME=KIND:PATH, KIND one of {sorted(KINDS)}")
-    return hf_service(name, path, kind)
+        raise ValueError(f"--model {text!r}: {form}")
+    if slash and not shards.isdigit():
+        raise ValueError(f"--model {text!r}: {form}")
+    return hf_service(name, path, kind, shards=int(shards) if slash else 1)
