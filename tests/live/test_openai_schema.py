@@ -1,0 +1,67 @@
+"""The OpenAI-style request shapes, parsed without I/O: invariants over random prompts."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tangram.exec.eoe.hf_tiny import HfShape, tokenizer
+from tangram.exec.service.openai_schema import OpenAiError, padded, prompts
+
+SHAPE = HfShape(words=20, max_len=16)
+FRONTEND = SimpleNamespace(
+    tokenizer=tokenizer(SHAPE), vocab_size=SHAPE.vocab, max_len=SHAPE.max_len, pad_token_id=0
+)
+ids_lists = st.lists(
+    st.lists(st.integers(4, SHAPE.vocab - 1), min_size=1, max_size=16), min_size=1, max_size=6
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ids_lists)
+def test_token_id_prompts_become_one_right_padded_batch_with_their_own_ids(
+    batch: list[list[int]],
+) -> None:
+    items = prompts(batch, "prompt", FRONTEND)
+    assert [list(p.ids) for p in items] == batch
+    for p in items:  # each token's offset lies in the decoded text, in order
+        assert len(p.offsets) == len(p.ids) and list(p.offsets) == sorted(p.offsets)
+        assert all(0 <= o < len(p.text) for o in p.offsets)
+    enc = padded(items, 0, top=3)
+    assert enc["input_ids"].shape == (len(batch), max(map(len, batch)))
+    assert enc["attention_mask"].sum(1).tolist() == [len(b) for b in batch]
+    for row, ids in zip(enc["input_ids"].tolist(), batch, strict=True):
+        assert row[: len(ids)] == ids and set(row[len(ids) :]) <= {0}
+    assert enc["top_k"].tolist() == [3] * len(batch)
+
+
+@settings(max_examples=40, deadline=None)
+@given(ids_lists, st.integers(0, 5), st.integers(0, 15))
+def test_an_id_outside_the_vocabulary_is_refused_naming_the_prompt(
+    batch: list[list[int]], which: int, where: int
+) -> None:
+    bad = [list(b) for b in batch]
+    row = bad[which % len(bad)]
+    row[where % len(row)] = SHAPE.vocab + where
+    with pytest.raises(OpenAiError, match="outside the model's vocabulary") as info:
+        prompts(bad, "prompt", FRONTEND)
+    assert info.value.param == "prompt" and info.value.status == 400
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, SHAPE.words - 1), min_size=1, max_size=16))
+def test_a_text_prompt_is_tokenised_with_the_services_tokenizer(words: list[int]) -> None:
+    text = " ".join(f"w{i}" for i in words)
+    (item,) = prompts(text, "prompt", FRONTEND)
+    assert list(item.ids) == [i + 4 for i in words]  # w0 is id 4 after the 4 specials
+    assert item.text == text
+    assert [text[o:].split(" ")[0] for o in item.offsets] == text.split(" ")
+
+
+def test_a_prompt_longer_than_the_model_takes_is_refused_not_truncated() -> None:
+    with pytest.raises(OpenAiError, match="at most 16") as info:
+        prompts([5] * 17, "prompt", FRONTEND)
+    assert info.value.param == "prompt"
