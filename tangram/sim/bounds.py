@@ -28,8 +28,15 @@ times ``r_i`` on a pool of ``C`` units, sort any schedule's completions ``C_(1) 
 2. ``C_(k) >= (r + d)_(k)``, the k-th smallest ``r_i + d_i`` (the first k to complete each
    finish no earlier than their own ``r_i + d_i``).
 
-So ``sum ACT >= sum_k max(S_(k), (r + d)_(k)) - sum r_i`` for a group, ``d_i`` for a lone action;
-at least ``sum d_i`` in every case, hence never below ``lower-bound``'s figure when the
+So ``sum ACT >= sum_k max(S_(k), (r + d)_(k)) - sum r_i`` for a group, ``d_i`` for a lone action.
+A step without ``sync`` also gives a bound from whole trajectories: a trajectory lives its
+generations plus its actions' ACTs (each action arrives when its generation ends), and all start
+at the step's start, so sum ACT = sum of trajectory ends - sum of generations; the k-th smallest
+end is at least the k-th smallest critical path (``d_i`` and generations) and, for each domain,
+the k-th SRPT completion of the trajectories' work there (released at the earliest arrival of
+their first action there, sized their area there) plus the least time any of them needs after
+its last action there. The step's bound is the larger of the two. Both are at least
+``sum d_i``, hence never below ``lower-bound``'s figure when the
 ``lower-bound`` options include the capacity-respecting ones (true unless a GPU call's
 ``max_units`` is below the smallest cell that holds its model: then ``lower-bound`` takes a
 cell no schedule can use and is itself no bound).
@@ -149,8 +156,8 @@ def group_flow_bound(jobs: Sequence[tuple[float, ActionNeed]], capacity: float) 
 
 def _chain(
     groups: Sequence[tuple[TraceRow, ...]], needs: dict[str, ActionNeed]
-) -> tuple[dict[str, float], float]:
-    """Earliest arrival of each action and the step's earliest rollout end, sync included."""
+) -> tuple[dict[str, float], list[float]]:
+    """Earliest arrival of each action and each trajectory's earliest end, sync included."""
     arrival: dict[str, float] = {}
     clock = [0.0] * len(groups)
     pos = [0] * len(groups)
@@ -179,8 +186,9 @@ def _chain(
             arrival[row.action_id] = release
             clock[j] = release + needs[row.action_id].duration
             pos[j] += 1
-    end = max((clock[j] + (rows[-1].gen_after_s if rows else 0.0)) for j, rows in enumerate(groups))
-    return arrival, end
+    return arrival, [
+        clock[j] + (rows[-1].gen_after_s if rows else 0.0) for j, rows in enumerate(groups)
+    ]
 
 
 def _tails(rows: Sequence[TraceRow], needs: dict[str, ActionNeed]) -> dict[str, float]:
@@ -224,30 +232,23 @@ def capacity_bound(
         key: tuple(r for r in rows if r.action_id in needs)
         for key, rows in trace.trajectories().items()
     }
-    groups: dict[tuple, list[tuple[float, ActionNeed]]] = {}
-    lone = 0.0
     steps: dict[int, list[tuple[TraceRow, ...]]] = {}
     for (step, _), rows in trajectories.items():
-        steps.setdefault(step, []).append(rows)
-        synced = 0
-        for row in rows:
-            need = needs[row.action_id]
-            if row.sync:
-                synced += 1
-            if rollout.mode == "open":
-                groups.setdefault(("open", need.domain), []).append((row.arrival_s or 0.0, need))
-            elif row.sync:
-                groups.setdefault((step, "sync", synced, need.domain), []).append((0.0, need))
-            elif row.position == 0:
-                groups.setdefault((step, "first", need.domain), []).append((row.gen_before_s, need))
-            else:
-                lone += need.duration
-    flow = lone + sum(group_flow_bound(jobs, caps[jobs[0][1].domain]) for jobs in groups.values())
+        if rows:
+            steps.setdefault(step, []).append(rows)
     n = len(needs)
-    step_mean = math.nan
-    if rollout.mode == "closed":
-        step_mean = sum(_step_bound(g, needs, caps) for g in steps.values()) / len(steps)
-        step_mean += rollout.train_s
+    if rollout.mode == "open":
+        opened: dict[Domain, list[tuple[float, ActionNeed]]] = {}
+        for row in trace.rows:
+            if row.action_id in needs:
+                need = needs[row.action_id]
+                opened.setdefault(need.domain, []).append((row.arrival_s or 0.0, need))
+        flow = sum(group_flow_bound(jobs, caps[d]) for d, jobs in opened.items())
+        step_mean = math.nan
+    else:
+        bounds = [_step_bounds(g, needs, caps) for g in steps.values()]
+        flow = sum(b[0] for b in bounds)
+        step_mean = sum(b[1] for b in bounds) / len(bounds) + rollout.train_s
     return CapacityBound(
         act_mean_s=flow / n,
         act_floor_s=sum(need.duration for need in needs.values()) / n,
@@ -257,14 +258,71 @@ def capacity_bound(
     )
 
 
-def _step_bound(
-    groups: list[tuple[TraceRow, ...]], needs: dict[str, ActionNeed], caps: dict[Domain, float]
+def _group_flows(groups: list[tuple[TraceRow, ...]], needs: dict[str, ActionNeed], caps) -> float:
+    """Least sum of ACT of one step from its groups: first actions and sync rounds per domain
+    (each alone on its pool), every other action at its fastest option."""
+    sets: dict[tuple, list[tuple[float, ActionNeed]]] = {}
+    lone = 0.0
+    for rows in groups:
+        synced = 0
+        for row in rows:
+            need = needs[row.action_id]
+            if row.sync:
+                synced += 1
+                sets.setdefault(("sync", synced, need.domain), []).append((0.0, need))
+            elif row.position == 0:
+                sets.setdefault(("first", need.domain), []).append((row.gen_before_s, need))
+            else:
+                lone += need.duration
+    return lone + sum(group_flow_bound(jobs, caps[jobs[0][1].domain]) for jobs in sets.values())
+
+
+def _trajectory_flows(
+    groups: list[tuple[TraceRow, ...]],
+    needs: dict[str, ActionNeed],
+    caps: dict[Domain, float],
+    arrival: dict[str, float],
+    ends: list[float],
 ) -> float:
-    """Least rollout time of one step: its critical path, or a domain's work after a threshold."""
-    groups = [g for g in groups if g]
-    if not groups:
-        return 0.0
-    arrival, end = _chain(groups, needs)
+    """Least sum of ACT of one step without ``sync``, from its trajectories' ends.
+
+    Without barriers a trajectory lives its generations plus its actions' ACTs, all
+    trajectories starting at the step's start, so sum ACT = sum of ends - sum of generations.
+    The k-th smallest end is at least the k-th smallest critical path and, for a domain D, the
+    k-th SRPT completion of the trajectories' D-work (released at their first D action's
+    earliest arrival, sized their D-area, on a machine of speed C_D) plus the least time any
+    trajectory needs after its last D action.
+    """
+    generations = sum(r.gen_before_s for rows in groups for r in rows)
+    generations += sum(rows[-1].gen_after_s for rows in groups)
+    best = sum(ends)
+    for domain, capacity in caps.items():
+        jobs, tail, inside, outside = [], math.inf, [], 0.0
+        for rows, end in zip(groups, ends, strict=True):
+            mine = [r for r in rows if needs[r.action_id].domain == domain]
+            if not mine:
+                outside += end
+                continue
+            area = sum(needs[r.action_id].area for r in mine)
+            jobs.append((arrival[mine[0].action_id], area))
+            tail = min(tail, _tails(rows, needs)[mine[-1].action_id])
+            inside.append(end)
+        if not jobs or capacity <= 0:
+            continue
+        srpt = srpt_completions(jobs, capacity)
+        total = sum(max(s + tail, c) for s, c in zip(srpt, sorted(inside), strict=True))
+        best = max(best, total + outside)
+    return best - generations
+
+
+def _step_bounds(
+    groups: list[tuple[TraceRow, ...]], needs: dict[str, ActionNeed], caps: dict[Domain, float]
+) -> tuple[float, float]:
+    """Least sum of ACT and least rollout time of one step."""
+    arrival, ends = _chain(groups, needs)
+    flow = _group_flows(groups, needs, caps)
+    if not any(r.sync for rows in groups for r in rows):
+        flow = max(flow, _trajectory_flows(groups, needs, caps, arrival, ends))
     items: dict[Domain, list[tuple[float, float, float]]] = {}
     for rows in groups:
         tails = _tails(rows, needs)
@@ -273,4 +331,5 @@ def _step_bound(
             items.setdefault(need.domain, []).append(
                 (arrival[row.action_id], need.area, tails[row.action_id])
             )
-    return max([end] + [_domain_step_bound(v, caps[d]) for d, v in items.items()])
+    span = max([max(ends)] + [_domain_step_bound(v, caps[d]) for d, v in items.items()])
+    return flow, span

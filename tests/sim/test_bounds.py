@@ -71,6 +71,22 @@ def test_the_node_caps_an_actions_cores_where_lower_bound_does_not():
     assert run(trace, cluster, "lower-bound")[0] == 1.0  # it ignores the node's size
 
 
+def test_whole_trajectories_compete_for_the_pool_beyond_their_first_actions():
+    # Two trajectories of two 2-s single-core actions each, no generation, on one core. The
+    # best schedule finishes one trajectory first: A1 0-2, A2 2-4, B1 4-6 (ACT 6), B2 6-8, so
+    # sum ACT 2+2+6+2 = 12, mean 3. Trajectory ends are at least SRPT's 4 and 8, generations
+    # are 0: the bound is 3 (the first actions alone would give only (2+4+2+2)/4 = 2.5).
+    rows = tuple(
+        TraceRow(f"{t}{p}", t, 0, p, "hand", "env", 0.0, "cpu", 2.0, 1, serial_fraction=0.0)
+        for t in ("a", "b")
+        for p in (0, 1)
+    )
+    one_core = ClusterSpec("one", cpu_nodes=(CpuNodeSpec("cpu0", 1, 1, 64.0),))
+    bound = capacity_bound(Trace(rows, {}), one_core)
+    assert bound.act_mean_s == 3.0 and bound.step_mean_s == 8.0
+    assert run(Trace(rows, {}), one_core, "fixed:1")[:2] >= (3.0, 8.0)
+
+
 def test_srpt_preempts_a_long_job_for_a_short_arrival():
     # A (4 s) from 0, B (1 s) at 1: B runs 1-2, A resumes and ends at 5.
     assert srpt_completions([(0.0, 4.0), (1.0, 1.0)], 1.0) == [2.0, 5.0]
