@@ -19,7 +19,7 @@ from tangram.exec.eoe.engine import ModuleEngine, engine_spec
 from tangram.exec.eoe.errors import InvalidCellError
 from tangram.exec.eoe.hf import load_model, teacher_logprobs
 from tangram.exec.eoe.hf_tiny import HfShape, save_model_dir
-from tangram.exec.eoe.testing import BACKEND, missing_devices
+from tangram.exec.eoe.testing import BACKEND, UNIT, make_config, missing_devices
 
 SHAPE = HfShape(layers=2)
 MIB = 1 << 20
@@ -38,11 +38,13 @@ def teacher_engine(path: Path, gpu: int = 0) -> Any:
     return lambda: ModuleEngine(load_model(path, "teacher"), device_name(gpu), teacher_logprobs)
 
 
-def manager(devices: int = 2, mib: int = 8) -> EoeManager:
+def manager(devices: int = 1, mib: int = 8) -> EoeManager:
+    """``devices`` devices with room for ``mib`` MiB of claims each, on CPU or CUDA alike
+    (``make_config``: on CUDA the process's baseline allocations are added)."""
     reason = missing_devices(devices)
     if reason is not None:
         pytest.skip(reason)
-    return EoeManager(EoeConfig(backend=BACKEND, devices=devices, device_memory_bytes=mib * MIB))
+    return EoeManager(make_config(devices, units=mib * MIB / UNIT))
 
 
 def asleep(engine: ModuleEngine) -> bool:
@@ -88,7 +90,7 @@ def test_memory_pressure_puts_the_least_recently_used_engine_to_sleep(model_dir:
 
 
 def test_an_engine_runs_on_its_home_gpu_only(model_dir: Path) -> None:
-    with manager() as m:
+    with manager(devices=2) as m:
         m.register(engine_spec("t", teacher_engine(model_dir, 1), home=1, memory_bytes=2 * MIB))
         assert m.call("t", ids()).gpus == (1,)
         wrong = m.call("t", ids(), gpus=(0,))
