@@ -293,3 +293,21 @@ def test_serve_model_arguments_name_kind_and_path(dirs: dict[str, Path]) -> None
     for bad in ("judge", "judge=reward", f"=reward:{dirs['reward']}", "judge=:x", "t=teacher/x:p"):
         with pytest.raises(ValueError, match=r"NAME=KIND\[/SHARDS\]:PATH"):
             service_from_arg(bad)
+
+
+def test_the_backup_is_read_straight_from_the_safetensors_not_from_a_loaded_model(
+    dirs: dict[str, Path],
+) -> None:
+    from tangram.exec.eoe.backup import LazyWeights
+    from tangram.exec.eoe.hf import load_lazy
+
+    built = hf_service("teacher", dirs["teacher"], "teacher").spec.factory()
+    assert isinstance(built, LazyWeights)  # parameters on meta: the weights are read once
+    assert all(p.device.type == "meta" for p in built.module.parameters())
+    assert all(b.device.type == "cpu" for b in built.module.buffers())  # rotary tables built
+    assert built.module.lm_head.weight is built.module.model.embed_tokens.weight  # still tied
+    half = load_lazy(dirs["teacher"], "teacher", "bfloat16")
+    assert half is not None and {p.dtype for p in half.module.parameters()} == {torch.bfloat16}
+    # a checkpoint that lacks a parameter (a causal LM has no reward head) is left to
+    # from_pretrained, which initialises what is missing
+    assert load_lazy(dirs["teacher"], "reward") is None

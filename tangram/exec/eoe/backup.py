@@ -16,6 +16,7 @@ import bisect
 import copy
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -45,10 +46,31 @@ class TensorSlot:
     shape: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class LazyWeights:
+    """What a factory may return instead of a module: the model built without its weights
+    (parameters on the ``meta`` device, buffers real) and ``read(names)``, which returns one
+    parameter's data (``names``: all of its names); the backup reads each one straight into
+    its place, so the weights are never held twice on the host."""
+
+    module: torch.nn.Module
+    read: Callable[[tuple[str, ...]], torch.Tensor]
+
+
 class HostBackup:
     """The host copy of one service's weights and the recipe to rebuild a replica on a device."""
 
-    def __init__(self, module: torch.nn.Module, *, pin: bool, shards: int = 1) -> None:
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        *,
+        pin: bool,
+        shards: int = 1,
+        read: Callable[[tuple[str, ...]], torch.Tensor] | None = None,
+    ) -> None:
+        """``read(names)``, when given, returns the data of a tensor that is on the ``meta``
+        device in ``module`` (a model built without weights), read straight into the backup
+        (``names``: every name it has); the module then never holds its weights twice."""
         import torch
 
         if not isinstance(module, torch.nn.Module):
@@ -66,7 +88,7 @@ class HostBackup:
         for name, tensor, is_param in entries:
             if tensor is None:
                 continue
-            if tensor.device.type == "meta":
+            if tensor.device.type == "meta" and read is None:
                 raise ServiceSpecError(
                     f"tensor {name!r} of the module is on the meta device (no data)"
                 )
@@ -98,7 +120,17 @@ class HostBackup:
             sources, layout, names, kinds, strict=True
         ):
             view = self.buffer[off : off + nbytes].view(tensor.dtype).view(tensor.shape)
-            view.copy_(tensor.detach())
+            if tensor.device.type == "meta":
+                data = read(tuple(tensor_names))  # type: ignore[misc]  # checked above
+                if tuple(data.shape) != tuple(tensor.shape):
+                    raise ServiceSpecError(
+                        f"tensor {tensor_names[0]!r}: the weights have shape "
+                        f"{tuple(data.shape)}, the model {tuple(tensor.shape)}"
+                    )
+                view.copy_(data)
+                del data
+            else:
+                view.copy_(tensor.detach())
             slots.append(
                 TensorSlot(
                     tuple(tensor_names), is_param, off, nbytes, tensor.dtype, tuple(tensor.shape)

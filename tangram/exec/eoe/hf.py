@@ -4,9 +4,12 @@ per sequence), loaded with ``transformers`` from local files only (no hub at run
 
 ``hf_service(name, path, kind)`` gives an ``HfService``: its ``spec`` (register it with an
 ``EoeManager``) and its tokenizer, which front ends (the OpenAI-style routes) use to turn text
-into token ids. The factory runs ``from_pretrained(path, local_files_only=True)``, which reads
-the directory's config and safetensors weights; the host backup is then built from those
-weights, and restores copy them from there (``backup.py``).
+into token ids. At registration the model is built from the directory's config with its
+parameters on the ``meta`` device (buffers such as rotary tables are computed as usual), and
+the host backup reads each parameter straight from the safetensors files into its place
+(``backup.LazyWeights``): the weights are held once on the host, not twice. A checkpoint whose
+names do not cover every parameter (renamed keys, a head it lacks) is loaded with
+``from_pretrained(path, local_files_only=True)`` instead. Restores copy from the backup.
 
 Inputs of both kinds: a LongTensor of token ids (B, T), or a dict with ``input_ids`` and
 ``attention_mask`` (B, T) for a right-padded batch of different lengths; a teacher's dict may
@@ -18,11 +21,13 @@ float32; plus ``top_ids``/``top_logprobs`` (B, T-1, k) when asked), the reward m
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tangram.exec.eoe.backup import LazyWeights
 from tangram.exec.eoe.errors import ServiceSpecError
 from tangram.exec.eoe.registry import ServiceSpec
 
@@ -126,6 +131,91 @@ def load_model(path: str | Path, kind: str, dtype: str | None = None) -> torch.n
     return model
 
 
+@contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Modules built inside get their parameters on the ``meta`` device (no data), buffers
+    as usual: each parameter is moved there as it is registered."""
+    import torch
+
+    register = torch.nn.Module.register_parameter
+
+    def on_meta(module: torch.nn.Module, name: str, param: Any) -> None:
+        register(module, name, param)
+        if param is not None and param.device.type != "meta":  # a tied one is kept as it is
+            kept = module._parameters[name]
+            module._parameters[name] = torch.nn.Parameter(kept.to("meta"), requires_grad=False)
+
+    torch.nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+def load_lazy(path: str | Path, kind: str, dtype: str | None = None) -> LazyWeights | None:
+    """The model in ``path`` without its weights and a reader of them from the safetensors
+    files (each parameter in its file's dtype, or ``dtype``); None when the files do not name
+    every parameter (``from_pretrained`` knows how to map or initialise those)."""
+    import torch
+    import transformers
+    from safetensors import safe_open
+
+    _quiet()
+    path = Path(path)
+    files = {}
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            files.update({key: file for key in f.keys()})  # noqa: SIM118 (not a dict)
+    config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
+    auto = getattr(transformers, KINDS[kind].auto_class)
+    with _parameters_on_meta():
+        model = auto.from_config(config)
+    model.eval().requires_grad_(False)
+    names: dict[int, list[str]] = {}
+    owners: dict[int, list[tuple[torch.nn.Module, str]]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+        owner, _, leaf = name.rpartition(".")
+        owners.setdefault(id(param), []).append((model.get_submodule(owner), leaf))
+    want = getattr(torch, dtype) if dtype is not None else None
+    for key, aliases in names.items():
+        found = next((n for n in aliases if n in files), None)
+        if found is None:
+            return None
+        with safe_open(str(files[found]), framework="pt") as f:
+            stored = f.get_slice(found).get_dtype()
+        param_dtype = want or getattr(torch, _SAFETENSORS_DTYPES.get(stored, ""), None)
+        if param_dtype is None:
+            return None
+        places = owners[key]
+        shape = places[0][0]._parameters[places[0][1]].shape
+        meta = torch.nn.Parameter(torch.empty(shape, dtype=param_dtype, device="meta"), False)
+        for owner, leaf in places:  # tied names keep one parameter
+            owner._parameters[leaf] = meta
+
+    def read(aliases: tuple[str, ...]) -> torch.Tensor:
+        name = next(n for n in aliases if n in files)
+        with safe_open(str(files[name]), framework="pt") as f:
+            tensor = f.get_tensor(name)
+        return tensor if want is None else tensor.to(want)
+
+    return LazyWeights(model, read)
+
+
+#: safetensors' dtype names -> torch's.
+_SAFETENSORS_DTYPES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+}
+
+
+def _load(path: Path, kind: str, dtype: str | None) -> Any:
+    """The factory of a directory service: lazily from the safetensors, else ``from_pretrained``."""
+    return load_lazy(path, kind, dtype) or load_model(path, kind, dtype)
+
+
 def hf_service(
     name: str,
     path: str | Path,
@@ -164,7 +254,7 @@ def hf_service(
         )
     spec = ServiceSpec(
         name=name,
-        factory=lambda: load_model(path, kind, dtype),
+        factory=lambda: _load(path, kind, dtype),
         call=KINDS[kind].call,
         dops=dops if dops is not None else ((shards,) if shards > 1 else (1, 2)),
         workspace_bytes=workspace_bytes,

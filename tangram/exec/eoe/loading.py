@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from tangram.exec.eoe.backup import HostBackup
+from tangram.exec.eoe.backup import HostBackup, LazyWeights
 from tangram.exec.eoe.bookkeeping import Service
 from tangram.exec.eoe.engine import EngineBackup
 from tangram.exec.eoe.errors import ServiceSpecError, ServiceTooLargeError
@@ -30,6 +30,8 @@ def build_service(spec: ServiceSpec, *, pin: bool, largest_budget: int) -> Servi
         ) from exc
     if spec.backend == "engine":
         backup = EngineBackup(module, spec.home)
+    elif isinstance(module, LazyWeights):  # weights read straight from their files
+        backup = HostBackup(module.module, pin=pin, shards=spec.shards, read=module.read)
     else:
         backup = HostBackup(module, pin=pin, shards=spec.shards)
     del module
