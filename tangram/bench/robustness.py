@@ -8,7 +8,8 @@ reports the share of instances where some baseline beats the default by more tha
 more than 20% on mean ACT, p99 ACT and step time; which baselines win most; and the
 distribution of the default over ``lower-bound`` and over the capacity-aware bound. The worst
 instances (largest margin of a baseline over the default) are written to ``--out`` as trace +
-cluster files for ``tangram sim --trace T --cluster C``.
+cluster files for ``tangram sim --trace T --cluster C``. ``--default POLICY`` sets another policy
+against the baselines (e.g. ``tangram:128``, or a new policy against the old one's figures).
 
 A run in which a policy rejected any action is not compared (its figures cover fewer actions):
 such baselines are counted as ``incomparable``, and an instance whose default rejected an action
@@ -75,16 +76,19 @@ def figures(trace: Any, cluster: Any, policy: str) -> RunFigures:
     )
 
 
-def run_instance(family: str, seed: int, policies: Sequence[str]) -> dict[str, Any]:
+def run_instance(
+    family: str, seed: int, policies: Sequence[str], default_policy: str = DEFAULT_POLICY
+) -> dict[str, Any]:
     """One instance: every policy's figures, the capacity-aware bound, the best baseline."""
     from tangram.sim.bounds import capacity_bound
     from tangram.sim.workloads.random_instances import RandomParams, random_instance
 
     trace, cluster = random_instance(RandomParams(family=family), seed=seed)
-    runs = {p: figures(trace, cluster, p) for p in (DEFAULT_POLICY, "lower-bound", *policies)}
+    runs = {p: figures(trace, cluster, p) for p in (default_policy, "lower-bound", *policies)}
     bound = capacity_bound(trace, cluster)
-    default = runs[DEFAULT_POLICY]
+    default = runs[default_policy]
     record: dict[str, Any] = {
+        "default": default_policy,
         "family": family,
         "seed": seed,
         "trajectories": trace.meta["trajectories"],
@@ -148,7 +152,7 @@ def family_summary(records: Sequence[dict[str, Any]], policies: Sequence[str]) -
         # Which baselines beat the default by more than 5% (each counted once per instance).
         wins: Counter[str] = Counter()
         for r in compared:
-            d = r["runs"][DEFAULT_POLICY][key]
+            d = r["runs"][r["default"]][key]
             for p in policies:
                 run = r["runs"][p]
                 if not run["rejected"] and d / run[key] - 1 > MARGINS[0]:
@@ -204,7 +208,7 @@ def write_worst(
                     "margin": r["best"][key]["margin"],
                     **paths,
                     "replay": f"tangram sim --trace {paths['trace']} --cluster "
-                    f"{paths['cluster']} --policy {DEFAULT_POLICY} --policy {best}",
+                    f"{paths['cluster']} --policy {r['default']} --policy {best}",
                 }
             )
     return written
@@ -218,24 +222,28 @@ def run_bench(
     policies: Sequence[str] = BASELINES,
     out: Path | None = None,
     worst: int = DEFAULT_WORST,
+    default_policy: str = DEFAULT_POLICY,
     progress: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """The whole benchmark as one JSON-ready document."""
+    from tangram.core.policies import make_policy
     from tangram.sim.workloads.random_instances import FAMILIES
 
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
         raise ValueError(f"unknown family {unknown[0]!r}; known: {', '.join(FAMILIES)}")
+    for policy in (default_policy, *policies):
+        make_policy(policy)  # an unknown name fails here, before any replay
     t0 = time.perf_counter()
     records = []
     for family in families:
         for i in range(instances):
-            records.append(run_instance(family, seed + i, policies))
+            records.append(run_instance(family, seed + i, policies, default_policy))
             if progress:
                 progress()
     doc: dict[str, Any] = {
         "benchmark": "robustness",
-        "default": DEFAULT_POLICY,
+        "default": default_policy,
         "baselines": list(policies),
         "instances_per_family": instances,
         "seed": seed,
@@ -317,6 +325,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=DEFAULT_WORST,
         help=f"worst instances written per family (default {DEFAULT_WORST})",
     )
+    p.add_argument(
+        "--default",
+        default=DEFAULT_POLICY,
+        metavar="POLICY",
+        help=f"the policy the baselines are set against (default {DEFAULT_POLICY}; e.g. "
+        "tangram:128 to try a wider window)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_json_flag(p)
     p.set_defaults(func=_main)
@@ -338,6 +353,7 @@ def _main(args: argparse.Namespace) -> int:
         families=families,
         out=args.out,
         worst=args.worst,
+        default_policy=args.default,
         progress=lambda: bar.update(1),
     )
     bar.close()

@@ -69,3 +69,14 @@ def test_the_worst_instances_are_written_and_replay_to_the_same_figures(bench, c
 def test_an_unknown_family_is_refused_naming_it(capsys):
     assert main(["bench", "robustness", "--families", "cpu,tpu", "--instances", "1"]) == 2
     assert "unknown family 'tpu'" in capsys.readouterr().err
+
+
+def test_another_default_policy_is_set_against_the_baselines(capsys):
+    assert main(["bench", "robustness", "--instances", "1", "--families", "cpu", "--json",
+                 "--default", "tangram:128"]) == 0  # fmt: skip
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["default"] == "tangram:128"
+    record = doc["instances"][0]
+    assert record["default"] == "tangram:128" and "tangram" not in record["runs"]
+    assert main(["bench", "robustness", "--instances", "1", "--default", "nope"]) == 2
+    assert "unknown policy 'nope'" in capsys.readouterr().err
