@@ -9,7 +9,9 @@ the rest of the suite runs outside it. Docker is reached through its Unix socket
 
 Nodes: ``head`` (no container cores, 2 CPU-backed GPU devices; the scheduler actor and the
 driver run here), ``w1`` (host core 0) and ``w2`` (host core 1), each with 2 CPU-backed GPU
-devices: disjoint shares of this machine's cores. One cluster for the package (a start costs
+devices: disjoint shares of this machine's cores. The scheduler takes its spec from a cluster
+file (``CLUSTER``) that also declares ``w3``, a GPU node that joins in the fault tests;
+``tangram serve --ray`` and ``tangram bench ray`` (their tests) take it from the Ray nodes. One cluster for the package (a start costs
 ~20 s); ``test_ray_faults.py`` changes it and runs last of the tests that use it.
 """
 
@@ -22,8 +24,24 @@ from typing import Any
 
 import pytest
 
-from tangram.core.resources import ApiEndpointSpec
+from tangram.core.resources import ApiEndpointSpec, ClusterSpec, CpuNodeSpec, GpuNodeSpec
 from tests.live.conftest import docker_client  # noqa: F401 - the engine, started if needed
+
+
+def _gpu(name: str) -> GpuNodeSpec:
+    return GpuNodeSpec(
+        name, gpus=2, gpu_memory_gb=2.0, host_memory_gb=8.0, h2d_gbps=10.0, restore_fixed_s=0.001
+    )
+
+
+#: The cluster file of the tests' scheduler: the local nodes by their ``tangram-name``, and
+#: ``w3``, a GPU node declared but not started (fenced until it joins).
+CLUSTER = ClusterSpec(
+    name="ray-tests",
+    cpu_nodes=tuple(CpuNodeSpec(n, cores=1, numa_domains=1, memory_gb=8.0) for n in ("w1", "w2")),
+    gpu_nodes=tuple(_gpu(n) for n in ("head", "w1", "w2", "w3")),
+    apis=(ApiEndpointSpec("echo", concurrency=256), ApiEndpointSpec("counted", concurrency=3)),
+)
 
 
 @dataclass
@@ -73,10 +91,7 @@ def ray_cluster(request: pytest.FixtureRequest) -> Iterator[RayCluster]:
             rc.config = RayConfig(
                 namespace="tangram-tests",
                 runtime=RuntimeConfig(max_pending=4096, default_timeout_s=120.0),
-                apis=(
-                    ApiEndpointSpec("echo", concurrency=256),
-                    ApiEndpointSpec("counted", concurrency=3),
-                ),
+                cluster=CLUSTER,
                 endpoints={"counted": counted_endpoint()},
                 aoe={"kill_grace_s": 3.0},
                 http=ServeOptions(port=0),

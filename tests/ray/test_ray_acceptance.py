@@ -140,5 +140,6 @@ def test_2000_mixed_actions_from_200_requesters_each_end_once(
         assert not overlaps(held), (key, overlaps(held)[:3])
     status = got["status"]
     assert status["pending"] == 0 and status["held"]["cores"] == 0
-    assert all(n["alive"] for n in status["nodes"].values())
+    up = {name for name, n in status["nodes"].items() if n["alive"]}
+    assert up == {"head", "w1", "w2"}  # no node was lost under the load (w3 is not started)
     print(f"2000 mixed actions over 3 Ray nodes in {got['elapsed']:.1f} s")

@@ -12,16 +12,15 @@ from tangram.exec.service import Client
 HOST_CORES = {"w1": "0", "w2": "1"}
 
 
-def test_the_cluster_spec_comes_from_the_ray_nodes(ray_cluster: Any) -> None:
+def test_the_cluster_file_maps_ray_nodes_to_tangram_nodes(ray_cluster: Any) -> None:
     status = RayClient(ray_cluster.handle).status()
     nodes = status["nodes"]
-    assert {n: (d["cores"], d["gpus"]) for n, d in nodes.items()} == {
-        "head": (0, 2),
-        "w1": (1, 2),
-        "w2": (1, 2),
-    }
+    up = {n: (d["cores"], d["gpus"]) for n, d in nodes.items() if d["alive"]}
+    assert up == {"head": (0, 2), "w1": (1, 2), "w2": (1, 2)}  # each agent, by its labels
+    assert nodes["w3"] == {"alive": False, "why": "declared, not up yet", "fenced": True}
     assert status["executors"]["cpu"] == ray_cluster.info["cpu_nodes"] == ["w1", "w2"]
-    assert ray_cluster.info["gpu_nodes"] == ["head", "w1", "w2"]
+    assert ray_cluster.info["gpu_nodes"] == ["head", "w1", "w2", "w3"]
+    assert status["held"]["gpus"] == 2  # w3's, fenced until it joins
 
 
 def test_each_kind_runs_on_its_node_over_http_and_ray(ray_cluster: Any) -> None:

@@ -108,21 +108,23 @@ def test_nodes_that_join_add_their_capacity_without_a_restart(ray_cluster: Any) 
     import ray
 
     c = RayClient(ray_cluster.handle)
+    assert c.status()["held"]["gpus"] == 2 + 2 + 2  # fenced: lost w1 and w2, absent w3
     ray_cluster.local.remove("w1")
-    for name in ("w1", "w2"):
+    for name in ("w1", "w2", "w3"):  # two come back, one joins for the first time
         ray_cluster.local.add(name)
     wait_for(
         lambda: all(n["alive"] for n in c.status()["nodes"].values()), 120, "the nodes' return"
     )
     status = c.status()
     assert not any(n["fenced"] for n in status["nodes"].values())
+    assert status["held"]["gpus"] == 0 and status["nodes"]["w3"]["gpus"] == 2
     trajs = [c.open_trajectory(f"join-{i}", memory_gb=1) for i in range(2)]
     assert {t["node"] for t in trajs} == {"w1", "w2"}
     outs = [c.run(command="echo joined", trajectory=t["id"]) for t in trajs]
     assert all(o.ok for o in outs) and {o.node for o in outs} == {"w1", "w2"}
     gpu = [c.run(service="reward", inputs=[[k, 2]]) for k in range(24)]
     assert all(o.ok for o in gpu)
-    assert ray.get(ray_cluster.handle.agent_handles.remote()).keys() == {"head", "w1", "w2"}
+    assert ray.get(ray_cluster.handle.agent_handles.remote()).keys() == {"head", "w1", "w2", "w3"}
     for t in trajs:
         c.close_trajectory(t["id"])
 

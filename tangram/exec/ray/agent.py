@@ -18,7 +18,14 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from tangram.exec.ray.nodes import NodeReport, core_domains, gpu_plan, memory_gb, node_name
+from tangram.exec.ray.nodes import (
+    GpuPlan,
+    NodeReport,
+    core_domains,
+    gpu_plan,
+    memory_gb,
+    node_name,
+)
 from tangram.exec.runtime.result import ExecResult
 
 log = logging.getLogger(__name__)
@@ -36,11 +43,19 @@ class NodeAgent:
         labels: Mapping[str, str],
         ray_memory_bytes: float,
         settings: Mapping[str, Any],
+        declared: tuple[Any, Any] = (None, None),
     ) -> None:
         domains = core_domains(labels)
         memory = memory_gb(labels, ray_memory_bytes)
         gpus = gpu_plan(labels, float(settings.get("gpu_memory_gb", 2.0)))
-        self.report = NodeReport(ray_node, node_name(ray_node, labels), domains, memory, gpus)
+        cpu_decl, gpu_decl = declared  # the cluster file's specs of this node, if any
+        if cpu_decl is not None or gpu_decl is not None:  # the file says what runs here
+            domains = domains if cpu_decl is not None else ()
+            backend = gpus.backend if gpus is not None else "cpu"
+            gpus = GpuPlan(gpu_decl.gpus, backend, gpu_decl.gpu_memory_gb) if gpu_decl else None
+        self.report = NodeReport(
+            ray_node, node_name(ray_node, labels), domains, memory, gpus, cpu_decl, gpu_decl
+        )
         self.cpu: Any = None
         self.gpu: Any = None
         self._watch: asyncio.Task[None] | None = None

@@ -36,7 +36,10 @@ def serve_on_ray(args: argparse.Namespace, token: str | None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     if args.no_journal and args.journal is not None:
         raise ValueError("give --journal PATH or --no-journal, not both")
-    apis = load_cluster(args.cluster).apis if args.cluster else default_apis()
+    # A cluster file maps Ray nodes (by their tangram-name label) to its nodes; without one
+    # the cluster is the Ray nodes alive at the start.
+    cluster = load_cluster(args.cluster) if args.cluster else None
+    apis = cluster.apis if cluster is not None else default_apis()
     endpoints: dict[str, Any] = {}
     for item in args.api:
         name, sep, url = item.partition("=")
@@ -67,7 +70,12 @@ def serve_on_ray(args: argparse.Namespace, token: str | None) -> int:
             ),
         )
         config = RayConfig(
-            namespace=NAMESPACE, runtime=runtime, apis=apis, endpoints=endpoints, http=http
+            namespace=NAMESPACE,
+            runtime=runtime,
+            apis=apis,
+            endpoints=endpoints,
+            http=http,
+            cluster=cluster,
         )
         ray.init(address=args.ray, namespace=NAMESPACE, log_to_driver=False)
         done = threading.Event()

@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tangram.core.resources import ApiEndpointSpec
+from tangram.core.resources import ApiEndpointSpec, ClusterSpec
 from tangram.exec.runtime.config import RuntimeConfig
 
 #: Ray node labels a deployment may set on a node (``ray start --labels``) to shape its agent:
@@ -36,6 +36,10 @@ class RayConfig:
     - ``torch_threads``: threads of torch in each GPU agent (CPU-backed devices share the
       node's cores: 1 keeps a call on one core); None leaves torch's default.
     - ``http``: ``ServeOptions`` of an HTTP service in the scheduler actor (None: Ray only).
+    - ``cluster``: a cluster file's spec: its nodes (and APIs, replacing ``apis``) are the
+      cluster, matched to Ray nodes by their ``tangram-name`` label; a declared node with no
+      Ray node yet is fenced until one joins (capacity added without a restart). None: the
+      spec comes from the Ray nodes alive at the start.
     """
 
     namespace: str = "tangram"
@@ -53,6 +57,7 @@ class RayConfig:
     aoe: Mapping[str, Any] = field(default_factory=dict)
     torch_threads: int | None = None
     http: Any = None
+    cluster: ClusterSpec | None = None
 
     def __post_init__(self) -> None:
         for name in ("ping_every_s", "lost_after_s", "gpu_memory_gb"):

@@ -5,7 +5,8 @@ binds 127.0.0.1 inside a network namespace that has only loopback: ``loopback_na
 moves the calling thread (and every process it starts: Ray's) into a new one with ``lo`` up
 (root; Docker's Unix socket still works there) and back out at the end. ``LOCAL_NODES``
 splits this machine: ``head`` (no container cores; the scheduler actor and the driver), ``w1``
-and ``w2`` (host core 0 and core 1), each with 2 CPU-backed GPU devices.
+and ``w2`` (host core 0 and core 1), each with 2 CPU-backed GPU devices; ``w3`` (2 devices,
+no container cores) is started only when asked (``add``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ LOCAL_NODES: dict[str, dict[str, str]] = {
         "tangram-gpus": "cpu-2",
         "tangram-memory-gb": "8",
     },
+    # Not started by default: a GPU node that joins later (tests of a declared node's join).
+    "w3": {"tangram-name": "w3", "tangram-cores": "", "tangram-gpus": "cpu-2"},
 }
 
 #: Ray's health check on the local cluster: a stopped node is dead after 4 x 0.5 s.

@@ -5,7 +5,8 @@ Each agent reads its node's shape where it runs: the host cores its containers m
 memory for containers (``tangram-memory-gb``, else the Ray node's memory), its GPUs
 (``tangram-gpus``: ``cpu-N`` CPU-backed devices or a count; else NVML's). The scheduler turns
 the reports into one ``ClusterSpec``: a CPU node per report with cores, a GPU node per report
-with GPUs, under the report's Tangram name.
+with GPUs, under the report's Tangram name. With a cluster file (``RayConfig.cluster``) the
+file's nodes are the spec instead, matched to Ray nodes by their ``tangram-name``.
 """
 
 from __future__ import annotations
@@ -39,8 +40,14 @@ class NodeReport:
     domains: tuple[tuple[int, ...], ...]
     memory_gb: float
     gpus: GpuPlan | None
+    #: The node as a cluster file declares it (``RayConfig.cluster``), which then wins over
+    #: what the agent found (its cores must not outnumber the ones found).
+    declared_cpu: CpuNodeSpec | None = None
+    declared_gpu: GpuNodeSpec | None = None
 
     def cpu_spec(self) -> CpuNodeSpec | None:
+        if self.declared_cpu is not None:
+            return self.declared_cpu
         cores = sum(len(d) for d in self.domains)
         if not cores:
             return None
@@ -53,6 +60,8 @@ class NodeReport:
         )
 
     def gpu_spec(self) -> GpuNodeSpec | None:
+        if self.declared_gpu is not None:
+            return self.declared_gpu
         if self.gpus is None:
             return None
         return GpuNodeSpec(

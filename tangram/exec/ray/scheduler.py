@@ -25,6 +25,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from tangram.core.resources import ClusterSpec
 from tangram.exec.ray.agent import NodeAgent
 from tangram.exec.ray.config import RayConfig
 from tangram.exec.ray.executors import RayCpuExecutor, RayGpuExecutor
@@ -78,6 +79,9 @@ class SchedulerActor:
         self.fences: dict[str, list[str]] = {}
         #: Ray nodes that joined with a name the cluster spec does not have (not used).
         self.unplaced: dict[str, str] = {}
+        #: Nodes of the cluster file with no Ray node yet (fenced until one joins).
+        self.absent: set[str] = set()
+        self.declared: ClusterSpec | None = None
         self._fence_seq = 0
         self._started: asyncio.Future[dict[str, Any]] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -96,16 +100,20 @@ class SchedulerActor:
 
     async def _start(self) -> dict[str, Any]:
         cfg = self.config
+        self.declared = cfg.cluster
         reports = await self._spawn_agents(await _alive_nodes())
         if not reports:
             raise RuntimeError("no Ray node runs a Tangram agent (no cores and no GPUs found)")
-        cluster = cluster_spec(reports, cfg.apis)
-        calls = {k: v for k, v in builtin_endpoints().items() if k in {a.name for a in cfg.apis}}
+        cluster = cfg.cluster or cluster_spec(reports, cfg.apis)
+        apis = cluster.apis
+        calls = {k: v for k, v in builtin_endpoints().items() if k in {a.name for a in apis}}
         calls.update(cfg.endpoints or {})
         cpu = RayCpuExecutor(self.fleet, cluster) if cluster.cpu_nodes else None
         gpu = None
         if cluster.gpu_nodes:
-            holder = next(m for m in self.fleet.members() if m.report.gpus is not None)
+            holder = next((m for m in self.fleet.members() if m.report.gpus is not None), None)
+            if holder is None:
+                raise RuntimeError("no GPU node of the cluster is up: the services are unknown")
             gpu = RayGpuExecutor(self.fleet, cluster, await holder.handle.catalog.remote())
         runtime = Runtime(cluster, cfg.runtime, cpu=cpu, gpu=gpu, api=ApiExecutor(calls))
         for executor in (cpu, gpu):
@@ -119,6 +127,10 @@ class SchedulerActor:
             self.runner, self.url = await start_site(runtime, cfg.http)
         else:
             await runtime.start()
+        up = {r.name for r in reports}
+        for name in sorted(_node_names(cluster) - up):  # declared, not up: fenced till it joins
+            self.absent.add(name)
+            self._fence(name)
         self._monitor = asyncio.get_running_loop().create_task(self._watch())
         return self.info()
 
@@ -137,17 +149,27 @@ class SchedulerActor:
         handles = []
         for node in nodes:
             labels = node.get("Labels") or {}
+            name = node_name(node["NodeID"], labels)
+            if self.declared is not None and name not in _node_names(self.declared):
+                self.unplaced[node["NodeID"]] = name  # not in the cluster file
+                continue
             handle = agent_cls.options(
                 num_cpus=0,
                 max_concurrency=4096,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
-                name=f"tangram-agent-{node_name(node['NodeID'], labels)}-{time.time_ns()}",
+                name=f"tangram-agent-{name}-{time.time_ns()}",
                 namespace=self.config.namespace,
                 # Not owned by this actor: Ray would kill an owned agent with it, AOE's
                 # watchdog process too, and leave its containers. A detached agent outlives
                 # this actor, sees it gone (``NodeAgent._watch_owner``), removes them, exits.
                 lifetime="detached",
-            ).remote(node["NodeID"], labels, node["Resources"].get("memory", 0.0), settings)
+            ).remote(
+                node["NodeID"],
+                labels,
+                node["Resources"].get("memory", 0.0),
+                settings,
+                _declared(self.declared, name),
+            )
             handles.append(handle)
         me = ray.get_runtime_context().current_actor
         reports = await asyncio.wait_for(
@@ -230,27 +252,34 @@ class SchedulerActor:
             node = by_id.get(member.report.ray_node)
             if member.alive and node is not None and not node.get("Alive", True):
                 self.fleet.lose(member.report.name, "Ray reports its node dead")
-        known = {m.report.ray_node for m in self.fleet.members()}
+        known = {m.report.ray_node for m in self.fleet.members()} | set(self.unplaced)
         for node in nodes:
             if not node.get("Alive") or node["NodeID"] in known:
                 continue
             name = node_name(node["NodeID"], node.get("Labels") or {})
             member = self.fleet.by_name.get(name)
-            if member is not None and not member.alive:
-                await self._rejoin(node)
+            if (member is not None and not member.alive) or name in self.absent:
+                await self._join(node)
             elif member is None:
                 self.unplaced[node["NodeID"]] = name
 
-    async def _rejoin(self, node: dict[str, Any]) -> None:
-        """A lost node's name came back on a new Ray node: a new agent, the fence lifted."""
+    async def _join(self, node: dict[str, Any]) -> None:
+        """A node of the cluster (lost, or declared and absent) is up on a Ray node: a new
+        agent, the fence lifted, its capacity back in the core."""
         rt = self._rt()
-        old = self.fleet.by_name[node_name(node["NodeID"], node.get("Labels") or {})]
+        name = node_name(node["NodeID"], node.get("Labels") or {})
+        old = self.fleet.by_name.get(name)
         reports = await self._spawn_agents([node])
         if not reports:
             return
         report = reports[0]
-        if report.cpu_spec() != old.report.cpu_spec() or report.gpu_spec() != old.report.gpu_spec():
-            log.warning("node %s came back with another shape; used as before", report.name)
+        cpu = rt.scheduler.state.cpu.get(name)
+        gpu = rt.scheduler.state.gpu.get(name)
+        if (cpu and report.cpu_spec() != cpu.spec) or (gpu and report.gpu_spec() != gpu.spec):
+            log.warning("node %s joined with another shape than the cluster's", name)
+        if old is None:
+            log.warning("node %s joined (it was declared, absent until now)", name)
+        self.absent.discard(name)
         self._unfence(report.name)
         if isinstance(rt.gpu, RayGpuExecutor):
             rt.gpu.report(report.name, {})  # a new agent: nothing resident yet
@@ -409,6 +438,8 @@ class SchedulerActor:
             }
             for m in self.fleet.members()
         }
+        for name in sorted(self.absent):
+            doc["nodes"][name] = {"alive": False, "why": "declared, not up yet", "fenced": True}
         doc["lost_trajectories"] = dict(self.lost_trajectories)
         doc["unplaced_nodes"] = dict(self.unplaced)
         return {"value": doc}
@@ -452,6 +483,19 @@ class SchedulerActor:
         if self.runtime is None:
             raise RuntimeError("the scheduler actor is not started: call start() first")
         return self.runtime
+
+
+def _node_names(cluster: ClusterSpec) -> set[str]:
+    return {n.name for n in cluster.cpu_nodes} | {n.name for n in cluster.gpu_nodes}
+
+
+def _declared(cluster: ClusterSpec | None, name: str) -> tuple[Any, Any]:
+    """The cluster file's CPU and GPU specs of node ``name`` (None where it declares none)."""
+    if cluster is None:
+        return None, None
+    cpu = next((n for n in cluster.cpu_nodes if n.name == name), None)
+    gpu = next((n for n in cluster.gpu_nodes if n.name == name), None)
+    return cpu, gpu
 
 
 async def _all_nodes() -> list[dict[str, Any]]:
