@@ -24,7 +24,8 @@ times ``r_i`` on a pool of ``C`` units, sort any schedule's completions ``C_(1) 
 
 1. ``C_(k) >= S_(k)``, the k-th completion of SRPT on one machine of speed ``C`` processing
    sizes ``a_i`` (a fluid schedule is a preemptive one-machine schedule of speed ``C``; on one
-   machine SRPT completes at least as many jobs by any time as any preemptive schedule);
+   machine SRPT completes at least as many jobs by any time as any preemptive schedule:
+   Schrage 1968, Smith 1978, "SRPT minimises the jobs in the system at every instant");
 2. ``C_(k) >= (r + d)_(k)``, the k-th smallest ``r_i + d_i`` (the first k to complete each
    finish no earlier than their own ``r_i + d_i``).
 
