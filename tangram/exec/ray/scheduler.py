@@ -232,9 +232,15 @@ class SchedulerActor:
         live = [m for m in self.fleet.members() if m.alive]
 
         async def ping(member: Any) -> None:
-            with contextlib.suppress(Exception):
+            import ray
+
+            try:
                 await asyncio.wait_for(member.handle.ping.remote(), self.config.lost_after_s)
                 member.last_seen = time.monotonic()
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as exc:
+                self.fleet.lose(member.report.name, f"its agent died ({type(exc).__name__})")
+            except Exception:  # noqa: BLE001 - slow or busy: ``lost_after_s`` decides
+                pass
 
         await asyncio.wait(
             [asyncio.ensure_future(ping(m)) for m in live], timeout=self.config.ping_every_s
