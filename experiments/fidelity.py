@@ -270,7 +270,6 @@ def cpu_times() -> tuple[float, float]:
 def run_seed(
     cluster: Any, params: Params, seed: int, out: Path, reps: int, gpu_refit: str = "dop"
 ) -> dict[str, Any]:
-    from tangram.sim.replay_cli import replay
     from tangram.trace import load_trace
 
     trace_path = out / f"fidelity-trace-seed{seed}.jsonl.gz"
@@ -305,7 +304,7 @@ def run_seed(
     live["exec_over_declared_median"] = statistics.median(
         (r.obs_exec_s or 0.0) / r.curve_object().duration(r.obs_units) for r in ran
     )
-    reports = {mode: replay(trace_path, durations=mode).as_dict() for mode in ("observed", "curve")}
+    reports = replays(trace_path)
     return {
         "seed": seed,
         "calibration": asdict(cal),
@@ -328,7 +327,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             }
         out[mode] = block
     out["by_resource"] = {}
-    for mode in ("observed", "curve"):
+    for mode in (m for m in REPLAYS if all(m in r["replay"] for r in runs)):
         per: dict[str, Any] = {}
         for res in ("cpu", "gpu"):
             have = [
@@ -374,6 +373,22 @@ def disturbed(run: dict[str, Any]) -> bool:
     drift = abs(run["calibration_after"]["per_iter_s"] / before - 1.0)
     others = live["host_busy_fraction"] - live["workload_core_fraction"]
     return drift > DRIFT_LIMIT or others > OTHERS_LIMIT
+
+
+#: The replays of each recorded trace: observed durations, declared curves (one execution
+#: spread for all actions, as ``tangram replay`` by default), and declared curves with each
+#: resource's own spread (``--noise per-resource``; reported per resource only).
+REPLAYS = {
+    "observed": {"durations": "observed"},
+    "curve": {"durations": "curve"},
+    "curve, noise per resource": {"durations": "curve", "noise": "per-resource"},
+}
+
+
+def replays(trace_path: Path) -> dict[str, Any]:
+    from tangram.sim.replay_cli import replay
+
+    return {mode: replay(trace_path, **kw).as_dict() for mode, kw in REPLAYS.items()}
 
 
 def write_outputs(runs: list[dict[str, Any]], params: Params, out: Path, argv: list[str]) -> None:
@@ -446,7 +461,7 @@ def write_outputs(runs: list[dict[str, Any]], params: Params, out: Path, argv: l
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
-        for mode in ("observed", "curve"):
+        for mode in (m for m in REPLAYS if m in r["replay"]):
             br = r["replay"][mode]["by_resource"]
             cells = []
             for res in ("cpu", "gpu"):
@@ -458,10 +473,10 @@ def write_outputs(runs: list[dict[str, Any]], params: Params, out: Path, argv: l
                 )
             lines.append(f"| {r['seed']} | {mode} | " + " | ".join(cells) + " |")
     lines += ["", "Per resource, mean over seeds (largest |error| in brackets):", ""]
-    for mode in ("observed", "curve"):
-        for res, block in summary["by_resource"][mode].items():
+    for mode, per in summary["by_resource"].items():
+        for res, block in per.items():
             lines.append(
-                f"- {res}, `--durations {mode}`: P50 {pct(block['p50']['mean'])} "
+                f"- {res}, {mode}: P50 {pct(block['p50']['mean'])} "
                 f"({100 * block['p50']['max_abs']:.1f}%), P95 {pct(block['p95']['mean'])} "
                 f"({100 * block['p95']['max_abs']:.1f}%)"
             )
@@ -588,13 +603,11 @@ def main(argv: list[str] | None = None) -> int:
 
     cluster, _ = discover_cluster()
     if args.replay_only:
-        from tangram.sim.replay_cli import replay
-
         doc = json.loads((args.out / "fidelity.json").read_text())
         runs = doc["runs"]
         for run in runs:
             path = args.out / f"fidelity-trace-seed{run['seed']}.jsonl.gz"
-            run["replay"] = {m: replay(path, durations=m).as_dict() for m in ("observed", "curve")}
+            run["replay"] = replays(path)
         params = Params(**doc["params"])
         write_outputs(runs, params, args.out, doc.get("argv", []))
         print(f"wrote {args.out / 'fidelity.md'} (replays redone from the recorded traces)")
