@@ -22,6 +22,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from tangram.exec.service.limits import DEFAULT_MAX_OUTPUT_BYTES, ConnectionLimits
 from tangram.report import add_json_flag
@@ -159,7 +160,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tangram.core.cluster_file import load_cluster
-    from tangram.exec.runtime import RuntimeConfig, build_runtime, discover_cluster, http_endpoint
+    from tangram.exec.runtime import build_runtime, discover_cluster
     from tangram.exec.service.server import ServeOptions, check_binding, serve
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
@@ -173,24 +174,9 @@ def run(args: argparse.Namespace) -> int:
         cluster = load_cluster(args.cluster)
     else:
         cluster, _ = discover_cluster(gpus=not args.no_gpu, cpu=not args.no_cpu)
-    endpoints = {}
-    for item in args.api:
-        name, sep, url = item.partition("=")
-        if not sep or not name or not url.startswith(("http://", "https://")):
-            raise ValueError(f"--api {item!r}: expected NAME=http(s)://...")
-        endpoints[name] = http_endpoint(url)
-    if args.no_journal and args.journal is not None:
-        raise ValueError("give --journal PATH or --no-journal, not both")
+    endpoints = api_endpoints(args.api)
     scratch = contextlib.ExitStack()
-    config = RuntimeConfig(
-        policy=args.policy,
-        max_pending=args.max_pending,
-        default_timeout_s=args.default_timeout_s,
-        default_memory_gb=args.memory_gb,
-        trace_path=args.trace,
-        journal_path=None if args.no_journal else journal_path(args, scratch),
-        journal_fsync=args.journal_fsync,
-    )
+    config = runtime_config(args, scratch)
     services = None
     if args.model:
         from tangram.exec.eoe.hf import service_from_arg
@@ -249,6 +235,37 @@ def run(args: argparse.Namespace) -> int:
         asyncio.run(serve(runtime, opts, ready))
     print("tangram serve: stopped", file=sys.stderr)
     return 0
+
+
+def api_endpoints(items: list[str]) -> dict[str, Any]:
+    """``--api NAME=URL`` options -> endpoint callables forwarding to those URLs."""
+    from tangram.exec.runtime import http_endpoint
+
+    endpoints = {}
+    for item in items:
+        name, sep, url = item.partition("=")
+        if not sep or not name or not url.startswith(("http://", "https://")):
+            raise ValueError(f"--api {item!r}: expected NAME=http(s)://...")
+        endpoints[name] = http_endpoint(url)
+    return endpoints
+
+
+def runtime_config(args: argparse.Namespace, scratch: contextlib.ExitStack) -> Any:
+    """The ``RuntimeConfig`` of ``tangram serve``'s options (a temporary journal, when one is
+    needed, lives as long as ``scratch``)."""
+    from tangram.exec.runtime import RuntimeConfig
+
+    if args.no_journal and args.journal is not None:
+        raise ValueError("give --journal PATH or --no-journal, not both")
+    return RuntimeConfig(
+        policy=args.policy,
+        max_pending=args.max_pending,
+        default_timeout_s=args.default_timeout_s,
+        default_memory_gb=args.memory_gb,
+        trace_path=args.trace,
+        journal_path=None if args.no_journal else journal_path(args, scratch),
+        journal_fsync=args.journal_fsync,
+    )
 
 
 def journal_path(args: argparse.Namespace, scratch: contextlib.ExitStack) -> Path:

@@ -15,7 +15,6 @@ import logging
 import signal
 import sys
 import threading
-from typing import Any
 
 #: The Ray namespace of ``tangram serve --ray``'s scheduler actor (``RayConfig.namespace``).
 NAMESPACE = "tangram"
@@ -27,36 +26,20 @@ def serve_on_ray(args: argparse.Namespace, token: str | None) -> int:
     from tangram.core.cluster_file import load_cluster
     from tangram.exec.ray.config import RayConfig
     from tangram.exec.ray.service import start, stop
-    from tangram.exec.runtime import RuntimeConfig, http_endpoint
     from tangram.exec.runtime.discovery import default_apis
     from tangram.exec.service.limits import ConnectionLimits
     from tangram.exec.service.server import ServeOptions
-    from tangram.exec.service_cli import journal_path
+    from tangram.exec.service_cli import api_endpoints, runtime_config
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    if args.no_journal and args.journal is not None:
-        raise ValueError("give --journal PATH or --no-journal, not both")
     # A cluster file maps Ray nodes (by their tangram-name label) to its nodes; without one
     # the cluster is the Ray nodes alive at the start.
     cluster = load_cluster(args.cluster) if args.cluster else None
     apis = cluster.apis if cluster is not None else default_apis()
-    endpoints: dict[str, Any] = {}
-    for item in args.api:
-        name, sep, url = item.partition("=")
-        if not sep or not name or not url.startswith(("http://", "https://")):
-            raise ValueError(f"--api {item!r}: expected NAME=http(s)://...")
-        endpoints[name] = http_endpoint(url)
+    endpoints = api_endpoints(args.api)
     scratch = contextlib.ExitStack()
     with scratch:
-        runtime = RuntimeConfig(
-            policy=args.policy,
-            max_pending=args.max_pending,
-            default_timeout_s=args.default_timeout_s,
-            default_memory_gb=args.memory_gb,
-            trace_path=args.trace,
-            journal_path=None if args.no_journal else journal_path(args, scratch),
-            journal_fsync=args.journal_fsync,
-        )
+        runtime = runtime_config(args, scratch)
         http = ServeOptions(
             host=args.host,
             port=args.port,
