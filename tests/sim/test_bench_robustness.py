@@ -80,3 +80,10 @@ def test_another_default_policy_is_set_against_the_baselines(capsys):
     assert record["default"] == "tangram:128" and "tangram" not in record["runs"]
     assert main(["bench", "robustness", "--instances", "1", "--default", "nope"]) == 2
     assert "unknown policy 'nope'" in capsys.readouterr().err
+
+
+def test_a_process_pool_gives_the_same_figures(bench, capsys):
+    doc, _ = bench
+    assert main(["bench", "robustness", "--instances", "2", "--json", "--jobs", "2"]) == 0
+    pooled = json.loads(capsys.readouterr().out)
+    assert pooled["instances"] == doc["instances"] and pooled["families"] == doc["families"]
