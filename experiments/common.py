@@ -127,6 +127,26 @@ def cluster_for(variant: Variant):
     return cluster
 
 
+def _stalled_row(job: Job, v: Variant, cluster, reason: str) -> dict[str, Any]:
+    """The row of a run that stalled (e.g. pods held at a step barrier): no figures, the reason."""
+    return {
+        "workload": job.workload,
+        "batch": job.batch,
+        "seed": job.seed,
+        "steps": job.steps,
+        "variant": v.name,
+        "policy": v.policy,
+        "gpus": cluster.total_gpus,
+        "cores": cluster.total_cores,
+        **dict(job.overrides),
+        **dict(job.tags),
+        **dict(v.extra),
+        **{f"overheads.{k}": val for k, val in v.overheads},
+        **dict.fromkeys(SUMMARY_COLUMNS, np.nan),
+        "stalled": reason,
+    }
+
+
 def _kind_columns(result) -> dict[str, Any]:
     from tangram.sim.metrics import by_kind
 
@@ -206,7 +226,7 @@ def _slim_timeline(result, resolution_s: float = 1.0) -> pd.DataFrame:
 def execute(job: Job) -> list[dict[str, Any]]:
     """Generate the job's trace and replay it under each variant; one row per variant."""
     from tangram.sim.config import Overheads, RolloutConfig, SimConfig
-    from tangram.sim.driver import Simulation
+    from tangram.sim.driver import Simulation, SimulationStalled
     from tangram.sim.metrics import summary
     from tangram.sim.workloads import generate
 
@@ -226,7 +246,11 @@ def execute(job: Job) -> list[dict[str, Any]]:
         t0 = time.perf_counter()
         sim = Simulation(trace, cluster, config, clock=time.perf_counter if v.clock else None)
         timer = _TimedScheduler(sim.scheduler) if v.clock else None
-        result = sim.run()
+        try:
+            result = sim.run()
+        except SimulationStalled as exc:  # a finding, not a crash: reported as stalled
+            rows.append(_stalled_row(job, v, cluster, str(exc)))
+            continue
         wall = time.perf_counter() - t0
         row: dict[str, Any] = {
             "workload": job.workload,

@@ -85,10 +85,14 @@ def ratio_table(runs: pd.DataFrame, keys: list[str], bases: list[str], ours: str
 
 def wide(ratios: pd.DataFrame, column: str) -> pd.DataFrame:
     """Baselines as rows, ``column``'s values as columns, cells 'mean ± std'."""
+    # A missing ratio is a run that stalled (``SimulationStalled``): pods held at a barrier.
     cells = ratios.assign(
-        cell=[pm(m, s, 2) + "x" for m, s in zip(ratios.ratio_mean, ratios.ratio_std, strict=True)]
+        cell=[
+            pm(m, s, 2) + "x" if m == m else "stalled"
+            for m, s in zip(ratios.ratio_mean, ratios.ratio_std, strict=True)
+        ]
     )
-    table = cells.pivot(index="baseline", columns=column, values="cell")
+    table = cells.pivot(index="baseline", columns=column, values="cell").fillna("stalled")
     table = table.reindex(list(dict.fromkeys(ratios.baseline)))
     table = table[list(dict.fromkeys(ratios[column]))]  # the order the sections list them
     table.columns = [f"{column} {c}" for c in table.columns]

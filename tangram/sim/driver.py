@@ -161,6 +161,7 @@ class Simulation:
         self.steps: list[StepRecord] = []
         self.timeline = UsageTimeline()
         self.startup = StartupClock(self.config.overheads)
+        self._barriers: list[StepBarrier] = []
         self.loop = DriverLoop(self.scheduler, self, timer=clock)
         self._unbounded = self.scheduler.unbounded
         #: node -> its running burstable actions, when the policy shares CPU as CFS does.
@@ -196,9 +197,18 @@ class Simulation:
         finally:
             self.loop.detach()  # the loop and its host (this run) would otherwise form a cycle
         unfinished = [r for r in self.records.values() if r.outcome == "pending"]
-        if unfinished:
-            raise RuntimeError(
-                f"simulation ended with {len(unfinished)} actions unresolved, e.g. {unfinished[0].row.action_id}"
+        held = sum(len(w) for b in self._barriers for w in b.waiting.values())
+        if unfinished or held:
+            raise SimulationStalled(
+                f"simulation stalled: {len(unfinished)} actions never ended"
+                + (f" (e.g. {unfinished[0].row.action_id})" if unfinished else "")
+                + (
+                    f" while {held} trajectories waited at a step barrier (sync actions): they "
+                    "hold what the others wait for (e.g. a pod per trajectory with fewer pods "
+                    "than trajectories in the step)"
+                    if held
+                    else ""
+                )
             )
         return SimResult(
             policy=self.config.policy,
@@ -253,6 +263,7 @@ class Simulation:
             barrier = None
             if any(r.sync for _, rows in by_step[step] for r in rows):
                 barrier = StepBarrier(f"{step}/{traj}" for traj, _ in by_step[step])
+                self._barriers.append(barrier)
             for traj, rows in by_step[step]:
                 self._trajectory(step, traj, rows, one_done, barrier)
             yield step_done
@@ -544,6 +555,10 @@ class _TrajectoryRun:
         if self.barrier is not None:
             self.barrier.end(self.name)
         self.on_end()
+
+
+class SimulationStalled(RuntimeError):
+    """The event queue emptied with actions left: what they waited for never came."""
 
 
 class StepBarrier:

@@ -70,3 +70,22 @@ def test_sync_is_refused_with_an_unknown_value_or_in_an_open_loop_trace():
         row("A", 0, 1.0, 1.0, "batch")
     with pytest.raises(TraceError, match="sync"):
         Trace((row("A", 0, 1.0, 1.0, "step", arrival_s=0.0),), {})
+
+
+def test_a_sync_reward_with_fewer_pods_than_trajectories_stalls_with_a_clear_error():
+    # One 4-core pod fits; A holds it and waits at the barrier for B, whose pod never comes.
+    from tangram.sim.driver import SimulationStalled
+
+    rows = [
+        row("A", 0, 1.0, 1.0),
+        row("A", 1, 0.5, 1.0, "step"),
+        row("B", 0, 1.0, 1.0),
+        row("B", 1, 0.5, 1.0, "step"),
+    ]
+    small = ClusterSpec("one-pod", cpu_nodes=(CpuNodeSpec("n", 4, 1, 64.0),))
+    ov = Overheads(aoe_grant_s=0.0, container_start_s=0.0, pod_start_s=0.0)
+    rows = [r.__class__(**{**r.__dict__, "max_units": 4}) for r in rows]
+    with pytest.raises(SimulationStalled, match="1 trajectories waited at a step barrier"):
+        simulate(Trace(tuple(rows), {}), small, SimConfig(policy="k8s-static:4", overheads=ov))
+    # AOE holds no cores between actions: the same trace runs under tangram.
+    simulate(Trace(tuple(rows), {}), small, SimConfig(policy="tangram", overheads=ov))
