@@ -307,6 +307,31 @@ def summarize_kind(
 # --- measuring ------------------------------------------------------------------------------
 
 
+PRESSURE = Path("/proc/pressure/cpu")
+
+
+def cpu_pressure() -> tuple[float, int] | None:
+    """The machine's CPU pressure (PSI "some"): the 10-s average share of time some runnable
+    task waited for a CPU (percent), and the cumulative waiting microseconds; None without PSI."""
+    try:
+        fields = dict(f.split("=") for f in PRESSURE.read_text().splitlines()[0].split()[1:])
+    except (OSError, ValueError, IndexError):
+        return None
+    return float(fields["avg10"]), int(fields["total"])
+
+
+def wait_for_quiet(limit_pct: float, max_wait_s: float) -> tuple[float, float | None]:
+    """Wait (at most ``max_wait_s``) until CPU pressure's 10-s average is at most ``limit_pct``;
+    the seconds waited and the pressure then (None without PSI)."""
+    t0 = time.monotonic()
+    while True:
+        now = cpu_pressure()
+        waited = time.monotonic() - t0
+        if now is None or now[0] <= limit_pct or waited >= max_wait_s:
+            return waited, None if now is None else now[0]
+        time.sleep(1.0)
+
+
 def _read_stat() -> tuple[int, list[tuple[int, int]]]:
     """Runnable threads now, and (busy, total) jiffies per core, from /proc/stat."""
     running, cores = 0, []
@@ -326,7 +351,7 @@ class LoadSampler:
 
     def __init__(self, interval_s: float = 0.2) -> None:
         self.interval_s = interval_s
-        self.samples: list[tuple[float, int, list[tuple[int, int]], float]] = []
+        self.samples: list[tuple[float, int, list[tuple[int, int]], float, int | None]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="load-sampler", daemon=True)
 
@@ -342,13 +367,15 @@ class LoadSampler:
         while not self._stop.is_set():
             running, cores = _read_stat()
             load1 = float(Path("/proc/loadavg").read_text().split()[0])
-            self.samples.append((time.monotonic(), running, cores, load1))
+            psi = cpu_pressure()
+            self.samples.append((time.monotonic(), running, cores, load1, psi and psi[1]))
             self._stop.wait(self.interval_s)
 
     def window(self, start: float, end: float, cores: Sequence[int]) -> dict[str, Any]:
         """Load between monotonic ``start`` and ``end``: mean runnable threads (less the
         sampler), how many exceeded the machine's cores (``oversubscribed``), busy share of the
-        granted ``cores`` and of the machine, 1-minute load average at both ends."""
+        granted ``cores`` and of the machine, the share of the time some task waited for a CPU
+        (``cpu_pressure``, PSI), 1-minute load average at both ends."""
         inside = [s for s in self.samples if start <= s[0] <= end]
         before = [s for s in self.samples if s[0] <= start][-1:] or inside[:1]
         after = [s for s in self.samples if s[0] >= end][:1] or inside[-1:]
@@ -364,9 +391,16 @@ class LoadSampler:
             d_total = sum(last[2][i][1] - first[2][i][1] for i in ids)
             return d_busy / d_total if d_total else float("nan")
 
+        span = last[0] - first[0]
+        pressure = (
+            (last[4] - first[4]) / (span * 1e6)
+            if span > 0 and last[4] is not None and first[4] is not None
+            else None
+        )
         return {
             "samples": len(inside),
             "running": running,
+            "cpu_pressure": pressure,
             "oversubscribed": max(0.0, running - ncpu),
             "load1_start": first[3],
             "load1_end": last[3],
@@ -438,6 +472,12 @@ def measure(
                     ends.setdefault(m, []).append((time.monotonic(), exec_s))
                     bar.update(1)
 
+                waited, pressure = (
+                    wait_for_quiet(args.quiet_pressure, args.quiet_wait)
+                    if args.quiet_wait > 0
+                    else (0.0, None)
+                )
+                gate = {"waited_s": round(waited, 1), "pressure_avg10_at_start": pressure}
                 started = datetime.now(UTC).isoformat(timespec="seconds")
                 try:
                     profile = profile_command(
@@ -452,7 +492,9 @@ def measure(
                     )
                 except AoeError as exc:
                     print(f"\n{kind.name}, round {rnd + 1}: {exc}", file=sys.stderr)
-                    raw[kind.name].append({"round": rnd, "started_utc": started, "error": str(exc)})
+                    raw[kind.name].append(
+                        {"round": rnd, "started_utc": started, **gate, "error": str(exc)}
+                    )
                     bar.update(top * args.repeat - sum(len(v) for v in ends.values()))
                     checkpoint(raw)
                     continue
@@ -475,6 +517,7 @@ def measure(
                     {
                         "round": rnd,
                         "started_utc": started,
+                        **gate,
                         "points": points,
                         "fit": {
                             "serial_fraction": profile.fit.curve.serial_fraction,
@@ -520,6 +563,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--work-mb", type=int, default=1536, help="/work tmpfs size (default 1536)")
     p.add_argument("--image", default=IMAGE, help=f"sandbox image (default {IMAGE})")
     p.add_argument("--seed", type=int, default=0, help="round order and bootstrap seed")
+    p.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=0.0,
+        help="before each profile, wait up to this many seconds for the machine's CPU pressure "
+        "(PSI some avg10) to fall to --quiet-pressure (default 0: do not wait)",
+    )
+    p.add_argument(
+        "--quiet-pressure", type=float, default=20.0, help="percent, for --quiet-wait (default 20)"
+    )
     p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamplings")
     p.add_argument(
         "--disturbed-above",
@@ -637,10 +690,13 @@ def markdown(doc: Mapping[str, Any]) -> str:
         for p in k["points"]:
             runnable = [w["running"] for w in loads.get(p["cores"], []) if "running" in w]
             mean_run = f(statistics.mean(runnable)) if runnable else "-"
+            psi = [w["cpu_pressure"] for w in loads.get(p["cores"], []) if w.get("cpu_pressure")]
+            mean_psi = f"{statistics.mean(psi):.0%}" if psi else "-"
             bad = flags.get(p["cores"], [])
             out.append(
                 f"| {name} | {p['cores']} | {p['runs']} | {f(p['median_s'])} | {f(p['min_s'])} | "
-                f"{f(p['max_s'])} | {f(p['speedup'])} | {mean_run} | {sum(bad)}/{len(bad)} |"
+                f"{f(p['max_s'])} | {f(p['speedup'])} | {mean_run} | {mean_psi} | "
+                f"{sum(bad)}/{len(bad)} |"
             )
     out += [
         "",
@@ -714,6 +770,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "seed",
                     "bootstrap",
                     "disturbed_above",
+                    "quiet_wait",
+                    "quiet_pressure",
                     "memory_gb",
                     "image",
                     "env_weights",

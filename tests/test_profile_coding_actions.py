@@ -203,3 +203,18 @@ def test_re_aggregating_a_saved_document_needs_no_docker(tmp_path, capsys):
 def test_an_unknown_action_kind_is_refused_by_name(capsys):
     assert pca.main(["--actions", "grep,cargo"]) == 2
     assert "cargo" in capsys.readouterr().err
+
+
+def test_the_quiet_gate_waits_for_low_cpu_pressure_and_gives_up_at_its_limit(monkeypatch):
+    readings = iter([(95.0, 0), (60.0, 0), (12.0, 0), (5.0, 0)])
+    monkeypatch.setattr(pca, "cpu_pressure", lambda: next(readings))
+    monkeypatch.setattr(pca.time, "sleep", lambda s: None)
+    waited, pressure = pca.wait_for_quiet(20.0, 60.0)
+    assert pressure == 12.0  # the first reading at or under the limit
+    monkeypatch.setattr(pca, "cpu_pressure", lambda: (99.0, 0))
+    clock = iter(range(0, 1000, 10))
+    monkeypatch.setattr(pca.time, "monotonic", lambda: float(next(clock)))
+    waited, pressure = pca.wait_for_quiet(20.0, 30.0)
+    assert (waited, pressure) == (30.0, 99.0)  # gave up: the run goes on, its load recorded
+    monkeypatch.setattr(pca, "cpu_pressure", lambda: None)
+    assert pca.wait_for_quiet(20.0, 30.0)[1] is None  # no PSI: no wait
