@@ -11,7 +11,7 @@ instances (largest margin of a baseline over the default) are written to ``--out
 cluster files for ``tangram sim --trace T --cluster C``. ``--default POLICY`` sets another policy
 against the baselines (e.g. ``tangram:128``, or a new policy against the old one's figures).
 
-A run in which a policy rejected any action is not compared (its figures cover fewer actions):
+A run in which a policy rejected any action (or stalled) is not compared (its figures cover fewer actions):
 such baselines are counted as ``incomparable``, and an instance whose default rejected an action
 is left out of the shares and ratios (counted as ``default_rejected``).
 """
@@ -63,9 +63,12 @@ class RunFigures:
 def figures(trace: Any, cluster: Any, policy: str) -> RunFigures:
     """Replay ``trace`` under ``policy`` and read its mean and p99 ACT, mean step, rejections."""
     from tangram.sim.config import SimConfig
-    from tangram.sim.driver import simulate
+    from tangram.sim.driver import SimulationStalled, simulate
 
-    result = simulate(trace, cluster, SimConfig(policy=policy, timeline=False))
+    try:
+        result = simulate(trace, cluster, SimConfig(policy=policy, timeline=False))
+    except SimulationStalled:  # e.g. pods held at a step barrier: counted as not comparable
+        return RunFigures(math.nan, math.nan, math.nan, rejected=len(trace))
     act = np.array([r.finish - r.arrival for r in result.actions if r.outcome == "result"])
     steps = [s.end - s.start for s in result.steps if s.end is not None]
     return RunFigures(

@@ -5,11 +5,14 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 
 import pytest
 
-from tangram.bench.robustness import BASELINES, METRICS
+from tangram.bench.robustness import BASELINES, METRICS, figures
 from tangram.cli import main
+from tangram.core.resources import ClusterSpec, CpuNodeSpec
+from tangram.trace import Trace, TraceRow
 
 
 @pytest.fixture(scope="module")
@@ -87,3 +90,18 @@ def test_a_process_pool_gives_the_same_figures(bench, capsys):
     assert main(["bench", "robustness", "--instances", "2", "--json", "--jobs", "2"]) == 0
     pooled = json.loads(capsys.readouterr().out)
     assert pooled["instances"] == doc["instances"] and pooled["families"] == doc["families"]
+
+
+def test_a_stalled_replay_counts_as_not_comparable():
+    # Two trajectories whose last action waits for the whole step, one core, pods of one core
+    # per trajectory: the first trajectory's pod is held at the barrier, the second never gets
+    # one. The bench records every action as not run instead of failing.
+    rows = tuple(
+        TraceRow(f"{t}{p}", t, 0, p, "hand", "env", 0.0, "cpu", 1.0, 1,
+                 serial_fraction=0.0, sync="step" if p == 1 else None)
+        for t in ("a", "b") for p in (0, 1)
+    )  # fmt: skip
+    cluster = ClusterSpec("one", cpu_nodes=(CpuNodeSpec("cpu0", 1, 1, 64.0),))
+    stalled = figures(Trace(rows, {}), cluster, "k8s-static:1")
+    assert stalled.rejected == 4 and math.isnan(stalled.act_mean_s)
+    assert figures(Trace(rows, {}), cluster, "tangram").rejected == 0
