@@ -49,6 +49,9 @@ log = logging.getLogger(__name__)
 
 #: How long an agent may take to start (torch import, Docker connection, model registration).
 AGENT_START_S = 180.0
+#: Threads of a node agent (a threaded actor): calls it runs at once (a running CPU action or
+#: GPU call holds one; pings need one free).
+AGENT_THREADS = 256
 
 
 def error_reply(exc: LiveError) -> dict[str, Any]:
@@ -155,7 +158,7 @@ class SchedulerActor:
                 continue
             handle = agent_cls.options(
                 num_cpus=0,
-                max_concurrency=4096,
+                max_concurrency=AGENT_THREADS,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
                 name=f"tangram-agent-{name}-{time.time_ns()}",
                 namespace=self.config.namespace,

@@ -133,16 +133,35 @@ class CpuExecutor:
         max_output_bytes: int | None = None,
     ) -> ExecResult:
         """Run ``command`` on the node's ``cores`` (scheduler numbering) until it ends."""
-        host_cores = tuple(self.core_map[c] for c in cores)
-        with self._seq_lock:
-            aid = f"live{next(self._seq)}"  # AOE's kill marker: keep it shell-safe
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
             self._actions,
-            lambda: self._run_blocking(
-                traj, command, host_cores, timeout_s, env, max_output_bytes, aid
+            lambda: self.run_blocking(
+                traj,
+                command,
+                cores,
+                timeout_s=timeout_s,
+                env=env,
+                max_output_bytes=max_output_bytes,
             ),
         )
+
+    def run_blocking(
+        self,
+        traj: str,
+        command: str | tuple[str, ...],
+        cores: tuple[int, ...],
+        *,
+        timeout_s: float,
+        env: Mapping[str, str] | None = None,
+        max_output_bytes: int | None = None,
+    ) -> ExecResult:
+        """``run`` on the calling thread, for a caller with threads of its own (the node
+        agents of ``tangram.exec.ray``, whose calls arrive on Ray's threads)."""
+        host_cores = tuple(self.core_map[c] for c in cores)
+        with self._seq_lock:
+            aid = f"live{next(self._seq)}"  # AOE's kill marker: keep it shell-safe
+        return self._run_blocking(traj, command, host_cores, timeout_s, env, max_output_bytes, aid)
 
     def _run_blocking(
         self,

@@ -114,9 +114,13 @@ class GpuExecutor:
 
     async def run(self, service: str, inputs: Any, gpus: tuple[int, ...]) -> ExecResult:
         loop = asyncio.get_running_loop()
-        out = await loop.run_in_executor(
-            self._pool, lambda: self.eoe.call(service, inputs, gpus=tuple(gpus))
+        return await loop.run_in_executor(
+            self._pool, lambda: self.call_blocking(service, inputs, gpus)
         )
+
+    def call_blocking(self, service: str, inputs: Any, gpus: tuple[int, ...]) -> ExecResult:
+        """``run`` on the calling thread (the node agents of ``tangram.exec.ray``)."""
+        out = self.eoe.call(service, inputs, gpus=tuple(gpus))
         detail = {"restored": list(out.restored_gpus), "evicted": len(out.evicted), "hit": out.hit}
         if out.ok:
             return ExecResult(
