@@ -604,10 +604,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--from-raw",
         type=Path,
+        nargs="+",
         default=None,
-        help="re-aggregate a saved document's raw rounds instead of measuring",
+        help="re-aggregate saved documents' raw rounds instead of measuring (several: their "
+        "rounds pooled, the first one's header kept and the others' dates listed)",
     )
     return p
+
+
+def merge_raw(raws: Sequence[Mapping[str, Sequence[Mapping[str, Any]]]]) -> dict[str, list]:
+    """Several documents' raw rounds as one, per kind, rounds renumbered in document order."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for raw in raws:
+        for name, rounds in raw.items():
+            kept = out.setdefault(name, [])
+            start = len(kept)
+            kept.extend({**r, "round": start + i} for i, r in enumerate(rounds))
+    return out
 
 
 def aggregate(args: argparse.Namespace, raw: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict:
@@ -744,9 +757,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     if args.from_raw:
-        saved = json.loads(args.from_raw.read_text())
-        doc = {k: v for k, v in saved.items() if k not in ("kinds", "suggested_beta")}
-        doc.update(aggregate(args, saved["raw"]))
+        docs = [json.loads(path.read_text()) for path in args.from_raw]
+        doc = {k: v for k, v in docs[0].items() if k not in ("kinds", "suggested_beta")}
+        doc["raw"] = merge_raw([d["raw"] for d in docs])
+        if len(docs) > 1:
+            doc["pooled_from"] = [d.get("date_utc") for d in docs]
+        doc.update(aggregate(args, doc["raw"]))
         if args.write_md:
             args.write_md.write_text(markdown(doc))
     else:

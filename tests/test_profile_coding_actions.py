@@ -218,3 +218,12 @@ def test_the_quiet_gate_waits_for_low_cpu_pressure_and_gives_up_at_its_limit(mon
     assert (waited, pressure) == (30.0, 99.0)  # gave up: the run goes on, its load recorded
     monkeypatch.setattr(pca, "cpu_pressure", lambda: None)
     assert pca.wait_for_quiet(20.0, 30.0)[1] is None  # no PSI: no wait
+
+
+def test_rounds_of_several_documents_pool_as_one():
+    a = {"make": [raw_round(0, [10.0], [6.0])]}
+    b = {"make": [raw_round(0, [10.0], [7.0]), raw_round(1, [10.0], [8.0])], "grep": []}
+    merged = pca.merge_raw([a, b])
+    assert [r["round"] for r in merged["make"]] == [0, 1, 2]
+    assert [r["points"][1]["runs"] for r in merged["make"]] == [[6.0], [7.0], [8.0]]
+    assert merged["grep"] == []
