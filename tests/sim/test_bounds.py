@@ -88,6 +88,25 @@ def test_whole_trajectories_compete_for_the_pool_beyond_their_first_actions():
     assert act >= 3.0 and step >= 8.0
 
 
+def test_an_open_loop_trace_is_one_group_per_domain_with_its_arrivals():
+    # Open loop: 4 s of work at 0, 1 s at 1, one core, single-core actions. SRPT ends them at
+    # 5 and 2 (the short one preempts); ACTs 5 and 1: mean 3. Without steps the step is NaN.
+    rows = tuple(
+        TraceRow(f"a{i}", f"t{i}", 0, 0, "hand", "env", 0.0, "cpu", t1, 1,
+                 serial_fraction=0.0, arrival_s=arrival)
+        for i, (t1, arrival) in enumerate([(4.0, 0.0), (1.0, 1.0)])
+    )  # fmt: skip
+    one_core = ClusterSpec("one", cpu_nodes=(CpuNodeSpec("cpu0", 1, 1, 64.0),))
+    bound = capacity_bound(Trace(rows, {}), one_core, RolloutConfig(mode="open"))
+    assert bound.act_mean_s == 3.0 and np.isnan(bound.step_mean_s)
+    result = simulate(
+        Trace(rows, {}),
+        one_core,
+        SimConfig(policy="fixed:1", overheads=FREE, rollout=RolloutConfig(mode="open")),
+    )
+    assert np.mean([r.finish - r.arrival for r in result.actions]) >= 3.0
+
+
 def test_srpt_preempts_a_long_job_for_a_short_arrival():
     # A (4 s) from 0, B (1 s) at 1: B runs 1-2, A resumes and ends at 5.
     assert srpt_completions([(0.0, 4.0), (1.0, 1.0)], 1.0) == [2.0, 5.0]
