@@ -17,7 +17,9 @@ def test_bench_ray_reports_latency_throughput_and_decisions(ray_cluster: Any, ca
         for kind in ("api", "cpu"):
             got = doc[path][kind]
             assert got["n"] == 20 and 0 < got["p50_ms"] <= got["p99_ms"]
-    assert set(doc["added_p50_ms"]) == {"api/http", "api/ray_native", "cpu/http", "cpu/ray_native"}
+            assert 0 <= got["overhead_p50_ms"] < got["p99_ms"]
+    paths = {"api/http", "api/ray_native", "cpu/http", "cpu/ray_native"}
+    assert set(doc["added_p50_ms"]) == set(doc["added_overhead_p50_ms"]) == paths
     for path in ("throughput_http", "throughput_ray_native"):
         assert doc[path]["actions"] == 300 and doc[path]["per_s"] > 0
     assert doc["single_node"]["throughput_http"]["per_s"] > 0

@@ -8,7 +8,9 @@ own process, no GPU). Phases, each the same client code against both:
 - ``api``: no-op ``echo`` actions from one client, submit and wait (round trip p50/p99): the
   API call runs in the scheduler actor, so the difference is the service's own;
 - ``cpu``: ``true`` in an open trajectory from one client: the Ray path adds the hop from the
-  scheduler actor to the node agent and back;
+  scheduler actor to the node agent and back; the runtime's overhead per action (its
+  outcome's ``overhead_s``) shows that hop without the command's own time, which a loaded
+  machine makes noisy;
 - ``ray-native``: the same API and CPU actions from ``AsyncRayClient`` (actor calls, no HTTP);
 - ``throughput``: ``--actions`` no-op actions from ``--clients`` concurrent clients (HTTP:
   ``tangram bench service``'s aiohttp load, against both; and ``AsyncRayClient``s), through
@@ -68,8 +70,10 @@ def _quantiles(values: list[float]) -> dict[str, float]:
 
 
 async def _one_client(client: Any, samples: int, action: dict[str, Any]) -> dict[str, float]:
-    """Round trips of ``samples`` actions, one at a time (after 20 not counted)."""
-    times = []
+    """Round trips of ``samples`` actions, one at a time (after 20 not counted), and the
+    runtime's overhead in each (``Timings.overhead_s``: all but queueing and the command
+    itself, so the Ray path's hop to the agent without the command's own noise)."""
+    times, overheads = [], []
     for i in range(samples + 20):
         t0 = time.perf_counter()
         out = await client.run(**action)
@@ -78,7 +82,8 @@ async def _one_client(client: Any, samples: int, action: dict[str, Any]) -> dict
             raise RuntimeError(f"a benchmark action failed: {out.error}")
         if i >= 20:
             times.append(took)
-    return _quantiles(times)
+            overheads.append(out.timings.overhead_s)
+    return {**_quantiles(times), "overhead_p50_ms": _quantiles(overheads)["p50_ms"]}
 
 
 async def _latency(client: Any, samples: int, traj: str) -> dict[str, Any]:
@@ -249,9 +254,14 @@ def main(args: argparse.Namespace) -> int:
                     "single-node p50 (ms)": base,
                     "added p50 (ms)": got["p50_ms"] - base,
                     f"<= {ADDED_P50_MS:g} ms": got["p50_ms"] - base <= ADDED_P50_MS,
+                    "added overhead p50 (ms)": got["overhead_p50_ms"]
+                    - single[kind]["overhead_p50_ms"],
                 }
             )
     doc["added_p50_ms"] = {f"{r['action']}/{r['path']}": r["added p50 (ms)"] for r in rows}
+    doc["added_overhead_p50_ms"] = {
+        f"{r['action']}/{r['path']}": r["added overhead p50 (ms)"] for r in rows
+    }
     through = [
         {
             "path": path,
