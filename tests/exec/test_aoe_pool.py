@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -204,3 +205,59 @@ def test_a_relaxed_sandbox_is_never_pooled(pooled: Any) -> None:
 
 def test_no_pool_unless_configured(manager: Any) -> None:
     assert manager.pool_stats() is None and not manager.prewarm(1)
+
+
+PROBE = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+runner = [p for p in os.listdir('/proc') if p.isdigit()
+          and b'.tangram/busybox' in open(f'/proc/{p}/cmdline', 'rb').read()]
+pid = int(runner[0])
+print('attach', libc.ptrace(16, pid, 0, 0), os.strerror(ctypes.get_errno()))
+for what in ('mem', 'environ', 'fd'):
+    try:
+        (os.listdir if what == 'fd' else lambda p: open(p, 'rb').read(1))(f'/proc/{pid}/{what}')
+        print(what, 'open')
+    except PermissionError:
+        print(what, 'denied')
+"""
+
+
+def test_no_action_can_reach_a_pooled_containers_runner_so_resets_keep_it(pooled: Any) -> None:
+    handle = pooled.open_trajectory("prober")
+    container = pooled._trajs["prober"].container
+    assert container.guarded_runner, "the pool's containers run their runner from guarded.py"
+    runner = container.transport.pid
+    out = pooled.run_action("prober", f"python3 -c {shlex.quote(PROBE)}")
+    assert out.stdout.decode().split("\n")[:4] == [
+        "attach -1 Operation not permitted",
+        "mem denied",
+        "environ denied",
+        "fd denied",
+    ], out
+    pooled.close_trajectory("prober")
+    assert handle.container_id in parked_ids(pooled)
+    assert container.transport.pid == runner, "the reset replaced a runner it could keep"
+
+
+NONBLOCK = (
+    "import fcntl, os; fcntl.fcntl(1, fcntl.F_SETFL, fcntl.fcntl(1, fcntl.F_GETFL) | os.O_NONBLOCK)"
+)
+
+
+def test_an_action_making_its_stdout_non_blocking_leaves_later_actions_alone(
+    pooled: Any,
+) -> None:
+    """The runner's pipes are shared by every action it starts unless each action reopens
+    them: Node (or this) sets O_NONBLOCK, and a later program's writes fail with EAGAIN."""
+    pooled.open_trajectory("nonblock")
+    try:
+        assert pooled.run_action("nonblock", f"python3 -c {shlex.quote(NONBLOCK)}").status == "ok"
+        out = pooled.run_action(
+            "nonblock",
+            "python3 -c \"import sys; sys.stdout.write('x' * 3_000_000)\"",
+            max_output_bytes=4_000_000,
+        )
+        assert out.status == "ok" and len(out.stdout) == 3_000_000, (out.status, out.stderr)
+    finally:
+        pooled.close_trajectory("nonblock")

@@ -39,7 +39,7 @@ PROGRAMS: dict[str, dict[str, str]] = {
         "compile_error": "if then fi",
         "runtime_error": "set -e; cat /no/such/file",
         "timeout": "while :; do :; done",
-        "memory": "x=$(head -c 1G /dev/zero | tr '\\0' x); echo ${#x}",
+        "memory": "a=x; while :; do a=$a$a; done",  # doubles until the OOM killer
         "flood": "head -c 3M /dev/zero | tr '\\0' x",
     },
     "c": {

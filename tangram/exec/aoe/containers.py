@@ -100,6 +100,8 @@ class ContainerSpec:
     #: The uid:gid of the container's init and keeper process, when not ``sandbox.user``: a
     #: warm pool's containers keep them out of the actions' reach (no signal, no ptrace).
     keeper_user: str | None = None
+    #: Host files bind-mounted read-only into the container: (host path, container path).
+    read_only_binds: tuple[tuple[str, str], ...] = ()
 
 
 def _uid_gid(user: str) -> tuple[str, str] | None:
@@ -139,6 +141,8 @@ def create_kwargs(spec: ContainerSpec) -> dict[str, Any]:
         kwargs["volumes"] = {sb.work_volume: {"bind": sb.work_dir, "mode": "rw"}}
     else:
         kwargs["tmpfs"][sb.work_dir] = work_opts
+    for host, inside in spec.read_only_binds:
+        kwargs.setdefault("volumes", {})[host] = {"bind": inside, "mode": "ro"}
     if not sb.network:
         kwargs["network_mode"] = "none"
     if sb.memory_limit and spec.memory_gb:

@@ -16,9 +16,10 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tangram.exec.aoe import containers
+from tangram.exec.aoe import containers, guarded
 from tangram.exec.aoe.cgroups import CpuControl, DockerUpdate, direct_control
 from tangram.exec.aoe.config import AoeConfig, SandboxConfig
 from tangram.exec.aoe.errors import AoeError
@@ -81,6 +82,8 @@ class Container:
     dead: str | None = None
     #: The warm pool's key when the container belongs to the pool (goes back there at retire).
     pool_key: PoolKey | None = None
+    #: Its runner runs from the exec-only shell (``guarded.py``): a reset may keep it.
+    guarded_runner: bool = False
 
 
 def container_name(session: str, blueprint: Blueprint) -> str:
@@ -223,13 +226,22 @@ class Lifecycle:
         assert self.pool is not None
         blueprint = Blueprint(POOL_TRAJ, key.image, key.memory_gb, key.sandbox)
         name = f"tangram-aoe-{self.session[:8]}-{self.pool.next_name()}"
-        made = self._make(blueprint, name, labels(self.session, blueprint), KEEPER_USER)
+        made = self._make(
+            blueprint, name, labels(self.session, blueprint), KEEPER_USER, guarded.host_shell()
+        )
         made.pool_key = key
         return made
 
     def _make(
-        self, blueprint: Blueprint, name: str, tags: dict[str, str], keeper: str | None = None
+        self,
+        blueprint: Blueprint,
+        name: str,
+        tags: dict[str, str],
+        keeper: str | None = None,
+        shell: Path | None = None,
     ) -> Container:
+        """Create, warm up and park a container; ``keeper``: the uid of its init and keeper
+        process; ``shell``: the host's exec-only shell for its runner (``guarded.py``)."""
         cfg = self.config
         spec = containers.ContainerSpec(
             name=name,
@@ -242,6 +254,7 @@ class Lifecycle:
             use_init=cfg.use_init,
             labels=tags,
             keeper_user=keeper,
+            read_only_binds=((str(shell), guarded.MOUNT),) if shell is not None else (),
         )
         made = containers.create(self.client, spec)
         try:
@@ -261,12 +274,22 @@ class Lifecycle:
             transport = TRANSPORTS[cfg.transport](
                 self.client.api, made.id, sb.user, sb.work_dir, cfg.kill_grace_s, group
             )
+            if shell is not None and isinstance(transport, RunnerTransport):
+                transport.shell = guarded.shell_command()
             warm_up(transport, name)
             control.park()
         except BaseException:
             containers.remove(self.client, made.id)
             raise
-        return Container(blueprint, handle, control, transport, group, init_pid)
+        return Container(
+            blueprint,
+            handle,
+            control,
+            transport,
+            group,
+            init_pid,
+            guarded_runner=shell is not None and isinstance(transport, RunnerTransport),
+        )
 
     def _control(self, container_id: str, pid: int) -> CpuControl:
         """Direct cgroup writes when possible; ``docker update`` as asked, or as the fallback."""

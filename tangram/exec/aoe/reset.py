@@ -3,17 +3,18 @@
 A warm pool hands a container to a new trajectory only after this succeeds; any failure
 retires it. The reset, in order, with the container frozen (parked) when it starts:
 
-1. every process but the container's init and keeper is SIGKILLed from the host (the runner
-   too: an action of the same uid could have altered it), then the container is thawed at the
-   lowest CPU weight (``CpuControl.background``: it runs on cycles no granted action wants,
-   and holds no core in the ledger, so it never makes an action wait for its cores); any
-   survivor after ``GONE_WAIT_S`` fails the reset. A pooled container's init and keeper run as ``KEEPER_USER``, another uid than the
-   actions', so no action could signal or ptrace them (the actions have no capabilities and
-   no way to change uid: ``no-new-privileges``);
+1. every process but the container's init and keeper is SIGKILLed from the host, and the
+   runner too unless it runs from the exec-only shell (``guarded.py``: no action can alter
+   such a runner; any other could have been altered by an action of its uid); then the
+   container is thawed at a low CPU weight (``CpuControl.background``) and holds no core in
+   the ledger, so it never makes an action wait for its cores; a survivor after
+   ``GONE_WAIT_S`` fails the reset. A pooled container's init and keeper run as
+   ``KEEPER_USER``, another uid than the actions', so no action could signal or ptrace them
+   (the actions have no capabilities and no way to change uid: ``no-new-privileges``);
 2. the writable places (the work dir, ``/tmp``, ``/dev/shm``) are emptied from the host
    through ``/proc/<init>/root`` (no process is left to race it; ``shutil.rmtree``'s fd-based
    walk follows no symlink, so nothing outside the container can be reached), and checked
-   empty; then a fresh runner is started and must answer, alone with init and the keeper;
+   empty; then the runner (kept, or a fresh one) must answer, alone with init and the keeper;
 3. the container is parked again (the grant's cpuset and quota put back to the parking ones).
 
 Nothing else is writable in a sandboxed container (read-only root), the environment is the
@@ -117,10 +118,12 @@ def reset(container: Container, cores: tuple[int, ...]) -> str | None:
         return "only containers with a runner transport are reset"
     if container.control.pids() is None:
         return "its processes cannot be listed from here (no cgroup access)"
-    container.transport.close()
+    runner = _keepable_runner(container)
+    if runner is None:
+        container.transport.close()  # its shell dies with the others; a new one is started
     try:
         container.control.background(True)
-        return _reset_on(container, init, cores)
+        return _reset_on(container, init, cores, runner)
     except (AoeError, OSError) as exc:
         return f"{type(exc).__name__}: {exc}"
     finally:
@@ -129,14 +132,33 @@ def reset(container: Container, cores: tuple[int, ...]) -> str | None:
             container.control.background(False)
 
 
-def _reset_on(container: Container, init: int, cores: tuple[int, ...]) -> str | None:
+def _keepable_runner(container: Container) -> int | None:
+    """The runner's host pid when it may be kept: it runs from the exec-only shell (no action
+    could have altered it, ``guarded.py``) and is alive; else None (a new one is started)."""
+    transport = container.transport
+    if not container.guarded_runner or not isinstance(transport, RunnerTransport):
+        return None
+    pid = transport.pid
+    if pid is None or not transport.alive() or not containers.pid_running(pid):
+        return None
+    return pid
+
+
+def _reset_on(
+    container: Container, init: int, cores: tuple[int, ...], runner: int | None
+) -> str | None:
     spared = keepers(processes(container))
     if init not in spared:
         return f"its init does not run as the keeper's uid {KEEPER_UID}: not a pool container"
+    if runner is not None:
+        spared.add(runner)
     for pid in processes(container) - spared:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     container.control.grant(cores, float(len(cores)))
+    if runner is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(runner, signal.SIGCONT)  # an action may have stopped it
     if not _wait(lambda: processes(container) <= spared, GONE_WAIT_S):
         left = sorted(processes(container) - spared)
         return f"{len(left)} process(es) survived SIGKILL: {left[:8]}"
@@ -147,12 +169,13 @@ def _reset_on(container: Container, init: int, cores: tuple[int, ...]) -> str | 
             return f"{d} still holds {left} after emptying"
     transport = container.transport
     assert isinstance(transport, RunnerTransport)
-    transport.start()
+    if runner is None:
+        transport.start()
     raw = transport.run(
         ActionRequest(f"reset{next(_seq)}", "true", {}, START_TIMEOUT_S, 4096), _no_kill
     )
     if raw.ended != "exit" or raw.exit_code != 0:
-        return f"the fresh runner did not answer ({raw.ended}, exit {raw.exit_code})"
+        return f"the runner did not answer ({raw.ended}, exit {raw.exit_code})"
     alone = spared | ({transport.pid} if transport.pid is not None else set())
     if not _wait(lambda: processes(container) <= alone, GONE_WAIT_S):
         return f"processes other than init and the runner remain: {sorted(processes(container))}"

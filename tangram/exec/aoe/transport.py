@@ -73,13 +73,23 @@ tangram_load() {
 
 #: The persistent runner: read "TOKEN ACTION_ID ARG" lines; run each script in a fresh
 #: /bin/sh with the action id exported, stdin from /dev/null; then print the end markers.
+#: Each action writes to its own opening of the runner's stdout and stderr pipes (reopened
+#: through /proc/self/fd when that works): the flags an action sets on them (O_NONBLOCK, as
+#: Node does) stay with its own open file description, never the runner's, where they would
+#: make a later action's writes fail (a truncated output, a program dying on EAGAIN).
 #: POSIX sh: runs under busybox ash and dash alike.
 RUNNER_SCRIPT = (
     _LOAD
     + r"""
+reopen=
+( : >/proc/self/fd/1 && : 2>/proc/self/fd/2 ) 2>/dev/null && reopen=1
 while IFS=' ' read -r tok aid arg; do
   tangram_load "$arg" || exit 125
-  ( export TANGRAM_ACTION_ID="$aid"; exec /bin/sh -c "$script" ) </dev/null
+  if [ -n "$reopen" ]; then
+    ( export TANGRAM_ACTION_ID="$aid"; exec /bin/sh -c "$script" ) </dev/null >/proc/self/fd/1 2>/proc/self/fd/2
+  else
+    ( export TANGRAM_ACTION_ID="$aid"; exec /bin/sh -c "$script" ) </dev/null
+  fi
   rc=$?
   [ -z "$f" ] || rm -f "$f"
   printf '
@@ -405,6 +415,8 @@ class RunnerTransport:
         self.api, self.container_id = api, container_id
         self.user, self.workdir, self.grace_s = user, workdir, grace_s
         self.group = group
+        #: The shell the runner runs in (``guarded.shell_command()`` for an exec-only one).
+        self.shell: tuple[str, ...] = ("/bin/sh",)
         self._sock: socket.socket | None = None
         self._reader: FrameReader | None = None
         self.exec_id: str | None = None
@@ -415,7 +427,7 @@ class RunnerTransport:
         self.close()
         self.exec_id = self.api.exec_create(
             self.container_id,
-            ["/bin/sh", "-c", RUNNER_SCRIPT],
+            [*self.shell, "-c", RUNNER_SCRIPT],
             stdin=True,
             stdout=True,
             stderr=True,
