@@ -372,7 +372,8 @@ def disturbed(run: dict[str, Any]) -> bool:
     before = live["calibration_idle"]["per_iter_s"]
     drift = abs(run["calibration_after"]["per_iter_s"] / before - 1.0)
     others = live["host_busy_fraction"] - live["workload_core_fraction"]
-    return drift > DRIFT_LIMIT or others > OTHERS_LIMIT
+    off = abs(live["exec_over_declared_median"] - 1.0)
+    return drift > DRIFT_LIMIT or others > OTHERS_LIMIT or off > DRIFT_LIMIT
 
 
 #: The replays of each recorded trace: observed durations, declared curves (one execution
@@ -503,7 +504,9 @@ def write_outputs(runs: list[dict[str, Any]], params: Params, out: Path, argv: l
             f"idle time per iteration moved by more than {DRIFT_LIMIT:.0%} between the "
             "calibrations before and after the run, or the host was busy beyond the "
             f"workload's containers by more than {OTHERS_LIMIT:.0%} of its cores (the "
-            "CPU-backed model calls account for about 4 points). Their declared-curve errors "
+            "CPU-backed model calls account for about 4 points), or the median observed / "
+            f"declared execution time was off 1 by more than {DRIFT_LIMIT:.0%} (the machine's "
+            "speed changed between the calibration and the run). Their declared-curve errors "
             "measure the machine, not the simulator.",
         ]
     lines += [
