@@ -72,8 +72,7 @@ class NodeAgent:
             from tangram.exec.runtime.cpu import CpuExecutor
 
             config = AoeConfig(topology=NumaTopology(domains), **dict(settings.get("aoe", {})))
-            aoe = AoeManager(config)
-            self.cpu = CpuExecutor(aoe, cpu_spec)
+            self.cpu = CpuExecutor(_start_aoe(AoeManager, config), cpu_spec)
         if gpu_spec is not None and gpus is not None:
             from tangram.exec.eoe import EoeConfig, EoeManager
             from tangram.exec.runtime.builder import default_services
@@ -206,3 +205,25 @@ class NodeAgent:
         if self.cpu is None:
             raise RuntimeError(f"node {self.report.name} runs no CPU executor")
         return self.cpu
+
+
+#: Attempts at starting an ``AoeManager`` (see ``_start_aoe``).
+AOE_START_ATTEMPTS = 3
+
+
+def _start_aoe(manager: Any, config: Any) -> Any:
+    """``AoeManager(config)``, tried again when its start raced with a container's removal:
+    it lists Tangram's containers to remove orphans, then inspects each, and one removed in
+    between (by another manager's watchdog: agents of a lost node or of a dead scheduler
+    remove theirs as others start) fails the inspection with ``NotFound``."""
+    import docker
+
+    for attempt in range(AOE_START_ATTEMPTS):
+        try:
+            return manager(config)
+        except docker.errors.NotFound:
+            if attempt == AOE_START_ATTEMPTS - 1:
+                raise
+            log.warning("AOE's start raced with a container's removal; starting it again")
+            threading.Event().wait(0.5)
+    raise AssertionError("unreachable")

@@ -119,22 +119,33 @@ async def _http_throughput(url: str, actions: int, clients: int) -> dict[str, fl
     return {"actions": actions, "wall_s": doc["wall_s"], "per_s": doc["per_s"]}
 
 
+def _serve_single(attempts: int = 2) -> tuple[subprocess.Popen[str], str]:
+    """A single-node ``tangram serve`` (CPU and APIs, no journal) on a free port; started
+    again once if it failed to (its AOE start can race with containers other work removes:
+    see ``agent._start_aoe``)."""
+    cmd = [sys.executable, "-m", "tangram.cli", "serve", "--no-gpu", "--no-journal"]
+    for attempt in range(attempts):
+        log = Path(tempfile.mkdtemp(prefix="tangram-bench-ray-")) / "serve.log"
+        with log.open("w") as err:
+            proc = subprocess.Popen(
+                [*cmd, "--port", "0", "--json"], stdout=subprocess.PIPE, stderr=err, text=True
+            )
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if line:
+            return proc, json.loads(line)["url"]
+        proc.wait(30)
+        if attempt == attempts - 1:
+            raise RuntimeError(f"tangram serve did not start: {log.read_text()[-2000:]}")
+    raise AssertionError("unreachable")
+
+
 def _single_node(samples: int, actions: int, clients: int) -> dict[str, Any]:
     """The same one-client phases against a single-node ``tangram serve`` (CPU + APIs, no
     journal: the scheduler actor runs without one too)."""
     from tangram.exec.service import AsyncClient
 
-    log = Path(tempfile.mkdtemp(prefix="tangram-bench-ray-")) / "serve.log"
-    cmd = [sys.executable, "-m", "tangram.cli", "serve", "--no-gpu", "--no-journal"]
-    with log.open("w") as err:
-        proc = subprocess.Popen(
-            [*cmd, "--port", "0", "--json"], stdout=subprocess.PIPE, stderr=err, text=True
-        )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line:
-        raise RuntimeError(f"tangram serve did not start: {log.read_text()[-2000:]}")
-    url = json.loads(line)["url"]
+    proc, url = _serve_single()
     try:
 
         async def go() -> dict[str, Any]:
