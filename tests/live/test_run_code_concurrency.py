@@ -13,7 +13,7 @@ import httpx
 import pytest
 from sandbox_fusion import RunCodeRequest, run_code, run_concurrent
 
-from tests.live.conftest import live_cluster
+from tests.live.cpu_service import cpu_only_service
 
 pytestmark = pytest.mark.docker
 
@@ -22,26 +22,7 @@ MAX_PENDING = 3
 
 @pytest.fixture(scope="module")
 def service(docker_client: Any) -> Iterator[Any]:
-    from tangram.exec.aoe import AoeConfig
-    from tangram.exec.aoe.config import WarmPoolConfig
-    from tangram.exec.runtime import RuntimeConfig, build_runtime
-    from tangram.exec.service import ServeOptions, ServiceThread
-
-    def make() -> Any:
-        return build_runtime(
-            live_cluster(),
-            RuntimeConfig(max_pending=MAX_PENDING, default_timeout_s=120.0),
-            gpu=False,
-            aoe_config=AoeConfig(kill_grace_s=3.0, warm_pool=WarmPoolConfig(max_per_key=8)),
-            docker_client=docker_client,
-        )
-
-    thread = ServiceThread(make, ServeOptions(port=0))
-    thread.start()
-    try:
-        yield thread
-    finally:
-        thread.stop()
+    yield from cpu_only_service(docker_client, max_pending=MAX_PENDING, warm_pool=8)
 
 
 def metric(url: str, name: str, labels: str) -> float:

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.live.conftest import live_cluster
+from tests.live.cpu_service import cpu_only_service
 
 pytestmark = pytest.mark.docker
 
@@ -115,29 +115,9 @@ COMPILED = {"c", "cpp", "java", "go", "rust"}
 @pytest.fixture(scope="module")
 def service(docker_client: Any) -> Iterator[Any]:
     """A CPU-only service with a warm pool, the compilers image built if missing."""
-    from tangram.exec.aoe import AoeConfig
-    from tangram.exec.aoe.config import WarmPoolConfig
-    from tangram.exec.runtime import RuntimeConfig, build_runtime
-    from tangram.exec.service import ServeOptions, ServiceThread
-
     built = subprocess.run([str(SCRIPT)], capture_output=True, text=True, check=False)
     assert built.returncode == 0, built.stderr
-
-    def make() -> Any:
-        return build_runtime(
-            live_cluster(),
-            RuntimeConfig(max_pending=256, default_timeout_s=120.0),
-            gpu=False,
-            aoe_config=AoeConfig(kill_grace_s=3.0, warm_pool=WarmPoolConfig(max_per_key=2)),
-            docker_client=docker_client,
-        )
-
-    thread = ServiceThread(make, ServeOptions(port=0))
-    thread.start()
-    try:
-        yield thread
-    finally:
-        thread.stop()
+    yield from cpu_only_service(docker_client, warm_pool=2)
 
 
 def run(service: Any, language: str, case: str, **extra: Any) -> dict:

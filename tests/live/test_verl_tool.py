@@ -16,7 +16,7 @@ from verl.tools.base_tool import BaseTool
 from verl.tools.tool_registry import initialize_tools_from_config
 
 from tangram.exec.service import Client
-from tests.live.conftest import live_cluster
+from tests.live.cpu_service import cpu_only_service
 
 pytestmark = pytest.mark.docker
 
@@ -25,26 +25,8 @@ CONFIG = Path(__file__).resolve().parents[2] / "tangram/exec/integrations/verl_t
 
 @pytest.fixture(scope="module")
 def service(docker_client: Any) -> Iterator[Any]:
-    """A CPU-only service without a warm pool (so release visibly removes the container)."""
-    from tangram.exec.aoe import AoeConfig
-    from tangram.exec.runtime import RuntimeConfig, build_runtime
-    from tangram.exec.service import ServeOptions, ServiceThread
-
-    def make() -> Any:
-        return build_runtime(
-            live_cluster(),
-            RuntimeConfig(max_pending=64, default_timeout_s=60.0),
-            gpu=False,
-            aoe_config=AoeConfig(kill_grace_s=3.0),
-            docker_client=docker_client,
-        )
-
-    thread = ServiceThread(make, ServeOptions(port=0))
-    thread.start()
-    try:
-        yield thread
-    finally:
-        thread.stop()
+    """Without a warm pool, so release visibly removes the container."""
+    yield from cpu_only_service(docker_client, max_pending=64)
 
 
 @pytest.fixture
