@@ -690,8 +690,9 @@ def markdown(doc: Mapping[str, Any]) -> str:
         f"{doc.get('loadavg_before')}, after {doc.get('loadavg_after')}; "
         f"{doc.get('duration_s', '?')} s. Settings: {json.dumps(doc.get('settings', {}))}.",
         "",
-        "| kind | cores | runs | median s | min s | max s | speedup | mean runnable | disturbed |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| kind | cores | runs | median s | min s | max s | speedup | mean runnable | "
+        "CPU pressure | disturbed |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, k in doc["kinds"].items():
         loads: dict[int, list[dict[str, Any]]] = {}
