@@ -53,7 +53,7 @@ IMAGE = "tangram-profile"
 OUT_DIR = ROOT / "experiments" / "results" / "profiles"
 PIP = "/opt/profile/wheels/pip-26.3-py3-none-any.whl/pip"
 #: The env-action mix of the suggested Beta: grep stands for every serial command (file reads,
-#: searches, listings, edits, one-off scripts: all 33 commands of the real agent traces in
+#: searches, listings, edits, one-off scripts: all 33 command records of the agent samples in
 #: shared/real-traces), the rest for the heavy, parallel kinds (builds, test runs, installs).
 ENV_WEIGHTS: Mapping[str, float] = {
     "grep": 0.8,
@@ -108,7 +108,7 @@ ACTIONS: Mapping[str, ActionKind] = {
             f"TMPDIR=/work/tmp python3 {PIP} install -q --no-index --no-cache-dir "
             "--disable-pip-version-check --find-links /opt/profile/wheels --target /work/venv "
             "pytest pytest-xdist hypothesis numpy",
-            "pip install --no-index from a local wheel directory (10 wheels with numpy); pip has "
+            "pip install --no-index from a local directory of 12 wheels (with numpy); pip has "
             "no -j",
         ),
         ActionKind(
@@ -116,7 +116,7 @@ ACTIONS: Mapping[str, ActionKind] = {
             "env",
             "[ -d /work/lua ] || cp -r /opt/profile/lua /work/lua; cd /work/lua/src && "
             "make -s clean && make -s -j$TANGRAM_CORES linux >/dev/null 2>&1",
-            "make clean && make -j <cores> of Lua 5.4 (Debian's source: 33 C files, gcc -O2)",
+            "make clean && make -j <cores> of Lua 5.4 (Debian's source: 34 C files, gcc -O2)",
         ),
     )
 }
