@@ -69,9 +69,12 @@ class ActionKind:
     """One coding-agent action: a shell command run in the sandbox, and its workload role."""
 
     name: str
-    role: str  # "env" (an agent command) or "reward" (the test suite)
+    role: str  # "env" (an agent command), "reward" (the test suite), "part" (see part_of)
     command: str
     what: str
+    #: For a "part" kind: the kind whose serial part it runs alone (startup, collection, the
+    #: up-to-date walk, the links), measured right after that kind in every round.
+    part_of: str | None = None
 
 
 # Every command copies what it writes into /work (the image is read-only) on its first run,
@@ -117,6 +120,35 @@ ACTIONS: Mapping[str, ActionKind] = {
             "[ -d /work/lua ] || cp -r /opt/profile/lua /work/lua; cd /work/lua/src && "
             "make -s clean && make -s -j$TANGRAM_CORES linux >/dev/null 2>&1",
             "make clean && make -j <cores> of Lua 5.4 (Debian's source: 34 C files, gcc -O2)",
+        ),
+        ActionKind(
+            "pytest-startup",
+            "part",
+            "[ -d /work/suite ] || cp -r /opt/profile/suite /work/suite; cd /work/suite && "
+            "CI=1 PYTHONPATH=/opt/profile/site python3 -m pytest -q -p no:cacheprovider "
+            "-n $TANGRAM_CORES --collect-only tests/core >/dev/null",
+            "the pytest kind's serial part: start, spawn the workers, import and collect "
+            "(--collect-only), no test run",
+            part_of="pytest",
+        ),
+        ActionKind(
+            "compileall-walk",
+            "part",
+            "[ -d /work/pkgs ] || { cp -r /opt/profile/site /work/pkgs && python3 -m compileall "
+            "-q -j $TANGRAM_CORES /work/pkgs >/dev/null; }; "
+            "python3 -m compileall -q -j 1 /work/pkgs >/dev/null",
+            "the compileall kind's serial part: start and walk the tree with every file up to "
+            "date (one process), no compiling",
+            part_of="compileall",
+        ),
+        ActionKind(
+            "make-link",
+            "part",
+            "[ -d /work/lua ] || cp -r /opt/profile/lua /work/lua; cd /work/lua/src && "
+            "{ [ -f lvm.o ] || make -s linux >/dev/null 2>&1; }; "
+            "rm -f liblua.a lua luac && make -s linux >/dev/null 2>&1",
+            "the make kind's serial part: the archive and the two links, every object up to date",
+            part_of="make",
         ),
     )
 }
@@ -207,21 +239,30 @@ def clamp_open(x: float, eps: float = 1e-3) -> float:
     return min(1.0 - eps, max(eps, x))
 
 
+def serial_fraction_used(kind: Mapping[str, Any]) -> tuple[float, float]:
+    """A kind's serial fraction and its sd for the Betas: the decomposition (robust to
+    contention) where the kind has one, else the wall-clock fit with its bootstrap sd."""
+    dec = kind.get("decomposition")
+    if dec:
+        return dec["serial_fraction"], max(dec["sd"], 0.02)
+    return kind["serial_fraction"]["fit"], kind["serial_fraction"]["bootstrap_sd"]
+
+
 def suggest_betas(
     kinds: Mapping[str, Mapping[str, Any]],
     env_weights: Mapping[str, float],
     reward_concentration: float,
 ) -> dict[str, Any]:
-    """Beta(alpha, beta) for env actions (a weighted mixture of the env kinds' fitted fractions,
-    each with its bootstrap variance) and for the reward (the test suite's fitted fraction as
+    """Beta(alpha, beta) for env actions (a weighted mixture of the env kinds' fractions, each
+    with its variance: ``serial_fraction_used``) and for the reward (the test suite's fitted fraction as
     the mean, ``reward_concentration`` = alpha + beta for the spread across suites, which one
     suite cannot measure)."""
     comps, used = [], {}
     for name, w in env_weights.items():
         if w <= 0 or name not in kinds:
             continue
-        sf = kinds[name]["serial_fraction"]
-        comps.append((w, clamp_open(sf["fit"]), sf["bootstrap_sd"] ** 2))
+        mean_k, sd_k = serial_fraction_used(kinds[name])
+        comps.append((w, clamp_open(mean_k), sd_k**2))
         used[name] = w
     out: dict[str, Any] = {}
     if comps:
@@ -231,7 +272,7 @@ def suggest_betas(
         out["env"] = {"weights": used, "mean": mean, "sd": math.sqrt(var), "alpha": a, "beta": b}
     rewards = [k for k in kinds.values() if k["role"] == "reward"]
     if rewards:
-        mean = clamp_open(statistics.mean(k["serial_fraction"]["fit"] for k in rewards))
+        mean = clamp_open(statistics.mean(serial_fraction_used(k)[0] for k in rewards))
         out["reward"] = {
             "kinds": [k["name"] for k in rewards],
             "mean": mean,
@@ -437,6 +478,19 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def round_order(kinds: Sequence[ActionKind], rng: random.Random) -> list[ActionKind]:
+    """The kinds of one round in a random order, each "part" kind right after its whole kind
+    (so the two see the same load) or, when that kind is not profiled, on its own."""
+    names = {k.name for k in kinds}
+    heads = [k for k in kinds if k.part_of not in names]
+    rng.shuffle(heads)
+    out = []
+    for head in heads:
+        out.append(head)
+        out += [k for k in kinds if k.part_of == head.name and head.part_of is None]
+    return out
+
+
 def measure(
     args: argparse.Namespace,
     kinds: Sequence[ActionKind],
@@ -462,8 +516,7 @@ def measure(
         total = args.rounds * len(kinds) * top * args.repeat
         bar = tqdm(total=total, unit="run", file=sys.stderr, disable=args.no_progress)
         for rnd in range(args.rounds):
-            order = list(kinds)
-            rng.shuffle(order)
+            order = round_order(kinds, rng)
             for kind in order:
                 bar.set_description(f"round {rnd + 1}/{args.rounds} {kind.name}")
                 ends: dict[int, list[tuple[float, float]]] = {}
@@ -623,6 +676,36 @@ def merge_raw(raws: Sequence[Mapping[str, Sequence[Mapping[str, Any]]]]) -> dict
     return out
 
 
+def decomposition(
+    whole: Sequence[Mapping[str, Any]], part: Sequence[Mapping[str, Any]], *, part_name: str
+) -> dict[str, Any] | None:
+    """Amdahl's serial fraction as the serial part's share of the one-core time: per round,
+    median(part at 1 core) / median(whole at 1 core), the two measured back to back. A
+    contention that slows both alike cancels; the rest is assumed to divide perfectly among
+    the cores, so this is a lower bound on s. None when no round has both."""
+
+    def one_core(r: Mapping[str, Any]) -> float | None:
+        runs = [p["runs"] for p in r.get("points", []) if p["cores"] == 1]
+        return statistics.median(runs[0]) if runs and runs[0] else None
+
+    wholes = {r["round"]: one_core(r) for r in whole}
+    ratios = []
+    for r in part:
+        t_part, t_whole = one_core(r), wholes.get(r["round"])
+        if t_part is not None and t_whole:
+            ratios.append(min(1.0, t_part / t_whole))
+    if not ratios:
+        return None
+    return {
+        "part": part_name,
+        "serial_fraction": statistics.median(ratios),
+        "rounds": ratios,
+        "min": min(ratios),
+        "max": max(ratios),
+        "sd": statistics.pstdev(ratios),
+    }
+
+
 def aggregate(args: argparse.Namespace, raw: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict:
     """Each kind's summary and the suggested Betas from the raw rounds; kinds whose every round
     failed are listed apart."""
@@ -631,6 +714,10 @@ def aggregate(args: argparse.Namespace, raw: Mapping[str, Sequence[Mapping[str, 
         for name, rounds in raw.items()
     }
     kinds = {name: k for name, k in summaries.items() if k is not None}
+    for name in list(kinds):
+        whole = ACTIONS[name].part_of
+        if whole in kinds:
+            kinds[whole]["decomposition"] = decomposition(raw[whole], raw[name], part_name=name)
     return {
         "kinds": kinds,
         "failed_kinds": sorted(name for name, k in summaries.items() if k is None),
@@ -658,6 +745,7 @@ def table(doc: Mapping[str, Any]) -> str:
                 "rounds_max": sf["rounds_max"],
                 "rms_err": k["fit"]["rel_rms_error"],
                 "s_of_min": k["fit_of_minima"]["serial_fraction"],
+                "s_decomp": (k.get("decomposition") or {}).get("serial_fraction", float("nan")),
                 "disturbed": f"{k['runs_disturbed']}/{k['runs_total']}",
                 "pooled": "clean" if k["pooled_clean_only"] else "all",
             }
@@ -715,19 +803,26 @@ def markdown(doc: Mapping[str, Any]) -> str:
     out += [
         "",
         "| kind | role | serial fraction | bootstrap p05-p95 | rounds min-max | of minima | "
-        "rel RMS error | pooled | predicted speedup at 16 (p05-p95 s) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "rel RMS error | pooled | predicted speedup at 16 (p05-p95 s) | decomposition "
+        "(rounds min-max) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, k in doc["kinds"].items():
         sf = k["serial_fraction"]
         lo, hi = sf["bootstrap_p05"], sf["bootstrap_p95"]
+        dec = k.get("decomposition")
+        decomp = (
+            f"{f(dec['serial_fraction'])} ({f(dec['min'])}-{f(dec['max'])}, `{dec['part']}`)"
+            if dec
+            else "-"
+        )
         out.append(
             f"| {name} | {k['role']} | {f(sf['fit'])} | {f(lo)}-{f(hi)} | "
             f"{f(sf['rounds_min'])}-{f(sf['rounds_max'])} | "
             f"{f(k['fit_of_minima']['serial_fraction'])} | {f(k['fit']['rel_rms_error'])} | "
             f"{'undisturbed runs' if k['pooled_clean_only'] else 'all runs'} | "
             f"{f(amdahl_speedup(sf['fit'], 16))} ({f(amdahl_speedup(hi, 16))}-"
-            f"{f(amdahl_speedup(lo, 16))}) |"
+            f"{f(amdahl_speedup(lo, 16))}) | {decomp} |"
         )
     if doc.get("failed_kinds"):
         out += ["", f"Every round failed for {doc['failed_kinds']} (errors in the JSON)."]

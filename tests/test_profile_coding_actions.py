@@ -227,3 +227,34 @@ def test_rounds_of_several_documents_pool_as_one():
     assert [r["round"] for r in merged["make"]] == [0, 1, 2]
     assert [r["points"][1]["runs"] for r in merged["make"]] == [[6.0], [7.0], [8.0]]
     assert merged["grep"] == []
+
+
+def test_decomposition_is_the_serial_parts_share_of_the_one_core_time_per_round():
+    whole = [raw_round(0, [10.0, 10.4], [6.0, 6.0]), raw_round(1, [20.0, 20.0], [30.0, 30.0])]
+    part = [raw_round(0, [1.0, 1.04], [1.0, 1.0]), raw_round(1, [2.2, 2.2], [2.0, 2.0])]
+    dec = pca.decomposition(whole, part, part_name="make-link")
+    # Round 1 ran twice as slow (contention) at both: the ratio is unchanged by it.
+    assert dec["rounds"] == [pytest.approx(0.1), pytest.approx(0.11)]
+    assert dec["serial_fraction"] == pytest.approx(0.105)
+    assert (dec["min"], dec["max"]) == (pytest.approx(0.1), pytest.approx(0.11))
+    assert pca.decomposition(whole, [{"round": 5, "error": "x"}], part_name="p") is None
+
+
+def test_each_part_kind_runs_right_after_its_whole_kind_in_every_round():
+    kinds = [pca.ACTIONS[n] for n in ("make", "make-link", "grep", "pytest", "pytest-startup")]
+    for seed in range(20):
+        order = [k.name for k in pca.round_order(kinds, pca.random.Random(seed))]
+        assert sorted(order) == sorted(k.name for k in kinds)
+        assert order[order.index("make") + 1] == "make-link"
+        assert order[order.index("pytest") + 1] == "pytest-startup"
+    alone = [k.name for k in pca.round_order([pca.ACTIONS["make-link"]], pca.random.Random(0))]
+    assert alone == ["make-link"]
+    for kind in pca.ACTIONS.values():
+        assert kind.part_of is None or kind.part_of in pca.ACTIONS
+
+
+def test_betas_take_the_decomposition_where_a_kind_has_one():
+    fitted = {"role": "env", "serial_fraction": {"fit": 1.0, "bootstrap_sd": 0.3}}
+    assert pca.serial_fraction_used(fitted) == (1.0, 0.3)
+    decomposed = {**fitted, "decomposition": {"serial_fraction": 0.05, "sd": 0.001}}
+    assert pca.serial_fraction_used(decomposed) == (0.05, 0.02)  # sd floored
