@@ -1,0 +1,227 @@
+"""The cluster's membership as the scheduler actor keeps it: which nodes are up, lost or
+absent, and what a loss or a join does to the runtime (``docs/ray.md``, "Faults").
+
+- A node is **lost** when its agent died (a call or a ping fails with Ray's actor error), Ray
+  marks it dead, or it has not answered pings for ``lost_after_s``: ``Fleet.lose`` ends its
+  calls in flight with ``node_lost``; ``evacuate`` ends its trajectories' waiting actions the
+  same way, closes the trajectories (listed in ``lost_trajectories``) and fences the node.
+- A **fence** holds a node's free capacity in the core, so nothing is placed there: its free
+  container memory (a trajectory that holds it) and its free GPUs (a fence holder; cells
+  still held by ending actions are fenced as they end, at the next check).
+- A node of the cluster that comes up on a Ray node (lost before, or declared by a cluster
+  file and absent) **joins**: a new agent, the fence lifted, its capacity back in the core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from tangram.exec.ray import agents
+from tangram.exec.ray.config import RayConfig
+from tangram.exec.ray.executors import RayGpuExecutor
+from tangram.exec.ray.fleet import NODE_LOST, Fleet
+from tangram.exec.ray.nodes import NodeReport, node_name
+from tangram.exec.runtime.actions import WAITING
+from tangram.exec.runtime.records import ErrorInfo
+from tangram.exec.runtime.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+
+class Membership:
+    """The agents (``fleet``), lost and absent nodes, fences, and the watch that updates them."""
+
+    def __init__(self, config: RayConfig, owner: Any) -> None:
+        self.config = config
+        #: The scheduler actor's handle (the agents watch it).
+        self.owner = owner
+        self.fleet = Fleet()
+        self.fleet.on_lost.append(self._lost)
+        #: The runtime whose core the fences hold (set once it is made).
+        self.runtime: Runtime | None = None
+        #: Trajectories lost with their node: id -> why.
+        self.lost_trajectories: dict[str, str] = {}
+        #: Node -> the core trajectories fencing its memory while it is lost.
+        self.fences: dict[str, list[str]] = {}
+        #: Ray nodes that joined with a name the cluster spec does not have (not used).
+        self.unplaced: dict[str, str] = {}
+        #: Nodes of the cluster file with no Ray node yet (fenced until one joins).
+        self.absent: set[str] = set()
+        self._fence_seq = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    async def spawn(self, nodes: list[dict[str, Any]]) -> list[NodeReport]:
+        """Agents on ``nodes``, in the fleet; their reports."""
+        started, unplaced = await agents.spawn(nodes, self.config, self.owner)
+        self.unplaced.update(unplaced)
+        now = time.monotonic()
+        for report, handle in started:
+            self.fleet.add(report, handle, now)
+        return [report for report, _ in started]
+
+    def fence_absent(self, up: set[str]) -> None:
+        """Fence the cluster's nodes not in ``up`` (declared, not started yet)."""
+        rt = self._rt()
+        for name in sorted(agents.node_names(rt.cluster) - up):
+            self.absent.add(name)
+            self.fence(name)
+
+    def nodes_doc(self) -> dict[str, Any]:
+        """Each node: its agent's Ray node, alive or why not, cores, GPUs, calls, fence."""
+        doc: dict[str, Any] = {}
+        for m in self.fleet.members():
+            cpu, gpu = m.report.cpu_spec(), m.report.gpu_spec()
+            doc[m.report.name] = {
+                "ray_node": m.report.ray_node,
+                "alive": m.alive,
+                "why": m.why,
+                "cores": cpu.cores if cpu else 0,
+                "gpus": gpu.gpus if gpu else 0,
+                "in_flight": len(m.pending),
+                "fenced": bool(self.fences.get(m.report.name)),
+            }
+        for name in sorted(self.absent):
+            doc[name] = {"alive": False, "why": "declared, not up yet", "fenced": True}
+        return doc
+
+    # ------------------------------------------------------------------ the watch
+    async def watch(self) -> None:
+        """Ping the agents and read Ray's node table: lose the silent, take back the returned."""
+        while True:
+            await asyncio.sleep(self.config.ping_every_s)
+            try:
+                await self.check()
+            except Exception:  # noqa: BLE001 - the watch must go on
+                log.exception("checking the nodes failed")
+
+    async def check(self) -> None:
+        import ray
+
+        cfg = self.config
+        now = time.monotonic()
+        live = [m for m in self.fleet.members() if m.alive]
+
+        async def ping(member: Any) -> None:
+            try:
+                await asyncio.wait_for(member.handle.ping.remote(), cfg.lost_after_s)
+                member.last_seen = time.monotonic()
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as exc:
+                self.fleet.lose(member.report.name, f"its agent died ({type(exc).__name__})")
+            except Exception:  # noqa: BLE001 - slow or busy: ``lost_after_s`` decides
+                pass
+
+        await asyncio.wait([asyncio.ensure_future(ping(m)) for m in live], timeout=cfg.ping_every_s)
+        for member in live:
+            if member.alive and now - member.last_seen > cfg.lost_after_s:
+                silent = now - member.last_seen
+                self.fleet.lose(member.report.name, f"its agent did not answer for {silent:.1f} s")
+        for member in self.fleet.members():
+            if not member.alive:
+                self.fence(member.report.name)  # cells freed since by actions that ended
+        nodes = await agents.all_nodes()
+        by_id = {n["NodeID"]: n for n in nodes}
+        for member in self.fleet.members():
+            node = by_id.get(member.report.ray_node)
+            if member.alive and node is not None and not node.get("Alive", True):
+                self.fleet.lose(member.report.name, "Ray reports its node dead")
+        known = {m.report.ray_node for m in self.fleet.members()} | set(self.unplaced)
+        for node in nodes:
+            if not node.get("Alive") or node["NodeID"] in known:
+                continue
+            name = node_name(node["NodeID"], node.get("Labels") or {})
+            member = self.fleet.by_name.get(name)
+            if (member is not None and not member.alive) or name in self.absent:
+                await self.join(node)
+            elif member is None:
+                self.unplaced[node["NodeID"]] = name
+
+    async def join(self, node: dict[str, Any]) -> None:
+        """A node of the cluster (lost, or declared and absent) is up on a Ray node: a new
+        agent, the fence lifted, its capacity back in the core."""
+        rt = self._rt()
+        name = node_name(node["NodeID"], node.get("Labels") or {})
+        old = self.fleet.by_name.get(name)
+        reports = await self.spawn([node])
+        if not reports:
+            return
+        report = reports[0]
+        cpu = rt.scheduler.state.cpu.get(name)
+        gpu = rt.scheduler.state.gpu.get(name)
+        if (cpu and report.cpu_spec() != cpu.spec) or (gpu and report.gpu_spec() != gpu.spec):
+            log.warning("node %s joined with another shape than the cluster's", name)
+        self.absent.discard(name)
+        self.unfence(report.name)
+        if isinstance(rt.gpu, RayGpuExecutor):
+            rt.gpu.report(report.name, {})  # a new agent: nothing resident yet
+        how = "again" if old is not None else "for the first time (declared, absent till now)"
+        log.warning("node %s joined %s on Ray node %s", name, how, node["NodeID"])
+
+    # ------------------------------------------------------------------ a loss
+    def _lost(self, name: str, why: str) -> None:
+        task = asyncio.get_running_loop().create_task(self.evacuate(name, why))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def evacuate(self, name: str, why: str) -> None:
+        """The node is gone: fence its memory, end its trajectories' actions, close them."""
+        rt = self._rt()
+        if isinstance(rt.gpu, RayGpuExecutor) and name in rt.gpu.residency:
+            rt.gpu.report(name, {})  # its models went with it
+        self.fence(name)
+        if name not in rt.scheduler.state.cpu:
+            return
+        info = ErrorInfo(NODE_LOST, f"node {name} was lost ({why}) before the action started", True)
+        doomed = [t for t in rt.trajs.by_id.values() if t.node == name]
+        for traj in doomed:
+            for rec in list(traj.active.values()):
+                if rec.outcome is None and rec.phase in WAITING:
+                    rt.host.end_waiting(rec, "error", info)
+            self.lost_trajectories[traj.id] = f"lost with node {name}: {why}"
+        for traj in doomed:
+            with contextlib.suppress(Exception):
+                await rt.close_trajectory(traj.id)
+        self.fence(name)
+
+    def fence(self, name: str) -> None:
+        """Hold a lost node's free capacity in the core, so nothing is placed there: its free
+        container memory (a trajectory that holds it) and its free GPUs (held by a fence;
+        a cell a running action holds is fenced when it ends: the watch calls this again)."""
+        rt = self._rt()
+        state = rt.scheduler.state
+        holder = f"~lost~{name}"
+        gpus = state.gpu.get(name)
+        if gpus is not None:
+            for g, owner in enumerate(gpus.owner):
+                if owner is None:
+                    gpus.take((g,), holder)
+        cpu = state.cpu.get(name)
+        if cpu is None or cpu.memory_free_gb <= 1e-9:
+            return
+        self._fence_seq += 1
+        fence = f"{holder}~{self._fence_seq}"
+        placed = rt.scheduler.open_trajectory(
+            fence, rt.host.now(), memory_gb=cpu.memory_free_gb, node=name
+        )
+        if placed is not None:
+            self.fences.setdefault(name, []).append(fence)
+
+    def unfence(self, name: str) -> None:
+        """Give a returned node's capacity back to the core."""
+        rt = self._rt()
+        holder = f"~lost~{name}"
+        gpus = rt.scheduler.state.gpu.get(name)
+        if gpus is not None:
+            for g, owner in enumerate(gpus.owner):
+                if owner == holder:
+                    gpus.give((g,), holder)
+        for fence in self.fences.pop(name, []):
+            rt.host.close_trajectory(fence)  # (a pass over the node: CPU work may start)
+
+    def _rt(self) -> Runtime:
+        if self.runtime is None:
+            raise RuntimeError("the scheduler actor is not started: call start() first")
+        return self.runtime
