@@ -712,6 +712,7 @@ def aggregate(args: argparse.Namespace, raw: Mapping[str, Sequence[Mapping[str, 
     summaries = {
         name: summarize_kind(ACTIONS[name], rounds, bootstrap=args.bootstrap, seed=args.seed)
         for name, rounds in raw.items()
+        if rounds
     }
     kinds = {name: k for name, k in summaries.items() if k is not None}
     for name in list(kinds):
@@ -721,6 +722,7 @@ def aggregate(args: argparse.Namespace, raw: Mapping[str, Sequence[Mapping[str, 
     return {
         "kinds": kinds,
         "failed_kinds": sorted(name for name, k in summaries.items() if k is None),
+        "unmeasured_kinds": sorted(name for name, rounds in raw.items() if not rounds),
         "suggested_beta": suggest_betas(kinds, args.env_weights, args.reward_concentration),
     }
 
@@ -826,6 +828,8 @@ def markdown(doc: Mapping[str, Any]) -> str:
         )
     if doc.get("failed_kinds"):
         out += ["", f"Every round failed for {doc['failed_kinds']} (errors in the JSON)."]
+    if doc.get("unmeasured_kinds"):
+        out += ["", f"Not measured (the run stopped first): {doc['unmeasured_kinds']}."]
     out += ["", "Suggested Betas:", ""]
     for role, b in doc["suggested_beta"].items():
         src = b.get("weights") or b.get("kinds")

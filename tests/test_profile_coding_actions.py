@@ -227,6 +227,8 @@ def test_rounds_of_several_documents_pool_as_one():
     assert [r["round"] for r in merged["make"]] == [0, 1, 2]
     assert [r["points"][1]["runs"] for r in merged["make"]] == [[6.0], [7.0], [8.0]]
     assert merged["grep"] == []
+    doc = pca.aggregate(pca.build_parser().parse_args(["--bootstrap", "10"]), merged)
+    assert doc["unmeasured_kinds"] == ["grep"] and doc["failed_kinds"] == []
 
 
 def test_decomposition_is_the_serial_parts_share_of_the_one_core_time_per_round():
