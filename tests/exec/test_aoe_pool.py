@@ -261,3 +261,21 @@ def test_an_action_making_its_stdout_non_blocking_leaves_later_actions_alone(
         assert out.status == "ok" and len(out.stdout) == 3_000_000, (out.status, out.stderr)
     finally:
         pooled.close_trajectory("nonblock")
+
+
+def test_a_container_removed_during_a_listing_does_not_fail_it() -> None:
+    import docker.errors
+
+    from tangram.exec.aoe.containers import session_containers
+
+    class Listing:
+        calls = 0
+
+        def list(self, **kwargs: Any) -> list[str]:
+            Listing.calls += 1
+            if Listing.calls == 1:  # docker's list inspects each: one went in between
+                raise docker.errors.NotFound("No such container: abc")
+            return ["c1"]
+
+    client = type("Client", (), {"containers": Listing()})()
+    assert session_containers(client, "s") == ["c1"] and Listing.calls == 2

@@ -299,9 +299,21 @@ def describe_death(st: dict[str, Any] | None) -> str:
     return ", ".join(parts)
 
 
+#: Tries of a container listing, which inspects each container it lists: one removed in
+#: between (by another manager, a reaper) fails it with NotFound.
+LIST_ATTEMPTS = 5
+
+
 def session_containers(client: Any, session: str | None = None) -> list[Any]:
     """Containers made by AOE managers (all, or one session's), running or not."""
+    import docker.errors
+
     label = f"{LABEL_SESSION}={session}" if session else LABEL
+    for _ in range(LIST_ATTEMPTS - 1):
+        try:
+            return client.containers.list(all=True, filters={"label": label})
+        except docker.errors.NotFound:  # one was removed between the list and its inspect
+            continue
     return client.containers.list(all=True, filters={"label": label})
 
 
