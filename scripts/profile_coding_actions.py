@@ -240,11 +240,12 @@ def clamp_open(x: float, eps: float = 1e-3) -> float:
 
 
 def serial_fraction_used(kind: Mapping[str, Any]) -> tuple[float, float]:
-    """A kind's serial fraction and its sd for the Betas: the decomposition (robust to
-    contention) where the kind has one, else the wall-clock fit with its bootstrap sd."""
+    """A kind's serial fraction and its sd for the Betas: the decomposition of minima (the
+    least contended runs) with the per-round ratios' sd where the kind has one, else the
+    wall-clock fit with its bootstrap sd."""
     dec = kind.get("decomposition")
     if dec:
-        return dec["serial_fraction"], max(dec["sd"], 0.02)
+        return dec["of_minima"], max(dec["sd"], 0.02)
     return kind["serial_fraction"]["fit"], kind["serial_fraction"]["bootstrap_sd"]
 
 
@@ -666,13 +667,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def merge_raw(raws: Sequence[Mapping[str, Sequence[Mapping[str, Any]]]]) -> dict[str, list]:
-    """Several documents' raw rounds as one, per kind, rounds renumbered in document order."""
+    """Several documents' raw rounds as one, per kind; each document's rounds are renumbered
+    past the previous documents' (by the most rounds any of their kinds has), so a round
+    number still names the same sitting for every kind."""
     out: dict[str, list[dict[str, Any]]] = {}
+    offset = 0
     for raw in raws:
         for name, rounds in raw.items():
-            kept = out.setdefault(name, [])
-            start = len(kept)
-            kept.extend({**r, "round": start + i} for i, r in enumerate(rounds))
+            out.setdefault(name, []).extend({**r, "round": offset + r["round"]} for r in rounds)
+        offset += max((r["round"] + 1 for rounds in raw.values() for r in rounds), default=0)
     return out
 
 
@@ -680,9 +683,11 @@ def decomposition(
     whole: Sequence[Mapping[str, Any]], part: Sequence[Mapping[str, Any]], *, part_name: str
 ) -> dict[str, Any] | None:
     """Amdahl's serial fraction as the serial part's share of the one-core time: per round,
-    median(part at 1 core) / median(whole at 1 core), the two measured back to back. A
-    contention that slows both alike cancels; the rest is assumed to divide perfectly among
-    the cores, so this is a lower bound on s. None when no round has both."""
+    median(part at 1 core) / median(whole at 1 core), the two measured back to back (a
+    contention that slows both alike cancels), and ``of_minima``, the fastest part run over the
+    fastest whole run of every round (each the least contended of its kind). The rest is
+    assumed to divide perfectly among the cores, so either is a lower bound on s. None when no
+    round has both."""
 
     def one_core(r: Mapping[str, Any]) -> float | None:
         runs = [p["runs"] for p in r.get("points", []) if p["cores"] == 1]
@@ -696,8 +701,11 @@ def decomposition(
             ratios.append(min(1.0, t_part / t_whole))
     if not ratios:
         return None
+    mins = [min(p["runs"]) for r in part for p in r.get("points", []) if p["cores"] == 1]
+    minw = [min(p["runs"]) for r in whole for p in r.get("points", []) if p["cores"] == 1]
     return {
         "part": part_name,
+        "of_minima": min(1.0, min(mins) / min(minw)),
         "serial_fraction": statistics.median(ratios),
         "rounds": ratios,
         "min": min(ratios),
@@ -748,6 +756,7 @@ def table(doc: Mapping[str, Any]) -> str:
                 "rms_err": k["fit"]["rel_rms_error"],
                 "s_of_min": k["fit_of_minima"]["serial_fraction"],
                 "s_decomp": (k.get("decomposition") or {}).get("serial_fraction", float("nan")),
+                "s_dec_min": (k.get("decomposition") or {}).get("of_minima", float("nan")),
                 "disturbed": f"{k['runs_disturbed']}/{k['runs_total']}",
                 "pooled": "clean" if k["pooled_clean_only"] else "all",
             }
@@ -806,7 +815,7 @@ def markdown(doc: Mapping[str, Any]) -> str:
         "",
         "| kind | role | serial fraction | bootstrap p05-p95 | rounds min-max | of minima | "
         "rel RMS error | pooled | predicted speedup at 16 (p05-p95 s) | decomposition "
-        "(rounds min-max) |",
+        "(rounds min-max); of minima |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, k in doc["kinds"].items():
@@ -814,7 +823,8 @@ def markdown(doc: Mapping[str, Any]) -> str:
         lo, hi = sf["bootstrap_p05"], sf["bootstrap_p95"]
         dec = k.get("decomposition")
         decomp = (
-            f"{f(dec['serial_fraction'])} ({f(dec['min'])}-{f(dec['max'])}, `{dec['part']}`)"
+            f"{f(dec['serial_fraction'])} ({f(dec['min'])}-{f(dec['max'])}); of minima "
+            f"{f(dec['of_minima'])} (`{dec['part']}`)"
             if dec
             else "-"
         )

@@ -223,9 +223,12 @@ def test_the_quiet_gate_waits_for_low_cpu_pressure_and_gives_up_at_its_limit(mon
 def test_rounds_of_several_documents_pool_as_one():
     a = {"make": [raw_round(0, [10.0], [6.0])]}
     b = {"make": [raw_round(0, [10.0], [7.0]), raw_round(1, [10.0], [8.0])], "grep": []}
-    merged = pca.merge_raw([a, b])
-    assert [r["round"] for r in merged["make"]] == [0, 1, 2]
-    assert [r["points"][1]["runs"] for r in merged["make"]] == [[6.0], [7.0], [8.0]]
+    c = {"make-link": [raw_round(0, [1.0], [1.0])], "make": [raw_round(0, [10.0], [6.5])]}
+    merged = pca.merge_raw([a, b, c])
+    # A round number names one sitting for every kind: c's round 0 is round 3 for both.
+    assert [r["round"] for r in merged["make"]] == [0, 1, 2, 3]
+    assert [r["round"] for r in merged["make-link"]] == [3]
+    assert [r["points"][1]["runs"] for r in merged["make"]] == [[6.0], [7.0], [8.0], [6.5]]
     assert merged["grep"] == []
     doc = pca.aggregate(pca.build_parser().parse_args(["--bootstrap", "10"]), merged)
     assert doc["unmeasured_kinds"] == ["grep"] and doc["failed_kinds"] == []
@@ -239,6 +242,7 @@ def test_decomposition_is_the_serial_parts_share_of_the_one_core_time_per_round(
     assert dec["rounds"] == [pytest.approx(0.1), pytest.approx(0.11)]
     assert dec["serial_fraction"] == pytest.approx(0.105)
     assert (dec["min"], dec["max"]) == (pytest.approx(0.1), pytest.approx(0.11))
+    assert dec["of_minima"] == pytest.approx(1.0 / 10.0)  # fastest part / fastest whole
     assert pca.decomposition(whole, [{"round": 5, "error": "x"}], part_name="p") is None
 
 
@@ -258,5 +262,8 @@ def test_each_part_kind_runs_right_after_its_whole_kind_in_every_round():
 def test_betas_take_the_decomposition_where_a_kind_has_one():
     fitted = {"role": "env", "serial_fraction": {"fit": 1.0, "bootstrap_sd": 0.3}}
     assert pca.serial_fraction_used(fitted) == (1.0, 0.3)
-    decomposed = {**fitted, "decomposition": {"serial_fraction": 0.05, "sd": 0.001}}
-    assert pca.serial_fraction_used(decomposed) == (0.05, 0.02)  # sd floored
+    decomposed = {
+        **fitted,
+        "decomposition": {"serial_fraction": 0.04, "of_minima": 0.05, "sd": 0.001},
+    }
+    assert pca.serial_fraction_used(decomposed) == (0.05, 0.02)  # of minima; sd floored
