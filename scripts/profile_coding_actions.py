@@ -242,11 +242,12 @@ def clamp_open(x: float, eps: float = 1e-3) -> float:
 def serial_fraction_used(kind: Mapping[str, Any]) -> tuple[float, float]:
     """A kind's serial fraction and its sd for the Betas: the decomposition of minima (the
     least contended runs) with the per-round ratios' sd where the kind has one, else the
-    wall-clock fit with its bootstrap sd."""
+    wall-clock fit of the fastest run per core count (contention only adds time) with the
+    bootstrap sd of the median fit."""
     dec = kind.get("decomposition")
     if dec:
         return dec["of_minima"], max(dec["sd"], 0.02)
-    return kind["serial_fraction"]["fit"], kind["serial_fraction"]["bootstrap_sd"]
+    return kind["fit_of_minima"]["serial_fraction"], kind["serial_fraction"]["bootstrap_sd"]
 
 
 def suggest_betas(
