@@ -100,3 +100,16 @@ class SimConfig:
     #: models after use, and the static baseline deploys its replicas before the run), placed
     #: largest first on the emptiest GPUs at the smallest cell its memory allows. Off: cold GPUs.
     warm_gpus: bool = True
+    #: Where a trajectory's container goes: "policy" (the core places it, at its open or its
+    #: first CPU action) or "observed" (on the node a live run recorded, ``obs_node``, when the
+    #: trace has one and the cluster has that node). A replay of a live run uses "observed":
+    #: live, containers are placed when trajectories open, an event the trace does not keep.
+    placement: str = "policy"
+
+    def __post_init__(self) -> None:
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {list(PLACEMENTS)}, got {self.placement!r}")
+
+
+#: ``SimConfig.placement`` values.
+PLACEMENTS = ("policy", "observed")

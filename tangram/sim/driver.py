@@ -161,6 +161,12 @@ class Simulation:
         self.steps: list[StepRecord] = []
         self.timeline = UsageTimeline()
         self.startup = StartupClock(self.config.overheads)
+        #: CPU nodes a replay may place containers on as the live run did (placement observed).
+        self._observed_nodes = (
+            frozenset(n.name for n in cluster.cpu_nodes)
+            if self.config.placement == "observed"
+            else frozenset()
+        )
         self._barriers: list[StepBarrier] = []
         self.loop = DriverLoop(self.scheduler, self, timer=clock)
         self._unbounded = self.scheduler.unbounded
@@ -285,7 +291,13 @@ class Simulation:
         if any(r.resource == "cpu" for r in rows):
             memory = max(r.memory_gb for r in rows if r.resource == "cpu")
             # AOE creates the container now, overlapped with the first generation.
-            node = self.scheduler.open_trajectory(name, self.env.now, memory_gb=memory)
+            seen = next((r.obs_node for r in rows if r.resource == "cpu" and r.obs_node), None)
+            node = self.scheduler.open_trajectory(
+                name,
+                self.env.now,
+                memory_gb=memory,
+                node=seen if seen in self._observed_nodes else None,
+            )
             self.startup.open_container(name, node, self.env.now)
         _TrajectoryRun(self, name, rows, rec, on_end, barrier).advance()
 
@@ -316,6 +328,8 @@ class Simulation:
         """Hand the action to the core (in this instant's pass); ``on_done`` runs when it ends."""
         now = self.env.now
         action = row_to_action(row, traj, now)
+        if self._observed_nodes and row.obs_node in self._observed_nodes and row.resource == "cpu":
+            action.__dict__["node"] = row.obs_node  # a prevalidated record: set before it is seen
         if row.action_id in self.records:
             raise ValueError(f"trace has action id {row.action_id!r} twice")
         self.records[row.action_id] = ActionRecord(row, now)

@@ -211,6 +211,8 @@ def replay(
             # Live, EOE starts with no service resident unless the recording began after a
             # warm-up (the header says which services were resident then).
             warm_gpus=bool(meta.get("gpu_residency_at_start")),
+            # Containers where the live run put them (at their opens, which the trace lacks).
+            placement="observed",
         )
         frame = actions_frame(simulate(sim_trace, spec, config))
         frames.append(frame[frame["outcome"] == "result"].set_index("action_id"))

@@ -81,3 +81,18 @@ def test_the_first_container_on_a_node_pulls_the_image_for_aoe_and_pods_alike():
 def test_overheads_refuse_bad_values_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         Overheads(**{field: value})
+
+
+def test_observed_placement_puts_containers_where_the_live_run_did():
+    # Two 4-core nodes; the core would put both trajectories on the roomiest node at each
+    # first CPU action ("a" then "b"); the live run had put both on "b".
+    two = ClusterSpec("two", cpu_nodes=(CpuNodeSpec("a", 4, 1, 64.0), CpuNodeSpec("b", 4, 1, 64.0)))
+    rows = tuple(
+        TraceRow(**{**cpu_row(t).__dict__, "arrival_s": 1.0, "obs_node": "b"}) for t in ("A", "B")
+    )
+    for placement, nodes in (("policy", {"a", "b"}), ("observed", {"b"})):
+        config = SimConfig(policy="fixed:4", placement=placement)
+        acts = actions_frame(simulate(Trace(rows, {}), two, config))
+        assert set(acts["node"]) == nodes, placement
+    with pytest.raises(ValueError, match="placement"):
+        SimConfig(placement="random")

@@ -1,5 +1,7 @@
 """sglang-sized in the simulator: replicas deployed up front, sized by the trace's load."""
 
+import itertools
+
 from tangram.core import load_cluster
 from tangram.core.demand import size_replicas
 from tangram.sim.config import SimConfig
@@ -24,7 +26,7 @@ def test_replicas_follow_the_load_and_sum_to_the_gpus_given():
     assert sum(n * shape[s] for s, n in replicas.items()) == 24
     # Sized by load: among teachers of one shape, more GPU-seconds never gets fewer replicas.
     by_load = sorted(demands, key=lambda d: d.gpu_seconds)
-    for lo, hi in zip(by_load, by_load[1:]):
+    for lo, hi in itertools.pairwise(by_load):
         if lo.replica_gpus == hi.replica_gpus:
             assert replicas[lo.service] <= replicas[hi.service]
     assert set(acts["outcome"]) == {"result"}
