@@ -239,42 +239,50 @@ def clamp_open(x: float, eps: float = 1e-3) -> float:
     return min(1.0 - eps, max(eps, x))
 
 
-def serial_fraction_used(kind: Mapping[str, Any]) -> tuple[float, float]:
-    """A kind's serial fraction and its sd for the Betas: the decomposition of minima (the
-    least contended runs) with the per-round ratios' sd where the kind has one, else the
-    wall-clock fit of the fastest run per core count (contention only adds time) with the
-    bootstrap sd of the median fit."""
+def serial_fraction_used(kind: Mapping[str, Any]) -> float:
+    """A kind's serial fraction for the Betas: the decomposition of minima (the least contended
+    runs) where the kind has one, else the wall-clock fit of the fastest run per core count
+    (contention only adds time)."""
     dec = kind.get("decomposition")
     if dec:
-        return dec["of_minima"], max(dec["sd"], 0.02)
-    return kind["fit_of_minima"]["serial_fraction"], kind["serial_fraction"]["bootstrap_sd"]
+        return dec["of_minima"]
+    return kind["fit_of_minima"]["serial_fraction"]
 
 
 def suggest_betas(
     kinds: Mapping[str, Mapping[str, Any]],
     env_weights: Mapping[str, float],
     reward_concentration: float,
+    kind_sd: float = 0.05,
 ) -> dict[str, Any]:
-    """Beta(alpha, beta) for env actions (a weighted mixture of the env kinds' fractions, each
-    with its variance: ``serial_fraction_used``) and for the reward (the test suite's fitted fraction as
+    """Beta(alpha, beta) for env actions (a weighted mixture of the env kinds' fractions,
+    ``serial_fraction_used``, each spread by ``kind_sd`` for the differences between one
+    kind's actions in different projects, which no repeat measures) and for the reward (the test suite's fitted fraction as
     the mean, ``reward_concentration`` = alpha + beta for the spread across suites, which one
     suite cannot measure)."""
     comps, used = [], {}
     for name, w in env_weights.items():
         if w <= 0 or name not in kinds:
             continue
-        mean_k, sd_k = serial_fraction_used(kinds[name])
-        comps.append((w, clamp_open(mean_k), sd_k**2))
-        used[name] = w
+        comps.append((w, clamp_open(serial_fraction_used(kinds[name])), kind_sd**2))
+        used[name] = serial_fraction_used(kinds[name])
     out: dict[str, Any] = {}
     if comps:
         mean, var = mixture_moments(comps)
         var = min(max(var, 1e-6), 0.999 * mean * (1 - mean))
         a, b = beta_from_moments(mean, var)
-        out["env"] = {"weights": used, "mean": mean, "sd": math.sqrt(var), "alpha": a, "beta": b}
+        out["env"] = {
+            "weights": dict(zip(used, (w for w, _, _ in comps), strict=True)),
+            "fractions": used,
+            "kind_sd": kind_sd,
+            "mean": mean,
+            "sd": math.sqrt(var),
+            "alpha": a,
+            "beta": b,
+        }
     rewards = [k for k in kinds.values() if k["role"] == "reward"]
     if rewards:
-        mean = clamp_open(statistics.mean(serial_fraction_used(k)[0] for k in rewards))
+        mean = clamp_open(statistics.mean(serial_fraction_used(k) for k in rewards))
         out["reward"] = {
             "kinds": [k["name"] for k in rewards],
             "mean": mean,
@@ -645,6 +653,12 @@ def build_parser() -> argparse.ArgumentParser:
         + "; docs/profiles.md says why)",
     )
     p.add_argument(
+        "--kind-sd",
+        type=float,
+        default=0.05,
+        help="spread of s among one kind's actions in the env Beta (default 0.05, ours)",
+    )
+    p.add_argument(
         "--reward-concentration",
         type=float,
         default=7.0,
@@ -732,7 +746,9 @@ def aggregate(args: argparse.Namespace, raw: Mapping[str, Sequence[Mapping[str, 
         "kinds": kinds,
         "failed_kinds": sorted(name for name, k in summaries.items() if k is None),
         "unmeasured_kinds": sorted(name for name, rounds in raw.items() if not rounds),
-        "suggested_beta": suggest_betas(kinds, args.env_weights, args.reward_concentration),
+        "suggested_beta": suggest_betas(
+            kinds, args.env_weights, args.reward_concentration, args.kind_sd
+        ),
     }
 
 
@@ -902,6 +918,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "memory_gb",
                     "image",
                     "env_weights",
+                    "kind_sd",
                     "reward_concentration",
                 )
             },

@@ -146,7 +146,11 @@ def test_suggested_betas_match_the_measured_means():
     out = pca.suggest_betas(kinds, {"grep": 3.0, "make": 1.0, "compileall": 1.0}, 10.0)
     env, reward = out["env"], out["reward"]
     assert env["weights"] == {"grep": 3.0, "make": 1.0}  # compileall was not measured
+    assert env["fractions"] == {"grep": 0.95, "make": 0.15}
     assert env["mean"] == pytest.approx((3 * 0.95 + 0.15) / 4)
+    # Variance: each kind spread by kind_sd (0.05) around its fraction, mixed.
+    second = (3 * (0.05**2 + 0.95**2) + (0.05**2 + 0.15**2)) / 4
+    assert env["sd"] == pytest.approx(math.sqrt(second - env["mean"] ** 2))
     assert env["alpha"] / (env["alpha"] + env["beta"]) == pytest.approx(env["mean"])
     var = (
         env["alpha"]
@@ -270,9 +274,9 @@ def test_betas_take_the_decomposition_where_a_kind_has_one():
         "serial_fraction": {"fit": 1.0, "bootstrap_sd": 0.3},
         "fit_of_minima": {"serial_fraction": 0.9},
     }
-    assert pca.serial_fraction_used(fitted) == (0.9, 0.3)  # the fastest runs' fit
+    assert pca.serial_fraction_used(fitted) == 0.9  # the fastest runs' fit
     decomposed = {
         **fitted,
         "decomposition": {"serial_fraction": 0.04, "of_minima": 0.05, "sd": 0.001},
     }
-    assert pca.serial_fraction_used(decomposed) == (0.05, 0.02)  # of minima; sd floored
+    assert pca.serial_fraction_used(decomposed) == 0.05  # of minima
