@@ -187,11 +187,10 @@ def refit(
         d: statistics.median(xs) if gpu == "dop" and len(xs) >= 3 else k_all
         for d, xs in ratios.items()
     }
-    return Calibration(
-        base.serial_s * k_cpu,
-        base.per_iter_s * k_cpu,
-        {d: t * k_gpu[d] for d, t in base.gpu_s.items()},
-    )
+    gpu_s = {d: t * k_gpu[d] for d, t in base.gpu_s.items()}
+    for d in sorted(gpu_s)[1:]:  # a larger cell is never declared slower (a valid curve)
+        gpu_s[d] = min(gpu_s[d], max(t for k, t in gpu_s.items() if k < d))
+    return Calibration(base.serial_s * k_cpu, base.per_iter_s * k_cpu, gpu_s)
 
 
 async def live_run(rt: Any, cal: Calibration, params: Params, seed: int) -> dict[str, Any]:
