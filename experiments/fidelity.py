@@ -363,6 +363,9 @@ DRIFT_LIMIT = 0.25
 
 #: ... or whose host was busier than its containers by more than this share of the cores.
 OTHERS_LIMIT = 0.10
+#: ... or whose median observed / declared execution time is off 1 by more than this (the
+#: quiet committed run: 1.00-1.01; runs at 1.22-1.24 had CPU errors of -50%).
+OFF_LIMIT = 0.15
 
 
 def disturbed(run: dict[str, Any]) -> bool:
@@ -372,7 +375,7 @@ def disturbed(run: dict[str, Any]) -> bool:
     drift = abs(run["calibration_after"]["per_iter_s"] / before - 1.0)
     others = live["host_busy_fraction"] - live["workload_core_fraction"]
     off = abs(live["exec_over_declared_median"] - 1.0)
-    return drift > DRIFT_LIMIT or others > OTHERS_LIMIT or off > DRIFT_LIMIT
+    return drift > DRIFT_LIMIT or others > OTHERS_LIMIT or off > OFF_LIMIT
 
 
 #: The replays of each recorded trace: observed durations, declared curves (one execution
@@ -504,7 +507,7 @@ def write_outputs(runs: list[dict[str, Any]], params: Params, out: Path, argv: l
             "calibrations before and after the run, or the host was busy beyond the "
             f"workload's containers by more than {OTHERS_LIMIT:.0%} of its cores (the "
             "CPU-backed model calls account for about 4 points), or the median observed / "
-            f"declared execution time was off 1 by more than {DRIFT_LIMIT:.0%} (the machine's "
+            f"declared execution time was off 1 by more than {OFF_LIMIT:.0%} (the machine's "
             "speed changed between the calibration and the run). Their declared-curve errors "
             "measure the machine, not the simulator.",
         ]
