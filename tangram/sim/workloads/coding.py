@@ -50,11 +50,16 @@ class CodingParams:
     #: Log-space sigma of env-action times. [stats §4] SWE-agent execution_time p50 0.24 s,
     #: p90 0.76 s: ln(0.76/0.24)/1.2816 = 0.90.
     env_t1_sigma: float = 0.90
-    #: Beta(alpha, beta) of env actions' serial fraction (mean 0.5: half of a typical command is
-    #: serial; builds and test runs parallelise, file reads do not). [ours; the paper profiles
-    #: E(m) offline but publishes no values]
-    env_serial_alpha: float = 2.0
-    env_serial_beta: float = 2.0
+    #: Beta(alpha, beta) of env actions' serial fraction: mean 0.85, nearly two-valued (about
+    #: 85% of commands near s = 1, 15% near 0). [profiles: docs/profiles.md,
+    #: experiments/results/profiles/coding_actions.pooled.json] measured in the sandbox image:
+    #: grep -r 1.0 and pip install 0.88 (fits of the fastest runs), compileall -j 0.025 and
+    #: make -j 0.015 (one-core decompositions: lower bounds); mixed 0.8 serial commands (the
+    #: recorded agent commands in shared/real-traces are all serial) and 0.05 of each other
+    #: kind, moment-matched. (The paper profiles E(m) offline but publishes no values; the
+    #: previous default, Beta(2, 2) with mean 0.5, was ours.)
+    env_serial_alpha: float = 0.0815
+    env_serial_beta: float = 0.0142
     #: Most cores an env action can use. [ours; the paper's largest fixed-DoP ablation is 16]
     env_max_units: int = 16
     #: Mean one-core time of the test-based reward relative to an env action's. [ours] a test
@@ -62,10 +67,12 @@ class CodingParams:
     reward_t1_ratio: float = 8.0
     #: Log-space sigma of reward times. [ours]
     reward_t1_sigma: float = 0.5
-    #: Beta(alpha, beta) of the reward's serial fraction (mean 0.14: test runners such as
-    #: ``pytest -n`` parallelise well). [ours]
-    reward_serial_alpha: float = 1.0
-    reward_serial_beta: float = 6.0
+    #: Beta(alpha, beta) of the reward's serial fraction: mean 0.128, the measured serial part of
+    #: a ``pytest -n`` suite (start-up and collection over the whole run on one core, a lower
+    #: bound) [profiles, as above]; alpha + beta = 7, the spread of the previous default
+    #: Beta(1, 6) [ours].
+    reward_serial_alpha: float = 0.895
+    reward_serial_beta: float = 6.11
     #: Most cores the reward can use. [ours]
     reward_max_units: int = 32
     #: Share of a trajectory's life its actions are busy: sum(t1) / (sum(t1) + sum(gen)).
