@@ -127,8 +127,8 @@ def cluster_for(variant: Variant):
     return cluster
 
 
-def _stalled_row(job: Job, v: Variant, cluster, reason: str) -> dict[str, Any]:
-    """The row of a run that stalled (e.g. pods held at a step barrier): no figures, the reason."""
+def _run_keys(job: Job, v: Variant, cluster) -> dict[str, Any]:
+    """The columns that say which run a row is: the job, the variant and their settings."""
     return {
         "workload": job.workload,
         "batch": job.batch,
@@ -142,6 +142,13 @@ def _stalled_row(job: Job, v: Variant, cluster, reason: str) -> dict[str, Any]:
         **dict(job.tags),
         **dict(v.extra),
         **{f"overheads.{k}": val for k, val in v.overheads},
+    }
+
+
+def _stalled_row(job: Job, v: Variant, cluster, reason: str) -> dict[str, Any]:
+    """The row of a run that stalled (e.g. pods held at a step barrier): no figures, the reason."""
+    return {
+        **_run_keys(job, v, cluster),
         **dict.fromkeys(SUMMARY_COLUMNS, np.nan),
         "stalled": reason,
     }
@@ -252,20 +259,7 @@ def execute(job: Job) -> list[dict[str, Any]]:
             rows.append(_stalled_row(job, v, cluster, str(exc)))
             continue
         wall = time.perf_counter() - t0
-        row: dict[str, Any] = {
-            "workload": job.workload,
-            "batch": job.batch,
-            "seed": job.seed,
-            "steps": job.steps,
-            "variant": v.name,
-            "policy": v.policy,
-            "gpus": cluster.total_gpus,
-            "cores": cluster.total_cores,
-            **dict(job.overrides),
-            **dict(job.tags),
-            **dict(v.extra),
-            **{f"overheads.{k}": val for k, val in v.overheads},
-        }
+        row: dict[str, Any] = _run_keys(job, v, cluster)
         s = summary(result)
         row.update({k: s[k] for k in SUMMARY_COLUMNS})
         if not v.timeline:  # held figures come from the timeline; without it they are unknown

@@ -291,7 +291,9 @@ class Simulation:
         if any(r.resource == "cpu" for r in rows):
             memory = max(r.memory_gb for r in rows if r.resource == "cpu")
             # AOE creates the container now, overlapped with the first generation.
-            seen = next((r.obs_node for r in rows if r.resource == "cpu" and r.obs_node), None)
+            seen = None
+            if self._observed_nodes:  # placement observed: where the live run put it
+                seen = next((r.obs_node for r in rows if r.resource == "cpu" and r.obs_node), None)
             node = self.scheduler.open_trajectory(
                 name,
                 self.env.now,
@@ -441,14 +443,16 @@ class Simulation:
             work *= float(self.noise.lognormal(-0.5 * ov.exec_noise_sigma**2, ov.exec_noise_sigma))
         job = Job(work=work, cap=curve.speedup(d.units), weight=float(max(len(d.cores), 1)))
         rec.overhead = overhead
-        entry = (d.node, d.action.id, job)
         if overhead > 0:
-            self.env.timeout(overhead, entry).callbacks.append(self._enter_shared)
+            timer = self.env.timeout(overhead, (d.node, d.action.id, job))
+            timer.callbacks.append(self._overhead_done)
         else:
-            self._enter_shared(entry)
+            self._enter_shared(d.node, d.action.id, job)
 
-    def _enter_shared(self, entry: object) -> None:
-        node, action_id, job = entry.value if isinstance(entry, simpy.Event) else entry
+    def _overhead_done(self, timer: simpy.Event) -> None:
+        self._enter_shared(*timer.value)
+
+    def _enter_shared(self, node: str, action_id: str, job: Job) -> None:
         self._shared[node].add(self.env.now, action_id, job)  # type: ignore[index]
         self._arm_shared(node)
 

@@ -54,7 +54,7 @@ def read_jsonl(path: str | Path) -> Trace:
                 version = obj[HEADER_KEY]
                 continue
             if isinstance(obj, Mapping):
-                check_fields_of_version(set(obj), version, path, f"line {lineno}")
+                check_fields_of_version(obj, version, path, f"line {lineno}")
             rows.append(parse_record(obj, f"line {lineno}", path))
             lines.append(lineno)
     if meta is None:
@@ -140,7 +140,7 @@ def read_parquet(path: str | Path) -> Trace:
     unknown = [c for c in table.column_names if c not in FIELDS]
     if unknown:
         raise TraceError("unknown column", field=unknown[0], where="columns", path=path)
-    check_fields_of_version(set(table.column_names), header[HEADER_KEY], path, "columns")
+    check_fields_of_version(table.column_names, header[HEADER_KEY], path, "columns")
     rows = []
     for i, record in enumerate(table.to_pylist()):
         record = {k: v for k, v in record.items() if not (v is None and k not in REQUIRED)}

@@ -6,7 +6,7 @@ a data frame in ``df.attrs``; all under the key ``HEADER_KEY``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -71,11 +71,13 @@ def fields_of_version(fields: tuple[str, ...], version: int) -> tuple[str, ...]:
     return tuple(f for f in fields if FIELD_SINCE.get(f, 1) <= version)
 
 
-def check_fields_of_version(used: set[str], version: int, path: str | Path, where: str) -> None:
-    """Refuse a field newer than the file's declared version."""
-    for name in sorted(used):
-        since = FIELD_SINCE.get(name, 1)
-        if since > version:
+def check_fields_of_version(
+    used: Collection[str], version: int, path: str | Path, where: str
+) -> None:
+    """Refuse a field newer than the file's declared version (``used``: a row's keys or a
+    file's columns; only the few newer fields are looked up, once per row)."""
+    for name, since in FIELD_SINCE.items():
+        if since > version and name in used:
             raise TraceError(
                 f"field added in format version {since}, but the file declares version {version}",
                 field=name,

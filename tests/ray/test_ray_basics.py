@@ -44,3 +44,10 @@ def test_each_kind_runs_on_its_node_over_http_and_ray(ray_cluster: Any) -> None:
     assert r.run(id="basic-x", endpoint="echo", payload=[1]) == same  # one action, one outcome
     for t in ("basic-a", "basic-b"):
         r.close_trajectory(t)
+
+
+def test_every_ray_node_binds_loopback_only(ray_cluster):
+    # The cluster runs in a network namespace with only lo: no node may advertise another address.
+    import ray
+
+    assert {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]} == {"127.0.0.1"}

@@ -28,6 +28,7 @@ from tangram.core.backlog import GPU_DOMAIN, Domain
 from tangram.core.context import Context
 from tangram.core.demand import ServiceDemand, size_replicas
 from tangram.core.gpu_placement import place_cell
+from tangram.core.options import Options
 from tangram.core.policies.base import DomainRule, RuleTraits
 from tangram.core.resources import ResourceKind
 
@@ -45,17 +46,22 @@ class StaticPods(DomainRule):
         #: node -> trajectories waiting for a pod there, FCFS (insertion order).
         self.waiting: dict[str, dict[str, None]] = {}
 
+    def _in_pod(self, opts: Options, cores: tuple[int, ...]) -> tuple[int, tuple[int, ...], str]:
+        """(units, cores, reason) of an action in a pod of ``cores``: its largest option that
+        fits, on that many of the pod's cores."""
+        units = opts.units[max(opts.best_within(len(cores)), 0)]
+        return units, cores[:units], f"k8s-static: in its pod of {len(cores)} cores"
+
     def _start_in_slot(self, ctx: Context, action: Action) -> None:
         node, cores = self.slots[action.trajectory]
-        opts = ctx.options(action)
-        units = opts.units[max(opts.best_within(len(cores)), 0)]
+        units, granted, reason = self._in_pod(ctx.options(action), cores)
         self.busy.add(action.trajectory)
         ctx.start(
             action,
             node,
             units,
-            f"k8s-static: in its pod of {len(cores)} cores",
-            cores=cores[:units],
+            reason,
+            cores=granted,
             in_slot=True,
             slot_since=self.granted_at[action.trajectory],
         )
@@ -125,21 +131,26 @@ class BurstablePods(StaticPods):
 
     traits = RuleTraits(observes=True, shares_cpu=True)
 
-    def _start_in_slot(self, ctx: Context, action: Action) -> None:
-        node, cores = self.slots[action.trajectory]
-        opts = ctx.options(action)
-        self.busy.add(action.trajectory)
+    def _in_pod(self, opts: Options, cores: tuple[int, ...]) -> tuple[int, tuple[int, ...], str]:
         # No limit: the action runs all its threads (its largest option); how many cores it
         # gets at each instant is CFS's split of the node, not a grant.
-        ctx.start(
-            action,
-            node,
-            opts.units[-1],
-            f"k8s-burstable: in its pod (requests {len(cores)} cores, no limit)",
-            cores=cores,
-            in_slot=True,
-            slot_since=self.granted_at[action.trajectory],
-        )
+        reason = f"k8s-burstable: in its pod (requests {len(cores)} cores, no limit)"
+        return opts.units[-1], cores, reason
+
+
+def _hold_replicas(
+    ctx: Context, service: str, tp: int, count: int
+) -> list[tuple[str, tuple[int, ...]]]:
+    """Place and hold up to ``count`` replicas of ``tp`` GPUs for ``service`` (fewer when the
+    pool runs out); the (node, cell) of each."""
+    cells = []
+    for _ in range(count):
+        spot = place_cell(ctx.state, tp, f"dedicated:{service}")
+        if spot is None:
+            break
+        ctx.hold_cell(spot[0], spot[1], f"dedicated:{service}")
+        cells.append(spot)
+    return cells
 
 
 class DedicatedGpus(DomainRule):
@@ -155,14 +166,7 @@ class DedicatedGpus(DomainRule):
     def _dedicate(self, ctx: Context, action: Action) -> None:
         service = action.service or ""
         tp = ctx.options(action).units[0]
-        want = max(1, self.gpus_per_service // tp)
-        cells = []
-        for _ in range(want):
-            spot = place_cell(ctx.state, tp, f"dedicated:{service}")
-            if spot is None:
-                break
-            ctx.hold_cell(spot[0], spot[1], f"dedicated:{service}")
-            cells.append(spot)
+        cells = _hold_replicas(ctx, service, tp, max(1, self.gpus_per_service // tp))
         if cells:
             self.replicas[service] = cells
         else:
@@ -242,13 +246,7 @@ class SizedGpus(DedicatedGpus):
         budget = total if self.total_gpus is None else min(self.total_gpus, total)
         self.plan = size_replicas(self.demands.values(), budget)
         for d in sorted(self.demands.values(), key=lambda d: (-d.replica_gpus, d.service)):
-            cells = []
-            for _ in range(self.plan[d.service]):
-                spot = place_cell(ctx.state, d.replica_gpus, f"dedicated:{d.service}")
-                if spot is None:
-                    break
-                ctx.hold_cell(spot[0], spot[1], f"dedicated:{d.service}")
-                cells.append(spot)
+            cells = _hold_replicas(ctx, d.service, d.replica_gpus, self.plan[d.service])
             if cells:
                 self.replicas[d.service] = cells
             else:

@@ -54,6 +54,12 @@ def loopback_namespace() -> Iterator[None]:
             err = os.strerror(ctypes.get_errno())
             raise PermissionError(f"cannot make a network namespace ({err}): run as root")
         subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+        links = subprocess.run(
+            ["ip", "-o", "link", "show"], check=True, capture_output=True, text=True
+        ).stdout.splitlines()
+        names = [line.split(":")[1].strip().split("@")[0] for line in links]
+        if names != ["lo"]:  # nothing may bind anything but loopback in here
+            raise RuntimeError(f"the new network namespace has links {names}, not only lo")
         yield
     finally:
         libc.setns(previous, CLONE_NEWNET)
