@@ -208,8 +208,22 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--write", type=Path, help="write the fingerprints to this JSON file")
     group.add_argument("--check", type=Path, help="compare with fingerprints written before")
     parser.add_argument("--only", nargs="*", help="case names to run (default: all)")
+    parser.add_argument(
+        "--as",
+        dest="renames",
+        action="append",
+        default=[],
+        metavar="OLD=NEW",
+        help="replay the cases of policy OLD under NEW (e.g. tangram=tangram-paper: the paper's "
+        "policy, renamed, must decide as the old default did)",
+    )
     args = parser.parse_args(argv)
-    cases = [c for c in CASES if not args.only or c.name in args.only]
+    renames = dict(r.split("=", 1) for r in args.renames)
+    cases = [
+        dataclasses.replace(c, policy=renames.get(c.policy, c.policy))
+        for c in CASES
+        if not args.only or c.name in args.only
+    ]
     say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     got = run_all(cases, say)
     if args.write:

@@ -432,7 +432,8 @@ def test_walking_a_trajectorys_queue_skips_what_left_it_meanwhile():
 
 def test_a_rule_that_rewrites_schedule_domain_gets_no_inherited_shortcut():
     from tangram.core.policies.base import CompositePolicy
-    from tangram.core.policies.elastic import ElasticCpu, ElasticGpu
+    from tangram.core.policies.elastic import ElasticCpu
+    from tangram.core.policies.elastic_gpu import ElasticGpu
     from tangram.core.policies.fifo_api import FifoApi
 
     class OneCore(ElasticCpu):

@@ -9,11 +9,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tangram.core.policies.base import CompositePolicy, DomainRule, Policy
-from tangram.core.policies.elastic import ElasticCpu, ElasticGpu
+from tangram.core.policies.elastic import ElasticCpu
+from tangram.core.policies.elastic_gpu import ElasticGpu
 from tangram.core.policies.fifo_api import FifoApi
 from tangram.core.policies.fixed import FixedCpu, FixedGpu
 from tangram.core.policies.lower_bound import LowerBound
 from tangram.core.policies.static import BurstablePods, DedicatedGpus, SizedGpus, StaticPods
+from tangram.core.policies.tuning import PAPER, ROBUST, ElasticTuning
 
 #: Cores per pod of the Kubernetes baseline when none is given (``k8s-static:K`` overrides).
 DEFAULT_POD_CORES = 4
@@ -21,9 +23,15 @@ DEFAULT_POD_CORES = 4
 DEFAULT_GPUS_PER_SERVICE = 4
 
 
-def _tangram(arg: int | None) -> Policy:
-    window = arg or 32
-    return CompositePolicy("tangram", cpu=ElasticCpu(window), gpu=ElasticGpu(window), api=FifoApi())
+def _elastic(label: str, base: ElasticTuning) -> Callable[[int | None], Policy]:
+    """``tangram`` / ``tangram-paper``; ``:K`` fixes the candidate window at K."""
+
+    def make(arg: int | None) -> Policy:
+        tuning = base if arg is None else base.with_window(arg)
+        name = label if arg is None else f"{label}:{arg}"
+        return CompositePolicy(name, cpu=ElasticCpu(tuning), gpu=ElasticGpu(tuning), api=FifoApi())
+
+    return make
 
 
 def _fixed(arg: int | None) -> Policy:
@@ -70,7 +78,8 @@ def _sglang_sized(arg: int | None) -> Policy:
 #: ``k8s-static:K`` sets the pod size, ``k8s-burstable:R`` the pod's CPU requests, ``sglang-static:G`` the GPUs per service,
 #: ``sglang-sized:G`` the GPUs split among services by expected load (default: all of them).
 POLICIES: dict[str, Callable[[int | None], Policy]] = {
-    "tangram": _tangram,
+    "tangram": _elastic("tangram", ROBUST),
+    "tangram-paper": _elastic("tangram-paper", PAPER),
     "fixed": _fixed,
     "k8s-static": _k8s,
     "k8s-burstable": _k8s_burstable,

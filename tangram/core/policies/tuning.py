@@ -1,0 +1,41 @@
+"""What distinguishes ``tangram`` from ``tangram-paper``: the elastic rules' switches.
+
+``tangram-paper`` is the paper's policy (arXiv 2603.13019), kept for the reproduction
+experiments: a candidate window of 32, DoP fixed at start, one restore weighed against one
+call, one FCFS order for GPU calls. ``tangram`` is the robust default that turns on each
+mechanism below (issue 11; docs/core.md says why each exists and what it costs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+#: The paper's candidate window (actions considered per pass).
+PAPER_WINDOW = 32
+
+
+@dataclass(frozen=True)
+class ElasticTuning:
+    """Switches of the elastic CPU and GPU rules (one record, shared by both)."""
+
+    #: Candidates per pass; None sizes the window from the free units (a burst of small
+    #: actions is never starved by a fixed window).
+    window: int | None = None
+    #: Queued actions looked at behind the candidates (the eviction test's projection).
+    depth: int = 32
+    #: Running malleable CPU actions' cores grow and shrink at each pass.
+    malleable: bool = True
+    #: A non-malleable CPU action's DoP allows for trajectories about to send actions.
+    arrival_aware: bool = True
+    #: GPU: restores weighed against the calls a service is expected to receive, evictions
+    #: charged to the start that forces them, per-service order for calls.
+    gpu_robust: bool = True
+
+    def with_window(self, window: int | None) -> ElasticTuning:
+        return replace(self, window=window)
+
+
+#: The paper's policy: every mechanism off, the window fixed at 32.
+PAPER = ElasticTuning(window=PAPER_WINDOW, malleable=False, arrival_aware=False, gpu_robust=False)
+#: The default ``tangram`` policy.
+ROBUST = ElasticTuning()
