@@ -42,6 +42,11 @@ class Action:
     #: holds and restores all ``service_size_gb``); False: split in k shards of size/k, as EOE's
     #: layer-sharded services and the simulator's model are.
     service_replicas: bool = False
+    #: A CPU program whose parallelism follows the cores it is given while it runs (a
+    #: work-stealing pool sized ``max_units``, ``make -j max_units`` under a cpuset): the core
+    #: may grow and shrink its grant, up to ``max_units``. False: its thread count is fixed at
+    #: its start DoP (it reads ``nproc``), so it keeps that DoP (docs/core.md, "Malleable grants").
+    malleable: bool = False
     #: Free-form label the driver uses to find the work (a command, a payload key); never read by the core.
     payload: str | None = field(default=None, compare=False)
 
@@ -71,6 +76,8 @@ class Action:
             raise ActionError(f"{where}: a {self.resource.value} action must name its service")
         if self.resource is ResourceKind.API and self.max_units != 1:
             raise ActionError(f"{where}: an API action takes exactly one call slot (max_units=1)")
+        if self.malleable and self.resource is not ResourceKind.CPU:
+            raise ActionError(f"{where}: only a cpu action can be malleable (its cores resized)")
         if self.resource is ResourceKind.API and not isinstance(self.curve, Inelastic):
             raise ActionError(f"{where}: an API action is inelastic; give it an Inelastic curve")
 
@@ -88,6 +95,7 @@ class Action:
         memory_gb: float,
         service: str | None,
         service_size_gb: float,
+        malleable: bool = False,
     ) -> Action:
         """An action from fields a validating record already checked (a ``TraceRow``).
 
@@ -112,6 +120,7 @@ class Action:
                 "service_size_gb": service_size_gb,
                 "node": None,
                 "service_replicas": False,
+                "malleable": malleable,
                 "payload": None,
             },
         )

@@ -37,6 +37,9 @@ class Capabilities:
     alone: AloneRule | None = None
     #: Its CPU starts share their node's cycles as CFS does (``RuleTraits.shares_cpu``).
     cpu_shared: bool = False
+    #: Its passes may resize running malleable actions (``RuleTraits.resizes``): a completion
+    #: or lone arrival on a node where one runs needs the full pass.
+    resizes: bool = False
 
     def __post_init__(self) -> None:
         if self.alone is not None and not self.queue_driven:

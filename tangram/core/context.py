@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING
 
 from tangram.core.action import Action
 from tangram.core.backlog import Domain
-from tangram.core.decision import Decision, Defer, Reject, Start
+from tangram.core.decision import Decision, Defer, Reject, Resize, Start
 from tangram.core.fastpaths import FastPaths
 from tangram.core.options import Options
+from tangram.core.resize import resize_action
 from tangram.core.running import Running
 from tangram.core.starts import start_action
 
@@ -142,6 +143,16 @@ class Context:
     #: ``start`` a CPU action on cores the core picks: the same call as ``start`` without
     #: ``cores``, kept under this name for the policies written against it.
     start_on_cores = start
+
+    def resize(self, running: Running, units: int, reason: str) -> Resize:
+        """Grow or shrink a running malleable CPU action to ``units`` cores
+        (``tangram.core.resize``); only a scheduler whose driver applies resizes allows it."""
+        if not self.scheduler.resizable:
+            raise RuntimeError("this scheduler's driver cannot resize running actions")
+        resize = resize_action(self.scheduler, running, units, reason, self.now)
+        self.decisions.append(resize)
+        self.dirty[running.domain] = None
+        return resize
 
     def defer(self, action: Action, reason: str) -> None:
         self.decisions.append(Defer(self.now, action, reason))

@@ -1,4 +1,5 @@
-"""What a policy returns: start an action somewhere, defer it, or reject it, with a reason."""
+"""What a policy returns: start an action somewhere, resize a running one, defer or reject it,
+each with a reason."""
 
 from __future__ import annotations
 
@@ -36,6 +37,24 @@ class Start(NamedTuple):
     slot_since: float | None = None
 
 
+class Resize(NamedTuple):
+    """A running malleable CPU action now runs on ``cores`` (``units`` of them, was ``previous``).
+
+    AOE writes the new cpuset (and quota) into the running container; the simulator integrates
+    the action's progress at its curve's rate on the old units up to ``time`` and on the new
+    ones after. ``cores`` is the whole new set: it keeps the cores it had when it shrinks (the
+    highest go) and keeps them all when it grows.
+    """
+
+    time: float
+    action: Action
+    node: str
+    units: int
+    cores: tuple[int, ...]
+    previous: int
+    reason: str
+
+
 @dataclass(frozen=True)
 class Defer:
     """The action stays queued although it could have started (the paper's "eviction")."""
@@ -54,4 +73,4 @@ class Reject:
     reason: str
 
 
-Decision = Start | Defer | Reject
+Decision = Start | Resize | Defer | Reject

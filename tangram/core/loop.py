@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from tangram.core.action import Action
-from tangram.core.decision import Decision, Defer, Reject, Start
+from tangram.core.decision import Decision, Defer, Reject, Resize, Start
 from tangram.core.scheduler import Scheduler
 
 
@@ -43,6 +43,10 @@ class Host(Protocol):
 
     def defer(self, defer: Defer) -> None:
         """The action stays queued although it could have started (count it)."""
+
+    def resize(self, resize: Resize) -> None:
+        """A running malleable action's cores changed (apply the new cpuset; a host whose
+        scheduler is not ``resizable`` never gets one and may leave it out)."""
 
     def handed(self, arrived: Sequence[Action], finished: Sequence[str]) -> None:
         """These events go to the core now, in one pass (the runtime moves their phases)."""
@@ -102,6 +106,8 @@ class DriverLoop:
             Reject: host.reject,  # type: ignore[dict-item]
             Defer: host.defer,  # type: ignore[dict-item]
         }
+        if scheduler.resizable:
+            self._handlers[Resize] = host.resize  # type: ignore[assignment]
         self._request_flush = host.request_flush
         self._handed = host.handed
         self._settled = host.settled

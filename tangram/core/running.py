@@ -28,11 +28,14 @@ _NOTHING: dict[str, Running] = {}
 class RunningSet:
     """Running actions by id and by domain (a policy reads a domain's for its projections)."""
 
-    __slots__ = ("by_id", "by_domain")
+    __slots__ = ("by_id", "by_domain", "malleable")
 
     def __init__(self) -> None:
         self.by_id: dict[str, Running] = {}
         self.by_domain: dict[Domain, dict[str, Running]] = {}
+        #: Running malleable actions per domain (a pass may resize them: the scheduler's
+        #: queue-driven shortcuts hold only where none runs).
+        self.malleable: dict[Domain, int] = {}
 
     def __len__(self) -> int:
         return len(self.by_id)
@@ -50,11 +53,21 @@ class RunningSet:
         if by_domain is None:
             by_domain = self.by_domain[domain] = {}
         by_domain[action.id] = running
+        if action.malleable:
+            self.malleable[domain] = self.malleable.get(domain, 0) + 1
+
+    def replace(self, running: Running) -> None:
+        """A running action's grant changed (a resize): its record is the new one."""
+        action_id = running.action.id
+        self.by_id[action_id] = running
+        self.by_domain[running.domain][action_id] = running
 
     def pop(self, action_id: str) -> Running:
         """The action ended: it leaves the set (its units are the caller's to return)."""
         running = self.by_id.pop(action_id)
         del self.by_domain[running.domain][action_id]
+        if running.action.malleable:
+            self.malleable[running.domain] -= 1
         return running
 
     def in_domain(self, domain: Domain) -> Iterator[Running]:

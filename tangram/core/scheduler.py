@@ -57,8 +57,18 @@ def capabilities_of(policy: object) -> Capabilities:
 class Scheduler:
     """Event-driven front of the core: one per cluster, driving one policy."""
 
-    def __init__(self, cluster: ClusterSpec, policy: Any, *, fast: FastPaths = FAST) -> None:
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        policy: Any,
+        *,
+        fast: FastPaths = FAST,
+        resizable: bool = False,
+    ) -> None:
         caps = capabilities_of(policy)
+        #: The driver applies ``Resize`` decisions to running actions (a driver that cannot
+        #: says False, and the policy then keeps every grant as it started).
+        self.resizable = resizable
         self.cluster = cluster
         self.policy = policy
         self.capabilities = caps
@@ -79,6 +89,8 @@ class Scheduler:
         self._skip_idle = caps.queue_driven and fast.idle_finish
         self._alone = caps.alone if fast.lone_arrival else None
         self._skip_placed_checks = fast.placed_arrival
+        #: The policy may resize running malleable actions, and this driver applies resizes.
+        self._resizes = caps.resizes and resizable
         self._cpu_domains: dict[str | None, Domain] = {n: ("cpu", n) for n in self.state.cpu}
         # The parts' members the hot path reads on every event, bound once.
         self._queues = self.backlog.queues
@@ -287,10 +299,9 @@ class Scheduler:
 
     def _complete(self, ctx: Context, finished: Sequence[str]) -> None:
         """Running actions ended: they stop running and their units return to the pool."""
-        by_id, by_domain = self._running, self.runs.by_domain
+        pop = self.runs.pop
         for action_id in finished:
-            running = by_id.pop(action_id)  # (``RunningSet.pop``, inline)
-            del by_domain[running.domain][action_id]
+            running = pop(action_id)
             self._release(running.start)
             ctx.finished.append(running)
             ctx.dirty[running.domain] = None
@@ -301,16 +312,18 @@ class Scheduler:
         would decide nothing); False, doing nothing, when an action waits where they free units.
         (The commonest event of a replay: the clock move and the running set's pop, inline.)"""
         queues, running = self._queues, self._running
+        malleable = self.runs.malleable if self._resizes else None
         for action_id in finished:
-            queue = queues.get(running[action_id].domain)
+            domain = running[action_id].domain
+            queue = queues.get(domain)
             if queue is not None and queue.live:
                 return False
+            if malleable and malleable.get(domain):  # freed cores may grow a running action
+                return False
         self._clock_to(now)
-        by_domain = self.runs.by_domain
+        pop = self.runs.pop
         for action_id in finished:
-            done = running.pop(action_id)  # (``RunningSet.pop``)
-            del by_domain[done.domain][action_id]
-            self._release(done.start)
+            self._release(pop(action_id).start)
         return True
 
     def _admit(self, ctx: Context, action: Action) -> None:
@@ -344,7 +357,9 @@ class Scheduler:
         domain = self._cpu_domains[node]
         opts = self._options_for(action, node)
         queue = self._queues.get(domain)
-        if queue is not None and queue.live:  # others wait: it joins them, the full pass
+        if (queue is not None and queue.live) or (  # others wait: it joins them, the full pass
+            self._resizes and self.runs.malleable.get(domain)  # or it may shrink a running one
+        ):
             ctx = self._begin(now)
             self._enqueue(ctx, action, opts)
             return self._pass(ctx)

@@ -119,6 +119,29 @@ class CpuNodeState:
             if not 0 <= c < self.spec.cores:
                 raise CapacityError(f"{self.spec.name}: core {c} does not exist")
 
+    def grow_cores(self, held: tuple[int, ...], n: int) -> tuple[int, ...]:
+        """Take ``n`` more free cores for an action holding ``held``: from its own NUMA domains
+        first (most free first), then the others; returns only the new cores."""
+        if n > self.free_cores:
+            raise CapacityError(f"{self.spec.name}: {n} cores asked, {self.free_cores} free")
+        per = self._per_numa
+        own = {c // per for c in held}
+        order = sorted(
+            range(len(self.free_by_numa)),
+            key=lambda d: (d not in own, -len(self.free_by_numa[d]), d),
+        )
+        chosen: list[int] = []
+        for d in order:
+            if len(chosen) == n:
+                break
+            domain = self.free_by_numa[d]
+            k = min(n - len(chosen), len(domain))
+            chosen += domain[:k]
+            del domain[:k]
+        self.free_cores -= n
+        self.usage.cores += n
+        return tuple(chosen)
+
     def release_granted(self, cores: tuple[int, ...]) -> None:
         """Return cores a running action was granted (by ``take_cores`` or ``grant_cores``).
 

@@ -5,9 +5,12 @@ on any idle cycle of its node: CFS gives each runnable cgroup CPU time in propor
 weight (``cpu.shares`` / ``cpu.weight``, set from the requests), and what one cannot use goes
 to the others. The fluid model here:
 
-- each running action is a job of ``work`` core-seconds (its one-core time) that can keep at
-  most ``cap`` cores busy (its speed-up at its thread count: an Amdahl program's average
-  parallelism), weighted by its pod's requests;
+- each running action is a job of ``work`` core-seconds (its one-core time), weighted by its
+  pod's requests, in two phases: its serial work (the curve's serial fraction at its thread
+  count T, ``Job.amdahl``) runs one thread, so it can keep at most one core busy; the rest keeps
+  at most T cores busy. Alone on enough cores it takes its curve's time at T
+  (s w + (1 - s) w / T); squeezed to fewer cores its parallel phase slows, never its serial one,
+  and the cores its serial phase leaves idle go to the other jobs;
 - the node's cores are split by weighted water-filling: every job gets min(cap, weight x L),
   with the level L chosen so the node is fully used or every job is at its cap;
 - a job progresses at the cores it gets, so alone it takes its curve's time at its thread
@@ -15,7 +18,9 @@ to the others. The fluid model here:
 
 The model is work-conserving at every instant (serial phases of one job lend their idle cores
 to others perfectly), which favours the baseline: real CFS loses some of that to wake-up
-latency and cache effects.
+latency and cache effects. (Until issue 11 a job was one phase capped at its mean parallelism,
+speed-up(T) cores: alone on 2 cores a 16-thread job with serial fraction 0.5 then took its
+16-core time, 0.53 t1, where its program needs 0.75 t1; the two phases fix that.)
 """
 
 from __future__ import annotations
@@ -32,15 +37,37 @@ class Job:
     """One running action on a shared node (mutable: its work drains)."""
 
     work: float
-    cap: float
+    #: Most cores its parallel phase keeps busy (its thread count).
+    threads: float
     weight: float
     cores: float = 0.0
     #: The work it started with (core-seconds): ``work`` drains to 0.
     total: float = 0.0
+    #: Work left of its serial phase (one thread), done first.
+    serial: float = 0.0
+    #: In its serial phase (until ``SharedNode.finish_due`` sees that phase's work done).
+    in_serial: bool = False
 
     def __post_init__(self) -> None:
         if not self.total:
             self.total = self.work
+        self.in_serial = self.serial > 0
+
+    @classmethod
+    def amdahl(cls, work: float, threads: int, speedup: float, weight: float) -> Job:
+        """A job whose curve gives ``speedup`` on its ``threads``: the serial fraction that
+        speed-up implies (Amdahl's law solved for s) is its serial phase."""
+        s = (threads / speedup - 1.0) / (threads - 1.0) if threads > 1 else 0.0
+        return cls(work, float(threads), weight, serial=min(1.0, max(0.0, s)) * work)
+
+    @property
+    def cap(self) -> float:
+        """Most cores it can keep busy now: one in its serial phase, its threads after."""
+        return min(1.0, self.threads) if self.in_serial else self.threads
+
+    def phase_left(self) -> float:
+        """Work left in its current phase (core-seconds)."""
+        return self.serial if self.in_serial else self.work
 
 
 def water_fill(jobs: list[Job], capacity: float) -> None:
@@ -79,6 +106,8 @@ class SharedNode:
         if dt > 0:
             for job in self.jobs.values():
                 job.work -= job.cores * dt
+                if job.in_serial:
+                    job.serial -= job.cores * dt
         self.since = now
 
     def _split(self) -> None:
@@ -92,18 +121,27 @@ class SharedNode:
         self._split()
 
     def finish_due(self, now: float) -> list[tuple[str, Job]]:
-        """Bring work up to ``now``; remove and return the jobs that are done."""
+        """Bring work up to ``now``; remove and return the jobs that are done (and re-split
+        when one is done or ended its serial phase)."""
         self._drain(now)
         done = [
             (k, j) for k, j in self.jobs.items() if j.work <= _DONE_WITHIN_S * max(j.cores, 1e-3)
         ]
         for k, _ in done:
             del self.jobs[k]
-        if done:
+        phased = False
+        for j in self.jobs.values():
+            if j.in_serial and j.serial <= _DONE_WITHIN_S * max(j.cores, 1e-3):
+                j.serial, j.in_serial, phased = 0.0, False, True
+        if done or phased:
             self._split()
         return done
 
     def next_finish(self) -> float | None:
-        """When the first running job will be done at the current split (None: no job)."""
-        times = [self.since + max(j.work, 0.0) / j.cores for j in self.jobs.values() if j.cores > 0]
+        """When the first running job ends its phase at the current split (None: no job)."""
+        times = [
+            self.since + max(j.phase_left(), 0.0) / j.cores
+            for j in self.jobs.values()
+            if j.cores > 0
+        ]
         return min(times) if times else None

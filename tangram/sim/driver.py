@@ -28,7 +28,7 @@ from simpy.core import EmptySchedule
 
 from tangram.core.action import Action
 from tangram.core.cells import aligned_cells, smallest_cell_for
-from tangram.core.decision import Defer, Reject, Start
+from tangram.core.decision import Defer, Reject, Resize, Start
 from tangram.core.loop import DriverLoop
 from tangram.core.policies import make_policy
 from tangram.core.resources import ClusterSpec, ResourceKind
@@ -58,6 +58,19 @@ class ActionRecord:
     outcome: str = "pending"
     reason: str = ""
     deferrals: int = 0
+
+
+@dataclass(slots=True)
+class MalleableRun:
+    """A resized action's progress: the work left when its current grant began, on how many
+    cores, its noise factor and the core-seconds it used so far (one per resized action)."""
+
+    begun: float
+    units: int
+    left: float
+    noise: float
+    core_s: float = 0.0
+    version: int = 0
 
 
 @dataclass
@@ -148,7 +161,7 @@ class Simulation:
         self.config = config or SimConfig()
         self.env = simpy.Environment()
         self.policy = make_policy(self.config.policy)
-        self.scheduler = Scheduler(cluster, self.policy)
+        self.scheduler = Scheduler(cluster, self.policy, resizable=True)
         self.residency = ResidencyModel(
             {n.name: n.gpu_memory_gb for n in cluster.gpu_nodes}, self.scheduler.report_residency
         )
@@ -168,6 +181,8 @@ class Simulation:
             else frozenset()
         )
         self._barriers: list[StepBarrier] = []
+        #: Actions resized at least once: their progress, integrated grant by grant.
+        self._malleable: dict[str, MalleableRun] = {}
         self.loop = DriverLoop(self.scheduler, self, timer=clock)
         self._unbounded = self.scheduler.unbounded
         #: node -> its running burstable actions, when the policy shares CPU as CFS does.
@@ -441,7 +456,7 @@ class Simulation:
         ov = self.config.overheads
         if ov.exec_noise_sigma > 0:
             work *= float(self.noise.lognormal(-0.5 * ov.exec_noise_sigma**2, ov.exec_noise_sigma))
-        job = Job(work=work, cap=curve.speedup(d.units), weight=float(max(len(d.cores), 1)))
+        job = Job.amdahl(work, d.units, curve.speedup(d.units), float(max(len(d.cores), 1)))
         rec.overhead = overhead
         if overhead > 0:
             timer = self.env.timeout(overhead, (d.node, d.action.id, job))
@@ -474,12 +489,59 @@ class Simulation:
             rec.execution = now - rec.start - rec.overhead
             # The mean cores it received, so that busy core-seconds (units x execution) are
             # its work.
-            rec.units = job.total / rec.execution if rec.execution > 0 else job.cap
+            rec.units = job.total / rec.execution if rec.execution > 0 else job.threads
             self._complete(action_id)
         self._arm_shared(node)
 
     def _finished(self, timer: simpy.Event) -> None:
+        if timer.value in self._malleable:
+            return  # resized since: its own timer ends it
         self._complete(timer.value)
+
+    # ------------------------------------------------------------------ malleable grants
+    def resize(self, d: Resize) -> None:
+        """A running action's cores changed: the work it did so far ran at its curve's rate on
+        the old cores (Amdahl), the work left runs on the new ones."""
+        action_id, curve = d.action.id, d.action.curve
+        rec = self.records[action_id]
+        if rec.finish is not None:
+            # It ended this instant and the core has not seen that yet (a trajectory's close
+            # passes before the instant's completions are flushed): nothing left to run.
+            return
+        now = self.env.now
+        run = self._malleable.get(action_id)
+        if run is None:  # its first resize: its start's timer no longer ends it
+            planned = curve.duration(rec.units)
+            noise = rec.execution / planned if planned > 0 else 1.0
+            run = self._malleable[action_id] = MalleableRun(
+                rec.start + rec.overhead, int(rec.units), 1.0, noise
+            )
+        if now > run.begun:
+            on_old = run.noise * curve.duration(run.units)
+            run.left = max(0.0, run.left - (now - run.begun) / on_old) if on_old > 0 else 0.0
+            run.core_s += run.units * (now - run.begun)
+            run.begun = now
+        run.units = d.units
+        run.version += 1
+        ends = run.begun + run.left * run.noise * curve.duration(d.units)
+        timer = self.env.timeout(max(0.0, ends - now), (action_id, run.version))
+        timer.callbacks.append(self._finished_malleable)
+
+    def _finished_malleable(self, timer: simpy.Event) -> None:
+        action_id, version = timer.value
+        run = self._malleable[action_id]
+        if version != run.version:
+            return  # resized again since this timer was armed
+        # (It stays in ``_malleable``: its start's timer, still armed, must find it there.)
+        run.version = -1
+        rec = self.records[action_id]
+        now = self.env.now
+        run.core_s += run.units * max(0.0, now - run.begun)
+        rec.execution = now - rec.start - rec.overhead
+        # The mean cores it held while executing, so busy core-seconds (units x execution)
+        # are what it used.
+        rec.units = run.core_s / rec.execution if rec.execution > 0 else run.units
+        self._complete(action_id)
 
     def _complete(self, action_id: str) -> None:
         rec = self.records[action_id]

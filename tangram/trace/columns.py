@@ -31,6 +31,7 @@ _TYPED = {
     "position": "int64",
     "max_units": "int64",
     "obs_units": "Int64",
+    "malleable": "bool",
     **dict.fromkeys(_FLOAT_FIELDS, "float64"),
 }
 

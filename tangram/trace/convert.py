@@ -38,6 +38,7 @@ def row_to_action(row: TraceRow, trajectory: str, arrival: float) -> Action:
         row.memory_gb if resource is _CPU else 0.0,
         row.service,
         row.service_size_gb,
+        row.malleable,
     )
 
 

@@ -88,6 +88,7 @@ def _arrow_schema(meta: Mapping[str, Any], version: int) -> Any:
         "int64": pa.int64(),
         "Int64": pa.int64(),
         "float64": pa.float64(),
+        "bool": pa.bool_(),
         "object": pa.string(),
     }
     return pa.schema(

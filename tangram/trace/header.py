@@ -15,11 +15,11 @@ from tangram.trace.errors import TraceError
 #: The newest schema version this code reads and writes (the ``tangram_trace`` header key).
 #: It reads every version from 1; it writes the lowest version that holds a trace's rows, so a
 #: trace that uses no newer field stays readable by older readers.
-TRACE_VERSION = 2
+TRACE_VERSION = 3
 
 #: Fields added after version 1, with the version that added them (a reader of an older
 #: version refuses them as unknown fields).
-FIELD_SINCE: dict[str, int] = {"sync": 2}
+FIELD_SINCE: dict[str, int] = {"sync": 2, "malleable": 3}
 
 #: Key of the header object (JSONL), of the Arrow schema metadata (Parquet) and of ``df.attrs``.
 HEADER_KEY = "tangram_trace"

@@ -93,7 +93,8 @@ class TraceRow:
     ``arrival_s`` set means an open-loop trace (absolute submission times); ``None`` means the
     rollout model decides arrivals. ``sync="step"`` (closed loop) holds the action, once its
     generation is done, until every trajectory of its step has reached its own ``sync`` action
-    or ended: a batch-synchronous reward or judge. ``obs_*`` fields are what a live run observed (``None`` in
+    or ended: a batch-synchronous reward or judge. ``malleable`` (v3, CPU only): the program
+    uses whatever cores it is given while it runs, up to ``max_units`` (see ``Action.malleable``). ``obs_*`` fields are what a live run observed (``None`` in
     generated traces).
     """
 
@@ -115,6 +116,7 @@ class TraceRow:
     arrival_s: float | None = None
     gen_after_s: float = 0.0
     sync: str | None = None
+    malleable: bool = False
     obs_arrival_s: float | None = None
     obs_units: int | None = None
     obs_queue_s: float | None = None
@@ -155,6 +157,12 @@ class TraceRow:
             put(self, name, _as_float(name, getattr(self, name), optional=True))
         if self.sync is not None and self.sync not in SYNCS:
             raise _fail("sync", f"must be one of {list(SYNCS)} or null, got {self.sync!r}")
+        if not isinstance(self.malleable, bool):
+            raise _fail("malleable", f"must be true or false, got {self.malleable!r}")
+        if self.malleable and self.resource != "cpu":
+            raise _fail(
+                "malleable", f"only a cpu action can be malleable, not a {self.resource} one"
+            )
         put(self, "obs_units", _as_int("obs_units", self.obs_units, minimum=1, optional=True))
         if self.obs_outcome is not None and self.obs_outcome not in OUTCOMES:
             raise _fail(
@@ -211,6 +219,9 @@ class TraceRow:
 FIELDS: tuple[str, ...] = tuple(f.name for f in fields(TraceRow))
 REQUIRED: frozenset[str] = frozenset(f.name for f in fields(TraceRow) if f.default is MISSING)
 _DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(TraceRow) if f.name not in REQUIRED}
+#: Each optional field's default (a trace whose rows all leave a newer field at its default
+#: is written as an older version).
+FIELD_DEFAULTS: dict[str, Any] = dict(_DEFAULTS)
 
 
 def row_from_mapping(record: Mapping[str, Any]) -> TraceRow:

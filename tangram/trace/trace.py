@@ -14,7 +14,7 @@ from typing import Any
 from tangram.trace.columns import DTYPES, from_cell, to_flat
 from tangram.trace.errors import TraceError
 from tangram.trace.header import FIELD_SINCE, HEADER_KEY
-from tangram.trace.row import FIELDS, REQUIRED, TraceRow, parse_record
+from tangram.trace.row import FIELD_DEFAULTS, FIELDS, REQUIRED, TraceRow, parse_record
 
 
 def check_rows(rows: Sequence[TraceRow], locate: Callable[[int], str]) -> None:
@@ -97,7 +97,8 @@ class Trace:
         """The lowest format version that holds these rows (``header.FIELD_SINCE``)."""
         version = 1
         for name, since in FIELD_SINCE.items():
-            if since > version and any(getattr(r, name) is not None for r in self.rows):
+            default = FIELD_DEFAULTS[name]
+            if since > version and any(getattr(r, name) != default for r in self.rows):
                 version = since
         return version
 

@@ -1,4 +1,5 @@
-"""k8s-burstable: pods admitted by CPU requests, sharing idle cycles as CFS does (fluid)."""
+"""k8s-burstable: pods admitted by CPU requests, sharing idle cycles as CFS does (fluid, with a
+serial phase on one thread and a parallel phase on the job's threads)."""
 
 import pytest
 from hypothesis import given
@@ -16,8 +17,9 @@ jobs = st.lists(
     st.builds(
         Job,
         work=st.floats(0.01, 100),
-        cap=st.floats(0.1, 64),
+        threads=st.floats(0.1, 64),
         weight=st.sampled_from([1.0, 2.0, 4.0]),
+        serial=st.sampled_from([0.0, 0.5]),
     ),
     min_size=1,
     max_size=12,
@@ -98,6 +100,17 @@ def test_an_amdahl_action_alone_takes_its_curves_time_at_its_thread_count():
     # s = 0.5 on 8 threads: T(8) = 8 * (0.5 + 0.5 / 8) = 4.5 s.
     _, acts = run([cpu_row("A", 1.0, s=0.5)], "k8s-burstable:2")
     assert acts.loc["A-a0", "exec_s"] == pytest.approx(4.5)
+
+
+def test_a_squeezed_job_slows_in_its_parallel_phase_not_below_its_serial_time():
+    # A: 8 core-s, s = 0.5 on 8 threads; B: 80 core-s, perfectly parallel; equal requests.
+    # A's serial phase (4 core-s) runs on one core (B gets the other 7): 4 s; its parallel
+    # phase (4 core-s) gets half the node, 4 cores: 1 s. A takes 5 s, not its 4.5 s alone:
+    # a job's mean parallelism (1.78 cores) is not a share it can keep busy while squeezed.
+    _, acts = run([cpu_row("A", 1.0, s=0.5), cpu_row("B", 1.0, t1=80.0)], "k8s-burstable:4")
+    assert acts.loc["A-a0", "exec_s"] == pytest.approx(5.0)
+    # B: 7 cores for 4 s (28 core-s), 4 cores for 1 s (4), then alone on 8: 48 / 8 = 6 s.
+    assert acts.loc["B-a0", "exec_s"] == pytest.approx(11.0)
 
 
 def test_the_node_is_never_oversubscribed_and_work_is_conserved_on_a_real_workload():

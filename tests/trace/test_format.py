@@ -29,7 +29,8 @@ def test_the_fields_are_the_v1_contract_in_order():
     assert FIELDS == (
         "action_id", "trajectory", "step", "position", "task", "kind", "gen_before_s",
         "resource", "t1_s", "max_units", "serial_fraction", "curve", "service",
-        "service_size_gb", "memory_gb", "arrival_s", "gen_after_s", "sync", "obs_arrival_s",
+        "service_size_gb", "memory_gb", "arrival_s", "gen_after_s", "sync", "malleable",
+        "obs_arrival_s",
         "obs_units", "obs_queue_s", "obs_overhead_s", "obs_exec_s", "obs_outcome", "obs_node",
     )  # fmt: skip
     assert {
@@ -78,7 +79,20 @@ def test_the_jsonl_header_carries_the_version_and_meta(tmp_path):
     assert first == {"tangram_trace": 1, "workload": "w", "seed": 3}
     synced = Trace((row(sync="step"),), {"workload": "w"})
     first = json.loads(write_trace(synced, tmp_path / "s.jsonl").read_text().splitlines()[0])
+    assert first == {"tangram_trace": 2, "workload": "w"}
+    malleable = Trace((row(malleable=True),), {"workload": "w"})
+    first = json.loads(write_trace(malleable, tmp_path / "m.jsonl").read_text().splitlines()[0])
     assert first == {"tangram_trace": TRACE_VERSION, "workload": "w"}
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_a_malleable_row_round_trips_and_only_a_cpu_row_may_be_malleable(tmp_path, suffix):
+    both = Trace((row(malleable=True), row(action_id="t0-a1", position=1)), {})
+    assert load_trace(write_trace(both, tmp_path / f"m{suffix}")) == both
+    with pytest.raises(TraceError, match="malleable"):
+        row(resource="api", service="s", serial_fraction=None, max_units=1, malleable=True)
+    with pytest.raises(TraceError, match="malleable"):
+        row(malleable="yes")
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
@@ -108,7 +122,7 @@ def test_parquet_stores_curve_as_json_and_meta_in_the_schema(tmp_path):
     trace = Trace((row(curve=Amdahl(2.0, 0.5).to_dict()),), {"workload": "w"})
     path = write_trace(trace, tmp_path / "t.parquet")
     table = pq.read_table(path)
-    assert table.column_names == [f for f in FIELDS if f != "sync"]  # a v1 file
+    assert table.column_names == [f for f in FIELDS if f not in ("sync", "malleable")]  # v1
     assert json.loads(table.column("curve")[0].as_py()) == {
         "kind": "amdahl",
         "t1": 2.0,

@@ -140,9 +140,9 @@ def test_a_bad_row_names_file_line_and_field(tmp_path, case):
 
 
 def test_a_future_version_is_refused_clearly(tmp_path):
-    err = load_error(tmp_path, [good(0)], header={"tangram_trace": 3})
+    err = load_error(tmp_path, [good(0)], header={"tangram_trace": 4})
     assert (err.where, err.field) == ("line 1", "tangram_trace")
-    assert "version 3 is newer than this Tangram reads (version 2)" in str(err)
+    assert "version 4 is newer than this Tangram reads (version 3)" in str(err)
 
 
 def test_a_file_without_a_header_is_not_a_trace(tmp_path):
@@ -189,8 +189,8 @@ def test_a_bad_parquet_row_names_its_row_index_and_field(tmp_path):
 
 
 def test_a_parquet_of_a_future_version_is_refused(tmp_path):
-    with pytest.raises(TraceError, match="version 3 is newer"):
-        load_trace(parquet_with(tmp_path, [0.5], version=3))
+    with pytest.raises(TraceError, match="version 4 is newer"):
+        load_trace(parquet_with(tmp_path, [0.5], version=4))
 
 
 def test_a_parquet_without_tangram_metadata_is_not_a_trace(tmp_path):

@@ -70,6 +70,10 @@ class RuleTraits:
     #: cycles the way Linux CFS does (a burstable pod). The simulator models that sharing
     #: (``tangram.sim.cfs``); the live runtime, which grants exclusive cores, refuses it.
     shares_cpu: bool = False
+    #: Its pass may grow and shrink running malleable actions (a completion with nothing queued
+    #: may grow them, a lone arrival shrink them): the queue-driven shortcuts then hold only on
+    #: a node where none runs, which the scheduler checks.
+    resizes: bool = False
 
 
 class DomainRule:
@@ -127,6 +131,7 @@ class CompositePolicy(BasePolicy):
             # The CPU rule's decision for a lone arrival into an empty queue, when it has one.
             alone=cpu.alone if queue_driven and cpu.traits.lone_arrival else None,  # type: ignore[attr-defined]
             cpu_shared=cpu.traits.shares_cpu,
+            resizes=cpu.traits.resizes,
         )
 
     def schedule(self, ctx: Context) -> None:

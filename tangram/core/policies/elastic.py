@@ -17,6 +17,7 @@ For each domain whose capacity or queue changed (paper-notes.md, "Elastic schedu
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import NamedTuple
 
 from tangram.core.action import Action
@@ -25,6 +26,7 @@ from tangram.core.backlog import Domain
 from tangram.core.context import Context
 from tangram.core.options import Options
 from tangram.core.policies.base import DomainRule, RuleTraits
+from tangram.core.policies.malleable import grow_to_fill, shrink_to_admit
 from tangram.core.policies.tuning import ROBUST, ElasticTuning
 from tangram.core.projection import projected_total
 from tangram.core.state import CpuNodeState
@@ -173,11 +175,22 @@ class ElasticCpu(DomainRule):
     def __init__(self, tuning: ElasticTuning = ROBUST) -> None:
         self.tuning = tuning
         self.depth = tuning.depth
+        if tuning.malleable and type(self).traits is ElasticCpu.traits:
+            # (Not for a subclass with its own pass: it declares its own traits.)
+            self.traits = replace(ElasticCpu.traits, resizes=True)
 
     def schedule_domain(self, ctx: Context, domain: Domain) -> None:
         node = ctx.state.cpu[domain[1]]
-        if node.free_cores == 0 or not ctx.queue_len(domain):
-            return
+        malleable = self.tuning.malleable and ctx.scheduler.resizable
+        if malleable and ctx.queue_len(domain):
+            shrink_to_admit(ctx, domain, node.spec.cores)
+        if node.free_cores and ctx.queue_len(domain):
+            self._round(ctx, domain, node)
+        if malleable:
+            grow_to_fill(ctx, domain, node.spec.cores)
+
+    def _round(self, ctx: Context, domain: Domain, node: CpuNodeState) -> None:
+        """Steps 1-4 on the node's free cores."""
         free = node.free_cores
         rnd = elastic_round(ctx, domain, free, window=self.tuning.window or free, depth=self.depth)
         if rnd is None:

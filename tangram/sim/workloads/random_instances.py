@@ -77,6 +77,9 @@ class RandomParams:
     gen_sigma: float = 1.0
     #: Amdahl serial fraction of CPU actions: uniform in [0, serial_max].
     serial_max: float = 0.6
+    #: Share of CPU actions that are malleable (use whatever cores they get while they run,
+    #: ``Action.malleable``); the others keep their start DoP.
+    malleable_share: float = 0.5
     #: Serial fraction of GPU calls over tensor-parallel GPUs.
     gpu_serial_fraction: float = 0.25
     #: Zipf exponent of service popularity: each instance draws it uniformly in [0, zipf_max].
@@ -100,6 +103,7 @@ class RandomParams:
         for name in ("long_share_max", "sync_share"):
             require(0 <= getattr(self, name) <= 1, name, "must lie in [0, 1]")
         require(0 <= self.serial_max <= 1, "serial_max", "must lie in [0, 1]")
+        require(0 <= self.malleable_share <= 1, "malleable_share", "must lie in [0, 1]")
         require(0 <= self.gpu_serial_fraction <= 1, "gpu_serial_fraction", "must lie in [0, 1]")
         shares = tuple(self.mixed_shares)
         require(
@@ -109,7 +113,10 @@ class RandomParams:
         )
 
 
-_STREAMS = ("shape", "cluster", "services", "resource", "t1", "long", "gen", "serial", "units")
+_STREAMS = (
+    "shape", "cluster", "services", "resource", "t1", "long", "gen", "serial", "units",
+    "malleable",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -225,6 +232,7 @@ def generate_random(params: RandomParams, *, batch: int, steps: int, seed: int) 
             "cpu_units": cpu_units,
             "gpu_units": gpu_units,
             "service": service,
+            "malleable": rng["malleable"].random(total) < params.malleable_share,
         }
         k = 0
         for i in range(n):
@@ -262,7 +270,7 @@ def _action(
             "random", step, i, pos, "long" if d["long"][k] else "short",
             t1_s=times(np.array([p.cpu_t1_median_s * factor]))[0],
             max_units=int(d["cpu_units"][k]), serial_fraction=round(float(d["serial"][k]), 4),
-            memory_gb=CONTAINER_MEMORY_GB, **common,
+            memory_gb=CONTAINER_MEMORY_GB, malleable=bool(d["malleable"][k]), **common,
         )  # fmt: skip
     if kind == "gpu":
         name, size_gb, _ = shape.services[int(d["service"][k])]

@@ -1,0 +1,144 @@
+"""Malleable CPU grants: running malleable actions shrink to admit queued ones and grow into
+idle cores (beyond the paper, whose DoP is fixed at start).
+
+At each pass over a node, before the elastic round:
+
+* **shrink to admit**: the node's cores held by running malleable actions plus its free cores
+  are split among those actions (their work left) and the queued candidates (their whole work)
+  by marginal gain, each running action keeping at least one core and each candidate getting at
+  least its smallest option: a candidate is always admitted before any action gets a further
+  core. Running actions whose share is smaller give the difference back; the elastic round then
+  starts the queue on the free cores as before.
+* **grow to fill**: once nothing fits in the queue, free cores go to running malleable actions
+  by marginal gain (work left x the time the next core saves), up to ``max_units``.
+
+Hysteresis: a running action is resized only when its grant changes by at least a quarter
+(and by at least one core), so a pass never churns cpusets by a core or two; a shrink that
+admits a queued action is always made.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+
+from tangram.core.action import Action
+from tangram.core.backlog import Domain
+from tangram.core.context import Context
+from tangram.core.resize import remaining_fraction
+from tangram.core.running import Running
+
+#: A grant changes only by at least this share of itself (hysteresis against churn).
+HYSTERESIS = 0.25
+
+
+def _resizable(ctx: Context, domain: Domain) -> list[tuple[Running, float]]:
+    """The node's running malleable actions on their own cores, with their work left."""
+    now = ctx.now
+    return [
+        (r, remaining_fraction(r, now))
+        for r in ctx.running_in(domain)
+        if r.action.malleable and not r.start.in_slot and r.start.cores
+    ]
+
+
+def _worth(old: int, new: int) -> bool:
+    return abs(new - old) >= max(1.0, HYSTERESIS * old)
+
+
+def _split(
+    floors: list[int],
+    caps: list[int],
+    cost: list[Callable[[int], float]],
+    pool: int,
+) -> list[int]:
+    """Each participant's units: start at its floor, then hand out one unit at a time to the one
+    whose next unit saves the most (a heap; exact for convex durations), while any saves time."""
+    units = list(floors)
+    left = pool - sum(floors)
+    heap = [
+        (-(cost[i](units[i]) - cost[i](units[i] + 1)), i)
+        for i in range(len(units))
+        if units[i] < caps[i]
+    ]
+    heapq.heapify(heap)
+    while left > 0 and heap:
+        gain, i = heapq.heappop(heap)
+        if gain >= 0:  # (negated) the best next unit saves nothing
+            break
+        units[i] += 1
+        left -= 1
+        if units[i] < caps[i]:
+            nxt = cost[i](units[i]) - cost[i](units[i] + 1)
+            heapq.heappush(heap, (-nxt, i))
+    return units
+
+
+def _running_cost(r: Running, left: float) -> Callable[[int], float]:
+    curve = r.action.curve
+    return lambda k: left * curve.duration(k)
+
+
+def shrink_to_admit(ctx: Context, domain: Domain, cap: int) -> None:
+    """Shrink running malleable actions so the queued candidates get their share of the node."""
+    node = ctx.state.cpu[domain[1]]
+    resizable = _resizable(ctx, domain)
+    if not resizable:
+        return
+    pool = node.free_cores + sum(r.start.units for r, _ in resizable)
+    room = pool - len(resizable)  # each running action keeps a core
+    cands: list[Action] = []
+    need = 0
+    for action in ctx.queue(domain):
+        smallest = ctx.options(action).units[0]
+        if need + smallest > room:
+            break
+        cands.append(action)
+        need += smallest
+    if not cands:
+        return
+    floors = [1] * len(resizable) + [ctx.options(a).units[0] for a in cands]
+    caps = [min(r.action.max_units, cap) for r, _ in resizable] + [
+        ctx.options(a).units[-1] for a in cands
+    ]
+    costs = [_running_cost(r, left) for r, left in resizable] + [
+        _queued_cost(ctx, a) for a in cands
+    ]
+    target = _split(floors, caps, costs, pool)
+    short = need - node.free_cores  # cores the candidates' smallest options lack
+    for (r, _), units in zip(resizable, target, strict=False):
+        held = r.start.units
+        if units < held and (short > 0 or _worth(held, units)):
+            ctx.resize(
+                r,
+                units,
+                f"tangram: shrunk {held} -> {units} cores to admit {len(cands)} queued "
+                f"(marginal split of {pool} cores)",
+            )
+            short -= held - units
+
+
+def _queued_cost(ctx: Context, action: Action) -> Callable[[int], float]:
+    opts = ctx.options(action)
+    first = opts.units[0]
+    durations = opts.durations
+    return lambda k: durations[k - first]
+
+
+def grow_to_fill(ctx: Context, domain: Domain, cap: int) -> None:
+    """Give the node's free cores to running malleable actions, by marginal gain."""
+    node = ctx.state.cpu[domain[1]]
+    if node.free_cores == 0:
+        return
+    resizable = [(r, left) for r, left in _resizable(ctx, domain) if left > 0]
+    if not resizable:
+        return
+    held = [r.start.units for r, _ in resizable]
+    caps = [min(r.action.max_units, cap) for r, _ in resizable]
+    costs = [_running_cost(r, left) for r, left in resizable]
+    target = _split(held, caps, costs, node.free_cores + sum(held))
+    for (r, _), old, units in zip(resizable, held, target, strict=True):
+        if units > old and _worth(old, units):
+            ctx.resize(
+                r, units, f"tangram: grown {old} -> {units} cores into {node.free_cores} idle"
+            )
