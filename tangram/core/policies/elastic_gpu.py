@@ -7,16 +7,22 @@ resident cell when that is sooner than a restore, and places the cells.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from tangram.core.action import Action
 from tangram.core.backlog import GPU_DOMAIN, Domain
-from tangram.core.cells import cell_sizes
+from tangram.core.cells import aligned_cells, cell_sizes
 from tangram.core.context import Context
 from tangram.core.gpu_placement import place_cell
 from tangram.core.options import Options
 from tangram.core.policies.base import DomainRule, RuleTraits
 from tangram.core.policies.elastic import defer_evicted, elastic_round
+from tangram.core.policies.gpu_cost import (
+    ServiceLoad,
+    place_charged,
+    resident_copies,
+    robust_order,
+)
 from tangram.core.policies.tuning import ROBUST, ElasticTuning
 
 
@@ -35,8 +41,13 @@ class ElasticGpu(DomainRule):
     def __init__(self, tuning: ElasticTuning = ROBUST) -> None:
         self.tuning = tuning
         self.depth = tuning.depth
+        self.load = ServiceLoad()
 
     def schedule_domain(self, ctx: Context, domain: Domain) -> None:
+        if self.tuning.gpu_robust:
+            self.load.observe(ctx)
+            _RobustPass(self, ctx, domain).run()
+            return
         free = ctx.state.free_gpus
         if free == 0 or not ctx.queue_len(domain):
             return
@@ -115,20 +126,250 @@ class ElasticGpu(DomainRule):
 _NO_SIZES: frozenset[int] = frozenset()
 
 
+class _Ordered:
+    """The pass's Context with the GPU queue read in ``robust_order`` (``elastic_round``
+    reads the queue through ``ctx.queue``; everything else is the Context's)."""
+
+    __slots__ = ("_ctx", "_order")
+
+    def __init__(self, ctx: Context, order: Iterator[Action]) -> None:
+        self._ctx = ctx
+        self._order = order
+
+    def queue(self, domain: Domain) -> Iterator[Action]:
+        return self._order
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._ctx, name)
+
+
+class _RobustPass:
+    """One pass of the default's GPU rule: amortised restores, charged evictions, and the
+    per-service order (``gpu_cost``); everything is computed on first use, once per pass."""
+
+    def __init__(self, rule: ElasticGpu, ctx: Context, domain: Domain) -> None:
+        self.rule, self.ctx, self.domain = rule, ctx, domain
+        self.load = rule.load
+        self.restore_cost = _first_restore_cost(ctx) if ctx.state.gpu else None
+        self.pool_gb = sum(n.spec.gpus * n.spec.gpu_memory_gb for n in ctx.state.gpu.values())
+        self._resident: dict[str, set[int]] | None = None
+        self._held: dict[str, set[int]] | None = None
+        self._copies: dict[str, int] | None = None
+        self._busy: dict[str, float] | None = None
+        self._calls: dict[tuple[str, int], float] = {}
+        self._servers: dict[str, list[list[float]]] = {}
+        self._seen: dict[str, int] = {}
+        self._restores: set[str] = set()
+        self._claimed: dict[str, int] = {}
+        self._charge: dict[tuple[str, int], float | None] = {}
+
+    def resident_sizes(self, service: str) -> set[int] | frozenset[int]:
+        if self._resident is None:
+            self._resident = _resident_free_sizes(self.ctx)
+        return self._resident.get(service, _NO_SIZES)
+
+    def held_sizes(self, service: str) -> set[int] | frozenset[int]:
+        """Cell sizes at which some cell, free or busy, holds the service."""
+        if self._held is None:
+            self._held = _resident_sizes(self.ctx, free_only=False)
+        return self._held.get(service, _NO_SIZES)
+
+    def copies(self) -> dict[str, int]:
+        if self._copies is None:
+            self._copies = resident_copies(self.ctx)
+        return self._copies
+
+    def queued(self, service: str) -> int:
+        queue = self.ctx.scheduler.backlog.gpu_by_service.get(service)
+        return len(queue) if queue is not None else 0
+
+    def calls(self, service: str, size: int) -> float:
+        """Calls a restore of ``service`` onto a cell of ``size`` is amortised over.
+
+        The first copy at that size serves every call expected over the horizon
+        (``ServiceLoad.expected_calls``); another copy shares the calls still queued behind
+        this one with the copies that exist.
+        """
+        if size not in self.held_sizes(service):
+            key = (service, size)
+            n = self._calls.get(key)
+            if n is None:
+                n = self._calls[key] = self.load.expected_calls(
+                    service, self.ctx.now, self.queued(service), self.pool_gb
+                )
+            return n
+        behind = self.queued(service) - self._seen.get(service, 0)
+        return max(1.0, behind / (len(self.servers(service)) + 1))
+
+    def charge(self, action: Action, size: int) -> float | None:
+        """The eviction charge of the best free cell of ``size`` (None: no free cell)."""
+        key = (action.service or "", size)
+        if key not in self._charge:
+            spot = place_charged(self.ctx, size, action, self.load, self.copies())
+            self._charge[key] = None if spot is None else spot[2]
+        return self._charge[key]
+
+    def start_cost(self, action: Action, size: int) -> float:
+        """What a restore onto a cell of ``size`` adds to one call: the restore over the
+        calls it serves, plus the evictions it forces."""
+        assert self.restore_cost is not None
+        restore = self.restore_cost(action, size) / self.calls(action.service or "", size)
+        return restore + (self.charge(action, size) or 0.0)
+
+    def options(self, action: Action) -> Options:
+        opts = self.ctx.options(action)
+        # A call that found no cell holding its service free restores at every size.
+        claimed = self._claimed.get(action.id, 0)
+        sizes = (
+            _NO_SIZES
+            if action.id in self._restores
+            else {u for u in self.resident_sizes(action.service or "") if u <= claimed}
+        )
+        if sizes.issuperset(opts.units):
+            return opts
+        durations = tuple(
+            d if u in sizes else d + self.start_cost(action, u)
+            for u, d in zip(opts.units, opts.durations, strict=True)
+        )
+        return Options(opts.units, durations, False)
+
+    def servers(self, service: str) -> list[list[float]]:
+        """When each cell holding the service is next free (a heap; free cells: now).
+
+        The pass's calls of the service are queued on these cells in order (``hold``), so a
+        burst of calls to one model is seen as a queue on its cells, not as one call each.
+        """
+        heap = self._servers.get(service)
+        if heap is None:
+            heap = self._servers[service] = _holding_cells(self.ctx, service)
+        return heap
+
+    def hold(self, action: Action) -> str | None:
+        """Wait for a cell that holds the service when that is sooner than what a restore
+        costs this call (amortised over the calls it serves, with its evictions); each call
+        of the pass takes its place in the queue on the service's cells."""
+        ctx, service = self.ctx, action.service or ""
+        opts = ctx.options(action)
+        self._seen[service] = self._seen.get(service, 0) + 1
+        now, best = ctx.now, None
+        for cell in self.servers(service):
+            k = opts.best_within(int(cell[1]))
+            if k < 0:
+                continue
+            end = max(cell[0], now) + opts.durations[k]
+            if best is None or end < best[0]:
+                best = (end, cell, k)
+        extra, d_new = min(
+            (self.start_cost(action, u), d) for u, d in zip(opts.units, opts.durations, strict=True)
+        )
+        restore = extra + d_new
+        if best is None or best[0] - now > restore:
+            self._restores.add(action.id)
+            self.servers(service).append([now + restore, float(opts.units[-1])])
+            return None
+        end, cell, k = best
+        at, cell[0] = cell[0], end
+        if at <= now + 1e-9:
+            self._claimed[action.id] = int(cell[1])
+            return None
+        return (
+            f"tangram: waits ~{at - now:.3f}s for a cell holding {service} (then "
+            f"{opts.durations[k]:.3f}s) rather than a {extra:.3f}s restore (amortised over the "
+            f"calls it serves, evictions charged; {restore:.3f}s with the call)"
+        )
+
+    def run(self) -> None:
+        ctx, domain = self.ctx, self.domain
+        free = ctx.state.free_gpus
+        if free == 0 or not ctx.queue_len(domain):
+            return
+        rnd = elastic_round(
+            _Ordered(ctx, robust_order(ctx, {})),  # type: ignore[arg-type]
+            domain,
+            free,
+            window=self.rule.tuning.window or free,
+            depth=self.rule.depth,
+            options_of=self.options,
+            hold=self.hold,
+        )
+        if rnd is None:
+            return
+        order = sorted(range(len(rnd.kept)), key=lambda i: (-rnd.units[i], i))
+        for i in order:
+            action, units = rnd.kept[i], rnd.units[i]
+            self._place(action, units, rnd.method)
+        defer_evicted(ctx, rnd)
+
+    def _place(self, action: Action, units: int, method: str) -> None:
+        ctx, service = self.ctx, action.service or ""
+        opts = ctx.options(action)
+        for size in reversed(opts.units[: opts.units.index(units) + 1]):
+            spot = place_charged(ctx, size, action, self.load, self.copies())
+            if spot is None:
+                continue
+            node, cell, charge = spot
+            restored = not ctx.state.gpu[node].is_resident(service, cell)
+            how = (
+                f"restore amortised over {self.calls(service, size):.1f} calls, eviction charge "
+                f"{charge:.3f}s"
+                if restored
+                else "resident"
+            )
+            ctx.start(
+                action,
+                node,
+                size,
+                f"tangram: {size} GPU cell on {node} ({how}; {method} gave {units}; "
+                "short-first order across services)",
+                gpus=cell,
+            )
+            self.load.started(service, ctx.now, restored, node, cell)
+            self._copies = None
+            self._charge.clear()
+            return
+        ctx.defer(action, "tangram: no aligned free cell of its smallest size after placement")
+
+
 def _resident_free_sizes(ctx: Context) -> dict[str, set[int]]:
     """For each service, the cell sizes at which a free cell already holds it.
 
     One sweep over every free aligned cell (at most 15 per 8-GPU node) for all services, rather
     than one per service asked about: a pass over nine teachers asked nine times.
     """
+    return _resident_sizes(ctx, free_only=True)
+
+
+def _resident_sizes(ctx: Context, *, free_only: bool) -> dict[str, set[int]]:
+    """For each service, the cell sizes at which a (free) aligned cell holds it."""
     sizes: dict[str, set[int]] = {}
     for node in ctx.state.gpu.values():
         resident = node.resident
         for size in cell_sizes(node.spec.gpus):
-            for cell in node.free_cells(size):
+            cells = node.free_cells(size) if free_only else aligned_cells(node.spec.gpus, size)
+            for cell in cells:
                 for service in set.intersection(*(resident[g] for g in cell)):
                     sizes.setdefault(service, set()).add(size)
     return sizes
+
+
+def _holding_cells(ctx: Context, service: str) -> list[list[float]]:
+    """[when it is next free, its size] for each cell holding ``service``: free cells (now),
+    largest first and not overlapping, and the cells running actions hold with it resident."""
+    now, cells = ctx.now, []
+    for node in ctx.state.gpu.values():
+        taken: set[int] = set()
+        for size in reversed(cell_sizes(node.spec.gpus)):
+            for cell in node.free_cells(size):
+                if not taken.intersection(cell) and node.is_resident(service, cell):
+                    taken.update(cell)
+                    cells.append([now, float(size)])
+    for running in ctx.running_in(GPU_DOMAIN):
+        start = running.start
+        if start.in_slot or not start.gpus:
+            continue
+        if ctx.state.gpu[start.node].is_resident(service, start.gpus):
+            cells.append([max(now, running.est_finish), float(len(start.gpus))])
+    return cells
 
 
 def _resident_busy_until(ctx: Context) -> dict[str, float]:

@@ -1,0 +1,236 @@
+"""What a GPU start costs beyond its call under the default ``tangram`` policy (issue 11).
+
+Three pieces the GPU rule (``elastic_gpu``) uses when ``ElasticTuning.gpu_robust`` is on:
+
+- ``ServiceLoad``: each service's recent calls (arrivals counted with an exponential decay over
+  ``HORIZON_S``, on the pass's clock ``ctx.now``), its model size, when it was last called and
+  last restored. ``expected_calls`` is the calls a restore is amortised over: the service's
+  queued calls plus those it is expected to receive over the horizon at its recent rate.
+- ``eviction_charge``: what restoring a service onto a cell costs the services it evicts: for
+  each one that would lose its only copy, its restore time weighted by how likely it is to be
+  called again soon (its recent calls, at most 1), doubled while it was restored recently and
+  is at least as popular as the newcomer (hysteresis: no ping-pong between two services).
+- ``robust_order``: the GPU queue merged from the per-service queues, earliest
+  ``arrival + min(AGING x expected duration, AGING_CAP_S)`` first: in a burst short calls
+  pass long ones, and no call is passed by one that arrived more than ``AGING`` times its
+  expected duration (at most ``AGING_CAP_S``) after it: no starvation.
+
+Estimates only: the core does not know the executor's memory accounting, so a resident
+service's footprint on a GPU is its size over the largest aligned block around that GPU that
+holds it, and the executor's eviction order (least recently used) is taken from the calls seen.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterator
+
+from tangram.core.action import Action
+from tangram.core.context import Context
+from tangram.core.resources import ResourceKind
+from tangram.core.state import GpuNodeState
+
+#: Seconds over which recent calls are counted, and over which a restore is amortised.
+HORIZON_S = 60.0
+#: At most this many calls share one restore (a cell may be evicted before more arrive).
+MAX_AMORTISED_CALLS = 32.0
+#: Restores are amortised over expected future calls only while every service seen fits in
+#: this share of the pool's GPU memory (beyond it, copies evict each other).
+ROOM_SHARE = 0.5
+#: A call that has waited this many times its expected duration is passed by no later arrival.
+AGING = 4.0
+#: ... and no call is passed by one that arrived more than this many seconds after it.
+AGING_CAP_S = 2.0
+#: A service restored this recently keeps its cell unless evicting it saves twice its restore.
+RECENT_RESTORE_S = 30.0
+
+
+class ServiceLoad:
+    """Per-service calls seen by the GPU rule: decayed counts, sizes, last call and restore."""
+
+    __slots__ = ("count", "seen_at", "size_gb", "last_call", "restored_at", "shape")
+
+    def __init__(self) -> None:
+        self.count: dict[str, float] = {}
+        self.seen_at: dict[str, float] = {}
+        self.size_gb: dict[str, float] = {}
+        self.last_call: dict[str, float] = {}
+        self.restored_at: dict[str, float] = {}
+        #: (node, gpu, service) -> GPUs of the cell this rule restored the service as there.
+        self.shape: dict[tuple[str, int, str], int] = {}
+
+    def observe(self, ctx: Context) -> None:
+        """Count the pass's GPU arrivals (each call of a service adds one, decaying)."""
+        now = ctx.now
+        for action in ctx.arrived:
+            if action.resource is not ResourceKind.GPU:
+                continue
+            service = action.service or ""
+            self.count[service] = self.recent(service, now) + 1.0
+            self.seen_at[service] = now
+            self.size_gb[service] = action.service_size_gb
+            self.last_call[service] = now
+
+    def recent(self, service: str, now: float) -> float:
+        """Calls of ``service`` over about the last ``HORIZON_S`` (exponentially decayed)."""
+        count = self.count.get(service)
+        if count is None:
+            return 0.0
+        return count * math.exp(-(now - self.seen_at[service]) / HORIZON_S)
+
+    def expected_calls(self, service: str, now: float, queued: int, pool_gb: float) -> float:
+        """Calls one restore of ``service`` serves: queued ones, plus the recent rate's over
+        the horizon when the pool's memory holds every service seen with room to spare (else
+        the new copy is likely evicted before those calls come: only the queued count)."""
+        if sum(self.size_gb.values()) > ROOM_SHARE * pool_gb:
+            return max(1.0, float(queued))
+        return min(MAX_AMORTISED_CALLS, max(1.0, queued + self.recent(service, now)))
+
+    def started(
+        self, service: str, now: float, restored: bool, node: str, cell: tuple[int, ...]
+    ) -> None:
+        self.last_call[service] = now
+        if restored:
+            self.restored_at[service] = now
+            for g in cell:
+                self.shape[(node, g, service)] = len(cell)
+
+
+def _block(node: GpuNodeState, gpu: int, service: str, load: ServiceLoad) -> int:
+    """GPUs of the cell ``service`` was restored as on ``gpu``: as this rule restored it,
+    else (placed before the run) the largest aligned block around ``gpu`` that holds it."""
+    shape = load.shape.get((node.spec.name, gpu, service))
+    if shape is not None:
+        return shape
+    resident, k = node.resident, 1
+    while k < node.spec.gpus:
+        start = gpu - gpu % (2 * k)
+        if not all(service in resident[g] for g in range(start, start + 2 * k)):
+            break
+        k *= 2
+    return k
+
+
+def evicted_by(
+    node: GpuNodeState, cell: tuple[int, ...], service: str, size_gb: float, load: ServiceLoad
+) -> dict[str, int]:
+    """Services a restore of ``service`` onto ``cell`` would evict, each with the cell size it
+    was resident as (least recently called first, on each GPU until the newcomer's shard
+    fits; a service whose size was never seen counts as taking no memory)."""
+    shard = size_gb / len(cell)
+    capacity = node.spec.gpu_memory_gb
+    victims: dict[str, int] = {}
+    for g in cell:
+        others = [t for t in node.resident[g] if t != service]
+        if not others:
+            continue
+        blocks = {t: _block(node, g, t, load) for t in others}
+        used = {t: load.size_gb.get(t, 0.0) / blocks[t] for t in others}
+        total = sum(used.values())
+        for t in sorted(others, key=lambda t: (load.last_call.get(t, -math.inf), t)):
+            if total + shard <= capacity + 1e-9:
+                break
+            total -= used[t]
+            victims.setdefault(t, blocks[t])
+    return victims
+
+
+def eviction_charge(
+    ctx: Context,
+    node_name: str,
+    cell: tuple[int, ...],
+    action: Action,
+    load: ServiceLoad,
+    copies: dict[str, int],
+) -> float:
+    """Expected restore seconds the evictions of a restore onto ``cell`` cost later.
+
+    ``copies``: GPUs holding each service across the pool; a victim with a copy outside the
+    cell costs nothing (its calls go to that copy).
+    """
+    node = ctx.state.gpu[node_name]
+    service = action.service or ""
+    victims = evicted_by(node, cell, service, action.service_size_gb, load)
+    if not victims:
+        return 0.0
+    now, charge = ctx.now, 0.0
+    mine = load.recent(service, now)
+    for t, k in victims.items():
+        inside = max(k, sum(1 for g in cell if t in node.resident[g]))
+        if copies.get(t, 0) > inside:
+            continue
+        recent = load.recent(t, now)
+        cost = min(1.0, recent) * node.spec.restore_s(load.size_gb.get(t, 0.0), k)
+        if now - load.restored_at.get(t, -math.inf) < RECENT_RESTORE_S and recent >= mine:
+            cost *= 2.0
+        charge += cost
+    return charge
+
+
+def place_charged(
+    ctx: Context, size: int, action: Action, load: ServiceLoad, copies: dict[str, int]
+) -> tuple[str, tuple[int, ...], float] | None:
+    """The free aligned cell of ``size`` GPUs to start ``action`` on, and its eviction charge.
+
+    A cell that holds the service first (no restore); otherwise the least eviction charge,
+    then ``gpu_placement``'s order (fewest other services, best fit, node and cell order).
+    """
+    service = action.service or ""
+    best: tuple[tuple[float, ...], str, tuple[int, ...], float] | None = None
+    for order, (name, node) in enumerate(ctx.state.gpu.items()):
+        free = node.free_gpus
+        if size > node.spec.gpus or free < size:
+            continue
+        for cell in node.free_cells(size):
+            if node.is_resident(service, cell):
+                key: tuple[float, ...] = (0, 0.0, 0, free, order, cell[0])
+                charge = 0.0
+            else:
+                charge = eviction_charge(ctx, name, cell, action, load, copies)
+                others = len(set().union(*(node.resident[g] for g in cell)) - {service})
+                key = (1, charge, others, free, order, cell[0])
+            if best is None or key < best[0]:
+                best = (key, name, cell, charge)
+    return None if best is None else (best[1], best[2], best[3])
+
+
+def resident_copies(ctx: Context) -> dict[str, int]:
+    """For each service, how many GPUs of the pool hold it."""
+    copies: dict[str, int] = {}
+    for node in ctx.state.gpu.values():
+        for resident in node.resident:
+            for service in resident:
+                copies[service] = copies.get(service, 0) + 1
+    return copies
+
+
+def robust_order(ctx: Context, expected: dict[str, float]) -> Iterator[Action]:
+    """The queued GPU calls, the per-service queues merged by ``arrival + AGING x duration``.
+
+    Within a service the order stays FCFS; across services the head with the earliest key goes
+    next. ``expected`` caches each action's fastest duration for the pass.
+    """
+    heads: list[tuple[float, int, Action, Iterator[Action]]] = []
+
+    def key(action: Action) -> float:
+        d = expected.get(action.id)
+        if d is None:
+            opts = ctx.options(action)
+            d = expected[action.id] = opts.durations[opts.fastest]
+        return action.arrival + min(AGING * d, AGING_CAP_S)
+
+    for i, service in enumerate(ctx.services_waiting()):
+        it = ctx.queued_of_service(service)
+        head = next(it, None)
+        if head is not None:
+            heads.append((key(head), i, head, it))
+    heapq.heapify(heads)
+    while heads:
+        _, i, action, it = heads[0]
+        nxt = next(it, None)
+        if nxt is None:
+            heapq.heappop(heads)
+        else:
+            heapq.heapreplace(heads, (key(nxt), i, nxt, it))
+        yield action
