@@ -48,5 +48,7 @@ def resize_action(
     left = remaining_fraction(running, now)
     begun = max(now, start.time + start.est_overhead)
     moved = start._replace(units=units, cores=kept, est_duration=duration)
-    sched.runs.replace(Running(action, moved, running.domain, begun + left * duration))
+    sched.runs.replace(
+        Running(action, moved, running.domain, begun + left * duration, running.base_units)
+    )
     return Resize(now, action, start.node, units, kept, len(held), reason)

@@ -20,6 +20,8 @@ class Running(NamedTuple):
     start: Start
     domain: Domain
     est_finish: float
+    #: The units it started with (a malleable action's grant may change since: ``start.units``).
+    base_units: int = 0
 
 
 _NOTHING: dict[str, Running] = {}
@@ -46,7 +48,7 @@ class RunningSet:
     def add(self, start: Start, domain: Domain) -> None:
         action = start.action
         running = Running(
-            action, start, domain, start.time + start.est_duration + start.est_overhead
+            action, start, domain, start.time + start.est_duration + start.est_overhead, start.units
         )
         self.by_id[action.id] = running
         by_domain = self.by_domain.get(domain)

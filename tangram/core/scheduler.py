@@ -17,6 +17,7 @@ from typing import Any
 
 from tangram.core.action import Action
 from tangram.core.admission import Admission, TrajectoryState
+from tangram.core.arrivals import ArrivalStats
 from tangram.core.backlog import GPU_DOMAIN, Backlog, Domain, FcfsQueue
 from tangram.core.capabilities import Capabilities
 from tangram.core.context import Context
@@ -79,6 +80,8 @@ class Scheduler:
         self.state = ClusterState(cluster)
         self.backlog = Backlog()
         self.runs = RunningSet()
+        #: How long trajectories generate between actions, per node (arrival-aware policies).
+        self.arrivals = ArrivalStats()
         self.option_builder = OptionsBuilder(cluster, respects_capacity=caps.respects_capacity)
         self.admission = Admission(
             cluster, self.state, self.option_builder, respects_capacity=caps.respects_capacity
@@ -194,6 +197,7 @@ class Scheduler:
                 del waiting[aid]
                 ctx.decisions.append(Reject(now, action, _CLOSED.format(trajectory)))
         ctx.closed = [trajectory]
+        self.arrivals.closed(trajectory)
         node = self.admission.release(trajectory)
         self.policy.on_trajectory_close(ctx, trajectory)
         if node is not None:
@@ -354,6 +358,7 @@ class Scheduler:
         test compares this with the full pass).
         """
         self._seen.add(action.id)
+        self.arrivals.arrived(action.trajectory, node, now)
         domain = self._cpu_domains[node]
         opts = self._options_for(action, node)
         queue = self._queues.get(domain)
@@ -404,15 +409,17 @@ class Scheduler:
             domain = ("api", action.service or "")
         if opts is None:
             opts = self._options_for(action, node)
+        self.arrivals.arrived(action.trajectory, node, self.now)
         self.backlog.push(action, domain, opts)
         ctx.arrived.append(action)
         ctx.dirty[domain] = None
 
     def _release(self, start: Start) -> None:
         """Return a finished action's units (nothing for a reservation or an unbounded policy)."""
+        action = start.action
+        self.arrivals.last_end[action.trajectory] = self.now  # (``ArrivalStats.ended``)
         if self.unbounded or start.in_slot:
             return
-        action = start.action
         if action.resource is ResourceKind.CPU:
             self.state.cpu[start.node].release_granted(start.cores)
         elif action.resource is ResourceKind.GPU:

@@ -307,13 +307,17 @@ def test_a_completion_nobody_waits_for_skips_the_pass_only_for_queue_driven_poli
 
 
 def test_the_bundled_rules_say_which_policies_may_skip_idle_passes():
-    for name in ("tangram", "fixed:4", "lower-bound"):
+    for name in ("tangram", "tangram-paper", "fixed:4", "lower-bound"):
         assert make_policy(name).capabilities.queue_driven
     # A static pod is granted to a waiting trajectory whatever is queued; replicas are
     # deployed by observing arrivals: those policies see every pass.
     assert not make_policy("k8s-static").capabilities.queue_driven
     assert not make_policy("sglang-static").capabilities.queue_driven
-    assert make_policy("tangram").capabilities.alone is not None
+    # The paper's rule decides a lone arrival alone; the default's pass may shrink a running
+    # malleable action or make the arrival wait for cores, so it needs the full pass.
+    assert make_policy("tangram-paper").capabilities.alone is not None
+    assert make_policy("tangram").capabilities.alone is None
+    assert make_policy("tangram").capabilities.resizes
     assert make_policy("fixed:4").capabilities.alone is None
     assert not make_policy("lower-bound").capabilities.respects_capacity
 

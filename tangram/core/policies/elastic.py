@@ -18,33 +18,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import NamedTuple
 
 from tangram.core.action import Action
 from tangram.core.allocation import allocate, allocate_greedy, allocate_one, greedy_applies
 from tangram.core.backlog import Domain
 from tangram.core.context import Context
 from tangram.core.options import Options
+from tangram.core.policies import waits
 from tangram.core.policies.base import DomainRule, RuleTraits
 from tangram.core.policies.malleable import grow_to_fill, shrink_to_admit
 from tangram.core.policies.tuning import ROBUST, ElasticTuning
 from tangram.core.projection import projected_total
+from tangram.core.round import Round
 from tangram.core.state import CpuNodeState
 
 #: An eviction must lower the estimate by more than this (seconds) to count as an improvement,
 #: so float noise never flips a decision.
 _EPS = 1e-9
-
-
-class Round(NamedTuple):
-    """The outcome of one domain's allocation and eviction (a NamedTuple: one per pass)."""
-
-    kept: list[Action]
-    units: list[int]
-    evicted: list[Action]
-    method: str
-    estimate: float
-    estimate_without_eviction: float
 
 
 def elastic_round(
@@ -175,9 +165,20 @@ class ElasticCpu(DomainRule):
     def __init__(self, tuning: ElasticTuning = ROBUST) -> None:
         self.tuning = tuning
         self.depth = tuning.depth
-        if tuning.malleable and type(self).traits is ElasticCpu.traits:
-            # (Not for a subclass with its own pass: it declares its own traits.)
-            self.traits = replace(ElasticCpu.traits, resizes=True)
+        #: Queued non-malleable actions waiting for more cores than are free: action id ->
+        #: (the cores it waits for, when it starts on what is free anyway). The held cores go
+        #: to nobody else meanwhile (``waits``).
+        self.awaiting: dict[str, tuple[int, float]] = {}
+        if type(self).traits is ElasticCpu.traits:  # (a subclass declares its own traits)
+            # A lone arrival may shrink a running action or wait for cores: its pass needs
+            # the running set, which ``alone`` does not see.
+            self.traits = replace(
+                ElasticCpu.traits,
+                resizes=tuning.malleable,
+                lone_arrival=not (
+                    tuning.malleable or tuning.arrival_aware or tuning.room_for_arrivals
+                ),
+            )
 
     def schedule_domain(self, ctx: Context, domain: Domain) -> None:
         node = ctx.state.cpu[domain[1]]
@@ -187,14 +188,35 @@ class ElasticCpu(DomainRule):
         if node.free_cores and ctx.queue_len(domain):
             self._round(ctx, domain, node)
         if malleable:
-            grow_to_fill(ctx, domain, node.spec.cores)
+            grow_to_fill(
+                ctx, domain, node.spec.cores, keep=waits.held_for(ctx, domain, self.awaiting)
+            )
 
     def _round(self, ctx: Context, domain: Domain, node: CpuNodeState) -> None:
-        """Steps 1-4 on the node's free cores."""
+        """Steps 1-4 on the node's free cores (less those held for an awaiting action)."""
         free = node.free_cores
-        rnd = elastic_round(ctx, domain, free, window=self.tuning.window or free, depth=self.depth)
+        held = 0
+        if self.tuning.arrival_aware:
+            held = waits.serve_awaiting(ctx, domain, self.awaiting)
+            free = node.free_cores - held
+            if free <= 0:
+                return
+        hold = None
+        if self.awaiting:
+            waiting = self.awaiting
+
+            def hold(action: Action) -> str | None:
+                return "tangram: waits for its cores" if action.id in waiting else None
+
+        rnd = elastic_round(
+            ctx, domain, free, window=self.tuning.window or free, depth=self.depth, hold=hold
+        )
         if rnd is None:
             return
+        if self.tuning.arrival_aware:
+            rnd = waits.defer_short_grants(ctx, domain, rnd, free, self.awaiting)
+        if self.tuning.room_for_arrivals:
+            rnd = waits.leave_room_for_arrivals(ctx, domain, rnd, free)
         name, started = node.spec.name, len(rnd.kept)
         for action, units in zip(rnd.kept, rnd.units, strict=True):
             ctx.start_on_cores(action, name, units, _cpu_reason(units, free, rnd.method, started))

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from tangram.core.action import Action
 from tangram.core.backlog import Domain
 from tangram.core.context import Context
+from tangram.core.projection import projected_total
 from tangram.core.resize import remaining_fraction
 from tangram.core.running import Running
 
@@ -105,10 +106,16 @@ def shrink_to_admit(ctx: Context, domain: Domain, cap: int) -> None:
         _queued_cost(ctx, a) for a in cands
     ]
     target = _split(floors, caps, costs, pool)
+    if any(
+        t < r.base_units for (r, _), t in zip(resizable, target, strict=False)
+    ) and not _admitting_is_sooner(ctx, domain, resizable, cands, costs, target):
+        # Below their start grants only when that is estimated sooner; the cores they grew
+        # into idle are always given back to queued actions.
+        target = [max(t, r.base_units) for (r, _), t in zip(resizable, target, strict=False)]
     short = need - node.free_cores  # cores the candidates' smallest options lack
     for (r, _), units in zip(resizable, target, strict=False):
         held = r.start.units
-        if units < held and (short > 0 or _worth(held, units)):
+        if units < held and (short > 0 or units >= r.base_units or _worth(held, units)):
             ctx.resize(
                 r,
                 units,
@@ -118,6 +125,35 @@ def shrink_to_admit(ctx: Context, domain: Domain, cap: int) -> None:
             short -= held - units
 
 
+def _admitting_is_sooner(
+    ctx: Context,
+    domain: Domain,
+    resizable: list[tuple[Running, float]],
+    cands: list[Action],
+    costs: list[Callable[[int], float]],
+    target: list[int],
+) -> bool:
+    """Whether the split (running actions shrunk, candidates started now) lowers the estimated
+    total completion time of the running malleable actions and the candidates, against
+    leaving them be and the candidates queued for the units running actions free (the
+    eviction test's projection): shrinking a long action for short ones pays, the converse
+    rarely does."""
+    now = ctx.now
+    split = sum(cost(k) for cost, k in zip(costs, target, strict=True))
+    busy = sorted(
+        [
+            (r.est_finish if r.est_finish > now else now, r.start.units)
+            for r in ctx.running_in(domain)
+            if not r.start.in_slot
+        ]
+    )
+    stay = sum([costs[i](r.start.units) for i, (r, _) in enumerate(resizable)])
+    stay += projected_total(
+        now, [], busy, ctx.state.cpu[domain[1]].free_cores, [ctx.options(a) for a in cands]
+    )
+    return split < stay - 1e-9
+
+
 def _queued_cost(ctx: Context, action: Action) -> Callable[[int], float]:
     opts = ctx.options(action)
     first = opts.units[0]
@@ -125,10 +161,12 @@ def _queued_cost(ctx: Context, action: Action) -> Callable[[int], float]:
     return lambda k: durations[k - first]
 
 
-def grow_to_fill(ctx: Context, domain: Domain, cap: int) -> None:
-    """Give the node's free cores to running malleable actions, by marginal gain."""
+def grow_to_fill(ctx: Context, domain: Domain, cap: int, *, keep: int = 0) -> None:
+    """Give the node's free cores, but ``keep`` (held for an action waiting for them), to
+    running malleable actions, by marginal gain."""
     node = ctx.state.cpu[domain[1]]
-    if node.free_cores == 0:
+    spare = node.free_cores - keep
+    if spare <= 0:
         return
     resizable = [(r, left) for r, left in _resizable(ctx, domain) if left > 0]
     if not resizable:
@@ -136,9 +174,7 @@ def grow_to_fill(ctx: Context, domain: Domain, cap: int) -> None:
     held = [r.start.units for r, _ in resizable]
     caps = [min(r.action.max_units, cap) for r, _ in resizable]
     costs = [_running_cost(r, left) for r, left in resizable]
-    target = _split(held, caps, costs, node.free_cores + sum(held))
+    target = _split(held, caps, costs, spare + sum(held))
     for (r, _), old, units in zip(resizable, held, target, strict=True):
         if units > old and _worth(old, units):
-            ctx.resize(
-                r, units, f"tangram: grown {old} -> {units} cores into {node.free_cores} idle"
-            )
+            ctx.resize(r, units, f"tangram: grown {old} -> {units} cores into {spare} idle")

@@ -25,8 +25,14 @@ class ElasticTuning:
     depth: int = 32
     #: Running malleable CPU actions' cores grow and shrink at each pass.
     malleable: bool = True
-    #: A non-malleable CPU action's DoP allows for trajectories about to send actions.
+    #: A non-malleable CPU action granted few cores waits for more when that finishes it
+    #: sooner and nothing else waits (``waits.defer_short_grants``).
     arrival_aware: bool = True
+    #: A non-malleable CPU action's grant leaves a core for each action the node's generating
+    #: trajectories are expected to send during its run (``waits.leave_room_for_arrivals``).
+    #: Off by default: on the random CPU family it lost to no trim on p99 ACT and step time
+    #: (long actions get fewer cores; docs/core.md has the figures).
+    room_for_arrivals: bool = False
     #: GPU: restores weighed against the calls a service is expected to receive, evictions
     #: charged to the start that forces them, per-service order for calls.
     gpu_robust: bool = True
