@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import heapq
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -21,14 +22,21 @@ from tangram.core.cluster_file import load_cluster
 from tangram.core.curves import Amdahl
 from tangram.core.decision import Start
 from tangram.core.policies import make_policy
-from tangram.core.resources import ResourceKind
+from tangram.core.resources import ClusterSpec, ResourceKind
 from tangram.core.scheduler import Scheduler
 from tangram.report import add_json_flag, emit, positive_int
 
 QUEUE_SIZES = (256, 1024, 2048, 8192)
 
 
-def _action(rng: np.random.Generator, i: int, now: float, nodes: list[str], n_traj: int) -> Action:
+def _action(
+    rng: np.random.Generator,
+    i: int,
+    now: float,
+    nodes: list[str],
+    n_traj: int,
+    malleable: float = 0.0,
+) -> Action:
     traj = int(rng.integers(n_traj))
     if rng.random() < 0.9:
         return Action(
@@ -40,6 +48,7 @@ def _action(rng: np.random.Generator, i: int, now: float, nodes: list[str], n_tr
             max_units=int(rng.integers(4, 9)),
             memory_gb=2.0,
             node=nodes[traj % len(nodes)],
+            malleable=bool(rng.random() < malleable),
         )
     service = int(rng.integers(9))
     return Action(
@@ -54,13 +63,32 @@ def _action(rng: np.random.Generator, i: int, now: float, nodes: list[str], n_tr
     )
 
 
+def scaled_cluster(name: str, nodes: int | None) -> ClusterSpec:
+    """The cluster ``name`` (bundled or a file), its CPU nodes repeated to ``nodes`` when given."""
+    cluster = load_cluster(name)
+    if nodes is None:
+        return cluster
+    first = cluster.cpu_nodes[0]
+    cpu = tuple(replace(first, name=f"cpu{i}") for i in range(nodes))
+    return replace(cluster, name=f"{cluster.name}-{nodes}-cpu-nodes", cpu_nodes=cpu)
+
+
 def run_bench(
-    queued: int, *, running: int = 1024, events: int = 2000, policy: str = "tangram", seed: int = 0
+    queued: int,
+    *,
+    running: int = 1024,
+    events: int = 2000,
+    policy: str = "tangram",
+    seed: int = 0,
+    cluster: ClusterSpec | None = None,
+    malleable: float = 0.5,
 ) -> dict[str, float]:
-    """Per-event decision latency (microseconds) with ``queued`` waiting and ``running`` running."""
-    cluster = load_cluster("paper")
+    """Per-event decision latency (microseconds) with ``queued`` waiting and ``running`` running;
+    ``malleable`` of the CPU actions may be resized (the scheduler applies resizes, as the
+    simulator and AOE do)."""
+    cluster = cluster or load_cluster("paper")
     rng = np.random.default_rng(seed)
-    sched = Scheduler(cluster, make_policy(policy))
+    sched = Scheduler(cluster, make_policy(policy), resizable=True)
     nodes = [n.name for n in cluster.cpu_nodes]
     n_traj = running + queued
     counter = iter(range(10**9))
@@ -81,7 +109,7 @@ def run_bench(
             now,
         )
     for _ in range(queued):
-        sched.submit(_action(rng, next(counter), now, nodes, n_traj), now)
+        sched.submit(_action(rng, next(counter), now, nodes, n_traj, malleable), now)
     heap = [(r.est_finish, r.action.id) for r in sched.running.values()]
     heapq.heapify(heap)
     samples: dict[str, list[int]] = {"finish": [], "submit": []}
@@ -99,7 +127,7 @@ def run_bench(
             running_seen.append(len(sched.running))
         _track(heap, decisions)
         while sched.queued < queued:
-            action = _action(rng, next(counter), now, nodes, n_traj)
+            action = _action(rng, next(counter), now, nodes, n_traj, malleable)
             t0 = time.perf_counter_ns()
             decisions = sched.submit(action, now)
             elapsed = time.perf_counter_ns() - t0
@@ -140,6 +168,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--policy", default="tangram")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--cluster", default="paper", help="bundled cluster name or cluster file (default paper)"
+    )
+    parser.add_argument(
+        "--cpu-nodes",
+        type=positive_int,
+        default=None,
+        help="repeat the cluster's first CPU node this many times (e.g. 100)",
+    )
+    parser.add_argument(
+        "--malleable",
+        type=float,
+        default=0.5,
+        help="share of CPU actions that are malleable (default 0.5)",
+    )
     add_json_flag(parser)
     parser.set_defaults(func=_main)
 
@@ -147,22 +190,36 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _main(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    cluster = scaled_cluster(args.cluster, args.cpu_nodes)
     rows = [
-        run_bench(q, running=args.running, events=args.events, policy=args.policy, seed=args.seed)
+        run_bench(
+            q,
+            running=args.running,
+            events=args.events,
+            policy=args.policy,
+            seed=args.seed,
+            cluster=cluster,
+            malleable=args.malleable,
+        )
         for q in tqdm(args.queued, desc="queue sizes", disable=args.json)
     ]
-    target = next((r for r in rows if r["queued"] == 2048), None)
+    target = next((r for r in rows if r["queued"] == 8192), None)
     doc = {
         "benchmark": "scheduler",
-        "cluster": "paper",
+        "cluster": cluster.name,
+        "cpu_nodes": len(cluster.cpu_nodes),
+        "malleable_share": args.malleable,
         "policy": args.policy,
         "results": rows,
-        "target": "p99 < 1000 us at 2048 queued",
+        "target": "p99 < 1000 us at 8192 queued",
         "target_met": None if target is None else target["p99_us"] < 1000.0,
     }
     emit(
         args.json,
         doc,
-        {f"decision time per event ({args.policy}, paper cluster, microseconds)": rows},
+        {
+            f"decision time per event ({args.policy}, {cluster.name}, "
+            f"{args.malleable:.0%} malleable, microseconds)": rows
+        },
     )
     return 0
