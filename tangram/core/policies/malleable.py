@@ -136,10 +136,22 @@ def _admitting_is_sooner(
     """Whether the split (running actions shrunk, candidates started now) lowers the estimated
     total completion time of the running malleable actions and the candidates, against
     leaving them be and the candidates queued for the units running actions free (the
-    eviction test's projection): shrinking a long action for short ones pays, the converse
-    rarely does."""
+    eviction test's projection). A shrunk action is estimated to get its grant back once the
+    longest admitted candidate ends: shrinking a long action for short ones pays, the
+    converse rarely does."""
     now = ctx.now
-    split = sum(cost(k) for cost, k in zip(costs, target, strict=True))
+    n = len(resizable)
+    admitted = [cost(k) for cost, k in zip(costs[n:], target[n:], strict=True)]
+    # A shrunk action runs on its share while the admitted ones run, then gets its grant back
+    # (they end and it grows): its time is that phase plus the rest at its old units.
+    phase = max(admitted, default=0.0)
+    split = sum(admitted)
+    for i, (r, left) in enumerate(resizable):
+        on_share = costs[i](target[i])  # its work left, all on its share
+        if on_share <= phase or left <= 0:
+            split += on_share
+        else:
+            split += phase + (1.0 - phase / on_share) * costs[i](r.start.units)
     busy = sorted(
         [
             (r.est_finish if r.est_finish > now else now, r.start.units)
