@@ -21,6 +21,7 @@ from tangram.core import (
     make_policy,
 )
 from tangram.core.cells import CELL_SIZES
+from tangram.core.decision import Resize
 from tangram.core.fastpaths import FAST, FastPaths
 from tangram.core.loop import DriverLoop
 
@@ -31,6 +32,8 @@ class Outcome:
     rejected: dict[str, Reject] = field(default_factory=dict)
     finished: dict[str, float] = field(default_factory=dict)
     log: list[tuple] = field(default_factory=list)
+    #: Resizes applied, per action.
+    resized: Counter = field(default_factory=Counter)
 
     def total_act(self, actions: list[Action]) -> float:
         return sum(self.finished[a.id] - a.arrival for a in actions if a.id in self.finished)
@@ -90,6 +93,10 @@ class _HarnessHost:
         self.loop = DriverLoop(sched, self)
         self.now = 0.0
         self._wakes = 0
+        #: action id -> [execution begins, units, share of its work done] (resizes move it).
+        self.progress: dict[str, list] = {}
+        #: action id -> its current end (a finish event at another time is stale).
+        self.ends: dict[str, float] = {}
 
     def start(self, d: Start) -> None:
         self.out.log.append(("Start", d.action.id, d.units, d.node))
@@ -99,7 +106,40 @@ class _HarnessHost:
         )
         self.out.started[d.action.id] = d
         end = self.now + d.est_duration + d.est_overhead
+        self.ends[d.action.id] = end
+        self.progress[d.action.id] = [self.now + d.est_overhead, d.units, 0.0]
         heapq.heappush(self.events, (end, 0, d.action.id, d.action.id))
+
+    def resize(self, d: Resize) -> None:
+        """Integrate the action's progress on its old cores up to now; the rest on the new."""
+        aid = d.action.id
+        self.out.log.append(("Resize", aid, d.units, d.node))
+        assert d.action.malleable, "a non-malleable action resized"
+        assert len(d.cores) == d.units and len(set(d.cores)) == d.units
+        if aid in self.out.finished:
+            return  # it ended this instant (the core has not seen the finish yet)
+        self.out.resized[aid] += 1
+        begun, units, done = self.progress[aid]
+        curve = d.action.curve
+        if self.now > begun:
+            done += (self.now - begun) / curve.duration(units)
+            begun = self.now
+        self.progress[aid] = [begun, d.units, done]
+        end = begun + max(0.0, 1.0 - done) * curve.duration(d.units)
+        self.ends[aid] = end
+        heapq.heappush(self.events, (end, 0, aid, aid))
+
+    def finished(self, aid: str, now: float) -> bool:
+        """Whether this finish event is the action's current end (and its work is all done)."""
+        if self.ends.get(aid) != now:
+            return False  # stale: the action was resized since
+        begun, units, done = self.progress[aid]
+        action = self.by_id[aid]
+        if now > begun and action.resource is ResourceKind.CPU:
+            done += (now - begun) / action.curve.duration(units)
+            # Work is conserved: the shares of its work done grant by grant add up to all of it.
+            assert self.out.resized[aid] == 0 or abs(done - 1.0) < 1e-6, (aid, done)
+        return True
 
     def reject(self, d: Reject) -> None:
         self.out.log.append(("Reject", d.action.id, None, None))
@@ -164,7 +204,7 @@ def run(
     queue and a full pass); ``open_first`` opens every trajectory at time 0 (containers placed
     before their first action, as the simulator does).
     """
-    sched = Scheduler(cluster, make_policy(policy), fast=fast)
+    sched = Scheduler(cluster, make_policy(policy), fast=fast, resizable=True)
     if open_first:
         for traj in sorted({a.trajectory for a in actions if a.resource is ResourceKind.CPU}):
             sched.open_trajectory(traj, 0.0, memory_gb=1.0)
@@ -178,6 +218,8 @@ def run(
         while events and events[0][0] == now:  # every event of this instant, then one pass
             _, order, when, aid = heapq.heappop(events)
             if order == 0:
+                if aid in host.out.finished or not host.finished(aid, now):
+                    continue
                 host.out.finished[aid] = now
                 loop.finish(aid)
             elif order == 1:

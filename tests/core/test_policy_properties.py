@@ -91,6 +91,9 @@ def workloads(draw, cluster: ClusterSpec) -> list[Action]:
                     memory_gb=float(draw(st.sampled_from([0, 1, 3, 200]))),
                     # Live CPU actions name their container's node; some name another, or none.
                     node=draw(st.sampled_from([None, *(c.name for c in cluster.cpu_nodes)])),
+                    # Some may be resized while they run (the default policy grows and
+                    # shrinks them; the harness integrates their progress grant by grant).
+                    malleable=draw(st.booleans()),
                 )
             )
         elif kind is ResourceKind.GPU:
