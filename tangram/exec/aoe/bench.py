@@ -4,6 +4,8 @@ Figures (all from a live Docker engine, one busybox container per transport):
 
 - ``grant_revoke``: one grant (cpuset + quota) and one revoke back to the parking quota, timed
   back to back, by direct cgroup writes and by ``docker update``; p50/p99.
+- ``resize``: one resize of a running grant (a malleable action's cpuset + quota, alternately
+  one core and two), by direct cgroup writes and by ``docker update``; p50/p99.
 - ``transport``: the round trip of an empty action (``true``) through ``run_action``'s
   transport, for the persistent runner and for one ``docker exec`` per action; p50/p99.
 - ``aoe_overhead``: what AOE itself adds to an action, ``overhead_s`` = total - queueing -
@@ -54,13 +56,34 @@ def _time_grants(grant: Callable[[], None], park: Callable[[], None], n: int) ->
     return out
 
 
-def _grant_figures(manager: Any, iterations: int, docker_iterations: int) -> tuple[dict, dict]:
-    """Grant+revoke pairs on the bench container: direct cgroup writes, then docker update."""
+def _time_resizes(
+    control: Any, narrow: tuple[int, ...], wide: tuple[int, ...], n: int
+) -> list[float]:
+    """One resize each (cpuset + quota of a granted, running container), alternately growing
+    to ``wide`` and shrinking back to ``narrow`` (a malleable action's grant)."""
+    out = []
+    for i in range(n):
+        cores = wide if i % 2 == 0 else narrow
+        t = time.perf_counter()
+        control.resize(cores, float(len(cores)))
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def _grant_figures(
+    manager: Any, iterations: int, docker_iterations: int
+) -> tuple[dict, dict, dict]:
+    """Grant+revoke pairs on the bench container, and resizes of a granted one: direct cgroup
+    writes, then docker update."""
     from tangram.exec.aoe.cgroups import DockerUpdate
 
     core = manager.topology.cores[:1]
     control = manager.control("bench")
     direct = _time_grants(lambda: control.grant(core, 1.0), control.park, iterations)
+    wide = manager.topology.cores[:2]
+    control.grant(core, 1.0)
+    resizes = _time_resizes(control, core, wide, iterations)
+    control.park()
     cfg = manager.config
     control.unthrottle()  # thawed by hand: runc refuses to pause a container it sees frozen
     upd = DockerUpdate(
@@ -71,6 +94,8 @@ def _grant_figures(manager: Any, iterations: int, docker_iterations: int) -> tup
         manager.topology.cores,
     )
     via_docker = _time_grants(lambda: upd.grant(core, 1.0), upd.park, docker_iterations)
+    upd.grant(core, 1.0)
+    resizes_docker = _time_resizes(upd, core, wide, docker_iterations)
     upd.unthrottle()  # docker's pause off again: the manager's own control parks it
     control.park()
     machine = {
@@ -79,10 +104,17 @@ def _grant_figures(manager: Any, iterations: int, docker_iterations: int) -> tup
         "cgroup": control.kind,
         "docker": manager.client.version().get("Version"),
     }
-    return machine, {
-        f"direct ({control.kind})": _summary(direct),
-        "docker update": _summary(via_docker),
-    }
+    return (
+        machine,
+        {
+            f"direct ({control.kind})": _summary(direct),
+            "docker update": _summary(via_docker),
+        },
+        {
+            f"direct ({control.kind})": _summary(resizes),
+            "docker update": _summary(resizes_docker),
+        },
+    )
 
 
 def measure(
@@ -105,7 +137,7 @@ def measure(
             manager.open_trajectory("bench")
             core = manager.topology.cores[:1]
             if transport == "runner":
-                doc["machine"], doc["grant_revoke"] = _grant_figures(
+                doc["machine"], doc["grant_revoke"], doc["resize"] = _grant_figures(
                     manager, iterations, docker_iterations
                 )
                 doc["machine"]["image"] = image
@@ -145,6 +177,9 @@ def _tables(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     return {
         "machine": [doc["machine"]],
         "grant + revoke (one of each)": rows(doc["grant_revoke"], "mechanism"),
+        "resize of a running grant (cpuset + quota, 1 <-> 2 cores)": rows(
+            doc["resize"], "mechanism"
+        ),
         "transport round trip of an empty action (exec_s)": rows(doc["transport"], "transport"),
         "AOE overhead per action (grant + revoke + bookkeeping = total - queue - exec)": rows(
             doc["aoe_overhead"], "transport"

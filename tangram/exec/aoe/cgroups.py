@@ -4,7 +4,8 @@ A grant is three writes: the cores the container may run on (``cpuset.cpus``), h
 time it may use per period (v1 ``cpu.cfs_quota_us``; v2 ``cpu.max`` = "quota period"), and
 the thaw of its freezer. Parking freezes the container (so it takes no CPU at all outside a
 grant, and granted cores are never shared with parked containers), writes the near-zero quota
-back and widens the cpuset to the whole node. Writing the files takes microseconds;
+back and widens the cpuset to the whole node. A resize (a malleable action's grant grows or
+shrinks while it runs) is the first two writes alone. Writing the files takes microseconds;
 ``docker update`` with ``docker pause``/``unpause`` does the same through the engine in
 milliseconds, and is the fallback when the files are not reachable (a remote engine, a
 non-root manager, an unfamiliar cgroup layout).
@@ -123,6 +124,11 @@ class CpuControl(ABC):
         """Let the container run on ``cores`` for ``quota_cores`` cores' worth of time."""
 
     @abstractmethod
+    def resize(self, cores: tuple[int, ...], quota_cores: float) -> None:
+        """A running grant's new cores and quota (a malleable action grew or shrank): the
+        cpuset, then the quota; no freezer write (it runs)."""
+
+    @abstractmethod
     def park(self) -> None:
         """Frozen, on the near-zero quota, between actions (memory, files and processes
         untouched: they go on at the next grant)."""
@@ -184,6 +190,10 @@ class CgroupV1(CpuControl):
         _write(self.cpu / "cpu.cfs_quota_us", str(self.quota_us(quota_cores)))
         FREEZERS[1].thaw(self.freezer)
 
+    def resize(self, cores: tuple[int, ...], quota_cores: float) -> None:
+        _write(self.cpuset / "cpuset.cpus", format_cpulist(cores))
+        _write(self.cpu / "cpu.cfs_quota_us", str(self.quota_us(quota_cores)))
+
     def park(self) -> None:
         FREEZERS[1].freeze(self.freezer)
         _write(self.cpu / "cpu.cfs_quota_us", str(self.park_quota_us))
@@ -226,6 +236,10 @@ class CgroupV2(CpuControl):
         _write(self.dir / "cpuset.cpus", format_cpulist(cores))
         _write(self.dir / "cpu.max", f"{self.quota_us(quota_cores)} {self.period_us}")
         FREEZERS[2].thaw(self.dir)
+
+    def resize(self, cores: tuple[int, ...], quota_cores: float) -> None:
+        _write(self.dir / "cpuset.cpus", format_cpulist(cores))
+        _write(self.dir / "cpu.max", f"{self.quota_us(quota_cores)} {self.period_us}")
 
     def park(self) -> None:
         FREEZERS[2].freeze(self.dir)
@@ -300,6 +314,9 @@ class DockerUpdate(CpuControl):
     def grant(self, cores: tuple[int, ...], quota_cores: float) -> None:
         self._update(self.quota_us(quota_cores), format_cpulist(cores))
         self._pause(False)
+
+    def resize(self, cores: tuple[int, ...], quota_cores: float) -> None:
+        self._update(self.quota_us(quota_cores), format_cpulist(cores))  # one engine call
 
     def park(self) -> None:
         self._pause(True)

@@ -5,10 +5,11 @@ judge. The caller holds the container's lock; one call, one ``ActionOutcome``.""
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import shlex
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,8 +21,14 @@ from tangram.exec.aoe.kill import kill_action
 from tangram.exec.aoe.ledger import CoreLedger
 from tangram.exec.aoe.lifecycle import Container, Lifecycle, park
 from tangram.exec.aoe.records import ActionOutcome, KillReport
+from tangram.exec.aoe.resize import RunningGrant
 from tangram.exec.aoe.topology import format_cpulist
 from tangram.exec.aoe.transport import ActionRequest, RawResult
+
+log = logging.getLogger(__name__)
+
+#: Called with an action's ``RunningGrant`` once its cores are granted (on the action's thread).
+OnGrant = Callable[[RunningGrant], None]
 
 
 @dataclass(frozen=True)
@@ -107,9 +114,11 @@ class ActionRunner:
         plan: ActionPlan,
         env: Mapping[str, str] | None,
         t0: float,
+        on_grant: OnGrant | None = None,
     ) -> ActionOutcome:
         """Run ``plan`` as action ``aid`` in ``container`` (whose lock the caller holds); ``t0``
-        is when the call began (``perf_counter``), for the timings."""
+        is when the call began (``perf_counter``), for the timings. ``on_grant`` gets the
+        ``RunningGrant`` once the grant is written, before the command runs (to resize it)."""
         traj_id = container.handle.traj_id
         times: dict[str, float] = {}
 
@@ -140,9 +149,11 @@ class ActionRunner:
         request = ActionRequest(aid, plan.script, env_all, plan.timeout_s, plan.max_output_bytes)
         oom_before = container.control.oom_kills()
         kills: list[KillReport] = []
+        running = RunningGrant(container, self.ledger, aid, granted, plan.quota)
         try:
-            raw = self._granted_run(container, granted, plan.quota, request, times, kills)
+            raw = self._granted_run(container, running, request, times, kills, on_grant)
         finally:
+            running.end()  # before the park: no resize writes into a parked container
             t_revoke = time.perf_counter()
             with contextlib.suppress(CgroupGone):
                 park(container)
@@ -174,24 +185,29 @@ class ActionRunner:
     def _granted_run(
         self,
         container: Container,
-        granted: tuple[int, ...],
-        quota: float,
+        running: RunningGrant,
         request: ActionRequest,
         times: dict[str, float],
         kills: list[KillReport],
+        on_grant: OnGrant | None,
     ) -> RawResult | judge.Verdict:
         """Grant, then run: what the transport saw, or the verdict on why the command could not
         run (judged here, the cores still held, as the container is looked at). What a kill
         did is appended to ``kills``."""
         t_grant = time.perf_counter()
         try:
-            container.control.grant(granted, quota)
+            container.control.grant(running.cores, running.quota)
         except CgroupGone:
             return self._unrun(container, judge.Unrun("cgroup_vanished"))
         except AoeError as exc:
             return self._unrun(container, judge.Unrun("grant_failed", str(exc)))
         finally:
             times["grant_s"] = time.perf_counter() - t_grant
+        if on_grant is not None:
+            try:
+                on_grant(running)
+            except Exception:  # the caller's hook must not lose the action
+                log.exception("the on_grant hook of %s raised; the action runs", running.action_id)
         t_exec = time.perf_counter()
         aid = request.action_id
         try:

@@ -127,6 +127,33 @@ class CoreLedger:
             self._cond.notify_all()
             return record
 
+    def take(self, action_id: str, cores: tuple[int, ...]) -> tuple[int, ...]:
+        """A running action grows onto ``cores`` (its whole new set): the ones it lacks become
+        its own at once, or ``GrantError`` naming their holder and nothing changes. Never waits:
+        the scheduler core grows an action only into cores it knows are free. Returns the
+        cores added; ``AoeError`` when ``action_id`` holds no cores (it ended)."""
+        self.validate(cores)
+        with self._cond:
+            if action_id not in self._since:
+                raise AoeError(f"action {action_id!r} holds no cores (it ended)")
+            added = tuple(sorted(c for c in cores if self._owner.get(c) != action_id))
+            taken = {c: self._owner[c] for c in added if c in self._owner}
+            if taken:
+                holders = ", ".join(f"core {c}: {a}" for c, a in sorted(taken.items()))
+                raise GrantError(f"cannot grow {action_id!r}: cores held by others ({holders})")
+            for core in added:
+                self._owner[core] = action_id
+            return added
+
+    def give_back(self, action_id: str, cores: tuple[int, ...]) -> None:
+        """A running action shrank off ``cores`` (its container no longer runs there): they
+        are free for the next waiter. Cores it does not hold are ignored."""
+        with self._cond:
+            for core in cores:
+                if self._owner.get(core) == action_id:
+                    del self._owner[core]
+            self._cond.notify_all()
+
     def free_cores(self) -> tuple[int, ...]:
         with self._cond:
             return tuple(sorted(self._all - self._owner.keys()))

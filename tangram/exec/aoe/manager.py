@@ -34,7 +34,7 @@ from tangram.exec.aoe import containers, reaper
 from tangram.exec.aoe.cgroups import CpuControl
 from tangram.exec.aoe.config import AoeConfig, SandboxConfig
 from tangram.exec.aoe.errors import AoeError, UnknownTrajectory
-from tangram.exec.aoe.execution import ActionRunner, plan_action
+from tangram.exec.aoe.execution import ActionRunner, OnGrant, plan_action
 from tangram.exec.aoe.images import connect
 from tangram.exec.aoe.ledger import CoreLedger
 from tangram.exec.aoe.lifecycle import Container, Lifecycle
@@ -227,6 +227,7 @@ class AoeManager:
         max_output_bytes: int | None = None,
         env: Mapping[str, str] | None = None,
         action_id: str | None = None,
+        on_grant: OnGrant | None = None,
     ) -> ActionOutcome:
         """Run ``command`` in the trajectory's container on ``cores`` and return its outcome.
 
@@ -235,7 +236,9 @@ class AoeManager:
         default: one core per granted core. ``command`` is a shell string or an argv list. The
         action sees ``TANGRAM_CORES``/``OMP_NUM_THREADS`` (cores granted), ``TANGRAM_CPUSET``
         and ``TANGRAM_CPU_QUOTA``. Every call returns exactly one ``ActionOutcome``; bad
-        arguments and unknown trajectories raise.
+        arguments and unknown trajectories raise. ``on_grant`` is called (on this thread) with
+        the action's ``RunningGrant`` once its cores are granted: ``RunningGrant.resize``
+        grows or shrinks them while the command runs (docs/aoe.md, "Resizing a running grant").
         """
         t0 = time.perf_counter()
         traj = self._get(traj_id)
@@ -255,7 +258,7 @@ class AoeManager:
             aid = action_id or f"{containers.safe_name(traj_id)}.{self._action_seq}"
         with traj.lock:
             self._check_open(traj)  # a close may have come first
-            return self._actions.run(traj.container, aid, plan, env, t0)
+            return self._actions.run(traj.container, aid, plan, env, t0, on_grant)
 
     # -- shutdown -------------------------------------------------------------------------
 

@@ -48,6 +48,9 @@ class RayCpuExecutor:
     deadline_note: ClassVar[str] = "; the node's executor did not report the kill"
     cancellable: ClassVar[bool] = False
     multi_node: ClassVar[bool] = True
+    #: No resizes: a node agent runs an action in one blocking call and has no way yet to
+    #: take a resize to it while it runs, so the runtime's core keeps every grant fixed here.
+    resizes: ClassVar[bool] = False
 
     def __init__(self, fleet: Fleet, cluster: ClusterSpec) -> None:
         self.fleet = fleet

@@ -6,20 +6,25 @@ AOE calls on its own thread pools (one for actions, one for container lifecycle,
 container starts never hold up actions), and turns ``ActionOutcome`` into an ``ExecResult``.
 As the runtime's ``Executor`` for ``CpuWork``: an action runs in its trajectory's container,
 AOE kills it at its deadline, and a running action cannot be cancelled (AOE has no public
-per-action kill).
+per-action kill). A running malleable action's cores are resized in place (``resize``: AOE
+rewrites its container's cpuset and quota), one resize at a time in decision order.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
 from typing import Any, ClassVar
 
 from tangram.core.decision import Start
 from tangram.core.resources import ClusterSpec, CpuNodeSpec, ResourceKind
+from tangram.exec.aoe.resize import ResizeResult, RunningGrant
 from tangram.exec.runtime.errors import BadRequest, UnknownTrajectory
 from tangram.exec.runtime.executor import Admission, OnDeadline
 from tangram.exec.runtime.records import ActionSpec, CommandResult, CpuWork, ErrorInfo
@@ -29,6 +34,18 @@ from tangram.exec.runtime.trajectories import Trajectory
 #: AOE messages that mean the executor failed, not the command: the action gets an error.
 _EXECUTOR_FAILURES = ("container failure", "output too large")
 
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class _Grant:
+    """A started action's cores as the executor knows them (guarded by ``_grants_lock``)."""
+
+    #: The cores it should run on (host ids): its start's, then each resize's.
+    cores: tuple[int, ...]
+    #: AOE's handle once the cores are granted (None before: a resize waits for it).
+    running: RunningGrant | None = None
+
 
 class CpuExecutor:
     """Runs CPU actions in AOE containers. ``aoe`` is an ``AoeManager``."""
@@ -37,6 +54,10 @@ class CpuExecutor:
     on_deadline: ClassVar[OnDeadline] = OnDeadline.AWAIT_KILL
     deadline_note: ClassVar[str] = "; the executor did not report the kill"
     cancellable: ClassVar[bool] = False
+    #: It applies the core's resizes: AOE rewrites a running container's cpuset and quota (two
+    #: cgroup writes, or one ``docker update`` where the files are out of reach), so the
+    #: runtime's scheduler may resize malleable actions (``Scheduler(resizable=True)``).
+    resizes: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -60,6 +81,11 @@ class CpuExecutor:
         self._lifecycle = ThreadPoolExecutor(lifecycle_threads, thread_name_prefix="tangram-ctr")
         self._seq = itertools.count(1)
         self._seq_lock = threading.Lock()
+        #: Started actions by the runtime's id, from ``execute`` until AOE returns.
+        self._grants: dict[str, _Grant] = {}
+        self._grants_lock = threading.Lock()
+        #: One thread: resizes are applied one at a time, in the order the core decided them.
+        self._resizer = ThreadPoolExecutor(1, thread_name_prefix="tangram-resize")
 
     # -- containers -------------------------------------------------------------------------
 
@@ -113,14 +139,24 @@ class CpuExecutor:
             return ExecResult(
                 "timeout", error=ErrorInfo("timeout", "the time-out passed at its start")
             )
-        return await self.run(
-            trajectory,
-            work.command,
-            start.cores,
-            timeout_s=time_left_s,
-            env=work.env,
-            max_output_bytes=work.max_output_bytes,
-        )
+        key = start.action.id
+        # Known before the first await: a resize decided with (or just after) the start finds
+        # it, and waits for the grant if AOE has not made it yet.
+        with self._grants_lock:
+            self._grants[key] = _Grant(self._host_cores(start.cores))
+        try:
+            return await self.run(
+                trajectory,
+                work.command,
+                start.cores,
+                timeout_s=time_left_s,
+                env=work.env,
+                max_output_bytes=work.max_output_bytes,
+                key=key,
+            )
+        finally:
+            with self._grants_lock:
+                self._grants.pop(key, None)
 
     async def run(
         self,
@@ -131,8 +167,10 @@ class CpuExecutor:
         timeout_s: float,
         env: Mapping[str, str] | None = None,
         max_output_bytes: int | None = None,
+        key: str | None = None,
     ) -> ExecResult:
-        """Run ``command`` on the node's ``cores`` (scheduler numbering) until it ends."""
+        """Run ``command`` on the node's ``cores`` (scheduler numbering) until it ends;
+        ``key``: the started action's id, under which ``execute`` registered it for resizes."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
             self._actions,
@@ -143,6 +181,7 @@ class CpuExecutor:
                 timeout_s=timeout_s,
                 env=env,
                 max_output_bytes=max_output_bytes,
+                key=key,
             ),
         )
 
@@ -155,13 +194,65 @@ class CpuExecutor:
         timeout_s: float,
         env: Mapping[str, str] | None = None,
         max_output_bytes: int | None = None,
+        key: str | None = None,
     ) -> ExecResult:
         """``run`` on the calling thread, for a caller with threads of its own (the node
         agents of ``tangram.exec.ray``, whose calls arrive on Ray's threads)."""
-        host_cores = tuple(self.core_map[c] for c in cores)
+        host_cores = self._host_cores(cores)
+        on_grant = None
+        if key is not None:
+            with self._grants_lock:
+                entry = self._grants.get(key)
+            if entry is not None:
+                host_cores = entry.cores  # resized before it got here: ask AOE for the new set
+                on_grant = partial(self._granted, entry)
         with self._seq_lock:
             aid = f"live{next(self._seq)}"  # AOE's kill marker: keep it shell-safe
-        return self._run_blocking(traj, command, host_cores, timeout_s, env, max_output_bytes, aid)
+        return self._run_blocking(
+            traj, command, host_cores, timeout_s, env, max_output_bytes, aid, on_grant
+        )
+
+    def _host_cores(self, cores: tuple[int, ...]) -> tuple[int, ...]:
+        """The scheduler's core numbers as host core ids."""
+        return tuple(self.core_map[c] for c in cores)
+
+    # -- resizes ----------------------------------------------------------------------------
+
+    def _granted(self, entry: _Grant, running: RunningGrant) -> None:
+        """AOE granted the cores (on the action's thread): resizes apply from now on; one
+        decided since the request was made is applied at once."""
+        with self._grants_lock:
+            entry.running = running
+            if entry.cores != running.cores:
+                result = running.resize(entry.cores)
+                if result.status == "failed":
+                    log.warning(
+                        "resize of %s at its grant failed: %s", running.action_id, result.error
+                    )
+
+    async def resize(self, action_id: str, cores: tuple[int, ...]) -> ResizeResult:
+        """Move a running action onto ``cores`` (scheduler numbering, its whole new set).
+
+        ``ended`` when it is no longer running here (its end and the resize crossed), ``pending``
+        when AOE has not granted its first cores yet (they are asked for or applied at the
+        grant), ``failed`` (it runs on, on its old cores) with the reason."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._resizer, self.resize_blocking, action_id, cores)
+
+    def resize_blocking(self, action_id: str, cores: tuple[int, ...]) -> ResizeResult:
+        """``resize`` on the calling thread."""
+        try:
+            host = self._host_cores(cores)
+        except IndexError:
+            return ResizeResult("failed", (), error=f"cores {cores} are not on this node")
+        with self._grants_lock:
+            entry = self._grants.get(action_id)
+            if entry is None:
+                return ResizeResult("ended", (), error="the action is no longer running")
+            entry.cores = host
+            if entry.running is None:
+                return ResizeResult("pending", host)
+            return entry.running.resize(host)
 
     def _run_blocking(
         self,
@@ -172,6 +263,7 @@ class CpuExecutor:
         env: Mapping[str, str] | None,
         max_output_bytes: int | None,
         aid: str,
+        on_grant: Callable[[RunningGrant], None] | None = None,
     ) -> ExecResult:
         try:
             out = self.aoe.run_action(
@@ -182,6 +274,7 @@ class CpuExecutor:
                 max_output_bytes=max_output_bytes,
                 env=dict(env or {}),
                 action_id=aid,
+                **({} if on_grant is None else {"on_grant": on_grant}),
             )
         except Exception as exc:  # noqa: BLE001 - AOE raises for bad arguments / unknown trajectory
             return failed("executor_error", f"AOE refused the action: {type(exc).__name__}: {exc}")
@@ -209,4 +302,5 @@ class CpuExecutor:
         """Stop the thread pools (running actions finish) and remove every container."""
         self._actions.shutdown(wait=False, cancel_futures=True)
         self._lifecycle.shutdown(wait=False, cancel_futures=True)
+        self._resizer.shutdown(wait=False, cancel_futures=True)
         self.aoe.shutdown()

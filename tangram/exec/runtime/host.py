@@ -7,7 +7,10 @@
   returned); the first of an event-loop iteration schedules ``flush`` with ``call_soon``, so
   the iteration's events are one scheduling pass;
 - decisions out: a ``Start`` runs the action on its executor as a task, a ``Reject`` ends it
-  with the core's reason, a ``Defer`` is counted; a wake-up the core asks for (an API rate
+  with the core's reason, a ``Defer`` is counted, a ``Resize`` (only when the scheduler is
+  ``resizable``: its CPU executor applies resizes) goes to the running action's executor
+  (``resize``: AOE rewrites its container's cpuset and quota) and is logged in ``resizes``;
+  one that finds the action ended is a no-op, one that fails leaves it on its old cores; a wake-up the core asks for (an API rate
   token frees then) is a ``call_at`` timer that ticks it;
 - outcomes: ``end`` gives an action its one outcome (later calls are ignored) and hands it to
   the runtime (journal, trace, listeners); ``before_start`` runs before every start (the
@@ -22,12 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tangram.core.action import Action
-from tangram.core.decision import Defer, Reject, Start
+from tangram.core.decision import Defer, Reject, Resize, Start
 from tangram.core.loop import DriverLoop
 from tangram.core.scheduler import Scheduler
 from tangram.exec.runtime.actions import WAITING, ActionTable, LiveAction, Phase, move
@@ -42,6 +46,28 @@ log = logging.getLogger(__name__)
 
 #: A wake-up timer fires this long after the core's time, so the core's clock has passed it.
 WAKE_SLACK_S = 1e-4
+
+#: How many resizes ``LiveHost.resizes`` keeps (the latest).
+KEEP_RESIZES = 1000
+
+
+@dataclass(frozen=True)
+class ResizeRecord:
+    """One ``Resize`` the core decided and what became of it (``LiveHost.resizes``).
+
+    ``status``: ``applied``/``unchanged`` (the action runs on ``cores`` now), ``pending``
+    (applied when AOE grants its first cores), ``ended`` (it had ended: a no-op) or
+    ``failed`` (it runs on, on its old cores; ``error`` says why)."""
+
+    action_id: str
+    time: float
+    #: The new core set the core decided (its numbering) and the units it had before.
+    cores: tuple[int, ...]
+    previous: int
+    status: str
+    #: Seconds of the cgroup (or engine) writes.
+    write_s: float = 0.0
+    error: str | None = None
 
 
 class LiveHost:
@@ -69,6 +95,9 @@ class LiveHost:
         self._time: Callable[[], float] = lambda: 0.0
         self._t0 = 0.0
         self._wakers: dict[float, asyncio.TimerHandle] = {}
+        #: The latest resizes and what became of them (oldest dropped first).
+        self.resizes: deque[ResizeRecord] = deque(maxlen=KEEP_RESIZES)
+        self._resizing: set[asyncio.Task[None]] = set()
         self._attached = True
         self._deadline_rules: dict[OnDeadline, Callable[[LiveAction, str], None]] = {
             OnDeadline.CANCEL: self._cancel_at_deadline,
@@ -163,6 +192,46 @@ class LiveHost:
                 return
         assert self._aio is not None
         rec.task = self._aio.create_task(self._execute(rec))
+
+    def resize(self, d: Resize) -> None:
+        """Apply a resize to the running action's container, in decision order (its executor
+        has one resize thread). The core may resize an action whose end it has not yet
+        taken: that is a no-op (``ended``), as is one its executor cannot resize."""
+        rec = self.table.get(d.action.id)
+        apply = getattr(rec.executor, "resize", None) if rec is not None else None
+        if rec is None or rec.outcome is not None or rec.phase is not Phase.RUNNING:
+            self._resized(d, "ended", error="the action had ended")
+            return
+        if apply is None:  # (a scheduler is resizable only with a CPU executor that resizes)
+            self._resized(d, "failed", error=f"{type(rec.executor).__name__} cannot resize")
+            return
+        assert self._aio is not None
+        task = self._aio.create_task(self._resize(d, apply))
+        self._resizing.add(task)
+        task.add_done_callback(self._resizing.discard)
+
+    async def _resize(self, d: Resize, apply: Callable[..., Any]) -> None:
+        try:
+            result = await apply(d.action.id, d.cores)
+        except Exception as exc:  # noqa: BLE001 - a failed resize must not lose the action
+            self._resized(d, "failed", error=f"{type(exc).__name__}: {exc}")
+            return
+        self._resized(d, result.status, write_s=result.write_s, error=result.error)
+
+    def _resized(self, d: Resize, status: str, *, write_s: float = 0.0, error: str | None = None):
+        """Count and log what became of a resize."""
+        self.counters[f"resizes_{status}"] += 1
+        self.resizes.append(
+            ResizeRecord(d.action.id, d.time, d.cores, d.previous, status, write_s, error)
+        )
+        if status == "failed":
+            log.warning(
+                "resize of %s to cores %s failed; it runs on its old cores (the scheduler "
+                "counts the new ones until it ends): %s",
+                d.action.id,
+                d.cores,
+                error,
+            )
 
     def reject(self, d: Reject) -> None:
         rec = self.table.get(d.action.id)

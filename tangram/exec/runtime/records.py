@@ -125,6 +125,8 @@ class ActionSpec:
     ``max_units``, ``t1_s`` and ``serial_fraction``/``curve`` are the client's estimate of how
     the action scales: the scheduler's elasticity curve (inelastic when neither is given).
     ``timeout_s`` bounds the whole action, queueing included (None: the runtime's default).
+    ``malleable`` (CPU work only): the command uses whatever cores it is given while it runs,
+    so the scheduler may grow and shrink its grant (docs/live.md, "Malleable CPU actions").
     """
 
     work: Work
@@ -137,6 +139,7 @@ class ActionSpec:
     timeout_s: float | None = None
     task: str = "live"
     kind: str | None = None
+    malleable: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.work, CpuWork | GpuWork | ApiWork):
@@ -164,6 +167,13 @@ class ActionSpec:
             raise BadRequest(f"task must be a non-empty string, got {self.task!r}")
         if self.kind is not None and (not isinstance(self.kind, str) or not self.kind):
             raise BadRequest(f"kind must be a non-empty string, got {self.kind!r}")
+        if not isinstance(self.malleable, bool):
+            raise BadRequest(f"malleable must be true or false, got {self.malleable!r}")
+        if self.malleable and self.resource != "cpu":
+            raise BadRequest(
+                f"malleable: only a cpu action can be malleable (its cores resized while it "
+                f"runs); this one is a {self.resource} action"
+            )
         self.elasticity()  # raises BadRequest for a bad curve
 
     @property
@@ -214,6 +224,8 @@ class ActionSpec:
             "kind": self.kind,
             "work": self.work.identity(),
         }
+        if self.malleable:  # (only when set: earlier fingerprints, journaled, stay the same)
+            body["malleable"] = True
         return hashlib.sha256(_dump(body).encode()).hexdigest()
 
 

@@ -94,7 +94,11 @@ class Runtime:
         self.cluster = cluster
         self.config = config or RuntimeConfig()
         self.policy = make_policy(self.config.policy)
-        self.scheduler = Scheduler(cluster, self.policy)
+        # The core resizes malleable CPU actions only where the CPU executor applies resizes
+        # (``resizes``: AOE on one node rewrites a running container's cpuset and quota); the
+        # Ray executor's agents do not yet, so with it (or no CPU executor) grants stay fixed.
+        resizable = cpu is not None and getattr(cpu, "resizes", False)
+        self.scheduler = Scheduler(cluster, self.policy, resizable=resizable)
         # A multi-node executor (``multi_node``: ``tangram.exec.ray``) routes each start to
         # the node the core chose; a plain one drives the one node it names.
         single_cpu = cpu is not None and not getattr(cpu, "multi_node", False)
@@ -339,6 +343,7 @@ class Runtime:
                 service_size_gb=admitted.size_gb,
                 node=admitted.node,
                 service_replicas=admitted.replicas,
+                malleable=spec.malleable,
             )
         except ActionError as exc:
             raise BadRequest(str(exc)) from None

@@ -41,6 +41,7 @@ COMMON_FIELDS = {
     "timeout_s",
     "task",
     "kind",
+    "malleable",
     "wait",
 }
 WORK_FIELDS = {
@@ -115,6 +116,7 @@ def parse_action(body: Any, *, max_output_bytes: int) -> tuple[ActionSpec, float
         "timeout_s": _typed(body, "timeout_s", number, "a number"),
         "task": _typed(body, "task", str, "a string"),
         "kind": _typed(body, "kind", str, "a string"),
+        "malleable": _typed(body, "malleable", bool, "true or false"),
     }
     spec = ActionSpec(work=work, **{k: v for k, v in given.items() if v is not None})
     return spec, parse_wait(body.get("wait"))

@@ -1,0 +1,106 @@
+"""Resizing a running grant: a malleable action's cores grow or shrink while its command runs.
+
+A ``RunningGrant`` lives from an action's grant to its revoke. ``resize`` moves it to a new core
+set: the cores it gains are taken in the ledger first (never a core another action holds), the
+container's cpuset and quota are written (``CpuControl.resize``: two cgroup writes, or one
+``docker update``), and only then are the cores it lost handed back, so no core is ever run on
+by two actions. The quota keeps the grant's cores-per-core ratio (a full core per core unless
+the caller asked for less).
+
+A resize that comes after the action ended (the scheduler may decide one before it hears of
+the end) is a no-op reported as ``ended``; one that fails leaves the action running on its old
+cores, reported as ``failed`` with the reason. Either way the action itself is untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from tangram.exec.aoe.errors import AoeError
+
+if TYPE_CHECKING:
+    from tangram.exec.aoe.ledger import CoreLedger
+    from tangram.exec.aoe.lifecycle import Container
+
+#: ``pending``: the live CPU executor's, for a resize decided before AOE granted the action's
+#: first cores (it is applied at the grant).
+ResizeStatus = Literal["applied", "unchanged", "ended", "failed", "pending"]
+
+
+@dataclass(frozen=True)
+class ResizeResult:
+    """What one resize did: its status, the cores the action runs on now, and its cost."""
+
+    status: ResizeStatus
+    #: The cores the action runs on after the call (its old ones when it failed).
+    cores: tuple[int, ...]
+    #: Seconds of the cgroup (or engine) writes alone, and of the whole call with the ledger.
+    write_s: float = 0.0
+    total_s: float = 0.0
+    #: Why it failed (``failed``) or was not applied (``ended``).
+    error: str | None = None
+
+
+class RunningGrant:
+    """One action's grant while its command runs; thread-safe (resizes come from any thread)."""
+
+    def __init__(
+        self,
+        container: Container,
+        ledger: CoreLedger,
+        action_id: str,
+        cores: tuple[int, ...],
+        quota: float,
+    ) -> None:
+        self.container = container
+        self.ledger = ledger
+        self.action_id = action_id
+        self.cores = cores
+        #: Quota per granted core (1.0 unless the action asked for a fraction).
+        self.quota_per_core = quota / len(cores)
+        self.resizes = 0
+        self._lock = threading.Lock()
+        self._ended = False
+
+    @property
+    def quota(self) -> float:
+        return self.quota_per_core * len(self.cores)
+
+    def end(self) -> None:
+        """The command ended: later resizes are no-ops (call before the container is parked,
+        so no resize writes a grant into a parked container)."""
+        with self._lock:
+            self._ended = True
+
+    def resize(self, cores: tuple[int, ...]) -> ResizeResult:
+        """Run on ``cores`` (the whole new set, host ids) from now on."""
+        t0 = time.perf_counter()
+        ledger = self.ledger
+        new = tuple(sorted(cores))
+        with self._lock:
+            if self._ended:
+                return ResizeResult("ended", self.cores, error="the action has ended")
+            if new == self.cores:
+                return ResizeResult("unchanged", new, total_s=time.perf_counter() - t0)
+            old = self.cores
+            try:
+                added = ledger.take(self.action_id, new)
+            except AoeError as exc:
+                return ResizeResult("failed", old, total_s=time.perf_counter() - t0, error=str(exc))
+            t_write = time.perf_counter()
+            try:
+                self.container.control.resize(new, self.quota_per_core * len(new))
+            except AoeError as exc:  # (CgroupGone included: the container died under it)
+                with contextlib.suppress(AoeError):  # the cpuset may be written, the quota not
+                    self.container.control.resize(old, self.quota_per_core * len(old))
+                ledger.give_back(self.action_id, added)
+                return ResizeResult("failed", old, total_s=time.perf_counter() - t0, error=str(exc))
+            write_s = time.perf_counter() - t_write
+            ledger.give_back(self.action_id, tuple(c for c in old if c not in new))
+            self.cores = new
+            self.resizes += 1
+            return ResizeResult("applied", new, write_s, time.perf_counter() - t0)

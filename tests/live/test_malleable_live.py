@@ -1,0 +1,187 @@
+"""Malleable CPU actions in the live runtime, as a specification: the runtime's scheduler
+resizes only when its CPU executor applies resizes; a malleable action alone on a node runs
+on all of it, shrinks when a second action arrives (that one runs on the core it gave up) and
+grows back when it ends, and its program sees each new cpuset; a resize that crosses the
+action's end is a no-op; ``malleable`` on non-CPU work is a 400 naming the field."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+
+from tangram.core.decision import Resize
+from tangram.core.resources import ApiEndpointSpec, ClusterSpec, CpuNodeSpec
+from tangram.exec.runtime import (
+    ActionSpec,
+    ApiExecutor,
+    BadRequest,
+    CpuExecutor,
+    CpuWork,
+    Runtime,
+    RuntimeConfig,
+)
+from tangram.exec.runtime.api import echo
+from tangram.exec.service import ServeOptions, ServiceThread
+from tangram.exec.service.schema import parse_action
+from tests.exec.test_aoe_resize import watch
+
+NODE = CpuNodeSpec("local", cores=2, numa_domains=1, memory_gb=16.0)
+CLUSTER = ClusterSpec(name="malleable", cpu_nodes=(NODE,), apis=(ApiEndpointSpec("echo", 4),))
+
+
+def fake_aoe() -> Any:
+    return SimpleNamespace(topology=SimpleNamespace(cores=(0, 1)), shutdown=lambda: None)
+
+
+# --- which runtimes resize ------------------------------------------------------------------
+
+
+def test_the_scheduler_resizes_only_with_a_cpu_executor_that_applies_resizes() -> None:
+    with_aoe = Runtime(CLUSTER, cpu=CpuExecutor(fake_aoe(), NODE))
+    assert with_aoe.scheduler.resizable
+    assert not Runtime(CLUSTER, api=ApiExecutor({"echo": echo})).scheduler.resizable
+
+    class FixedGrants(CpuExecutor):
+        resizes = False  # (the Ray agents' executor says so)
+
+    assert not Runtime(CLUSTER, cpu=FixedGrants(fake_aoe(), NODE)).scheduler.resizable
+    from tangram.exec.ray.executors import RayCpuExecutor
+
+    assert RayCpuExecutor.resizes is False
+
+
+# --- submissions --------------------------------------------------------------------------
+
+
+def test_malleable_is_a_cpu_field_and_a_400_naming_it_elsewhere() -> None:
+    spec, _ = parse_action(
+        {"command": "make -j", "trajectory": "t", "malleable": True}, max_output_bytes=64
+    )
+    assert spec.malleable
+    with pytest.raises(BadRequest, match="malleable: only a cpu action"):
+        parse_action({"endpoint": "echo", "payload": 1, "malleable": True}, max_output_bytes=64)
+    with pytest.raises(BadRequest, match="'malleable'"):
+        parse_action({"command": "x", "malleable": "yes"}, max_output_bytes=64)
+    plain = ActionSpec(CpuWork("x"), trajectory="t")
+    assert ActionSpec(CpuWork("x"), trajectory="t", malleable=True).fingerprint() != (
+        plain.fingerprint()
+    )
+
+    def api_only() -> Runtime:
+        return Runtime(CLUSTER, RuntimeConfig(), api=ApiExecutor({"echo": echo}))
+
+    with ServiceThread(api_only, ServeOptions(port=0)) as svc:
+        body = {"endpoint": "echo", "payload": 1, "malleable": True}
+        answer = httpx.post(f"{svc.url}/v1/actions", json=body, timeout=10)
+        assert answer.status_code == 400, answer.text
+        assert "malleable" in answer.text
+        ok = httpx.post(f"{svc.url}/v1/actions", json={**body, "malleable": False}, timeout=10)
+        assert ok.status_code in (200, 202), ok.text
+
+
+# --- with Docker: a program whose cores change under it ---------------------------------
+
+
+def container_marker(rt: Runtime, docker_client: Any, traj: str):
+    """``seen(n)``: the program in ``traj``'s container has printed its n-th affinity."""
+    container = rt.cpu.container_of(traj)  # type: ignore[union-attr]
+    pid = docker_client.api.inspect_container(container)["State"]["Pid"]
+    return lambda n: os.path.exists(f"/proc/{pid}/root/tmp/seen-{n}")
+
+
+async def until(check: Any, what: str, within_s: float = 20.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not check():
+        assert time.monotonic() < deadline, f"never: {what}"
+        await asyncio.sleep(0.005)
+
+
+def test_a_malleable_action_shrinks_for_an_arrival_and_grows_back(docker_client: Any) -> None:
+    from tangram.exec.aoe import AoeConfig, AoeManager
+    from tangram.exec.aoe.config import PYTHON_IMAGE
+
+    async def main() -> None:
+        aoe = AoeManager(AoeConfig(kill_grace_s=3.0), client=docker_client)
+        cpu = CpuExecutor(aoe, NODE)
+        config = RuntimeConfig(policy="tangram", default_timeout_s=60.0)
+        async with Runtime(CLUSTER, config, cpu=cpu) as rt:
+            await rt.open_trajectory("long", image=PYTHON_IMAGE)
+            await rt.open_trajectory("short")
+            seen = container_marker(rt, docker_client, "long")
+            long_id = await rt.submit(
+                ActionSpec(
+                    CpuWork(watch(2)),
+                    trajectory="long",
+                    max_units=2,
+                    t1_s=60.0,
+                    serial_fraction=0.0,
+                    malleable=True,
+                )
+            )
+            await until(lambda: seen(1), "the long action printed its first cpuset")
+            short = await rt.run(
+                ActionSpec(
+                    CpuWork("grep Cpus_allowed_list /proc/self/status | cut -f2"),
+                    trajectory="short",
+                    t1_s=0.5,
+                )
+            )
+            await until(lambda: seen(2), "the long action saw its cpuset shrink")
+            out = await rt.result(long_id, wait_s=30)
+            resizes = list(rt.host.resizes)
+            counters = dict(rt.counters)
+
+        assert out is not None and out.status == "result", out
+        first, *after = out.value.stdout.split()
+        assert out.units == 2 and first == "0,1"  # alone: the whole node
+        shrink, grow = resizes
+        assert (shrink.action_id, shrink.status, shrink.previous) == (long_id, "applied", 2)
+        assert (grow.action_id, grow.status, grow.previous) == (long_id, "applied", 1)
+        assert len(shrink.cores) == 1 and grow.cores == (0, 1)
+        # What the program saw is what the core decided (node core i is host core i here).
+        assert after == [",".join(map(str, shrink.cores)), "0,1"]
+        # The short action ran on the core the long one gave up.
+        assert short.status == "result" and short.units == 1
+        freed = set((0, 1)) - set(shrink.cores)
+        assert short.value.stdout.strip() == str(freed.pop())
+        assert counters["resizes_applied"] == 2 and counters.get("resizes_failed", 0) == 0
+        print(
+            f"\nlive resizes: shrink {shrink.write_s * 1e6:.0f} us, grow "
+            f"{grow.write_s * 1e6:.0f} us of cgroup writes"
+        )
+
+    asyncio.run(main())
+
+
+def test_a_resize_that_crosses_the_end_is_a_no_op(docker_client: Any) -> None:
+    from tangram.exec.aoe import AoeConfig, AoeManager
+
+    async def main() -> None:
+        aoe = AoeManager(AoeConfig(kill_grace_s=3.0), client=docker_client)
+        cpu = CpuExecutor(aoe, NODE)
+        async with Runtime(CLUSTER, RuntimeConfig(policy="tangram"), cpu=cpu) as rt:
+            await rt.open_trajectory("t")
+            spec = ActionSpec(CpuWork("echo done"), trajectory="t", max_units=2, malleable=True)
+            aid = await rt.submit(spec)
+            out = await rt.result(aid, wait_s=30)
+            rec = rt.host.table.get(aid)
+            assert out is not None and rec is not None
+            # The core decided it before it heard of the end (at the host, and at the
+            # executor whose run has returned): nothing happens, the outcome stands.
+            rt.host.resize(Resize(rt.now(), rec.action, "local", 1, (0,), 2, "late"))
+            late = await cpu.resize(aid, (0,))
+            assert late.status == "ended"
+            assert rt.host.resizes[-1].status == "ended"
+            assert rt.counters["resizes_ended"] == 1
+            assert rt.host.table.get(aid).outcome is out and out.status == "result"
+            assert aoe.free_cores() == (0, 1)
+            again = await rt.run(ActionSpec(CpuWork("echo again"), trajectory="t"))
+            assert again.value.stdout == "again\n"
+
+    asyncio.run(main())
