@@ -176,7 +176,10 @@ class ElasticCpu(DomainRule):
                 ElasticCpu.traits,
                 resizes=tuning.malleable,
                 lone_arrival=not (
-                    tuning.malleable or tuning.arrival_aware or tuning.room_for_arrivals
+                    tuning.malleable
+                    or tuning.arrival_aware
+                    or tuning.room_for_arrivals
+                    or tuning.knee
                 ),
             )
 
@@ -217,6 +220,8 @@ class ElasticCpu(DomainRule):
             rnd = waits.defer_short_grants(ctx, domain, rnd, free, self.awaiting)
         if self.tuning.room_for_arrivals:
             rnd = waits.leave_room_for_arrivals(ctx, domain, rnd, free)
+        if self.tuning.knee:
+            rnd = waits.cap_at_the_knee(ctx, domain, rnd)
         name, started = node.spec.name, len(rnd.kept)
         for action, units in zip(rnd.kept, rnd.units, strict=True):
             ctx.start_on_cores(action, name, units, _cpu_reason(units, free, rnd.method, started))

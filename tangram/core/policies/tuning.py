@@ -33,6 +33,9 @@ class ElasticTuning:
     #: Off by default: on the random CPU family it lost to no trim on p99 ACT and step time
     #: (long actions get fewer cores; docs/core.md has the figures).
     room_for_arrivals: bool = False
+    #: A non-malleable CPU grant stops at its knee (efficiency 0.4) while other trajectories
+    #: on its node are generating (``waits.cap_at_the_knee``).
+    knee: bool = True
     #: GPU: restores weighed against the calls a service is expected to receive, evictions
     #: charged to the start that forces them, per-service order for calls.
     gpu_robust: bool = True
@@ -42,6 +45,13 @@ class ElasticTuning:
 
 
 #: The paper's policy: every mechanism off, the window fixed at 32.
-PAPER = ElasticTuning(window=PAPER_WINDOW, malleable=False, arrival_aware=False, gpu_robust=False)
+PAPER = ElasticTuning(
+    window=PAPER_WINDOW,
+    malleable=False,
+    arrival_aware=False,
+    room_for_arrivals=False,
+    knee=False,
+    gpu_robust=False,
+)
 #: The default ``tangram`` policy.
 ROBUST = ElasticTuning()

@@ -209,3 +209,39 @@ def leave_room_for_arrivals(ctx: Context, domain: Domain, rnd: Round, free: int)
         rnd.kept, units, rnd.evicted, rnd.method + ", room for arrivals", rnd.estimate,
         rnd.estimate_without_eviction,
     )  # fmt: skip
+
+
+#: A non-malleable grant stops where a core adds less than this share of a core's speed-up
+#: ... while other trajectories on the node may send actions (``cap_at_the_knee``).
+KNEE = 0.4
+
+
+def cap_at_the_knee(ctx: Context, domain: Domain, rnd: Round) -> Round:
+    """The round with each non-malleable grant cut to its knee (the most cores at which its
+    efficiency, speed-up / cores, is still ``KNEE``) when other trajectories on the node are
+    generating: its DoP is fixed for its whole run, and cores past the knee buy little speed
+    while the actions those trajectories will send would have to wait for them."""
+    node = ctx.state.cpu[domain[1]]
+    in_flight = ctx.queue_len(domain) + len(ctx.scheduler.runs.by_domain.get(domain, ()))
+    if node.containers - in_flight <= 0:
+        return rnd
+    resizes = ctx.scheduler.resizable
+    units = list(rnd.units)
+    for i, (action, k) in enumerate(zip(rnd.kept, rnd.units, strict=True)):
+        if (action.malleable and resizes) or k <= 1:
+            continue
+        opts = ctx.options(action)
+        d1 = opts.durations[0] * opts.units[0]  # (one-unit time, for consecutive CPU options)
+        knee = opts.units[0]
+        for j, u in enumerate(opts.units):
+            if u > k:
+                break
+            if d1 / (opts.durations[j] * u) >= KNEE:
+                knee = u
+        units[i] = knee
+    if units == rnd.units:
+        return rnd
+    return Round(
+        rnd.kept, units, rnd.evicted, rnd.method + ", at the knee", rnd.estimate,
+        rnd.estimate_without_eviction,
+    )  # fmt: skip
