@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -15,8 +16,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tangram.core.decision import Resize
-from tangram.core.resources import ApiEndpointSpec, ClusterSpec, CpuNodeSpec
+from tangram.core.action import Action
+from tangram.core.curves import Amdahl
+from tangram.core.decision import Resize, Start
+from tangram.core.resources import ApiEndpointSpec, ClusterSpec, CpuNodeSpec, ResourceKind
 from tangram.exec.runtime import (
     ActionSpec,
     ApiExecutor,
@@ -183,5 +186,101 @@ def test_a_resize_that_crosses_the_end_is_a_no_op(docker_client: Any) -> None:
             assert aoe.free_cores() == (0, 1)
             again = await rt.run(ActionSpec(CpuWork("echo again"), trajectory="t"))
             assert again.value.stdout == "again\n"
+
+    asyncio.run(main())
+
+
+# --- the executor's order: a resize before AOE's grant is applied at the grant ----------
+
+
+class GatedAoe:
+    """A stand-in AOE whose ``run_action`` records the cores it was asked for, then waits for
+    ``grant`` before handing its hook a stand-in grant, then for ``finish``."""
+
+    def __init__(self) -> None:
+        self.topology = SimpleNamespace(cores=(0, 1))
+        self.called, self.grant, self.finish = (
+            threading.Event(),
+            threading.Event(),
+            threading.Event(),
+        )
+        self.asked: tuple[int, ...] = ()
+        self.running: StandInGrant | None = None
+
+    def run_action(self, traj: str, command: Any, cores: tuple[int, ...], **kw: Any) -> Any:
+        from tangram.exec.aoe.records import ActionOutcome
+
+        self.asked = cores
+        self.called.set()
+        assert self.grant.wait(10)
+        self.running = StandInGrant(cores)
+        kw["on_grant"](self.running)
+        assert self.finish.wait(10)
+        return ActionOutcome(traj, "a", "ok", 0, b"", b"", None, cores, 1.0, {})
+
+    def shutdown(self) -> None:
+        pass
+
+
+class StandInGrant:
+    def __init__(self, cores: tuple[int, ...]) -> None:
+        self.cores = cores
+        self.moves: list[tuple[int, ...]] = []
+
+    def resize(self, cores: tuple[int, ...]) -> Any:
+        from tangram.exec.aoe.resize import ResizeResult
+
+        self.moves.append(cores)
+        self.cores = cores
+        return ResizeResult("applied", cores)
+
+
+def started(action_id: str = "m1") -> Start:
+    action = Action(
+        action_id, "t", ResourceKind.CPU, Amdahl(4.0, 0.0), 0.0, max_units=2, malleable=True
+    )
+    return Start(0.0, action, "local", 2, "test", cores=(0, 1))
+
+
+def test_a_resize_before_aoe_runs_the_action_changes_the_cores_it_asks_for() -> None:
+    async def main() -> None:
+        aoe = GatedAoe()
+        cpu = CpuExecutor(aoe, NODE, threads=1)
+        blocker = threading.Event()
+        cpu._actions.submit(blocker.wait, 10)  # the action's thread is busy for now
+        task = asyncio.create_task(
+            cpu.execute(CpuWork("x"), started(), trajectory="t", time_left_s=10)
+        )
+        await asyncio.sleep(0)  # execute registered it and queued its run
+        assert (await cpu.resize("m1", (1,))).status == "pending"
+        blocker.set()
+        await asyncio.to_thread(aoe.called.wait, 10)
+        assert aoe.asked == (1,)  # AOE was asked for the resized set
+        aoe.grant.set()
+        aoe.finish.set()
+        assert (await task).status == "result"
+        assert aoe.running is not None and aoe.running.moves == []  # nothing left to apply
+        assert (await cpu.resize("m1", (0,))).status == "ended"
+
+    asyncio.run(main())
+
+
+def test_a_resize_between_aoe_call_and_grant_is_applied_at_the_grant() -> None:
+    async def main() -> None:
+        aoe = GatedAoe()
+        cpu = CpuExecutor(aoe, NODE)
+        task = asyncio.create_task(
+            cpu.execute(CpuWork("x"), started(), trajectory="t", time_left_s=10)
+        )
+        await asyncio.to_thread(aoe.called.wait, 10)
+        assert aoe.asked == (0, 1)
+        assert (await cpu.resize("m1", (0,))).status == "pending"
+        aoe.grant.set()
+        await until(lambda: aoe.running is not None and aoe.running.moves, "applied at the grant")
+        assert aoe.running.moves == [(0,)]
+        after = await cpu.resize("m1", (0, 1))  # granted now: straight to AOE's grant
+        assert after.status == "applied" and aoe.running.moves == [(0,), (0, 1)]
+        aoe.finish.set()
+        assert (await task).status == "result"
 
     asyncio.run(main())
