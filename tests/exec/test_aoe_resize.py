@@ -194,3 +194,35 @@ def test_a_failed_write_leaves_the_action_on_its_old_cores() -> None:
     assert control.writes == [((0,), 1.0)]  # the old grant written back (best effort)
     grant.end()
     assert grant.resize((0, 1)).status == "ended" and ledger.busy() == {0: "a"}
+
+
+def test_resizes_in_any_order_never_put_two_actions_on_one_core() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    core_sets = st.sets(st.integers(0, 3), min_size=1).map(lambda s: tuple(sorted(s)))
+
+    @given(st.lists(st.tuples(st.sampled_from("ab"), core_sets), max_size=30))
+    @settings(max_examples=200, deadline=None)
+    def check(moves: list[tuple[str, tuple[int, ...]]]) -> None:
+        ledger = ledger_of()
+        grants = {}
+        for name, cores in (("a", (0,)), ("b", (3,))):
+            ledger.acquire(name, cores)
+            container = SimpleNamespace(control=Control())
+            grants[name] = RunningGrant(container, ledger, name, cores, float(len(cores)))
+        for name, cores in moves:
+            grant, other = grants[name], grants["b" if name == "a" else "a"]
+            before = grant.cores
+            result = grant.resize(cores)
+            clash = set(cores) & set(other.cores)
+            assert result.status == (
+                "failed" if clash else "applied" if cores != before else "unchanged"
+            )
+            assert grant.cores == (before if clash else cores)
+            owned = ledger.busy()
+            for g in grants.values():  # the ledger and the cpusets agree, and are disjoint
+                assert tuple(sorted(c for c, a in owned.items() if a == g.action_id)) == g.cores
+                assert g.container.control.writes[-1:] in ([], [(g.cores, float(len(g.cores)))])
+
+    check()

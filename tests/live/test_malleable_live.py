@@ -130,7 +130,8 @@ def test_a_malleable_action_shrinks_for_an_arrival_and_grows_back(docker_client:
             await until(lambda: seen(1), "the long action printed its first cpuset")
             short = await rt.run(
                 ActionSpec(
-                    CpuWork("grep Cpus_allowed_list /proc/self/status | cut -f2"),
+                    # (it lasts 0.3 s, so the long one's 2-ms polls see it shrunk)
+                    CpuWork("grep Cpus_allowed_list /proc/self/status | cut -f2; sleep 0.3"),
                     trajectory="short",
                     t1_s=0.5,
                 )
