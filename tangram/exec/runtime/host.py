@@ -199,7 +199,9 @@ class LiveHost:
         taken: that is a no-op (``ended``), as is one its executor cannot resize."""
         rec = self.table.get(d.action.id)
         apply = getattr(rec.executor, "resize", None) if rec is not None else None
-        if rec is None or rec.outcome is not None or rec.phase is not Phase.RUNNING:
+        # (An action ended by its deadline may still run until AOE's kill: its executor has
+        # it, so the resize goes on; the executor says ``ended`` once its run returned.)
+        if rec is None or rec.phase is not Phase.RUNNING:
             self._resized(d, "ended", error="the action had ended")
             return
         if apply is None:  # (a scheduler is resizable only with a CPU executor that resizes)
