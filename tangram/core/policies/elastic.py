@@ -26,6 +26,7 @@ from tangram.core.context import Context
 from tangram.core.options import Options
 from tangram.core.policies import waits
 from tangram.core.policies.base import DomainRule, RuleTraits
+from tangram.core.policies.cpu_order import OrderedQueue, shortest_first
 from tangram.core.policies.malleable import grow_to_fill, shrink_to_admit
 from tangram.core.policies.tuning import ROBUST, ElasticTuning
 from tangram.core.projection import projected_total
@@ -187,7 +188,10 @@ class ElasticCpu(DomainRule):
         node = ctx.state.cpu[domain[1]]
         malleable = self.tuning.malleable and ctx.scheduler.resizable
         if malleable and ctx.queue_len(domain):
-            shrink_to_admit(ctx, domain, node.spec.cores)
+            view = ctx
+            if self.tuning.shortest_first and ctx.queue_len(domain) > 1:
+                view = OrderedQueue(ctx, domain, shortest_first(ctx, domain))  # type: ignore[assignment]
+            shrink_to_admit(view, domain, node.spec.cores)
         if node.free_cores and ctx.queue_len(domain):
             self._round(ctx, domain, node)
         if malleable:
@@ -211,8 +215,11 @@ class ElasticCpu(DomainRule):
             def hold(action: Action) -> str | None:
                 return "tangram: waits for its cores" if action.id in waiting else None
 
+        ordered = ctx
+        if self.tuning.shortest_first and ctx.queue_len(domain) > 1:
+            ordered = OrderedQueue(ctx, domain, shortest_first(ctx, domain))  # type: ignore[assignment]
         rnd = elastic_round(
-            ctx, domain, free, window=self.tuning.window or free, depth=self.depth, hold=hold
+            ordered, domain, free, window=self.tuning.window or free, depth=self.depth, hold=hold
         )
         if rnd is None:
             return

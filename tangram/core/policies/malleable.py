@@ -31,6 +31,10 @@ from tangram.core.running import Running
 
 #: A grant changes only by at least this share of itself (hysteresis against churn).
 HYSTERESIS = 0.25
+#: About how many steps a split of a node's cores takes (the cost of a pass on a big node).
+SPLIT_STEPS = 32
+#: Queued actions a pass may admit by shrinking running ones (the next pass admits more).
+MAX_ADMIT = 16
 
 
 def _resizable(ctx: Context, domain: Domain) -> list[tuple[Running, float]]:
@@ -53,25 +57,30 @@ def _split(
     cost: list[Callable[[int], float]],
     pool: int,
 ) -> list[int]:
-    """Each participant's units: start at its floor, then hand out one unit at a time to the one
-    whose next unit saves the most (a heap; exact for convex durations), while any saves time."""
+    """Each participant's units: start at its floor, then hand out units to the one whose next
+    step saves the most per unit (a heap; exact for convex durations with steps of one), while
+    any saves time. Steps are of ``max(1, left // SPLIT_STEPS)`` units, so a split of a big
+    node costs at most about ``SPLIT_STEPS`` heap operations, not one per core."""
     units = list(floors)
     left = pool - sum(floors)
-    heap = [
-        (-(cost[i](units[i]) - cost[i](units[i] + 1)), i)
-        for i in range(len(units))
-        if units[i] < caps[i]
-    ]
+    step = max(1, left // SPLIT_STEPS)
+
+    def gain(i: int) -> float:
+        k = units[i]
+        nxt = min(k + step, caps[i])
+        return (cost[i](k) - cost[i](nxt)) / (nxt - k)
+
+    heap = [(-gain(i), i) for i in range(len(units)) if units[i] < caps[i]]
     heapq.heapify(heap)
     while left > 0 and heap:
-        gain, i = heapq.heappop(heap)
-        if gain >= 0:  # (negated) the best next unit saves nothing
+        best, i = heapq.heappop(heap)
+        if best >= 0:  # (negated) the best next step saves nothing
             break
-        units[i] += 1
-        left -= 1
+        add = min(step, caps[i] - units[i], left)
+        units[i] += add
+        left -= add
         if units[i] < caps[i]:
-            nxt = cost[i](units[i]) - cost[i](units[i] + 1)
-            heapq.heappush(heap, (-nxt, i))
+            heapq.heappush(heap, (-gain(i), i))
     return units
 
 
@@ -92,7 +101,7 @@ def shrink_to_admit(ctx: Context, domain: Domain, cap: int) -> None:
     need = 0
     for action in ctx.queue(domain):
         smallest = ctx.options(action).units[0]
-        if need + smallest > room:
+        if need + smallest > room or len(cands) == MAX_ADMIT:
             break
         cands.append(action)
         need += smallest

@@ -36,6 +36,8 @@ class ElasticTuning:
     #: A non-malleable CPU grant stops at its knee (efficiency 0.4) while other trajectories
     #: on its node are generating (``waits.cap_at_the_knee``).
     knee: bool = True
+    #: A node's queue is read shortest expected first, with aging (``cpu_order``), not FCFS.
+    shortest_first: bool = True
     #: GPU: restores weighed against the calls a service is expected to receive, evictions
     #: charged to the start that forces them, per-service order for calls.
     gpu_robust: bool = True
@@ -51,6 +53,7 @@ PAPER = ElasticTuning(
     arrival_aware=False,
     room_for_arrivals=False,
     knee=False,
+    shortest_first=False,
     gpu_robust=False,
 )
 #: The default ``tangram`` policy.
