@@ -96,6 +96,7 @@ class Action:
         service: str | None,
         service_size_gb: float,
         malleable: bool = False,
+        service_replicas: bool = False,
     ) -> Action:
         """An action from fields a validating record already checked (a ``TraceRow``).
 
@@ -119,7 +120,7 @@ class Action:
                 "service": service,
                 "service_size_gb": service_size_gb,
                 "node": None,
-                "service_replicas": False,
+                "service_replicas": service_replicas,
                 "malleable": malleable,
                 "payload": None,
             },

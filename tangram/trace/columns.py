@@ -32,6 +32,7 @@ _TYPED = {
     "max_units": "int64",
     "obs_units": "Int64",
     "malleable": "bool",
+    "service_replicas": "bool",
     **dict.fromkeys(_FLOAT_FIELDS, "float64"),
 }
 

@@ -39,6 +39,7 @@ def row_to_action(row: TraceRow, trajectory: str, arrival: float) -> Action:
         row.service,
         row.service_size_gb,
         row.malleable,
+        row.service_replicas,
     )
 
 
@@ -72,6 +73,9 @@ class LiveObservation:
     start_s: float | None = None
     units: int | None = None
     node: str | None = None
+    #: As declared (CPU) / as the service runs (GPU): see ``TraceRow``.
+    malleable: bool = False
+    service_replicas: bool = False
 
 
 def row_from_observation(obs: LiveObservation, position: int, prev_end_s: float | None) -> TraceRow:
@@ -108,4 +112,6 @@ def row_from_observation(obs: LiveObservation, position: int, prev_end_s: float 
         obs_exec_s=round(max(0.0, obs.exec_s), 6),
         obs_outcome=obs.outcome,
         obs_node=obs.node if ran else None,
+        malleable=obs.malleable and obs.resource == "cpu",
+        service_replicas=obs.service_replicas and obs.resource == "gpu",
     )

@@ -19,7 +19,7 @@ TRACE_VERSION = 3
 
 #: Fields added after version 1, with the version that added them (a reader of an older
 #: version refuses them as unknown fields).
-FIELD_SINCE: dict[str, int] = {"sync": 2, "malleable": 3}
+FIELD_SINCE: dict[str, int] = {"sync": 2, "malleable": 3, "service_replicas": 3}
 
 #: Key of the header object (JSONL), of the Arrow schema metadata (Parquet) and of ``df.attrs``.
 HEADER_KEY = "tangram_trace"

@@ -94,7 +94,10 @@ class TraceRow:
     rollout model decides arrivals. ``sync="step"`` (closed loop) holds the action, once its
     generation is done, until every trajectory of its step has reached its own ``sync`` action
     or ended: a batch-synchronous reward or judge. ``malleable`` (v3, CPU only): the program
-    uses whatever cores it is given while it runs, up to ``max_units`` (see ``Action.malleable``). ``obs_*`` fields are what a live run observed (``None`` in
+    uses whatever cores it is given while it runs, up to ``max_units`` (see ``Action.malleable``).
+    ``service_replicas`` (v3, GPU only): the service runs as whole replicas, one per GPU of its
+    cell, not as size/k shards (``Action.service_replicas``). ``obs_*`` fields are what a live
+    run observed (``None`` in
     generated traces).
     """
 
@@ -117,6 +120,7 @@ class TraceRow:
     gen_after_s: float = 0.0
     sync: str | None = None
     malleable: bool = False
+    service_replicas: bool = False
     obs_arrival_s: float | None = None
     obs_units: int | None = None
     obs_queue_s: float | None = None
@@ -162,6 +166,13 @@ class TraceRow:
         if self.malleable and self.resource != "cpu":
             raise _fail(
                 "malleable", f"only a cpu action can be malleable, not a {self.resource} one"
+            )
+        if not isinstance(self.service_replicas, bool):
+            raise _fail("service_replicas", f"must be true or false, got {self.service_replicas!r}")
+        if self.service_replicas and self.resource != "gpu":
+            raise _fail(
+                "service_replicas",
+                f"only a gpu action's service has replicas, not a {self.resource} one",
             )
         put(self, "obs_units", _as_int("obs_units", self.obs_units, minimum=1, optional=True))
         if self.obs_outcome is not None and self.obs_outcome not in OUTCOMES:

@@ -40,6 +40,10 @@ ROWS = {
         service_size_gb=14.0,
         memory_gb=2.0,  # a GPU action carries no container memory
     ),
+    "gpu-replicas": row(
+        resource="gpu", max_units=2, service="rm-1b", service_size_gb=2.0, service_replicas=True
+    ),
+    "cpu-malleable": row(serial_fraction=0.1, malleable=True),
     "api": row(resource="api", kind="search", max_units=1, service="search", memory_gb=1.0),
     "api-curve": row(
         resource="api", max_units=1, service="s", curve={"kind": "inelastic", "t1": 2.0}
@@ -62,6 +66,8 @@ def driver_action(row: TraceRow, traj: str, now: float) -> Action:
         row.memory_gb if resource is ResourceKind.CPU else 0.0,
         row.service,
         row.service_size_gb,
+        row.malleable,
+        row.service_replicas,
     )
 
 
@@ -158,6 +164,20 @@ def test_an_api_row_is_inelastic_and_a_non_cpu_row_has_no_memory() -> None:
         None,
     )
     assert gpu.memory_gb == 0.0 and gpu.service_size_gb == round(1 / 3, 9)
+
+
+def test_an_observation_keeps_how_its_work_runs_malleable_cpu_and_replicated_gpu() -> None:
+    assert row_from_observation(observation(malleable=True), 0, None).malleable
+    gpu = row_from_observation(
+        observation(
+            resource="gpu", service="rm", service_size_gb=2.0, serial_fraction=None,
+            service_replicas=True,
+        ),
+        0,
+        None,
+    )  # fmt: skip
+    assert gpu.service_replicas and not gpu.malleable
+    assert row_to_action(gpu, "t", 0.0).service_replicas
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz", ".parquet"])

@@ -29,7 +29,7 @@ def test_the_fields_are_the_v1_contract_in_order():
     assert FIELDS == (
         "action_id", "trajectory", "step", "position", "task", "kind", "gen_before_s",
         "resource", "t1_s", "max_units", "serial_fraction", "curve", "service",
-        "service_size_gb", "memory_gb", "arrival_s", "gen_after_s", "sync", "malleable",
+        "service_size_gb", "memory_gb", "arrival_s", "gen_after_s", "sync", "malleable", "service_replicas",
         "obs_arrival_s",
         "obs_units", "obs_queue_s", "obs_overhead_s", "obs_exec_s", "obs_outcome", "obs_node",
     )  # fmt: skip
@@ -93,6 +93,8 @@ def test_a_malleable_row_round_trips_and_only_a_cpu_row_may_be_malleable(tmp_pat
         row(resource="api", service="s", serial_fraction=None, max_units=1, malleable=True)
     with pytest.raises(TraceError, match="malleable"):
         row(malleable="yes")
+    with pytest.raises(TraceError, match="service_replicas"):
+        row(service_replicas=True)  # a cpu row
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
@@ -122,7 +124,8 @@ def test_parquet_stores_curve_as_json_and_meta_in_the_schema(tmp_path):
     trace = Trace((row(curve=Amdahl(2.0, 0.5).to_dict()),), {"workload": "w"})
     path = write_trace(trace, tmp_path / "t.parquet")
     table = pq.read_table(path)
-    assert table.column_names == [f for f in FIELDS if f not in ("sync", "malleable")]  # v1
+    v1 = [f for f in FIELDS if f not in ("sync", "malleable", "service_replicas")]
+    assert table.column_names == v1
     assert json.loads(table.column("curve")[0].as_py()) == {
         "kind": "amdahl",
         "t1": 2.0,

@@ -65,6 +65,9 @@ class RecordedAction:
     service_size_gb: float
     memory_gb: float
     seq: int
+    #: The core action's ``malleable`` and ``service_replicas`` (recorded in the trace, v3).
+    malleable: bool = False
+    service_replicas: bool = False
 
 
 class TraceRecorder:
@@ -245,9 +248,15 @@ def stream_path(trace_path: Path | None) -> Path | None:
     return trace_path.with_name(trace_path.name + ".partial.jsonl")
 
 
+#: The trace format version live traces declare (their rows may carry version-3 fields).
+LIVE_TRACE_VERSION = 3
+
+
 def _header(meta: Mapping[str, Any]) -> bytes:
     """The trace's first line (as ``tangram.trace`` writes it)."""
-    head = {HEADER_KEY: 1, **meta}  # live traces use no field newer than version 1
+    # The header is written before any row, so it declares the version of every field a
+    # live row may carry: ``malleable`` and ``service_replicas`` came with version 3.
+    head = {HEADER_KEY: LIVE_TRACE_VERSION, **meta}
     return (json.dumps(head, separators=(",", ":")) + "\n").encode()
 
 
@@ -302,4 +311,6 @@ def _observation(e: RecordedAction) -> LiveObservation:
         start_s=out.start_s,
         units=out.units,
         node=out.node,
+        malleable=e.malleable,
+        service_replicas=e.service_replicas,
     )

@@ -505,6 +505,8 @@ class Runtime:
                 service_size_gb=rec.size_gb,
                 memory_gb=rec.memory_gb,
                 seq=rec.seq,
+                malleable=rec.action.malleable,
+                service_replicas=rec.action.service_replicas,
             )
         )
         for listener in self.on_outcome:
