@@ -20,6 +20,8 @@ from tangram.core.context import Context
 
 #: How many of its own expected durations an action may be passed by shorter later arrivals.
 AGING = 1.0
+#: ... and by at most this many seconds of arrivals after it, however long it is.
+AGING_CAP_S = float("inf")
 #: Only the oldest this many queued actions are reordered (the rest follow in FCFS order), so
 #: a pass costs a bounded sort however long the queue: a pass starts at most a node's cores.
 LOOKAHEAD = 128
@@ -32,7 +34,7 @@ def shortest_first(ctx: Context, domain: Domain) -> list[Action]:
 
     def key(action: Action) -> float:
         opts = options(action)
-        return action.arrival + AGING * opts.durations[opts.fastest]
+        return action.arrival + min(AGING * opts.durations[opts.fastest], AGING_CAP_S)
 
     queue = ctx.queue(domain)
     head = list(islice(queue, LOOKAHEAD))
