@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import statistics
 import sys
@@ -123,41 +122,15 @@ def run_seed(handle: Any, params: F.Params, seed: int, out: Path, reps: int) -> 
     return {"seed": seed, "calibration": asdict(cal), "live": live, "replay": replays(trace_path)}
 
 
-#: The replays reported: observed durations, declared curves, and (a diagnostic) observed
-#: durations with each container on its live node.
-MODES = ("observed", "curve", "observed_live_placement")
+#: The replays reported: observed durations (each container on the node the live run put it
+#: on: the replay's ``placement="observed"``) and the declared curves.
+MODES = ("observed", "curve")
 
 
 def replays(trace_path: Path) -> dict[str, Any]:
     from tangram.sim.replay_cli import replay
 
-    reports = {m: replay(trace_path, durations=m).as_dict() for m in ("observed", "curve")}
-    with live_placement():
-        reports["observed_live_placement"] = replay(trace_path, durations="observed").as_dict()
-    return reports
-
-
-@contextlib.contextmanager
-def live_placement() -> Any:
-    """Diagnostic: the simulator places a trajectory's container when its first CPU action
-    arrives (the roomiest node then); the live runtime placed it when it opened (the roomiest
-    node then) and the trace keeps where (``obs_node``), which the replay does not use. Here
-    each replayed CPU action names its live node, so the containers are where they were."""
-    import tangram.sim.driver as driver
-
-    plain = driver.row_to_action
-
-    def pinned(row: Any, trajectory: str, arrival: float) -> Any:
-        action = plain(row, trajectory, arrival)
-        if row.resource == "cpu" and row.obs_node is not None:
-            action.__dict__["node"] = row.obs_node
-        return action
-
-    driver.row_to_action = pinned
-    try:
-        yield
-    finally:
-        driver.row_to_action = plain
+    return {m: replay(trace_path, durations=m).as_dict() for m in MODES}
 
 
 def report(runs: list[dict[str, Any]], params: Any, info: Any, out: Path, argv: Any) -> int:
