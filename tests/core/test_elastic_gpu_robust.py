@@ -1,5 +1,8 @@
 """The default's GPU order (``gpu_cost.robust_order``) and its restore amortisation."""
 
+import math
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -72,3 +75,15 @@ def test_restores_are_amortised_over_recent_calls_only_while_the_pool_has_room()
     # Crowded: a new copy is likely evicted before the recent rate's calls come.
     assert load.expected_calls("m", 0.0, queued=2, pool_gb=roomy / 2) == 2.0
     assert load.expected_calls("m", 0.0, queued=0, pool_gb=roomy / 2) == 1.0
+
+
+def test_a_service_load_reads_as_the_gpus_its_recent_calls_keep_busy():
+    # Calls worth 10 GPU-seconds over the first 10 s: about one GPU busy (the window is
+    # 60 x (1 - e^(-10/60)) = 9.21 s); a minute without calls later, e^-1 of that.
+    load = ServiceLoad()
+    load.work["m"], load.first_seen["m"], load.seen_at["m"] = 10.0, 0.0, 10.0
+    assert load.busy_gpus("m", 10.0) == pytest.approx(10.0 / 9.21, rel=1e-3)
+    assert load.busy_gpus("m", 70.0) == pytest.approx(
+        10.0 / (60 * (1 - math.exp(-70 / 60))) / math.e, rel=1e-3
+    )
+    assert load.busy_gpus("never-called", 10.0) == 0.0

@@ -23,6 +23,7 @@ from tangram.core.policies.gpu_cost import (
     resident_copies,
     robust_order,
 )
+from tangram.core.policies.gpu_waits import CellWaits
 from tangram.core.policies.tuning import ROBUST, ElasticTuning
 
 
@@ -42,6 +43,7 @@ class ElasticGpu(DomainRule):
         self.tuning = tuning
         self.depth = tuning.depth
         self.load = ServiceLoad()
+        self.waits = CellWaits()
 
     def schedule_domain(self, ctx: Context, domain: Domain) -> None:
         if self.tuning.gpu_robust:
@@ -162,10 +164,12 @@ class _RobustPass:
         self._restores: set[str] = set()
         self._claimed: dict[str, int] = {}
         self._charge: dict[tuple[str, int], float | None] = {}
+        self.waits = rule.waits
+        self.reserved: dict[str, set[int]] = {}
 
     def resident_sizes(self, service: str) -> set[int] | frozenset[int]:
         if self._resident is None:
-            self._resident = _resident_free_sizes(self.ctx)
+            self._resident = _resident_sizes(self.ctx, free_only=True, reserved=self.reserved)
         return self._resident.get(service, _NO_SIZES)
 
     def held_sizes(self, service: str) -> set[int] | frozenset[int]:
@@ -205,7 +209,7 @@ class _RobustPass:
         """The eviction charge of the best free cell of ``size`` (None: no free cell)."""
         key = (action.service or "", size)
         if key not in self._charge:
-            spot = place_charged(self.ctx, size, action, self.load, self.copies())
+            spot = place_charged(self.ctx, size, action, self.load, self.copies(), self.reserved)
             self._charge[key] = None if spot is None else spot[2]
         return self._charge[key]
 
@@ -241,7 +245,7 @@ class _RobustPass:
         """
         heap = self._servers.get(service)
         if heap is None:
-            heap = self._servers[service] = _holding_cells(self.ctx, service)
+            heap = self._servers[service] = _holding_cells(self.ctx, service, self.reserved)
         return heap
 
     def hold(self, action: Action) -> str | None:
@@ -249,6 +253,9 @@ class _RobustPass:
         costs this call (amortised over the calls it serves, with its evictions); each call
         of the pass takes its place in the queue on the service's cells."""
         ctx, service = self.ctx, action.service or ""
+        waiting = self.waits.by_action.get(action.id)
+        if waiting is not None:
+            return f"tangram: waits for the {len(waiting.cell)} GPU cell reserved for it on {waiting.node}"
         opts = ctx.options(action)
         self._seen[service] = self._seen.get(service, 0) + 1
         now, best = ctx.now, None
@@ -280,8 +287,14 @@ class _RobustPass:
 
     def run(self) -> None:
         ctx, domain = self.ctx, self.domain
-        free = ctx.state.free_gpus
-        if free == 0 or not ctx.queue_len(domain):
+        if self.waits.by_action:
+            self.waits.serve(ctx)
+            self.reserved = self.waits.reserved()
+        free = ctx.state.free_gpus - sum(
+            1 for name, gpus in self.reserved.items() for g in gpus
+            if ctx.state.gpu[name].owner[g] is None
+        )  # fmt: skip
+        if free <= 0 or not ctx.queue_len(domain):
             return
         rnd = elastic_round(
             _Ordered(ctx, robust_order(ctx, {})),  # type: ignore[arg-type]
@@ -304,11 +317,16 @@ class _RobustPass:
         ctx, service = self.ctx, action.service or ""
         opts = ctx.options(action)
         for size in reversed(opts.units[: opts.units.index(units) + 1]):
-            spot = place_charged(ctx, size, action, self.load, self.copies())
+            spot = place_charged(ctx, size, action, self.load, self.copies(), self.reserved)
             if spot is None:
                 continue
             node, cell, charge = spot
             restored = not ctx.state.gpu[node].is_resident(service, cell)
+            wait = self.waits.consider(ctx, action, node, size, restored)
+            if wait is not None:
+                self.reserved = self.waits.reserved()
+                ctx.defer(action, wait)
+                return
             how = (
                 f"restore amortised over {self.calls(service, size):.1f} calls, eviction charge "
                 f"{charge:.3f}s"
@@ -339,25 +357,33 @@ def _resident_free_sizes(ctx: Context) -> dict[str, set[int]]:
     return _resident_sizes(ctx, free_only=True)
 
 
-def _resident_sizes(ctx: Context, *, free_only: bool) -> dict[str, set[int]]:
-    """For each service, the cell sizes at which a (free) aligned cell holds it."""
+def _resident_sizes(
+    ctx: Context, *, free_only: bool, reserved: dict[str, set[int]] | None = None
+) -> dict[str, set[int]]:
+    """For each service, the cell sizes at which a (free, unreserved) aligned cell holds it."""
     sizes: dict[str, set[int]] = {}
-    for node in ctx.state.gpu.values():
+    for name, node in ctx.state.gpu.items():
         resident = node.resident
+        held = reserved.get(name) if reserved else None
         for size in cell_sizes(node.spec.gpus):
             cells = node.free_cells(size) if free_only else aligned_cells(node.spec.gpus, size)
             for cell in cells:
+                if held and held.intersection(cell):
+                    continue
                 for service in set.intersection(*(resident[g] for g in cell)):
                     sizes.setdefault(service, set()).add(size)
     return sizes
 
 
-def _holding_cells(ctx: Context, service: str) -> list[list[float]]:
-    """[when it is next free, its size] for each cell holding ``service``: free cells (now),
-    largest first and not overlapping, and the cells running actions hold with it resident."""
+def _holding_cells(
+    ctx: Context, service: str, reserved: dict[str, set[int]] | None = None
+) -> list[list[float]]:
+    """[when it is next free, its size] for each cell holding ``service``: free cells (now,
+    not reserved), largest first and not overlapping, and the cells running actions hold with
+    it resident."""
     now, cells = ctx.now, []
-    for node in ctx.state.gpu.values():
-        taken: set[int] = set()
+    for name, node in ctx.state.gpu.items():
+        taken: set[int] = set(reserved.get(name, ())) if reserved else set()
         for size in reversed(cell_sizes(node.spec.gpus)):
             for cell in node.free_cells(size):
                 if not taken.intersection(cell) and node.is_resident(service, cell):

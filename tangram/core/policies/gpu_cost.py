@@ -8,8 +8,11 @@ Three pieces the GPU rule (``elastic_gpu``) uses when ``ElasticTuning.gpu_robust
   queued calls plus those it is expected to receive over the horizon at its recent rate.
 - ``eviction_charge``: what restoring a service onto a cell costs the services it evicts: for
   each one that would lose its only copy, its restore time weighted by how likely it is to be
-  called again soon (its recent calls, at most 1), doubled while it was restored recently and
-  is at least as popular as the newcomer (hysteresis: no ping-pong between two services).
+  called again soon (its recent calls, at most 1); for one with copies elsewhere, that times
+  how busy its load keeps the copies left (``ServiceLoad.busy_gpus``: a spare copy is free to
+  evict, a needed one is not: two services on a small pool no longer take each other's GPUs
+  in turn); doubled while it was restored recently and is at least as popular as the
+  newcomer (hysteresis: no ping-pong between two services).
 - ``robust_order``: the GPU queue merged from the per-service queues, earliest
   ``arrival + min(AGING x expected duration, AGING_CAP_S)`` first: in a burst short calls
   pass long ones, and no call is passed by one that arrived more than ``AGING`` times its
@@ -42,6 +45,8 @@ ROOM_SHARE = 0.5
 AGING = 4.0
 #: ... and no call is passed by one that arrived more than this many seconds after it.
 AGING_CAP_S = 2.0
+#: The shortest window a service's load is read over (``ServiceLoad.busy_gpus``).
+MIN_WINDOW_S = 10.0
 #: A service restored this recently keeps its cell unless evicting it saves twice its restore.
 RECENT_RESTORE_S = 30.0
 
@@ -49,10 +54,15 @@ RECENT_RESTORE_S = 30.0
 class ServiceLoad:
     """Per-service calls seen by the GPU rule: decayed counts, sizes, last call and restore."""
 
-    __slots__ = ("count", "seen_at", "size_gb", "last_call", "restored_at", "shape")
+    __slots__ = (
+        "count", "seen_at", "size_gb", "last_call", "restored_at", "shape", "work", "first_seen",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self.count: dict[str, float] = {}
+        #: Decayed GPU-seconds of the calls seen (each at its smallest cell), as ``count``.
+        self.work: dict[str, float] = {}
+        self.first_seen: dict[str, float] = {}
         self.seen_at: dict[str, float] = {}
         self.size_gb: dict[str, float] = {}
         self.last_call: dict[str, float] = {}
@@ -67,17 +77,38 @@ class ServiceLoad:
             if action.resource is not ResourceKind.GPU:
                 continue
             service = action.service or ""
-            self.count[service] = self.recent(service, now) + 1.0
+            opts = ctx.options(action)
+            decay = self._decay(service, now)
+            self.count[service] = self.count.get(service, 0.0) * decay + 1.0
+            self.work[service] = (
+                self.work.get(service, 0.0) * decay + opts.units[0] * opts.durations[0]
+            )
+            self.first_seen.setdefault(service, now)
             self.seen_at[service] = now
             self.size_gb[service] = action.service_size_gb
             self.last_call[service] = now
+
+    def _decay(self, service: str, now: float) -> float:
+        seen = self.seen_at.get(service)
+        return 1.0 if seen is None else math.exp(-(now - seen) / HORIZON_S)
 
     def recent(self, service: str, now: float) -> float:
         """Calls of ``service`` over about the last ``HORIZON_S`` (exponentially decayed)."""
         count = self.count.get(service)
         if count is None:
             return 0.0
-        return count * math.exp(-(now - self.seen_at[service]) / HORIZON_S)
+        return count * self._decay(service, now)
+
+    def busy_gpus(self, service: str, now: float) -> float:
+        """GPUs the service's calls keep busy on average: its decayed GPU-seconds over the
+        window they were counted in (``HORIZON_S``, or less since its first call, at least
+        ``MIN_WINDOW_S``, so a burst at the start reads as a burst, not as a rate)."""
+        work = self.work.get(service)
+        if work is None:
+            return 0.0
+        age = max(MIN_WINDOW_S, now - self.first_seen[service])
+        window = HORIZON_S * (1.0 - math.exp(-age / HORIZON_S))
+        return work * self._decay(service, now) / window
 
     def expected_calls(self, service: str, now: float, queued: int, pool_gb: float) -> float:
         """Calls one restore of ``service`` serves: queued ones, plus the recent rate's over
@@ -158,10 +189,14 @@ def eviction_charge(
     mine = load.recent(service, now)
     for t, k in victims.items():
         inside = max(k, sum(1 for g in cell if t in node.resident[g]))
-        if copies.get(t, 0) > inside:
-            continue
+        left = copies.get(t, 0) - inside
         recent = load.recent(t, now)
-        cost = min(1.0, recent) * node.spec.restore_s(load.size_gb.get(t, 0.0), k)
+        # A victim with copies elsewhere loses capacity, not its model: charged in proportion
+        # to how busy its load would keep the copies left (an idle spare copy costs nothing).
+        need = 1.0 if left <= 0 else min(1.0, load.busy_gpus(t, now) / left)
+        if need <= 0.0:
+            continue
+        cost = need * min(1.0, recent) * node.spec.restore_s(load.size_gb.get(t, 0.0), k)
         if now - load.restored_at.get(t, -math.inf) < RECENT_RESTORE_S and recent >= mine:
             cost *= 2.0
         charge += cost
@@ -169,12 +204,18 @@ def eviction_charge(
 
 
 def place_charged(
-    ctx: Context, size: int, action: Action, load: ServiceLoad, copies: dict[str, int]
+    ctx: Context,
+    size: int,
+    action: Action,
+    load: ServiceLoad,
+    copies: dict[str, int],
+    reserved: dict[str, set[int]] | None = None,
 ) -> tuple[str, tuple[int, ...], float] | None:
     """The free aligned cell of ``size`` GPUs to start ``action`` on, and its eviction charge.
 
     A cell that holds the service first (no restore); otherwise the least eviction charge,
     then ``gpu_placement``'s order (fewest other services, best fit, node and cell order).
+    ``reserved``: GPUs held for calls waiting for them (``gpu_waits``), per node: not used.
     """
     service = action.service or ""
     best: tuple[tuple[float, ...], str, tuple[int, ...], float] | None = None
@@ -182,7 +223,10 @@ def place_charged(
         free = node.free_gpus
         if size > node.spec.gpus or free < size:
             continue
+        held = reserved.get(name) if reserved else None
         for cell in node.free_cells(size):
+            if held and held.intersection(cell):
+                continue
             if node.is_resident(service, cell):
                 key: tuple[float, ...] = (0, 0.0, 0, free, order, cell[0])
                 charge = 0.0

@@ -1,0 +1,156 @@
+"""A long GPU call waits for a larger cell rather than run for long on a small one (issue 11).
+
+A call's DoP is fixed at start: a 200-s call that takes the one free GPU runs 200 s, although
+the 4-GPU cell a burst of short calls holds frees a second later and would run it in 88 s. When
+the allocation (or the free cells left) gives a call a cell smaller than its fastest, the
+default looks at the larger cells the running calls will free (their estimated finishes): if
+waiting for one and then running on it finishes the call at least ``GAIN`` sooner than starting
+now, and the wait is at most ``MAX_WAIT_SHARE`` of the run it would do now, the call waits and
+the cell is reserved for it: no other call starts on the reserved GPUs meanwhile. A reservation
+lasts until its cell frees, or past twice the expected wait, at the next GPU pass; a call waits
+at most once, then competes as any other (no starvation, no ping-pong).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tangram.core.action import Action
+from tangram.core.backlog import GPU_DOMAIN
+from tangram.core.cells import aligned_cells
+from tangram.core.context import Context
+
+#: Waiting must finish the call at least this share of its run-now time sooner.
+GAIN = 0.25
+#: ... and the wait may be at most this share of its run-now time.
+MAX_WAIT_SHARE = 0.5
+#: A call never waits for a cell of more than this share of the pool's GPUs (the others keep
+#: the rest).
+MAX_POOL_SHARE = 0.5
+#: A reservation lasts at most this many times the expected wait.
+RESERVE_FACTOR = 2.0
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A queued call waiting for ``cell`` on ``node``, expected free at ``ready``."""
+
+    action: Action
+    node: str
+    cell: tuple[int, ...]
+    ready: float
+    until: float
+
+
+class CellWaits:
+    """The GPU rule's reservations: which queued calls wait for which cells."""
+
+    __slots__ = ("by_action", "waited")
+
+    def __init__(self) -> None:
+        self.by_action: dict[str, Reservation] = {}
+        #: Calls that waited once (they never wait again).
+        self.waited: set[str] = set()
+
+    def reserved(self) -> dict[str, set[int]]:
+        """GPUs held for waiting calls, per node."""
+        held: dict[str, set[int]] = {}
+        for r in self.by_action.values():
+            held.setdefault(r.node, set()).update(r.cell)
+        return held
+
+    def serve(self, ctx: Context) -> None:
+        """Start each waiting call whose cell is free; drop reservations past their time or
+        whose call is no longer queued."""
+        queued = ctx.scheduler.backlog.options
+        for aid, r in list(self.by_action.items()):
+            if aid not in queued:
+                del self.by_action[aid]
+                continue
+            node = ctx.state.gpu[r.node]
+            if all(node.owner[g] is None for g in r.cell):
+                del self.by_action[aid]
+                restored = not node.is_resident(r.action.service or "", r.cell)
+                ctx.start(
+                    r.action,
+                    r.node,
+                    len(r.cell),
+                    f"tangram: {len(r.cell)} GPU cell on {r.node} it waited for "
+                    f"({'restore' if restored else 'resident'}; a larger cell soon beat a "
+                    "small one now)",
+                    gpus=r.cell,
+                )
+            elif ctx.now >= r.until - 1e-9:
+                del self.by_action[aid]
+
+    def consider(
+        self, ctx: Context, action: Action, node_name: str, size: int, restored: bool
+    ) -> str | None:
+        """Reserve a larger cell for ``action`` (about to start on ``size`` GPUs) when waiting
+        for it finishes the call sooner (see the module); the reason, or None to start now."""
+        if action.id in self.waited:
+            return None
+        opts = ctx.options(action)
+        if size >= opts.units[-1]:
+            return None
+        k = opts.units.index(size)
+        now = ctx.now
+        run_now = opts.durations[k]
+        if restored:
+            run_now += ctx.restore_cost(action, node_name, size)
+        pool = sum(n.spec.gpus for n in ctx.state.gpu.values())
+        # Each GPU-second it takes from the pool delays each queued call by 1/pool seconds.
+        weight = 1.0 + max(0, ctx.queue_len(GPU_DOMAIN) - 1) / pool
+        until = _busy_until(ctx)
+        held = self.reserved()
+        service = action.service or ""
+        best: tuple[float, float, str, tuple[int, ...]] | None = None
+        for name, node in ctx.state.gpu.items():
+            mine = held.get(name, set())
+            for j in range(k + 1, len(opts.units)):
+                u = opts.units[j]
+                if u > node.spec.gpus or u > pool * MAX_POOL_SHARE:
+                    break
+                for cell in aligned_cells(node.spec.gpus, u):
+                    if mine.intersection(cell) or any(
+                        node.owner[g] is not None and (name, g) not in until for g in cell
+                    ):
+                        continue
+                    ready = max(until.get((name, g), now) for g in cell)
+                    run = opts.durations[j]
+                    if not node.is_resident(service, cell):
+                        run += ctx.restore_cost(action, name, u)
+                    # Its saving must pay for what the others lose: the GPU-seconds it takes
+                    # beyond a start now and the reserved GPUs idle while it waits, weighed
+                    # by the calls queued behind it.
+                    idle = sum(1 for g in cell if node.owner[g] is None) * (ready - now)
+                    cost = (max(0.0, u * run - size * run_now) + idle) * weight
+                    finish = ready + run
+                    if now + run_now - finish < cost:
+                        continue
+                    if best is None or finish < best[0]:
+                        best = (finish, ready, name, cell)
+        if best is None:
+            return None
+        finish, ready, name, cell = best
+        wait = ready - now
+        if wait <= 1e-9 or finish > now + (1.0 - GAIN) * run_now or wait > MAX_WAIT_SHARE * run_now:
+            return None
+        self.waited.add(action.id)
+        until_s = now + RESERVE_FACTOR * wait
+        self.by_action[action.id] = Reservation(action, name, cell, ready, until_s)
+        return (
+            f"tangram: waits ~{wait:.3f}s for the {len(cell)} GPU cell {cell} on {name} (done by "
+            f"~{finish - now:.3f}s) rather than {run_now:.3f}s on {size} GPU now; cell reserved"
+        )
+
+
+def _busy_until(ctx: Context) -> dict[tuple[str, int], float]:
+    """(node, GPU) -> when the running call holding it is expected to end."""
+    now, until = ctx.now, {}
+    for running in ctx.running_in(GPU_DOMAIN):
+        start = running.start
+        end = max(now, running.est_finish)
+        for g in start.gpus:
+            until[(start.node, g)] = end
+    return until
