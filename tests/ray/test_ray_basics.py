@@ -17,6 +17,8 @@ def test_the_cluster_file_maps_ray_nodes_to_tangram_nodes(ray_cluster: Any) -> N
     nodes = status["nodes"]
     up = {n: (d["cores"], d["gpus"]) for n, d in nodes.items() if d["alive"]}
     assert up == {"head": (0, 2), "w1": (1, 2), "w2": (1, 2)}  # each agent, by its labels
+    # each agent's action calls take its direct channel (RayConfig.direct_calls)
+    assert {n: d["direct"] for n, d in nodes.items() if d["alive"]} == dict.fromkeys(up, True)
     assert nodes["w3"] == {"alive": False, "why": "declared, not up yet", "fenced": True}
     assert status["executors"]["cpu"] == ray_cluster.info["cpu_nodes"] == ["w1", "w2"]
     assert ray_cluster.info["gpu_nodes"] == ["head", "w1", "w2", "w3"]

@@ -26,6 +26,7 @@ from typing import Any
 from tangram.exec.ray.nodes import (
     GpuPlan,
     NodeReport,
+    ServiceEntry,
     core_domains,
     gpu_plan,
     memory_gb,
@@ -37,6 +38,8 @@ log = logging.getLogger(__name__)
 
 #: How often an agent checks that its scheduler actor is alive.
 WATCH_EVERY_S = 1.0
+#: Threads for the direct channel's calls (each running CPU action or GPU call holds one).
+DIRECT_THREADS = 256
 
 
 class NodeAgent:
@@ -65,6 +68,7 @@ class NodeAgent:
         self.gpu: Any = None
         self._watch: threading.Thread | None = None
         self._closing = threading.Lock()
+        self._direct: Any = None
         cpu_spec, gpu_spec = self.report.cpu_spec(), self.report.gpu_spec()
         if cpu_spec is not None:
             from tangram.exec.aoe import AoeConfig, AoeManager
@@ -122,6 +126,21 @@ class NodeAgent:
             except Exception:  # noqa: BLE001 - busy or slow: ask again
                 continue
 
+    def serve_direct(self, key: bytes) -> tuple[str, int]:
+        """Listen for the scheduler actor's direct channel (``channel``) on this Ray node's
+        address; its address (once: later calls return the same)."""
+        if self._direct is None:
+            import ray
+
+            from tangram.exec.ray.channel import AgentServer
+
+            host = ray.util.get_node_ip_address()
+            self._direct = AgentServer(self._direct_call, host, key, DIRECT_THREADS)
+        return self._direct.address
+
+    def _direct_call(self, method: str, args: tuple[Any, ...]) -> Any:
+        return getattr(self, method)(*args)
+
     def ping(self) -> str:
         return self.report.name
 
@@ -129,11 +148,16 @@ class NodeAgent:
         """This agent's process id (fault tests kill it)."""
         return os.getpid()
 
-    def catalog(self) -> dict[str, tuple[tuple[int, ...], float]]:
-        """The GPU services here: name -> (DoPs, resident GB per GPU)."""
+    def catalog(self) -> dict[str, ServiceEntry]:
+        """The GPU services here, as the single-node executor admits them (DoPs, size,
+        replicas or layer shards)."""
         if self.gpu is None:
             return {}
-        return {s: (self.gpu.dops(s), self.gpu.size_gb(s)) for s in self.gpu.services()}
+        gpu = self.gpu
+        return {
+            s: ServiceEntry(gpu.dops(s), gpu.size_gb(s), gpu.replicas(s), gpu.eoe.info(s).shards)
+            for s in gpu.services()
+        }
 
     # -- containers ---------------------------------------------------------------------------
 
@@ -196,6 +220,8 @@ class NodeAgent:
     def shutdown(self) -> None:
         """Remove this node's containers and free its devices (once)."""
         with self._closing:
+            if self._direct is not None:
+                self._direct.close()
             for executor in (self.cpu, self.gpu):
                 if executor is not None:
                     executor.shutdown()

@@ -59,6 +59,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="an existing Ray cluster to measure on (default: start the local 3-node one in "
         "a loopback-only network namespace, which needs root)",
     )
+    p.add_argument(
+        "--agent-calls",
+        choices=("direct", "ray"),
+        default="direct",
+        help="how the scheduler actor calls its agents: the direct channel (the default, "
+        "RayConfig.direct_calls) or Ray actor calls (to compare)",
+    )
     add_json_flag(p)
     p.set_defaults(func=main)
 
@@ -192,7 +199,9 @@ def _on_ray(handle: Any, url: str, samples: int, actions: int, clients: int) -> 
     return asyncio.run(go())
 
 
-def _measure(address: str, samples: int, actions: int, clients: int) -> dict[str, Any]:
+def _measure(
+    address: str, samples: int, actions: int, clients: int, direct: bool = True
+) -> dict[str, Any]:
     """Both paths, with a scheduler actor of its own on the cluster at ``address`` (this
     process's Ray connection when it has one)."""
     import ray
@@ -205,7 +214,7 @@ def _measure(address: str, samples: int, actions: int, clients: int) -> dict[str
     joined = not ray.is_initialized()
     if joined:
         ray.init(address=address, log_to_driver=False)
-    config = RayConfig(namespace="tangram-bench", http=ServeOptions(port=0))
+    config = RayConfig(namespace="tangram-bench", http=ServeOptions(port=0), direct_calls=direct)
     try:
         handle, info = start(config)
         try:
@@ -220,19 +229,19 @@ def _measure(address: str, samples: int, actions: int, clients: int) -> dict[str
 
 
 def run_bench(
-    samples: int, actions: int, clients: int, address: str | None = None
+    samples: int, actions: int, clients: int, address: str | None = None, direct: bool = True
 ) -> dict[str, Any]:
     """Measure on ``address``, or on the local cluster started in a loopback namespace."""
     from tangram.exec.ray.local import LocalCluster, loopback_namespace
 
     load_before = os.getloadavg()[0]
     if address is not None:
-        measured = _measure(address, samples, actions, clients)
+        measured = _measure(address, samples, actions, clients, direct)
     else:
         with loopback_namespace():
             local = LocalCluster.start()
             try:
-                measured = _measure(local.address, samples, actions, clients)
+                measured = _measure(local.address, samples, actions, clients, direct)
             finally:
                 local.shutdown()
     return {
@@ -240,6 +249,7 @@ def run_bench(
         "loadavg_1m_before": round(load_before, 2),
         "loadavg_1m_after": round(os.getloadavg()[0], 2),
         "cluster": address or "local 3-node cluster (tangram.exec.ray.local)",
+        "agent_calls": "direct" if direct else "ray",
         **measured,
         "targets": {"added_p50_ms": ADDED_P50_MS, "actions_per_s": ACTIONS_PER_S},
     }
@@ -249,7 +259,9 @@ def main(args: argparse.Namespace) -> int:
     for name in ("samples", "actions", "clients"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} must be >= 1")
-    doc = run_bench(args.samples, args.actions, args.clients, args.address)
+    doc = run_bench(
+        args.samples, args.actions, args.clients, args.address, args.agent_calls == "direct"
+    )
     single = doc["single_node"]
     rows = []
     for kind in ("api", "cpu"):

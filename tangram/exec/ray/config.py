@@ -36,6 +36,9 @@ class RayConfig:
     - ``torch_threads``: threads of torch in each GPU agent (CPU-backed devices share the
       node's cores: 1 keeps a call on one core); None leaves torch's default.
     - ``http``: ``ServeOptions`` of an HTTP service in the scheduler actor (None: Ray only).
+    - ``direct_calls``: the calls on actions' paths (run a CPU action, call a GPU service,
+      open and close a container) go to each agent over a direct, authenticated TCP
+      connection (``channel``) instead of Ray actor calls: about 2 ms less per action here.
     - ``cluster``: a cluster file's spec: its nodes (and APIs, replacing ``apis``) are the
       cluster, matched to Ray nodes by their ``tangram-name`` label; a declared node with no
       Ray node yet is fenced until one joins (capacity added without a restart). None: the
@@ -58,6 +61,7 @@ class RayConfig:
     torch_threads: int | None = None
     http: Any = None
     cluster: ClusterSpec | None = None
+    direct_calls: bool = True
 
     def __post_init__(self) -> None:
         for name in ("ping_every_s", "lost_after_s", "gpu_memory_gb"):

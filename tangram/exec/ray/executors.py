@@ -10,22 +10,20 @@ each GPU call is reported to the core per node.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from tangram.core.cells import cell_sizes
 from tangram.core.decision import Start
-from tangram.core.resources import ClusterSpec, CpuNodeSpec, GpuNodeSpec, ResourceKind
+from tangram.core.resources import ClusterSpec, CpuNodeSpec, GpuNodeSpec
 from tangram.core.scheduler import Scheduler
 from tangram.exec.ray.fleet import Fleet, NodeLost, lost_result
+from tangram.exec.ray.nodes import ServiceEntry
 from tangram.exec.runtime.cpu import CpuExecutor
-from tangram.exec.runtime.errors import BadRequest
-from tangram.exec.runtime.executor import Admission, OnDeadline
-from tangram.exec.runtime.records import ActionSpec, CpuWork, ErrorInfo, GpuWork
+from tangram.exec.runtime.executor import OnDeadline
+from tangram.exec.runtime.gpu import GpuExecutor
+from tangram.exec.runtime.records import CpuWork, ErrorInfo, GpuWork
 from tangram.exec.runtime.result import ExecResult
-from tangram.exec.runtime.trajectories import Trajectory
 
 
 @dataclass(frozen=True)
@@ -125,7 +123,7 @@ class RayGpuExecutor:
         self,
         fleet: Fleet,
         cluster: ClusterSpec,
-        catalog: Mapping[str, tuple[tuple[int, ...], float]],
+        catalog: Mapping[str, ServiceEntry],
     ) -> None:
         self.fleet = fleet
         #: The runtime's core (set once the runtime is made): residency is reported to it.
@@ -142,24 +140,19 @@ class RayGpuExecutor:
     def services(self) -> tuple[str, ...]:
         return tuple(self.catalog)
 
-    def admit(
-        self, spec: ActionSpec, trajectory: Trajectory | None, cluster: ClusterSpec
-    ) -> Admission:
-        """The single-node rule: a registered service, cells from 1 GPU up to its DoPs."""
-        work: GpuWork = spec.work  # type: ignore[assignment]
-        if work.service not in self.catalog:
-            raise BadRequest(
-                f"unknown GPU service {work.service!r}; registered: {list(self.catalog)}"
-            )
-        dops, size_gb = self.catalog[work.service]
-        usable = list(itertools.takewhile(lambda k: k in set(dops), cell_sizes(self.node.gpus)))
-        if not usable:
-            raise BadRequest(
-                f"GPU service {work.service!r} supports DoPs {sorted(dops)}; the scheduler "
-                "may start any cell from 1 GPU up to max_units, so it must support DoP 1"
-            )
-        max_units = max(k for k in usable if k <= max(spec.max_units, 1))
-        return Admission(ResourceKind.GPU, max_units, size_gb=size_gb)
+    def size_gb(self, service: str) -> float:
+        return self.catalog[service].size_gb
+
+    def replicas(self, service: str) -> bool:
+        return self.catalog[service].replicas
+
+    def dops(self, service: str) -> tuple[int, ...]:
+        return tuple(self.catalog[service].dops)
+
+    #: The single-node rule, over the agents' catalog: a registered service on cells from 1
+    #: GPU up to its DoPs (``Admission.replicas`` passed on), a layer-sharded one on its k.
+    admit = GpuExecutor.admit
+    _admit_shards = GpuExecutor._admit_shards
 
     async def execute(
         self, work: GpuWork, start: Start, *, trajectory: str, time_left_s: float
@@ -198,6 +191,10 @@ class EoeView:
     def __init__(self, gpu: RayGpuExecutor) -> None:
         self.gpu = gpu
         self.counters: dict[str, dict[str, Any]] = {}
+
+    def info(self, service: str) -> ServiceEntry:
+        """The service as the agents registered it (``GpuExecutor``'s rule reads its shards)."""
+        return self.gpu.catalog[service]
 
     def residency(self) -> dict[str, tuple[int, ...]]:
         return {

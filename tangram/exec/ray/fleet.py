@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tangram.exec.ray.channel import DIRECT_METHODS, Channel, ChannelClosed
 from tangram.exec.ray.nodes import NodeReport
 from tangram.exec.runtime.records import ErrorInfo
 from tangram.exec.runtime.result import ExecResult
@@ -47,6 +48,8 @@ class Member:
     why: str = ""
     last_seen: float = 0.0
     pending: set[asyncio.Future[Any]] = field(default_factory=set)
+    #: The direct connection for the calls on actions' paths (None: they go through Ray).
+    channel: Channel | None = None
 
 
 class Fleet:
@@ -69,18 +72,35 @@ class Fleet:
     def members(self) -> list[Member]:
         return list(self.by_name.values())
 
+    async def connect(self, member: Member, key: bytes) -> None:
+        """Open the direct channel to ``member``'s agent (``channel``); on any failure its
+        calls stay on Ray (slower, the same answers)."""
+        name = member.report.name
+        try:
+            address = await member.handle.serve_direct.remote(key)
+            member.channel = await Channel.open(
+                tuple(address), key, lambda why: self.lose(name, f"its agent's {why}")
+            )
+        except Exception as exc:  # noqa: BLE001 - Ray still reaches it
+            log.warning("no direct channel to node %s (%s): its calls go through Ray", name, exc)
+
     async def call(self, name: str, method: str, *args: Any) -> Any:
-        """``agent.method(*args)`` on node ``name``; ``NodeLost`` if the node is or gets lost."""
+        """``agent.method(*args)`` on node ``name``; ``NodeLost`` if the node is or gets lost.
+        The calls on actions' paths take the direct channel when there is one."""
         member = self.by_name.get(name)
         if member is None or not member.alive:
             raise NodeLost(name, member.why if member else "no agent runs there")
         import ray
 
-        ref = getattr(member.handle, method).remote(*args)
         loop = asyncio.get_running_loop()
         out: asyncio.Future[Any] = loop.create_future()
         member.pending.add(out)
-        inner = asyncio.wrap_future(ref.future(), loop=loop)
+        channel = member.channel
+        if channel is not None and channel.closed is None and method in DIRECT_METHODS:
+            inner = channel.send(method, args)
+        else:
+            ref = getattr(member.handle, method).remote(*args)
+            inner = asyncio.wrap_future(ref.future(), loop=loop)
 
         def relay(done: asyncio.Future[Any]) -> None:
             if out.done():
@@ -88,6 +108,8 @@ class Fleet:
             exc = done.exception()
             if exc is None:
                 out.set_result(done.result())
+            elif isinstance(exc, ChannelClosed):
+                self.lose(name, f"its agent's connection closed ({exc})")
             elif isinstance(exc, ray.exceptions.RayActorError | ray.exceptions.ActorDiedError):
                 self.lose(name, f"its agent died ({type(exc).__name__})")
             else:
@@ -99,6 +121,12 @@ class Fleet:
         finally:
             member.pending.discard(out)
 
+    def close_channels(self) -> None:
+        """Close every direct channel on purpose (the scheduler shuts down)."""
+        for member in self.by_name.values():
+            if member.channel is not None:
+                member.channel.close()
+
     def lose(self, name: str, why: str) -> None:
         """Mark the node lost: every call in flight to it ends with ``NodeLost`` now."""
         member = self.by_name.get(name)
@@ -106,6 +134,8 @@ class Fleet:
             return
         member.alive, member.why = False, why
         log.warning("node %s lost: %s", name, why)
+        if member.channel is not None:
+            member.channel.close()
         for fut in list(member.pending):
             if not fut.done():
                 fut.set_exception(NodeLost(name, why))

@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from tangram.exec.ray import agents
+from tangram.exec.ray.channel import new_key
 from tangram.exec.ray.config import RayConfig
 from tangram.exec.ray.executors import RayGpuExecutor
 from tangram.exec.ray.fleet import NODE_LOST, Fleet
@@ -52,6 +53,8 @@ class Membership:
         #: Nodes of the cluster file with no Ray node yet (fenced until one joins).
         self.absent: set[str] = set()
         self._fence_seq = 0
+        #: The key of the agents' direct channels (``channel``), new for each scheduler.
+        self.key = new_key()
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def spawn(self, nodes: list[dict[str, Any]]) -> list[NodeReport]:
@@ -59,8 +62,9 @@ class Membership:
         started, unplaced = await agents.spawn(nodes, self.config, self.owner)
         self.unplaced.update(unplaced)
         now = time.monotonic()
-        for report, handle in started:
-            self.fleet.add(report, handle, now)
+        members = [self.fleet.add(report, handle, now) for report, handle in started]
+        if self.config.direct_calls:
+            await asyncio.gather(*(self.fleet.connect(m, self.key) for m in members))
         return [report for report, _ in started]
 
     def fence_absent(self, up: set[str]) -> None:
@@ -82,6 +86,7 @@ class Membership:
                 "cores": cpu.cores if cpu else 0,
                 "gpus": gpu.gpus if gpu else 0,
                 "in_flight": len(m.pending),
+                "direct": m.channel is not None and m.channel.closed is None,
                 "fenced": bool(self.fences.get(m.report.name)),
             }
         for name in sorted(self.absent):

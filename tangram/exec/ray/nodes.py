@@ -31,6 +31,19 @@ class GpuPlan:
 
 
 @dataclass(frozen=True)
+class ServiceEntry:
+    """A GPU service as a node's EOE registered it: what the scheduler needs to admit calls."""
+
+    dops: tuple[int, ...]
+    #: GB the model holds: per replica, or all of a layer-sharded model's shards.
+    size_gb: float
+    #: Runs as whole data-parallel replicas, one per GPU of its cell (``Action.service_replicas``).
+    replicas: bool
+    #: Layer shards (a sharded service runs on cells of exactly this many GPUs).
+    shards: int = 1
+
+
+@dataclass(frozen=True)
 class NodeReport:
     """One node as its agent found it (sent to the scheduler when the agent starts)."""
 

@@ -122,6 +122,7 @@ class SchedulerActor:
             await self.runtime.close()
         if self.runner is not None:
             await self.runner.cleanup()
+        self.fleet.close_channels()
         import ray
 
         for member in self.fleet.members():

@@ -1,0 +1,107 @@
+"""The direct channel from the scheduler actor to an agent (no Ray needed): answers matched
+to their calls with many in flight, the agent's exceptions passed back, only the agent's
+direct methods served, a peer without the key refused before anything is unpickled, and a
+closed connection failing the calls in flight and telling its owner."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from tangram.exec.ray.channel import AgentServer, Channel, ChannelClosed, new_key
+
+
+class Handler:
+    """An agent's direct methods: ``run_cpu`` sleeps and echoes, ``open`` raises."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, method: str, args: tuple[Any, ...]) -> Any:
+        with self.lock:
+            self.calls.append((method, args))
+        if method == "open":
+            raise KeyError(f"no trajectory {args[0]}")
+        delay, value = args
+        time.sleep(delay)
+        return {"echo": value}
+
+
+def test_calls_are_answered_each_by_its_own_reply_and_errors_come_back() -> None:
+    key, handler = new_key(), Handler()
+    server = AgentServer(handler, "127.0.0.1", key, threads=64)
+    closed: list[str] = []
+
+    async def go() -> None:
+        ch = await Channel.open(server.address, key, closed.append)
+        # 40 calls in flight; later ones finish first (shorter sleeps)
+        futs = [ch.send("run_cpu", ((40 - i) * 0.002, i)) for i in range(40)]
+        assert await asyncio.gather(*futs) == [{"echo": i} for i in range(40)]
+        with pytest.raises(KeyError, match="no trajectory t-9"):
+            await ch.send("open", ("t-9", 1.0, None))
+        with pytest.raises(ValueError, match="'ping' is not a direct call"):
+            await ch.send("ping", ())
+        # one call's round trip on this machine, for the record
+        t0 = time.perf_counter()
+        for _ in range(200):
+            await ch.send("run_cpu", (0.0, 0))
+        print(f"direct round trip: {(time.perf_counter() - t0) / 200 * 1e3:.3f} ms")
+        ch.close()
+        assert ch.closed is not None
+        with pytest.raises(ChannelClosed):
+            await ch.send("run_cpu", (0.0, 1))
+
+    try:
+        asyncio.run(go())
+    finally:
+        server.close()
+    assert closed == []  # closed on purpose: nobody is told it was lost
+    assert [m for m, _ in handler.calls].count("ping") == 0
+
+
+def test_a_peer_without_the_key_is_refused_both_ways() -> None:
+    handler = Handler()
+    server = AgentServer(handler, "127.0.0.1", new_key(), threads=4)
+
+    async def wrong_key() -> None:
+        with pytest.raises(ConnectionError, match="failed the handshake"):
+            await Channel.open(server.address, new_key(), lambda why: None)
+
+    try:
+        asyncio.run(wrong_key())
+        # a raw peer that skips the handshake and sends a frame: never unpickled, never run
+        with socket.create_connection(server.address) as raw:
+            raw.sendall(b"\0" * 32)  # its "nonce"
+            raw.recv(64)  # the agent's nonce and proof
+            raw.sendall(b"\1" * 32)  # a wrong answer
+            raw.settimeout(5)
+            assert raw.recv(1) == b""  # the agent closed the connection
+    finally:
+        server.close()
+    assert handler.calls == []
+
+
+def test_a_connection_that_closes_fails_the_calls_in_flight_and_tells_its_owner() -> None:
+    key, handler = new_key(), Handler()
+    server = AgentServer(handler, "127.0.0.1", key, threads=4)
+    closed: list[str] = []
+
+    async def go() -> None:
+        ch = await Channel.open(server.address, key, closed.append)
+        slow = ch.send("run_cpu", (1.0, "never answered"))
+        await asyncio.sleep(0.2)
+        ch.writer.transport.abort()  # the connection breaks (as when a process dies)
+        with pytest.raises(ChannelClosed):
+            await asyncio.wait_for(slow, 2.0)
+
+    try:
+        asyncio.run(go())
+    finally:
+        server.close()
+    assert len(closed) == 1 and "closed" in closed[0]

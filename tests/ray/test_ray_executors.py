@@ -1,0 +1,72 @@
+"""The Ray GPU executor admits a call as the single-node one does on the same node (no Ray
+needed): the agent's catalog carries each service's DoPs, size, and whether it runs as whole
+replicas or layer shards, so ``Action.service_replicas`` reaches the core on Ray too."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from tangram.core.resources import ClusterSpec, GpuNodeSpec
+from tangram.exec.ray.agent import NodeAgent
+from tangram.exec.ray.executors import RayGpuExecutor
+from tangram.exec.ray.fleet import Fleet
+from tangram.exec.runtime.errors import BadRequest
+from tangram.exec.runtime.gpu import GpuExecutor
+from tangram.exec.runtime.records import ActionSpec, GpuWork
+
+GB = 1 << 30
+NODE = GpuNodeSpec("g1", gpus=4, gpu_memory_gb=16.0, host_memory_gb=64.0)
+CLUSTER = ClusterSpec(name="one-gpu-node", gpu_nodes=(NODE,))
+
+#: name -> (DoPs, resident GB per GPU, shards): a replicated model, one split over 2 GPUs
+#: because it needs both, one split over 2 although it fits one (refused), one without DoP 1.
+SERVICES = {
+    "reward": ((1, 2, 4), 3.0, 1),
+    "big": ((2,), 12.0, 2),
+    "small-split": ((2,), 6.0, 2),
+    "no-dop-1": ((2, 4), 1.0, 1),
+}
+
+
+def single_node() -> GpuExecutor:
+    def info(name: str) -> SimpleNamespace:
+        dops, gb, shards = SERVICES[name]
+        return SimpleNamespace(
+            dops=dops,
+            resident_bytes=int(gb * GB),
+            shards=shards,
+            parallelism="layers" if shards > 1 else "replicas",
+        )
+
+    eoe = SimpleNamespace(
+        devices=list(range(NODE.gpus)),
+        config=SimpleNamespace(calls_per_gpu=1),
+        services=lambda: tuple(SERVICES),
+        info=info,
+        close=lambda: None,
+    )
+    return GpuExecutor(eoe, NODE)
+
+
+@pytest.mark.parametrize("service", ["reward", "big", "small-split", "no-dop-1", "unknown"])
+@pytest.mark.parametrize("asked", [1, 2, 4])
+def test_a_gpu_call_is_admitted_on_ray_as_on_one_node(service: str, asked: int) -> None:
+    local = single_node()
+    try:
+        catalog = NodeAgent.catalog(SimpleNamespace(gpu=local))  # what the agent sends
+        ray_gpu = RayGpuExecutor(Fleet(), CLUSTER, catalog)
+        spec = ActionSpec(GpuWork(service, [1]), max_units=asked)
+        try:
+            expected = local.admit(spec, None, CLUSTER)
+        except BadRequest as exc:
+            with pytest.raises(BadRequest) as refused:
+                ray_gpu.admit(spec, None, CLUSTER)
+            assert str(refused.value) == str(exc)  # the same refusal, word for word
+            return
+        got = ray_gpu.admit(spec, None, CLUSTER)
+        assert got == expected
+        assert got.replicas == (SERVICES[service][2] == 1)  # service_replicas for the core
+    finally:
+        local.shutdown()
