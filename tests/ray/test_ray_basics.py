@@ -53,3 +53,28 @@ def test_every_ray_node_binds_loopback_only(ray_cluster):
     import ray
 
     assert {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]} == {"127.0.0.1"}
+
+
+def test_run_many_answers_each_action_in_order_with_its_outcome_or_error(ray_cluster: Any) -> None:
+    from tangram.exec.service.retry import ServiceError
+
+    r = RayClient(ray_cluster.handle)
+    r.open_trajectory("many-a", memory_gb=1)
+    try:
+        out = r.run_many(
+            [
+                {"endpoint": "echo", "payload": 1},
+                {"command": "echo many", "trajectory": "many-a"},
+                {"command": "true", "trajectory": "no-such-trajectory"},
+                {"service": "reward", "inputs": [[1, 2]]},
+                {"id": "many-x", "endpoint": "echo", "payload": 5},
+            ]
+        )
+    finally:
+        r.close_trajectory("many-a")
+    api, cpu, refused, gpu, named = out
+    assert api.ok and api.value == 1
+    assert cpu.ok and cpu.value.stdout == "many\n" and cpu.node in HOST_CORES
+    assert isinstance(refused, ServiceError) and refused.code == "unknown_trajectory"
+    assert gpu.ok and gpu.node in {"head", "w1", "w2"}
+    assert named.ok and r.run(id="many-x", endpoint="echo", payload=5) == named  # ran once

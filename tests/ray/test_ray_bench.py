@@ -20,7 +20,9 @@ def test_bench_ray_reports_latency_throughput_and_decisions(ray_cluster: Any, ca
             assert 0 <= got["overhead_p50_ms"] < got["p99_ms"]
     paths = {"api/http", "api/ray_native", "cpu/http", "cpu/ray_native"}
     assert set(doc["added_p50_ms"]) == set(doc["added_overhead_p50_ms"]) == paths
-    for path in ("throughput_http", "throughput_ray_native"):
+    assert doc["agent_calls"] == "direct"
+    assert doc["throughput_ray_native_batched"]["batch"] == 16
+    for path in ("throughput_http", "throughput_ray_native", "throughput_ray_native_batched"):
         assert doc[path]["actions"] == 300 and doc[path]["per_s"] > 0
     assert doc["single_node"]["throughput_http"]["per_s"] > 0
     decisions = doc["decisions"]

@@ -14,7 +14,8 @@ own process, no GPU). Phases, each the same client code against both:
 - ``ray-native``: the same API and CPU actions from ``AsyncRayClient`` (actor calls, no HTTP);
 - ``throughput``: ``--actions`` no-op actions from ``--clients`` concurrent clients (HTTP:
   ``tangram bench service``'s aiohttp load, against both; and ``AsyncRayClient``s), through
-  the one scheduler actor (actions/s);
+  the one scheduler actor (actions/s); and ``AsyncRayClient.run_many`` calls of ``--batch``
+  actions each (one actor call per batch);
 - ``decisions``: the scheduler's decisions per second of time spent in the core, and per
   second of wall time during the throughput phase, read from the actor.
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import subprocess
@@ -58,6 +60,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--address",
         help="an existing Ray cluster to measure on (default: start the local 3-node one in "
         "a loopback-only network namespace, which needs root)",
+    )
+    p.add_argument(
+        "--batch", type=int, default=16, help="actions per run_many call (batched throughput)"
     )
     p.add_argument(
         "--agent-calls",
@@ -118,6 +123,24 @@ async def _throughput(clients: list[Any], actions: int) -> dict[str, float]:
     return {"actions": actions, "wall_s": wall, "per_s": actions / wall}
 
 
+async def _batched_throughput(clients: list[Any], actions: int, batch: int) -> dict[str, float]:
+    """``--actions`` no-op actions, each client sending ``batch`` at a time (``run_many``)."""
+    left = iter(range(actions))
+
+    async def worker(c: Any) -> None:
+        while chunk := [
+            {"endpoint": "echo", "payload": None} for _ in itertools.islice(left, batch)
+        ]:
+            for out in await c.run_many(chunk):
+                if not getattr(out, "ok", False):
+                    raise RuntimeError(f"a benchmark action failed: {out}")
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker(c) for c in clients))
+    wall = time.perf_counter() - t0
+    return {"actions": actions, "batch": batch, "wall_s": wall, "per_s": actions / wall}
+
+
 async def _http_throughput(url: str, actions: int, clients: int) -> dict[str, float]:
     """``tangram bench service``'s load (aiohttp, submit and wait, no-op ``echo``)."""
     from tangram.exec.service_bench import _phase
@@ -170,7 +193,9 @@ def _single_node(samples: int, actions: int, clients: int) -> dict[str, Any]:
             proc.kill()
 
 
-def _on_ray(handle: Any, url: str, samples: int, actions: int, clients: int) -> dict[str, Any]:
+def _on_ray(
+    handle: Any, url: str, samples: int, actions: int, clients: int, batch: int
+) -> dict[str, Any]:
     from tangram.exec.ray.client import AsyncRayClient
     from tangram.exec.service import AsyncClient
 
@@ -183,9 +208,9 @@ def _on_ray(handle: Any, url: str, samples: int, actions: int, clients: int) -> 
         before = await handle.core_figures.remote()
         out["throughput_http"] = await _http_throughput(url, actions, clients)
         after = await handle.core_figures.remote()
-        out["throughput_ray_native"] = await _throughput(
-            [AsyncRayClient(handle) for _ in range(clients)], actions
-        )
+        natives = [AsyncRayClient(handle) for _ in range(clients)]
+        out["throughput_ray_native"] = await _throughput(natives, actions)
+        out["throughput_ray_native_batched"] = await _batched_throughput(natives, actions, batch)
         decisions = after["decisions"] - before["decisions"]
         core_s = after["core_s"] - before["core_s"]
         out["decisions"] = {
@@ -200,7 +225,7 @@ def _on_ray(handle: Any, url: str, samples: int, actions: int, clients: int) -> 
 
 
 def _measure(
-    address: str, samples: int, actions: int, clients: int, direct: bool = True
+    address: str, samples: int, actions: int, clients: int, direct: bool, batch: int
 ) -> dict[str, Any]:
     """Both paths, with a scheduler actor of its own on the cluster at ``address`` (this
     process's Ray connection when it has one)."""
@@ -218,7 +243,7 @@ def _measure(
     try:
         handle, info = start(config)
         try:
-            on_ray = _on_ray(handle, info["url"], samples, actions, clients)
+            on_ray = _on_ray(handle, info["url"], samples, actions, clients, batch)
         finally:
             with contextlib.suppress(Exception):
                 stop(config, handle)
@@ -229,19 +254,24 @@ def _measure(
 
 
 def run_bench(
-    samples: int, actions: int, clients: int, address: str | None = None, direct: bool = True
+    samples: int,
+    actions: int,
+    clients: int,
+    address: str | None = None,
+    direct: bool = True,
+    batch: int = 16,
 ) -> dict[str, Any]:
     """Measure on ``address``, or on the local cluster started in a loopback namespace."""
     from tangram.exec.ray.local import LocalCluster, loopback_namespace
 
     load_before = os.getloadavg()[0]
     if address is not None:
-        measured = _measure(address, samples, actions, clients, direct)
+        measured = _measure(address, samples, actions, clients, direct, batch)
     else:
         with loopback_namespace():
             local = LocalCluster.start()
             try:
-                measured = _measure(local.address, samples, actions, clients, direct)
+                measured = _measure(local.address, samples, actions, clients, direct, batch)
             finally:
                 local.shutdown()
     return {
@@ -256,11 +286,16 @@ def run_bench(
 
 
 def main(args: argparse.Namespace) -> int:
-    for name in ("samples", "actions", "clients"):
+    for name in ("samples", "actions", "clients", "batch"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} must be >= 1")
     doc = run_bench(
-        args.samples, args.actions, args.clients, args.address, args.agent_calls == "direct"
+        args.samples,
+        args.actions,
+        args.clients,
+        args.address,
+        args.agent_calls == "direct",
+        args.batch,
     )
     single = doc["single_node"]
     rows = []
@@ -296,6 +331,7 @@ def main(args: argparse.Namespace) -> int:
             ("single-node http", single["throughput_http"]),
             ("ray http", doc["throughput_http"]),
             ("ray native", doc["throughput_ray_native"]),
+            (f"ray native, run_many of {args.batch}", doc["throughput_ray_native_batched"]),
         )
     ]
     dec = doc["decisions"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +99,35 @@ def _lost(exc: BaseException) -> ServiceError:
     )
 
 
+@dataclass
+class Batch:
+    """A ``run_many``: the actions' documents (ids made on the client, so a resend is the same
+    action) and, per action, its outcome or the error that refused it."""
+
+    bodies: list[dict[str, Any]]
+    results: list[Outcome | ServiceError | None]
+
+    @classmethod
+    def of(cls, actions: Sequence[Mapping[str, Any]]) -> Batch:
+        return cls([action_body(**a) for a in actions], [None] * len(actions))
+
+    def read(
+        self, sent: list[int], replies: list[dict[str, Any]], last: bool
+    ) -> tuple[list[int], float]:
+        """Take the replies to the actions ``sent``: the ones to send again (retryable errors,
+        unless ``last``) and the pause before."""
+        again, pause = [], 0.0
+        for i, reply in zip(sent, replies, strict=True):
+            try:
+                self.results[i] = outcome_from_doc(unwrap(reply))
+            except ServiceError as exc:
+                self.results[i] = exc
+                if exc.retryable and not last:
+                    again.append(i)
+                    pause = max(pause, min(5.0, exc.retry_after_s or 0.5))
+        return again, pause
+
+
 def _dead() -> tuple[type[BaseException], ...]:
     import ray
 
@@ -155,6 +184,23 @@ class AsyncRayClient:
     async def run(self, **action: Any) -> Outcome:
         return await self._do(run(action))
 
+    async def run_many(self, actions: Sequence[Mapping[str, Any]]) -> list[Outcome | ServiceError]:
+        """Several actions (``run``'s keyword arguments each) in one actor call, answered
+        when all have ended: per action its outcome, or the ``ServiceError`` that refused it
+        (retryable ones retried first). One call instead of one per action: more actions per
+        second through the scheduler actor, each waiting for the slowest of its batch."""
+        batch, todo = Batch.of(actions), list(range(len(actions)))
+        for attempt in range(self.retries + 1):
+            try:
+                replies = await self.handle.run_many.remote([batch.bodies[i] for i in todo])
+            except _dead() as exc:
+                raise _lost(exc) from exc
+            todo, pause = batch.read(todo, replies, attempt == self.retries)
+            if not todo:
+                break
+            await asyncio.sleep(pause)
+        return batch.results  # type: ignore[return-value]  # every entry filled
+
     async def result(self, id: str, wait_s: float = 0.0) -> Outcome | None:
         return await self._do(result(id, wait_s))
 
@@ -209,6 +255,22 @@ class RayClient:
 
     def run(self, **action: Any) -> Outcome:
         return self._do(run(action))
+
+    def run_many(self, actions: Sequence[Mapping[str, Any]]) -> list[Outcome | ServiceError]:
+        """``AsyncRayClient.run_many``, waiting."""
+        import ray
+
+        batch, todo = Batch.of(actions), list(range(len(actions)))
+        for attempt in range(self.retries + 1):
+            try:
+                replies = ray.get(self.handle.run_many.remote([batch.bodies[i] for i in todo]))
+            except _dead() as exc:
+                raise _lost(exc) from exc
+            todo, pause = batch.read(todo, replies, attempt == self.retries)
+            if not todo:
+                break
+            time.sleep(pause)
+        return batch.results  # type: ignore[return-value]  # every entry filled
 
     def result(self, id: str, wait_s: float = 0.0) -> Outcome | None:
         return self._do(result(id, wait_s))

@@ -189,6 +189,10 @@ class SchedulerActor:
         assert outcome is not None
         return {"value": outcome_doc(outcome)}
 
+    async def run_many(self, bodies: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """``run`` for each document, in one actor call; the replies in order, once all ended."""
+        return list(await asyncio.gather(*(self.run(body) for body in bodies)))
+
     async def run_spec(self, spec: ActionSpec) -> dict[str, Any]:
         """Submit an ``ActionSpec`` (Python objects: tensors as inputs) and wait: the
         ``Outcome`` itself, for drivers that build specs as the runtime's own callers do."""
