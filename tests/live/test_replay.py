@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -61,8 +60,11 @@ def test_replay_of_a_live_run_matches_its_act(tmp_path: Path) -> None:
     # With the declared curves the simulator predicts execution from t1_s (the sleep asked
     # for). On a machine that delivered it, the replay is close; on a loaded one the sleeps
     # overshoot, and the replay can only err short: what holds either way.
+    # A few overshooting sleeps lengthen the live queue on the quota for every action behind
+    # them, so the two-sided bound needs every sleep on time, not the median (under load the
+    # median was 1.05 while the replay erred 34% short).
     curve = replay(path, durations="curve")
-    slowdown = statistics.median(r.obs_exec_s / r.t1_s for r in trace.rows)
+    slowdown = max(r.obs_exec_s / r.t1_s for r in trace.rows)
     if slowdown <= 1.1:
         assert abs(curve.error["p50"]) < 0.25, (slowdown, curve.error)
     else:
