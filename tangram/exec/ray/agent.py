@@ -12,7 +12,9 @@ them to host cores.
 It is a threaded actor (no ``async`` method): Ray runs each call on one of its threads, which
 carries the blocking AOE or EOE call itself (``run_blocking``, ``call_blocking``). Measured
 here, a call into an async actor cost about 1 ms more than into a threaded one (its event loop
-is one more hand-off), on the path of every CPU and GPU action.
+is one more hand-off), on the path of every CPU and GPU action. Those calls now come over the
+direct channel (``serve_direct``, ``channel.py``), each on a thread of its own pool; Ray
+carries the rest (describe, ping, stats, shutdown).
 """
 
 from __future__ import annotations
