@@ -18,7 +18,9 @@ from tangram.core.options import Options
 from tangram.core.policies.base import DomainRule, RuleTraits
 from tangram.core.policies.elastic import defer_evicted, elastic_round
 from tangram.core.policies.gpu_cost import (
+    AGING_CAP_S,
     ServiceLoad,
+    eviction_charge,
     place_charged,
     resident_copies,
     robust_order,
@@ -154,6 +156,8 @@ class _RobustPass:
         self.load = rule.load
         self.restore_cost = _first_restore_cost(ctx) if ctx.state.gpu else None
         self.pool_gb = sum(n.spec.gpus * n.spec.gpu_memory_gb for n in ctx.state.gpu.values())
+        self.pool_gpus = sum(n.spec.gpus for n in ctx.state.gpu.values())
+        self._widest: int | None = None
         self._resident: dict[str, set[int]] | None = None
         self._held: dict[str, set[int]] | None = None
         self._copies: dict[str, int] | None = None
@@ -209,7 +213,15 @@ class _RobustPass:
         """The eviction charge of the best free cell of ``size`` (None: no free cell)."""
         key = (action.service or "", size)
         if key not in self._charge:
-            spot = place_charged(self.ctx, size, action, self.load, self.copies(), self.reserved)
+            spot = place_charged(
+                self.ctx,
+                size,
+                action,
+                self.load,
+                self.copies(),
+                self.reserved,
+                calls=self.calls(action.service or "", size),
+            )
             self._charge[key] = None if spot is None else spot[2]
         return self._charge[key]
 
@@ -219,6 +231,21 @@ class _RobustPass:
         assert self.restore_cost is not None
         restore = self.restore_cost(action, size) / self.calls(action.service or "", size)
         return restore + (self.charge(action, size) or 0.0)
+
+    def widest_free(self) -> int:
+        """The largest free cell no waiting call holds, over the pool."""
+        if self._widest is None:
+            widest = 0
+            for name, node in self.ctx.state.gpu.items():
+                held = self.reserved.get(name)
+                for size in reversed(cell_sizes(node.spec.gpus)):
+                    if size <= widest:
+                        break
+                    if any(not held or not held.intersection(c) for c in node.free_cells(size)):
+                        widest = size
+                        break
+            self._widest = widest
+        return self._widest
 
     def options(self, action: Action) -> Options:
         opts = self.ctx.options(action)
@@ -257,6 +284,24 @@ class _RobustPass:
         if waiting is not None:
             return f"tangram: waits for the {len(waiting.cell)} GPU cell reserved for it on {waiting.node}"
         opts = ctx.options(action)
+        if (
+            self.waits.head is None
+            and 0 < self.widest_free() < opts.units[0]
+            and ctx.now - action.arrival >= AGING_CAP_S
+        ):
+            calls = self.calls(service, opts.units[0])
+
+            def restore(node: str, cell: tuple[int, ...]) -> float:
+                cost = ctx.restore_cost(action, node, len(cell))
+                return cost + eviction_charge(
+                    ctx, node, cell, action, self.load, self.copies(), calls
+                )
+
+            reason = self.waits.reserve_head(ctx, action, restore)
+            if reason is not None:
+                self.reserved = self.waits.reserved()
+                self._widest = self._resident = None
+                return reason
         self._seen[service] = self._seen.get(service, 0) + 1
         now, best = ctx.now, None
         for cell in self.servers(service):
@@ -290,10 +335,7 @@ class _RobustPass:
         if self.waits.by_action:
             self.waits.serve(ctx)
             self.reserved = self.waits.reserved()
-        free = ctx.state.free_gpus - sum(
-            1 for name, gpus in self.reserved.items() for g in gpus
-            if ctx.state.gpu[name].owner[g] is None
-        )  # fmt: skip
+        free = ctx.state.free_gpus
         if free <= 0 or not ctx.queue_len(domain):
             return
         rnd = elastic_round(
@@ -317,7 +359,21 @@ class _RobustPass:
         ctx, service = self.ctx, action.service or ""
         opts = ctx.options(action)
         for size in reversed(opts.units[: opts.units.index(units) + 1]):
-            spot = place_charged(ctx, size, action, self.load, self.copies(), self.reserved)
+            backfill = None
+            if self.reserved:
+                k = opts.units.index(size)
+                done = ctx.now + opts.durations[k] + ctx.restore_cost(action, _any(ctx), size)
+                backfill = (self.waits.ready_at(), done)
+            spot = place_charged(
+                ctx,
+                size,
+                action,
+                self.load,
+                self.copies(),
+                self.reserved,
+                backfill,
+                self.calls(service, size),
+            )
             if spot is None:
                 continue
             node, cell, charge = spot
@@ -346,6 +402,10 @@ class _RobustPass:
             self._charge.clear()
             return
         ctx.defer(action, "tangram: no aligned free cell of its smallest size after placement")
+
+
+def _any(ctx: Context) -> str:
+    return next(iter(ctx.state.gpu))
 
 
 def _resident_free_sizes(ctx: Context) -> dict[str, set[int]]:

@@ -12,7 +12,10 @@ Three pieces the GPU rule (``elastic_gpu``) uses when ``ElasticTuning.gpu_robust
   how busy its load keeps the copies left (``ServiceLoad.busy_gpus``: a spare copy is free to
   evict, a needed one is not: two services on a small pool no longer take each other's GPUs
   in turn); doubled while it was restored recently and is at least as popular as the
-  newcomer (hysteresis: no ping-pong between two services).
+  newcomer (hysteresis: no ping-pong between two services); plus, on a cell that holds other
+  services while calls are queued, the restore's GPU time (each GPU-second delays each queued
+  call by 1/pool s), shared by the calls it serves: under load restores thrash, so calls
+  queue on the copies that exist (an empty cell costs nobody: a first copy there is free).
 - ``robust_order``: the GPU queue merged from the per-service queues, earliest
   ``arrival + min(AGING x expected duration, AGING_CAP_S)`` first: in a burst short calls
   pass long ones, and no call is passed by one that arrived more than ``AGING`` times its
@@ -30,6 +33,7 @@ import math
 from collections.abc import Iterator
 
 from tangram.core.action import Action
+from tangram.core.backlog import GPU_DOMAIN
 from tangram.core.context import Context
 from tangram.core.resources import ResourceKind
 from tangram.core.state import GpuNodeState
@@ -174,18 +178,22 @@ def eviction_charge(
     action: Action,
     load: ServiceLoad,
     copies: dict[str, int],
+    calls: float = 1.0,
 ) -> float:
-    """Expected restore seconds the evictions of a restore onto ``cell`` cost later.
+    """Expected restore seconds the evictions of a restore onto ``cell`` cost later, and
+    what its GPU time costs the queued calls (``_crowding``, shared by the ``calls`` it
+    serves).
 
     ``copies``: GPUs holding each service across the pool; a victim with a copy outside the
     cell costs nothing (its calls go to that copy).
     """
     node = ctx.state.gpu[node_name]
     service = action.service or ""
+    charge = _crowding(ctx, node, cell, service, action) / calls
     victims = evicted_by(node, cell, service, action.service_size_gb, load)
     if not victims:
-        return 0.0
-    now, charge = ctx.now, 0.0
+        return charge
+    now = ctx.now
     mine = load.recent(service, now)
     for t, k in victims.items():
         inside = max(k, sum(1 for g in cell if t in node.resident[g]))
@@ -203,6 +211,35 @@ def eviction_charge(
     return charge
 
 
+def _crowding(
+    ctx: Context, node: GpuNodeState, cell: tuple[int, ...], service: str, action: Action
+) -> float:
+    """What the restore's GPU time costs the queued calls of the services already on the cell
+    (they could have run there meanwhile; each GPU-second delays each of them 1/pool s)."""
+    others = set().union(*(node.resident[g] for g in cell)) - {service}
+    if not others:
+        return 0.0
+    queued = max(0, ctx.queue_len(GPU_DOMAIN) - 1)
+    if not queued:
+        return 0.0
+    pool = sum(n.spec.gpus for n in ctx.state.gpu.values())
+    restore = node.spec.restore_s(
+        action.service_size_gb, len(cell), replicas=action.service_replicas
+    )
+    return restore * len(cell) * queued / pool
+
+
+def _buddy_free(node: GpuNodeState, cell: tuple[int, ...]) -> int:
+    """Free GPUs in the aligned block twice the cell's size around it, outside the cell: a
+    small call placed where its buddy is busy leaves the larger free blocks whole (the buddy
+    allocator's rule), so a wide call later finds its cell."""
+    size = len(cell)
+    if 2 * size > node.spec.gpus:
+        return 0
+    start = cell[0] - cell[0] % (2 * size)
+    return sum(1 for g in range(start, start + 2 * size) if g not in cell and node.owner[g] is None)
+
+
 def place_charged(
     ctx: Context,
     size: int,
@@ -210,12 +247,17 @@ def place_charged(
     load: ServiceLoad,
     copies: dict[str, int],
     reserved: dict[str, set[int]] | None = None,
+    backfill: tuple[dict[tuple[str, int], float], float] | None = None,
+    calls: float = 1.0,
 ) -> tuple[str, tuple[int, ...], float] | None:
     """The free aligned cell of ``size`` GPUs to start ``action`` on, and its eviction charge.
 
     A cell that holds the service first (no restore); otherwise the least eviction charge,
-    then ``gpu_placement``'s order (fewest other services, best fit, node and cell order).
-    ``reserved``: GPUs held for calls waiting for them (``gpu_waits``), per node: not used.
+    then fewest other services; then a cell whose buddy block is busy (``_buddy_free``), then
+    ``gpu_placement``'s order (best fit, node and cell order).
+    ``reserved``: GPUs held for calls waiting for them (``gpu_waits``), per node: not used,
+    unless ``backfill`` = (when each held GPU is expected by its call, when this call would
+    be done) says it is done by then.
     """
     service = action.service or ""
     best: tuple[tuple[float, ...], str, tuple[int, ...], float] | None = None
@@ -226,14 +268,19 @@ def place_charged(
         held = reserved.get(name) if reserved else None
         for cell in node.free_cells(size):
             if held and held.intersection(cell):
-                continue
+                if backfill is None:
+                    continue
+                at, done = backfill
+                if any(done > at.get((name, g), math.inf) + 1e-9 for g in cell if g in held):
+                    continue
+            loose = _buddy_free(node, cell)
             if node.is_resident(service, cell):
-                key: tuple[float, ...] = (0, 0.0, 0, free, order, cell[0])
+                key: tuple[float, ...] = (0, 0.0, 0, loose, free, order, cell[0])
                 charge = 0.0
             else:
-                charge = eviction_charge(ctx, name, cell, action, load, copies)
+                charge = eviction_charge(ctx, name, cell, action, load, copies, calls)
                 others = len(set().union(*(node.resident[g] for g in cell)) - {service})
-                key = (1, charge, others, free, order, cell[0])
+                key = (1, charge, others, loose, free, order, cell[0])
             if best is None or key < best[0]:
                 best = (key, name, cell, charge)
     return None if best is None else (best[1], best[2], best[3])

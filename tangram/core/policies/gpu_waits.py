@@ -5,14 +5,24 @@ the 4-GPU cell a burst of short calls holds frees a second later and would run i
 the allocation (or the free cells left) gives a call a cell smaller than its fastest, the
 default looks at the larger cells the running calls will free (their estimated finishes): if
 waiting for one and then running on it finishes the call at least ``GAIN`` sooner than starting
-now, and the wait is at most ``MAX_WAIT_SHARE`` of the run it would do now, the call waits and
-the cell is reserved for it: no other call starts on the reserved GPUs meanwhile. A reservation
-lasts until its cell frees, or past twice the expected wait, at the next GPU pass; a call waits
-at most once, then competes as any other (no starvation, no ping-pong).
+now, the wait is at most ``MAX_WAIT_SHARE`` of the run it would do now, the cell is at most
+``MAX_POOL_SHARE`` of the pool, and the time it saves pays for what the others lose (the
+GPU-seconds it takes beyond a start now and the reserved GPUs idle while it waits, weighted by
+the calls queued), the call waits and the cell is reserved for it: no other call starts on the
+reserved GPUs meanwhile, unless it is expected to be done before the cell is (backfill). A
+reservation lasts until its cell frees, or past twice the expected wait, at the next GPU pass;
+a call waits at most once, then competes as any other (no starvation, no ping-pong).
+
+The same reservation keeps a wide call from starving: a call whose smallest cell is larger
+than every free one, once it has waited ``gpu_cost.AGING_CAP_S`` (narrower calls may pass it
+that long), holds the cell of its size that frees first until it starts (``reserve_head``;
+one such call at a time).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tangram.core.action import Action
@@ -45,12 +55,23 @@ class Reservation:
 class CellWaits:
     """The GPU rule's reservations: which queued calls wait for which cells."""
 
-    __slots__ = ("by_action", "waited")
+    __slots__ = ("by_action", "waited", "head")
 
     def __init__(self) -> None:
         self.by_action: dict[str, Reservation] = {}
+        #: The call holding the head reservation (``reserve_head``), if any.
+        self.head: str | None = None
         #: Calls that waited once (they never wait again).
         self.waited: set[str] = set()
+
+    def ready_at(self) -> dict[tuple[str, int], float]:
+        """(node, GPU) -> when the call holding it expects its cell: a narrower call may run
+        on a held GPU only if it is done by then (backfill)."""
+        at: dict[tuple[str, int], float] = {}
+        for r in self.by_action.values():
+            for g in r.cell:
+                at[(r.node, g)] = min(at.get((r.node, g), math.inf), r.ready)
+        return at
 
     def reserved(self) -> dict[str, set[int]]:
         """GPUs held for waiting calls, per node."""
@@ -63,25 +84,71 @@ class CellWaits:
         """Start each waiting call whose cell is free; drop reservations past their time or
         whose call is no longer queued."""
         queued = ctx.scheduler.backlog.options
+        if self.head is not None and self.head not in self.by_action:
+            self.head = None
         for aid, r in list(self.by_action.items()):
             if aid not in queued:
                 del self.by_action[aid]
+                if aid == self.head:
+                    self.head = None
                 continue
             node = ctx.state.gpu[r.node]
             if all(node.owner[g] is None for g in r.cell):
                 del self.by_action[aid]
+                head = self.head
+                if aid == self.head:
+                    self.head = None
                 restored = not node.is_resident(r.action.service or "", r.cell)
                 ctx.start(
                     r.action,
                     r.node,
                     len(r.cell),
-                    f"tangram: {len(r.cell)} GPU cell on {r.node} it waited for "
-                    f"({'restore' if restored else 'resident'}; a larger cell soon beat a "
-                    "small one now)",
+                    f"tangram: {len(r.cell)} GPU cell on {r.node} reserved for it "
+                    f"({'restore' if restored else 'resident'}; "
+                    f"{'no free cell was wide enough' if aid == head else 'a larger cell soon beat a small one now'})",
                     gpus=r.cell,
                 )
             elif ctx.now >= r.until - 1e-9:
                 del self.by_action[aid]
+
+    def reserve_head(
+        self, ctx: Context, action: Action, restore: Callable[[str, tuple[int, ...]], float]
+    ) -> str | None:
+        """Reserve the cell of ``action``'s smallest size it can start on first (a resident
+        cell saves the restore; ``restore`` is what a restore onto a cell costs, with its
+        evictions), when no other call
+        holds the head reservation: a call wider than every free cell is otherwise passed
+        forever by narrower ones taking each GPU as it frees (EASY backfilling's head
+        reservation, without backfill); the reason, or None when there is no such cell."""
+        if self.head is not None:
+            return None
+        size, now = ctx.options(action).units[0], ctx.now
+        until, held = _busy_until(ctx), self.reserved()
+        best: tuple[float, float, str, tuple[int, ...]] | None = None
+        for name, node in ctx.state.gpu.items():
+            if size > node.spec.gpus:
+                continue
+            mine = held.get(name, set())
+            for cell in aligned_cells(node.spec.gpus, size):
+                if mine.intersection(cell) or any(
+                    node.owner[g] is not None and (name, g) not in until for g in cell
+                ):
+                    continue
+                ready = max(until.get((name, g), now) for g in cell)
+                start = ready
+                if not node.is_resident(action.service or "", cell):
+                    start += restore(name, cell)
+                if best is None or start < best[0]:
+                    best = (start, ready, name, cell)
+        if best is None:
+            return None
+        _, ready, name, cell = best
+        self.head = action.id
+        self.by_action[action.id] = Reservation(action, name, cell, ready, math.inf)
+        return (
+            f"tangram: no free cell of its {size} GPUs; the cell {cell} on {name} (free in "
+            f"~{ready - now:.3f}s) is reserved for it, no narrower call starts there"
+        )
 
     def consider(
         self, ctx: Context, action: Action, node_name: str, size: int, restored: bool
