@@ -15,7 +15,9 @@ size, simulation options), runs them with ``run_jobs`` (a process pool, a tqdm b
 Command-line flags shared by all scripts (``parse_args``): ``--seeds N`` (default 3),
 ``--workers N`` (default ``$TANGRAM_WORKERS`` or 2), ``--out DIR`` (default
 ``experiments/results``), ``--smoke`` (batch 32, one seed, for the tests; also
-``TANGRAM_SMOKE=1``).
+``TANGRAM_SMOKE=1``), ``--policy NAME`` (the elastic policy a variant named ``tangram`` runs:
+``tangram-paper``, the paper's, by default; ``run_all.py`` runs each reproduction a second time
+with ``--policy tangram``, the default policy, into ``results/default/``).
 """
 
 from __future__ import annotations
@@ -45,6 +47,16 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
 DEFAULT_SEEDS = 3
+#: The policy the variants named ``tangram`` run (``--policy``): the paper's by default, so the
+#: scripts reproduce the paper's claims; ``run_all.py`` also runs them under the default policy.
+PAPER_POLICY = "tangram-paper"
+ELASTIC = PAPER_POLICY
+
+
+def resolve(policy: str) -> str:
+    """The policy a variant runs: ``tangram`` stands for ``ELASTIC`` (set by ``--policy``)."""
+    return ELASTIC if policy == "tangram" else policy
+
 
 #: Figures every run reports (from ``summary``), in the order the CSVs list them.
 SUMMARY_COLUMNS = [
@@ -135,7 +147,7 @@ def _run_keys(job: Job, v: Variant, cluster) -> dict[str, Any]:
         "seed": job.seed,
         "steps": job.steps,
         "variant": v.name,
-        "policy": v.policy,
+        "policy": resolve(v.policy),
         "gpus": cluster.total_gpus,
         "cores": cluster.total_cores,
         **dict(job.overrides),
@@ -244,7 +256,7 @@ def execute(job: Job) -> list[dict[str, Any]]:
     for v in job.variants:
         cluster = cluster_for(v)
         config = SimConfig(
-            policy=v.policy,
+            policy=resolve(v.policy),
             seed=job.seed,
             rollout=RolloutConfig(train_s=v.train_s),
             timeline=v.timeline,
@@ -402,6 +414,9 @@ class Claim:
     ours: str
     ours_mean: float = float("nan")
     ours_std: float = float("nan")
+    #: The default policy's figure, where a script runs both policies itself (else ``run_all``
+    #: takes it from the script's run under ``--policy tangram``).
+    default: str = ""
 
 
 @dataclass
@@ -418,11 +433,23 @@ class Report:
     differences: list[str] = field(default_factory=list)
     runtime_s: float = 0.0
     settings: dict[str, Any] = field(default_factory=dict)
+    #: Say which elastic policy the `tangram` variants ran (off where policies are named).
+    elastic_note: bool = True
 
     def write(self, out: Path) -> Path:
         out.mkdir(parents=True, exist_ok=True)
         lines = [f"# {self.title}", "", f"**Paper's claim.** {self.claim}", ""]
         lines += [f"Command: `{self.command}`", ""]
+        lines += (
+            []
+            if not self.elastic_note
+            else [
+                f"Elastic policy of this run: `{ELASTIC}` (the variants labelled `tangram` below run it;"
+                " `results/` holds the paper's `tangram-paper`, `results/default/` the default"
+                " `tangram`).",
+                "",
+            ]
+        )
         if self.setup:
             lines += ["## Setup", ""] + [f"- {s}" for s in self.setup] + [""]
         if self.claims:
@@ -457,7 +484,15 @@ class Report:
         path = out / f"{self.name}.md"
         path.write_text("\n".join(lines))
         pd.DataFrame(
-            [{**asdict(c), "experiment": self.name, "command": self.command} for c in self.claims]
+            [
+                {
+                    **asdict(c),
+                    "experiment": self.name,
+                    "command": self.command,
+                    "policy": ELASTIC if self.elastic_note else "",
+                }
+                for c in self.claims
+            ]
         ).to_csv(out / f"{self.name}.claims.csv", index=False)
         record_time(out, self.name, self.runtime_s, self.settings)
         return path
@@ -494,6 +529,7 @@ class Args:
     out: Path
     smoke: bool
     argv: list[str]
+    policy: str = PAPER_POLICY
 
 
 def parse_args(description: str, argv: Sequence[str] | None = None) -> Args:
@@ -512,10 +548,21 @@ def parse_args(description: str, argv: Sequence[str] | None = None) -> Args:
         default=os.environ.get("TANGRAM_SMOKE", "") not in ("", "0"),
         help="tiny configuration for tests: batch 32, one seed",
     )
+    p.add_argument(
+        "--policy",
+        default=PAPER_POLICY,
+        help="the elastic policy the `tangram` variants run (default: the paper's, tangram-paper)",
+    )
     a = p.parse_args(argv)
+    global ELASTIC
+    ELASTIC = a.policy
     seeds = list(range(1 if a.smoke else a.seeds))
-    return Args(seeds, 1 if a.smoke else a.workers, a.out, a.smoke, list(argv or sys.argv[1:]))
+    return Args(
+        seeds, 1 if a.smoke else a.workers, a.out, a.smoke, list(argv or sys.argv[1:]), a.policy
+    )
 
 
 def command(script: str) -> str:
-    return f"python experiments/{script}"
+    """The command that reproduces a script's run (``--policy`` when not the paper's)."""
+    policy = "" if ELASTIC == PAPER_POLICY else f" --policy {ELASTIC}"
+    return f"python experiments/{script}{policy}"

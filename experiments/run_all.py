@@ -5,7 +5,10 @@
     python experiments/run_all.py --docs-only     # just regather results/*.claims.csv into the doc
     python experiments/run_all.py --smoke --out /tmp/x   # tiny configuration (tests)
 
-Each script runs as its own process (its tqdm bar shows progress) and records its run time in
+Each reproduction (``SIDE_BY_SIDE``) runs twice: under the paper's policy ``tangram-paper``
+(``--policy tangram-paper``, into ``results/``: the paper's claims are reproduced with it) and
+under the default ``tangram`` (``--policy tangram``, into ``results/default/``); the table shows
+both. Each script runs as its own process (its tqdm bar shows progress) and records its run time in
 ``results/run_times.csv``. The table in ``docs/experiments.md`` sits between the markers
 ``<!-- results:begin -->`` and ``<!-- results:end -->``; the prose around it is hand-written.
 """
@@ -32,29 +35,48 @@ EXPERIMENTS = [
     "scheduler_overhead",
     "sensitivity",
     "fidelity",  # live: needs the Docker engine (scripts/ensure-docker.sh), ~4 min
+    "bound_gap",
 ]
+#: Run under both elastic policies: the paper's into ``--out``, the default into ``--out/default``.
+SIDE_BY_SIDE = EXPERIMENTS[:7]
+PAPER_POLICY, DEFAULT_POLICY = "tangram-paper", "tangram"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
 def gather(out: Path) -> pd.DataFrame:
+    """Every experiment's claims; ``default``: the same claim under the default policy (from
+    ``out/default/``, matched by claim and metric), unless the experiment reports it itself."""
     frames = []
     for name in EXPERIMENTS:
         path = out / f"{name}.claims.csv"
-        if path.exists():
-            frames.append(pd.read_csv(path, keep_default_na=False))
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        if not path.exists():
+            continue
+        claims = pd.read_csv(path, keep_default_na=False)
+        other = out / "default" / f"{name}.claims.csv"
+        has_default = "default" in claims.columns and (claims["default"] != "").any()
+        if not has_default and other.exists():
+            claims = claims.drop(columns=["default"], errors="ignore")
+            theirs = pd.read_csv(other, keep_default_na=False)[["claim", "metric", "ours"]]
+            theirs = theirs.rename(columns={"ours": "default"})
+            claims = claims.merge(theirs, on=["claim", "metric"], how="left")
+        frames.append(claims)
+    out_frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if not out_frame.empty:
+        out_frame["default"] = out_frame.get("default", pd.Series(dtype=str)).fillna("")
+    return out_frame
 
 
 def results_table(claims: pd.DataFrame, times: pd.DataFrame | None) -> str:
     lines = [
-        "| # | claim | paper | ours (mean ± std over seeds) | command |",
-        "|---|---|---|---|---|",
+        f"| # | claim | paper | ours, `{PAPER_POLICY}` (mean ± std over seeds) "
+        f"| ours, default `{DEFAULT_POLICY}` | command |",
+        "|---|---|---|---|---|---|",
     ]
     number = {name: i + 1 for i, name in enumerate(EXPERIMENTS)}
     for rec in claims.itertuples(index=False):
         lines.append(
             f"| {number.get(rec.experiment, '')} | {rec.claim} ({rec.metric}) | {rec.paper} | "
-            f"{rec.ours} | `{rec.command}` |"
+            f"{rec.ours} | {rec.default or '-'} | `{rec.command}` |"
         )
     if times is not None and not times.empty:
         order = {name: i for i, name in enumerate(EXPERIMENTS)}
@@ -68,12 +90,20 @@ def results_table(claims: pd.DataFrame, times: pd.DataFrame | None) -> str:
     return "\n".join(lines)
 
 
+def run_times(out: Path) -> pd.DataFrame | None:
+    """Seconds per experiment, both policies' runs added where there are two."""
+    paths = [p for p in (out / "run_times.csv", out / "default" / "run_times.csv") if p.exists()]
+    frames = [pd.read_csv(p)[["experiment", "wall_s"]] for p in paths]
+    if not frames:
+        return None
+    return pd.concat(frames).groupby("experiment", as_index=False, sort=False).wall_s.sum()
+
+
 def update_doc(out: Path, doc: Path = DOC) -> bool:
     claims = gather(out)
     if claims.empty or not doc.exists():
         return False
-    times_path = out / "run_times.csv"
-    times = pd.read_csv(times_path) if times_path.exists() else None
+    times = run_times(out)
     text = doc.read_text()
     if BEGIN not in text or END not in text:
         return False
@@ -94,17 +124,24 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if not a.docs_only:
         for name in a.only or EXPERIMENTS:
-            cmd = [sys.executable, str(HERE / f"{name}.py"), "--out", str(a.out)]
-            if a.seeds:
-                cmd += ["--seeds", str(a.seeds)]
-            if a.workers:
-                cmd += ["--workers", str(a.workers)]
-            if a.smoke:
-                cmd.append("--smoke")
-            print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
-            t0 = time.perf_counter()
-            subprocess.run(cmd, check=True, cwd=ROOT)
-            print(f"== {name}: {time.perf_counter() - t0:.0f} s", flush=True)
+            runs = [(a.out, [])]
+            if name in SIDE_BY_SIDE:
+                runs = [
+                    (a.out, ["--policy", PAPER_POLICY]),
+                    (a.out / "default", ["--policy", DEFAULT_POLICY]),
+                ]
+            for out, policy in runs:
+                cmd = [sys.executable, str(HERE / f"{name}.py"), "--out", str(out), *policy]
+                if a.seeds:
+                    cmd += ["--seeds", str(a.seeds)]
+                if a.workers:
+                    cmd += ["--workers", str(a.workers)]
+                if a.smoke:
+                    cmd.append("--smoke")
+                print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
+                t0 = time.perf_counter()
+                subprocess.run(cmd, check=True, cwd=ROOT)
+                print(f"== {name}: {time.perf_counter() - t0:.0f} s", flush=True)
     if not a.smoke and a.out.resolve() == (HERE / "results").resolve():
         print(
             "docs/experiments.md updated"

@@ -22,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import common  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from common import (  # noqa: E402
@@ -62,12 +63,13 @@ METRICS = [
 def bench_scheduler(smoke: bool) -> dict:
     """``tangram bench scheduler --json`` (the CLI, as a user would run it)."""
     exe = Path(sys.executable).with_name("tangram")
-    cmd = [str(exe) if exe.exists() else "tangram", "bench", "scheduler", "--json"]
+    policy = ["--policy", common.ELASTIC]
+    cmd = [str(exe) if exe.exists() else "tangram", "bench", "scheduler", "--json", *policy]
     if smoke:
         return {"skipped": "smoke run", "command": " ".join(cmd[1:])}
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=True)
     doc = json.loads(out.stdout)
-    doc["command"] = "tangram bench scheduler --json"
+    doc["command"] = " ".join(["tangram bench scheduler --json", *policy])
     return doc
 
 
