@@ -16,8 +16,15 @@ import pytest
 from tangram.exec.ray.channel import AgentServer, Channel, ChannelClosed, new_key
 
 
+class TwoArgs(Exception):
+    """An exception whose pickle does not keep its arguments (it does not unpickle)."""
+
+    def __init__(self, node: str, why: str) -> None:
+        super().__init__(f"{node}: {why}")
+
+
 class Handler:
-    """An agent's direct methods: ``run_cpu`` sleeps and echoes, ``open`` raises."""
+    """An agent's direct methods: ``run_cpu`` sleeps and echoes, ``open`` and ``close`` raise."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
@@ -28,6 +35,8 @@ class Handler:
             self.calls.append((method, args))
         if method == "open":
             raise KeyError(f"no trajectory {args[0]}")
+        if method == "close":
+            raise TwoArgs("w1", "gone")
         delay, value = args
         time.sleep(delay)
         return {"echo": value}
@@ -47,6 +56,13 @@ def test_calls_are_answered_each_by_its_own_reply_and_errors_come_back() -> None
             await ch.send("open", ("t-9", 1.0, None))
         with pytest.raises(ValueError, match="'ping' is not a direct call"):
             await ch.send("ping", ())
+        # an error that would not unpickle comes back as one that does, naming it; the
+        # connection stays up
+        with pytest.raises(RuntimeError, match=r"error \(TwoArgs: w1: gone\) did not pickle"):
+            await ch.send("close", ("t-1",))
+        with pytest.raises(TypeError):  # arguments that do not pickle fail their own call
+            await ch.send("run_cpu", (0.0, threading.Lock()))
+        assert await ch.send("run_cpu", (0.0, "still up")) == {"echo": "still up"}
         # one call's round trip on this machine, for the record
         t0 = time.perf_counter()
         for _ in range(200):

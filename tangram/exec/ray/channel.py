@@ -39,8 +39,10 @@ log = logging.getLogger(__name__)
 
 #: The calls an agent answers over its channel (everything else goes through Ray).
 DIRECT_METHODS = frozenset({"run_cpu", "call_gpu", "open", "close", "recreate"})
-#: A frame's header: the length of the pickled message that follows.
-_HEADER = struct.Struct("!Q")
+#: A frame's header: the length of the pickled payload that follows, the call's number, and
+#: (replies) whether it is an answer or the agent's exception. The number is outside the
+#: pickle, so a payload that does not unpickle fails its own call, not the connection.
+_HEADER = struct.Struct("!QQB")
 _NONCE = 32
 #: Seconds a peer has to complete the handshake.
 HANDSHAKE_S = 10.0
@@ -120,27 +122,38 @@ class AgentServer:
             send_lock = threading.Lock()
             while not self._closed:
                 try:
-                    (size,) = _HEADER.unpack(_read_exactly(stream, _HEADER.size))
-                    rid, method, args = pickle.loads(_read_exactly(stream, size))
+                    size, rid, _ = _HEADER.unpack(_read_exactly(stream, _HEADER.size))
+                    payload = _read_exactly(stream, size)
                 except (OSError, EOFError):
                     return
-                self._pool.submit(self._answer, conn, send_lock, rid, method, args)
+                self._pool.submit(self._answer, conn, send_lock, rid, payload)
 
-    def _answer(
-        self, conn: socket.socket, lock: threading.Lock, rid: int, method: str, args: Any
-    ) -> None:
+    def _answer(self, conn: socket.socket, lock: threading.Lock, rid: int, payload: bytes) -> None:
+        ok = False
         try:
+            method, args = pickle.loads(payload)
             if method not in DIRECT_METHODS:
                 raise ValueError(f"{method!r} is not a direct call")
-            reply: tuple[Any, ...] = (rid, True, self.handler(method, args))
+            value, ok = self.handler(method, args), True
         except Exception as exc:  # noqa: BLE001 - the caller gets the agent's exception
-            reply = (rid, False, exc)
-        try:
-            data = _dumps(reply)
-        except Exception as exc:  # noqa: BLE001 - an answer that does not pickle
-            data = _dumps((rid, False, RuntimeError(f"the agent's answer did not pickle: {exc}")))
+            value = exc
+        data, ok = _reply(value, ok)
         with lock, contextlib.suppress(OSError):
-            conn.sendall(_HEADER.pack(len(data)) + data)
+            conn.sendall(_HEADER.pack(len(data), rid, ok) + data)
+
+
+def _reply(value: Any, ok: bool) -> tuple[bytes, bool]:
+    """The pickled answer and whether it is one (not an error). An exception is sent only if it
+    unpickles as well (some take arguments their pickle does not keep); one that does not, or
+    an answer that does not pickle, becomes a ``RuntimeError`` naming it."""
+    try:
+        data = _dumps(value)
+        if not ok:
+            pickle.loads(data)
+        return data, ok
+    except Exception as exc:  # noqa: BLE001 - the caller gets an error it can read
+        what = "answer" if ok else f"error ({type(value).__name__}: {value})"
+        return _dumps(RuntimeError(f"the agent's {what} did not pickle: {exc}")), False
 
 
 def _read_exactly(stream: Any, n: int) -> bytes:
@@ -194,19 +207,28 @@ class Channel:
             fut.set_exception(ChannelClosed(self.closed))
             return fut
         rid = next(self._seq)
-        data = _dumps((rid, method, args))
+        try:
+            data = _dumps((method, args))
+        except Exception as exc:  # noqa: BLE001 - arguments that do not pickle: this call fails
+            fut.set_exception(exc)
+            return fut
         self.pending[rid] = fut
-        self.writer.write(_HEADER.pack(len(data)) + data)
+        self.writer.write(_HEADER.pack(len(data), rid, True) + data)
         return fut
 
     async def _read(self) -> None:
         why = "the agent closed the connection"
         try:
             while True:
-                (size,) = _HEADER.unpack(await self.reader.readexactly(_HEADER.size))
-                rid, ok, value = pickle.loads(await self.reader.readexactly(size))
+                size, rid, ok = _HEADER.unpack(await self.reader.readexactly(_HEADER.size))
+                payload = await self.reader.readexactly(size)
                 fut = self.pending.pop(rid, None)
                 if fut is None or fut.done():
+                    continue
+                try:
+                    value = pickle.loads(payload)
+                except Exception as exc:  # noqa: BLE001 - this answer only
+                    fut.set_exception(RuntimeError(f"the agent's answer did not unpickle: {exc}"))
                     continue
                 if ok:
                     fut.set_result(value)
