@@ -144,7 +144,7 @@ def main(argv=None) -> int:
             ("over_capacity_bound", "capacity-aware bound"),
         ):
             paper, m, s = cell(w, "tangram-paper", metric)
-            default, *_ = cell(w, "tangram", metric)
+            default, default_mean, _ = cell(w, "tangram", metric)
             claims.append(
                 Claim(
                     f"{w} b{b} mean ACT over {what}, paper cluster",
@@ -154,6 +154,7 @@ def main(argv=None) -> int:
                     m,
                     s,
                     default=default,
+                    default_mean=default_mean,
                 )
             )
     table = ratios.groupby(["workload", "batch", "policy"], sort=False).agg(

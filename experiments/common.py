@@ -417,6 +417,7 @@ class Claim:
     #: The default policy's figure, where a script runs both policies itself (else ``run_all``
     #: takes it from the script's run under ``--policy tangram``).
     default: str = ""
+    default_mean: float = float("nan")
 
 
 @dataclass

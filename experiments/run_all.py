@@ -23,6 +23,9 @@ from pathlib import Path
 
 import pandas as pd
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import side_by_side  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 DOC = ROOT / "docs" / "experiments.md"
@@ -55,9 +58,11 @@ def gather(out: Path) -> pd.DataFrame:
         other = out / "default" / f"{name}.claims.csv"
         has_default = "default" in claims.columns and (claims["default"] != "").any()
         if not has_default and other.exists():
-            claims = claims.drop(columns=["default"], errors="ignore")
-            theirs = pd.read_csv(other, keep_default_na=False)[["claim", "metric", "ours"]]
-            theirs = theirs.rename(columns={"ours": "default"})
+            claims = claims.drop(columns=["default", "default_mean"], errors="ignore")
+            theirs = pd.read_csv(other, keep_default_na=False)
+            theirs = theirs[["claim", "metric", "ours", "ours_mean"]].rename(
+                columns={"ours": "default", "ours_mean": "default_mean"}
+            )
             claims = claims.merge(theirs, on=["claim", "metric"], how="left")
         frames.append(claims)
     out_frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -99,10 +104,19 @@ def run_times(out: Path) -> pd.DataFrame | None:
     return pd.concat(frames).groupby("experiment", as_index=False, sort=False).wall_s.sum()
 
 
+def side_by_side_figures(out: Path, claims: pd.DataFrame) -> list[Path]:
+    """Each reproduction's figure under both policies, and the ratio claims as bars."""
+    number = {name: i + 1 for i, name in enumerate(EXPERIMENTS)}
+    paths = [side_by_side.stack(out, name) for name in SIDE_BY_SIDE]
+    paths.append(side_by_side.claims_figure(claims, out, number))
+    return [p for p in paths if p is not None]
+
+
 def update_doc(out: Path, doc: Path = DOC) -> bool:
     claims = gather(out)
     if claims.empty or not doc.exists():
         return False
+    side_by_side_figures(out, claims)
     times = run_times(out)
     text = doc.read_text()
     if BEGIN not in text or END not in text:

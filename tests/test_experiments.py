@@ -144,6 +144,23 @@ def test_run_all_table_shows_the_default_policy_beside_the_papers(tmp_path):
     assert "| 1 | c (m) | 4.3x | 1.5x | 1.7x |" in table
 
 
+def test_side_by_side_plots_the_ratio_claims_under_both_policies(tmp_path):
+    import side_by_side
+
+    claims = pd.DataFrame(
+        {
+            "experiment": ["coding_act", "coding_act", "fixed_dop"],
+            "claim": ["a", "b", "c"],
+            "ours": ["1.58 ± 0.00x", "0.974 / 0.000 / 0.010", "yes"],
+            "ours_mean": ["1.58", "0.98", ""],
+            "default_mean": ["1.60", "0.97", ""],
+        }
+    )
+    assert list(side_by_side.ratio_claims(claims).claim) == ["a"]  # only the ratios
+    path = side_by_side.claims_figure(claims, tmp_path, {"coding_act": 1})
+    assert path is not None and path.stat().st_size > 0
+
+
 def test_bound_gap_smoke_reports_both_policies_over_both_bounds(tmp_path):
     run_smoke("bound_gap.py", tmp_path)
     ratios = pd.read_csv(tmp_path / "bound_gap.ratios.csv")
