@@ -6,9 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tangram.core import Action, Amdahl, ResourceKind
+from tangram.core import Action, Amdahl, ClusterSpec, GpuNodeSpec, ResourceKind
 from tangram.core.options import Options
 from tangram.core.policies.gpu_cost import AGING_CAP_S, ROOM_SHARE, ServiceLoad, robust_order
+from tangram.sim.config import SimConfig
+from tangram.sim.driver import simulate
+from tangram.sim.workloads.random_instances import RandomParams, random_instance
+from tests.core.harness import run
 
 
 class _Queues:
@@ -87,3 +91,52 @@ def test_a_service_load_reads_as_the_gpus_its_recent_calls_keep_busy():
         10.0 / (60 * (1 - math.exp(-70 / 60))) / math.e, rel=1e-3
     )
     assert load.busy_gpus("never-called", 10.0) == 0.0
+
+
+@st.composite
+def gpu_pools(draw):
+    """Small GPU pools shared by services of several sizes (one needs two 80-GB GPUs), calls
+    in bursts with heavy-tailed times: where the default reserves cells (``gpu_waits``)."""
+    nodes = draw(st.lists(st.sampled_from([2, 4, 8]), min_size=1, max_size=2))
+    cluster = ClusterSpec(
+        "pool", gpu_nodes=tuple(GpuNodeSpec(f"g{i}", n, 80.0, 1024.0) for i, n in enumerate(nodes))
+    )
+    sizes = (15.2, 29.6, 65.6, 145.4)
+    calls = []
+    for i in range(draw(st.integers(1, 24))):
+        m = draw(st.integers(0, 3))
+        calls.append(
+            Action(
+                f"a{i}",
+                f"t{draw(st.integers(0, 5))}",
+                ResourceKind.GPU,
+                Amdahl(10 ** draw(st.floats(-1.5, 2.3)), draw(st.floats(0.0, 0.5))),
+                arrival=float(draw(st.integers(0, 12))) / 4,
+                max_units=draw(st.sampled_from([1, 2, 4, 8])),
+                service=f"m{m}",
+                service_size_gb=sizes[m],
+            )
+        )
+    return cluster, calls
+
+
+@settings(max_examples=150, deadline=None)
+@given(instance=gpu_pools())
+def test_reservations_keep_every_invariant_and_every_call_ends(instance):
+    cluster, calls = instance
+    out = run(cluster, "tangram", calls)  # capacity and cell invariants after every event
+    for a in calls:
+        assert (a.id in out.started) != (a.id in out.rejected)
+        if a.id in out.started:
+            assert a.id in out.finished and out.started[a.id].time >= a.arrival
+    assert run(cluster, "tangram", calls).log == out.log
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_every_call_of_a_random_gpu_instance_ends_under_the_default(seed):
+    # The simulator adds restores, evictions and residency, which the core harness does not.
+    trace, cluster = random_instance(RandomParams(family="gpu"), seed=seed)
+    result = simulate(trace, cluster, SimConfig(policy="tangram", timeline=False))
+    assert len(result.actions) == len(trace)
+    assert all(r.outcome == "result" and r.start >= r.arrival for r in result.actions)
