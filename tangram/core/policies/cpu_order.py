@@ -23,18 +23,27 @@ AGING = 1.0
 #: ... and by at most this many seconds of arrivals after it, however long it is.
 AGING_CAP_S = float("inf")
 #: Only the oldest this many queued actions are reordered (the rest follow in FCFS order), so
-#: a pass costs a bounded sort however long the queue: a pass starts at most a node's cores.
-LOOKAHEAD = 128
+#: a pass costs a bounded sort however long the queue.
+LOOKAHEAD = 64
 
 
-def shortest_first(ctx: Context, domain: Domain) -> list[Action]:
+def shortest_first(
+    ctx: Context, domain: Domain, keys: dict[str, float] | None = None
+) -> list[Action]:
     """The domain's queued actions by arrival + AGING x fastest duration (FCFS among ties),
-    the oldest ``LOOKAHEAD`` of them reordered, the rest after them in FCFS order."""
+    the oldest ``LOOKAHEAD`` of them reordered, the rest after them in FCFS order. ``keys``
+    caches each action's key (it never changes while the action waits)."""
     options = ctx.options
+    cache: dict[str, float] = {} if keys is None else keys
 
     def key(action: Action) -> float:
-        opts = options(action)
-        return action.arrival + min(AGING * opts.durations[opts.fastest], AGING_CAP_S)
+        k = cache.get(action.id)
+        if k is None:
+            opts = options(action)
+            k = cache[action.id] = action.arrival + min(
+                AGING * opts.durations[opts.fastest], AGING_CAP_S
+            )
+        return k
 
     queue = ctx.queue(domain)
     head = list(islice(queue, LOOKAHEAD))
@@ -53,9 +62,10 @@ class OrderedQueue:
         self._ctx, self._domain, self._order = ctx, domain, order
 
     def queue(self, domain: Domain) -> Iterator[Action]:
-        if domain == self._domain:
-            return iter(self._order)
-        return self._ctx.queue(domain)
+        if domain != self._domain:
+            return self._ctx.queue(domain)
+        queued = self._ctx.scheduler.backlog.domain_of
+        return (a for a in self._order if a.id in queued)  # (one may have started since)
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._ctx, name)

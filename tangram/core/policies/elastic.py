@@ -170,6 +170,8 @@ class ElasticCpu(DomainRule):
         #: (the cores it waits for, when it starts on what is free anyway). The held cores go
         #: to nobody else meanwhile (``waits``).
         self.awaiting: dict[str, tuple[int, float]] = {}
+        #: Queued actions' shortest-first keys (``cpu_order``), dropped when they start.
+        self.keys: dict[str, float] = {}
         if type(self).traits is ElasticCpu.traits:  # (a subclass declares its own traits)
             # A lone arrival may shrink a running action or wait for cores: its pass needs
             # the running set, which ``alone`` does not see.
@@ -187,13 +189,17 @@ class ElasticCpu(DomainRule):
     def schedule_domain(self, ctx: Context, domain: Domain) -> None:
         node = ctx.state.cpu[domain[1]]
         malleable = self.tuning.malleable and ctx.scheduler.resizable
+        view = ctx  # the pass's Context, its queue read shortest first when so tuned
+        if self.tuning.shortest_first and ctx.queue_len(domain) > 1:
+            queued = ctx.scheduler.backlog.domain_of
+            if len(self.keys) > 2 * len(queued) + 1024:  # keys of actions started elsewhere
+                self.keys = {k: v for k, v in self.keys.items() if k in queued}
+            order = shortest_first(ctx, domain, self.keys)
+            view = OrderedQueue(ctx, domain, order)  # type: ignore[assignment]
         if malleable and ctx.queue_len(domain):
-            view = ctx
-            if self.tuning.shortest_first and ctx.queue_len(domain) > 1:
-                view = OrderedQueue(ctx, domain, shortest_first(ctx, domain))  # type: ignore[assignment]
             shrink_to_admit(view, domain, node.spec.cores)
         if node.free_cores and ctx.queue_len(domain):
-            self._round(ctx, domain, node)
+            self._round(view, domain, node)
         if malleable:
             grow_to_fill(
                 ctx, domain, node.spec.cores, keep=waits.held_for(ctx, domain, self.awaiting)
@@ -215,11 +221,8 @@ class ElasticCpu(DomainRule):
             def hold(action: Action) -> str | None:
                 return "tangram: waits for its cores" if action.id in waiting else None
 
-        ordered = ctx
-        if self.tuning.shortest_first and ctx.queue_len(domain) > 1:
-            ordered = OrderedQueue(ctx, domain, shortest_first(ctx, domain))  # type: ignore[assignment]
         rnd = elastic_round(
-            ordered, domain, free, window=self.tuning.window or free, depth=self.depth, hold=hold
+            ctx, domain, free, window=self.tuning.window or free, depth=self.depth, hold=hold
         )
         if rnd is None:
             return
@@ -232,6 +235,7 @@ class ElasticCpu(DomainRule):
         name, started = node.spec.name, len(rnd.kept)
         for action, units in zip(rnd.kept, rnd.units, strict=True):
             ctx.start_on_cores(action, name, units, _cpu_reason(units, free, rnd.method, started))
+            self.keys.pop(action.id, None)
         if rnd.evicted:
             defer_evicted(ctx, rnd)
 

@@ -158,6 +158,7 @@ class _RobustPass:
         self.pool_gb = sum(n.spec.gpus * n.spec.gpu_memory_gb for n in ctx.state.gpu.values())
         self.pool_gpus = sum(n.spec.gpus for n in ctx.state.gpu.values())
         self._widest: int | None = None
+        self._drained: float | None = None
         self._resident: dict[str, set[int]] | None = None
         self._held: dict[str, set[int]] | None = None
         self._copies: dict[str, int] | None = None
@@ -231,6 +232,20 @@ class _RobustPass:
         assert self.restore_cost is not None
         restore = self.restore_cost(action, size) / self.calls(action.service or "", size)
         return restore + (self.charge(action, size) or 0.0)
+
+    def drained(self) -> float:
+        """When the calls waiting now are expected to be served: the last running call's
+        end, plus the queued calls' work (each at its smallest cell) spread over the pool (a
+        pessimistic bound: calls keep waiting until then)."""
+        if self._drained is None:
+            ctx = self.ctx
+            end = max([ctx.now, *(r.est_finish for r in ctx.running_in(GPU_DOMAIN))])
+            work = 0.0
+            for action in ctx.queue(self.domain):
+                opts = ctx.options(action)
+                work += opts.units[0] * opts.durations[0]
+            self._drained = end + work / self.pool_gpus
+        return self._drained
 
     def widest_free(self) -> int:
         """The largest free cell no waiting call holds, over the pool."""
@@ -378,7 +393,7 @@ class _RobustPass:
                 continue
             node, cell, charge = spot
             restored = not ctx.state.gpu[node].is_resident(service, cell)
-            wait = self.waits.consider(ctx, action, node, size, restored)
+            wait = self.waits.consider(ctx, action, node, size, restored, self.drained)
             if wait is not None:
                 self.reserved = self.waits.reserved()
                 ctx.defer(action, wait)

@@ -7,8 +7,8 @@ default looks at the larger cells the running calls will free (their estimated f
 waiting for one and then running on it finishes the call at least ``GAIN`` sooner than starting
 now, the wait is at most ``MAX_WAIT_SHARE`` of the run it would do now, the cell is at most
 ``MAX_POOL_SHARE`` of the pool, and the time it saves pays for what the others lose (the
-GPU-seconds it takes beyond a start now and the reserved GPUs idle while it waits, weighted by
-the calls queued), the call waits and the cell is reserved for it: no other call starts on the
+GPU-seconds it takes beyond a start now, counted only while calls wait (until ``drained``),
+and the reserved GPUs idle while it waits, weighted by the calls queued), the call waits and the cell is reserved for it: no other call starts on the
 reserved GPUs meanwhile, unless it is expected to be done before the cell is (backfill). A
 reservation lasts until its cell frees, or past twice the expected wait, at the next GPU pass;
 a call waits at most once, then competes as any other (no starvation, no ping-pong).
@@ -151,7 +151,13 @@ class CellWaits:
         )
 
     def consider(
-        self, ctx: Context, action: Action, node_name: str, size: int, restored: bool
+        self,
+        ctx: Context,
+        action: Action,
+        node_name: str,
+        size: int,
+        restored: bool,
+        drained: Callable[[], float],
     ) -> str | None:
         """Reserve a larger cell for ``action`` (about to start on ``size`` GPUs) when waiting
         for it finishes the call sooner (see the module); the reason, or None to start now."""
@@ -191,7 +197,10 @@ class CellWaits:
                     # beyond a start now and the reserved GPUs idle while it waits, weighed
                     # by the calls queued behind it.
                     idle = sum(1 for g in cell if node.owner[g] is None) * (ready - now)
-                    cost = (max(0.0, u * run - size * run_now) + idle) * weight
+                    # Only while calls wait (until the pool has drained) do the GPUs it
+                    # takes cost anyone anything.
+                    busy = min(1.0, max(0.0, drained() - ready) / run) if run > 0 else 0.0
+                    cost = (max(0.0, u * run - size * run_now) * busy + idle) * weight
                     finish = ready + run
                     if now + run_now - finish < cost:
                         continue
