@@ -33,6 +33,9 @@ from tangram.core.running import Running
 HYSTERESIS = 0.25
 #: About how many steps a split of a node's cores takes (the cost of a pass on a big node).
 SPLIT_STEPS = 32
+#: Skip the split when the queue's smallest options fit the free cores and nothing holds cores
+#: it grew into (random CPU family, 120 instances: the same shares within one instance).
+SKIP_WHEN_FITS = True
 #: Queued actions a pass may admit by shrinking running ones (the next pass admits more).
 MAX_ADMIT = 16
 
@@ -106,6 +109,13 @@ def shrink_to_admit(ctx: Context, domain: Domain, cap: int) -> None:
         cands.append(action)
         need += smallest
     if not cands:
+        return
+    if SKIP_WHEN_FITS and need <= node.free_cores and all(
+        r.start.units <= r.base_units for r, _ in resizable
+    ):
+        # The queue's smallest options fit the free cores and no running action holds cores
+        # it grew into: the round admits them without a shrink (a shrink below a start grant
+        # to give a candidate more than its smallest option is not worth a pass's split).
         return
     floors = [1] * len(resizable) + [ctx.options(a).units[0] for a in cands]
     caps = [min(r.action.max_units, cap) for r, _ in resizable] + [
