@@ -8,10 +8,11 @@ waiting for one and then running on it finishes the call at least ``GAIN`` soone
 now, the wait is at most ``MAX_WAIT_SHARE`` of the run it would do now, the cell is at most
 ``MAX_POOL_SHARE`` of the pool, and the time it saves pays for what the others lose (the
 GPU-seconds it takes beyond a start now, counted only while calls wait (until ``drained``),
-and the reserved GPUs idle while it waits, weighted by the calls queued), the call waits and the cell is reserved for it: no other call starts on the
-reserved GPUs meanwhile, unless it is expected to be done before the cell is (backfill). A
-reservation lasts until its cell frees, or past twice the expected wait, at the next GPU pass;
-a call waits at most once, then competes as any other (no starvation, no ping-pong).
+and the reserved GPUs idle while it waits, weighted by the calls queued), the call waits and
+the cell is reserved for it: no other call starts on the reserved GPUs meanwhile, unless it is
+expected to be done before the cell is (backfill). A reservation lasts until its cell frees,
+or past twice the expected wait, at the next GPU pass; a call waits at most once, then
+competes as any other (no starvation, no ping-pong).
 
 The same reservation keeps a wide call from starving: a call whose smallest cell is larger
 than every free one, once it has waited ``gpu_cost.AGING_CAP_S`` (narrower calls may pass it
