@@ -128,6 +128,8 @@ class ElasticGpu(DomainRule):
 
 
 _NO_SIZES: frozenset[int] = frozenset()
+#: Queued calls whose work ``drained`` sums before extrapolating (decisions stay microseconds).
+_DRAIN_SAMPLE = 64
 
 
 class _Ordered:
@@ -241,9 +243,12 @@ class _RobustPass:
             ctx = self.ctx
             end = max([ctx.now, *(r.est_finish for r in ctx.running_in(GPU_DOMAIN))])
             work = 0.0
-            for action in ctx.queue(self.domain):
+            for seen, action in enumerate(ctx.queue(self.domain), 1):
                 opts = ctx.options(action)
                 work += opts.units[0] * opts.durations[0]
+                if seen == _DRAIN_SAMPLE:  # a long queue: its head's mean work for the rest
+                    work *= ctx.queue_len(self.domain) / seen
+                    break
             self._drained = end + work / self.pool_gpus
         return self._drained
 
