@@ -101,6 +101,15 @@ CASES: tuple[Case, ...] = (
     Case("coding-memory-tangram", "coding", 64, "local", "tangram", memory_gb=24.0),
     Case("coding-memory-k8s", "coding", 64, "local", "k8s-static:2", memory_gb=24.0),
 )
+#: Every default-policy case again under the paper's policy (issue 11 kept it as
+#: ``tangram-paper``: these must decide as the default did before issue 11).
+CASES += tuple(
+    dataclasses.replace(
+        c, name=f"{c.name}-paper", policy=c.policy.replace("tangram", "tangram-paper")
+    )
+    for c in CASES
+    if c.policy.startswith("tangram")
+)
 
 
 def with_tied_arrivals(trace: Trace) -> Trace:
