@@ -45,7 +45,8 @@ def _measure(
 
     The upper bound (the grant is enforced) must hold under any load. The lower bound (the
     grant is delivered) needs the cores free of other work: the test waits for a quiet machine
-    and retries, then fails saying how many cores other processes used.
+    and retries; if the machine stays busy, the grant must still deliver most of what the
+    other processes left of its cores (a grant that withholds cores fails either way).
     """
     for _ in range(3):
         host.wait_quiet(max_wait_s=20)
@@ -54,10 +55,13 @@ def _measure(
         assert rate <= high, f"the grant was exceeded: {rate:.3f} cores > {high}"
         if rate >= low:
             return rate
-    pytest.fail(
+    machine = len(manager.topology.cores)
+    left = max(0.0, min(len(cores), machine) - others)
+    assert rate >= min(low, 0.8 * left), (
         f"the grant delivered {rate:.2f} cores (< {low}) while other processes on this "
-        f"machine used {others:.2f} cores: the cores were not free for the test"
+        f"machine used {others:.2f} cores, leaving {left:.2f} of its cores"
     )
+    return rate
 
 
 def test_half_core_grant_caps_a_busy_loop(manager: Any, trajectory: Any, host_cpu: Any) -> None:
