@@ -18,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import common  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from common import (  # noqa: E402
@@ -234,7 +235,7 @@ def main(argv=None) -> int:
         setup=[
             f"Workload `coding` (default parameters, `docs/workloads.md`), one RL step, batches {batches}, "
             f"seeds {args.seeds}; the `paper` cluster (15 x 256 cores).",
-            "Policies: `tangram` (elastic, window 32) and `k8s-static` (a pod of 4 cores per "
+            f"Policies: `tangram` (elastic: `{common.ELASTIC}`) and `k8s-static` (a pod of 4 cores per "
             "trajectory, requested when the trajectory opens and held until it ends; 960 pods "
             "fit, later trajectories wait, FCFS, for a pod to free).",
             "Default overheads: AOE grant+revoke 0.5 ms per action, container start 1 s (AOE: "
