@@ -110,8 +110,10 @@ def shrink_to_admit(ctx: Context, domain: Domain, cap: int) -> None:
         need += smallest
     if not cands:
         return
-    if SKIP_WHEN_FITS and need <= node.free_cores and all(
-        r.start.units <= r.base_units for r, _ in resizable
+    if (
+        SKIP_WHEN_FITS
+        and need <= node.free_cores
+        and all(r.start.units <= r.base_units for r, _ in resizable)
     ):
         # The queue's smallest options fit the free cores and no running action holds cores
         # it grew into: the round admits them without a shrink (a shrink below a start grant
