@@ -43,7 +43,8 @@ def test_100_actions_of_20_trajectories_at_once(manager: Any, trajectory: Any) -
     assert len(results) == TRAJECTORIES * ACTIONS_EACH
     counts: dict[str, set[int]] = {}
     for (label, out), (_, _, want) in zip(results, jobs, strict=True):
-        assert out.ok, (label, out)
+        # (The status, error and output first: the outcome's repr is cut off in reports.)
+        assert out.ok, (label, out.status, out.error, out.exit_code, out.stderr[-500:], out)
         echoed, allowed, told, count = out.text.split()
         assert echoed == label
         assert allowed == told == format_cpulist(out.cores)
