@@ -186,8 +186,7 @@ def leave_room_for_arrivals(ctx: Context, domain: Domain, rnd: Round, free: int)
     gap = ctx.scheduler.arrivals.gap.get(node.spec.name)
     if not gap or gap <= 0:
         return rnd
-    in_flight = ctx.queue_len(domain) + len(ctx.scheduler.runs.by_domain.get(domain, ()))
-    generating = node.containers - in_flight
+    generating = _generating(ctx, domain)
     if generating <= 0:
         return rnd
     resizes = ctx.scheduler.resizable
@@ -203,12 +202,7 @@ def leave_room_for_arrivals(ctx: Context, domain: Domain, rnd: Round, free: int)
             continue
         cap = max(opts.units[0], k - room)
         units[i] = opts.units[opts.best_within(cap)]
-    if units == rnd.units:
-        return rnd
-    return Round(
-        rnd.kept, units, rnd.evicted, rnd.method + ", room for arrivals", rnd.estimate,
-        rnd.estimate_without_eviction,
-    )  # fmt: skip
+    return _regranted(rnd, units, "room for arrivals")
 
 
 #: A non-malleable grant stops where a core adds less than this share of a core's speed-up
@@ -221,9 +215,7 @@ def cap_at_the_knee(ctx: Context, domain: Domain, rnd: Round) -> Round:
     efficiency, speed-up / cores, is still ``KNEE``) when other trajectories on the node are
     generating: its DoP is fixed for its whole run, and cores past the knee buy little speed
     while the actions those trajectories will send would have to wait for them."""
-    node = ctx.state.cpu[domain[1]]
-    in_flight = ctx.queue_len(domain) + len(ctx.scheduler.runs.by_domain.get(domain, ()))
-    if node.containers - in_flight <= 0:
+    if _generating(ctx, domain) <= 0:
         return rnd
     resizes = ctx.scheduler.resizable
     units = list(rnd.units)
@@ -239,9 +231,21 @@ def cap_at_the_knee(ctx: Context, domain: Domain, rnd: Round) -> Round:
             if d1 / (opts.durations[j] * u) >= KNEE:
                 knee = u
         units[i] = knee
+    return _regranted(rnd, units, "at the knee")
+
+
+def _generating(ctx: Context, domain: Domain) -> int:
+    """Trajectories bound to the node with no CPU action queued or running there (generating,
+    or waiting on a GPU or API call)."""
+    in_flight = ctx.queue_len(domain) + len(ctx.scheduler.runs.by_domain.get(domain, ()))
+    return ctx.state.cpu[domain[1]].containers - in_flight
+
+
+def _regranted(rnd: Round, units: list[int], why: str) -> Round:
+    """The round with its kept actions' units replaced (itself when none changed)."""
     if units == rnd.units:
         return rnd
     return Round(
-        rnd.kept, units, rnd.evicted, rnd.method + ", at the knee", rnd.estimate,
+        rnd.kept, units, rnd.evicted, f"{rnd.method}, {why}", rnd.estimate,
         rnd.estimate_without_eviction,
     )  # fmt: skip
