@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import heapq
 import time
-from dataclasses import replace
 
 import numpy as np
 
@@ -61,16 +60,6 @@ def _action(
         service=f"teacher{service}",
         service_size_gb=float(16 + 8 * service),
     )
-
-
-def scaled_cluster(name: str, nodes: int | None) -> ClusterSpec:
-    """The cluster ``name`` (bundled or a file), its CPU nodes repeated to ``nodes`` when given."""
-    cluster = load_cluster(name)
-    if nodes is None:
-        return cluster
-    first = cluster.cpu_nodes[0]
-    cpu = tuple(replace(first, name=f"cpu{i}") for i in range(nodes))
-    return replace(cluster, name=f"{cluster.name}-{nodes}-cpu-nodes", cpu_nodes=cpu)
 
 
 def run_bench(
@@ -190,7 +179,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _main(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    cluster = scaled_cluster(args.cluster, args.cpu_nodes)
+    from tangram.sim.cluster_size import resize
+
+    if not 0.0 <= args.malleable <= 1.0:
+        raise SystemExit(f"--malleable must be a share in [0, 1], got {args.malleable}")
+    cluster = resize(load_cluster(args.cluster), cpu_nodes=args.cpu_nodes)
     rows = [
         run_bench(
             q,

@@ -40,6 +40,9 @@ class Capabilities:
     #: Its passes may resize running malleable actions (``RuleTraits.resizes``): a completion
     #: or lone arrival on a node where one runs needs the full pass.
     resizes: bool = False
+    #: It reads the scheduler's ``ArrivalStats`` (``RuleTraits.tracks_arrivals``), which the
+    #: scheduler keeps only then.
+    tracks_arrivals: bool = False
 
     def __post_init__(self) -> None:
         if self.alone is not None and not self.queue_driven:

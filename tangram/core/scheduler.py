@@ -80,8 +80,9 @@ class Scheduler:
         self.state = ClusterState(cluster)
         self.backlog = Backlog()
         self.runs = RunningSet()
-        #: How long trajectories generate between actions, per node (arrival-aware policies).
-        self.arrivals = ArrivalStats()
+        #: How long trajectories generate between actions, per node: kept only for a policy
+        #: that reads it (``Capabilities.tracks_arrivals``), so no other pays for it per event.
+        self.arrivals = ArrivalStats() if caps.tracks_arrivals else None
         self.option_builder = OptionsBuilder(cluster, respects_capacity=caps.respects_capacity)
         self.admission = Admission(
             cluster, self.state, self.option_builder, respects_capacity=caps.respects_capacity
@@ -197,7 +198,8 @@ class Scheduler:
                 del waiting[aid]
                 ctx.decisions.append(Reject(now, action, _CLOSED.format(trajectory)))
         ctx.closed = [trajectory]
-        self.arrivals.closed(trajectory)
+        if self.arrivals is not None:
+            self.arrivals.closed(trajectory)
         node = self.admission.release(trajectory)
         self.policy.on_trajectory_close(ctx, trajectory)
         if node is not None:
@@ -358,7 +360,8 @@ class Scheduler:
         test compares this with the full pass).
         """
         self._seen.add(action.id)
-        self.arrivals.arrived(action.trajectory, node, now)
+        if self.arrivals is not None:
+            self.arrivals.arrived(action.trajectory, node, now)
         domain = self._cpu_domains[node]
         opts = self._options_for(action, node)
         queue = self._queues.get(domain)
@@ -409,7 +412,8 @@ class Scheduler:
             domain = ("api", action.service or "")
         if opts is None:
             opts = self._options_for(action, node)
-        self.arrivals.arrived(action.trajectory, node, self.now)
+        if self.arrivals is not None:
+            self.arrivals.arrived(action.trajectory, node, self.now)
         self.backlog.push(action, domain, opts)
         ctx.arrived.append(action)
         ctx.dirty[domain] = None
@@ -417,7 +421,8 @@ class Scheduler:
     def _release(self, start: Start) -> None:
         """Return a finished action's units (nothing for a reservation or an unbounded policy)."""
         action = start.action
-        self.arrivals.last_end[action.trajectory] = self.now  # (``ArrivalStats.ended``)
+        if self.arrivals is not None:
+            self.arrivals.last_end[action.trajectory] = self.now  # (``ArrivalStats.ended``)
         if self.unbounded or start.in_slot:
             return
         if action.resource is ResourceKind.CPU:

@@ -74,6 +74,8 @@ class RuleTraits:
     #: may grow them, a lone arrival shrink them): the queue-driven shortcuts then hold only on
     #: a node where none runs, which the scheduler checks.
     resizes: bool = False
+    #: It reads ``Scheduler.arrivals`` (generation gaps per node), which is kept only then.
+    tracks_arrivals: bool = False
 
 
 class DomainRule:
@@ -132,6 +134,7 @@ class CompositePolicy(BasePolicy):
             alone=cpu.alone if queue_driven and cpu.traits.lone_arrival else None,  # type: ignore[attr-defined]
             cpu_shared=cpu.traits.shares_cpu,
             resizes=cpu.traits.resizes,
+            tracks_arrivals=cpu.traits.tracks_arrivals,
         )
 
     def schedule(self, ctx: Context) -> None:

@@ -11,7 +11,6 @@ the oldest ``LOOKAHEAD`` are reordered (a bounded sort per pass).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from itertools import islice
 
 from tangram.core.action import Action
@@ -50,22 +49,3 @@ def shortest_first(
     head.sort(key=key)
     head.extend(queue)
     return head
-
-
-class OrderedQueue:
-    """The pass's Context with one domain's queue read in a given order (``elastic_round``
-    reads the queue through ``ctx.queue``; everything else is the Context's)."""
-
-    __slots__ = ("_ctx", "_domain", "_order")
-
-    def __init__(self, ctx: Context, domain: Domain, order: list[Action]) -> None:
-        self._ctx, self._domain, self._order = ctx, domain, order
-
-    def queue(self, domain: Domain) -> Iterator[Action]:
-        if domain != self._domain:
-            return self._ctx.queue(domain)
-        queued = self._ctx.scheduler.backlog.domain_of
-        return (a for a in self._order if a.id in queued)  # (one may have started since)
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._ctx, name)

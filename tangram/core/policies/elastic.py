@@ -26,8 +26,9 @@ from tangram.core.context import Context
 from tangram.core.options import Options
 from tangram.core.policies import waits
 from tangram.core.policies.base import DomainRule, RuleTraits
-from tangram.core.policies.cpu_order import OrderedQueue, shortest_first
+from tangram.core.policies.cpu_order import shortest_first
 from tangram.core.policies.malleable import grow_to_fill, shrink_to_admit
+from tangram.core.policies.queue_view import OrderedQueue
 from tangram.core.policies.tuning import ROBUST, ElasticTuning
 from tangram.core.projection import projected_total
 from tangram.core.round import Round
@@ -178,6 +179,7 @@ class ElasticCpu(DomainRule):
             self.traits = replace(
                 ElasticCpu.traits,
                 resizes=tuning.malleable,
+                tracks_arrivals=tuning.room_for_arrivals,
                 lone_arrival=not (
                     tuning.malleable
                     or tuning.arrival_aware
@@ -190,7 +192,8 @@ class ElasticCpu(DomainRule):
         node = ctx.state.cpu[domain[1]]
         malleable = self.tuning.malleable and ctx.scheduler.resizable
         view = ctx  # the pass's Context, its queue read shortest first when so tuned
-        if self.tuning.shortest_first and ctx.queue_len(domain) > 1:
+        reads_queue = malleable or node.free_cores > 0  # (a full node's pass starts nothing)
+        if self.tuning.shortest_first and reads_queue and ctx.queue_len(domain) > 1:
             queued = ctx.scheduler.backlog.domain_of
             if len(self.keys) > 2 * len(queued) + 1024:  # keys of actions started elsewhere
                 self.keys = {k: v for k, v in self.keys.items() if k in queued}

@@ -7,7 +7,7 @@ resident cell when that is sooner than a restore, and places the cells.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from tangram.core.action import Action
 from tangram.core.backlog import GPU_DOMAIN, Domain
@@ -26,6 +26,7 @@ from tangram.core.policies.gpu_cost import (
     robust_order,
 )
 from tangram.core.policies.gpu_waits import CellWaits
+from tangram.core.policies.queue_view import OrderedQueue
 from tangram.core.policies.tuning import ROBUST, ElasticTuning
 
 #: More GPU calls queued than this many per GPU of the pool: the pass is the paper's
@@ -54,8 +55,7 @@ class ElasticGpu(DomainRule):
     def schedule_domain(self, ctx: Context, domain: Domain) -> None:
         if self.tuning.gpu_robust:
             self.load.observe(ctx)
-            pool = sum([n.spec.gpus for n in ctx.state.gpu.values()])
-            if ctx.queue_len(domain) <= OVERLOADED * pool:
+            if ctx.queue_len(domain) <= OVERLOADED * ctx.state.spec.total_gpus:
                 _RobustPass(self, ctx, domain).run()
                 return
             # Overloaded: far more calls wait than the pool has GPUs. Every GPU is busy whatever
@@ -141,23 +141,6 @@ class ElasticGpu(DomainRule):
 _NO_SIZES: frozenset[int] = frozenset()
 #: Queued calls whose work ``drained`` sums before extrapolating (decisions stay microseconds).
 _DRAIN_SAMPLE = 64
-
-
-class _Ordered:
-    """The pass's Context with the GPU queue read in ``robust_order`` (``elastic_round``
-    reads the queue through ``ctx.queue``; everything else is the Context's)."""
-
-    __slots__ = ("_ctx", "_order")
-
-    def __init__(self, ctx: Context, order: Iterator[Action]) -> None:
-        self._ctx = ctx
-        self._order = order
-
-    def queue(self, domain: Domain) -> Iterator[Action]:
-        return self._order
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._ctx, name)
 
 
 class _RobustPass:
@@ -370,7 +353,7 @@ class _RobustPass:
         if free <= 0 or not ctx.queue_len(domain):
             return
         rnd = elastic_round(
-            _Ordered(ctx, robust_order(ctx, {})),  # type: ignore[arg-type]
+            OrderedQueue(ctx, domain, robust_order(ctx, {})),  # type: ignore[arg-type]
             domain,
             free,
             window=self.rule.tuning.window or free,

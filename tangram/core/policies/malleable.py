@@ -42,6 +42,8 @@ MAX_ADMIT = 16
 
 def _resizable(ctx: Context, domain: Domain) -> list[tuple[Running, float]]:
     """The node's running malleable actions on their own cores, with their work left."""
+    if not ctx.scheduler.runs.malleable.get(domain):  # (the running set counts them)
+        return []
     now = ctx.now
     return [
         (r, remaining_fraction(r, now))

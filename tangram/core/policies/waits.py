@@ -183,7 +183,8 @@ def leave_room_for_arrivals(ctx: Context, domain: Domain, rnd: Round, free: int)
     round left free. A malleable action is not trimmed (it will shrink when they come).
     """
     node = ctx.state.cpu[domain[1]]
-    gap = ctx.scheduler.arrivals.gap.get(node.spec.name)
+    stats = ctx.scheduler.arrivals  # (kept when the rule declares ``tracks_arrivals``)
+    gap = stats.gap.get(node.spec.name) if stats is not None else None
     if not gap or gap <= 0:
         return rnd
     generating = _generating(ctx, domain)

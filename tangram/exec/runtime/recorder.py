@@ -40,6 +40,7 @@ from typing import Any
 from tangram.exec.runtime.records import ActionSpec, Outcome
 from tangram.trace import (
     HEADER_KEY,
+    TRACE_VERSION,
     LiveObservation,
     Trace,
     load_trace,
@@ -248,15 +249,11 @@ def stream_path(trace_path: Path | None) -> Path | None:
     return trace_path.with_name(trace_path.name + ".partial.jsonl")
 
 
-#: The trace format version live traces declare (their rows may carry version-3 fields).
-LIVE_TRACE_VERSION = 3
-
-
 def _header(meta: Mapping[str, Any]) -> bytes:
     """The trace's first line (as ``tangram.trace`` writes it)."""
-    # The header is written before any row, so it declares the version of every field a
-    # live row may carry: ``malleable`` and ``service_replicas`` came with version 3.
-    head = {HEADER_KEY: LIVE_TRACE_VERSION, **meta}
+    # The header is written before any row, so it declares the newest version: a live row may
+    # carry any field (``malleable`` and ``service_replicas`` came with version 3).
+    head = {HEADER_KEY: TRACE_VERSION, **meta}
     return (json.dumps(head, separators=(",", ":")) + "\n").encode()
 
 
