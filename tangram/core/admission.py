@@ -46,6 +46,16 @@ class Admission:
         self.seen: set[str] = set()
         #: CPU actions whose new container finds no node with room yet, in arrival order.
         self.waiting_for_memory: dict[str, Action] = {}
+        self._read(cluster)
+
+    def add_node(self, cluster: ClusterSpec) -> None:
+        """A node joined (``cluster`` has it, the state too): containers may be placed there
+        and calls are checked against the largest GPU node."""
+        self._read(cluster)
+
+    def _read(self, cluster: ClusterSpec) -> None:
+        """The cluster's nodes as feasibility reads them (the largest GPU node's shape)."""
+        self.cluster = cluster
         self._max_node_gpus = max((n.gpus for n in cluster.gpu_nodes), default=0)
         self._max_gpu_mem = max((n.gpu_memory_gb for n in cluster.gpu_nodes), default=0.0)
 

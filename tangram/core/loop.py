@@ -24,6 +24,7 @@ from typing import Protocol
 
 from tangram.core.action import Action
 from tangram.core.decision import Decision, Defer, Reject, Resize, Start
+from tangram.core.resources import CpuNodeSpec, GpuNodeSpec
 from tangram.core.scheduler import Scheduler
 
 
@@ -172,6 +173,10 @@ class DriverLoop:
     def close_trajectory(self, trajectory: str, now: float) -> None:
         """The trajectory ended: its queued actions are rejected, its container freed."""
         self.apply(self.scheduler.close_trajectory(trajectory, now), now)
+
+    def add_node(self, node: CpuNodeSpec | GpuNodeSpec, now: float) -> None:
+        """A node joined the running cluster: work waiting for room may start there."""
+        self.apply(self.scheduler.add_node(node, now), now)
 
     def withdraw(self, action_id: str, now: float) -> bool:
         """Take back a waiting action: buffered or queued in the core (False: not waiting)."""

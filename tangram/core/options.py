@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from tangram.core.action import Action
 from tangram.core.cells import unit_options
-from tangram.core.resources import ClusterSpec, ResourceKind
+from tangram.core.resources import ClusterSpec, CpuNodeSpec, GpuNodeSpec, ResourceKind
 from tangram.core.state import CapacityError
 
 
@@ -133,7 +133,30 @@ class OptionsBuilder:
             units = self.gpu_units(action) if self.respects_capacity else action.allowed_units(8)
         else:
             units = (1,)
-        curve = action.curve
-        durations = curve.durations(units)
-        convex = curve.always_convex or curve.is_convex_on(units)  # ElasticityCurve.convex_on
-        return _options(Options, units, durations, convex)
+        return _on_units(action, units)
+
+    def add_node(self, node: CpuNodeSpec | GpuNodeSpec) -> None:
+        """A node joined: its cores cap its actions; the largest node may be larger now."""
+        if isinstance(node, CpuNodeSpec):
+            self._node_cores[node.name] = node.cores
+            self._max_node_cores = max(self._max_node_cores, node.cores)
+        else:
+            self._max_node_gpus = max(self._max_node_gpus, node.gpus)
+            self._max_gpu_mem = max(self._max_gpu_mem, node.gpu_memory_gb)
+
+    def widened(self, action: Action, opts: Options) -> Options:
+        """A queued GPU call's options after a GPU node joined: the cells it had and those it
+        may use now (a node with more GPUs adds wider cells, one with more memory per GPU
+        narrower ones); ``opts`` itself when nothing changed."""
+        if not self.respects_capacity:
+            return opts
+        units = tuple(sorted(set(opts.units).union(self.gpu_units(action))))
+        return opts if units == opts.units else _on_units(action, units)
+
+
+def _on_units(action: Action, units: tuple[int, ...]) -> Options:
+    """The action's ``Options`` on these unit counts (its curve's durations there)."""
+    curve = action.curve
+    durations = curve.durations(units)
+    convex = curve.always_convex or curve.is_convex_on(units)  # ElasticityCurve.convex_on
+    return _options(Options, units, durations, convex)

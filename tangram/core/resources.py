@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import cached_property
 
@@ -192,6 +192,31 @@ class ClusterSpec:
             if api.name == name:
                 return api
         raise KeyError(f"unknown API endpoint {name!r}")
+
+    def with_node(self, node: CpuNodeSpec | GpuNodeSpec) -> ClusterSpec:
+        """This cluster with ``node`` appended (a node that joined a running cluster: the spec
+        is frozen, so a new one). Refuses a node of neither kind, or a name its kind has."""
+        groups = {CpuNodeSpec: "cpu_nodes", GpuNodeSpec: "gpu_nodes"}
+        group = groups.get(type(node))
+        _require(
+            group is not None,
+            "node",
+            f"must be a CpuNodeSpec or a GpuNodeSpec, got {type(node).__name__}: {node!r}",
+        )
+        assert group is not None
+        _require(
+            isinstance(node.name, str) and bool(node.name),
+            "name",
+            f"a node needs a non-empty name, got {node.name!r}",
+        )
+        nodes: tuple = getattr(self, group)
+        _require(
+            all(n.name != node.name for n in nodes),
+            group,
+            f"node {node.name!r} is already in cluster {self.name!r}",
+        )
+        # ``replace`` builds the node again: its shape is checked as a cluster file's is.
+        return replace(self, **{group: (*nodes, replace(node))})
 
     def scaled_gpus(self, total: int) -> ClusterSpec:
         """The same cluster with ``total`` GPUs: full nodes of the first GPU node's shape, the

@@ -25,7 +25,7 @@ from tangram.core.decision import Decision, Reject, Start
 from tangram.core.demand import ServiceDemand
 from tangram.core.fastpaths import FAST, FastPaths
 from tangram.core.options import Options, OptionsBuilder
-from tangram.core.resources import ClusterSpec, ResourceKind
+from tangram.core.resources import ClusterSpec, CpuNodeSpec, GpuNodeSpec, ResourceKind
 from tangram.core.running import Running, RunningSet
 from tangram.core.starts import start_action
 from tangram.core.state import CapacityError, ClusterState
@@ -236,6 +236,28 @@ class Scheduler:
             ctx.dirty[("api", name)] = None
         return self._pass(ctx)
 
+    def add_node(self, node: CpuNodeSpec | GpuNodeSpec, now: float) -> list[Decision]:
+        """A node joined the running cluster: its capacity is the core's from now on, and
+        the decisions this causes (work waiting for room may start there). A CPU node takes
+        containers waiting for memory and later opens; a GPU node's cells serve queued calls,
+        whose options widen if it is larger. A node of neither kind, or a name its kind
+        already has, is refused (``ValueError``) and nothing changes."""
+        cluster = self.cluster.with_node(node)  # (refuses before anything changes)
+        node = (cluster.cpu_nodes if isinstance(node, CpuNodeSpec) else cluster.gpu_nodes)[-1]
+        ctx = self._begin(now)
+        self.cluster = cluster
+        self.state.add_node(cluster, node)
+        self.option_builder.add_node(node)
+        self.admission.add_node(cluster)
+        if isinstance(node, CpuNodeSpec):
+            self._cpu_domains[node.name] = ("cpu", node.name)
+            ctx.dirty[("cpu", node.name)] = None
+            self._retry_memory_waiters(ctx)
+        else:
+            self._widen_gpu_options()
+            ctx.dirty[GPU_DOMAIN] = None
+        return self._pass(ctx)
+
     def report_residency(
         self, node: str, gpus: tuple[int, ...], service: str, resident: bool
     ) -> None:
@@ -394,6 +416,13 @@ class Scheduler:
                     ctx.decisions.append(Reject(ctx.now, action, admitted))
                 else:
                     self._enqueue(ctx, action)
+
+    def _widen_gpu_options(self) -> None:
+        """Queued GPU calls may use the cells of a GPU node that joined (``widened``)."""
+        queue = self._queues.get(GPU_DOMAIN)
+        options = self.backlog.options
+        for action in queue.live.values() if queue is not None else ():
+            options[action.id] = self.option_builder.widened(action, options[action.id])
 
     def _enqueue(self, ctx: Context, action: Action, opts: Options | None = None) -> None:
         """Queue an admitted action on its domain (a CPU action on its container's node)."""

@@ -292,6 +292,15 @@ class ClusterState:
         }
         self.api: dict[str, ApiState] = {a.name: ApiState(a, usage=usage) for a in spec.apis}
 
+    def add_node(self, spec: ClusterSpec, node: CpuNodeSpec | GpuNodeSpec) -> None:
+        """A node joined (``spec`` is the cluster with it, ``ClusterSpec.with_node``): all of
+        it free, counted in the same usage as the others."""
+        self.spec = spec
+        if isinstance(node, CpuNodeSpec):
+            self.cpu[node.name] = CpuNodeState(node, usage=self.usage)
+        else:
+            self.gpu[node.name] = GpuNodeState(node, usage=self.usage)
+
     @property
     def free_gpus(self) -> int:
         return self.spec.total_gpus - self.usage.gpus
