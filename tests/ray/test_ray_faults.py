@@ -129,6 +129,50 @@ def test_nodes_that_join_add_their_capacity_without_a_restart(ray_cluster: Any) 
         c.close_trajectory(t["id"])
 
 
+def test_a_node_the_cluster_lacks_joins_and_adds_its_capacity_without_a_restart(
+    ray_cluster: Any,
+) -> None:
+    """w4 is in no cluster file: once up, its agent reports it and the core adds it; an open
+    that waited for room (w1 and w2 full) is placed there, and its actions run there."""
+    import ray
+
+    c = RayClient(ray_cluster.handle)
+    assert "w4" not in c.status()["nodes"]
+    full = [c.open_trajectory(f"full-{i}", memory_gb=8) for i in range(2)]
+    assert {t["node"] for t in full} == {"w1", "w2"}  # no container memory left anywhere
+    with pytest.raises(ServiceError) as err:
+        RayClient(ray_cluster.handle, retries=0).open_trajectory("grow-0", memory_gb=4)
+    assert err.value.code == "capacity_short"
+    # An open that waits for room (up to 60 s), sent before the node exists.
+    waiting = ray_cluster.handle.open_trajectory.remote(
+        {"id": "grow-1", "memory_gb": 4, "wait_s": 60}
+    )
+    joined_at = time.monotonic()
+    ray_cluster.local.add("w4")
+    opened = ray.get(waiting, timeout=60)["value"]
+    took = time.monotonic() - joined_at
+    print(f"a new node joined: an open waiting for room was placed on it after {took:.1f} s")
+    assert opened["node"] == "w4"
+    status = c.status()
+    assert status["nodes"]["w4"]["alive"] and status["nodes"]["w4"]["cores"] == 1
+    assert "w4" not in status["unplaced_nodes"].values()
+    assert "w4" in status["executors"]["cpu"] and "w4" not in status["executors"]["gpu"]
+    # A trajectory opened after the join goes there too (the only node with room).
+    assert c.open_trajectory("grow-0", memory_gb=4)["node"] == "w4"
+    docs = [
+        {"id": f"grow-{t}-{i}", "command": f"echo {t}-{i}", "trajectory": f"grow-{t}"}
+        for t in (0, 1)
+        for i in range(4)
+    ]
+    outs = c.run_many(docs)
+    assert all(not isinstance(o, Exception) and o.ok and o.node == "w4" for o in outs), outs
+    assert [o.value.stdout for o in outs] == [f"{d['command'][5:]}\n" for d in docs]
+    for d in docs:  # each id has exactly its one outcome
+        assert ray_get_state(c, d["id"])["state"] == "done"
+    for t in ("grow-0", "grow-1", "full-0", "full-1"):
+        c.close_trajectory(t)
+
+
 def test_the_scheduler_actors_death_ends_calls_at_once_and_reaps_containers(
     ray_cluster: Any, docker_client: Any
 ) -> None:

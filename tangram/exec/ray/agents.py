@@ -23,10 +23,11 @@ AGENT_THREADS = 256
 
 
 async def spawn(
-    nodes: list[dict[str, Any]], config: RayConfig, owner: Any
+    nodes: list[dict[str, Any]], config: RayConfig, owner: Any, *, undeclared: bool = False
 ) -> tuple[list[tuple[NodeReport, Any]], dict[str, str]]:
     """An agent on each of ``nodes`` (Ray's node records) that runs something there: their
-    reports and handles, and the nodes a cluster file lacks (Ray id -> name), left out."""
+    reports and handles, and the nodes a cluster file lacks (Ray id -> name), left out
+    unless ``undeclared`` (a node that joins: its agent reports what it finds)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -41,7 +42,7 @@ async def spawn(
     for node in nodes:
         labels = node.get("Labels") or {}
         name = node_name(node["NodeID"], labels)
-        if config.cluster is not None and name not in node_names(config.cluster):
+        if not undeclared and config.cluster is not None and name not in node_names(config.cluster):
             unplaced[node["NodeID"]] = name  # not in the cluster file
             continue
         handle = agent_cls.options(

@@ -43,6 +43,11 @@ class RayConfig:
       cluster, matched to Ray nodes by their ``tangram-name`` label; a declared node with no
       Ray node yet is fenced until one joins (capacity added without a restart). None: the
       spec comes from the Ray nodes alive at the start.
+    - ``join_new_nodes``: a Ray node that joins (or was up at the start) under a Tangram name
+      the cluster lacks, with or without a cluster file, gets an agent and its CPU and GPU
+      nodes are added to the core with the shape its agent reports (``Scheduler.add_node``),
+      without a restart. False: such a node is only listed (``status()["unplaced_nodes"]``)
+      and the cluster keeps the nodes it started with (and the file's).
     """
 
     namespace: str = "tangram"
@@ -62,6 +67,7 @@ class RayConfig:
     http: Any = None
     cluster: ClusterSpec | None = None
     direct_calls: bool = True
+    join_new_nodes: bool = True
 
     def __post_init__(self) -> None:
         for name in ("ping_every_s", "lost_after_s", "gpu_memory_gb"):

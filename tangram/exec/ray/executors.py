@@ -62,6 +62,11 @@ class RayCpuExecutor:
 
     admit = CpuExecutor.admit
 
+    def add_node(self, cluster: ClusterSpec) -> None:
+        """A CPU node joined (``cluster`` has it): containers are checked against the
+        largest node, which may be the new one."""
+        self.node = largest_cpu(cluster)
+
     async def open(self, traj: str, memory_gb: float, image: str | None) -> Handle:
         assert self.scheduler is not None
         node = self.scheduler.trajectories[traj].node
@@ -136,6 +141,12 @@ class RayGpuExecutor:
             n.name: {} for n in cluster.gpu_nodes
         }
         self.eoe = EoeView(self)
+
+    def add_node(self, cluster: ClusterSpec, name: str) -> None:
+        """GPU node ``name`` joined (``cluster`` has it): cells are planned up to the largest
+        node, and nothing is resident on its new agent yet."""
+        self.node = max(cluster.gpu_nodes, key=lambda n: (n.gpus, n.name))
+        self.report(name, {})
 
     def services(self) -> tuple[str, ...]:
         return tuple(self.catalog)

@@ -10,6 +10,9 @@ absent, and what a loss or a join does to the runtime (``docs/ray.md``, "Faults"
   still held by ending actions are fenced as they end, at the next check).
 - A node of the cluster that comes up on a Ray node (lost before, or declared by a cluster
   file and absent) **joins**: a new agent, the fence lifted, its capacity back in the core.
+- A Ray node under a name the cluster lacks is **adopted** (``RayConfig.join_new_nodes``):
+  an agent there, and the CPU and GPU nodes it reports added to the core
+  (``Scheduler.add_node``), in the background while the watch goes on.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 from tangram.exec.ray import agents
 from tangram.exec.ray.channel import new_key
 from tangram.exec.ray.config import RayConfig
-from tangram.exec.ray.executors import RayGpuExecutor
+from tangram.exec.ray.executors import RayCpuExecutor, RayGpuExecutor
 from tangram.exec.ray.fleet import NODE_LOST, Fleet
 from tangram.exec.ray.nodes import NodeReport, node_name
 from tangram.exec.runtime.actions import WAITING
@@ -48,8 +51,12 @@ class Membership:
         self.lost_trajectories: dict[str, str] = {}
         #: Node -> the core trajectories fencing its memory while it is lost.
         self.fences: dict[str, list[str]] = {}
-        #: Ray nodes that joined with a name the cluster spec does not have (not used).
+        #: Ray nodes with a name the cluster spec does not have, not used (Ray id -> name):
+        #: with ``join_new_nodes`` only while their agent starts, or if it could not.
         self.unplaced: dict[str, str] = {}
+        #: Ray nodes being adopted now, and those tried: nothing to run there, or failed.
+        self.adopting: set[str] = set()
+        self.tried: set[str] = set()
         #: Nodes of the cluster file with no Ray node yet (fenced until one joins).
         self.absent: set[str] = set()
         self._fence_seq = 0
@@ -57,9 +64,13 @@ class Membership:
         self.key = new_key()
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    async def spawn(self, nodes: list[dict[str, Any]]) -> list[NodeReport]:
+    async def spawn(
+        self, nodes: list[dict[str, Any]], *, undeclared: bool = False
+    ) -> list[NodeReport]:
         """Agents on ``nodes``, in the fleet; their reports."""
-        started, unplaced = await agents.spawn(nodes, self.config, self.owner)
+        started, unplaced = await agents.spawn(
+            nodes, self.config, self.owner, undeclared=undeclared
+        )
         self.unplaced.update(unplaced)
         now = time.monotonic()
         members = [self.fleet.add(report, handle, now) for report, handle in started]
@@ -133,7 +144,9 @@ class Membership:
             node = by_id.get(member.report.ray_node)
             if member.alive and node is not None and not node.get("Alive", True):
                 self.fleet.lose(member.report.name, "Ray reports its node dead")
-        known = {m.report.ray_node for m in self.fleet.members()} | set(self.unplaced)
+        known = {m.report.ray_node for m in self.fleet.members()} | self.adopting | self.tried
+        if not cfg.join_new_nodes:
+            known |= set(self.unplaced)
         for node in nodes:
             if not node.get("Alive") or node["NodeID"] in known:
                 continue
@@ -143,6 +156,8 @@ class Membership:
                 await self.join(node)
             elif member is None:
                 self.unplaced[node["NodeID"]] = name
+                if cfg.join_new_nodes:
+                    self._background(self.adopt(node))
 
     async def join(self, node: dict[str, Any]) -> None:
         """A node of the cluster (lost, or declared and absent) is up on a Ray node: a new
@@ -150,7 +165,9 @@ class Membership:
         rt = self._rt()
         name = node_name(node["NodeID"], node.get("Labels") or {})
         old = self.fleet.by_name.get(name)
-        reports = await self.spawn([node])
+        reports = await self.spawn(
+            [node], undeclared=True
+        )  # (the core has it: declared or adopted)
         if not reports:
             return
         report = reports[0]
@@ -165,9 +182,66 @@ class Membership:
         how = "again" if old is not None else "for the first time (declared, absent till now)"
         log.warning("node %s joined %s on Ray node %s", name, how, node["NodeID"])
 
+    async def adopt(self, node: dict[str, Any]) -> None:
+        """A Ray node the cluster lacks is up: an agent there, and the CPU and GPU nodes it
+        reports added to the core (``Scheduler.add_node``, under the node's Tangram name),
+        so work waiting for room may start there; tried once per Ray node."""
+        ray_id = node["NodeID"]
+        name = self.unplaced.get(ray_id) or node_name(ray_id, node.get("Labels") or {})
+        self.adopting.add(ray_id)
+        try:
+            reports = await self.spawn([node], undeclared=True)
+        except Exception as exc:  # noqa: BLE001 - it stays unplaced, the watch goes on
+            log.warning("node %s (Ray node %s): no agent started there: %s", name, ray_id, exc)
+            return
+        finally:
+            self.adopting.discard(ray_id)
+            self.tried.add(ray_id)
+        rt = self._rt()
+        if not reports or rt.closing:
+            self.unplaced.pop(ray_id, None)  # nothing to run there (or shutting down)
+            return
+        try:
+            added = self.add_to_core(reports[0])
+        except Exception:  # noqa: BLE001 - a core that refuses it: it stays unplaced
+            log.exception("node %s (Ray node %s) could not be added to the core", name, ray_id)
+            return
+        if added:
+            self.unplaced.pop(ray_id, None)
+        log.warning("node %s joined on Ray node %s: %s added", name, ray_id, added or "nothing")
+
+    def add_to_core(self, report: NodeReport) -> list[str]:
+        """The report's CPU and GPU nodes in the core and the executors (those of a kind this
+        runtime has an executor for); what was added."""
+        rt = self._rt()
+        added = []
+        for kind, spec, executor in (
+            ("cpu", report.cpu_spec(), rt.cpu),
+            ("gpu", report.gpu_spec(), rt.gpu),
+        ):
+            if spec is None:
+                continue
+            if executor is None:
+                log.warning("node %s: this runtime has no %s executor: not used", spec.name, kind)
+                continue
+            rt.host.loop.add_node(spec, rt.host.now())
+            rt.cluster = rt.scheduler.cluster
+            if isinstance(executor, RayGpuExecutor):
+                executor.add_node(rt.cluster, spec.name)
+            elif isinstance(executor, RayCpuExecutor):
+                executor.add_node(rt.cluster)
+            added.append(kind)
+        if "cpu" in added:
+            self._background(rt.trajs._notify_capacity())  # opens waiting for room: retry
+        return added
+
     # ------------------------------------------------------------------ a loss
     def _lost(self, name: str, why: str) -> None:
-        task = asyncio.get_running_loop().create_task(self.evacuate(name, why))
+        self._background(self.evacuate(name, why))
+
+    def _background(self, work: Any) -> None:
+        """Run ``work`` (a coroutine) on the actor's loop, kept until it ends."""
+        task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
