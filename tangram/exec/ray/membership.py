@@ -157,6 +157,7 @@ class Membership:
             elif member is None:
                 self.unplaced[node["NodeID"]] = name
                 if cfg.join_new_nodes:
+                    self.adopting.add(node["NodeID"])  # (now: the next check skips it)
                     self._background(self.adopt(node))
 
     async def join(self, node: dict[str, Any]) -> None:
@@ -165,9 +166,8 @@ class Membership:
         rt = self._rt()
         name = node_name(node["NodeID"], node.get("Labels") or {})
         old = self.fleet.by_name.get(name)
-        reports = await self.spawn(
-            [node], undeclared=True
-        )  # (the core has it: declared or adopted)
+        # (undeclared: the core has the node, declared by the file or adopted since)
+        reports = await self.spawn([node], undeclared=True)
         if not reports:
             return
         report = reports[0]
