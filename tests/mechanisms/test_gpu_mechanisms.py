@@ -120,3 +120,21 @@ def test_a_call_wider_than_every_free_cell_is_not_passed_forever():
     assert paper[wide] > 27.0
     assert default[wide] < 8.0
     assert np.mean(list(default.values())) < np.mean(list(paper.values()))
+
+
+def test_a_long_wide_call_does_not_reserve_a_cell_before_it_has_waited_its_own_run():
+    # As wide_call_starves, but the 72.7B call runs 100 s on its two GPUs (t1 = 200 s,
+    # serial fraction 0). Reserving after AGING_CAP_S (2 s), as the default did before, held
+    # the node for it from ~2.8 s: one 1-s call of each stream then waited for the restore
+    # (2.958 s) and its 100-s run: ACT ~105 s each, mean ACT 8.65 s over the 41 calls.
+    # Now it reserves only after waiting HEAD_PATIENCE x 100 s: the streams (20 x 1.1 s)
+    # pass it, both GPUs free at ~22.9 s, then restore and run: ACT ~125.8 s (its slowdown
+    # 1.26), every short call under 1.7 s, mean ACT 4.08 s, as tangram-paper (which never
+    # reserves; wide_call_starves is where that starves a short wide call).
+    default = acts("head_patience", "tangram")
+    paper = acts("head_patience", "tangram-paper")
+    wide = "s0-t00002-a000"
+    assert max(v for a, v in default.items() if a != wide) < 2.0
+    assert default[wide] < 1.3 * 100.0
+    assert np.mean(list(default.values())) < 4.2
+    assert np.mean(list(default.values())) <= np.mean(list(paper.values())) + 1e-9

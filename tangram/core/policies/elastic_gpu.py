@@ -18,14 +18,13 @@ from tangram.core.options import Options
 from tangram.core.policies.base import DomainRule, RuleTraits
 from tangram.core.policies.elastic import defer_evicted, elastic_round
 from tangram.core.policies.gpu_cost import (
-    AGING_CAP_S,
     ServiceLoad,
     eviction_charge,
     place_charged,
     resident_copies,
     robust_order,
 )
-from tangram.core.policies.gpu_waits import CellWaits
+from tangram.core.policies.gpu_waits import CellWaits, head_patience
 from tangram.core.policies.queue_view import OrderedQueue
 from tangram.core.policies.tuning import ROBUST, ElasticTuning
 
@@ -301,7 +300,7 @@ class _RobustPass:
         if (
             self.waits.head is None
             and 0 < self.widest_free() < opts.units[0]
-            and ctx.now - action.arrival >= AGING_CAP_S
+            and ctx.now - action.arrival >= head_patience(opts.durations[opts.fastest])
         ):
             calls = self.calls(service, opts.units[0])
 

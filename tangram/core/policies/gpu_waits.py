@@ -15,9 +15,9 @@ or past twice the expected wait, at the next GPU pass; a call waits at most once
 competes as any other (no starvation, no ping-pong).
 
 The same reservation keeps a wide call from starving: a call whose smallest cell is larger
-than every free one, once it has waited ``gpu_cost.AGING_CAP_S`` (narrower calls may pass it
-that long), holds the cell of its size that frees first until it starts (``reserve_head``;
-one such call at a time).
+than every free one, once it has waited ``HEAD_PATIENCE`` times its expected duration (at least
+``gpu_cost.AGING_CAP_S``; narrower calls may pass it that long), holds the cell of its size
+that frees first until it starts (``reserve_head``; one such call at a time).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from tangram.core.action import Action
 from tangram.core.backlog import GPU_DOMAIN
 from tangram.core.cells import aligned_cells
 from tangram.core.context import Context
+from tangram.core.policies.gpu_cost import AGING_CAP_S
 
 #: Waiting must finish the call at least this share of its run-now time sooner.
 GAIN = 0.25
@@ -40,6 +41,12 @@ MAX_WAIT_SHARE = 0.5
 MAX_POOL_SHARE = 0.5
 #: A reservation lasts at most this many times the expected wait.
 RESERVE_FACTOR = 2.0
+#: A call wider than every free cell reserves one after waiting this many times its expected
+#: duration (at least ``gpu_cost.AGING_CAP_S``): its slowdown stays bounded (about twice its
+#: run, plus the cell's drain), while the short calls that pass it meanwhile are not held for
+#: a run far longer than theirs (a 100-s 2-GPU call reserving after 2 s kept a 2-GPU node
+#: from twenty 1-s calls for 300 s; ``tests/mechanisms/gpu/head_patience``).
+HEAD_PATIENCE = 1.0
 
 
 @dataclass(frozen=True)
@@ -220,6 +227,11 @@ class CellWaits:
             f"tangram: waits ~{wait:.3f}s for the {len(cell)} GPU cell {cell} on {name} (done by "
             f"~{finish - now:.3f}s) rather than {run_now:.3f}s on {size} GPU now; cell reserved"
         )
+
+
+def head_patience(expected_s: float) -> float:
+    """How long a call wider than every free cell waits before it reserves one."""
+    return max(AGING_CAP_S, HEAD_PATIENCE * expected_s)
 
 
 def _busy_until(ctx: Context) -> dict[tuple[str, int], float]:
