@@ -1,0 +1,135 @@
+"""The watch's handling of a Ray node the cluster lacks, with no Ray cluster: Ray's node table
+and the agents' start are stand-ins, the runtime and its core are real. Adopted (the default):
+its reported node joins the core and the executors; ``join_new_nodes=False``: only listed;
+a node whose agent fails is tried once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tangram.core.resources import ApiEndpointSpec, ClusterSpec, CpuNodeSpec
+from tangram.exec.ray import agents
+from tangram.exec.ray.config import RayConfig
+from tangram.exec.ray.executors import RayCpuExecutor
+from tangram.exec.ray.membership import Membership
+from tangram.exec.ray.nodes import NodeReport
+from tangram.exec.runtime import RuntimeConfig
+from tangram.exec.runtime.api import ApiExecutor
+from tangram.exec.runtime.runtime import Runtime
+
+CLUSTER = ClusterSpec(
+    "one",
+    cpu_nodes=(CpuNodeSpec("a", cores=1, numa_domains=1, memory_gb=8.0),),
+    apis=(ApiEndpointSpec("echo", 4),),
+)
+
+
+def ray_node(node_id: str, name: str) -> dict[str, Any]:
+    return {"NodeID": node_id, "Alive": True, "Labels": {"tangram-name": name}, "Resources": {}}
+
+
+def report(node_id: str, name: str, cores: int, memory_gb: float) -> NodeReport:
+    return NodeReport(node_id, name, (tuple(range(cores)),), memory_gb, None)
+
+
+class Agent:
+    """A node agent's handle that answers pings."""
+
+    def __init__(self) -> None:
+        async def pong() -> bool:
+            return True
+
+        self.ping = SimpleNamespace(remote=pong)
+
+
+class Watch:
+    """A runtime on ``CLUSTER`` with node ``a``'s agent, and its membership."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, config: RayConfig, spawn: Any) -> None:
+        self.members = Membership(config, owner=None)
+        cpu = RayCpuExecutor(self.members.fleet, CLUSTER)
+        self.rt = Runtime(CLUSTER, RuntimeConfig(), cpu=cpu, api=ApiExecutor({}))  # type: ignore[arg-type]
+        cpu.scheduler = self.rt.scheduler
+        self.members.runtime = self.rt
+        self.members.fleet.add(report("id-a", "a", 1, 8.0), Agent(), time.monotonic())
+        self.spawned: list[str] = []
+        self.table = [ray_node("id-a", "a"), ray_node("id-b", "b")]
+
+        async def all_nodes() -> list[dict[str, Any]]:
+            return self.table
+
+        async def fake_spawn(nodes, cfg, owner, *, undeclared=False):  # noqa: ANN001, ANN202
+            self.spawned += [n["NodeID"] for n in nodes]
+            assert undeclared, "a node the cluster lacks is started as undeclared"
+            return spawn(nodes), {}
+
+        monkeypatch.setattr(agents, "all_nodes", all_nodes)
+        monkeypatch.setattr(agents, "spawn", fake_spawn)
+
+    async def check(self) -> None:
+        await self.members.check()
+        await asyncio.gather(*self.members._tasks)  # the adoptions it started
+
+
+def test_a_node_the_cluster_lacks_is_added_to_the_core_and_the_executors(monkeypatch) -> None:
+    async def go() -> None:
+        w = Watch(
+            monkeypatch,
+            RayConfig(),
+            lambda nodes: [(report("id-b", "b", 4, 32.0), Agent())],
+        )
+        await w.rt.start()
+        try:
+            sched = w.rt.scheduler
+            assert sched.open_trajectory("full", w.rt.host.now(), memory_gb=8.0) == "a"
+            assert sched.open_trajectory("more", w.rt.host.now(), memory_gb=8.0) is None
+            await w.check()
+            assert w.spawned == ["id-b"]
+            assert [n.name for n in w.rt.cluster.cpu_nodes] == ["a", "b"]
+            assert w.rt.cluster is sched.cluster and w.rt.cpu.node.name == "b"  # the largest
+            assert sched.open_trajectory("more", w.rt.host.now(), memory_gb=8.0) == "b"
+            assert w.members.unplaced == {} and "b" in w.members.nodes_doc()
+            await w.check()  # known now: not started twice
+            assert w.spawned == ["id-b"]
+        finally:
+            await w.rt.close()
+
+    asyncio.run(go())
+
+
+def test_with_join_new_nodes_off_the_node_is_only_listed(monkeypatch) -> None:
+    async def go() -> None:
+        w = Watch(monkeypatch, RayConfig(join_new_nodes=False), lambda nodes: [])
+        await w.rt.start()
+        try:
+            await w.check()
+            await w.check()
+            assert w.spawned == [] and w.members.unplaced == {"id-b": "b"}
+            assert list(w.rt.scheduler.state.cpu) == ["a"]
+        finally:
+            await w.rt.close()
+
+    asyncio.run(go())
+
+
+def test_a_node_whose_agent_fails_stays_unplaced_and_is_tried_once(monkeypatch) -> None:
+    def broken(nodes: Any) -> Any:
+        raise RuntimeError("label tangram-gpus='3': a node has 1, 2, 4 or 8 GPUs")
+
+    async def go() -> None:
+        w = Watch(monkeypatch, RayConfig(), broken)
+        await w.rt.start()
+        try:
+            await w.check()
+            await w.check()
+            assert w.spawned == ["id-b"] and w.members.unplaced == {"id-b": "b"}
+            assert list(w.rt.scheduler.state.cpu) == ["a"]
+        finally:
+            await w.rt.close()
+
+    asyncio.run(go())
