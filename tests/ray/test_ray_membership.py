@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from tangram.core.resources import ApiEndpointSpec, ClusterSpec, CpuNodeSpec
+from tangram.core.resources import ApiEndpointSpec, ClusterSpec, CpuNodeSpec, GpuNodeSpec
 from tangram.exec.ray import agents
 from tangram.exec.ray.config import RayConfig
-from tangram.exec.ray.executors import RayCpuExecutor
+from tangram.exec.ray.executors import RayCpuExecutor, RayGpuExecutor
 from tangram.exec.ray.membership import Membership
-from tangram.exec.ray.nodes import NodeReport
+from tangram.exec.ray.nodes import GpuPlan, NodeReport, ServiceEntry
 from tangram.exec.runtime import RuntimeConfig
 from tangram.exec.runtime.api import ApiExecutor
 from tangram.exec.runtime.runtime import Runtime
@@ -25,16 +25,19 @@ from tangram.exec.runtime.runtime import Runtime
 CLUSTER = ClusterSpec(
     "one",
     cpu_nodes=(CpuNodeSpec("a", cores=1, numa_domains=1, memory_gb=8.0),),
+    gpu_nodes=(GpuNodeSpec("a", gpus=2, gpu_memory_gb=2.0, host_memory_gb=8.0),),
     apis=(ApiEndpointSpec("echo", 4),),
 )
+CATALOG = {"reward": ServiceEntry(dops=(1, 2, 4), size_gb=0.1, replicas=True)}
 
 
 def ray_node(node_id: str, name: str) -> dict[str, Any]:
     return {"NodeID": node_id, "Alive": True, "Labels": {"tangram-name": name}, "Resources": {}}
 
 
-def report(node_id: str, name: str, cores: int, memory_gb: float) -> NodeReport:
-    return NodeReport(node_id, name, (tuple(range(cores)),), memory_gb, None)
+def report(node_id: str, name: str, cores: int, memory_gb: float, gpus: int = 0) -> NodeReport:
+    plan = GpuPlan(gpus, "cpu", 2.0) if gpus else None
+    return NodeReport(node_id, name, (tuple(range(cores)),) if cores else (), memory_gb, plan)
 
 
 class Agent:
@@ -53,10 +56,11 @@ class Watch:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, config: RayConfig, spawn: Any) -> None:
         self.members = Membership(config, owner=None)
         cpu = RayCpuExecutor(self.members.fleet, CLUSTER)
-        self.rt = Runtime(CLUSTER, RuntimeConfig(), cpu=cpu, api=ApiExecutor({}))  # type: ignore[arg-type]
-        cpu.scheduler = self.rt.scheduler
+        gpu = RayGpuExecutor(self.members.fleet, CLUSTER, CATALOG)
+        self.rt = Runtime(CLUSTER, RuntimeConfig(), cpu=cpu, gpu=gpu, api=ApiExecutor({}))  # type: ignore[arg-type]
+        cpu.scheduler = gpu.scheduler = self.rt.scheduler
         self.members.runtime = self.rt
-        self.members.fleet.add(report("id-a", "a", 1, 8.0), Agent(), time.monotonic())
+        self.members.fleet.add(report("id-a", "a", 1, 8.0, gpus=2), Agent(), time.monotonic())
         self.spawned: list[str] = []
         self.table = [ray_node("id-a", "a"), ray_node("id-b", "b")]
 
@@ -100,6 +104,39 @@ def test_a_node_the_cluster_lacks_is_added_to_the_core_and_the_executors(monkeyp
             await w.rt.close()
 
     asyncio.run(go())
+
+
+def test_a_gpu_node_the_cluster_lacks_adds_its_cells(monkeypatch) -> None:
+    async def go() -> None:
+        w = Watch(
+            monkeypatch, RayConfig(), lambda nodes: [(report("id-b", "b", 0, 8.0, 4), Agent())]
+        )
+        await w.rt.start()
+        try:
+            await w.check()
+            sched = w.rt.scheduler
+            assert list(sched.state.cpu) == ["a"] and list(sched.state.gpu) == ["a", "b"]
+            assert sched.state.gpu["b"].free_gpus == 4 and sched.state.free_gpus == 6
+            assert w.rt.gpu.node.name == "b" and w.rt.gpu.residency["b"] == {}  # nothing resident
+            assert sched.option_builder.gpu_units(_call(4)) == (1, 2, 4)  # its 4-GPU cells
+        finally:
+            await w.rt.close()
+
+    asyncio.run(go())
+
+
+def _call(max_units: int) -> Any:
+    from tangram.core import Action, Amdahl, ResourceKind
+
+    return Action(
+        "x",
+        "t",
+        ResourceKind.GPU,
+        Amdahl(1.0, 0.1),
+        max_units=max_units,
+        service="reward",
+        service_size_gb=0.1,
+    )
 
 
 def test_with_join_new_nodes_off_the_node_is_only_listed(monkeypatch) -> None:
