@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tangram.trace.gpu_calibration import GpuCalibration
+
 
 @dataclass(frozen=True)
 class Overheads:
@@ -42,9 +44,17 @@ class Overheads:
     pod_start_s: float = 5.0
     image_pull_s: float = 0.0
     warm_pods: int = 0
+    #: Added to every GPU call (the executor's dispatch: thread hand-off, admission, release);
+    #: a calibration (``tangram calibrate gpu``) measures it. 0: none, as before.
+    gpu_call_s: float = 0.0
+    #: The simulated restore's copy bandwidth (GB/s) and fixed part (s); None: the cluster
+    #: file's ``h2d_gbps`` / ``restore_fixed_s`` (the core's own estimate, as before).
+    gpu_h2d_gbps: float | None = None
+    gpu_restore_fixed_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in (
+            "gpu_call_s",
             "aoe_grant_s",
             "container_start_s",
             "eviction_s",
@@ -56,6 +66,21 @@ class Overheads:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
                 raise ValueError(f"overheads.{name} must be a number >= 0, got {value!r}")
+        if self.gpu_h2d_gbps is not None and (
+            isinstance(self.gpu_h2d_gbps, bool)
+            or not isinstance(self.gpu_h2d_gbps, int | float)
+            or not self.gpu_h2d_gbps > 0
+        ):
+            raise ValueError(
+                f"overheads.gpu_h2d_gbps must be None or a number > 0, got {self.gpu_h2d_gbps!r}"
+            )
+        fixed = self.gpu_restore_fixed_s
+        if fixed is not None and (
+            isinstance(fixed, bool) or not isinstance(fixed, int | float) or not fixed >= 0
+        ):
+            raise ValueError(
+                f"overheads.gpu_restore_fixed_s must be None or a number >= 0, got {fixed!r}"
+            )
         gpu = self.gpu_exec_noise_sigma
         if gpu is not None and (
             isinstance(gpu, bool) or not isinstance(gpu, int | float) or not gpu >= 0
@@ -105,10 +130,17 @@ class SimConfig:
     #: trace has one and the cluster has that node). A replay of a live run uses "observed":
     #: live, containers are placed when trajectories open, an event the trace does not keep.
     placement: str = "policy"
+    #: Measured GPU call models, one per service (``tangram.sim.gpu_model``): each prices its
+    #: service's calls (dispatch overhead, restore, call time vs cell size and host load)
+    #: instead of ``overheads``' GPU figures. Empty: none, as before.
+    gpu_calibrations: tuple[GpuCalibration, ...] = ()
 
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {list(PLACEMENTS)}, got {self.placement!r}")
+        services = [c.service for c in self.gpu_calibrations]
+        if len(set(services)) != len(services):
+            raise ValueError(f"gpu_calibrations: one record per service, got {services}")
 
 
 #: ``SimConfig.placement`` values.

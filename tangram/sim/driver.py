@@ -36,6 +36,7 @@ from tangram.core.scheduler import Scheduler
 from tangram.sim.cfs import Job, SharedNode
 from tangram.sim.config import SimConfig
 from tangram.sim.demand import expected_demand
+from tangram.sim.gpu_model import GpuCallModel
 from tangram.sim.pods import StartupClock
 from tangram.sim.residency import ResidencyModel
 from tangram.trace import Trace, TraceRow, row_to_action
@@ -174,6 +175,8 @@ class Simulation:
         self.steps: list[StepRecord] = []
         self.timeline = UsageTimeline()
         self.startup = StartupClock(self.config.overheads)
+        self.gpu_model = GpuCallModel.of(self.config.overheads, self.config.gpu_calibrations)
+        self.gpu_model.check(self.scheduler.state)
         #: CPU nodes a replay may place containers on as the live run did (placement observed).
         self._observed_nodes = (
             frozenset(n.name for n in cluster.cpu_nodes)
@@ -412,6 +415,7 @@ class Simulation:
         ov = self.config.overheads
         rec.start, rec.units, rec.node, rec.reason = now, d.units, d.node, d.reason
         overhead = 0.0
+        slow = 1.0
         if not self._unbounded:
             kind = d.action.resource
             if kind is ResourceKind.CPU:
@@ -434,11 +438,20 @@ class Simulation:
                         d.node, d.gpus, service, d.action.service_size_gb
                     )
                     rec.restored = True
-                    overhead = d.est_overhead + rec.evictions * ov.eviction_s
+                    restore = self.gpu_model.restore_s(
+                        service,
+                        d.action.service_size_gb,
+                        1 if d.action.service_replicas else len(d.gpus),
+                        self.scheduler.state.gpu[d.node].spec,
+                        d.est_overhead,
+                    )
+                    overhead = restore + rec.evictions * ov.eviction_s
                 self.residency.touch(d.node, d.gpus, service)
+                overhead += self.gpu_model.dispatch_s(service)
+                slow = self.gpu_model.slowdown(service, d.node, d.units, self.scheduler.state)
             else:
                 overhead = ov.api_call_s
-        execution = d.action.curve.duration(d.units)
+        execution = d.action.curve.duration(d.units) * slow
         sigma = ov.exec_noise_sigma
         if d.action.resource is ResourceKind.GPU and ov.gpu_exec_noise_sigma is not None:
             sigma = ov.gpu_exec_noise_sigma

@@ -1,0 +1,73 @@
+"""How the simulator prices one GPU call: dispatch overhead, restore, call time under load.
+
+Without a calibration (the defaults) a call costs what it always did: its curve's duration,
+plus the core's restore estimate when it restores. ``Overheads.gpu_call_s`` adds a dispatch
+cost to every call and ``gpu_h2d_gbps`` / ``gpu_restore_fixed_s`` replace the cluster file's
+restore figures. A measured record (``GpuCalibration``, one per service, from ``tangram
+calibrate gpu``) prices its own service's calls instead: its dispatch overhead, its restore
+(bytes per GPU / bandwidth + fixed) and, when it names the CPU node whose cores the calls share
+(a CPU-backed device), its slow-down for the cores held there when the call starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tangram.core.resources import GpuNodeSpec
+from tangram.core.state import ClusterState
+from tangram.sim.config import Overheads
+from tangram.trace.gpu_calibration import GpuCalibration
+
+
+@dataclass(frozen=True)
+class GpuCallModel:
+    """The GPU call pricing of one simulation (overheads plus the records by service)."""
+
+    overheads: Overheads
+    records: Mapping[str, GpuCalibration]
+
+    @classmethod
+    def of(cls, overheads: Overheads, records: tuple[GpuCalibration, ...]) -> GpuCallModel:
+        return cls(overheads, {r.service: r for r in records})
+
+    def check(self, state: ClusterState) -> None:
+        """Refuse a record naming nodes the cluster lacks (a record for another machine)."""
+        for r in self.records.values():
+            if r.gpu_node is None:
+                continue
+            if r.gpu_node not in state.gpu or r.host_cpu_node not in state.cpu:
+                raise ValueError(
+                    f"GPU calibration of {r.service!r}: names GPU node {r.gpu_node!r} sharing "
+                    f"the cores of CPU node {r.host_cpu_node!r}; the cluster has GPU nodes "
+                    f"{sorted(state.gpu)} and CPU nodes {sorted(state.cpu)}"
+                )
+
+    def dispatch_s(self, service: str) -> float:
+        """The per-call overhead of a call of ``service``."""
+        record = self.records.get(service)
+        return self.overheads.gpu_call_s if record is None else record.call_overhead_s
+
+    def restore_s(
+        self, service: str, size_gb: float, shards: int, node: GpuNodeSpec, estimate: float
+    ) -> float:
+        """The restore's duration (``shards``: GPUs each copying 1/shards of ``size_gb``
+        concurrently; 1 for whole replicas): the record's, else the overheads' figures (the
+        node's where one is None), else the core's ``estimate`` from the cluster file."""
+        record = self.records.get(service)
+        if record is not None:
+            return record.restore_s(size_gb, shards)
+        ov = self.overheads
+        if ov.gpu_h2d_gbps is None and ov.gpu_restore_fixed_s is None:
+            return estimate
+        gbps = node.h2d_gbps if ov.gpu_h2d_gbps is None else ov.gpu_h2d_gbps
+        fixed = node.restore_fixed_s if ov.gpu_restore_fixed_s is None else ov.gpu_restore_fixed_s
+        return size_gb / (shards * gbps) + fixed
+
+    def slowdown(self, service: str, node: str, cells: int, state: ClusterState) -> float:
+        """The factor on the call's duration for the host cores held when it starts."""
+        record = self.records.get(service)
+        if record is None or record.gpu_node != node or record.host_cpu_node is None:
+            return 1.0
+        cpu = state.cpu[record.host_cpu_node]
+        return record.slowdown(cells, cpu.spec.cores - cpu.free_cores)

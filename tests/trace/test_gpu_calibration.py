@@ -1,0 +1,192 @@
+"""A GPU calibration record: round trips, clear refusals, and what it predicts."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tangram.trace import TraceRow
+from tangram.trace.gpu_calibration import (
+    CalibrationError,
+    CallTime,
+    GpuCalibration,
+    load_gpu_calibration,
+)
+from tangram.trace.host_load import busy_at_start, contention_points
+
+
+def record(**changes) -> GpuCalibration:
+    base = dict(
+        service="judge",
+        backend="cpu",
+        call_overhead_s=0.002,
+        restore_gbps=4.0,
+        restore_fixed_s=0.05,
+        host_cores=2,
+        call_times=(
+            CallTime(1, 0.0, 0.040),
+            CallTime(1, 2.0, 0.060),
+            CallTime(2, 0.0, 0.030),
+            CallTime(2, 1.0, 0.045),
+        ),
+        host_cpu_node="vm",
+        gpu_node="gpu-0",
+    )
+    return GpuCalibration(**{**base, **changes})
+
+
+def test_call_time_is_linear_between_points_flat_beyond_and_read_from_the_dop_below() -> None:
+    r = record()
+    assert r.call_s(1, 0) == 0.040
+    assert math.isclose(r.call_s(1, 1.0), 0.050)  # half-way from 0.040 to 0.060
+    assert r.call_s(1, 5.0) == 0.060
+    assert math.isclose(r.slowdown(2, 0.5), 0.0375 / 0.030)
+    assert r.call_s(4, 1.0) == r.call_s(2, 1.0)  # DoP 4 not measured: DoP 2's figures
+    assert r.slowdown(1, 0) == 1.0
+
+
+def test_restore_time_is_bytes_per_gpu_over_bandwidth_plus_the_fixed_part() -> None:
+    r = record()
+    assert math.isclose(r.restore_s(2.0), 2.0 / 4.0 + 0.05)
+    assert math.isclose(r.restore_s(2.0, shards=2), 1.0 / 4.0 + 0.05)
+
+
+@pytest.mark.parametrize("suffix", [".json", ".toml"])
+def test_a_record_reads_back_equal_from_json_and_toml(tmp_path, suffix) -> None:
+    r = record()
+    path = r.write(tmp_path / "r.json")
+    if suffix == ".toml":
+        data = json.loads(path.read_text())
+        lines = [f"{k} = {json.dumps(v)}" for k, v in data.items() if k != "call_times"]
+        for p in data["call_times"]:
+            lines += ["[[call_times]]", *(f"{k} = {json.dumps(v)}" for k, v in p.items())]
+        path = tmp_path / "r.toml"
+        path.write_text("\n".join(lines) + "\n")
+    assert load_gpu_calibration(path) == r
+
+
+@given(
+    overhead=st.floats(0, 1),
+    gbps=st.floats(1e-3, 1e3),
+    fixed=st.floats(0, 1),
+    times=st.dictionaries(
+        st.tuples(st.sampled_from([1, 2, 4, 8]), st.integers(1, 16)),
+        st.floats(1e-4, 10),
+        max_size=8,
+    ),
+    idle=st.floats(1e-4, 10),
+)
+def test_every_valid_record_survives_its_dict_form(overhead, gbps, fixed, times, idle) -> None:
+    points = [CallTime(d, 0.0, idle) for d in sorted({d for d, _ in times} | {1})]
+    points += [CallTime(d, float(b), t) for (d, b), t in times.items()]
+    r = record(
+        call_overhead_s=overhead,
+        restore_gbps=gbps,
+        restore_fixed_s=fixed,
+        call_times=tuple(points),
+    )
+    assert GpuCalibration.from_dict(json.loads(json.dumps(r.to_dict()))) == r
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"restore_gbps": 0}, "restore_gbps must be a finite number > 0"),
+        ({"call_overhead_s": -1.0}, "call_overhead_s must be a finite number >= 0"),
+        ({"call_overhead_s": float("nan")}, "call_overhead_s must be a finite number"),
+        ({"host_cores": 0}, "host_cores must be an integer >= 1"),
+        ({"gpu_node": None}, "host_cpu_node and gpu_node must be given together"),
+        ({"version": 9}, "version 9 is not supported"),
+        ({"call_times": ()}, "call_times must hold at least one point"),
+        ({"call_times": (CallTime(1, 1.0, 0.1),)}, "dop 1 has no point with busy_cores 0"),
+        (
+            {"call_times": (CallTime(1, 0.0, 0.1), CallTime(1, 0.0, 0.2))},
+            "two points at dop 1, busy_cores 0.0",
+        ),
+    ],
+)
+def test_an_invalid_record_is_refused_naming_the_field(change, message) -> None:
+    with pytest.raises(CalibrationError, match=message):
+        record(**change)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d.pop("restore_gbps"), r"r.json: missing field\(s\) \['restore_gbps'\]"),
+        (lambda d: d.update(speed=1), r"unknown field\(s\) \['speed'\]"),
+        (lambda d: d["call_times"][0].update(seconds=-1), r"call_times\[0\].*seconds must be"),
+        (lambda d: d["call_times"][1].pop("dop"), r"call_times\[1\] must have exactly"),
+        (lambda d: d.update(call_times=5), "call_times must be a list of tables"),
+    ],
+)
+def test_a_bad_file_is_refused_naming_the_file_and_field(tmp_path, edit, message) -> None:
+    data = record().to_dict()
+    edit(data)
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(CalibrationError, match=message):
+        load_gpu_calibration(path)
+
+
+def test_a_file_that_is_not_json_is_refused_clearly(tmp_path) -> None:
+    path = tmp_path / "r.json"
+    path.write_text("{not json")
+    with pytest.raises(CalibrationError, match="r.json: not valid json"):
+        load_gpu_calibration(path)
+    with pytest.raises(CalibrationError, match="cannot read the calibration"):
+        load_gpu_calibration(tmp_path / "missing.json")
+
+
+def row(action_id: str, resource: str, arrival: float, units: int, exec_s: float, **kw):
+    base = dict(
+        action_id=action_id,
+        trajectory=action_id,
+        step=0,
+        position=0,
+        task="t",
+        kind="k",
+        gen_before_s=0.0,
+        resource=resource,
+        t1_s=1.0,
+        max_units=2,
+        arrival_s=arrival,
+        obs_arrival_s=arrival,
+        obs_units=units,
+        obs_queue_s=0.0,
+        obs_overhead_s=0.0,
+        obs_exec_s=exec_s,
+        obs_outcome="result",
+        obs_node="vm" if resource == "cpu" else "gpu-0",
+    )
+    if resource == "gpu":
+        base.update(service="judge", serial_fraction=None)
+    return TraceRow(**{**base, **kw})
+
+
+def test_busy_cores_at_a_calls_start_count_the_cpu_actions_then_holding_the_host() -> None:
+    rows = [
+        row("c1", "cpu", 0.0, 2, 10.0),  # holds 2 cores over [0, 10)
+        row("c2", "cpu", 5.0, 1, 10.0),  # 1 core over [5, 15)
+        row("c3", "cpu", 0.0, 2, 20.0, obs_node="other"),  # another node: not the host
+        row("g1", "gpu", 1.0, 1, 0.1),
+        row("g2", "gpu", 6.0, 1, 0.1),
+        row("g3", "gpu", 12.0, 1, 0.1),
+        row("g4", "gpu", 16.0, 1, 0.1),
+    ]
+    assert busy_at_start(rows, "vm") == {"g1": 2, "g2": 3, "g3": 1, "g4": 0}
+
+
+def test_contention_points_are_the_idle_time_times_the_median_slow_down_per_level() -> None:
+    idle = record(call_times=(CallTime(1, 0.0, 0.040), CallTime(2, 0.0, 0.030)))
+    rows = [row("c", "cpu", 0.0, 2, 100.0)]  # both host cores busy all along
+    rows += [row(f"g{i}", "gpu", 1.0 + i, 1, t) for i, t in enumerate([0.05, 0.06, 0.07])]
+    rows += [row("h", "gpu", 9.0, 2, 0.09)]  # one DoP-2 call: takes the pooled ratio
+    points = contention_points(rows, idle, host_cores=2)
+    assert [(p.dop, p.busy_cores) for p in points] == [(1, 2.0), (2, 2.0)]  # no call at 1 busy
+    assert points[0].seconds == pytest.approx(0.040 * 1.5)  # ratios 1.25, 1.5, 1.75
+    assert points[1].seconds == pytest.approx(0.030 * 1.625)  # pooled: those and 3.0
