@@ -35,7 +35,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,7 @@ from tangram.trace.calibrate import (
     relative_error,
     replay_trace,
 )
+from tangram.trace.gpu_calibration import GpuCalibration, load_gpu_calibration
 
 #: How the replay spreads execution times around the declared curves.
 NOISE_MODELS = ("per-resource", "pooled")
@@ -109,6 +110,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="with --durations curve: one measured spread for all actions (default) or each "
         "resource's own (GPU calls spread more than CPU work)",
     )
+    p.add_argument(
+        "--gpu-calibration",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a GPU call model measured by `tangram calibrate gpu` (JSON/TOML; repeatable, "
+        "one per service): prices that service's calls in the simulation",
+    )
     add_json_flag(p)
     p.set_defaults(func=main)
 
@@ -146,11 +156,14 @@ def replay(
     exec_noise: float | None = None,
     runs: int = 10,
     noise: str = "pooled",
+    gpu_calibrations: Sequence[GpuCalibration] = (),
 ) -> ReplayReport:
     """Replay a live trace and compare its ACTs with the simulation's.
 
     With execution noise the simulation is run ``runs`` times (seeds 0..runs-1) and its
-    percentiles are averaged: a prediction, not one random draw."""
+    percentiles are averaged: a prediction, not one random draw. ``gpu_calibrations``
+    (``tangram calibrate gpu``) price their services' GPU calls in the simulator: dispatch
+    overhead, restore, call time vs cell size and host load (see ``tangram.sim.gpu_model``)."""
     from tangram.core.cluster_file import load_cluster, parse_cluster
     from tangram.sim.config import Overheads, RolloutConfig, SimConfig
     from tangram.sim.driver import simulate
@@ -167,7 +180,12 @@ def replay(
         spec = parse_cluster(meta["cluster"], f"{trace_path} (header)")
     else:
         raise ValueError(f"{trace_path}: the header carries no cluster; give --cluster")
-    measured = measure(trace)
+    gpu_calibrations = tuple(gpu_calibrations)
+    if durations == "observed":  # observed times already include the host's load
+        gpu_calibrations = tuple(
+            dataclasses.replace(c, host_cpu_node=None, gpu_node=None) for c in gpu_calibrations
+        )
+    measured = measure(trace, gpu_calibrations)
     if measured.h2d_gbps is not None and spec.gpu_nodes:
         nodes = tuple(
             dataclasses.replace(
@@ -176,7 +194,8 @@ def replay(
             for n in spec.gpu_nodes
         )
         spec = dataclasses.replace(spec, gpu_nodes=nodes)
-    sim_trace = replay_trace(trace, measured, durations)
+    calibrated = frozenset(c.service for c in gpu_calibrations)
+    sim_trace = replay_trace(trace, measured, durations, calibrated)
     if not sim_trace.rows:
         raise ValueError(f"{trace_path}: no action of this trace ever started")
     overheads = Overheads(
@@ -213,6 +232,7 @@ def replay(
             warm_gpus=bool(meta.get("gpu_residency_at_start")),
             # Containers where the live run put them (at their opens, which the trace lacks).
             placement="observed",
+            gpu_calibrations=gpu_calibrations,
         )
         frame = actions_frame(simulate(sim_trace, spec, config))
         frames.append(frame[frame["outcome"] == "result"].set_index("action_id"))
@@ -289,6 +309,7 @@ def main(args: argparse.Namespace) -> int:
         exec_noise=args.exec_noise,
         runs=args.runs,
         noise=args.noise,
+        gpu_calibrations=[load_gpu_calibration(p) for p in args.gpu_calibration],
     )
     rows = []
     for name, block in [("all", {"live": report.live, "sim": report.sim, "error": report.error})]:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tangram.core.curves import curve_from_dict
+from tangram.trace.gpu_calibration import GpuCalibration
+from tangram.trace.host_load import busy_at_start
 from tangram.trace.row import TraceRow
 from tangram.trace.trace import Trace
 
@@ -65,9 +67,15 @@ def relative_error(sim: Mapping[str, float], live: Mapping[str, float]) -> dict[
     return {k: (sim[k] - live[k]) / live[k] if live[k] > 0 else math.nan for k in live}
 
 
-def measure(trace: Trace) -> Measured:
-    """Overheads from the observed rows and EOE's restore figures in the header."""
+def measure(trace: Trace, calibrations: Sequence[GpuCalibration] = ()) -> Measured:
+    """Overheads from the observed rows and EOE's restore figures in the header. The spread
+    of a calibrated service's calls is measured around what its record predicts (the
+    declared time times its slow-down for the host cores busy at the call's start live)."""
     ran = [r for r in trace.rows if r.obs_units is not None and r.obs_outcome == "result"]
+    predicted = _predictions(trace, calibrations)
+
+    def expected(r: TraceRow) -> float:
+        return r.curve_object().duration(r.obs_units) * predicted.get(r.action_id, 1.0)
 
     def overheads(resource: str) -> list[float]:
         return [r.obs_overhead_s or 0.0 for r in ran if r.resource == resource]
@@ -80,13 +88,13 @@ def measure(trace: Trace) -> Measured:
         fixed = 0.0
     evictions = eoe.get("evictions") or 0
     logs = [
-        math.log(r.obs_exec_s / r.curve_object().duration(r.obs_units))
+        math.log(r.obs_exec_s / expected(r))
         for r in ran
         if (r.obs_exec_s or 0.0) > 0 and r.obs_units is not None
     ]
     logs_of = {
         gpu_rows: [
-            math.log(r.obs_exec_s / r.curve_object().duration(r.obs_units))
+            math.log(r.obs_exec_s / expected(r))
             for r in ran
             if (r.obs_exec_s or 0.0) > 0
             and r.obs_units is not None
@@ -108,6 +116,19 @@ def measure(trace: Trace) -> Measured:
     )
 
 
+def _predictions(trace: Trace, calibrations: Sequence[GpuCalibration]) -> dict[str, float]:
+    """GPU action id -> its record's slow-down for the host cores busy at its start live."""
+    out: dict[str, float] = {}
+    for cal in calibrations:
+        if cal.host_cpu_node is None:
+            continue
+        busy = busy_at_start(trace.rows, cal.host_cpu_node)
+        for r in trace.rows:
+            if r.action_id in busy and r.service == cal.service and r.obs_node == cal.gpu_node:
+                out[r.action_id] = cal.slowdown(r.obs_units or 1, busy[r.action_id])
+    return out
+
+
 def _rescaled(row: TraceRow, target: float) -> dict[str, Any]:
     """The row's elasticity fields with T(obs_units) = target."""
     units = row.obs_units or 1
@@ -127,9 +148,15 @@ def _rescaled(row: TraceRow, target: float) -> dict[str, Any]:
     return {"t1_s": target}
 
 
-def replay_trace(trace: Trace, measured: Measured, durations: str = "observed") -> Trace:
+def replay_trace(
+    trace: Trace,
+    measured: Measured,
+    durations: str = "observed",
+    calibrated: frozenset[str] = frozenset(),
+) -> Trace:
     """The trace the simulator replays: started actions only, positions renumbered, no
-    container memory, durations observed or declared (GPU calls plus their dispatch cost)."""
+    container memory, durations observed or declared (GPU calls plus their dispatch cost,
+    except calls of the ``calibrated`` services, whose measured record prices it)."""
     if durations not in DURATIONS:
         raise ValueError(f"durations must be one of {DURATIONS}, got {durations!r}")
     missing = [r.action_id for r in trace.rows if r.obs_outcome is None or r.arrival_s is None]
@@ -150,7 +177,8 @@ def replay_trace(trace: Trace, measured: Measured, durations: str = "observed") 
             "memory_gb": 0.0,
             "gen_after_s": 0.0,
         }
-        extra = measured.gpu_call_overhead_s if r.resource == "gpu" else 0.0
+        gpu = r.resource == "gpu" and r.service not in calibrated
+        extra = measured.gpu_call_overhead_s if gpu else 0.0
         if durations == "observed":
             changes.update(_rescaled(r, (r.obs_exec_s or 0.0) + extra))
         elif extra:
