@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "serve": "tangram.exec.service_cli",
     "replay": "tangram.sim.replay_cli",
     "import": "tangram.sim.importers.cli",
+    "calibrate": "tangram.exec.eoe.calibrate_cli",
 }
 
 #: ``tangram bench NAME`` -> module defining ``register(subparsers)`` for that benchmark.

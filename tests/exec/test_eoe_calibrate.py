@@ -1,0 +1,58 @@
+"""``tangram calibrate gpu``: a live measurement of a tiny model's call model, in seconds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tangram.cli import main
+from tangram.exec.eoe.calibrate import calibrate_gpu, fit_restore, spin, stop
+from tangram.exec.eoe.config import EoeConfig
+from tangram.exec.eoe.manager import EoeManager
+from tangram.exec.eoe.services import example_tokens, reward_model_spec
+from tangram.trace.gpu_calibration import load_gpu_calibration
+
+
+def test_a_live_calibration_measures_overhead_restore_and_call_times_per_load() -> None:
+    with EoeManager(EoeConfig(backend="cpu", devices=2, device_memory_bytes=1 << 28)) as m:
+        info = m.register(reward_model_spec("judge", "tiny", dops=(1, 2)))
+        record = calibrate_gpu(
+            m,
+            "judge",
+            example_tokens(4, 16),
+            busy_levels=[0, 1],
+            reps=3,
+            host_cpu_node="vm",
+            gpu_node="gpu-0",
+        )
+        stats = m.stats()
+    assert record.service == "judge" and record.backend == "cpu"
+    assert [(p.dop, p.busy_cores) for p in record.call_times] == [(1, 0), (2, 0), (1, 1), (2, 1)]
+    assert all(p.seconds > 0 for p in record.call_times)
+    assert 0 < record.call_overhead_s < 1.0
+    # A cold call per cell size restored the replicas; one size of replica, so the fit puts
+    # all of the time in the bandwidth.
+    assert stats.restores >= 3 and record.restore_fixed_s == 0.0
+    assert 0 < record.restore_s(info.resident_bytes / (1 << 30)) < stats.restore_s
+
+
+def test_spinning_processes_are_killed_and_reaped() -> None:
+    procs = spin(2)
+    stop(procs)
+    assert all(p.returncode is not None for p in procs)
+
+
+def test_the_restore_fit_separates_bandwidth_from_the_fixed_cost() -> None:
+    gbps, fixed = fit_restore([(1.0, 0.6), (2.0, 1.1), (4.0, 2.1)])  # 0.1 s + GB / 2
+    assert gbps == pytest.approx(2.0) and fixed == pytest.approx(0.1)
+    assert fit_restore([(0.5, 0.2), (0.5, 0.3), (0.5, 0.25)]) == (pytest.approx(2.0), 0.0)
+
+
+def test_the_command_writes_a_record_the_replay_reads(tmp_path, capsys) -> None:
+    out = tmp_path / "judge.json"
+    argv = ["calibrate", "gpu", "--example", "tiny", "--backend", "cpu"]
+    assert main([*argv, "--reps", "1", "--busy", "0", "-o", str(out), "--json"]) == 0
+    record = load_gpu_calibration(out)
+    assert json.loads(capsys.readouterr().out) == record.to_dict()
+    assert record.dops == (1, 2) and record.host_cores >= 1
