@@ -162,6 +162,8 @@ def fit_loop(points: list[tuple[float, float]]) -> tuple[float, float]:
 #: How the model's call times are refitted to the warm-up run: one factor per cell size (the
 #: call time vs cell size as measured under load) or one pooled factor (the earlier way).
 GPU_REFITS = ("dop", "pooled")
+#: What the clients declare for GPU calls and how the replay prices them (see ``--gpu-model``).
+GPU_MODELS = ("calibrated", "refit")
 
 
 def refit(
@@ -266,22 +268,79 @@ def cpu_times() -> tuple[float, float]:
     return sum(fields) - idle, sum(fields)
 
 
+async def calibrate_gpu_live(rt: Any, cluster: Any, reps: int) -> Any:
+    """The reward model's GPU call model measured on the runtime's own EOE manager at idle:
+    per-call overhead, restore, call time per cell size (``tangram calibrate gpu``'s steps;
+    the host load part comes from the warm-up run, see ``with_contention``)."""
+    from tangram.exec.eoe.calibrate import calibrate_gpu
+
+    return await asyncio.to_thread(
+        calibrate_gpu,
+        rt.gpu.eoe,
+        "reward",
+        tokens(0),
+        busy_levels=[0],
+        reps=2 * reps + 1,
+        host_cpu_node=cluster.cpu_nodes[0].name,
+        gpu_node=cluster.gpu_nodes[0].name,
+    )
+
+
+def with_contention(record: Any, warmup_trace: Path, host_cores: int) -> Any:
+    """``record`` plus the call times per busy host core seen in the warm-up run (calls that
+    shared this machine's cores with the busy-loop containers, as the measured run will)."""
+    import dataclasses
+
+    from tangram.trace import load_trace
+    from tangram.trace.host_load import contention_points
+
+    rows = load_trace(warmup_trace).rows
+    points = contention_points(rows, record, host_cores)
+    return dataclasses.replace(record, call_times=record.call_times + points)
+
+
+def declared_gpu(record: Any) -> dict[int, float]:
+    """The clients' declared call times: the record's idle ones (a larger cell never slower)."""
+    gpu_s = {d: record.call_s(d, 0.0) for d in (1, 2)}
+    gpu_s[2] = min(gpu_s[2], gpu_s[1])
+    return gpu_s
+
+
 def run_seed(
-    cluster: Any, params: Params, seed: int, out: Path, reps: int, gpu_refit: str = "dop"
+    cluster: Any,
+    params: Params,
+    seed: int,
+    out: Path,
+    reps: int,
+    gpu_refit: str = "dop",
+    gpu_model: str = "calibrated",
 ) -> dict[str, Any]:
     from tangram.trace import load_trace
 
     trace_path = out / f"fidelity-trace-seed{seed}.jsonl.gz"
+    record_path = out / f"fidelity-gpu-calibration-seed{seed}.json"
+    record_path.unlink(missing_ok=True)
 
     async def main() -> tuple[Calibration, Calibration, dict[str, Any]]:
         rt = build(cluster)
         async with rt:
             idle = await calibrate(rt, reps)
+            gpu_idle = await calibrate_gpu_live(rt, cluster, reps)
             # Profile under production conditions: a short run of the same workload (another
             # seed), its observed times refitted into the curves the clients then declare.
             warm = Params(**{**asdict(params), "actions": max(4, params.actions // 3)})
+            rt.clear_trace()
             warmup = await live_run(rt, idle, warm, seed + 1000)
+            warm_path = out / f".fidelity-warmup-seed{seed}.jsonl.gz"
+            rt.write_trace(warm_path)
             cal = refit(warmup["observations"], idle, gpu_refit)
+            if gpu_model == "calibrated":
+                # GPU calls: clients declare the idle call times; the simulator prices the
+                # host load with the record (CPU curves keep the warm-up refit).
+                record = with_contention(gpu_idle, warm_path, cluster.total_cores)
+                record.write(record_path)
+                cal = Calibration(cal.serial_s, cal.per_iter_s, declared_gpu(record))
+            warm_path.unlink()
             live_idle["calibration_idle"] = asdict(idle)
             rt.clear_trace()  # record the workload only, not the calibration
             busy0, total0 = cpu_times()
@@ -303,9 +362,11 @@ def run_seed(
     live["exec_over_declared_median"] = statistics.median(
         (r.obs_exec_s or 0.0) / r.curve_object().duration(r.obs_units) for r in ran
     )
-    reports = replays(trace_path)
+    reports = replays(trace_path, record_path)
     return {
         "seed": seed,
+        "gpu_model": gpu_model,
+        "gpu_calibration": json.loads(record_path.read_text()) if record_path.exists() else None,
         "calibration": asdict(cal),
         "calibration_after": asdict(after),
         "live": live,
@@ -326,7 +387,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             }
         out[mode] = block
     out["by_resource"] = {}
-    for mode in (m for m in REPLAYS if all(m in r["replay"] for r in runs)):
+    for mode in (m for m in (*REPLAYS, UNCALIBRATED) if all(m in r["replay"] for r in runs)):
         per: dict[str, Any] = {}
         for res in ("cpu", "gpu"):
             have = [
@@ -386,12 +447,27 @@ REPLAYS = {
     "curve": {"durations": "curve"},
     "curve, noise per resource": {"durations": "curve", "noise": "per-resource"},
 }
+#: With a GPU calibration record, also the declared curves replayed without it (what the
+#: simulator predicts from the idle call times alone).
+UNCALIBRATED = "curve, no GPU calibration"
 
 
-def replays(trace_path: Path) -> dict[str, Any]:
+def replays(trace_path: Path, record_path: Path | None = None) -> dict[str, Any]:
     from tangram.sim.replay_cli import replay
+    from tangram.trace.gpu_calibration import load_gpu_calibration
 
-    return {mode: replay(trace_path, **kw).as_dict() for mode, kw in REPLAYS.items()}
+    records = (
+        (load_gpu_calibration(record_path),)
+        if record_path is not None and record_path.exists()
+        else ()
+    )
+    out = {
+        mode: replay(trace_path, gpu_calibrations=records, **kw).as_dict()
+        for mode, kw in REPLAYS.items()
+    }
+    if records:
+        out[UNCALIBRATED] = replay(trace_path, durations="curve").as_dict()
+    return out
 
 
 def write_outputs(runs: list[dict[str, Any]], params: Params, out: Path, argv: list[str]) -> None:
@@ -464,7 +540,7 @@ def write_outputs(runs: list[dict[str, Any]], params: Params, out: Path, argv: l
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
-        for mode in (m for m in REPLAYS if m in r["replay"]):
+        for mode in (m for m in (*REPLAYS, UNCALIBRATED) if m in r["replay"]):
             br = r["replay"][mode]["by_resource"]
             cells = []
             for res in ("cpu", "gpu"):
@@ -498,6 +574,23 @@ def write_outputs(runs: list[dict[str, Any]], params: Params, out: Path, argv: l
             f"containers {100 * live['workload_core_fraction']:.0f}%; observed / declared "
             f"execution time, median {live['exec_over_declared_median']:.2f}"
         )
+    for r in runs:
+        rec = r.get("gpu_calibration")
+        if not rec:
+            continue
+        pts = sorted((p["dop"], p["busy_cores"], p["seconds"]) for p in rec["call_times"])
+        idle = {d: t for d, b, t in pts if b == 0}
+        loaded = ", ".join(
+            f"DoP {d} x{t / idle[d]:.2f} at {b:g} busy" for d, b, t in pts if b > 0 and d in idle
+        )
+        lines.append(
+            f"- seed {r['seed']}, GPU call model measured live (`fidelity-gpu-calibration-seed"
+            f"{r['seed']}.json`): per-call overhead {1e3 * rec['call_overhead_s']:.2f} ms, "
+            f"restore {rec['restore_gbps']:.2f} GB/s + {rec['restore_fixed_s']:.3f} s, idle call "
+            + " / ".join(f"{t:.3f}" for _, t in sorted(idle.items()))
+            + f" s at DoP {' / '.join(str(d) for d in sorted(idle))}; under load "
+            + (loaded or "no level with 3 calls in the warm-up")
+        )
     shaky = [r["seed"] for r in runs if disturbed(r)]
     if shaky:
         lines += [
@@ -526,6 +619,11 @@ def write_outputs(runs: list[dict[str, Any]], params: Params, out: Path, argv: l
         ),
         ("simulated vs live ACT, declared curves", "P50 / P95 error", summary["curve"]),
     ]
+    gpu = summary["by_resource"].get("curve", {}).get("gpu")
+    if gpu is not None:
+        claims.append(
+            ("simulated vs live ACT of GPU calls, declared curves", "P50 / P95 error", gpu)
+        )
     rows = ["claim,metric,paper,ours,ours_mean,ours_std,experiment,command"]
     for claim, metric, s in claims:
         ours = f"{pct(s['p50']['mean'])} / {pct(s['p95']['mean'])}"
@@ -592,6 +690,14 @@ def main(argv: list[str] | None = None) -> int:
         help="refit the model's call times per cell size (default) or with one pooled factor",
     )
     p.add_argument(
+        "--gpu-model",
+        choices=GPU_MODELS,
+        default="calibrated",
+        help="calibrated (default): clients declare the model's idle call times and the "
+        "replay prices GPU calls with the record measured live (fidelity-gpu-calibration-"
+        "seed<N>.json); refit: clients declare the warm-up's refitted times, no record",
+    )
+    p.add_argument(
         "--replay-only",
         action="store_true",
         help="keep the recorded traces and live figures in --out, redo the replays and reports",
@@ -612,7 +718,8 @@ def main(argv: list[str] | None = None) -> int:
         runs = doc["runs"]
         for run in runs:
             path = args.out / f"fidelity-trace-seed{run['seed']}.jsonl.gz"
-            run["replay"] = replays(path)
+            record = args.out / f"fidelity-gpu-calibration-seed{run['seed']}.json"
+            run["replay"] = replays(path, record)
         params = Params(**doc["params"])
         write_outputs(runs, params, args.out, doc.get("argv", []))
         print(f"wrote {args.out / 'fidelity.md'} (replays redone from the recorded traces)")
@@ -621,7 +728,13 @@ def main(argv: list[str] | None = None) -> int:
     for seed in seeds:
         t0 = time.perf_counter()
         run = run_seed(
-            cluster, params, seed, args.out, reps=1 if args.smoke else 3, gpu_refit=args.gpu_refit
+            cluster,
+            params,
+            seed,
+            args.out,
+            reps=1 if args.smoke else 3,
+            gpu_refit=args.gpu_refit,
+            gpu_model=args.gpu_model,
         )
         run["seconds"] = time.perf_counter() - t0
         runs.append(run)
