@@ -18,10 +18,12 @@ from tangram.core.options import Options
 from tangram.core.policies.base import DomainRule, RuleTraits
 from tangram.core.policies.elastic import defer_evicted, elastic_round
 from tangram.core.policies.gpu_cost import (
+    ROOM_SHARE,
     ServiceLoad,
     eviction_charge,
     place_charged,
     resident_copies,
+    resident_gb,
     robust_order,
 )
 from tangram.core.policies.gpu_waits import CellWaits, head_patience
@@ -158,7 +160,8 @@ class _RobustPass:
         self._held: dict[str, set[int]] | None = None
         self._copies: dict[str, int] | None = None
         self._busy: dict[str, float] | None = None
-        self._calls: dict[tuple[str, int], float] = {}
+        self._calls: dict[str, float] = {}
+        self._resident_gb: float | None = None
         self._servers: dict[str, list[list[float]]] = {}
         self._seen: dict[str, int] = {}
         self._restores: set[str] = set()
@@ -191,19 +194,30 @@ class _RobustPass:
         """Calls a restore of ``service`` onto a cell of ``size`` is amortised over.
 
         The first copy at that size serves every call expected over the horizon
-        (``ServiceLoad.expected_calls``); another copy shares the calls still queued behind
-        this one with the copies that exist.
+        (``ServiceLoad.expected_calls``). Another copy shares with the copies that exist the
+        calls still queued behind this one, or, while the pool's memory keeps room for it
+        (``room_for_copy``), the calls expected: a busy service's copies then grow with its
+        load instead of its calls falling back to the small cell it was warm on.
         """
+        expected = self._calls.get(service)
+        if expected is None:
+            expected = self._calls[service] = self.load.expected_calls(
+                service, self.ctx.now, self.queued(service), self.pool_gb
+            )
         if size not in self.held_sizes(service):
-            key = (service, size)
-            n = self._calls.get(key)
-            if n is None:
-                n = self._calls[key] = self.load.expected_calls(
-                    service, self.ctx.now, self.queued(service), self.pool_gb
-                )
-            return n
-        behind = self.queued(service) - self._seen.get(service, 0)
-        return max(1.0, behind / (len(self.servers(service)) + 1))
+            return expected
+        shared = self.queued(service) - self._seen.get(service, 0)
+        if self.room_for_copy(service):
+            shared = max(shared, expected)
+        return max(1.0, shared / (len(self.servers(service)) + 1))
+
+    def room_for_copy(self, service: str) -> bool:
+        """Whether another copy of ``service`` fits in the pool's memory with room to spare
+        (``ROOM_SHARE``, as for a first copy): else it would evict copies that are used."""
+        if self._resident_gb is None:
+            self._resident_gb = resident_gb(self.ctx, self.load)
+        size = self.load.size_gb.get(service, 0.0)
+        return self._resident_gb + size <= ROOM_SHARE * self.pool_gb
 
     def charge(self, action: Action, size: int) -> float | None:
         """The eviction charge of the best free cell of ``size`` (None: no free cell)."""

@@ -286,6 +286,18 @@ def place_charged(
     return None if best is None else (best[1], best[2], best[3])
 
 
+def resident_gb(ctx: Context, load: ServiceLoad) -> float:
+    """GPU memory the pool's resident services take (each copy's shard on each of its GPUs;
+    a service whose size was never seen counts as taking none)."""
+    used = 0.0
+    size = load.size_gb
+    for node in ctx.state.gpu.values():
+        for g, resident in enumerate(node.resident):
+            for service in resident:
+                used += size.get(service, 0.0) / _block(node, g, service, load)
+    return used
+
+
 def resident_copies(ctx: Context) -> dict[str, int]:
     """For each service, how many GPUs of the pool hold it."""
     copies: dict[str, int] = {}
