@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -156,7 +157,8 @@ def test_a_node_the_cluster_lacks_joins_and_adds_its_capacity_without_a_restart(
     status = c.status()
     assert status["nodes"]["w4"]["alive"] and status["nodes"]["w4"]["cores"] == 1
     assert "w4" not in status["unplaced_nodes"].values()
-    assert "w4" in status["executors"]["cpu"] and "w4" not in status["executors"]["gpu"]
+    assert "w4" in status["executors"]["cpu"] and "w4" in status["executors"]["gpu"]
+    assert status["nodes"]["w4"]["gpus"] == 2 and status["held"]["gpus"] == 0
     # A trajectory opened after the join goes there too (the only node with room).
     assert c.open_trajectory("grow-0", memory_gb=4)["node"] == "w4"
     docs = [
@@ -169,6 +171,13 @@ def test_a_node_the_cluster_lacks_joins_and_adds_its_capacity_without_a_restart(
     assert [o.value.stdout for o in outs] == [f"{d['command'][5:]}\n" for d in docs]
     for d in docs:  # each id has exactly its one outcome
         assert ray_get_state(c, d["id"])["state"] == "done"
+    # Its GPUs are the core's: calls run on all five GPU nodes' cells, none granted twice.
+    gpu = c.run_many([{"service": "reward", "inputs": [[k, 3]]} for k in range(30)])
+    assert all(not isinstance(o, Exception) and o.ok for o in gpu), gpu
+    by_node = Counter(o.node for o in gpu)
+    print(f"GPU calls after w4 joined, by node: {by_node}")
+    assert by_node["w4"] > 0  # 30 at once on 10 cells: the new node's take some
+    assert c.status()["held"]["gpus"] == 0
     for t in ("grow-0", "grow-1", "full-0", "full-1"):
         c.close_trajectory(t)
 

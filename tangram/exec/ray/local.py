@@ -6,7 +6,7 @@ moves the calling thread (and every process it starts: Ray's) into a new one wit
 (root; Docker's Unix socket still works there) and back out at the end. ``LOCAL_NODES``
 splits this machine: ``head`` (no container cores; the scheduler actor and the driver), ``w1``
 and ``w2`` (host core 0 and core 1), each with 2 CPU-backed GPU devices; ``w3`` (2 devices,
-no container cores) and ``w4`` (host core 1, no GPUs) are started only when asked (``add``).
+no container cores) and ``w4`` (host core 1, 2 devices) are started only when asked (``add``).
 """
 
 from __future__ import annotations
@@ -38,12 +38,12 @@ LOCAL_NODES: dict[str, dict[str, str]] = {
     },
     # Not started by default: a GPU node that joins later (tests of a declared node's join).
     "w3": {"tangram-name": "w3", "tangram-cores": "", "tangram-gpus": "cpu-2"},
-    # Not started by default either, and in no cluster file: a CPU node that joins and is
-    # added to the core (its containers share host core 1 with w2's: this machine has 2).
+    # Not started by default either, and in no cluster file: a node that joins and is added
+    # to the core (its containers share host core 1 with w2's: this machine has 2).
     "w4": {
         "tangram-name": "w4",
         "tangram-cores": "1",
-        "tangram-gpus": "0",
+        "tangram-gpus": "cpu-2",
         "tangram-memory-gb": "8",
     },
 }
