@@ -115,6 +115,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "an agent per node; the cluster comes from the Ray nodes (docs/ray.md)",
     )
     p.add_argument(
+        "--ray-fixed-nodes",
+        action="store_true",
+        help="with --ray: the cluster is the nodes up at the start (or the cluster file's); "
+        "a Ray node that joins under a new name is not used (default: it is added)",
+    )
+    p.add_argument(
         "--warm-pool",
         type=int,
         default=16,

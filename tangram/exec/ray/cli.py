@@ -59,6 +59,7 @@ def serve_on_ray(args: argparse.Namespace, token: str | None) -> int:
             endpoints=endpoints,
             http=http,
             cluster=cluster,
+            join_new_nodes=not args.ray_fixed_nodes,
         )
         ray.init(address=args.ray, namespace=NAMESPACE, log_to_driver=False)
         done = threading.Event()
