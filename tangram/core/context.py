@@ -112,13 +112,15 @@ class Context:
         gpus: tuple[int, ...] = (),
         in_slot: bool = False,
         slot_since: float | None = None,
+        threads: int = 0,
     ) -> Start:
         """Start a queued action on ``node`` with ``units`` of its options.
 
         A CPU action runs on ``cores`` when given (a static pod's), else on NUMA-local cores
         the core picks and takes (``tangram.core.numa``); a GPU call on the aligned cell
         ``gpus``. ``in_slot``: the units are a reservation its trajectory or service already
-        holds. Capacity is checked and taken here; a policy asking for what is not free, or
+        holds. ``threads``: a non-malleable CPU action told to run more threads than its
+        units (``Start.threads``; only where the driver resizes). Capacity is checked and taken here; a policy asking for what is not free, or
         for units that are not one of the action's options, gets a ``CapacityError``.
         (``tangram.core.starts.start_action`` is the one way an action starts.)
         """
@@ -136,6 +138,7 @@ class Context:
             gpus,
             in_slot,
             slot_since=slot_since,
+            threads=threads,
         )
         self.decisions.append(start)
         return start

@@ -17,7 +17,11 @@ class Start(NamedTuple):
     cell (EOE). ``in_slot`` marks a static-baseline action running inside cores its trajectory
     already holds. ``est_duration`` is the curve's estimate, ``est_overhead`` the expected restore.
     ``slot_since`` is when that reservation (a pod) was granted: a pod is created then, so the
-    simulator starts its startup clock there, not when the trajectory opened.
+    simulator starts its startup clock there, not when the trajectory opened. ``threads``
+    (non-malleable CPU actions, 0 otherwise: told its units): the thread count the program is
+    told (``TANGRAM_CORES``, ``OMP_NUM_THREADS``), at least ``units``; its grant
+    may then grow up to that count or shrink below it, its threads time-slicing on its own
+    cores (``tangram.core.resize``).
 
     An immutable record like the others, but a NamedTuple: one is built for every action the
     simulator replays, and a tuple costs a third of a frozen dataclass to build.
@@ -35,6 +39,7 @@ class Start(NamedTuple):
     est_duration: float = 0.0
     est_overhead: float = 0.0
     slot_since: float | None = None
+    threads: int = 0
 
 
 class Resize(NamedTuple):

@@ -1,4 +1,9 @@
-"""How a running malleable CPU action's grant changes: the one place that resizes.
+"""How a running CPU action's grant changes: the one place that resizes.
+
+Two kinds of action are resized: a malleable one (its program uses whatever cores it gets, up
+to ``max_units``) and a non-malleable one started with more threads than cores
+(``Start.threads``: its thread count is fixed, so it gains from cores only up to that count,
+and below it its threads time-slice on its own cores). ``tangram.core.running.growth_cap`` is that rule.
 
 A resize gives back the action's highest cores (shrink) or takes free cores, NUMA-near its own
 first (grow), records the new grant in the running set, and moves the core's estimate of its
@@ -11,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tangram.core.decision import Resize
-from tangram.core.running import Running
+from tangram.core.running import Running, growth_cap, resizable
 from tangram.core.state import CapacityError
 
 if TYPE_CHECKING:
@@ -31,11 +36,14 @@ def remaining_fraction(running: Running, now: float) -> float:
 def resize_action(
     sched: Scheduler, running: Running, units: int, reason: str, now: float
 ) -> Resize:
-    """Give ``running`` (a malleable CPU action holding its own cores) ``units`` cores."""
+    """Give ``running`` (a resizable CPU action holding its own cores) ``units`` cores."""
     start, action = running.start, running.action
-    if not action.malleable or start.in_slot or not start.cores:
-        raise CapacityError(f"{action.id}: only a malleable action on its own cores is resized")
-    if not 1 <= units <= min(action.max_units, sched.state.cpu[start.node].spec.cores):
+    if not resizable(running):
+        raise CapacityError(
+            f"{action.id}: only a malleable action, or one told more threads than cores, "
+            "is resized on its own cores"
+        )
+    if not 1 <= units <= min(growth_cap(running), sched.state.cpu[start.node].spec.cores):
         raise CapacityError(f"{action.id}: cannot run on {units} cores")
     node = sched.state.cpu[start.node]
     held = start.cores

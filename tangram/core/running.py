@@ -27,17 +27,38 @@ class Running(NamedTuple):
 _NOTHING: dict[str, Running] = {}
 
 
+def resizable(running: Running) -> bool:
+    """Whether a running action's grant may change: malleable, or told a thread count
+    (``Start.threads``), and on cores of its own (not a static pod's)."""
+    start = running.start
+    return (
+        (running.action.malleable or start.threads > 0) and not start.in_slot and bool(start.cores)
+    )
+
+
+def growth_cap(running: Running) -> int:
+    """The most cores a running action can use: a malleable one's ``max_units``; a
+    non-malleable one's thread count (cores past it would idle)."""
+    if running.action.malleable:
+        return running.action.max_units
+    return running.start.threads or running.base_units
+
+
 class RunningSet:
     """Running actions by id and by domain (a policy reads a domain's for its projections)."""
 
-    __slots__ = ("by_id", "by_domain", "malleable")
+    __slots__ = ("by_id", "by_domain", "malleable", "wide")
 
     def __init__(self) -> None:
         self.by_id: dict[str, Running] = {}
         self.by_domain: dict[Domain, dict[str, Running]] = {}
-        #: Running malleable actions per domain (a pass may resize them: the scheduler's
+        #: Running resizable actions per domain (malleable ones, and non-malleable ones told
+        #: more threads than their cores: a pass may resize them; the scheduler's
         #: queue-driven shortcuts hold only where none runs).
         self.malleable: dict[Domain, int] = {}
+        #: Resizable running actions on more than one core, per domain: the ones a shrink can
+        #: take cores from (kept here so a pass need not walk every running action).
+        self.wide: dict[Domain, dict[str, Running]] = {}
 
     def __len__(self) -> int:
         return len(self.by_id)
@@ -55,22 +76,41 @@ class RunningSet:
         if by_domain is None:
             by_domain = self.by_domain[domain] = {}
         by_domain[action.id] = running
-        if action.malleable:
+        if action.malleable or start.threads:
             self.malleable[domain] = self.malleable.get(domain, 0) + 1
+            self._mark_wide(running)
 
     def replace(self, running: Running) -> None:
         """A running action's grant changed (a resize): its record is the new one."""
         action_id = running.action.id
         self.by_id[action_id] = running
         self.by_domain[running.domain][action_id] = running
+        self._mark_wide(running)
 
     def pop(self, action_id: str) -> Running:
         """The action ended: it leaves the set (its units are the caller's to return)."""
         running = self.by_id.pop(action_id)
         del self.by_domain[running.domain][action_id]
-        if running.action.malleable:
+        if running.action.malleable or running.start.threads:
             self.malleable[running.domain] -= 1
+            wide = self.wide.get(running.domain)
+            if wide:
+                wide.pop(action_id, None)
         return running
+
+    def _mark_wide(self, running: Running) -> None:
+        """File a resizable action under ``wide`` while it holds more than one core."""
+        wide = self.wide.get(running.domain)
+        if wide is None:
+            wide = self.wide[running.domain] = {}
+        if running.start.units > 1 and resizable(running):
+            wide[running.action.id] = running
+        else:
+            wide.pop(running.action.id, None)
+
+    def wide_in(self, domain: Domain) -> Iterator[Running]:
+        """The domain's resizable running actions on more than one core."""
+        return iter(self.wide.get(domain, _NOTHING).values())
 
     def in_domain(self, domain: Domain) -> Iterator[Running]:
         return iter(self.by_domain.get(domain, _NOTHING).values())

@@ -37,11 +37,17 @@ def start_action(
     in_slot: bool = False,
     queued: bool = True,
     slot_since: float | None = None,
+    threads: int = 0,
 ) -> Start:
     """The one way an action starts: check its option, take its capacity, record it as
     running (out of the queue when ``queued``), and return the decision. A policy starts
     actions through ``Context.start``; the scheduler's lone-arrival path calls it directly."""
     option = option_index(action, opts, units)
+    if threads and (threads < units or action.malleable or action.resource is not ResourceKind.CPU):
+        raise CapacityError(
+            f"{action.id}: told {threads} threads on {units} units (only a non-malleable CPU "
+            "action is told threads, at least its units)"
+        )
     kind = action.resource
     bounded = sched.respects_capacity
     state = sched.state
@@ -91,6 +97,7 @@ def start_action(
         opts.durations[option],
         overhead,
         slot_since,
+        threads,
     )
     if queued:
         sched.backlog.remove(action)

@@ -114,7 +114,10 @@ class _HarnessHost:
         """Integrate the action's progress on its old cores up to now; the rest on the new."""
         aid = d.action.id
         self.out.log.append(("Resize", aid, d.units, d.node))
-        assert d.action.malleable, "a non-malleable action resized"
+        told = self.out.started[aid].threads
+        # A non-malleable action is resized only when told more threads than its cores, and
+        # never past them (its thread count is fixed at start).
+        assert d.action.malleable or d.units <= told, "a non-malleable action resized past its threads"
         assert len(d.cores) == d.units and len(set(d.cores)) == d.units
         if aid in self.out.finished:
             return  # it ended this instant (the core has not seen the finish yet)

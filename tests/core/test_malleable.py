@@ -41,8 +41,31 @@ def test_the_paper_policy_never_resizes():
     assert out.finished["A"] == pytest.approx(40.0 / 6)  # its start grant to the end
 
 
-def test_a_non_malleable_action_keeps_its_start_dop():
+def test_a_non_malleable_action_told_more_threads_grows_to_them_and_no_further():
+    # The same as above with A not malleable: it starts on 6 cores told 8 threads (its
+    # fastest option), B on 2 told 4. B ends at 2 s and A grows to its 8 threads: 5.5 s.
     out = run(NODE, "tangram", [cpu("A", 40.0, 8, m=False), cpu("B", 4.0, 4, m=False)])
+    assert (out.started["A"].units, out.started["A"].threads) == (6, 8)
+    assert (out.started["B"].units, out.started["B"].threads) == (2, 4)
+    assert [e for e in out.log if e[0] == "Resize"] == [("Resize", "A", 8, "n")]
+    assert out.finished["A"] == pytest.approx(5.5)
+
+
+def test_a_non_malleable_action_grows_no_further_than_it_was_told():
+    sched = Scheduler(NODE, make_policy("tangram"), resizable=True)
+    starts = sched.submit_many([cpu("A", 40.0, 8, m=False), cpu("B", 4.0, 4, m=False)], 0.0)
+    b = next(d for d in starts if d.action.id == "B")
+    from tangram.core.resize import resize_action
+
+    with pytest.raises(CapacityError, match="cannot run on 5 cores"):
+        resize_action(sched, sched.running["B"], b.threads + 1, "past its threads", 1.0)
+
+
+def test_non_malleable_actions_at_their_fastest_are_told_that_and_never_resized():
+    # Uncontended, each gets its fastest option (4 of the 8 cores), told 4 threads: nothing
+    # queues, and neither can grow past its threads.
+    out = run(NODE, "tangram", [cpu("B", 4.0, 4, m=False), cpu("C", 4.0, 4, m=False)])
+    assert out.started["B"].threads == 4 and out.started["C"].threads == 4
     assert not [e for e in out.log if e[0] == "Resize"]
 
 

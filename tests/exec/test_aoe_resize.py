@@ -118,6 +118,24 @@ def test_a_resize_after_the_action_ended_is_a_no_op(manager: Any, trajectory: An
     assert again.ok and again.text.strip() == str(c1)  # the container parked and re-granted
 
 
+def test_an_action_told_more_threads_than_cores_sees_them_and_its_one_core(
+    manager: Any, trajectory: Any
+) -> None:
+    # A non-malleable program the scheduler told 2 threads on 1 core (``Start.threads``):
+    # TANGRAM_CORES and OMP_NUM_THREADS say 2, its cpuset has the one core it was granted.
+    (c0,) = manager.topology.cores[:1]
+    traj = trajectory(manager)
+    script = (
+        'echo "$TANGRAM_CORES $OMP_NUM_THREADS"; '
+        "grep Cpus_allowed_list /proc/self/status | cut -f2"
+    )
+    out = manager.run_action(traj, script, (c0,), threads=2)
+    assert out.ok, out
+    assert out.text.split() == ["2", "2", str(c0)]
+    with pytest.raises(AoeError, match="threads must be 0 or at least"):
+        manager.run_action(traj, "true", manager.topology.cores[:2], threads=1)
+
+
 # --- without Docker: the ledger and a grant on a stand-in container ----------------------
 
 

@@ -29,6 +29,7 @@ from tangram.core.policies.base import DomainRule, RuleTraits
 from tangram.core.policies.cpu_order import shortest_first
 from tangram.core.policies.malleable import grow_to_fill, shrink_to_admit
 from tangram.core.policies.queue_view import OrderedQueue
+from tangram.core.policies.threads import told_threads
 from tangram.core.policies.tuning import ROBUST, ElasticTuning
 from tangram.core.projection import projected_total
 from tangram.core.round import Round
@@ -229,15 +230,20 @@ class ElasticCpu(DomainRule):
         )
         if rnd is None:
             return
-        if self.tuning.arrival_aware:
+        told = self.tuning.oversubscribe and ctx.scheduler.resizable
+        if self.tuning.arrival_aware and not told:  # (told threads, its grant grows instead)
             rnd = waits.defer_short_grants(ctx, domain, rnd, free, self.awaiting)
         if self.tuning.room_for_arrivals:
             rnd = waits.leave_room_for_arrivals(ctx, domain, rnd, free)
         if self.tuning.knee:
             rnd = waits.cap_at_the_knee(ctx, domain, rnd)
         name, started = node.spec.name, len(rnd.kept)
-        for action, units in zip(rnd.kept, rnd.units, strict=True):
-            ctx.start_on_cores(action, name, units, _cpu_reason(units, free, rnd.method, started))
+        threads = told_threads(ctx, domain, rnd) if told else [0] * started
+        for action, units, n in zip(rnd.kept, rnd.units, threads, strict=True):
+            reason = _cpu_reason(units, free, rnd.method, started)
+            if n:
+                reason += f", told {n} threads"
+            ctx.start_on_cores(action, name, units, reason, threads=n)
             self.keys.pop(action.id, None)
         if rnd.evicted:
             defer_evicted(ctx, rnd)

@@ -27,7 +27,7 @@ from tangram.core.backlog import Domain
 from tangram.core.context import Context
 from tangram.core.projection import projected_total
 from tangram.core.resize import remaining_fraction
-from tangram.core.running import Running
+from tangram.core.running import Running, growth_cap, resizable
 
 #: A grant changes only by at least this share of itself (hysteresis against churn).
 HYSTERESIS = 0.25
@@ -38,18 +38,21 @@ SPLIT_STEPS = 32
 SKIP_WHEN_FITS = True
 #: Queued actions a pass may admit by shrinking running ones (the next pass admits more).
 MAX_ADMIT = 16
+#: Running actions a pass may shrink: those holding the most cores.
+MAX_GIVERS = 16
+
+
+def _held(running: Running) -> tuple[int, str]:
+    return running.start.units, running.action.id
 
 
 def _resizable(ctx: Context, domain: Domain) -> list[tuple[Running, float]]:
-    """The node's running malleable actions on their own cores, with their work left."""
+    """The node's running resizable actions (``tangram.core.resize.resizable``), with their
+    work left."""
     if not ctx.scheduler.runs.malleable.get(domain):  # (the running set counts them)
         return []
     now = ctx.now
-    return [
-        (r, remaining_fraction(r, now))
-        for r in ctx.running_in(domain)
-        if r.action.malleable and not r.start.in_slot and r.start.cores
-    ]
+    return [(r, remaining_fraction(r, now)) for r in ctx.running_in(domain) if resizable(r)]
 
 
 def _worth(old: int, new: int) -> bool:
@@ -97,9 +100,19 @@ def _running_cost(r: Running, left: float) -> Callable[[int], float]:
 def shrink_to_admit(ctx: Context, domain: Domain, cap: int) -> None:
     """Shrink running malleable actions so the queued candidates get their share of the node."""
     node = ctx.state.cpu[domain[1]]
-    resizable = _resizable(ctx, domain)
-    if not resizable:
+    # Only actions above one core can shrink: those on one keep it and stay out of the split.
+    # Of those, the MAX_GIVERS holding the most take part (a pass's cost stays bounded on a
+    # node of hundreds of running actions; the next pass splits again).
+    wide = ctx.scheduler.runs.wide.get(domain)
+    if not wide:
         return
+    givers = (
+        heapq.nlargest(MAX_GIVERS, wide.values(), key=_held)
+        if len(wide) > MAX_GIVERS
+        else list(wide.values())
+    )
+    now = ctx.now
+    resizable = [(r, remaining_fraction(r, now)) for r in givers]
     pool = node.free_cores + sum(r.start.units for r, _ in resizable)
     room = pool - len(resizable)  # each running action keeps a core
     cands: list[Action] = []
@@ -122,7 +135,7 @@ def shrink_to_admit(ctx: Context, domain: Domain, cap: int) -> None:
         # to give a candidate more than its smallest option is not worth a pass's split).
         return
     floors = [1] * len(resizable) + [ctx.options(a).units[0] for a in cands]
-    caps = [min(r.action.max_units, cap) for r, _ in resizable] + [
+    caps = [min(growth_cap(r), cap) for r, _ in resizable] + [
         ctx.options(a).units[-1] for a in cands
     ]
     costs = [_running_cost(r, left) for r, left in resizable] + [
@@ -207,7 +220,7 @@ def grow_to_fill(ctx: Context, domain: Domain, cap: int, *, keep: int = 0) -> No
     if not resizable:
         return
     held = [r.start.units for r, _ in resizable]
-    caps = [min(r.action.max_units, cap) for r, _ in resizable]
+    caps = [min(growth_cap(r), cap) for r, _ in resizable]
     costs = [_running_cost(r, left) for r, left in resizable]
     target = _split(held, caps, costs, spare + sum(held))
     for (r, _), old, units in zip(resizable, held, target, strict=True):

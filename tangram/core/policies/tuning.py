@@ -25,8 +25,14 @@ class ElasticTuning:
     depth: int = 32
     #: Running malleable CPU actions' cores grow and shrink at each pass.
     malleable: bool = True
+    #: A non-malleable CPU action starts on the cores free now told the thread count of its
+    #: fastest option (its knee while others generate); its grant then grows up to that count
+    #: as cores free and shrinks for queued actions, its threads time-slicing on its own
+    #: cores (``threads.told_threads``; only where the driver resizes).
+    oversubscribe: bool = True
     #: A non-malleable CPU action granted few cores waits for more when that finishes it
-    #: sooner and nothing else waits (``waits.defer_short_grants``).
+    #: sooner and nothing else waits (``waits.defer_short_grants``; not taken when it is
+    #: told more threads, since its grant then grows).
     arrival_aware: bool = True
     #: A non-malleable CPU action's grant leaves a core for each action the node's generating
     #: trajectories are expected to send during its run (``waits.leave_room_for_arrivals``).
@@ -50,6 +56,7 @@ class ElasticTuning:
 PAPER = ElasticTuning(
     window=PAPER_WINDOW,
     malleable=False,
+    oversubscribe=False,
     arrival_aware=False,
     room_for_arrivals=False,
     knee=False,

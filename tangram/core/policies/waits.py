@@ -223,16 +223,26 @@ def cap_at_the_knee(ctx: Context, domain: Domain, rnd: Round) -> Round:
     for i, (action, k) in enumerate(zip(rnd.kept, rnd.units, strict=True)):
         if (action.malleable and resizes) or k <= 1:
             continue
-        opts = ctx.options(action)
-        d1 = opts.durations[0] * opts.units[0]  # (one-unit time, for consecutive CPU options)
-        knee = opts.units[0]
-        for j, u in enumerate(opts.units):
-            if u > k:
-                break
-            if d1 / (opts.durations[j] * u) >= KNEE:
-                knee = u
-        units[i] = knee
+        units[i] = knee_of(ctx.options(action), k)
     return _regranted(rnd, units, "at the knee")
+
+
+def knee_of(opts: Options, k: int) -> int:
+    """The most units up to ``k`` at which the action's efficiency (speed-up / units) is
+    still ``KNEE``."""
+    d1 = opts.durations[0] * opts.units[0]  # (one-unit time, for consecutive CPU options)
+    knee = opts.units[0]
+    for j, u in enumerate(opts.units):
+        if u > k:
+            break
+        if d1 / (opts.durations[j] * u) >= KNEE:
+            knee = u
+    return knee
+
+
+def generating(ctx: Context, domain: Domain) -> bool:
+    """Whether other trajectories bound to the node may send actions (``_generating``)."""
+    return _generating(ctx, domain) > 0
 
 
 def _generating(ctx: Context, domain: Domain) -> int:

@@ -40,6 +40,9 @@ class ActionPlan:
     quota: float
     timeout_s: float
     max_output_bytes: int
+    #: The thread count the action is told (``TANGRAM_CORES``, ``OMP_NUM_THREADS``); 0: its
+    #: cores. More than its cores: its threads time-slice on them until a resize grows them.
+    threads: int = 0
 
 
 #: What an action id may be made of: it travels on the runner's protocol line (no spaces) and
@@ -57,6 +60,7 @@ def plan_action(
     *,
     env: Mapping[str, str] | None = None,
     action_id: str | None = None,
+    threads: int = 0,
 ) -> ActionPlan:
     """The action with the manager's defaults filled in; ``AoeError`` naming a bad argument.
 
@@ -75,6 +79,8 @@ def plan_action(
         raise AoeError(
             f"quota_cores must be in (0, {n}] for {n} granted core(s), got {quota_cores}"
         )
+    if threads and threads < n:
+        raise AoeError(f"threads must be 0 or at least the {n} granted core(s), got {threads}")
     timeout = config.default_timeout_s if timeout_s is None else timeout_s
     if timeout <= 0:
         raise AoeError(f"timeout_s must be positive, got {timeout_s}")
@@ -84,16 +90,20 @@ def plan_action(
     script = command if isinstance(command, str) else shlex.join(command)
     if not script.strip():
         raise AoeError("command is empty")
-    return ActionPlan(script, cores, quota, timeout, limit)
+    return ActionPlan(script, cores, quota, timeout, limit, threads)
 
 
-def action_env(granted: tuple[int, ...], quota: float, env: Mapping[str, str] | None) -> dict:
+def action_env(
+    granted: tuple[int, ...], quota: float, env: Mapping[str, str] | None, threads: int = 0
+) -> dict:
     """The caller's own variables, then what the action sees of its grant: the grant comes
-    last, so it wins even over a reserved name that got past ``plan_action``."""
+    last, so it wins even over a reserved name that got past ``plan_action``. The thread
+    count it is told is ``threads`` when given."""
+    told = str(threads or len(granted))
     return {
         **(env or {}),
-        "TANGRAM_CORES": str(len(granted)),
-        "OMP_NUM_THREADS": str(len(granted)),
+        "TANGRAM_CORES": told,
+        "OMP_NUM_THREADS": told,
         "TANGRAM_CPUSET": format_cpulist(granted),
         "TANGRAM_CPU_QUOTA": f"{quota:g}",
     }
@@ -145,7 +155,7 @@ class ActionRunner:
             return outcome(judge.refused(container.handle.short_id, container.dead), ())
         granted = self.ledger.acquire(aid, plan.cores)
         times["queue_s"] = time.perf_counter() - t0
-        env_all = action_env(granted, plan.quota, env)
+        env_all = action_env(granted, plan.quota, env, plan.threads)
         request = ActionRequest(aid, plan.script, env_all, plan.timeout_s, plan.max_output_bytes)
         oom_before = container.control.oom_kills()
         kills: list[KillReport] = []

@@ -228,6 +228,7 @@ class AoeManager:
         env: Mapping[str, str] | None = None,
         action_id: str | None = None,
         on_grant: OnGrant | None = None,
+        threads: int = 0,
     ) -> ActionOutcome:
         """Run ``command`` in the trajectory's container on ``cores`` and return its outcome.
 
@@ -239,6 +240,8 @@ class AoeManager:
         arguments and unknown trajectories raise. ``on_grant`` is called (on this thread) with
         the action's ``RunningGrant`` once its cores are granted: ``RunningGrant.resize``
         grows or shrinks them while the command runs (docs/aoe.md, "Resizing a running grant").
+        ``threads`` (at least the cores): the thread count the action is told instead of its
+        cores (a non-malleable program the scheduler may later grow to that count).
         """
         t0 = time.perf_counter()
         traj = self._get(traj_id)
@@ -252,6 +255,7 @@ class AoeManager:
             max_output_bytes,
             env=env,
             action_id=action_id,
+            threads=threads,
         )
         with self._lock:
             self._action_seq += 1

@@ -153,6 +153,7 @@ class CpuExecutor:
                 env=work.env,
                 max_output_bytes=work.max_output_bytes,
                 key=key,
+                threads=start.threads,
             )
         finally:
             with self._grants_lock:
@@ -168,9 +169,11 @@ class CpuExecutor:
         env: Mapping[str, str] | None = None,
         max_output_bytes: int | None = None,
         key: str | None = None,
+        threads: int = 0,
     ) -> ExecResult:
         """Run ``command`` on the node's ``cores`` (scheduler numbering) until it ends;
-        ``key``: the started action's id, under which ``execute`` registered it for resizes."""
+        ``key``: the started action's id, under which ``execute`` registered it for resizes;
+        ``threads``: the thread count it is told when more than its cores (``Start.threads``)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
             self._actions,
@@ -182,6 +185,7 @@ class CpuExecutor:
                 env=env,
                 max_output_bytes=max_output_bytes,
                 key=key,
+                threads=threads,
             ),
         )
 
@@ -195,6 +199,7 @@ class CpuExecutor:
         env: Mapping[str, str] | None = None,
         max_output_bytes: int | None = None,
         key: str | None = None,
+        threads: int = 0,
     ) -> ExecResult:
         """``run`` on the calling thread, for a caller with threads of its own (the node
         agents of ``tangram.exec.ray``, whose calls arrive on Ray's threads)."""
@@ -209,7 +214,7 @@ class CpuExecutor:
         with self._seq_lock:
             aid = f"live{next(self._seq)}"  # AOE's kill marker: keep it shell-safe
         return self._run_blocking(
-            traj, command, host_cores, timeout_s, env, max_output_bytes, aid, on_grant
+            traj, command, host_cores, timeout_s, env, max_output_bytes, aid, on_grant, threads
         )
 
     def _host_cores(self, cores: tuple[int, ...]) -> tuple[int, ...]:
@@ -264,6 +269,7 @@ class CpuExecutor:
         max_output_bytes: int | None,
         aid: str,
         on_grant: Callable[[RunningGrant], None] | None = None,
+        threads: int = 0,
     ) -> ExecResult:
         try:
             out = self.aoe.run_action(
@@ -275,6 +281,7 @@ class CpuExecutor:
                 env=dict(env or {}),
                 action_id=aid,
                 **({} if on_grant is None else {"on_grant": on_grant}),
+                **({"threads": threads} if threads else {}),
             )
         except Exception as exc:  # noqa: BLE001 - AOE raises for bad arguments / unknown trajectory
             return failed("executor_error", f"AOE refused the action: {type(exc).__name__}: {exc}")
