@@ -10,7 +10,7 @@ At each pass over a node, before the elastic round:
   core. Running actions whose share is smaller give the difference back; the elastic round then
   starts the queue on the free cores as before.
 * **grow to fill**: once nothing fits in the queue, free cores go to running malleable actions
-  by marginal gain (work left x the time the next core saves), up to ``max_units``.
+  by marginal gain (the share of its time left the next core saves), up to ``max_units``.
 
 Hysteresis: a running action is resized only when its grant changes by at least a quarter
 (and by at least one core), so a pass never churns cpusets by a core or two; a shrink that
@@ -66,9 +66,17 @@ def _split(
     pool: int,
 ) -> list[int]:
     """Each participant's units: start at its floor, then hand out units to the one whose next
-    step saves the most per unit (a heap; exact for convex durations with steps of one), while
-    any saves time. Steps are of ``max(1, left // SPLIT_STEPS)`` units, so a split of a big
-    node costs at most about ``SPLIT_STEPS`` heap operations, not one per core."""
+    step saves the largest share of its time per unit (a heap), while any saves time. Steps
+    are of ``max(1, left // SPLIT_STEPS)`` units, so a split of a big node costs at most about
+    ``SPLIT_STEPS`` heap operations, not one per core.
+
+    The share, not the seconds: the split minimises the sum of the logs of the participants'
+    times (proportional fairness), not the sum of the times. Seconds saved favour the longest
+    action (a core saves it the most), which is the opposite of what mean ACT wants: shorter
+    actions finishing sooner free their cores and leave the system (heSRPT, Berg et al. 2020,
+    gives shorter jobs the larger shares). On the random CPU family (200 instances, two seed
+    ranges) it took mean ACT beaten >5% from 19.5 / 16% to 11.5 / 8.5%, step from 20.5 / 25.5%
+    to 23.5 / 27.5% (docs/core.md)."""
     units = list(floors)
     left = pool - sum(floors)
     step = max(1, left // SPLIT_STEPS)
@@ -76,7 +84,8 @@ def _split(
     def gain(i: int) -> float:
         k = units[i]
         nxt = min(k + step, caps[i])
-        return (cost[i](k) - cost[i](nxt)) / (nxt - k)
+        now = cost[i](k)
+        return (now - cost[i](nxt)) / (now * (nxt - k)) if now > 0 else 0.0
 
     heap = [(-gain(i), i) for i in range(len(units)) if units[i] < caps[i]]
     heapq.heapify(heap)
