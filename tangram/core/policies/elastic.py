@@ -238,7 +238,7 @@ class ElasticCpu(DomainRule):
         if self.tuning.knee:
             rnd = waits.cap_at_the_knee(ctx, domain, rnd)
         name, started = node.spec.name, len(rnd.kept)
-        threads = told_threads(ctx, domain, rnd) if told else [0] * started
+        threads = told_threads(rnd, ctx.options) if told else [0] * started
         for action, units, n in zip(rnd.kept, rnd.units, threads, strict=True):
             reason = _cpu_reason(units, free, rnd.method, started)
             if n:

@@ -26,7 +26,7 @@ class ElasticTuning:
     #: Running malleable CPU actions' cores grow and shrink at each pass.
     malleable: bool = True
     #: A non-malleable CPU action starts on the cores free now told the thread count of its
-    #: fastest option (its knee while others generate); its grant then grows up to that count
+    #: fastest option; its grant then grows up to that count
     #: as cores free and shrinks for queued actions, its threads time-slicing on its own
     #: cores (``threads.told_threads``; only where the driver resizes).
     oversubscribe: bool = True

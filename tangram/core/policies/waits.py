@@ -240,11 +240,6 @@ def knee_of(opts: Options, k: int) -> int:
     return knee
 
 
-def generating(ctx: Context, domain: Domain) -> bool:
-    """Whether other trajectories bound to the node may send actions (``_generating``)."""
-    return _generating(ctx, domain) > 0
-
-
 def _generating(ctx: Context, domain: Domain) -> int:
     """Trajectories bound to the node with no CPU action queued or running there (generating,
     or waiting on a GPU or API call)."""
