@@ -8,9 +8,11 @@ submission time and the queueing, overhead and execution times it had. The repla
    policy recorded in the trace header (``--cluster`` / ``--policy`` override);
 3. sets the simulator's overheads from what was measured live: ``aoe_grant_s`` = mean
    observed overhead of CPU actions, ``api_call_s`` = mean observed overhead of API actions,
-   the GPU restore cost from EOE's restore figures in the header; the simulator has no
-   per-call GPU overhead, so the median observed GPU overhead (a hit's dispatch cost) is
-   folded into each GPU call's duration;
+   the GPU restore cost from EOE's restore figures in the header; the median observed GPU
+   overhead (a hit's dispatch cost) is folded into each GPU call's duration, except for the
+   services of a ``--gpu-calibration`` record (``tangram calibrate gpu``), whose measured
+   dispatch overhead, restore and slow-down for the host cores busy at the call's start
+   (declared curves only: observed times already hold it) price their calls;
 4. takes execution times either from what was observed (``--durations observed``, default:
    each action's curve rescaled so that T(units granted live) = observed execution) or from
    the curves the clients declared (``--durations curve``: the simulator's own prediction),
