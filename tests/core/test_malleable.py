@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tangram.core import Action, Amdahl, ClusterSpec, CpuNodeSpec, ResourceKind, Scheduler
 from tangram.core.decision import Resize
-from tangram.core.policies import make_policy
+from tangram.core.policies import cpu_order, make_policy
 from tangram.core.state import CapacityError
 from tests.core.harness import run
 
@@ -127,16 +127,16 @@ def test_grants_that_grow_and_shrink_keep_every_invariant(instance):
         assert out.finished[a.id] - a.arrival >= fastest - 1e-9
 
 
-def test_shortest_first_passes_a_long_action_only_within_its_own_duration():
-    # One core. B holds it from 0 to 200 s. L (100 s) queues at 0.5 s, S (1 s) at 50 s,
-    # T (1 s) at 150 s. Keys (arrival + 1 x duration): L 100.5, S 51, T 151. When B ends at 200: S
-    # runs (200-201), then L (201-301), then T (301-302): T arrived after L's key, so it does
-    # not pass L; under FCFS (the paper) S would run after L.
+def test_shortest_first_passes_a_long_action_only_within_a_quarter_of_its_duration():
+    # One core. B holds it from 0 to 200 s. L (100 s) queues at 0.5 s, S (1 s) at 20 s,
+    # T (1 s) at 150 s. Keys (arrival + 0.25 x duration): L 25.5, S 20.25, T 150.25. When B
+    # ends at 200: S runs (200-201), then L (201-301), then T (301-302): T arrived after L's
+    # key, so it does not pass L; under FCFS (the paper) S would run after L.
     one = ClusterSpec("one", cpu_nodes=(CpuNodeSpec("n", 1, 1, 64.0),))
     acts = [
         cpu("B", 200.0, 1, m=False),
         cpu("L", 100.0, 1, at=0.5, m=False),
-        cpu("S", 1.0, 1, at=50.0, m=False),
+        cpu("S", 1.0, 1, at=20.0, m=False),
         cpu("T", 1.0, 1, at=150.0, m=False),
     ]
     out = run(one, "tangram", acts)
@@ -144,3 +144,4 @@ def test_shortest_first_passes_a_long_action_only_within_its_own_duration():
     paper = run(one, "tangram-paper", acts)
     assert [paper.finished[a] for a in "LST"] == pytest.approx([300.0, 301.0, 302.0])
     assert out.finished["L"] - 0.5 < 1.0 + 100.0 + (200.0 - 0.5) + 1e-9  # passed once, by S
+    assert cpu_order.AGING == 0.25  # (the keys above)
