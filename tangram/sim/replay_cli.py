@@ -89,7 +89,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--durations",
         choices=DURATIONS,
         default="observed",
-        help="execution times: observed live (default) or the declared curves",
+        help="execution times: observed live (default), the declared curves, or the "
+        "declared curves for GPU calls only (gpu-curve: the GPU call model alone)",
     )
     p.add_argument("--grant-s", type=float, help="override the CPU overhead per action (s)")
     p.add_argument("--api-call-s", type=float, help="override the API overhead per call (s)")
@@ -213,7 +214,12 @@ def replay(
     )
     if noise not in NOISE_MODELS:
         raise ValueError(f"noise must be one of {NOISE_MODELS}, got {noise!r}")
-    if noise == "per-resource" and exec_noise is None and durations == "curve":
+    if durations == "gpu-curve":  # the others observed: the GPU calls' own spread only
+        gpu_sigma = measured.gpu_exec_noise_sigma if exec_noise is None else exec_noise
+        overheads = dataclasses.replace(
+            overheads, exec_noise_sigma=0.0, gpu_exec_noise_sigma=gpu_sigma or 0.0
+        )
+    elif noise == "per-resource" and exec_noise is None and durations == "curve":
         other, gpu = measured.other_exec_noise_sigma, measured.gpu_exec_noise_sigma
         overheads = dataclasses.replace(
             overheads,

@@ -26,8 +26,9 @@ from tangram.trace.trace import Trace
 
 #: The ACT percentiles compared (with the mean).
 PERCENTILES = (50, 90, 95, 99)
-#: Where replayed execution times come from: observed live, or the declared curves.
-DURATIONS = ("observed", "curve")
+#: Where replayed execution times come from: observed live, the declared curves, or the
+#: declared curves for GPU calls only (the others observed: the GPU call model alone).
+DURATIONS = ("observed", "curve", "gpu-curve")
 #: Shortest duration a replayed row may have (the trace format needs t1_s > 0).
 MIN_SECONDS = 1e-6
 
@@ -179,7 +180,7 @@ def replay_trace(
         }
         gpu = r.resource == "gpu" and r.service not in calibrated
         extra = measured.gpu_call_overhead_s if gpu else 0.0
-        if durations == "observed":
+        if durations == "observed" or (durations == "gpu-curve" and r.resource != "gpu"):
             changes.update(_rescaled(r, (r.obs_exec_s or 0.0) + extra))
         elif extra:
             curve = r.curve_object()

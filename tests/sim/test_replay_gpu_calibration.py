@@ -102,3 +102,20 @@ def test_the_spread_of_calibrated_calls_is_measured_around_the_records_predictio
     # Live the call took 2x its declared time: off the curve, but just what the record says.
     assert plain.measured.exec_noise_sigma > 0.3
     assert calibrated.measured.exec_noise_sigma == pytest.approx(0.0, abs=1e-9)
+
+
+def test_gpu_curve_replays_the_gpu_calls_declared_and_the_rest_as_observed(tmp_path) -> None:
+    """The CPU actions declared 5 s but took 10 s live: from their curves a call at 7 s finds
+    the host idle, from what they took it finds both cores busy, as it did live."""
+    rows = (
+        live_row("c1", "cpu", 0.0, 10.0, t1_s=5.0),
+        live_row("c2", "cpu", 0.0, 10.0, t1_s=5.0),
+        live_row("g", "gpu", 7.0, 0.4, obs_overhead_s=0.01),
+    )
+    meta = {"policy": "tangram", "cluster": CLUSTER, "gpu_residency_at_start": {"judge": [0, 1]}}
+    path = write_trace(Trace(rows, meta), tmp_path / "live.jsonl")
+    curve = replay(path, durations="curve", exec_noise=0.0, gpu_calibrations=[RECORD])
+    gpu_only = replay(path, durations="gpu-curve", gpu_calibrations=[RECORD])
+    assert gpu_act(curve) == pytest.approx(0.2 + 0.01)
+    assert gpu_act(gpu_only) == pytest.approx(0.4 + 0.01)
+    assert gpu_only.by_resource["cpu"]["sim"]["p50"] == pytest.approx(10.0)
