@@ -60,13 +60,19 @@ class RunFigures:
     rejected: int
 
 
-def figures(trace: Any, cluster: Any, policy: str) -> RunFigures:
-    """Replay ``trace`` under ``policy`` and read its mean and p99 ACT, mean step, rejections."""
-    from tangram.sim.config import SimConfig
+def figures(trace: Any, cluster: Any, policy: str, oversubscription: float = 0.0) -> RunFigures:
+    """Replay ``trace`` under ``policy`` and read its mean and p99 ACT, mean step, rejections.
+    ``oversubscription``: ``Overheads.oversubscription_slowdown`` (time-slicing's cost)."""
+    from tangram.sim.config import Overheads, SimConfig
     from tangram.sim.driver import SimulationStalled, simulate
 
+    config = SimConfig(
+        policy=policy,
+        timeline=False,
+        overheads=Overheads(oversubscription_slowdown=oversubscription),
+    )
     try:
-        result = simulate(trace, cluster, SimConfig(policy=policy, timeline=False))
+        result = simulate(trace, cluster, config)
     except SimulationStalled:  # e.g. pods held at a step barrier: counted as not comparable
         return RunFigures(math.nan, math.nan, math.nan, rejected=len(trace))
     act = np.array([r.finish - r.arrival for r in result.actions if r.outcome == "result"])
@@ -80,14 +86,21 @@ def figures(trace: Any, cluster: Any, policy: str) -> RunFigures:
 
 
 def run_instance(
-    family: str, seed: int, policies: Sequence[str], default_policy: str = DEFAULT_POLICY
+    family: str,
+    seed: int,
+    policies: Sequence[str],
+    default_policy: str = DEFAULT_POLICY,
+    oversubscription: float = 0.0,
 ) -> dict[str, Any]:
     """One instance: every policy's figures, the capacity-aware bound, the best baseline."""
     from tangram.sim.bounds import capacity_bound
     from tangram.sim.workloads.random_instances import RandomParams, random_instance
 
     trace, cluster = random_instance(RandomParams(family=family), seed=seed)
-    runs = {p: figures(trace, cluster, p) for p in (default_policy, "lower-bound", *policies)}
+    runs = {
+        p: figures(trace, cluster, p, oversubscription)
+        for p in (default_policy, "lower-bound", *policies)
+    }
     bound = capacity_bound(trace, cluster)
     default = runs[default_policy]
     record: dict[str, Any] = {
@@ -128,7 +141,7 @@ def run_instance(
     return record
 
 
-def _run_task(task: tuple[str, int, tuple[str, ...], str]) -> dict[str, Any]:
+def _run_task(task: tuple[str, int, tuple[str, ...], str, float]) -> dict[str, Any]:
     """``run_instance`` on one argument tuple (what a process pool maps)."""
     return run_instance(*task)
 
@@ -233,9 +246,14 @@ def run_bench(
     default_policy: str = DEFAULT_POLICY,
     progress: Callable[[], None] | None = None,
     jobs: int = 1,
+    oversubscription: float = 0.0,
 ) -> dict[str, Any]:
     """The whole benchmark as one JSON-ready document (``jobs`` > 1: a process pool; the
-    figures do not depend on it, every replay being deterministic)."""
+    figures do not depend on it, every replay being deterministic). ``oversubscription``:
+    the share of speed threads lose while they outnumber their cores, for the burstable pods
+    and the default's told threads alike (``Overheads.oversubscription_slowdown``)."""
+    if not 0 <= oversubscription < 1:
+        raise ValueError(f"oversubscription must lie in [0, 1), got {oversubscription}")
     from tangram.core.policies import make_policy
     from tangram.sim.workloads.random_instances import FAMILIES
 
@@ -246,7 +264,9 @@ def run_bench(
         make_policy(policy)  # an unknown name fails here, before any replay
     t0 = time.perf_counter()
     tasks = [
-        (f, seed + i, tuple(policies), default_policy) for f in families for i in range(instances)
+        (f, seed + i, tuple(policies), default_policy, oversubscription)
+        for f in families
+        for i in range(instances)
     ]
     records = []
     if jobs > 1:
@@ -268,6 +288,7 @@ def run_bench(
         "baselines": list(policies),
         "instances_per_family": instances,
         "seed": seed,
+        "oversubscription_slowdown": oversubscription,
         "families": {
             f: family_summary([r for r in records if r["family"] == f], policies) for f in families
         },  # fmt: skip
@@ -359,6 +380,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=1,
         help="worker processes (default 1; the figures are the same for any number)",
     )
+    p.add_argument(
+        "--oversubscription",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="share of speed threads lose while they outnumber their cores, in [0, 1): "
+        "charged to burstable pods and to the default's told threads alike (default 0: "
+        "time-slicing is free)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_json_flag(p)
     p.set_defaults(func=_main)
@@ -383,6 +413,7 @@ def _main(args: argparse.Namespace) -> int:
         default_policy=args.default,
         progress=lambda: bar.update(1),
         jobs=args.jobs,
+        oversubscription=args.oversubscription,
     )
     bar.close()
     emit(args.json, doc, tables(doc))

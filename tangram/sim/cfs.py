@@ -90,10 +90,13 @@ def water_fill(jobs: list[Job], capacity: float) -> None:
 
 
 class SharedNode:
-    """The running jobs of one node and when the next of them finishes."""
+    """The running jobs of one node and when the next of them finishes. ``slowdown``: the
+    share of speed a job's parallel phase loses while it gets fewer cores than its threads
+    (time-slicing is not free; ``Overheads.oversubscription_slowdown``)."""
 
-    def __init__(self, cores: int) -> None:
+    def __init__(self, cores: int, slowdown: float = 0.0) -> None:
         self.capacity = float(cores)
+        self.slowdown = slowdown
         self.jobs: dict[str, Job] = {}
         self.since = 0.0  # when the jobs' work was last brought up to date
         #: Bumped at every re-split: a wake-up armed before it is stale.
@@ -101,13 +104,21 @@ class SharedNode:
         #: The most cores in use at any instant (sum of the jobs' shares), for checks.
         self.peak = 0.0
 
+    def _rate(self, job: Job) -> float:
+        """Work per second: its cores, less the slowdown when its parallel phase's threads
+        outnumber them."""
+        if self.slowdown and not job.in_serial and job.cores < job.threads:
+            return job.cores * (1.0 - self.slowdown)
+        return job.cores
+
     def _drain(self, now: float) -> None:
         dt = now - self.since
         if dt > 0:
             for job in self.jobs.values():
-                job.work -= job.cores * dt
+                done = self._rate(job) * dt
+                job.work -= done
                 if job.in_serial:
-                    job.serial -= job.cores * dt
+                    job.serial -= done
         self.since = now
 
     def _split(self) -> None:
@@ -140,7 +151,7 @@ class SharedNode:
     def next_finish(self) -> float | None:
         """When the first running job ends its phase at the current split (None: no job)."""
         times = [
-            self.since + max(j.phase_left(), 0.0) / j.cores
+            self.since + max(j.phase_left(), 0.0) / self._rate(j)
             for j in self.jobs.values()
             if j.cores > 0
         ]

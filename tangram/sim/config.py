@@ -51,6 +51,14 @@ class Overheads:
     #: file's ``h2d_gbps`` / ``restore_fixed_s`` (the core's own estimate, as before).
     gpu_h2d_gbps: float | None = None
     gpu_restore_fixed_s: float | None = None
+    #: Share of a thread pool's speed lost while its threads outnumber its cores (context
+    #: switches, cache and lock-holder effects of time-slicing), for both kinds of
+    #: oversubscription the simulator runs: a burstable pod's threads on its CFS share
+    #: (``tangram.sim.cfs``, the parallel phase) and a ``tangram`` action told more threads
+    #: than its grant (``Start.threads``, its whole run at that grant, so this side is charged
+    #: more). 0, the default: time-slicing is free, as both models assumed before; the
+    #: robustness benchmark varies it (``--oversubscription``).
+    oversubscription_slowdown: float = 0.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -66,6 +74,13 @@ class Overheads:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
                 raise ValueError(f"overheads.{name} must be a number >= 0, got {value!r}")
+        if not 0 <= self.oversubscription_slowdown < 1 or isinstance(
+            self.oversubscription_slowdown, bool
+        ):
+            raise ValueError(
+                "overheads.oversubscription_slowdown must lie in [0, 1), got "
+                f"{self.oversubscription_slowdown!r}"
+            )
         if self.gpu_h2d_gbps is not None and (
             isinstance(self.gpu_h2d_gbps, bool)
             or not isinstance(self.gpu_h2d_gbps, int | float)

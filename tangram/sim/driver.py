@@ -28,6 +28,7 @@ from simpy.core import EmptySchedule
 
 from tangram.core.action import Action
 from tangram.core.cells import aligned_cells, smallest_cell_for
+from tangram.core.curves import ElasticityCurve
 from tangram.core.decision import Defer, Reject, Resize, Start
 from tangram.core.loop import DriverLoop
 from tangram.core.policies import make_policy
@@ -186,11 +187,16 @@ class Simulation:
         self._barriers: list[StepBarrier] = []
         #: Actions resized at least once: their progress, integrated grant by grant.
         self._malleable: dict[str, MalleableRun] = {}
+        #: action id -> (the thread count it was told, its curve), for actions told threads.
+        self._threads: dict[str, tuple[int, ElasticityCurve]] = {}
         self.loop = DriverLoop(self.scheduler, self, timer=clock)
         self._unbounded = self.scheduler.unbounded
         #: node -> its running burstable actions, when the policy shares CPU as CFS does.
         self._shared: dict[str, SharedNode] | None = (
-            {n.name: SharedNode(n.cores) for n in cluster.cpu_nodes}
+            {
+                n.name: SharedNode(n.cores, self.config.overheads.oversubscription_slowdown)
+                for n in cluster.cpu_nodes
+            }
             if self.scheduler.capabilities.cpu_shared
             else None
         )
@@ -451,6 +457,9 @@ class Simulation:
                 slow = self.gpu_model.slowdown(service, d.node, d.units, self.scheduler.state)
             else:
                 overhead = ov.api_call_s
+        if d.threads:
+            self._threads[d.action.id] = (d.threads, d.action.curve)
+            slow *= self._oversubscribed(d.action.id, d.units)
         execution = d.action.curve.duration(d.units) * slow
         sigma = ov.exec_noise_sigma
         if d.action.resource is ResourceKind.GPU and ov.gpu_exec_noise_sigma is not None:
@@ -523,22 +532,38 @@ class Simulation:
             return
         now = self.env.now
         run = self._malleable.get(action_id)
+        over = self._oversubscribed
         if run is None:  # its first resize: its start's timer no longer ends it
-            planned = curve.duration(rec.units)
+            planned = curve.duration(rec.units) * over(action_id, int(rec.units))
             noise = rec.execution / planned if planned > 0 else 1.0
             run = self._malleable[action_id] = MalleableRun(
                 rec.start + rec.overhead, int(rec.units), 1.0, noise
             )
         if now > run.begun:
-            on_old = run.noise * curve.duration(run.units)
+            on_old = run.noise * curve.duration(run.units) * over(action_id, run.units)
             run.left = max(0.0, run.left - (now - run.begun) / on_old) if on_old > 0 else 0.0
             run.core_s += run.units * (now - run.begun)
             run.begun = now
         run.units = d.units
         run.version += 1
-        ends = run.begun + run.left * run.noise * curve.duration(d.units)
+        ends = run.begun + run.left * run.noise * curve.duration(d.units) * over(action_id, d.units)
         timer = self.env.timeout(max(0.0, ends - now), (action_id, run.version))
         timer.callbacks.append(self._finished_malleable)
+
+    def _oversubscribed(self, action_id: str, units: int) -> float:
+        """Its time's factor on ``units`` cores while it was told more threads than that
+        (``Start.threads``), else 1: its parallel part runs ``slowdown`` slower, the serial
+        fraction its curve implies at its thread count (Amdahl, as ``cfs.Job.amdahl``) not,
+        the same charge as a burstable pod's parallel phase."""
+        slowdown = self.config.overheads.oversubscription_slowdown
+        told = self._threads.get(action_id)
+        if not slowdown or told is None or units >= told[0]:
+            return 1.0
+        threads, curve = told
+        speedup = curve.speedup(threads)
+        serial = min(1.0, max(0.0, (threads / speedup - 1.0) / (threads - 1.0)))
+        parallel = (1.0 - serial) / units
+        return (serial + parallel / (1.0 - slowdown)) / (serial + parallel)
 
     def _finished_malleable(self, timer: simpy.Event) -> None:
         action_id, version = timer.value

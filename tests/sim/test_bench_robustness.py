@@ -105,3 +105,27 @@ def test_a_stalled_replay_counts_as_not_comparable():
     stalled = figures(Trace(rows, {}), cluster, "k8s-static:1")
     assert stalled.rejected == 4 and math.isnan(stalled.act_mean_s)
     assert figures(Trace(rows, {}), cluster, "tangram").rejected == 0
+
+
+def test_time_slicing_can_be_charged_to_pods_and_told_threads_alike(bench, capsys):
+    doc, _ = bench
+    assert doc["oversubscription_slowdown"] == 0.0
+    assert main(["bench", "robustness", "--instances", "2", "--families", "cpu", "--json",
+                 "--oversubscription", "0.5"]) == 0  # fmt: skip
+    slow = json.loads(capsys.readouterr().out)
+    assert slow["oversubscription_slowdown"] == 0.5
+    free = {r["seed"]: r["runs"] for r in doc["instances"] if r["family"] == "cpu"}
+    for record in slow["instances"]:
+        runs = record["runs"]
+        # Burstable pods time-slice threads on their share: never faster when that costs.
+        assert (
+            runs["k8s-burstable:1"]["step_s"] >= free[record["seed"]]["k8s-burstable:1"]["step_s"]
+        )
+        # Pods that never oversubscribe are unchanged.
+        assert runs["k8s-static:1"] == free[record["seed"]]["k8s-static:1"]
+    assert any(
+        r["runs"]["k8s-burstable:1"] != free[r["seed"]]["k8s-burstable:1"]
+        for r in slow["instances"]
+    )
+    assert main(["bench", "robustness", "--instances", "1", "--oversubscription", "1.5"]) == 2
+    assert "oversubscription must lie in [0, 1)" in capsys.readouterr().err
