@@ -192,7 +192,10 @@ def test_a_call_waits_for_its_busy_resident_cell_when_that_beats_a_restore():
     [first] = sched.submit(call(0), 0.0)
     assert first.gpus == (0,) and not first.restore
     [wait] = sched.submit(call(1), 0.0)
-    assert not isinstance(wait, Start) and "rather than a 2.100s restore" in wait.reason
+    # (The default weighs the 2.1-s restore amortised over the calls the service is expected
+    # to receive, so the reason names a share of it; the paper's rule names all of it.)
+    assert not isinstance(wait, Start) and "waits ~1.000s" in wait.reason
+    assert "rather than a" in wait.reason and "s restore" in wait.reason
     [second] = sched.finish("j0", 1.0)
     assert second.gpus == (0,) and not second.restore
 
