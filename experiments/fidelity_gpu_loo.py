@@ -30,6 +30,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 DEFAULT_RUNS = HERE / "results" / "fidelity-issue11"
 HOST, GPU_NODE, CORES = "vm", "local-gpu", 2
+#: The replays: every action from its declared curve (one pooled noise, or each resource's
+#: own), or the GPU calls only with the rest as observed (the GPU call model alone).
+MODES = {
+    "curve": {"durations": "curve"},
+    "curve, noise per resource": {"durations": "curve", "noise": "per-resource"},
+    "GPU curve, CPU observed": {"durations": "gpu-curve"},
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,10 +89,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         path = write_trace(Trace(rows, dict(traces[seed].meta)), tmp / f"seed{seed}.jsonl.gz")
         row = {"seed": seed, "record": rec.to_dict()}
-        for noise in ("pooled", "per-resource"):
+        for mode, kw in MODES.items():
             for name, recs in (("without", ()), ("with", (rec,))):
-                rep = replay(path, durations="curve", noise=noise, gpu_calibrations=recs)
-                row[f"{noise}, {name} record"] = rep.by_resource["gpu"]["error"]
+                rep = replay(path, gpu_calibrations=recs, **kw)
+                row[f"{mode}, {name} record"] = rep.by_resource["gpu"]["error"]
         results.append(row)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "fidelity-gpu-loo.json").write_text(json.dumps(results, indent=2))
@@ -96,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         "(see the script's docstring). GPU calls' ACT error (sim - live) / live, replayed from "
         "declared curves (the idle call times), without and with the record.",
         "",
-        "| seed | noise | without: P50 | P95 | with the record: P50 | P95 | slow-down at 1 / 2 "
+        "| seed | replay | without: P50 | P95 | with the record: P50 | P95 | slow-down at 1 / 2 "
         "busy cores, DoP 1 (DoP 2) |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -105,10 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         slow = " / ".join(
             f"{rec.slowdown(1, b):.2f} ({rec.slowdown(2, b):.2f})" for b in range(1, CORES + 1)
         )
-        for noise in ("pooled", "per-resource"):
-            a, b = row[f"{noise}, without record"], row[f"{noise}, with record"]
+        for mode in MODES:
+            a, b = row[f"{mode}, without record"], row[f"{mode}, with record"]
             lines.append(
-                f"| {row['seed']} | {noise} | {a['p50']:+.1%} | {a['p95']:+.1%} | "
+                f"| {row['seed']} | {mode} | {a['p50']:+.1%} | {a['p95']:+.1%} | "
                 f"{b['p50']:+.1%} | {b['p95']:+.1%} | {slow} |"
             )
     (args.out / "fidelity-gpu-loo.md").write_text("\n".join(lines) + "\n")
