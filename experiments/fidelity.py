@@ -328,7 +328,8 @@ def run_seed(
             gpu_idle = await calibrate_gpu_live(rt, cluster, reps)
             # Profile under production conditions: a short run of the same workload (another
             # seed), its observed times refitted into the curves the clients then declare.
-            warm = Params(**{**asdict(params), "actions": max(4, params.actions // 3)})
+            # Half the run: enough GPU calls at each busy-core level (3 or more) to measure it.
+            warm = Params(**{**asdict(params), "actions": max(4, params.actions // 2)})
             rt.clear_trace()
             warmup = await live_run(rt, idle, warm, seed + 1000)
             warm_path = out / f".fidelity-warmup-seed{seed}.jsonl.gz"
