@@ -47,7 +47,7 @@ def growth_cap(running: Running) -> int:
 class RunningSet:
     """Running actions by id and by domain (a policy reads a domain's for its projections)."""
 
-    __slots__ = ("by_id", "by_domain", "malleable", "wide")
+    __slots__ = ("by_id", "by_domain", "malleable", "wide", "growable")
 
     def __init__(self) -> None:
         self.by_id: dict[str, Running] = {}
@@ -59,6 +59,9 @@ class RunningSet:
         #: Resizable running actions on more than one core, per domain: the ones a shrink can
         #: take cores from (kept here so a pass need not walk every running action).
         self.wide: dict[Domain, dict[str, Running]] = {}
+        #: Resizable running actions below their growth cap, per domain: the ones a grow can
+        #: give cores to (most told actions start at their cap and never join).
+        self.growable: dict[Domain, dict[str, Running]] = {}
 
     def __len__(self) -> int:
         return len(self.by_id)
@@ -94,23 +97,29 @@ class RunningSet:
         if running.action.malleable or running.start.threads:
             self.malleable[running.domain] -= 1
             wide = self.wide.get(running.domain)
-            if wide:
+            if wide is not None:
                 wide.pop(action_id, None)
+                self.growable[running.domain].pop(action_id, None)
         return running
 
     def _mark_wide(self, running: Running) -> None:
-        """File a resizable action under ``wide`` while it holds more than one core."""
-        wide = self.wide.get(running.domain)
+        """File a resizable action under ``wide`` while it holds more than one core and under
+        ``growable`` while it holds fewer than its growth cap."""
+        domain, action_id, start = running.domain, running.action.id, running.start
+        ok = resizable(running)
+        wide = self.wide.get(domain)
         if wide is None:
-            wide = self.wide[running.domain] = {}
-        if running.start.units > 1 and resizable(running):
-            wide[running.action.id] = running
-        else:
-            wide.pop(running.action.id, None)
-
-    def wide_in(self, domain: Domain) -> Iterator[Running]:
-        """The domain's resizable running actions on more than one core."""
-        return iter(self.wide.get(domain, _NOTHING).values())
+            wide = self.wide[domain] = {}
+            self.growable[domain] = {}
+        growable = self.growable[domain]
+        if ok and start.units > 1:
+            wide[action_id] = running
+        elif action_id in wide:
+            del wide[action_id]
+        if ok and start.units < growth_cap(running):
+            growable[action_id] = running
+        elif action_id in growable:
+            del growable[action_id]
 
     def in_domain(self, domain: Domain) -> Iterator[Running]:
         return iter(self.by_domain.get(domain, _NOTHING).values())

@@ -340,13 +340,13 @@ class Scheduler:
         would decide nothing); False, doing nothing, when an action waits where they free units.
         (The commonest event of a replay: the clock move and the running set's pop, inline.)"""
         queues, running = self._queues, self._running
-        malleable = self.runs.malleable if self._resizes else None
+        growable = self.runs.growable if self._resizes else None
         for action_id in finished:
             domain = running[action_id].domain
             queue = queues.get(domain)
             if queue is not None and queue.live:
                 return False
-            if malleable and malleable.get(domain):  # freed cores may grow a running action
+            if growable and growable.get(domain):  # freed cores may grow a running action
                 return False
         self._clock_to(now)
         pop = self.runs.pop

@@ -187,7 +187,8 @@ class Simulation:
         self._barriers: list[StepBarrier] = []
         #: Actions resized at least once: their progress, integrated grant by grant.
         self._malleable: dict[str, MalleableRun] = {}
-        #: action id -> (the thread count it was told, its curve), for actions told threads.
+        #: action id -> (the thread count it was told, its curve), for actions told threads
+        #: (kept only when time-slicing has a cost: ``_oversubscribed``).
         self._threads: dict[str, tuple[int, ElasticityCurve]] = {}
         self.loop = DriverLoop(self.scheduler, self, timer=clock)
         self._unbounded = self.scheduler.unbounded
@@ -457,7 +458,7 @@ class Simulation:
                 slow = self.gpu_model.slowdown(service, d.node, d.units, self.scheduler.state)
             else:
                 overhead = ov.api_call_s
-        if d.threads:
+        if d.threads and self.config.overheads.oversubscription_slowdown:
             self._threads[d.action.id] = (d.threads, d.action.curve)
             slow *= self._oversubscribed(d.action.id, d.units)
         execution = d.action.curve.duration(d.units) * slow

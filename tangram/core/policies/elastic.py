@@ -27,7 +27,7 @@ from tangram.core.options import Options
 from tangram.core.policies import waits
 from tangram.core.policies.base import DomainRule, RuleTraits
 from tangram.core.policies.cpu_order import shortest_first
-from tangram.core.policies.malleable import grow_to_fill, shrink_to_admit
+from tangram.core.policies.malleable import grow_key, grow_to_fill, shrink_to_admit
 from tangram.core.policies.queue_view import OrderedQueue
 from tangram.core.policies.threads import told_threads
 from tangram.core.policies.tuning import ROBUST, ElasticTuning
@@ -174,6 +174,9 @@ class ElasticCpu(DomainRule):
         self.awaiting: dict[str, tuple[int, float]] = {}
         #: Queued actions' shortest-first keys (``cpu_order``), dropped when they start.
         self.keys: dict[str, float] = {}
+        #: Per node, the ``grow_key`` of the last grow that resized nothing (skipped again
+        #: until the spare cores or the growable actions change).
+        self.idle_grow: dict[Domain, tuple[int, int]] = {}
         if type(self).traits is ElasticCpu.traits:  # (a subclass declares its own traits)
             # A lone arrival may shrink a running action or wait for cores: its pass needs
             # the running set, which ``alone`` does not see.
@@ -205,9 +208,13 @@ class ElasticCpu(DomainRule):
         if node.free_cores and ctx.queue_len(domain):
             self._round(view, domain, node)
         if malleable:
-            grow_to_fill(
-                ctx, domain, node.spec.cores, keep=waits.held_for(ctx, domain, self.awaiting)
-            )
+            keep = waits.held_for(ctx, domain, self.awaiting)
+            key = grow_key(ctx, domain, keep)
+            if self.idle_grow.get(domain) != key:
+                if grow_to_fill(ctx, domain, node.spec.cores, keep=keep):
+                    self.idle_grow.pop(domain, None)
+                else:
+                    self.idle_grow[domain] = key
 
     def _round(self, ctx: Context, domain: Domain, node: CpuNodeState) -> None:
         """Steps 1-4 on the node's free cores (less those held for an awaiting action)."""

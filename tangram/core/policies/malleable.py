@@ -27,7 +27,7 @@ from tangram.core.backlog import Domain
 from tangram.core.context import Context
 from tangram.core.projection import projected_total
 from tangram.core.resize import remaining_fraction
-from tangram.core.running import Running, growth_cap, resizable
+from tangram.core.running import Running, growth_cap
 
 #: A grant changes only by at least this share of itself (hysteresis against churn).
 HYSTERESIS = 0.25
@@ -44,15 +44,6 @@ MAX_GIVERS = 16
 
 def _held(running: Running) -> tuple[int, str]:
     return running.start.units, running.action.id
-
-
-def _resizable(ctx: Context, domain: Domain) -> list[tuple[Running, float]]:
-    """The node's running resizable actions (``tangram.core.resize.resizable``), with their
-    work left."""
-    if not ctx.scheduler.runs.malleable.get(domain):  # (the running set counts them)
-        return []
-    now = ctx.now
-    return [(r, remaining_fraction(r, now)) for r in ctx.running_in(domain) if resizable(r)]
 
 
 def _worth(old: int, new: int) -> bool:
@@ -113,27 +104,31 @@ def shrink_to_admit(ctx: Context, domain: Domain, cap: int) -> None:
     # Of those, the MAX_GIVERS holding the most take part (a pass's cost stays bounded on a
     # node of hundreds of running actions; the next pass splits again).
     wide = ctx.scheduler.runs.wide.get(domain)
-    if not wide:
+    if not wide or _fits_free(ctx, domain, node.free_cores):
         return
     givers = (
         heapq.nlargest(MAX_GIVERS, wide.values(), key=_held)
         if len(wide) > MAX_GIVERS
         else list(wide.values())
     )
-    now = ctx.now
-    resizable = [(r, remaining_fraction(r, now)) for r in givers]
-    pool = node.free_cores + sum(r.start.units for r, _ in resizable)
-    room = pool - len(resizable)  # each running action keeps a core
+    pool = node.free_cores + sum([r.start.units for r in givers])
+    room = pool - len(givers)  # each running action keeps a core
     cands: list[Action] = []
-    need = 0
+    need = want = 0
     for action in ctx.queue(domain):
-        smallest = ctx.options(action).units[0]
+        opts = ctx.options(action)
+        smallest = opts.units[0]
         if need + smallest > room or len(cands) == MAX_ADMIT:
             break
         cands.append(action)
         need += smallest
-    if not cands:
+        want += opts.units[-1]
+    if not cands or want <= node.free_cores:
+        # (Every candidate's largest option fits the free cores: a shrink would give them
+        # nothing, only move cores between running actions, which growing does.)
         return
+    now = ctx.now
+    resizable = [(r, remaining_fraction(r, now)) for r in givers]
     if (
         SKIP_WHEN_FITS
         and need <= node.free_cores
@@ -168,6 +163,19 @@ def shrink_to_admit(ctx: Context, domain: Domain, cap: int) -> None:
                 f"(marginal split of {pool} cores)",
             )
             short -= held - units
+
+
+def _fits_free(ctx: Context, domain: Domain, free: int) -> bool:
+    """Whether the first ``MAX_ADMIT`` queued actions' largest options all fit the free cores
+    (then no shrink can give them anything: the common pass, answered before any split)."""
+    want = 0
+    for i, action in enumerate(ctx.queue(domain)):
+        if i == MAX_ADMIT:
+            break
+        want += ctx.options(action).units[-1]
+        if want > free:
+            return False
+    return True
 
 
 def _admitting_is_sooner(
@@ -218,20 +226,41 @@ def _queued_cost(ctx: Context, action: Action) -> Callable[[int], float]:
     return lambda k: durations[k - first]
 
 
-def grow_to_fill(ctx: Context, domain: Domain, cap: int, *, keep: int = 0) -> None:
+def grow_key(ctx: Context, domain: Domain, keep: int = 0) -> tuple[int, int]:
+    """What a grow splits: the spare cores and how many running actions are below their cap
+    (a pass whose key equals that of a grow that resized nothing skips it: the split would
+    differ only by the work done since, which hysteresis ignores)."""
+    growable = ctx.scheduler.runs.growable.get(domain)
+    return ctx.state.cpu[domain[1]].free_cores - keep, len(growable) if growable else 0
+
+
+def grow_to_fill(ctx: Context, domain: Domain, cap: int, *, keep: int = 0) -> int:
     """Give the node's free cores, but ``keep`` (held for an action waiting for them), to
-    running malleable actions, by marginal gain."""
+    running malleable actions, by marginal gain; how many it resized."""
     node = ctx.state.cpu[domain[1]]
     spare = node.free_cores - keep
     if spare <= 0:
-        return
-    resizable = [(r, left) for r, left in _resizable(ctx, domain) if left > 0]
+        return 0
+    # Only actions below their cap can take a core (those at it would keep their units in the
+    # split): the running set files them, so a pass does not walk every running action.
+    growable = ctx.scheduler.runs.growable.get(domain)
+    if not growable:
+        return 0
+    now = ctx.now
+    resizable = [
+        (r, left)
+        for r in growable.values()
+        if r.start.units < cap and (left := remaining_fraction(r, now)) > 0
+    ]
     if not resizable:
-        return
+        return 0
     held = [r.start.units for r, _ in resizable]
     caps = [min(growth_cap(r), cap) for r, _ in resizable]
     costs = [_running_cost(r, left) for r, left in resizable]
     target = _split(held, caps, costs, spare + sum(held))
+    grown = 0
     for (r, _), old, units in zip(resizable, held, target, strict=True):
         if units > old and _worth(old, units):
             ctx.resize(r, units, f"tangram: grown {old} -> {units} cores into {spare} idle")
+            grown += 1
+    return grown
