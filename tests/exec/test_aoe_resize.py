@@ -244,3 +244,13 @@ def test_resizes_in_any_order_never_put_two_actions_on_one_core() -> None:
                 assert g.container.control.writes[-1:] in ([], [(g.cores, float(len(g.cores)))])
 
     check()
+
+
+def test_the_mean_cores_an_action_held_weighs_each_grant_by_its_time() -> None:
+    # Granted 1 core at t=0, grown to 3 at t=1, ended at t=3: (1 x 1 + 3 x 2) / 3 = 2.33 cores;
+    # a grant that never changed says nothing (its start's units are the record).
+    from tangram.exec.runtime.cpu import held_units
+
+    assert held_units([(0.0, 1), (1.0, 3)], 3.0) == pytest.approx(7 / 3)
+    assert held_units([(0.0, 2)], 5.0) is None
+    assert held_units([(0.0, 2), (1.0, 2)], 5.0) is None

@@ -81,6 +81,9 @@ class LiveAction:
     task: asyncio.Task[None] | None = None
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
     outcome: Outcome | None = None
+    #: The mean cores it held while it ran, when its grant was resized (the CPU executor's
+    #: ``held_units``): the trace records it as the observed units.
+    held_units: float | None = None
     #: Set before cancelling its executor's task: how it ends (timeout or cancelled).
     interrupt: tuple[str, ErrorInfo] | None = None
     deferrals: int = 0

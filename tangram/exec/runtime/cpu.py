@@ -16,9 +16,10 @@ import asyncio
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, ClassVar
 
@@ -45,6 +46,9 @@ class _Grant:
     cores: tuple[int, ...]
     #: AOE's handle once the cores are granted (None before: a resize waits for it).
     running: RunningGrant | None = None
+    #: (monotonic time, cores) from the grant on, one entry per applied resize: the mean
+    #: cores it held (``held_units``) is what the trace records of a resized action.
+    history: list[tuple[float, int]] = field(default_factory=list)
 
 
 class CpuExecutor:
@@ -145,7 +149,7 @@ class CpuExecutor:
         with self._grants_lock:
             self._grants[key] = _Grant(self._host_cores(start.cores))
         try:
-            return await self.run(
+            result = await self.run(
                 trajectory,
                 work.command,
                 start.cores,
@@ -157,7 +161,11 @@ class CpuExecutor:
             )
         finally:
             with self._grants_lock:
-                self._grants.pop(key, None)
+                entry = self._grants.pop(key, None)
+        held = held_units(entry.history, time.perf_counter()) if entry is not None else None
+        if held is None:
+            return result
+        return replace(result, detail={**(result.detail or {}), "held_units": held})
 
     async def run(
         self,
@@ -228,6 +236,7 @@ class CpuExecutor:
         decided since the request was made is applied at once."""
         with self._grants_lock:
             entry.running = running
+            entry.history.append((time.perf_counter(), len(entry.cores)))
             if entry.cores != running.cores:
                 result = running.resize(entry.cores)
                 if result.status == "failed":
@@ -257,7 +266,10 @@ class CpuExecutor:
             entry.cores = host
             if entry.running is None:
                 return ResizeResult("pending", host)
-            return entry.running.resize(host)
+            result = entry.running.resize(host)
+            if result.status in ("applied", "unchanged"):
+                entry.history.append((time.perf_counter(), len(host)))
+            return result
 
     def _run_blocking(
         self,
@@ -311,3 +323,16 @@ class CpuExecutor:
         self._lifecycle.shutdown(wait=False, cancel_futures=True)
         self._resizer.shutdown(wait=False, cancel_futures=True)
         self.aoe.shutdown()
+
+
+def held_units(history: list[tuple[float, int]], end: float) -> float | None:
+    """The mean cores an action held from its grant to ``end`` (time-weighted), or None when
+    its grant never changed (its start's units say it all)."""
+    if len({units for _, units in history}) < 2:
+        return None
+    total = held = 0.0
+    for (t, units), (t_next, _) in zip(history, [*history[1:], (end, 0)], strict=True):
+        span = max(0.0, t_next - t)
+        held += units * span
+        total += span
+    return held / total if total > 0 else None

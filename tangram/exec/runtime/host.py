@@ -282,6 +282,8 @@ class LiveHost:
         except Exception as exc:
             log.exception("executor failed on %s", rec.id)
             result = failed("executor_error", f"the executor raised {type(exc).__name__}: {exc}")
+        if result.detail and "held_units" in result.detail:
+            rec.held_units = result.detail["held_units"]
         self.finish(rec)
         self.end(
             rec,

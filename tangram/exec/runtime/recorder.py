@@ -69,6 +69,8 @@ class RecordedAction:
     #: The core action's ``malleable`` and ``service_replicas`` (recorded in the trace, v3).
     malleable: bool = False
     service_replicas: bool = False
+    #: The mean cores it held, when its grant was resized while it ran (None: its start's).
+    held_units: float | None = None
 
 
 class TraceRecorder:
@@ -306,7 +308,10 @@ def _observation(e: RecordedAction) -> LiveObservation:
         overhead_s=t.overhead_s,
         exec_s=t.exec_s,
         start_s=out.start_s,
-        units=out.units,
+        # A resized action's observed units are the cores it held on average (rounded: the
+        # trace's units are whole), so a replay rescales its curve at about the grant it ran
+        # on, not at its start's.
+        units=out.units if e.held_units is None else max(1, round(e.held_units)),
         node=out.node,
         malleable=e.malleable,
         service_replicas=e.service_replicas,

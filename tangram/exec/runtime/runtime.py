@@ -507,6 +507,7 @@ class Runtime:
                 seq=rec.seq,
                 malleable=rec.action.malleable,
                 service_replicas=rec.action.service_replicas,
+                held_units=rec.held_units,
             )
         )
         for listener in self.on_outcome:
