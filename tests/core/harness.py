@@ -117,7 +117,9 @@ class _HarnessHost:
         told = self.out.started[aid].threads
         # A non-malleable action is resized only when told more threads than its cores, and
         # never past them (its thread count is fixed at start).
-        assert d.action.malleable or d.units <= told, "a non-malleable action resized past its threads"
+        assert d.action.malleable or d.units <= told, (
+            "a non-malleable action resized past its threads"
+        )
         assert len(d.cores) == d.units and len(set(d.cores)) == d.units
         if aid in self.out.finished:
             return  # it ended this instant (the core has not seen the finish yet)

@@ -126,8 +126,7 @@ def test_an_action_told_more_threads_than_cores_sees_them_and_its_one_core(
     (c0,) = manager.topology.cores[:1]
     traj = trajectory(manager)
     script = (
-        'echo "$TANGRAM_CORES $OMP_NUM_THREADS"; '
-        "grep Cpus_allowed_list /proc/self/status | cut -f2"
+        'echo "$TANGRAM_CORES $OMP_NUM_THREADS"; grep Cpus_allowed_list /proc/self/status | cut -f2'
     )
     out = manager.run_action(traj, script, (c0,), threads=2)
     assert out.ok, out
