@@ -47,15 +47,11 @@ def growth_cap(running: Running) -> int:
 class RunningSet:
     """Running actions by id and by domain (a policy reads a domain's for its projections)."""
 
-    __slots__ = ("by_id", "by_domain", "malleable", "wide", "growable")
+    __slots__ = ("by_id", "by_domain", "wide", "growable")
 
     def __init__(self) -> None:
         self.by_id: dict[str, Running] = {}
         self.by_domain: dict[Domain, dict[str, Running]] = {}
-        #: Running resizable actions per domain (malleable ones, and non-malleable ones told
-        #: more threads than their cores: a pass may resize them; the scheduler's
-        #: queue-driven shortcuts hold only where none runs).
-        self.malleable: dict[Domain, int] = {}
         #: Resizable running actions on more than one core, per domain: the ones a shrink can
         #: take cores from (kept here so a pass need not walk every running action).
         self.wide: dict[Domain, dict[str, Running]] = {}
@@ -80,29 +76,27 @@ class RunningSet:
             by_domain = self.by_domain[domain] = {}
         by_domain[action.id] = running
         if action.malleable or start.threads:
-            self.malleable[domain] = self.malleable.get(domain, 0) + 1
-            self._mark_wide(running)
+            self._file_resizable(running)
 
     def replace(self, running: Running) -> None:
         """A running action's grant changed (a resize): its record is the new one."""
         action_id = running.action.id
         self.by_id[action_id] = running
         self.by_domain[running.domain][action_id] = running
-        self._mark_wide(running)
+        self._file_resizable(running)
 
     def pop(self, action_id: str) -> Running:
         """The action ended: it leaves the set (its units are the caller's to return)."""
         running = self.by_id.pop(action_id)
         del self.by_domain[running.domain][action_id]
         if running.action.malleable or running.start.threads:
-            self.malleable[running.domain] -= 1
             wide = self.wide.get(running.domain)
             if wide is not None:
                 wide.pop(action_id, None)
                 self.growable[running.domain].pop(action_id, None)
         return running
 
-    def _mark_wide(self, running: Running) -> None:
+    def _file_resizable(self, running: Running) -> None:
         """File a resizable action under ``wide`` while it holds more than one core and under
         ``growable`` while it holds fewer than its growth cap."""
         domain, action_id, start = running.domain, running.action.id, running.start

@@ -388,7 +388,7 @@ class Scheduler:
         opts = self._options_for(action, node)
         queue = self._queues.get(domain)
         if (queue is not None and queue.live) or (  # others wait: it joins them, the full pass
-            self._resizes and self.runs.malleable.get(domain)  # or it may shrink a running one
+            self._resizes and self.runs.wide.get(domain)  # or it may shrink a running one
         ):
             ctx = self._begin(now)
             self._enqueue(ctx, action, opts)

@@ -89,6 +89,11 @@ def water_fill(jobs: list[Job], capacity: float) -> None:
             return
 
 
+def _cores(job: Job) -> float:
+    """Work per second when time-slicing is free: its cores."""
+    return job.cores
+
+
 class SharedNode:
     """The running jobs of one node and when the next of them finishes. ``slowdown``: the
     share of speed a job's parallel phase loses while it gets fewer cores than its threads
@@ -114,8 +119,9 @@ class SharedNode:
     def _drain(self, now: float) -> None:
         dt = now - self.since
         if dt > 0:
+            rate = self._rate if self.slowdown else _cores
             for job in self.jobs.values():
-                done = self._rate(job) * dt
+                done = rate(job) * dt
                 job.work -= done
                 if job.in_serial:
                     job.serial -= done

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from tangram.core import (
     Action,
     ClusterSpec,
+    CpuNodeSpec,
     Defer,
+    GpuNodeSpec,
     Reject,
     ResourceKind,
     Scheduler,
@@ -200,6 +202,7 @@ def run(
     check: bool = True,
     fast: FastPaths = FAST,
     open_first: bool = False,
+    join: tuple[float, CpuNodeSpec | GpuNodeSpec] | None = None,
 ) -> Outcome:
     """Submit each action at its arrival, finish it after its estimated time, close trajectories.
 
@@ -207,7 +210,8 @@ def run(
     completion and arrival of an instant is one scheduling pass. ``fast=FULL`` turns off the
     scheduler's speed shortcuts (``tangram.core.fastpaths``: every event then goes through the
     queue and a full pass); ``open_first`` opens every trajectory at time 0 (containers placed
-    before their first action, as the simulator does).
+    before their first action, as the simulator does). ``join`` = (time, node): the node joins
+    the cluster at that time, after that instant's events (``Scheduler.add_node``).
     """
     sched = Scheduler(cluster, make_policy(policy), fast=fast, resizable=True)
     if open_first:
@@ -217,9 +221,12 @@ def run(
     host = _HarnessHost(sched, by_id, check)
     for i, a in enumerate(sorted(actions, key=lambda a: a.arrival)):
         heapq.heappush(host.events, (a.arrival, 1, f"{i:08d}", a.id))
+    if join is not None:
+        heapq.heappush(host.events, (join[0], 3, "join", "join"))
     events, loop = host.events, host.loop
     while events:
         now = host.now = events[0][0]
+        joins = False
         while events and events[0][0] == now:  # every event of this instant, then one pass
             _, order, when, aid = heapq.heappop(events)
             if order == 0:
@@ -229,10 +236,16 @@ def run(
                 loop.finish(aid)
             elif order == 1:
                 loop.arrive(by_id[aid])
-            else:
+            elif order == 2:
                 loop.wake(now, now)
+            else:
+                joins = True
         finished = list(loop.finishes)
         loop.flush(now)
         for aid in finished:
             host.done(by_id[aid].trajectory)
+        if joins:
+            node = join[1]  # type: ignore[index]
+            host.out.log.append(("Join", node.name, None, None))
+            loop.add_node(node, now)  # (the host checks the invariants after it)
     return host.out

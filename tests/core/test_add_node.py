@@ -10,7 +10,6 @@ the same events (and the same join) give the same decisions.
 from __future__ import annotations
 
 import dataclasses
-import heapq
 
 import pytest
 from hypothesis import given, settings
@@ -30,7 +29,7 @@ from tangram.core import (
     make_policy,
 )
 from tangram.core.state import CapacityError
-from tests.core.harness import Outcome, _HarnessHost
+from tests.core.harness import Outcome, run
 from tests.core.test_policy_properties import POLICY_NAMES, clusters, workloads
 
 
@@ -41,39 +40,9 @@ def run_joining(
     node: CpuNodeSpec | GpuNodeSpec,
     at: float,
 ) -> Outcome:
-    """The harness's run (``tests.core.harness.run``) with ``node`` joining at time ``at``,
-    after that instant's events; the invariants are checked after every event."""
-    sched = Scheduler(cluster, make_policy(policy), resizable=True)
-    by_id = {a.id: a for a in actions}
-    host = _HarnessHost(sched, by_id, check=True)
-    for i, a in enumerate(sorted(actions, key=lambda a: a.arrival)):
-        heapq.heappush(host.events, (a.arrival, 1, f"{i:08d}", a.id))
-    heapq.heappush(host.events, (at, 3, "join", "join"))
-    events, loop = host.events, host.loop
-    while events:
-        now = host.now = events[0][0]
-        joins = False
-        while events and events[0][0] == now:
-            _, order, _tie, aid = heapq.heappop(events)
-            if order == 0:
-                if aid in host.out.finished or not host.finished(aid, now):
-                    continue
-                host.out.finished[aid] = now
-                loop.finish(aid)
-            elif order == 1:
-                loop.arrive(by_id[aid])
-            elif order == 2:
-                loop.wake(now, now)
-            else:
-                joins = True
-        finished = list(loop.finishes)
-        loop.flush(now)
-        for aid in finished:
-            host.done(by_id[aid].trajectory)
-        if joins:
-            host.out.log.append(("Join", node.name, None, None))
-            loop.add_node(node, now)  # (the harness host checks the invariants after it)
-    return host.out
+    """The harness's run with ``node`` joining at time ``at``, after that instant's events;
+    the invariants are checked after every event."""
+    return run(cluster, policy, actions, join=(at, node))
 
 
 @st.composite
