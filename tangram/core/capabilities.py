@@ -37,6 +37,8 @@ class Capabilities:
     alone: AloneRule | None = None
     #: Its CPU starts share their node's cycles as CFS does (``RuleTraits.shares_cpu``).
     cpu_shared: bool = False
+    #: Its CPU grants are weights, lending idle cycles (``RuleTraits.lends_idle``).
+    cpu_lends_idle: bool = False
     #: Its passes may resize running malleable actions (``RuleTraits.resizes``): a completion
     #: or lone arrival on a node where one runs needs the full pass.
     resizes: bool = False

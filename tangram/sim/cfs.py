@@ -16,6 +16,9 @@ to the others. The fluid model here:
 - a job progresses at the cores it gets, so alone it takes its curve's time at its thread
   count, and it finishes when its work is done; every start or end re-splits the node.
 
+The default policy's grants run the same way (``ElasticTuning.lend_idle_cycles``): a job
+weighted by its grant, with its told thread count, re-weighted when the core resizes it.
+
 The model is work-conserving at every instant (serial phases of one job lend their idle cores
 to others perfectly), which favours the baseline: real CFS loses some of that to wake-up
 latency and cache effects. (Until issue 11 a job was one phase capped at its mean parallelism,
@@ -136,6 +139,14 @@ class SharedNode:
         self._drain(now)
         self.jobs[job_id] = job
         self._split()
+
+    def reweigh(self, now: float, job_id: str, job: Job, weight: float) -> None:
+        """``job``'s weight is ``weight`` from ``now`` (work up to now at the old split); a job
+        still in its overhead (not yet added) just starts with it."""
+        self._drain(now)
+        job.weight = weight
+        if job_id in self.jobs:
+            self._split()
 
     def finish_due(self, now: float) -> list[tuple[str, Job]]:
         """Bring work up to ``now``; remove and return the jobs that are done (and re-split

@@ -192,15 +192,22 @@ class Simulation:
         self._threads: dict[str, tuple[int, ElasticityCurve]] = {}
         self.loop = DriverLoop(self.scheduler, self, timer=clock)
         self._unbounded = self.scheduler.unbounded
-        #: node -> its running burstable actions, when the policy shares CPU as CFS does.
+        caps = self.scheduler.capabilities
+        #: Its CPU grants are CFS weights (``Capabilities.cpu_lends_idle``): each action runs
+        #: in its node's CFS split, weighted by its grant, and a resize changes its weight.
+        self._lends_idle = caps.cpu_lends_idle and not self._unbounded
+        #: node -> its running actions that share the node as CFS does (burstable pods, or
+        #: grants that lend idle cycles).
         self._shared: dict[str, SharedNode] | None = (
             {
                 n.name: SharedNode(n.cores, self.config.overheads.oversubscription_slowdown)
                 for n in cluster.cpu_nodes
             }
-            if self.scheduler.capabilities.cpu_shared
+            if caps.cpu_shared or self._lends_idle
             else None
         )
+        #: action id -> (its node, its job), for grants that lend idle cycles (resized by weight).
+        self._weighted: dict[str, tuple[str, Job]] = {}
         self._usage = self.scheduler.state.usage
         #: Record usage after every event (an unbounded policy holds nothing to record).
         self._sampling = self.config.timeline and not self._unbounded
@@ -431,10 +438,15 @@ class Simulation:
                     since = now if d.slot_since is None else d.slot_since
                     overhead = max(0.0, self.startup.pod(traj, d.node, since) - now)
                     if self._shared is not None:
-                        self._start_shared(d, rec, overhead)
+                        # No limit: all its threads (its largest option, ``d.units``) on its
+                        # pod's requests' weight.
+                        self._start_shared(d, rec, overhead, d.units, len(d.cores))
                         return
                 else:
                     overhead = max(0.0, self.startup.container(traj, now) - now) + ov.aoe_grant_s
+                    if self._lends_idle:
+                        self._start_weighted(d, rec, overhead)
+                        return
             elif kind is ResourceKind.GPU:
                 service = d.action.service or ""
                 if d.in_slot:  # a dedicated replica: loaded once, at deployment
@@ -472,20 +484,32 @@ class Simulation:
         self.env.timeout(overhead + execution, d.action.id).callbacks.append(self._finished)
 
     # ------------------------------------------------------------------ CFS-shared CPU
-    def _start_shared(self, d: Start, rec: ActionRecord, overhead: float) -> None:
-        """A burstable pod's action: its work joins the node's CFS split after its overhead."""
+    def _start_weighted(self, d: Start, rec: ActionRecord, overhead: float) -> None:
+        """A grant that lends idle cycles: its threads (told, its malleable pool's
+        ``max_units``, else its grant) join the node's CFS split, weighted by its grant."""
+        action = d.action
+        threads = d.threads or (action.max_units if action.malleable else d.units)
+        job = self._start_shared(d, rec, overhead, threads, d.units)
+        self._weighted[action.id] = (d.node, job)
+
+    def _start_shared(
+        self, d: Start, rec: ActionRecord, overhead: float, threads: int, weight: int
+    ) -> Job:
+        """An action that shares its node as CFS does: its work (``threads`` threads, CFS
+        weight ``weight`` cores) joins the node's split after its overhead."""
         curve = d.action.curve
         work = curve.t1
         ov = self.config.overheads
         if ov.exec_noise_sigma > 0:
             work *= float(self.noise.lognormal(-0.5 * ov.exec_noise_sigma**2, ov.exec_noise_sigma))
-        job = Job.amdahl(work, d.units, curve.speedup(d.units), float(max(len(d.cores), 1)))
+        job = Job.amdahl(work, threads, curve.speedup(threads), float(max(weight, 1)))
         rec.overhead = overhead
         if overhead > 0:
             timer = self.env.timeout(overhead, (d.node, d.action.id, job))
             timer.callbacks.append(self._overhead_done)
         else:
             self._enter_shared(d.node, d.action.id, job)
+        return job
 
     def _overhead_done(self, timer: simpy.Event) -> None:
         self._enter_shared(*timer.value)
@@ -513,6 +537,7 @@ class Simulation:
             # The mean cores it received, so that busy core-seconds (units x execution) are
             # its work.
             rec.units = job.total / rec.execution if rec.execution > 0 else job.threads
+            self._weighted.pop(action_id, None)
             self._complete(action_id)
         self._arm_shared(node)
 
@@ -530,6 +555,10 @@ class Simulation:
         if rec.finish is not None:
             # It ended this instant and the core has not seen that yet (a trajectory's close
             # passes before the instant's completions are flushed): nothing left to run.
+            return
+        weighted = self._weighted.get(action_id)
+        if weighted is not None:
+            self._reweigh(weighted[0], action_id, weighted[1], d.units)
             return
         now = self.env.now
         run = self._malleable.get(action_id)
@@ -550,6 +579,14 @@ class Simulation:
         ends = run.begun + run.left * run.noise * curve.duration(d.units) * over(action_id, d.units)
         timer = self.env.timeout(max(0.0, ends - now), (action_id, run.version))
         timer.callbacks.append(self._finished_malleable)
+
+    def _reweigh(self, node: str, action_id: str, job: Job, units: int) -> None:
+        """A weighted grant resized: from now on its CFS weight is its new grant (work done so
+        far was done at the old split; one ``cpu.weight`` write live)."""
+        shared = self._shared[node]  # type: ignore[index]
+        shared.reweigh(self.env.now, action_id, job, float(max(units, 1)))
+        if action_id in shared.jobs:
+            self._arm_shared(node)
 
     def _oversubscribed(self, action_id: str, units: int) -> float:
         """Its time's factor on ``units`` cores while it was told more threads than that

@@ -87,3 +87,27 @@ def test_a_non_malleable_action_told_its_threads_grows_rather_than_running_on_on
     assert default["s0-t00015-a000"] == pytest.approx(1.9 + 0.981 * 100 / 16)
     assert step == pytest.approx(2.0 + 0.981 * 100 / 16)
     assert paper_step / step > 12
+
+
+def test_a_serial_phase_lends_its_idle_core_to_a_queued_action():
+    # 2 cores. B (not malleable, 40 s on one core, serial fraction 0.5, up to 2) arrives alone
+    # at 0 and takes both: 40 x (0.5 + 0.5 / 2) = 30 s, a serial phase of 20 s on one thread
+    # then 20 core-s on two. A (10 s on one core) arrives at 1 s.
+    # Paper: B's DoP is fixed; A waits for it: ACT 29 + 10 = 39 s.
+    # Exclusive cores (``tangram-exclusive``): B shrinks to one core for A; from 1 s to 11 s
+    # it runs at its one-core rate (1/40 per s), having done 1/30 by 1 s, so 0.71667 of it is
+    # left at 11 s, 0.71667 x 30 = 21.5 s on two cores: B ends at 32.5 s.
+    # Default: B's grant is a CFS weight; its serial phase keeps one core busy whatever its
+    # grant, so A runs on the other (1-11 s) without slowing B, whose parallel phase runs on
+    # both cores from 20 s: B ends at 30 s, A's ACT is 10 s. Mean (30 + 10) / 2 = 20 s
+    # (exclusive: 21.25 s; paper: 34.5 s).
+    paper, _ = replay("lend_idle_cycles", "tangram-paper")
+    exclusive, _ = replay("lend_idle_cycles", "tangram-exclusive")
+    default, step = replay("lend_idle_cycles", "tangram")
+    a, b = "s0-t00001-a000", "s0-t00000-a000"
+    assert paper[a] == pytest.approx(39.0)
+    assert exclusive[a] == pytest.approx(10.0)
+    assert exclusive[b] == pytest.approx(1 + 10 + (1 - 1 / 30 - 10 / 40) * 30)
+    assert default[a] == pytest.approx(10.0)
+    assert default[b] == pytest.approx(30.0)
+    assert step == pytest.approx(30.0)

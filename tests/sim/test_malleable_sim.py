@@ -34,10 +34,12 @@ def instances(draw):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(instances())
-def test_resized_actions_conserve_work_and_never_overcommit(instance):
+@given(instances(), st.sampled_from(["tangram", "tangram-exclusive"]))
+def test_resized_actions_conserve_work_and_never_overcommit(instance, policy):
+    # ``tangram``'s grants are CFS weights (tests/sim/test_weighted_grants.py), the exclusive
+    # variant's progress is integrated at the curve's rate grant by grant.
     trace, cluster = instance
-    result = simulate(trace, cluster, SimConfig(policy="tangram"))
+    result = simulate(trace, cluster, SimConfig(policy=policy))
     acts = actions_frame(result)
     assert set(acts["outcome"]) == {"result"}
     figures = summary(result)
@@ -46,5 +48,5 @@ def test_resized_actions_conserve_work_and_never_overcommit(instance):
     )
     cores = sum(n.cores for n in cluster.cpu_nodes)
     assert max(result.timeline.held_cores, default=0) <= cores
-    again = actions_frame(simulate(trace, cluster, SimConfig(policy="tangram")))
+    again = actions_frame(simulate(trace, cluster, SimConfig(policy=policy)))
     assert acts.equals(again)

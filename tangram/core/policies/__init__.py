@@ -15,7 +15,7 @@ from tangram.core.policies.fifo_api import FifoApi
 from tangram.core.policies.fixed import FixedCpu, FixedGpu
 from tangram.core.policies.lower_bound import LowerBound
 from tangram.core.policies.static import BurstablePods, DedicatedGpus, SizedGpus, StaticPods
-from tangram.core.policies.tuning import PAPER, ROBUST, ElasticTuning
+from tangram.core.policies.tuning import EXCLUSIVE, PAPER, ROBUST, ElasticTuning
 
 #: Cores per pod of the Kubernetes baseline when none is given (``k8s-static:K`` overrides).
 DEFAULT_POD_CORES = 4
@@ -80,6 +80,9 @@ def _sglang_sized(arg: int | None) -> Policy:
 POLICIES: dict[str, Callable[[int | None], Policy]] = {
     "tangram": _elastic("tangram", ROBUST),
     "tangram-paper": _elastic("tangram-paper", PAPER),
+    # The default's rules on exclusive cores (its grants lend no idle cycles): what a driver
+    # that cannot share a node's cores runs, and the assumption varied in the experiments.
+    "tangram-exclusive": _elastic("tangram-exclusive", EXCLUSIVE),
     "fixed": _fixed,
     "k8s-static": _k8s,
     "k8s-burstable": _k8s_burstable,

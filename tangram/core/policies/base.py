@@ -70,6 +70,11 @@ class RuleTraits:
     #: cycles the way Linux CFS does (a burstable pod). The simulator models that sharing
     #: (``tangram.sim.cfs``); the live runtime, which grants exclusive cores, refuses it.
     shares_cpu: bool = False
+    #: Its CPU grants are CFS weights over the node's cores (``ElasticTuning.lend_idle_cycles``):
+    #: the core still counts each grant's cores as held (weights never sum past the node), but
+    #: a driver that can runs the action's threads on any idle cycle of the node; one that
+    #: cannot keeps exclusive cores, which is the same decision, less work-conserving.
+    lends_idle: bool = False
     #: Its pass may grow and shrink running malleable actions (a completion with nothing queued
     #: may grow them, a lone arrival shrink them): the queue-driven shortcuts then hold only on
     #: a node where none runs, which the scheduler checks.
@@ -133,6 +138,7 @@ class CompositePolicy(BasePolicy):
             # The CPU rule's decision for a lone arrival into an empty queue, when it has one.
             alone=cpu.alone if queue_driven and cpu.traits.lone_arrival else None,  # type: ignore[attr-defined]
             cpu_shared=cpu.traits.shares_cpu,
+            cpu_lends_idle=cpu.traits.lends_idle,
             resizes=cpu.traits.resizes,
             tracks_arrivals=cpu.traits.tracks_arrivals,
         )

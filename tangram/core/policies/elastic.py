@@ -184,6 +184,7 @@ class ElasticCpu(DomainRule):
                 ElasticCpu.traits,
                 resizes=tuning.malleable,
                 tracks_arrivals=tuning.room_for_arrivals,
+                lends_idle=tuning.lend_idle_cycles,
                 lone_arrival=not (
                     tuning.malleable
                     or tuning.arrival_aware

@@ -30,6 +30,13 @@ class ElasticTuning:
     #: as cores free and shrinks for queued actions, its threads time-slicing on its own
     #: cores (``threads.told_threads``; only where the driver resizes).
     oversubscribe: bool = True
+    #: Grants are CFS weights over the node's cores, not exclusive cpusets: an action is
+    #: guaranteed its granted cores' worth of CPU and its threads also run on cycles the others
+    #: leave idle (a serial phase keeps one core busy; the rest of its grant goes to the node's
+    #: other actions until its parallel phase needs it back). Exclusive cores idle through
+    #: every serial phase, which a burstable pod's CFS lends (``Capabilities.cpu_lends_idle``;
+    #: drivers that cannot share keep exclusive cores).
+    lend_idle_cycles: bool = True
     #: A non-malleable CPU action granted few cores waits for more when that finishes it
     #: sooner and nothing else waits (``waits.defer_short_grants``; not taken when it is
     #: told more threads, since its grant then grows).
@@ -57,6 +64,7 @@ PAPER = ElasticTuning(
     window=PAPER_WINDOW,
     malleable=False,
     oversubscribe=False,
+    lend_idle_cycles=False,
     arrival_aware=False,
     room_for_arrivals=False,
     knee=False,
@@ -65,3 +73,5 @@ PAPER = ElasticTuning(
 )
 #: The default ``tangram`` policy.
 ROBUST = ElasticTuning()
+#: ``tangram-exclusive``: the default's rules on exclusive cores (no idle cycles lent).
+EXCLUSIVE = replace(ROBUST, lend_idle_cycles=False)
