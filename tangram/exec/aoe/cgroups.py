@@ -10,6 +10,13 @@ shrinks while it runs) is the first two writes alone. Writing the files takes mi
 milliseconds, and is the fallback when the files are not reachable (a remote engine, a
 non-root manager, an unfamiliar cgroup layout).
 
+A *weighted* grant (``grant_weighted``; for a policy whose CPU grants lend idle cycles,
+``Capabilities.cpu_lends_idle``) is a CFS weight instead: the cpuset is the whole pool of cores
+the executor manages, there is no quota, and the weight is proportional to the granted units
+(v2 ``cpu.weight`` = 100 x units, v1 and docker ``cpu.shares`` = 1024 x units), so the cycles a
+serial phase leaves idle go to the node's other actions. Its resize is one write, the weight
+(``reweigh``); park writes the default weight back along with the usual park settings.
+
 The container's cgroup is found from its init process: ``/proc/PID/cgroup`` gives the path in
 each hierarchy and ``/proc/self/mountinfo`` where each hierarchy is mounted, so both the
 ``cgroupfs`` (``/docker/ID``) and the ``systemd`` (``system.slice/docker-ID.scope``) drivers
@@ -100,6 +107,23 @@ FREEZERS: dict[int, Freezer] = {
 #: Which of ``find_cgroup_dirs``'s directories holds a container's freezer, by cgroup version.
 FREEZER_DIR: dict[int, str] = {1: "freezer", 2: "unified"}
 
+#: A container's CPU weight when no weighted grant set it: v2 ``cpu.weight``, v1 (and docker)
+#: ``cpu.shares``; the kernel's defaults, what park writes back.
+DEFAULT_WEIGHT = 100
+DEFAULT_SHARES = 1024
+
+
+def weight_of(units: float) -> int:
+    """v2 ``cpu.weight`` of a weighted grant of ``units`` cores: 100 per core, in the kernel's
+    range [1, 10000]."""
+    return min(10_000, max(1, round(DEFAULT_WEIGHT * units)))
+
+
+def shares_of(units: float) -> int:
+    """v1 ``cpu.shares`` (docker ``cpu_shares``) of a weighted grant of ``units`` cores: 1024
+    per core, in the kernel's range [2, 262144]."""
+    return min(262_144, max(2, round(DEFAULT_SHARES * units)))
+
 
 class CpuControl(ABC):
     """What the manager needs of a container's cgroup: grant, park, and read usage."""
@@ -114,6 +138,9 @@ class CpuControl(ABC):
         self.period_us = period_us
         self.park_quota_us = park_quota_us
         self.park_cpus = format_cpulist(park_cores)
+        #: A weighted grant changed the container's weight: park writes the default back (an
+        #: exclusive grant never touches it, so its park is the writes it always was).
+        self.weight_set = False
 
     def quota_us(self, quota_cores: float) -> int:
         """CFS quota for ``quota_cores`` cores' worth of CPU time (at least the kernel's 1 ms)."""
@@ -127,6 +154,15 @@ class CpuControl(ABC):
     def resize(self, cores: tuple[int, ...], quota_cores: float) -> None:
         """A running grant's new cores and quota (a malleable action grew or shrank): the
         cpuset, then the quota; no freezer write (it runs)."""
+
+    @abstractmethod
+    def grant_weighted(self, pool: tuple[int, ...], units: float) -> None:
+        """Let the container run on any core of ``pool`` with no quota, at the CPU weight of
+        ``units`` cores (``weight_of``/``shares_of``); thaw last."""
+
+    @abstractmethod
+    def reweigh(self, units: float) -> None:
+        """A running weighted grant's new size: one write, the weight (it runs)."""
 
     @abstractmethod
     def park(self) -> None:
@@ -194,10 +230,24 @@ class CgroupV1(CpuControl):
         _write(self.cpuset / "cpuset.cpus", format_cpulist(cores))
         _write(self.cpu / "cpu.cfs_quota_us", str(self.quota_us(quota_cores)))
 
+    def grant_weighted(self, pool: tuple[int, ...], units: float) -> None:
+        # Frozen until the last write: the weight, the pool, no quota, then thaw.
+        self.weight_set = True
+        _write(self.cpu / "cpu.shares", str(shares_of(units)))
+        _write(self.cpuset / "cpuset.cpus", format_cpulist(pool))
+        _write(self.cpu / "cpu.cfs_quota_us", "-1")
+        FREEZERS[1].thaw(self.freezer)
+
+    def reweigh(self, units: float) -> None:
+        _write(self.cpu / "cpu.shares", str(shares_of(units)))
+
     def park(self) -> None:
         FREEZERS[1].freeze(self.freezer)
         _write(self.cpu / "cpu.cfs_quota_us", str(self.park_quota_us))
         _write(self.cpuset / "cpuset.cpus", self.park_cpus)
+        if self.weight_set:
+            _write(self.cpu / "cpu.shares", str(DEFAULT_SHARES))
+            self.weight_set = False
 
     def unthrottle(self) -> None:
         FREEZERS[1].thaw(self.freezer)  # first: the quota's file may be gone already
@@ -241,10 +291,23 @@ class CgroupV2(CpuControl):
         _write(self.dir / "cpuset.cpus", format_cpulist(cores))
         _write(self.dir / "cpu.max", f"{self.quota_us(quota_cores)} {self.period_us}")
 
+    def grant_weighted(self, pool: tuple[int, ...], units: float) -> None:
+        self.weight_set = True
+        _write(self.dir / "cpu.weight", str(weight_of(units)))
+        _write(self.dir / "cpuset.cpus", format_cpulist(pool))
+        _write(self.dir / "cpu.max", f"max {self.period_us}")
+        FREEZERS[2].thaw(self.dir)
+
+    def reweigh(self, units: float) -> None:
+        _write(self.dir / "cpu.weight", str(weight_of(units)))
+
     def park(self) -> None:
         FREEZERS[2].freeze(self.dir)
         _write(self.dir / "cpu.max", f"{self.park_quota_us} {self.period_us}")
         _write(self.dir / "cpuset.cpus", self.park_cpus)
+        if self.weight_set:
+            _write(self.dir / "cpu.weight", str(DEFAULT_WEIGHT))
+            self.weight_set = False
 
     def unthrottle(self) -> None:
         FREEZERS[2].thaw(self.dir)
@@ -286,11 +349,14 @@ class DockerUpdate(CpuControl):
         self.api = api
         self.container_id = container_id
 
-    def _update(self, quota_us: int, cpus: str) -> None:
+    def _update(self, quota_us: int | None, cpus: str | None, shares: int | None = None) -> None:
         import docker.errors
 
+        fields = {"cpu_quota": quota_us, "cpuset_cpus": cpus, "cpu_shares": shares}
         try:
-            self.api.update_container(self.container_id, cpu_quota=quota_us, cpuset_cpus=cpus)
+            self.api.update_container(
+                self.container_id, **{k: v for k, v in fields.items() if v is not None}
+            )
         except docker.errors.NotFound as exc:
             raise CgroupGone(f"container {self.container_id[:12]} is gone") from exc
         except docker.errors.APIError as exc:
@@ -318,9 +384,19 @@ class DockerUpdate(CpuControl):
     def resize(self, cores: tuple[int, ...], quota_cores: float) -> None:
         self._update(self.quota_us(quota_cores), format_cpulist(cores))  # one engine call
 
+    def grant_weighted(self, pool: tuple[int, ...], units: float) -> None:
+        self.weight_set = True
+        self._update(-1, format_cpulist(pool), shares_of(units))  # one engine call
+        self._pause(False)
+
+    def reweigh(self, units: float) -> None:
+        self._update(None, None, shares_of(units))
+
     def park(self) -> None:
         self._pause(True)
-        self._update(self.park_quota_us, self.park_cpus)
+        shares = DEFAULT_SHARES if self.weight_set else None  # in the same engine call
+        self._update(self.park_quota_us, self.park_cpus, shares)
+        self.weight_set = False
 
     def unthrottle(self) -> None:
         self._pause(False)

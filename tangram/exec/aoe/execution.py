@@ -43,6 +43,9 @@ class ActionPlan:
     #: The thread count the action is told (``TANGRAM_CORES``, ``OMP_NUM_THREADS``); 0: its
     #: cores. More than its cores: its threads time-slice on them until a resize grows them.
     threads: int = 0
+    #: A weighted grant's pool (its cpuset; no quota, a CPU weight of ``quota`` cores); None:
+    #: an exclusive grant (cpuset = its cores, CFS quota = ``quota``).
+    pool: tuple[int, ...] | None = None
 
 
 #: What an action id may be made of: it travels on the runner's protocol line (no spaces) and
@@ -61,6 +64,7 @@ def plan_action(
     env: Mapping[str, str] | None = None,
     action_id: str | None = None,
     threads: int = 0,
+    pool: tuple[int, ...] | None = None,
 ) -> ActionPlan:
     """The action with the manager's defaults filled in; ``AoeError`` naming a bad argument.
 
@@ -90,22 +94,34 @@ def plan_action(
     script = command if isinstance(command, str) else shlex.join(command)
     if not script.strip():
         raise AoeError("command is empty")
-    return ActionPlan(script, cores, quota, timeout, limit, threads)
+    if pool is not None:
+        pool = tuple(sorted(set(pool)))
+        if isinstance(cores, int) or not set(cores) <= set(pool):
+            raise AoeError(
+                f"a weighted grant's cores must be given and lie in its pool "
+                f"{format_cpulist(pool)}, got {cores}"
+            )
+    return ActionPlan(script, cores, quota, timeout, limit, threads, pool)
 
 
 def action_env(
-    granted: tuple[int, ...], quota: float, env: Mapping[str, str] | None, threads: int = 0
+    granted: tuple[int, ...],
+    quota: float,
+    env: Mapping[str, str] | None,
+    threads: int = 0,
+    pool: tuple[int, ...] | None = None,
 ) -> dict:
     """The caller's own variables, then what the action sees of its grant: the grant comes
     last, so it wins even over a reserved name that got past ``plan_action``. The thread
-    count it is told is ``threads`` when given."""
+    count it is told is ``threads`` when given. A weighted grant (``pool``) runs on the
+    pool with no quota: ``TANGRAM_CPUSET`` is the pool, ``TANGRAM_CPU_QUOTA`` ``max``."""
     told = str(threads or len(granted))
     return {
         **(env or {}),
         "TANGRAM_CORES": told,
         "OMP_NUM_THREADS": told,
-        "TANGRAM_CPUSET": format_cpulist(granted),
-        "TANGRAM_CPU_QUOTA": f"{quota:g}",
+        "TANGRAM_CPUSET": format_cpulist(granted if pool is None else pool),
+        "TANGRAM_CPU_QUOTA": f"{quota:g}" if pool is None else "max",
     }
 
 
@@ -155,11 +171,11 @@ class ActionRunner:
             return outcome(judge.refused(container.handle.short_id, container.dead), ())
         granted = self.ledger.acquire(aid, plan.cores)
         times["queue_s"] = time.perf_counter() - t0
-        env_all = action_env(granted, plan.quota, env, plan.threads)
+        env_all = action_env(granted, plan.quota, env, plan.threads, plan.pool)
         request = ActionRequest(aid, plan.script, env_all, plan.timeout_s, plan.max_output_bytes)
         oom_before = container.control.oom_kills()
         kills: list[KillReport] = []
-        running = RunningGrant(container, self.ledger, aid, granted, plan.quota)
+        running = RunningGrant(container, self.ledger, aid, granted, plan.quota, plan.pool)
         try:
             raw = self._granted_run(container, running, request, times, kills, on_grant)
         finally:
@@ -206,7 +222,10 @@ class ActionRunner:
         did is appended to ``kills``."""
         t_grant = time.perf_counter()
         try:
-            container.control.grant(running.cores, running.quota)
+            if running.pool is not None:
+                container.control.grant_weighted(running.pool, running.quota)
+            else:
+                container.control.grant(running.cores, running.quota)
         except CgroupGone:
             return self._unrun(container, judge.Unrun("cgroup_vanished"))
         except AoeError as exc:

@@ -229,6 +229,8 @@ class AoeManager:
         action_id: str | None = None,
         on_grant: OnGrant | None = None,
         threads: int = 0,
+        weighted: bool = False,
+        pool: tuple[int, ...] | None = None,
     ) -> ActionOutcome:
         """Run ``command`` in the trajectory's container on ``cores`` and return its outcome.
 
@@ -242,10 +244,21 @@ class AoeManager:
         grows or shrinks them while the command runs (docs/aoe.md, "Resizing a running grant").
         ``threads`` (at least the cores): the thread count the action is told instead of its
         cores (a non-malleable program the scheduler may later grow to that count).
+
+        ``weighted``: the grant is a CFS weight, not an exclusive cpuset (docs/aoe.md,
+        "Weighted grants"): the ledger still takes ``cores`` (explicit ones), but the
+        container runs on every core of ``pool`` (default: all the manager's cores) with no
+        quota, at a CPU weight of ``quota_cores`` (default: its cores) cores; a resize
+        rewrites only the weight. ``TANGRAM_CPUSET`` is then the pool.
         """
         t0 = time.perf_counter()
         traj = self._get(traj_id)
         self.ledger.validate(cores)
+        if weighted:
+            pool = tuple(sorted(set(self.topology.cores if pool is None else pool)))
+            self.ledger.validate(pool)
+        elif pool is not None:
+            raise AoeError("a pool is for weighted grants (weighted=True)")
         plan = plan_action(
             self.config,
             command,
@@ -256,6 +269,7 @@ class AoeManager:
             env=env,
             action_id=action_id,
             threads=threads,
+            pool=pool,
         )
         with self._lock:
             self._action_seq += 1

@@ -7,6 +7,10 @@ container's cpuset and quota are written (``CpuControl.resize``: two cgroup writ
 by two actions. The quota keeps the grant's cores-per-core ratio (a full core per core unless
 the caller asked for less).
 
+A weighted grant (``pool`` given: the container runs on the whole pool at a CPU weight, see
+``cgroups.py``) resizes the same way in the ledger, but its one write is the weight
+(``CpuControl.reweigh``): its cpuset stays the pool, so its new nominal cores must lie in it.
+
 A resize that comes after the action ended (the scheduler may decide one before it hears of
 the end) is a no-op reported as ``ended``; one that fails leaves the action running on its old
 cores, reported as ``failed`` with the reason. Either way the action itself is untouched.
@@ -55,6 +59,7 @@ class RunningGrant:
         action_id: str,
         cores: tuple[int, ...],
         quota: float,
+        pool: tuple[int, ...] | None = None,
     ) -> None:
         self.container = container
         self.ledger = ledger
@@ -62,6 +67,9 @@ class RunningGrant:
         self.cores = cores
         #: Quota per granted core (1.0 unless the action asked for a fraction).
         self.quota_per_core = quota / len(cores)
+        #: The cores a weighted grant runs on (its cpuset, at a weight of ``quota`` cores);
+        #: None: an exclusive grant (cpuset = ``cores``, CFS quota = ``quota``).
+        self.pool = pool
         self.resizes = 0
         self._lock = threading.Lock()
         self._ended = False
@@ -69,6 +77,19 @@ class RunningGrant:
     @property
     def quota(self) -> float:
         return self.quota_per_core * len(self.cores)
+
+    @property
+    def weighted(self) -> bool:
+        return self.pool is not None
+
+    def _write(self, cores: tuple[int, ...]) -> None:
+        """The container's grant for ``cores``: the weight alone when weighted (one write),
+        else the cpuset and the quota."""
+        control = self.container.control
+        if self.pool is not None:
+            control.reweigh(self.quota_per_core * len(cores))
+        else:
+            control.resize(cores, self.quota_per_core * len(cores))
 
     def end(self) -> None:
         """The command ended: later resizes are no-ops (call before the container is parked,
@@ -87,16 +108,24 @@ class RunningGrant:
             if new == self.cores:
                 return ResizeResult("unchanged", new, total_s=time.perf_counter() - t0)
             old = self.cores
+            if self.pool is not None and not set(new) <= set(self.pool):
+                outside = sorted(set(new) - set(self.pool))
+                return ResizeResult(
+                    "failed",
+                    old,
+                    total_s=time.perf_counter() - t0,
+                    error=f"cores {outside} are outside the weighted grant's pool",
+                )
             try:
                 added = ledger.take(self.action_id, new)
             except AoeError as exc:
                 return ResizeResult("failed", old, total_s=time.perf_counter() - t0, error=str(exc))
             t_write = time.perf_counter()
             try:
-                self.container.control.resize(new, self.quota_per_core * len(new))
+                self._write(new)
             except AoeError as exc:  # (CgroupGone included: the container died under it)
                 with contextlib.suppress(AoeError):  # the cpuset may be written, the quota not
-                    self.container.control.resize(old, self.quota_per_core * len(old))
+                    self._write(old)
                 ledger.give_back(self.action_id, added)
                 return ResizeResult("failed", old, total_s=time.perf_counter() - t0, error=str(exc))
             write_s = time.perf_counter() - t_write
