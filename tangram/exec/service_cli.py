@@ -132,6 +132,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--warm-pool-total", type=int, default=32, help="parked containers in all (default 32)"
     )
     p.add_argument(
+        "--exclusive-cores",
+        action="store_true",
+        help="grant CPU actions exclusive cores (cpuset + quota) even under a policy whose "
+        "grants are CFS weights lending idle cycles (the default policy's): isolation over "
+        "work conservation (docs/aoe.md, 'Weighted grants')",
+    )
+    p.add_argument(
         "--prewarm",
         type=int,
         default=2,
@@ -271,6 +278,7 @@ def runtime_config(args: argparse.Namespace, scratch: contextlib.ExitStack) -> A
         trace_path=args.trace,
         journal_path=None if args.no_journal else journal_path(args, scratch),
         journal_fsync=args.journal_fsync,
+        exclusive_cores=args.exclusive_cores,
     )
 
 

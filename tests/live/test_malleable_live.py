@@ -112,7 +112,10 @@ def test_a_malleable_action_shrinks_for_an_arrival_and_grows_back(docker_client:
     async def main() -> None:
         aoe = AoeManager(AoeConfig(kill_grace_s=3.0), client=docker_client)
         cpu = CpuExecutor(aoe, NODE)
-        config = RuntimeConfig(policy="tangram", default_timeout_s=60.0)
+        # Exclusive grants: a resize moves the cpuset, which the program sees. (Weighted
+        # grants, the default policy's, keep the cpuset on the node's cores and resize the
+        # weight: tests/live/test_weighted_live.py.)
+        config = RuntimeConfig(policy="tangram", default_timeout_s=60.0, exclusive_cores=True)
         async with Runtime(CLUSTER, config, cpu=cpu) as rt:
             await rt.open_trajectory("long", image=PYTHON_IMAGE)
             await rt.open_trajectory("short")

@@ -187,10 +187,19 @@ class NodeAgent:
         timeout_s: float,
         env: Mapping[str, str] | None,
         max_output_bytes: int | None,
+        weighted: bool = False,
     ) -> ExecResult:
-        """Run a command in the trajectory's container on the node's ``cores``."""
+        """Run a command in the trajectory's container on the node's ``cores``; ``weighted``:
+        as a CFS weight over the node's cores, not an exclusive cpuset (the runtime's choice,
+        ``RayCpuExecutor.weighted``)."""
         return self._cpu().run_blocking(
-            traj, command, cores, timeout_s=timeout_s, env=env, max_output_bytes=max_output_bytes
+            traj,
+            command,
+            cores,
+            timeout_s=timeout_s,
+            env=env,
+            max_output_bytes=max_output_bytes,
+            weighted=weighted,
         )
 
     def call_gpu(

@@ -52,6 +52,9 @@ class RayCpuExecutor:
 
     def __init__(self, fleet: Fleet, cluster: ClusterSpec) -> None:
         self.fleet = fleet
+        #: Grants are CFS weights over each node's cores (set once by the runtime, as for
+        #: ``CpuExecutor``); each agent's executor applies it to the actions it runs.
+        self.weighted = False
         #: The runtime's core (set once the runtime is made): where containers were placed.
         self.scheduler: Scheduler | None = None
         #: The largest node (the runtime checks a container's memory against it).
@@ -107,6 +110,7 @@ class RayCpuExecutor:
                 time_left_s,
                 dict(work.env) if work.env else None,
                 work.max_output_bytes,
+                self.weighted,
             )
         except NodeLost as err:
             return lost_result(err)

@@ -38,6 +38,11 @@ class RuntimeConfig:
       ``journal_keep``, ``journal_keep_s``: its bounds (finished entries beyond the newest
       1,000,000 or accepted over a day ago are deleted: a resend comes within minutes, and
       a small action's entry is about 0.6 KB on disk).
+    - ``exclusive_cores``: grant CPU actions exclusive cores (cpuset = the granted cores, a
+      CFS quota) even when the policy's grants lend idle cycles
+      (``Capabilities.cpu_lends_idle``, the default policy's), whose grants are otherwise CFS
+      weights over the node's cores: isolation (no noisy neighbour, warm caches) over work
+      conservation (docs/aoe.md, "Weighted grants"). No effect on a policy that does not lend.
     """
 
     policy: str = "tangram"
@@ -53,6 +58,7 @@ class RuntimeConfig:
     journal_fsync: bool = False
     journal_keep: int = 1_000_000
     journal_keep_s: float = 86_400.0
+    exclusive_cores: bool = False
 
     def __post_init__(self) -> None:
         policy = make_policy(self.policy)  # raises ValueError naming the known policies

@@ -8,6 +8,13 @@ As the runtime's ``Executor`` for ``CpuWork``: an action runs in its trajectory'
 AOE kills it at its deadline, and a running action cannot be cancelled (AOE has no public
 per-action kill). A running malleable action's cores are resized in place (``resize``: AOE
 rewrites its container's cpuset and quota), one resize at a time in decision order.
+
+Grants are exclusive (cpuset = the start's cores, CFS quota) or, with ``weighted`` (the runtime
+sets it once, from its policy's ``Capabilities.cpu_lends_idle`` unless
+``RuntimeConfig.exclusive_cores``), CFS weights: AOE's ledger still takes the start's nominal
+cores, but the container runs on every core of this executor's pool (``core_map``) with no
+quota, at a weight of its units, so the cycles one action leaves idle go to the others; a
+resize rewrites only the weight (docs/aoe.md, "Weighted grants").
 """
 
 from __future__ import annotations
@@ -47,7 +54,8 @@ class _Grant:
     #: AOE's handle once the cores are granted (None before: a resize waits for it).
     running: RunningGrant | None = None
     #: (monotonic time, cores) from the grant on, one entry per applied resize: the mean
-    #: cores it held (``held_units``) is what the trace records of a resized action.
+    #: cores it held (``held_units``) is what the trace records of a resized action. Nominal
+    #: cores, the grant history, also under weighted grants (whose threads may use more).
     history: list[tuple[float, int]] = field(default_factory=list)
 
 
@@ -70,6 +78,7 @@ class CpuExecutor:
         *,
         threads: int | None = None,
         lifecycle_threads: int = 8,
+        weighted: bool = False,
     ) -> None:
         host = tuple(sorted(aoe.topology.cores))
         if node.cores > len(host):
@@ -80,6 +89,10 @@ class CpuExecutor:
         self.aoe = aoe
         self.node = node
         self.core_map: tuple[int, ...] = host[: node.cores]
+        #: Grants are CFS weights over ``core_map`` (the pool this executor manages), not
+        #: exclusive cpusets: set once by the runtime (``Runtime``: the policy lends idle
+        #: cycles and ``RuntimeConfig.exclusive_cores`` is off).
+        self.weighted = weighted
         workers = threads or node.cores * 4 + 8
         self._actions = ThreadPoolExecutor(workers, thread_name_prefix="tangram-cpu")
         self._lifecycle = ThreadPoolExecutor(lifecycle_threads, thread_name_prefix="tangram-ctr")
@@ -208,9 +221,11 @@ class CpuExecutor:
         max_output_bytes: int | None = None,
         key: str | None = None,
         threads: int = 0,
+        weighted: bool | None = None,
     ) -> ExecResult:
         """``run`` on the calling thread, for a caller with threads of its own (the node
-        agents of ``tangram.exec.ray``, whose calls arrive on Ray's threads)."""
+        agents of ``tangram.exec.ray``, whose calls arrive on Ray's threads). ``weighted``:
+        a weighted grant over ``core_map`` (None: this executor's ``weighted``)."""
         host_cores = self._host_cores(cores)
         on_grant = None
         if key is not None:
@@ -221,8 +236,18 @@ class CpuExecutor:
                 on_grant = partial(self._granted, entry)
         with self._seq_lock:
             aid = f"live{next(self._seq)}"  # AOE's kill marker: keep it shell-safe
+        weigh = self.weighted if weighted is None else weighted
         return self._run_blocking(
-            traj, command, host_cores, timeout_s, env, max_output_bytes, aid, on_grant, threads
+            traj,
+            command,
+            host_cores,
+            timeout_s,
+            env,
+            max_output_bytes,
+            aid,
+            on_grant,
+            threads,
+            self.core_map if weigh else None,
         )
 
     def _host_cores(self, cores: tuple[int, ...]) -> tuple[int, ...]:
@@ -282,6 +307,7 @@ class CpuExecutor:
         aid: str,
         on_grant: Callable[[RunningGrant], None] | None = None,
         threads: int = 0,
+        pool: tuple[int, ...] | None = None,
     ) -> ExecResult:
         try:
             out = self.aoe.run_action(
@@ -294,6 +320,7 @@ class CpuExecutor:
                 action_id=aid,
                 **({} if on_grant is None else {"on_grant": on_grant}),
                 **({"threads": threads} if threads else {}),
+                **({} if pool is None else {"weighted": True, "pool": pool}),
             )
         except Exception as exc:  # noqa: BLE001 - AOE raises for bad arguments / unknown trajectory
             return failed("executor_error", f"AOE refused the action: {type(exc).__name__}: {exc}")
@@ -327,7 +354,11 @@ class CpuExecutor:
 
 def held_units(history: list[tuple[float, int]], end: float) -> float | None:
     """The mean cores an action held from its grant to ``end`` (time-weighted), or None when
-    its grant never changed (its start's units say it all)."""
+    its grant never changed (its start's units say it all).
+
+    These are the grant's nominal cores (the grant history), what the core decided and the
+    trace records as observed units, also under weighted grants, where the action's threads
+    may have run on more of the node's cycles than it held."""
     if len({units for _, units in history}) < 2:
         return None
     total = held = 0.0

@@ -38,6 +38,8 @@ def status(rt: Runtime) -> dict[str, Any]:
         "scheduler_passes": rt.passes,
         "executors": {
             "cpu": rt.cpu.node.name if rt.cpu else None,
+            # CPU grants: CFS weights over the node's cores, or exclusive cpusets with a quota.
+            "cpu_grants": "weighted" if rt.weighted_cpu else "exclusive",
             "gpu": rt.gpu.node.name if rt.gpu else None,
             "gpu_services": list(rt.gpu.services()) if rt.gpu else [],
             "api": list(rt.api.endpoints()),
@@ -59,6 +61,7 @@ def trace_meta(rt: Runtime) -> dict[str, Any]:
         "cluster": cluster_to_dict(rt.cluster),
         "started_at_unix": round(rt.started_unix, 3),
         "clock": "seconds since the runtime started",
+        "cpu_grants": "weighted" if rt.weighted_cpu else "exclusive",
         "gpu_residency_at_start": {k: list(v) for k, v in rt.residency_at_record_start.items()},
     }
     if rt.gpu is not None:

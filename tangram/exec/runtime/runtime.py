@@ -99,6 +99,15 @@ class Runtime:
         # Ray executor's agents do not yet, so with it (or no CPU executor) grants stay fixed.
         resizable = cpu is not None and getattr(cpu, "resizes", False)
         self.scheduler = Scheduler(cluster, self.policy, resizable=resizable)
+        #: CPU grants are CFS weights over the node's cores, decided once here: where the
+        #: policy's grants lend idle cycles (``Capabilities.cpu_lends_idle``) and the config
+        #: does not ask for exclusive cores; else exclusive cpusets with a quota.
+        self.weighted_cpu = (
+            bool(getattr(self.scheduler.capabilities, "cpu_lends_idle", False))
+            and not self.config.exclusive_cores
+        )
+        if cpu is not None and hasattr(cpu, "weighted"):
+            cpu.weighted = self.weighted_cpu
         # A multi-node executor (``multi_node``: ``tangram.exec.ray``) routes each start to
         # the node the core chose; a plain one drives the one node it names.
         single_cpu = cpu is not None and not getattr(cpu, "multi_node", False)
