@@ -158,3 +158,24 @@ def test_a_busy_services_copies_grow_with_its_load():
     assert restores("copies_grow_with_load", "tangram") == 2
     assert default <= 1.02 * fixed4
     assert paper > 1.3 * default
+
+
+def test_a_long_call_on_one_gpu_does_not_make_the_pool_look_busy_until_it_ends():
+    # Four GPUs, a 7.6B model (15.2 GB) warm on GPU 0. At t = 0 a 400-s call takes GPU 0 and
+    # two 2-s calls restore onto GPUs 1 and 2 (0.658 s: busy until 2.658). At t = 0.5 a call
+    # of t1 = 100 s, serial fraction 0.4, up to 4 GPUs, finds GPU 3 free: now, restore and
+    # run 0.658 + 100 = 100.658 s; on the 2-GPU cell (2, 3), free at 2.658: wait 2.158,
+    # restore 0.354, run 100 x (0.4 + 0.6/2) = 70 s: ACT 72.512 s, 28.1 s sooner.
+    # What the wait costs the others: the 40.05 GPU-s it takes beyond a start now
+    # (2 x 70.354 - 100.658), counted while calls wait. Before, "while calls wait" ran to the
+    # last running call's end plus the queued work over the pool (400 + 100/4): busy the
+    # whole run, 40.05 + 2.158 idle > 28.1, so it ran 100.658 s on one GPU, as tangram-paper
+    # does. Now the queued work (100 GPU-s) is poured onto the GPUs as each frees (GPU 3 at
+    # 0.5, GPUs 1-2 at 2.658, GPU 0 at 400): placed by 2.658 + 97.842 / 3 = 35.27 s, so the
+    # 40.05 GPU-s count for (35.27 - 2.658) / 70.354 = 46% of them: 18.6 + 2.158 < 28.1.
+    paper = acts("long_call_not_a_busy_pool", "tangram-paper")
+    default = acts("long_call_not_a_busy_pool", "tangram")
+    long = "s0-t00003-a000"
+    assert paper[long] == pytest.approx(100.658, abs=1e-3)
+    assert default[long] == pytest.approx(72.512, abs=1e-3)
+    assert all(default[a] == pytest.approx(paper[a]) for a in paper if a != long)

@@ -26,7 +26,7 @@ from tangram.core.policies.gpu_cost import (
     resident_gb,
     robust_order,
 )
-from tangram.core.policies.gpu_waits import CellWaits, head_patience
+from tangram.core.policies.gpu_waits import Backlog, CellWaits, gpu_free_times, head_patience
 from tangram.core.policies.queue_view import OrderedQueue
 from tangram.core.policies.tuning import ROBUST, ElasticTuning
 
@@ -155,7 +155,7 @@ class _RobustPass:
         self.pool_gb = sum(n.spec.gpus * n.spec.gpu_memory_gb for n in ctx.state.gpu.values())
         self.pool_gpus = sum(n.spec.gpus for n in ctx.state.gpu.values())
         self._widest: int | None = None
-        self._drained: float | None = None
+        self._backlog: Backlog | None = None
         self._resident: dict[str, set[int]] | None = None
         self._held: dict[str, set[int]] | None = None
         self._copies: dict[str, int] | None = None
@@ -242,13 +242,11 @@ class _RobustPass:
         restore = self.restore_cost(action, size) / self.calls(action.service or "", size)
         return restore + (self.charge(action, size) or 0.0)
 
-    def drained(self) -> float:
-        """When the calls waiting now are expected to be served: the last running call's
-        end, plus the queued calls' work (each at its smallest cell) spread over the pool (a
-        pessimistic bound: calls keep waiting until then)."""
-        if self._drained is None:
+    def backlog(self) -> Backlog:
+        """When each GPU of the pool is next free (now, or its running call's expected end),
+        and the queued calls' work (each at its smallest cell) and count."""
+        if self._backlog is None:
             ctx = self.ctx
-            end = max([ctx.now, *(r.est_finish for r in ctx.running_in(GPU_DOMAIN))])
             work = 0.0
             for seen, action in enumerate(ctx.queue(self.domain), 1):
                 opts = ctx.options(action)
@@ -256,8 +254,8 @@ class _RobustPass:
                 if seen == _DRAIN_SAMPLE:  # a long queue: its head's mean work for the rest
                     work *= ctx.queue_len(self.domain) / seen
                     break
-            self._drained = end + work / self.pool_gpus
-        return self._drained
+            self._backlog = Backlog(gpu_free_times(ctx), work, ctx.queue_len(self.domain))
+        return self._backlog
 
     def widest_free(self) -> int:
         """The largest free cell no waiting call holds, over the pool."""
@@ -405,7 +403,7 @@ class _RobustPass:
                 continue
             node, cell, charge = spot
             restored = not ctx.state.gpu[node].is_resident(service, cell)
-            wait = self.waits.consider(ctx, action, node, size, restored, self.drained)
+            wait = self.waits.consider(ctx, action, node, size, restored, self.backlog)
             if wait is not None:
                 self.reserved = self.waits.reserved()
                 ctx.defer(action, wait)

@@ -7,8 +7,10 @@ default looks at the larger cells the running calls will free (their estimated f
 waiting for one and then running on it finishes the call at least ``GAIN`` sooner than starting
 now, the wait is at most ``MAX_WAIT_SHARE`` of the run it would do now, the cell is at most
 ``MAX_POOL_SHARE`` of the pool, and the time it saves pays for what the others lose (the
-GPU-seconds it takes beyond a start now, counted only while calls wait (until ``drained``),
-and the reserved GPUs idle while it waits, weighted by the calls queued), the call waits and
+GPU-seconds it takes beyond a start now, counted only while calls wait (until the queued
+work is placed on the GPUs as they free, ``Backlog.drained``), and the reserved GPUs idle
+while it waits, weighted by the calls queued; and at least the delay its cell's hold puts on
+the queued calls' service, ``blocked``), the call waits and
 the cell is reserved for it: no other call starts on the reserved GPUs meanwhile, unless it is
 expected to be done before the cell is (backfill). A reservation lasts until its cell frees,
 or past twice the expected wait, at the next GPU pass; a call waits at most once, then
@@ -25,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from tangram.core.action import Action
 from tangram.core.backlog import GPU_DOMAIN
@@ -47,6 +50,22 @@ RESERVE_FACTOR = 2.0
 #: a run far longer than theirs (a 100-s 2-GPU call reserving after 2 s kept a 2-GPU node
 #: from twenty 1-s calls for 300 s; ``tests/mechanisms/gpu/head_patience``).
 HEAD_PATIENCE = 1.0
+
+
+class Backlog(NamedTuple):
+    """The pool's backlog at a pass: when each (node, GPU) is next free, and the queued
+    calls' work (GPU-seconds, each at its smallest cell) and count."""
+
+    free_at: dict[tuple[str, int], float]
+    work: float
+    queued: int
+
+    def drained(
+        self, free_at: dict[tuple[str, int], float] | None = None, skip: float = 0.0
+    ) -> float:
+        """When the queued work but ``skip`` GPU-seconds is placed, poured onto the GPUs as
+        each frees (``free_at``, default the pool's now)."""
+        return filled(sorted((free_at or self.free_at).values()), max(0.0, self.work - skip))
 
 
 @dataclass(frozen=True)
@@ -165,7 +184,7 @@ class CellWaits:
         node_name: str,
         size: int,
         restored: bool,
-        drained: Callable[[], float],
+        backlog: Callable[[], Backlog],
     ) -> str | None:
         """Reserve a larger cell for ``action`` (about to start on ``size`` GPUs) when waiting
         for it finishes the call sooner (see the module); the reason, or None to start now."""
@@ -207,8 +226,16 @@ class CellWaits:
                     idle = sum(1 for g in cell if node.owner[g] is None) * (ready - now)
                     # Only while calls wait (until the pool has drained) do the GPUs it
                     # takes cost anyone anything.
-                    busy = min(1.0, max(0.0, drained() - ready) / run) if run > 0 else 0.0
+                    b = backlog()
+                    busy = min(1.0, max(0.0, b.drained() - ready) / run) if run > 0 else 0.0
                     cost = (max(0.0, u * run - size * run_now) * busy + idle) * weight
+                    # ... and at least what the others lose when it holds the cell: the queued
+                    # calls behind it are served when the GPUs free; the GPUs it holds
+                    # (``size`` from now, or the cell from ``ready``) shift when that is.
+                    if b.queued > 1:
+                        cost = max(cost, blocked(b, opts.units[0] * opts.durations[0],
+                                                 node_name, size, now + run_now,
+                                                 name, cell, ready + run))  # fmt: skip
                     finish = ready + run
                     if now + run_now - finish < cost:
                         continue
@@ -243,3 +270,59 @@ def _busy_until(ctx: Context) -> dict[tuple[str, int], float]:
         for g in start.gpus:
             until[(start.node, g)] = end
     return until
+
+
+def blocked(
+    b: Backlog,
+    mine: float,
+    node_now: str,
+    size: int,
+    end_now: float,
+    node_wait: str,
+    cell: tuple[int, ...],
+    end_wait: float,
+) -> float:
+    """What waiting for ``cell`` (held until ``end_wait``) rather than starting now on
+    ``size`` GPUs of ``node_now`` (held until ``end_now``) costs the other queued calls: each
+    is served by when the queued work (``mine`` left out) is placed on the GPUs as they free,
+    and that moves by the difference (the others' count times it; none if it moves earlier)."""
+    now_at = dict(b.free_at)
+    now = min(now_at.values())
+    taken = 0
+    for key, at in sorted(now_at.items(), key=lambda kv: kv[1]):
+        if taken == size:
+            break
+        if key[0] == node_now and at <= now + 1e-9:
+            now_at[key] = end_now
+            taken += 1
+    wait_at = dict(b.free_at)
+    for g in cell:
+        wait_at[(node_wait, g)] = end_wait
+    shift = b.drained(wait_at, mine) - b.drained(now_at, mine)
+    return max(0.0, shift) * (b.queued - 1)
+
+
+def gpu_free_times(ctx: Context) -> dict[tuple[str, int], float]:
+    """When each GPU of the pool is next free: now, or its running call's expected end."""
+    now = ctx.now
+    free = {(name, g): now for name, node in ctx.state.gpu.items() for g in range(node.spec.gpus)}
+    for running in ctx.running_in(GPU_DOMAIN):
+        start = running.start
+        for g in start.gpus:
+            free[(start.node, g)] = max(now, running.est_finish)
+    return free
+
+
+def filled(free_at: list[float], work: float) -> float:
+    """The time T by which GPUs freeing at ``free_at`` (sorted) give ``work`` GPU-seconds:
+    sum over the GPUs of max(0, T - free) = work (water-filling)."""
+    if not free_at:
+        return math.inf
+    total, level = 0.0, free_at[0]
+    for i, at in enumerate(free_at):
+        # GPUs 0..i-1 are open: filling them up to ``at`` gives i x (at - level) more.
+        if i and work <= total + i * (at - level):
+            return level + (work - total) / i
+        total += i * (at - level)
+        level = at
+    return level + (work - total) / len(free_at)
