@@ -205,6 +205,8 @@ class CellWaits:
         held = self.reserved()
         service = action.service or ""
         best: tuple[float, float, str, tuple[int, ...]] | None = None
+        b: Backlog | None = None
+        drained = math.inf
         for name, node in ctx.state.gpu.items():
             mine = held.get(name, set())
             for j in range(k + 1, len(opts.units)):
@@ -226,21 +228,24 @@ class CellWaits:
                     idle = sum(1 for g in cell if node.owner[g] is None) * (ready - now)
                     # Only while calls wait (until the pool has drained) do the GPUs it
                     # takes cost anyone anything.
-                    b = backlog()
-                    busy = min(1.0, max(0.0, b.drained() - ready) / run) if run > 0 else 0.0
+                    if b is None:
+                        b = backlog()
+                        drained = b.drained()
+                    busy = min(1.0, max(0.0, drained - ready) / run) if run > 0 else 0.0
                     cost = (max(0.0, u * run - size * run_now) * busy + idle) * weight
+                    finish = ready + run
+                    if now + run_now - finish < cost or (best is not None and finish >= best[0]):
+                        continue
                     # ... and at least what the others lose when it holds the cell: the queued
                     # calls behind it are served when the GPUs free; the GPUs it holds
                     # (``size`` from now, or the cell from ``ready``) shift when that is.
-                    if b.queued > 1:
-                        cost = max(cost, blocked(b, opts.units[0] * opts.durations[0],
-                                                 node_name, size, now + run_now,
-                                                 name, cell, ready + run))  # fmt: skip
-                    finish = ready + run
-                    if now + run_now - finish < cost:
+                    # (Computed last: only for a cell that would otherwise be taken.)
+                    if b.queued > 1 and now + run_now - finish < blocked(
+                        b, opts.units[0] * opts.durations[0], node_name, size, now + run_now,
+                        name, cell, ready + run,
+                    ):  # fmt: skip
                         continue
-                    if best is None or finish < best[0]:
-                        best = (finish, ready, name, cell)
+                    best = (finish, ready, name, cell)
         if best is None:
             return None
         finish, ready, name, cell = best
