@@ -140,7 +140,7 @@ class ElasticGpu(DomainRule):
 
 
 _NO_SIZES: frozenset[int] = frozenset()
-#: Queued calls whose work ``drained`` sums before extrapolating (decisions stay microseconds).
+#: Queued calls whose work ``backlog`` sums before extrapolating (decisions stay microseconds).
 _DRAIN_SAMPLE = 64
 
 
