@@ -34,7 +34,7 @@ from tangram.core.loop import DriverLoop
 from tangram.core.policies import make_policy
 from tangram.core.resources import ClusterSpec, ResourceKind
 from tangram.core.scheduler import Scheduler
-from tangram.sim.cfs import Job, SharedNode
+from tangram.sim.cfs import Job, SharedNode, StaticJob
 from tangram.sim.config import SimConfig
 from tangram.sim.demand import expected_demand
 from tangram.sim.gpu_model import GpuCallModel
@@ -208,6 +208,12 @@ class Simulation:
         )
         #: action id -> (its node, its job), for grants that lend idle cycles (resized by weight).
         self._weighted: dict[str, tuple[str, Job]] = {}
+        #: node -> when its armed wake-up fires (``_arm_shared``).
+        self._armed: dict[str, float] = {}
+        #: Weighted grants with no more threads than their weight (``cfs.StaticJob``): action
+        #: id -> node; and those resized since (their start's timer is ignored).
+        self._static: dict[str, str] = {}
+        self._resized_static: set[str] = set()
         self._usage = self.scheduler.state.usage
         #: Record usage after every event (an unbounded policy holds nothing to record).
         self._sampling = self.config.timeline and not self._unbounded
@@ -430,6 +436,7 @@ class Simulation:
         rec.start, rec.units, rec.node, rec.reason = now, d.units, d.node, d.reason
         overhead = 0.0
         slow = 1.0
+        static: str | None = None
         if not self._unbounded:
             kind = d.action.resource
             if kind is ResourceKind.CPU:
@@ -445,8 +452,12 @@ class Simulation:
                 else:
                     overhead = max(0.0, self.startup.container(traj, now) - now) + ov.aoe_grant_s
                     if self._lends_idle:
-                        self._start_weighted(d, rec, overhead)
-                        return
+                        action = d.action
+                        threads = d.threads or (action.max_units if action.malleable else d.units)
+                        if threads > d.units:  # it may use more than its weight: CFS split
+                            self._start_weighted(d, rec, overhead, threads)
+                            return
+                        static = d.node  # it always gets its cap: one timer, as exclusive
             elif kind is ResourceKind.GPU:
                 service = d.action.service or ""
                 if d.in_slot:  # a dedicated replica: loaded once, at deployment
@@ -480,17 +491,35 @@ class Simulation:
         if sigma > 0:
             execution *= float(self.noise.lognormal(-0.5 * sigma**2, sigma))
         rec.overhead, rec.execution = overhead, execution
+        if static is not None:
+            self._add_static(static, d, now + overhead, execution)
         # One timer per action (no process): busy time is derived from the records afterwards.
         self.env.timeout(overhead + execution, d.action.id).callbacks.append(self._finished)
 
     # ------------------------------------------------------------------ CFS-shared CPU
-    def _start_weighted(self, d: Start, rec: ActionRecord, overhead: float) -> None:
-        """A grant that lends idle cycles: its threads (told, its malleable pool's
-        ``max_units``, else its grant) join the node's CFS split, weighted by its grant."""
-        action = d.action
-        threads = d.threads or (action.max_units if action.malleable else d.units)
+    def _start_weighted(self, d: Start, rec: ActionRecord, overhead: float, threads: int) -> None:
+        """A grant that lends idle cycles and may borrow: its threads (told, its malleable
+        pool's ``max_units``) join the node's CFS split, weighted by its grant."""
         job = self._start_shared(d, rec, overhead, threads, d.units)
-        self._weighted[action.id] = (d.node, job)
+        self._weighted[d.action.id] = (d.node, job)
+
+    def _add_static(self, node: str, d: Start, begin: float, execution: float) -> None:
+        """A grant that lends idle cycles with no more threads than its weight: it runs its
+        curve's time on its grant (its own timer), and the node learns when its serial phase
+        (one thread; the serial fraction its curve implies, as ``Job.amdahl``) leaves the
+        rest of its grant idle for others to borrow."""
+        units = d.units
+        curve = d.action.curve
+        serial = 0.0
+        if units > 1:
+            s = min(1.0, max(0.0, (units / curve.speedup(units) - 1.0) / (units - 1.0)))
+            serial = execution * s / (s + (1.0 - s) / units)  # its serial phase's seconds
+        job = StaticJob(float(units), float(units), begin, begin + serial, begin + execution)
+        shared = self._shared[node]  # type: ignore[index]
+        shared.add_static(self.env.now, d.action.id, job)
+        self._static[d.action.id] = node
+        if shared.flexible:  # (its phases matter only to jobs that borrow)
+            self._arm_shared(node)
 
     def _start_shared(
         self, d: Start, rec: ActionRecord, overhead: float, threads: int, weight: int
@@ -519,17 +548,24 @@ class Simulation:
         self._arm_shared(node)
 
     def _arm_shared(self, node: str) -> None:
-        shared = self._shared[node]  # type: ignore[index]
-        when = shared.next_finish()
-        if when is not None:
-            wake = self.env.timeout(max(0.0, when - self.env.now), (node, shared.version))
-            wake.callbacks.append(self._wake_shared)
+        """Wake up at the node's next phase end, unless a wake-up no later is armed (it
+        re-arms when it fires: one timer per phase end, not one per re-split)."""
+        when = self._shared[node].next_finish()  # type: ignore[index]
+        if when is None:
+            return
+        armed = self._armed.get(node)
+        if armed is not None and armed <= when:
+            return
+        self._armed[node] = when
+        wake = self.env.timeout(max(0.0, when - self.env.now), (node, when))
+        wake.callbacks.append(self._wake_shared)
 
     def _wake_shared(self, timer: simpy.Event) -> None:
-        node, version = timer.value
+        node, when = timer.value
+        if self._armed.get(node) != when:
+            return  # an earlier wake-up was armed since
+        del self._armed[node]
         shared = self._shared[node]  # type: ignore[index]
-        if version != shared.version:
-            return  # the split changed since this wake-up was armed
         now = self.env.now
         for action_id, job in shared.finish_due(now):
             rec = self.records[action_id]
@@ -542,9 +578,27 @@ class Simulation:
         self._arm_shared(node)
 
     def _finished(self, timer: simpy.Event) -> None:
-        if timer.value in self._malleable:
+        action_id = timer.value
+        if action_id in self._malleable:
             return  # resized since: its own timer ends it
-        self._complete(timer.value)
+        node = self._static.pop(action_id, None)
+        if node is not None:
+            shared = self._shared[node]  # type: ignore[index]
+            job = shared.remove_static(self.env.now, action_id)
+            rec = self.records[action_id]
+            # The cores it used: one in its serial phase, its threads after (busy core-s are
+            # its work, as for the jobs of the CFS split).
+            if rec.execution > 0:
+                rec.units = (
+                    (job.serial_end - job.begin) * min(1.0, job.threads)
+                    + (job.end - job.serial_end) * job.threads
+                ) / rec.execution
+            if shared.flexible:
+                self._arm_shared(node)
+        elif action_id in self._resized_static:
+            self._resized_static.discard(action_id)
+            return  # resized since: it runs in the CFS split now
+        self._complete(action_id)
 
     # ------------------------------------------------------------------ malleable grants
     def resize(self, d: Resize) -> None:
@@ -555,6 +609,10 @@ class Simulation:
         if rec.finish is not None:
             # It ended this instant and the core has not seen that yet (a trajectory's close
             # passes before the instant's completions are flushed): nothing left to run.
+            return
+        node = self._static.pop(action_id, None)
+        if node is not None:
+            self._unstatic(node, d)
             return
         weighted = self._weighted.get(action_id)
         if weighted is not None:
@@ -579,6 +637,23 @@ class Simulation:
         ends = run.begun + run.left * run.noise * curve.duration(d.units) * over(action_id, d.units)
         timer = self.env.timeout(max(0.0, ends - now), (action_id, run.version))
         timer.callbacks.append(self._finished_malleable)
+
+    def _unstatic(self, node: str, d: Resize) -> None:
+        """A static job resized: what it had left joins the CFS split at its new weight (its
+        own timer is ignored from now)."""
+        now = self.env.now
+        action_id = d.action.id
+        static = self._shared[node].remove_static(now, action_id)  # type: ignore[index]
+        self._resized_static.add(action_id)
+        work, serial = static.left_at(now)
+        total = static.left_at(static.begin)[0]
+        job = Job(work, static.threads, float(max(d.units, 1)), total=total, serial=serial)
+        self._weighted[action_id] = (node, job)
+        if now < static.begin:  # still in its overhead: it joins when its work begins
+            timer = self.env.timeout(static.begin - now, (node, action_id, job))
+            timer.callbacks.append(self._overhead_done)
+        else:
+            self._enter_shared(node, action_id, job)
 
     def _reweigh(self, node: str, action_id: str, job: Job, units: int) -> None:
         """A weighted grant resized: from now on its CFS weight is its new grant (work done so

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tangram.sim.cfs import Job, SharedNode, StaticJob
 from tangram.sim.config import SimConfig
 from tangram.sim.driver import Simulation
 from tangram.sim.instances import trace_cluster
@@ -68,3 +69,35 @@ def test_a_lone_trajectory_runs_as_on_exclusive_cores(instance):
         Simulation(lone, cluster, SimConfig(policy="tangram-exclusive")).run()
     )
     assert weighted["exec_s"].to_numpy() == pytest.approx(exclusive["exec_s"].to_numpy())
+
+
+def test_a_static_jobs_serial_phase_lends_its_idle_core_as_a_split_job_would():
+    # 4 cores. S: weight 2, 2 threads, serial phase 0-10 s (one core), parallel 10-15 s (two).
+    # F: weight 2, 4 threads, 40 core-s of parallel work. While S is serial F gets 3 cores
+    # (30 core-s by 10 s); then 2 cores for the last 10 core-s: F ends at 15 s. The same two
+    # jobs both in the CFS split give the same end.
+    static = SharedNode(4)
+    static.add_static(0.0, "S", StaticJob(2.0, 2.0, begin=0.0, serial_end=10.0, end=15.0))
+    static.add(0.0, "F", Job(40.0, 4.0, 2.0))
+    assert static.next_finish() == pytest.approx(10.0)
+    assert static.finish_due(10.0) == []  # S's phase change re-splits: F now on 2 cores
+    assert static.next_finish() == pytest.approx(15.0)
+    assert [k for k, _ in static.finish_due(15.0)] == ["F"]
+    assert static.peak == pytest.approx(4.0)
+
+    split = SharedNode(4)
+    split.add(0.0, "S", Job(20.0, 2.0, 2.0, serial=10.0))
+    split.add(0.0, "F", Job(40.0, 4.0, 2.0))
+    ends = {}
+    for _ in range(4):
+        t = split.next_finish()
+        for k, _ in split.finish_due(t):
+            ends[k] = t
+    assert ends == pytest.approx({"S": 15.0, "F": 15.0})
+
+
+def test_weights_past_the_node_are_refused_by_name():
+    node = SharedNode(2)
+    node.add(0.0, "a", Job(1.0, 1.0, 2.0))
+    with pytest.raises(ValueError, match="'b'.*exceed the node's 2 cores"):
+        node.add(0.0, "b", Job(1.0, 1.0, 1.0))
