@@ -65,13 +65,16 @@ def test_over_quota_burst_is_refused_with_429_and_the_rest_complete() -> None:
                 return accepted, refused
 
         accepted, refused = asyncio.run(burst())
-        assert len(accepted) == 50 and len(refused) == 150
+        # 50 fit max_pending at once; a call that ends during the burst (0.05 s, 3 at a time)
+        # frees a place, so a slow or loaded machine may accept a few more. What always holds:
+        # at least 50 accepted, the rest refused, every accepted one run exactly once.
+        assert len(accepted) >= 50 and refused and len(accepted) + len(refused) == 200
         err = refused[0]
         assert err.status == 429 and err.code == "overloaded" and err.retryable
         assert err.retry_after_s and err.retry_after_s > 0
         assert "max_pending" in err.message
         assert log.peak <= 3, "the endpoint's concurrency quota (3) was exceeded"
-        assert sum(log.calls.values()) == 50
+        assert sum(log.calls.values()) == len(accepted)
 
         async def with_retries() -> list[Any]:
             async with AsyncClient(svc.url, retries=50) as c:
