@@ -37,6 +37,14 @@ from dataclasses import dataclass
 _DONE_WITHIN_S = 1e-6
 
 
+def serial_fraction(threads: int, speedup: float) -> float:
+    """The serial fraction a speed-up of ``speedup`` on ``threads`` implies (Amdahl's law
+    solved for s), clipped to [0, 1]; 0 on one thread."""
+    if threads <= 1:
+        return 0.0
+    return min(1.0, max(0.0, (threads / speedup - 1.0) / (threads - 1.0)))
+
+
 @dataclass
 class Job:
     """One running action on a shared node (mutable: its work drains)."""
@@ -68,8 +76,7 @@ class Job:
     def amdahl(cls, work: float, threads: int, speedup: float, weight: float) -> Job:
         """A job whose curve gives ``speedup`` on its ``threads``: the serial fraction that
         speed-up implies (Amdahl's law solved for s) is its serial phase."""
-        s = (threads / speedup - 1.0) / (threads - 1.0) if threads > 1 else 0.0
-        return cls(work, float(threads), weight, serial=min(1.0, max(0.0, s)) * work)
+        return cls(work, float(threads), weight, serial=serial_fraction(threads, speedup) * work)
 
     @property
     def cap(self) -> float:
@@ -103,6 +110,11 @@ class StaticJob:
         if t < self.serial_end:
             return min(1.0, self.threads)
         return self.threads if t < self.end else 0.0
+
+    @property
+    def work(self) -> float:
+        """Its whole work, core-seconds (what it has left at its begin)."""
+        return self.left_at(self.begin)[0]
 
     def left_at(self, t: float) -> tuple[float, float]:
         """(work, serial work) left at ``t``, core-seconds."""
@@ -162,8 +174,6 @@ class SharedNode:
         self.static_cores = 0.0
         self._changes: list[tuple[float, int, str]] = []
         self._seq = 0
-        #: Bumped at every re-split: a wake-up armed before it is stale.
-        self.version = 0
         #: The most cores in use at any instant (sum of the jobs' shares), for checks.
         self.peak = 0.0
 
@@ -267,7 +277,6 @@ class SharedNode:
             job.rate = self._rate(job)
             used += job.cores
         self.peak = max(self.peak, used)
-        self.version += 1
 
     def add(self, now: float, job_id: str, job: Job) -> None:
         self._admit(job_id, job.weight)

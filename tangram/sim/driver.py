@@ -34,7 +34,7 @@ from tangram.core.loop import DriverLoop
 from tangram.core.policies import make_policy
 from tangram.core.resources import ClusterSpec, ResourceKind
 from tangram.core.scheduler import Scheduler
-from tangram.sim.cfs import Job, SharedNode, StaticJob
+from tangram.sim.cfs import Job, SharedNode, StaticJob, serial_fraction
 from tangram.sim.config import SimConfig
 from tangram.sim.demand import expected_demand
 from tangram.sim.gpu_model import GpuCallModel
@@ -509,11 +509,8 @@ class Simulation:
         (one thread; the serial fraction its curve implies, as ``Job.amdahl``) leaves the
         rest of its grant idle for others to borrow."""
         units = d.units
-        curve = d.action.curve
-        serial = 0.0
-        if units > 1:
-            s = min(1.0, max(0.0, (units / curve.speedup(units) - 1.0) / (units - 1.0)))
-            serial = execution * s / (s + (1.0 - s) / units)  # its serial phase's seconds
+        s = serial_fraction(units, d.action.curve.speedup(units))
+        serial = execution * s / (s + (1.0 - s) / units)  # its serial phase's seconds
         job = StaticJob(float(units), float(units), begin, begin + serial, begin + execution)
         shared = self._shared[node]  # type: ignore[index]
         shared.add_static(self.env.now, d.action.id, job)
@@ -589,10 +586,7 @@ class Simulation:
             # The cores it used: one in its serial phase, its threads after (busy core-s are
             # its work, as for the jobs of the CFS split).
             if rec.execution > 0:
-                rec.units = (
-                    (job.serial_end - job.begin) * min(1.0, job.threads)
-                    + (job.end - job.serial_end) * job.threads
-                ) / rec.execution
+                rec.units = job.work / rec.execution
             if shared.flexible:
                 self._arm_shared(node)
         elif action_id in self._resized_static:
@@ -646,8 +640,7 @@ class Simulation:
         static = self._shared[node].remove_static(now, action_id)  # type: ignore[index]
         self._resized_static.add(action_id)
         work, serial = static.left_at(now)
-        total = static.left_at(static.begin)[0]
-        job = Job(work, static.threads, float(max(d.units, 1)), total=total, serial=serial)
+        job = Job(work, static.threads, float(max(d.units, 1)), total=static.work, serial=serial)
         self._weighted[action_id] = (node, job)
         if now < static.begin:  # still in its overhead: it joins when its work begins
             timer = self.env.timeout(static.begin - now, (node, action_id, job))
@@ -674,7 +667,7 @@ class Simulation:
             return 1.0
         threads, curve = told
         speedup = curve.speedup(threads)
-        serial = min(1.0, max(0.0, (threads / speedup - 1.0) / (threads - 1.0)))
+        serial = serial_fraction(threads, speedup)
         parallel = (1.0 - serial) / units
         return (serial + parallel / (1.0 - slowdown)) / (serial + parallel)
 
