@@ -93,7 +93,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--batch",
         type=positive_int,
-        help="trajectories per step (with --workload; default: the paper's)",
+        help=(
+            "trajectories per step (with --workload; default: the paper's; random: the "
+            "batch its instance draws, as `tangram bench robustness` replays it)"
+        ),
     )
     p.add_argument("--steps", type=positive_int, default=1, help="RL steps (with --workload)")
     p.add_argument("--seed", type=int, default=0)

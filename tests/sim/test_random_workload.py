@@ -52,6 +52,16 @@ def test_batch_is_the_trajectories_per_step_and_instances_draw_it_from_2_to_40()
     assert len(set(batches)) > 20  # spread over the range, not one value
 
 
+def test_the_cli_default_batch_replays_the_benchmarks_instance():
+    """`tangram sim --workload random --seed S` (no --batch) is the benchmark's instance S."""
+    for family in FAMILIES:
+        for seed in (101, 146):
+            bench, _ = random_instance(RandomParams(family=family), seed=seed)
+            cli = generate("random", seed=seed, family=family)
+            assert cli.meta["trajectories"] == instance_batch(family, seed)
+            assert cli.rows == bench.rows
+
+
 def test_cpu_instances_have_one_or_two_nodes_of_4_to_64_cores_and_heavy_mixed_tails():
     sigmas, synced, long_mix = [], [], 0
     for trace, cluster in instances("cpu"):

@@ -14,7 +14,7 @@ from tangram.sim.workloads.base import Workload
 from tangram.sim.workloads.coding import CodingParams, generate_coding
 from tangram.sim.workloads.deepsearch import DeepSearchParams, generate_deepsearch
 from tangram.sim.workloads.mopd import MopdParams, TeacherSpec, generate_mopd
-from tangram.sim.workloads.random_instances import RandomParams, generate_random
+from tangram.sim.workloads.random_instances import RandomParams, generate_random, instance_batch
 from tangram.sim.workloads.stats import summarize
 from tangram.trace import Trace
 
@@ -46,6 +46,7 @@ WORKLOADS: dict[str, Workload] = {
         40,
         generate_random,
         "small random instances (trace + cluster) of a family: cpu, gpu or mixed",
+        batch_for=lambda params, seed: instance_batch(params.family, seed),
     ),
 }
 

@@ -152,6 +152,10 @@ class Workload:
     default_batch: int
     fn: Callable[..., Trace]
     description: str
+    #: The default batch drawn per seed, ``(params, seed) -> batch``, where the generator's
+    #: instances each draw their own (``random``: instance ``seed`` of the robustness
+    #: benchmark is then ``--workload random --seed seed``); None: ``default_batch``.
+    batch_for: Callable[[Any, int], int] | None = None
 
     def __call__(
         self, params: Any = None, *, batch: int | None = None, steps: int = 1, seed: int = 0
@@ -161,7 +165,8 @@ class Workload:
             raise TypeError(
                 f"{self.name} takes {self.params_type.__name__}, got {type(params).__name__}"
             )
-        batch = self.default_batch if batch is None else batch
+        if batch is None:
+            batch = self.default_batch if self.batch_for is None else self.batch_for(params, seed)
         check_run_args(batch, steps, seed)
         return self.fn(params, batch=batch, steps=steps, seed=seed)
 

@@ -306,9 +306,7 @@ def random_instance(
     from tangram.sim.instances import trace_cluster
     from tangram.sim.workloads import WORKLOADS
 
-    params = params or RandomParams()
-    batch = instance_batch(params.family, seed)
-    trace = WORKLOADS["random"](params, batch=batch, steps=steps, seed=seed)
+    trace = WORKLOADS["random"](params or RandomParams(), steps=steps, seed=seed)
     cluster = trace_cluster(trace)
     assert cluster is not None  # generate_random always writes one
     return trace, cluster
