@@ -478,7 +478,9 @@ class Simulation:
                     overhead = restore + rec.evictions * ov.eviction_s
                 self.residency.touch(d.node, d.gpus, service)
                 overhead += self.gpu_model.dispatch_s(service)
-                slow = self.gpu_model.slowdown(service, d.node, d.units, self.scheduler.state)
+                slow = self.gpu_model.slowdown(
+                    service, d.node, d.units, self.scheduler.state, d.action.id
+                )
             else:
                 overhead = ov.api_call_s
         if d.threads and self.config.overheads.oversubscription_slowdown:

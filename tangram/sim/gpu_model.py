@@ -6,7 +6,8 @@ cost to every call and ``gpu_h2d_gbps`` / ``gpu_restore_fixed_s`` replace the cl
 restore figures. A measured record (``GpuCalibration``, one per service, from ``tangram
 calibrate gpu``) prices its own service's calls instead: its dispatch overhead, its restore
 (bytes per GPU / bandwidth + fixed) and, when it names the CPU node whose cores the calls share
-(a CPU-backed device), its slow-down for the cores held there when the call starts.
+(a CPU-backed device), its slow-down for the cores busy there when the call starts (held by
+CPU actions, and by the node's other calls when they compute on the host).
 """
 
 from __future__ import annotations
@@ -64,10 +65,23 @@ class GpuCallModel:
         fixed = node.restore_fixed_s if ov.gpu_restore_fixed_s is None else ov.gpu_restore_fixed_s
         return size_gb / (shards * gbps) + fixed
 
-    def slowdown(self, service: str, node: str, cells: int, state: ClusterState) -> float:
-        """The factor on the call's duration for the host cores held when it starts."""
+    def slowdown(
+        self, service: str, node: str, cells: int, state: ClusterState, action_id: str = ""
+    ) -> float:
+        """The factor on the call's duration for the host cores busy when it starts: held by
+        CPU actions, plus the record's ``host_cores_per_gpu`` per GPU of its node held by
+        another call (``action_id``: this call's, not counted; a dedicated replica's cell is
+        not a call)."""
         record = self.records.get(service)
         if record is None or record.gpu_node != node or record.host_cpu_node is None:
             return 1.0
         cpu = state.cpu[record.host_cpu_node]
-        return record.slowdown(cells, cpu.spec.cores - cpu.free_cores)
+        busy: float = cpu.spec.cores - cpu.free_cores
+        if record.host_cores_per_gpu:
+            calls = sum(
+                1
+                for owner in state.gpu[node].owner
+                if owner is not None and owner != action_id and not owner.startswith("dedicated:")
+            )
+            busy += record.host_cores_per_gpu * calls
+        return record.slowdown(cells, busy)

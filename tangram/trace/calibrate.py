@@ -20,7 +20,7 @@ from typing import Any
 
 from tangram.core.curves import curve_from_dict
 from tangram.trace.gpu_calibration import GpuCalibration
-from tangram.trace.host_load import busy_at_start
+from tangram.trace.host_load import busy_for
 from tangram.trace.row import TraceRow
 from tangram.trace.trace import Trace
 
@@ -123,7 +123,7 @@ def _predictions(trace: Trace, calibrations: Sequence[GpuCalibration]) -> dict[s
     for cal in calibrations:
         if cal.host_cpu_node is None:
             continue
-        busy = busy_at_start(trace.rows, cal.host_cpu_node)
+        busy = busy_for(trace.rows, cal)
         for r in trace.rows:
             if r.action_id in busy and r.service == cal.service and r.obs_node == cal.gpu_node:
                 out[r.action_id] = cal.slowdown(r.obs_units or 1, busy[r.action_id])

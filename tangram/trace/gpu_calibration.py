@@ -58,7 +58,14 @@ class GpuCalibration:
 
     ``host_cpu_node`` / ``gpu_node``: the cluster's CPU node whose cores the calls share and
     the GPU node measured (None: the calls do not share a CPU node's cores; the simulator
-    then applies no contention)."""
+    then applies no contention).
+
+    ``host_cores_per_gpu``: the host cores a running call keeps busy per GPU of its cell (a
+    CPU-backed device computing on one thread per GPU: 1; a real accelerator: 0, the
+    default). The host's busy cores at a call's start (``busy_cores`` of ``call_times``) are
+    then the cores CPU actions hold there plus this many per GPU of ``gpu_node`` running
+    another call: two CPU-backed calls share the host's cores with each other as with the
+    CPU sandboxes."""
 
     service: str
     backend: str
@@ -69,6 +76,7 @@ class GpuCalibration:
     call_times: tuple[CallTime, ...]
     host_cpu_node: str | None = None
     gpu_node: str | None = None
+    host_cores_per_gpu: float = 0.0
     version: int = GPU_CALIBRATION_VERSION
 
     def __post_init__(self) -> None:
@@ -90,6 +98,7 @@ class GpuCalibration:
                 f"version {self.version!r} is not supported (this Tangram reads "
                 f"{GPU_CALIBRATION_VERSION})"
             )
+        _number("host_cores_per_gpu", self.host_cores_per_gpu)
         if (self.host_cpu_node is None) != (self.gpu_node is None):
             raise CalibrationError("host_cpu_node and gpu_node must be given together or neither")
         seen: set[tuple[int, float]] = set()
@@ -148,6 +157,8 @@ class GpuCalibration:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["call_times"] = [asdict(p) for p in self.call_times]
+        if not self.host_cores_per_gpu:  # the default: records written before it read the same
+            del out["host_cores_per_gpu"]
         return {k: v for k, v in out.items() if v is not None}
 
     @classmethod

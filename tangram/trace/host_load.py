@@ -2,13 +2,16 @@
 
 A CPU-backed device (or a model whose call needs the host's CPU) computes on the cores the CPU
 sandboxes are granted. ``busy_at_start`` reads, for every GPU call of a live trace, how many
-cores of the host's CPU node were held by CPU actions when the call started (the quantity the
-simulator prices, ``tangram.sim.gpu_model``); ``contention_points`` turns a live run into the
-call times of a ``GpuCalibration`` per cell size and busy cores (median of observed / idle).
+cores of the host's CPU node were held by CPU actions when the call started, plus, for a
+device whose calls compute on the host (``GpuCalibration.host_cores_per_gpu``), the cores the
+other calls then running on the GPU node kept busy (the quantity the simulator prices,
+``tangram.sim.gpu_model``); ``contention_points`` turns a live run into the call times of a
+``GpuCalibration`` per cell size and busy cores (median of observed / idle).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable, Sequence
 
@@ -27,56 +30,106 @@ def _ran(rows: Iterable[TraceRow]) -> list[TraceRow]:
     ]
 
 
-def busy_at_start(rows: Iterable[TraceRow], host_cpu_node: str) -> dict[str, int]:
-    """GPU action id -> cores of ``host_cpu_node`` held by CPU actions when its call started
-    (a CPU action holds its cores from its start to its end, overhead included)."""
+def busy_at_start(
+    rows: Iterable[TraceRow],
+    host_cpu_node: str,
+    gpu_node: str | None = None,
+    host_cores_per_gpu: float = 0.0,
+) -> dict[str, float]:
+    """GPU action id -> cores of ``host_cpu_node`` busy when its call started: those held by
+    CPU actions (from their start to their end, overhead included) plus
+    ``host_cores_per_gpu`` per GPU of ``gpu_node`` held by another call then (from its start,
+    restore included, to its end)."""
     ran = _ran(rows)
     held = [
-        (r.arrival_s + (r.obs_queue_s or 0.0), r.arrival_s + _act(r), r.obs_units)
+        (r.arrival_s + (r.obs_queue_s or 0.0), r.arrival_s + _act(r), float(r.obs_units), "")
         for r in ran
         if r.resource == "cpu" and r.obs_node == host_cpu_node
     ]
+    if host_cores_per_gpu and gpu_node is not None:
+        held += [
+            (
+                r.arrival_s + (r.obs_queue_s or 0.0),
+                r.arrival_s + _act(r),
+                host_cores_per_gpu * r.obs_units,
+                r.action_id,
+            )
+            for r in ran
+            if r.resource == "gpu" and r.obs_node == gpu_node
+        ]
     out = {}
     for r in ran:
         if r.resource != "gpu":
             continue
         start = r.arrival_s + (r.obs_queue_s or 0.0) + (r.obs_overhead_s or 0.0)
-        out[r.action_id] = sum(units for a, b, units in held if a <= start < b)
+        out[r.action_id] = sum(
+            units for a, b, units, who in held if a <= start < b and who != r.action_id
+        )
     return out
+
+
+def busy_for(rows: Iterable[TraceRow], record: GpuCalibration) -> dict[str, float]:
+    """``busy_at_start`` as ``record`` counts it (its host, its GPU node, its cores per GPU)."""
+    if record.host_cpu_node is None:
+        raise ValueError(f"calibration of {record.service!r} names no host CPU node")
+    return busy_at_start(rows, record.host_cpu_node, record.gpu_node, record.host_cores_per_gpu)
 
 
 def _act(r: TraceRow) -> float:
     return (r.obs_queue_s or 0.0) + (r.obs_overhead_s or 0.0) + (r.obs_exec_s or 0.0)
 
 
+def max_level(record: GpuCalibration, host_cores: int, gpus: int) -> int:
+    """The most busy cores a call of ``record`` can see on a host of ``host_cores`` beside a
+    GPU node of ``gpus``: the host's cores, plus the other GPUs' when calls load the host."""
+    return host_cores + math.ceil(record.host_cores_per_gpu * max(0, gpus - 1))
+
+
 def contention_points(
-    rows: Sequence[TraceRow], idle: GpuCalibration, host_cores: int
+    rows: Sequence[TraceRow], idle: GpuCalibration, host_cores: int, gpus: int = 1
 ) -> tuple[CallTime, ...]:
-    """Call times at 1..``host_cores`` busy cores for each DoP of ``idle`` (a record whose
-    busy-0 points are the idle call times), from the calls of ``idle.service`` that ended with
-    a result in a live run: the idle time times the median observed / idle ratio of the calls
-    started at that many busy cores. A level with fewer than ``MIN_CALLS`` calls at a DoP
-    takes the ratio of all DoPs' calls at that level; with fewer still it is left out (the
-    record interpolates over it)."""
-    if idle.host_cpu_node is None:
-        raise ValueError(f"calibration of {idle.service!r} names no host CPU node")
-    busy = busy_at_start(rows, idle.host_cpu_node)
+    """Call times at 1..``max_level`` busy cores for each DoP of ``idle`` (a record whose
+    busy-0 points are the idle call times; ``gpus``: its GPU node's), from the calls of
+    ``idle.service`` that ended with a result in a live run: the idle time times the median
+    observed / idle ratio of the calls started at that many busy cores (rounded; more than
+    ``max_level`` count as ``max_level``). A level with fewer than ``MIN_CALLS`` calls at a
+    DoP takes the ratio of all DoPs' calls at that level; with fewer still it is left out
+    (the record interpolates over it), except above ``host_cores`` (other calls' load on a
+    fully held host: seen rarely), where the highest level measured is carried up by
+    processor sharing (``_shared``)."""
+    busy = busy_for(rows, idle)
+    top = max_level(idle, host_cores, gpus)
     ratios: dict[tuple[int, int], list[float]] = {}
     for r in _ran(rows):
         if r.action_id not in busy or r.service != idle.service or r.obs_outcome != "result":
             continue
         if not (r.obs_exec_s or 0.0) > 0:
             continue
-        level = min(busy[r.action_id], host_cores)
+        level = min(round(busy[r.action_id]), top)
         ratio = r.obs_exec_s / idle.call_s(r.obs_units, 0.0)
         ratios.setdefault((r.obs_units, level), []).append(ratio)
     points = []
     for dop in idle.dops:
-        for level in range(1, host_cores + 1):
+        last: CallTime | None = None
+        for level in range(1, top + 1):
             own = ratios.get((dop, level), [])
             pooled = [x for (_, b), xs in ratios.items() if b == level for x in xs]
             use = own if len(own) >= MIN_CALLS else pooled
             if len(use) >= MIN_CALLS:
-                seconds = idle.call_s(dop, 0.0) * statistics.median(use)
-                points.append(CallTime(dop, float(level), seconds))
+                last = CallTime(dop, float(level), idle.call_s(dop, 0.0) * statistics.median(use))
+            elif level > host_cores and last is not None:
+                threads = max(1.0, dop * idle.host_cores_per_gpu)
+                factor = _shared(threads, level, host_cores) / _shared(
+                    threads, last.busy_cores, host_cores
+                )
+                last = CallTime(dop, float(level), last.seconds * factor)
+            else:
+                continue
+            points.append(last)
     return tuple(points)
+
+
+def _shared(threads: float, busy: float, cores: int) -> float:
+    """How much longer ``threads`` runnable threads take beside ``busy`` busy ones on
+    ``cores`` cores shared fairly than on cores of their own."""
+    return max(1.0, (threads + busy) / cores)

@@ -28,6 +28,8 @@ def test_a_live_calibration_measures_overhead_restore_and_call_times_per_load() 
         )
         stats = m.stats()
     assert record.service == "judge" and record.backend == "cpu"
+    # A CPU-backed device's calls compute on the host: one core per GPU of another call.
+    assert record.host_cores_per_gpu == 1.0
     assert [(p.dop, p.busy_cores) for p in record.call_times] == [(1, 0), (2, 0), (1, 1), (2, 1)]
     assert all(p.seconds > 0 for p in record.call_times)
     assert 0 < record.call_overhead_s < 1.0

@@ -129,3 +129,32 @@ def test_bad_gpu_overheads_are_refused_naming_the_field(field, value, message) -
 def test_two_records_for_one_service_are_refused() -> None:
     with pytest.raises(ValueError, match="one record per service"):
         SimConfig(gpu_calibrations=(RECORD, RECORD))
+
+
+def test_a_cpu_backed_record_counts_the_nodes_other_calls_as_busy_host_cores() -> None:
+    """Two calls overlap on an idle host: the second starts with the first's GPU busy."""
+    small = dict(service_size_gb=0.001)  # restored in no time: b takes the other GPU
+    trace = Trace(
+        (row("a", "gpu", 0.0, **small), row("b", "gpu", 0.5, **small), row("c", "gpu", 5.0))
+    )
+    points = (CallTime(1, 0.0, 0.2), CallTime(1, 1.0, 0.3))  # 1.5x with one core busy
+    cfg = dict(
+        policy="tangram",
+        rollout=RolloutConfig(mode="open"),
+        warm_gpus=True,
+        overheads=Overheads(aoe_grant_s=0.0, container_start_s=0.0),
+    )
+
+    def execs(per_gpu: float) -> dict[str, float]:
+        """action id -> simulated execution time (after checking the calls overlapped)."""
+        rec = GpuCalibration(**{**RECORD.__dict__, "call_times": points})
+        rec = GpuCalibration(**{**rec.__dict__, "host_cores_per_gpu": per_gpu})
+        frame = actions_frame(
+            simulate(trace, CLUSTER, SimConfig(**cfg, gpu_calibrations=(rec,)))
+        ).set_index("action_id")
+        assert frame.at["b", "start"] == 0.5 and frame.at["b", "node"] == "gpu-0"
+        return {i: frame.at[i, "exec_s"] for i in frame.index}
+
+    assert execs(0.0) == pytest.approx({"a": 1.0, "b": 1.0, "c": 1.0})
+    # b starts while a holds the other GPU: one host core busy; a and c started alone.
+    assert execs(1.0) == pytest.approx({"a": 1.0, "b": 1.5, "c": 1.0})

@@ -16,7 +16,7 @@ from tangram.trace.gpu_calibration import (
     GpuCalibration,
     load_gpu_calibration,
 )
-from tangram.trace.host_load import busy_at_start, contention_points
+from tangram.trace.host_load import busy_at_start, busy_for, contention_points
 
 
 def record(**changes) -> GpuCalibration:
@@ -99,6 +99,7 @@ def test_every_valid_record_survives_its_dict_form(overhead, gbps, fixed, times,
         ({"call_overhead_s": -1.0}, "call_overhead_s must be a finite number >= 0"),
         ({"call_overhead_s": float("nan")}, "call_overhead_s must be a finite number"),
         ({"host_cores": 0}, "host_cores must be an integer >= 1"),
+        ({"host_cores_per_gpu": -1.0}, "host_cores_per_gpu must be a finite number >= 0"),
         ({"gpu_node": None}, "host_cpu_node and gpu_node must be given together"),
         ({"version": 9}, "version 9 is not supported"),
         ({"call_times": ()}, "call_times must hold at least one point"),
@@ -190,3 +191,46 @@ def test_contention_points_are_the_idle_time_times_the_median_slow_down_per_leve
     assert [(p.dop, p.busy_cores) for p in points] == [(1, 2.0), (2, 2.0)]  # no call at 1 busy
     assert points[0].seconds == pytest.approx(0.040 * 1.5)  # ratios 1.25, 1.5, 1.75
     assert points[1].seconds == pytest.approx(0.030 * 1.625)  # pooled: those and 3.0
+
+
+def test_host_cores_per_gpu_is_written_only_when_set_and_reads_back() -> None:
+    assert "host_cores_per_gpu" not in record().to_dict()  # records before it read the same
+    r = record(host_cores_per_gpu=1.0)
+    assert r.to_dict()["host_cores_per_gpu"] == 1.0
+    assert GpuCalibration.from_dict(json.loads(json.dumps(r.to_dict()))) == r
+
+
+def test_busy_cores_count_other_calls_on_the_gpu_node_at_their_cores_per_gpu() -> None:
+    rows = [
+        row("c1", "cpu", 0.0, 1, 10.0),  # 1 core over [0, 10)
+        row("g1", "gpu", 1.0, 2, 2.0),  # a DoP-2 call over [1, 3)
+        row("g2", "gpu", 2.0, 1, 2.0),  # over [2, 4): g1 running at its start
+        row("g3", "gpu", 3.5, 1, 1.0),  # g2 running
+        row("g4", "gpu", 3.5, 1, 1.0, obs_node="gpu-1"),  # another GPU node: not counted
+        row("g5", "gpu", 12.0, 1, 1.0),  # alone
+    ]
+    assert busy_at_start(rows, "vm") == {"g1": 1, "g2": 1, "g3": 1, "g4": 1, "g5": 0}
+    both = busy_at_start(rows, "vm", "gpu-0", 1.0)
+    # g4 (on gpu-1) sees the host loaded by gpu-0's g2 and g3; g3 does not count g4.
+    assert both == {"g1": 1, "g2": 1 + 2, "g3": 1 + 1, "g4": 1 + 2, "g5": 0}
+    assert busy_for(rows, record(host_cores_per_gpu=0.5))["g2"] == 1 + 0.5 * 2
+    assert busy_for(rows, record()) == busy_at_start(rows, "vm")  # 0 per GPU: CPU only
+
+
+def test_contention_points_carry_the_top_level_up_by_processor_sharing() -> None:
+    idle = record(call_times=(CallTime(1, 0.0, 0.040),), host_cores_per_gpu=1.0)
+    rows = [row("c", "cpu", 0.0, 2, 100.0)]  # both host cores busy all along
+    rows += [row(f"g{i}", "gpu", 1.0 + i, 1, t) for i, t in enumerate([0.05, 0.06, 0.07])]
+    # 2 cores and 2 GPUs: up to 2 + 1 busy; no call saw the other GPU busy, so level 3 is
+    # level 2 times (1 + 3) / 2 over (1 + 2) / 2: one more thread on the 2 shared cores.
+    points = contention_points(rows, idle, host_cores=2, gpus=2)
+    assert [(p.dop, p.busy_cores) for p in points] == [(1, 2.0), (1, 3.0)]
+    assert points[1].seconds == pytest.approx(points[0].seconds * 4 / 3)
+    # Three calls overlapping another call are measured at that level instead.
+    rows += [row(f"h{i}", "gpu", 10.0 + i, 1, 0.1) for i in range(3)]
+    rows += [row(f"o{i}", "gpu", 10.0 + i - 0.01, 1, 0.5) for i in range(3)]
+    measured = contention_points(rows, idle, host_cores=2, gpus=2)
+    top = measured[-1]  # ratios 2.5, 2.5, 2.5
+    assert (top.dop, top.busy_cores) == (1, 3.0) and top.seconds == pytest.approx(0.040 * 2.5)
+    # Without host load from calls there is no level past the host's cores.
+    assert max(p.busy_cores for p in contention_points(rows, record(), 2, gpus=2)) == 2.0

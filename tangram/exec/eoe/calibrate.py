@@ -12,7 +12,9 @@
   host's cores kept busy by spinning processes. A CPU-backed device computes on the host's
   cores, so a call slows down as the CPU sandboxes take them (1.45-1.7x with both of this
   machine's 2 cores busy in the fidelity experiment); a CUDA call mostly does not, and its
-  record then shows slow-downs near 1.
+  record then shows slow-downs near 1. A CPU-backed device's other calls load the host too
+  (one thread per GPU: ``host_cores_per_gpu`` = 1 in its record, and the default levels go
+  up to the host's cores plus the other GPUs).
 
 The host load is plain processes (``python -c 'while True: pass'``), started and killed here.
 """
@@ -20,6 +22,7 @@ The host load is plain processes (``python -c 'while True: pass'``), started and
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import statistics
 import subprocess
@@ -158,7 +161,10 @@ def calibrate_gpu(
     if info.shards > 1:
         dops = [info.shards]
     cores = os.cpu_count() or 1
-    levels = list(range(cores + 1)) if busy_levels is None else list(busy_levels)
+    # A CPU-backed device computes each GPU's share of a call on one host thread.
+    per_gpu = 1.0 if manager.backend == "cpu" and host_cpu_node is not None else 0.0
+    top = cores + math.ceil(per_gpu * max(0, len(manager.devices) - 1))
+    levels = list(range(top + 1)) if busy_levels is None else list(busy_levels)
     if 0 not in levels:
         levels.insert(0, 0)
     overhead = measure_overhead(manager, service, inputs, reps)
@@ -174,4 +180,5 @@ def calibrate_gpu(
         call_times=times,
         host_cpu_node=host_cpu_node,
         gpu_node=gpu_node,
+        host_cores_per_gpu=per_gpu,
     )
