@@ -3,14 +3,18 @@
     python experiments/fidelity_gpu_loo.py [--runs DIR] [--out DIR]
 
 Reads a fidelity run (``fidelity.json`` and ``fidelity-trace-seed<N>.jsonl.gz``; by default
-``experiments/results/fidelity-issue11/``, the quiet run of issue 11, load 0.6-1.7). For each
-seed, its GPU calibration record is built from live measurements only: its own idle call
-times per cell size (``calibration_idle``) and the slow-down per busy host core measured in
-the *other* seeds' live runs (``tangram.trace.host_load.contention_points``: median observed /
-idle per level, averaged over those seeds). The seed's GPU calls are re-declared at their idle
-times (what clients declare when the simulator prices the host load) and the trace is replayed
-from declared curves with and without the record. The overhead is the seed's own median
-live GPU overhead; restores do not occur (the service stays resident).
+``experiments/results/fidelity-issue11/``, the quiet run of issue 11, load 0.6-1.7;
+``--runs experiments/results`` the committed run). For each seed, its GPU calibration record is
+built from live measurements only: its own idle call times per cell size and per-call overhead
+(its ``fidelity-gpu-calibration-seed<N>.json`` where the run has one, else
+``calibration_idle`` and the seed's median live GPU overhead) and the slow-down per busy host
+core measured in the *other* seeds' live runs (``tangram.trace.host_load.contention_points``:
+median observed / idle per level, averaged over those seeds). The seed's GPU calls are
+re-declared at their idle times (what clients declare when the simulator prices the host load)
+and the trace is replayed from declared curves with and without the record; restores do not
+occur (the service stays resident). Each record is built twice: busy cores counting the CPU
+actions' only (``host_cores_per_gpu`` 0, the model before) and also one per GPU running
+another call (1: a CPU-backed device's calls share the host's cores with each other).
 
 This is a check on quiet data, not the experiment itself: the live policy decided with the
 curves declared then (the idle times scaled by the warm-up's slow-down, flat over cell sizes
@@ -29,7 +33,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_RUNS = HERE / "results" / "fidelity-issue11"
-HOST, GPU_NODE, CORES = "vm", "local-gpu", 2
+HOST, GPU_NODE, CORES, GPUS = "vm", "local-gpu", 2, 2
+#: Host cores a running call keeps busy per GPU: the model before (0) and now (1).
+PER_GPU = (0.0, 1.0)
 #: The replays: every action from its declared curve (one pooled noise, or each resource's
 #: own), or the GPU calls only with the rest as observed (the GPU call model alone).
 MODES = {
@@ -48,77 +54,96 @@ def main(argv: list[str] | None = None) -> int:
     from tangram.sim.replay_cli import replay
     from tangram.trace import Trace, load_trace
     from tangram.trace.files import write_trace
-    from tangram.trace.gpu_calibration import CallTime, GpuCalibration
+    from tangram.trace.gpu_calibration import CallTime, GpuCalibration, load_gpu_calibration
     from tangram.trace.host_load import contention_points
 
     doc = json.loads((args.runs / "fidelity.json").read_text())
-    idle = {
-        r["seed"]: {int(k): v for k, v in r["live"]["calibration_idle"]["gpu_s"].items()}
-        for r in doc["runs"]
-    }
-    traces = {s: load_trace(args.runs / f"fidelity-trace-seed{s}.jsonl.gz") for s in idle}
+    seeds = [r["seed"] for r in doc["runs"]]
+    traces = {s: load_trace(args.runs / f"fidelity-trace-seed{s}.jsonl.gz") for s in seeds}
 
-    def record(seed: int, points: tuple = ()) -> GpuCalibration:
+    def measured(seed: int) -> tuple[dict[int, float], float]:
+        """The seed's idle call time per DoP and its per-call overhead."""
+        path = args.runs / f"fidelity-gpu-calibration-seed{seed}.json"
+        if path.exists():
+            rec = load_gpu_calibration(path)
+            return {d: rec.call_s(d, 0.0) for d in rec.dops}, rec.call_overhead_s
+        run = next(r for r in doc["runs"] if r["seed"] == seed)
         gpu = [r.obs_overhead_s or 0.0 for r in traces[seed].rows if r.resource == "gpu"]
-        base = tuple(CallTime(d, 0.0, t) for d, t in sorted(idle[seed].items()))
+        idle = {int(k): v for k, v in run["live"]["calibration_idle"]["gpu_s"].items()}
+        return idle, statistics.median(gpu)
+
+    def record(seed: int, per_gpu: float, points: tuple = ()) -> GpuCalibration:
+        idle, overhead = measured(seed)
+        base = tuple(CallTime(d, 0.0, t) for d, t in sorted(idle.items()))
         return GpuCalibration(
-            "reward", "cpu", statistics.median(gpu), 1.0, 0.0, CORES, base + points, HOST, GPU_NODE
+            "reward", "cpu", overhead, 1.0, 0.0, CORES, base + points, HOST, GPU_NODE, per_gpu
         )
 
     results = []
     tmp = Path(tempfile.mkdtemp())
-    for seed in sorted(idle):
-        ratios: dict[tuple[int, float], list[float]] = {}
-        for other in sorted(idle):
-            if other == seed:
-                continue
-            for pt in contention_points(traces[other].rows, record(other), CORES):
-                ratios.setdefault((pt.dop, pt.busy_cores), []).append(
-                    pt.seconds / idle[other][pt.dop]
-                )
-        points = tuple(
-            CallTime(d, b, idle[seed][d] * statistics.fmean(xs))
-            for (d, b), xs in sorted(ratios.items())
-        )
-        rec = record(seed, points)
-        g1 = idle[seed][1]
-        curve = {"kind": "tabulated", "points": [[1, g1], [2, min(idle[seed][2], g1)]]}
+    for seed in seeds:
+        idle = measured(seed)[0]
+        g1 = idle[1]
+        curve = {"kind": "tabulated", "points": [[1, g1], [2, min(idle.get(2, g1), g1)]]}
         rows = tuple(
             dataclasses.replace(r, t1_s=g1, curve=curve) if r.resource == "gpu" else r
             for r in traces[seed].rows
         )
         path = write_trace(Trace(rows, dict(traces[seed].meta)), tmp / f"seed{seed}.jsonl.gz")
-        row = {"seed": seed, "record": rec.to_dict()}
-        for mode, kw in MODES.items():
-            for name, recs in (("without", ()), ("with", (rec,))):
-                rep = replay(path, gpu_calibrations=recs, **kw)
-                row[f"{mode}, {name} record"] = rep.by_resource["gpu"]["error"]
+        row: dict = {"seed": seed, "records": {}}
+        for per_gpu in PER_GPU:
+            ratios: dict[tuple[int, float], list[float]] = {}
+            for other in seeds:
+                if other == seed:
+                    continue
+                base = measured(other)[0]
+                for pt in contention_points(
+                    traces[other].rows, record(other, per_gpu), CORES, GPUS
+                ):
+                    ratios.setdefault((pt.dop, pt.busy_cores), []).append(pt.seconds / base[pt.dop])
+            points = tuple(
+                CallTime(d, b, idle[d] * statistics.fmean(xs))
+                for (d, b), xs in sorted(ratios.items())
+                if d in idle
+            )
+            rec = record(seed, per_gpu, points)
+            row["records"][str(per_gpu)] = rec.to_dict()
+            for mode, kw in MODES.items():
+                if per_gpu == PER_GPU[0]:
+                    rep = replay(path, **kw)
+                    row[f"{mode}, without record"] = rep.by_resource["gpu"]["error"]
+                rep = replay(path, gpu_calibrations=(rec,), **kw)
+                row[f"{mode}, record {per_gpu:g}"] = rep.by_resource["gpu"]["error"]
         results.append(row)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "fidelity-gpu-loo.json").write_text(json.dumps(results, indent=2))
+    runs = args.runs.resolve()
+    named = {DEFAULT_RUNS.resolve(): "", (HERE / "results").resolve(): "-latest"}
+    stem = "fidelity-gpu-loo" + named.get(runs, f"-{runs.name}")
+    where = runs.relative_to(HERE.parent) if runs.is_relative_to(HERE.parent) else runs
+    (args.out / f"{stem}.json").write_text(json.dumps(results, indent=2))
     lines = [
-        "# GPU call model, one seed left out (quiet recorded run)",
+        f"# GPU call model, one seed left out ({where}/)",
         "",
-        f"Command: `python experiments/fidelity_gpu_loo.py` on `{args.runs.name}/` "
-        "(see the script's docstring). GPU calls' ACT error (sim - live) / live, replayed from "
-        "declared curves (the idle call times), without and with the record.",
+        f"Command: `python experiments/fidelity_gpu_loo.py --runs {where}` (see the "
+        "script's docstring). GPU calls' ACT error (sim - live) / live, replayed from declared "
+        "curves (the idle call times): without the record; with it, busy cores counting the CPU "
+        "actions only (host cores per GPU 0, the model before); and also each GPU running "
+        "another call (1).",
         "",
-        "| seed | replay | without: P50 | P95 | with the record: P50 | P95 | slow-down at 1 / 2 "
-        "busy cores, DoP 1 (DoP 2) |",
-        "|---|---|---|---|---|---|---|",
+        "| seed | replay | without: P50 | P95 | record 0: P50 | P95 | record 1: P50 | P95 "
+        "| slow-down (record 1) at 1 / 2 / 3 busy, DoP 1 |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in results:
-        rec = GpuCalibration.from_dict(row["record"])
-        slow = " / ".join(
-            f"{rec.slowdown(1, b):.2f} ({rec.slowdown(2, b):.2f})" for b in range(1, CORES + 1)
-        )
+        rec = GpuCalibration.from_dict(row["records"][str(PER_GPU[1])])
+        slow = " / ".join(f"{rec.slowdown(1, b):.2f}" for b in range(1, CORES + GPUS))
         for mode in MODES:
-            a, b = row[f"{mode}, without record"], row[f"{mode}, with record"]
-            lines.append(
-                f"| {row['seed']} | {mode} | {a['p50']:+.1%} | {a['p95']:+.1%} | "
-                f"{b['p50']:+.1%} | {b['p95']:+.1%} | {slow} |"
-            )
-    (args.out / "fidelity-gpu-loo.md").write_text("\n".join(lines) + "\n")
+            cells = [row[f"{mode}, without record"]] + [
+                row[f"{mode}, record {g:g}"] for g in PER_GPU
+            ]
+            errs = " | ".join(f"{e['p50']:+.1%} | {e['p95']:+.1%}" for e in cells)
+            lines.append(f"| {row['seed']} | {mode} | {errs} | {slow} |")
+    (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 
