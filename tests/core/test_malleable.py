@@ -128,20 +128,22 @@ def test_grants_that_grow_and_shrink_keep_every_invariant(instance):
 
 
 def test_shortest_first_passes_a_long_action_only_within_a_quarter_of_its_duration():
-    # One core. B holds it from 0 to 200 s. L (100 s) queues at 0.5 s, S (1 s) at 20 s,
-    # T (1 s) at 150 s. Keys (arrival + 0.25 x duration): L 25.5, S 20.25, T 150.25. When B
-    # ends at 200: S runs (200-201), then L (201-301), then T (301-302): T arrived after L's
-    # key, so it does not pass L; under FCFS (the paper) S would run after L.
+    # One core. B holds it from 0 to 200 s. L (100 s) queues at 0.5 s, S (1 s) at 5 s,
+    # T (1 s) at 20 s. Keys (arrival + min(0.25 x duration, 10 s)): L 10.5, S 5.25, T 20.25.
+    # When B ends at 200: S runs (200-201), then L (201-301), then T (301-302): T arrived
+    # after L's key (its quarter, 25 s, is capped at 10 s), so it does not pass L; under FCFS
+    # (the paper) S would run after L.
     one = ClusterSpec("one", cpu_nodes=(CpuNodeSpec("n", 1, 1, 64.0),))
     acts = [
         cpu("B", 200.0, 1, m=False),
         cpu("L", 100.0, 1, at=0.5, m=False),
-        cpu("S", 1.0, 1, at=20.0, m=False),
-        cpu("T", 1.0, 1, at=150.0, m=False),
+        cpu("S", 1.0, 1, at=5.0, m=False),
+        cpu("T", 1.0, 1, at=20.0, m=False),
     ]
     out = run(one, "tangram", acts)
     assert [out.finished[a] for a in "SLT"] == pytest.approx([201.0, 301.0, 302.0])
     paper = run(one, "tangram-paper", acts)
     assert [paper.finished[a] for a in "LST"] == pytest.approx([300.0, 301.0, 302.0])
     assert out.finished["L"] - 0.5 < 1.0 + 100.0 + (200.0 - 0.5) + 1e-9  # passed once, by S
+    assert cpu_order.AGING_CAP_S == 10.0
     assert cpu_order.AGING == 0.25  # (the keys above)

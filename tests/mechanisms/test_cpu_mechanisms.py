@@ -6,6 +6,7 @@ Every action is Amdahl with serial fraction 0 (d(k) = t1 / k); AOE's grant and c
 start overheads are set to 0 so the arithmetic is the schedule's alone.
 """
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 from tangram.core.cluster_file import load_cluster
 from tangram.sim.config import Overheads, SimConfig
 from tangram.sim.driver import simulate
+from tangram.trace import Trace
 from tangram.trace.files import load_trace
 
 CASES = Path(__file__).parent / "cpu"
@@ -111,3 +113,39 @@ def test_a_serial_phase_lends_its_idle_core_to_a_queued_action():
     assert default[a] == pytest.approx(10.0)
     assert default[b] == pytest.approx(30.0)
     assert step == pytest.approx(30.0)
+
+
+def test_trajectories_under_way_go_before_newcomers():
+    # One core; every action 10 s on it, and 1 s of generation between a trajectory's two
+    # actions. A and B send their first action at 0, C at 0.5 (a newcomer: none of its actions
+    # has run). A1 runs 0-10, B1 10-20 (A2 arrives at 11).
+    # Paper (FCFS): C1 (0.5) before A2 (11): C1 20-30, A2 30-40, B2 40-50, C2 (arrived 31)
+    # 50-60. ACTs 10, 20, 29.5, 29, 29, 29: mean 24.42 s; every trajectory stays alive to the end.
+    # Default: at 20, A2 (A is under way) goes before C1, then B2 (21): A2 20-30, B2 30-40,
+    # C1 40-50, C2 51-61. ACTs 10, 20, 19, 19, 49.5, 10: mean 21.25 s. C1 is held: its 10 s
+    # are no more than the 19.5 s the node needs for the other work in view when it arrives
+    # (B1's 10 s and A1's 9.5 s left, one core). Step 61 s against 60.
+    paper, paper_step = replay("continuation_first", "tangram-paper")
+    default, step = replay("continuation_first", "tangram")
+    assert np.mean(list(paper.values())) == pytest.approx((10 + 20 + 29.5 + 3 * 29) / 6)
+    assert default["s0-t00002-a000"] == pytest.approx(49.5)
+    assert default["s0-t00000-a001"] == pytest.approx(19.0)
+    assert np.mean(list(default.values())) == pytest.approx(21.25)
+    assert (paper_step, step) == (pytest.approx(60.0), pytest.approx(61.0))
+
+
+def test_a_newcomer_longer_than_the_nodes_drain_is_not_held():
+    # As above, but C's first action takes 40 s: more than the 19.5 s the node needs for the
+    # other work in view when it arrives at 0.5 (B1's 10 s and A1's 9.5 s left, one core),
+    # so it may be its step's critical path and holding it would end the step late by the
+    # wait. It is not held: at 10 it goes before B1 (a newcomer, held: its 10 s are less than
+    # the 49.5 s of other work) and starts at 10, where a held C1 would wait for A2, B1 and
+    # B2 and start at 40.
+    trace = load_trace(CASES / "continuation_first.jsonl")
+    rows = [replace(r, t1_s=40.0) if r.action_id == "s0-t00002-a000" else r for r in trace.rows]
+    cluster = load_cluster(CASES / "continuation_first.toml")
+    config = SimConfig(policy="tangram", overheads=NO_OVERHEAD)
+    result = simulate(Trace(tuple(rows), trace.meta), cluster, config)
+    start = {r.row.action_id: r.start for r in result.actions}
+    assert start["s0-t00002-a000"] == pytest.approx(10.0)
+    assert start["s0-t00001-a000"] > start["s0-t00000-a001"]  # B1 held behind A2

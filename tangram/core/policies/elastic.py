@@ -26,7 +26,7 @@ from tangram.core.context import Context
 from tangram.core.options import Options
 from tangram.core.policies import waits
 from tangram.core.policies.base import DomainRule, RuleTraits
-from tangram.core.policies.cpu_order import shortest_first
+from tangram.core.policies.cpu_order import Continuation, Key, shortest_first
 from tangram.core.policies.malleable import grow_key, grow_to_fill, shrink_to_admit
 from tangram.core.policies.queue_view import OrderedQueue
 from tangram.core.policies.threads import told_threads
@@ -173,7 +173,9 @@ class ElasticCpu(DomainRule):
         #: to nobody else meanwhile (``waits``).
         self.awaiting: dict[str, tuple[int, float]] = {}
         #: Queued actions' shortest-first keys (``cpu_order``), dropped when they start.
-        self.keys: dict[str, float] = {}
+        self.keys: dict[str, Key] = {}
+        #: The trajectories under way (``cpu_order.Continuation``), when so tuned.
+        self.continuation = Continuation() if tuning.continuation_first else None
         #: Per node, the ``grow_key`` of the last grow that resized nothing (skipped again
         #: until the spare cores or the growable actions change).
         self.idle_grow: dict[Domain, tuple[int, int]] = {}
@@ -202,7 +204,7 @@ class ElasticCpu(DomainRule):
             queued = ctx.scheduler.backlog.domain_of
             if len(self.keys) > 2 * len(queued) + 1024:  # keys of actions started elsewhere
                 self.keys = {k: v for k, v in self.keys.items() if k in queued}
-            order = shortest_first(ctx, domain, self.keys)
+            order = shortest_first(ctx, domain, self.keys, self.continuation)
             view = OrderedQueue(ctx, domain, order)  # type: ignore[assignment]
         if malleable and ctx.queue_len(domain):
             shrink_to_admit(view, domain, node.spec.cores)
@@ -222,7 +224,7 @@ class ElasticCpu(DomainRule):
         free = node.free_cores
         held = 0
         if self.tuning.arrival_aware:
-            held = waits.serve_awaiting(ctx, domain, self.awaiting)
+            held = waits.serve_awaiting(ctx, domain, self.awaiting, self._started)
             free = node.free_cores - held
             if free <= 0:
                 return
@@ -252,9 +254,19 @@ class ElasticCpu(DomainRule):
             if n:
                 reason += f", told {n} threads"
             ctx.start_on_cores(action, name, units, reason, threads=n)
-            self.keys.pop(action.id, None)
+            self._started(action)
         if rnd.evicted:
             defer_evicted(ctx, rnd)
+
+    def _started(self, action: Action) -> None:
+        self.keys.pop(action.id, None)
+        if self.continuation is not None:
+            self.continuation.started(action)
+
+    def on_trajectory_close(self, ctx: Context, trajectory: str) -> None:
+        """The trajectory is no longer under way."""
+        if self.continuation is not None:
+            self.continuation.closed(trajectory)
 
     def alone(self, node: CpuNodeState, opts: Options) -> tuple[int, str] | None:
         """What ``schedule_domain`` decides when one action waits on the node and nothing

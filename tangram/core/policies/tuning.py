@@ -51,6 +51,9 @@ class ElasticTuning:
     knee: bool = True
     #: A node's queue is read shortest expected first, with aging (``cpu_order``), not FCFS.
     shortest_first: bool = True
+    #: ... and, before that, actions of trajectories already under way before newcomers' first
+    #: actions (``cpu_order.Continuation``; only with ``shortest_first``).
+    continuation_first: bool = True
     #: GPU: restores weighed against the calls a service is expected to receive, evictions
     #: charged to the start that forces them, per-service order for calls.
     gpu_robust: bool = True
@@ -69,6 +72,7 @@ PAPER = ElasticTuning(
     room_for_arrivals=False,
     knee=False,
     shortest_first=False,
+    continuation_first=False,
     gpu_robust=False,
 )
 #: The default ``tangram`` policy.

@@ -17,7 +17,9 @@ seconds). The ``tangram`` policy's CPU rule then defers it and holds the cores i
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
+from tangram.core.action import Action
 from tangram.core.allocation import allocate_one
 from tangram.core.backlog import Domain
 from tangram.core.context import Context
@@ -96,9 +98,14 @@ def held_for(ctx: Context, domain: Domain, awaiting: Awaiting) -> int:
     return min(ctx.state.cpu[domain[1]].free_cores, awaiting[action_id][0])
 
 
-def serve_awaiting(ctx: Context, domain: Domain, awaiting: Awaiting) -> int:
-    """Start the node's awaiting action once its cores are free (or its patience is spent);
-    returns the free cores still held for it."""
+def serve_awaiting(
+    ctx: Context,
+    domain: Domain,
+    awaiting: Awaiting,
+    started: Callable[[Action], None] | None = None,
+) -> int:
+    """Start the node's awaiting action once its cores are free (or its patience is spent),
+    telling ``started``; returns the free cores still held for it."""
     if not awaiting:
         return 0
     action_id = _waiting_here(ctx, domain, awaiting)
@@ -123,6 +130,8 @@ def serve_awaiting(ctx: Context, domain: Domain, awaiting: Awaiting) -> int:
         units,
         f"tangram: {units} of {free} free cores after waiting ({why})",
     )
+    if started is not None:
+        started(action)
     return 0
 
 
