@@ -453,13 +453,20 @@ class Report:
         )
         if self.setup:
             lines += ["## Setup", ""] + [f"- {s}" for s in self.setup] + [""]
+        both = any(c.default for c in self.claims)
         if self.claims:
             lines += [
                 "## Paper vs ours",
                 "",
                 md_table(
                     [
-                        {"claim": c.claim, "metric": c.metric, "paper": c.paper, "ours": c.ours}
+                        # (A script that runs both policies says which column is which.)
+                        {"claim": c.claim, "metric": c.metric, "paper": c.paper}
+                        | (
+                            {"ours, `tangram-paper`": c.ours, "ours, default `tangram`": c.default}
+                            if both
+                            else {"ours": c.ours}
+                        )
                         for c in self.claims
                     ]
                 ),
