@@ -477,7 +477,9 @@ class Simulation:
                     )
                     overhead = restore + rec.evictions * ov.eviction_s
                 self.residency.touch(d.node, d.gpus, service)
-                overhead += self.gpu_model.dispatch_s(service)
+                overhead += self.gpu_model.dispatch_s(
+                    service, d.node, self.scheduler.state, d.action.id
+                )
                 slow = self.gpu_model.slowdown(
                     service, d.node, d.units, self.scheduler.state, d.action.id
                 )

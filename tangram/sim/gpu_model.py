@@ -4,7 +4,8 @@ Without a calibration (the defaults) a call costs what it always did: its curve'
 plus the core's restore estimate when it restores. ``Overheads.gpu_call_s`` adds a dispatch
 cost to every call and ``gpu_h2d_gbps`` / ``gpu_restore_fixed_s`` replace the cluster file's
 restore figures. A measured record (``GpuCalibration``, one per service, from ``tangram
-calibrate gpu``) prices its own service's calls instead: its dispatch overhead, its restore
+calibrate gpu``) prices its own service's calls instead: its dispatch overhead (for the host
+cores busy at the call's start, where it measured that), its restore
 (bytes per GPU / bandwidth + fixed) and, when it names the CPU node whose cores the calls share
 (a CPU-backed device), its slow-down for the cores busy there when the call starts (held by
 CPU actions, and by the node's other calls when they compute on the host).
@@ -44,10 +45,17 @@ class GpuCallModel:
                     f"{sorted(state.gpu)} and CPU nodes {sorted(state.cpu)}"
                 )
 
-    def dispatch_s(self, service: str) -> float:
-        """The per-call overhead of a call of ``service``."""
+    def dispatch_s(
+        self, service: str, node: str = "", state: ClusterState | None = None, action_id: str = ""
+    ) -> float:
+        """The per-call overhead of a call of ``service`` starting on ``node`` (its record's
+        for the host cores then busy, see ``slowdown``, where it names the node's host)."""
         record = self.records.get(service)
-        return self.overheads.gpu_call_s if record is None else record.call_overhead_s
+        if record is None:
+            return self.overheads.gpu_call_s
+        if state is None or record.gpu_node != node or record.host_cpu_node is None:
+            return record.overhead_s(0.0)
+        return record.overhead_s(self._busy(record, node, state, action_id))
 
     def restore_s(
         self, service: str, size_gb: float, shards: int, node: GpuNodeSpec, estimate: float
@@ -75,7 +83,12 @@ class GpuCallModel:
         record = self.records.get(service)
         if record is None or record.gpu_node != node or record.host_cpu_node is None:
             return 1.0
-        cpu = state.cpu[record.host_cpu_node]
+        return record.slowdown(cells, self._busy(record, node, state, action_id))
+
+    @staticmethod
+    def _busy(record: GpuCalibration, node: str, state: ClusterState, action_id: str) -> float:
+        """Host cores busy for a call of ``record`` starting on ``node`` (see ``slowdown``)."""
+        cpu = state.cpu[record.host_cpu_node or ""]
         busy: float = cpu.spec.cores - cpu.free_cores
         if record.host_cores_per_gpu:
             calls = sum(
@@ -84,4 +97,4 @@ class GpuCallModel:
                 if owner is not None and owner != action_id and not owner.startswith("dedicated:")
             )
             busy += record.host_cores_per_gpu * calls
-        return record.slowdown(cells, busy)
+        return busy

@@ -53,6 +53,18 @@ class CallTime:
 
 
 @dataclass(frozen=True)
+class CallOverhead:
+    """The mean per-call overhead (s) of calls started with ``busy_cores`` host cores busy."""
+
+    busy_cores: float
+    seconds: float
+
+    def __post_init__(self) -> None:
+        _number("call_overheads: busy_cores", self.busy_cores)
+        _number("call_overheads: seconds", self.seconds)
+
+
+@dataclass(frozen=True)
 class GpuCalibration:
     """One service's measured GPU call model (see the module docstring).
 
@@ -65,7 +77,13 @@ class GpuCalibration:
     default). The host's busy cores at a call's start (``busy_cores`` of ``call_times``) are
     then the cores CPU actions hold there plus this many per GPU of ``gpu_node`` running
     another call: two CPU-backed calls share the host's cores with each other as with the
-    CPU sandboxes."""
+    CPU sandboxes.
+
+    ``call_overheads``: the per-call overhead measured live with that many host cores busy
+    (the hand-off to the executor's thread waits for a core when the host's are all busy:
+    0.5 ms with at most one of this machine's two cores busy, 2.3 ms with both, means of the
+    quiet issue-11 run); ``call_overhead_s`` (measured idle) is the busy-0 point unless one is
+    given. Empty (the default): ``call_overhead_s`` at every load."""
 
     service: str
     backend: str
@@ -77,6 +95,7 @@ class GpuCalibration:
     host_cpu_node: str | None = None
     gpu_node: str | None = None
     host_cores_per_gpu: float = 0.0
+    call_overheads: tuple[CallOverhead, ...] = ()
     version: int = GPU_CALIBRATION_VERSION
 
     def __post_init__(self) -> None:
@@ -99,6 +118,11 @@ class GpuCalibration:
                 f"{GPU_CALIBRATION_VERSION})"
             )
         _number("host_cores_per_gpu", self.host_cores_per_gpu)
+        levels = [p.busy_cores for p in self.call_overheads if isinstance(p, CallOverhead)]
+        if len(levels) != len(self.call_overheads):
+            raise CalibrationError("call_overheads must hold CallOverhead records")
+        if len(set(levels)) != len(levels):
+            raise CalibrationError("call_overheads: two points at the same busy_cores")
         if (self.host_cpu_node is None) != (self.gpu_node is None):
             raise CalibrationError("host_cpu_node and gpu_node must be given together or neither")
         seen: set[tuple[int, float]] = set()
@@ -144,6 +168,19 @@ class GpuCalibration:
                 return lo.seconds + w * (hi.seconds - lo.seconds)
         return points[-1].seconds
 
+    def overhead_s(self, busy_cores: float = 0.0) -> float:
+        """The per-call overhead with ``busy_cores`` busy: linear between the points of
+        ``call_overheads`` (``call_overhead_s`` at 0 unless measured there), flat beyond."""
+        points = sorted((p.busy_cores, p.seconds) for p in self.call_overheads)
+        if not points or points[0][0] > 0:
+            points.insert(0, (0.0, self.call_overhead_s))
+        if busy_cores <= points[0][0]:
+            return points[0][1]
+        for (b0, t0), (b1, t1) in zip(points, points[1:], strict=False):
+            if busy_cores <= b1:
+                return t0 + (busy_cores - b0) / (b1 - b0) * (t1 - t0)
+        return points[-1][1]
+
     def slowdown(self, dop: int, busy_cores: float) -> float:
         """How much longer a call at ``dop`` takes with ``busy_cores`` busy than idle."""
         return self.call_s(dop, busy_cores) / self.call_s(dop, 0.0)
@@ -159,6 +196,10 @@ class GpuCalibration:
         out["call_times"] = [asdict(p) for p in self.call_times]
         if not self.host_cores_per_gpu:  # the default: records written before it read the same
             del out["host_cores_per_gpu"]
+        if self.call_overheads:
+            out["call_overheads"] = [asdict(p) for p in self.call_overheads]
+        else:
+            del out["call_overheads"]
         return {k: v for k, v in out.items() if v is not None}
 
     @classmethod
@@ -189,8 +230,23 @@ class GpuCalibration:
                 points.append(CallTime(p["dop"], p["busy_cores"], p["seconds"]))
             except CalibrationError as exc:
                 raise CalibrationError(f"{where}: call_times[{i}]: {exc}") from None
+        raw = data.get("call_overheads", [])
+        if not isinstance(raw, list | tuple):
+            raise CalibrationError(f"{where}: call_overheads must be a list of tables")
+        overheads = []
+        for i, p in enumerate(raw):
+            if not isinstance(p, Mapping) or set(p) != {"busy_cores", "seconds"}:
+                raise CalibrationError(
+                    f"{where}: call_overheads[{i}] must have exactly busy_cores, seconds; got {p!r}"
+                )
+            try:
+                overheads.append(CallOverhead(p["busy_cores"], p["seconds"]))
+            except CalibrationError as exc:
+                raise CalibrationError(f"{where}: call_overheads[{i}]: {exc}") from None
         try:
-            return cls(**{**dict(data), "call_times": tuple(points)})
+            return cls(
+                **{**dict(data), "call_times": tuple(points), "call_overheads": tuple(overheads)}
+            )
         except CalibrationError as exc:
             raise CalibrationError(f"{where}: {exc}") from None
 

@@ -6,7 +6,8 @@ cores of the host's CPU node were held by CPU actions when the call started, plu
 device whose calls compute on the host (``GpuCalibration.host_cores_per_gpu``), the cores the
 other calls then running on the GPU node kept busy (the quantity the simulator prices,
 ``tangram.sim.gpu_model``); ``contention_points`` turns a live run into the call times of a
-``GpuCalibration`` per cell size and busy cores (median of observed / idle).
+``GpuCalibration`` per cell size and busy cores (median of observed / idle), and
+``overhead_points`` into its per-call overheads per busy cores (mean observed).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 
-from tangram.trace.gpu_calibration import CallTime, GpuCalibration
+from tangram.trace.gpu_calibration import CallOverhead, CallTime, GpuCalibration
 from tangram.trace.row import TraceRow
 
 #: Fewest calls at a (DoP, busy cores) level for its median to become a point.
@@ -103,6 +104,8 @@ def contention_points(
     for r in _ran(rows):
         if r.action_id not in busy or r.service != idle.service or r.obs_outcome != "result":
             continue
+        if r.obs_node != idle.gpu_node:  # the record's node only
+            continue
         if not (r.obs_exec_s or 0.0) > 0:
             continue
         level = min(round(busy[r.action_id]), top)
@@ -133,3 +136,25 @@ def _shared(threads: float, busy: float, cores: int) -> float:
     """How much longer ``threads`` runnable threads take beside ``busy`` busy ones on
     ``cores`` cores shared fairly than on cores of their own."""
     return max(1.0, (threads + busy) / cores)
+
+
+def overhead_points(
+    rows: Sequence[TraceRow], record: GpuCalibration, host_cores: int, gpus: int = 1
+) -> tuple[CallOverhead, ...]:
+    """The mean observed overhead (hand-off, admission, any restore) of ``record.service``'s
+    calls on its GPU node that ended with a result in a live run, per busy-core level at their
+    start (0 to ``max_level``, rounded), where ``MIN_CALLS`` calls or more saw the level."""
+    busy = busy_for(rows, record)
+    top = max_level(record, host_cores, gpus)
+    seen: dict[int, list[float]] = {}
+    for r in _ran(rows):
+        if r.action_id not in busy or r.service != record.service or r.obs_outcome != "result":
+            continue
+        if r.obs_node != record.gpu_node:  # the record's node only
+            continue
+        seen.setdefault(min(round(busy[r.action_id]), top), []).append(r.obs_overhead_s or 0.0)
+    return tuple(
+        CallOverhead(float(level), statistics.fmean(xs))
+        for level, xs in sorted(seen.items())
+        if len(xs) >= MIN_CALLS
+    )

@@ -10,7 +10,7 @@ from tangram.sim.config import Overheads, RolloutConfig, SimConfig
 from tangram.sim.driver import simulate
 from tangram.sim.metrics import actions_frame
 from tangram.trace import Trace, TraceRow
-from tangram.trace.gpu_calibration import CallTime, GpuCalibration
+from tangram.trace.gpu_calibration import CallOverhead, CallTime, GpuCalibration
 
 #: 2 cores and 2 GPUs (1 GB/s host-to-GPU, 0.5 s fixed: the core's restore estimate).
 CLUSTER = ClusterSpec(
@@ -158,3 +158,13 @@ def test_a_cpu_backed_record_counts_the_nodes_other_calls_as_busy_host_cores() -
     assert execs(0.0) == pytest.approx({"a": 1.0, "b": 1.0, "c": 1.0})
     # b starts while a holds the other GPU: one host core busy; a and c started alone.
     assert execs(1.0) == pytest.approx({"a": 1.0, "b": 1.5, "c": 1.0})
+
+
+def test_a_record_with_overheads_per_level_charges_the_one_for_the_load_at_the_start() -> None:
+    overheads = (CallOverhead(2.0, 0.05),)  # 0.01 idle (call_overhead_s), 0.05 both busy
+    out = acts(
+        gpu_calibrations=(GpuCalibration(**{**RECORD.__dict__, "call_overheads": overheads}),)
+    )
+    assert out["g1"][0] == pytest.approx(2.0 / 4.0 + 0.1 + 0.05)  # restore + loaded dispatch
+    assert out["g2"][0] == pytest.approx(0.05)
+    assert out["g3"][0] == pytest.approx(0.01)  # the host idle again at 20 s

@@ -12,11 +12,17 @@ from hypothesis import strategies as st
 from tangram.trace import TraceRow
 from tangram.trace.gpu_calibration import (
     CalibrationError,
+    CallOverhead,
     CallTime,
     GpuCalibration,
     load_gpu_calibration,
 )
-from tangram.trace.host_load import busy_at_start, busy_for, contention_points
+from tangram.trace.host_load import (
+    busy_at_start,
+    busy_for,
+    contention_points,
+    overhead_points,
+)
 
 
 def record(**changes) -> GpuCalibration:
@@ -100,6 +106,10 @@ def test_every_valid_record_survives_its_dict_form(overhead, gbps, fixed, times,
         ({"call_overhead_s": float("nan")}, "call_overhead_s must be a finite number"),
         ({"host_cores": 0}, "host_cores must be an integer >= 1"),
         ({"host_cores_per_gpu": -1.0}, "host_cores_per_gpu must be a finite number >= 0"),
+        (
+            {"call_overheads": (CallOverhead(1.0, 0.1), CallOverhead(1.0, 0.2))},
+            "call_overheads: two points at the same busy_cores",
+        ),
         ({"gpu_node": None}, "host_cpu_node and gpu_node must be given together"),
         ({"version": 9}, "version 9 is not supported"),
         ({"call_times": ()}, "call_times must hold at least one point"),
@@ -123,6 +133,11 @@ def test_an_invalid_record_is_refused_naming_the_field(change, message) -> None:
         (lambda d: d["call_times"][0].update(seconds=-1), r"call_times\[0\].*seconds must be"),
         (lambda d: d["call_times"][1].pop("dop"), r"call_times\[1\] must have exactly"),
         (lambda d: d.update(call_times=5), "call_times must be a list of tables"),
+        (
+            lambda d: d.update(call_overheads=[{"busy_cores": 1, "seconds": -1}]),
+            r"call_overheads\[0\]: call_overheads: seconds must be a finite number >= 0",
+        ),
+        (lambda d: d.update(call_overheads=[{"busy": 1}]), r"call_overheads\[0\] must have"),
     ],
 )
 def test_a_bad_file_is_refused_naming_the_file_and_field(tmp_path, edit, message) -> None:
@@ -234,3 +249,27 @@ def test_contention_points_carry_the_top_level_up_by_processor_sharing() -> None
     assert (top.dop, top.busy_cores) == (1, 3.0) and top.seconds == pytest.approx(0.040 * 2.5)
     # Without host load from calls there is no level past the host's cores.
     assert max(p.busy_cores for p in contention_points(rows, record(), 2, gpus=2)) == 2.0
+
+
+def test_the_overhead_per_busy_level_is_linear_between_points_flat_beyond() -> None:
+    assert record().overhead_s(2.0) == 0.002  # no points: the idle overhead at every load
+    r = record(call_overheads=(CallOverhead(1.0, 0.004), CallOverhead(2.0, 0.010)))
+    assert r.overhead_s(0.0) == 0.002  # call_overhead_s is the busy-0 point
+    assert r.overhead_s(1.5) == pytest.approx(0.007)
+    assert r.overhead_s(5.0) == 0.010
+    measured_idle = record(call_overheads=(CallOverhead(0.0, 0.001),))
+    assert measured_idle.overhead_s(0.0) == measured_idle.overhead_s(3.0) == 0.001
+    assert GpuCalibration.from_dict(json.loads(json.dumps(r.to_dict()))) == r
+    assert "call_overheads" not in record().to_dict()
+
+
+def test_overhead_points_are_the_mean_observed_overhead_per_busy_level() -> None:
+    rows = [row("c", "cpu", 0.0, 2, 10.0)]  # both host cores busy over [0, 10)
+    rows += [
+        row(f"g{i}", "gpu", 1.0 + i, 1, 0.1, obs_overhead_s=o) for i, o in enumerate([1, 2, 6])
+    ]
+    rows += [row(f"h{i}", "gpu", 20.0 + i, 1, 0.1, obs_overhead_s=0.5) for i in range(3)]
+    rows += [row("lone", "gpu", 30.0, 1, 0.1, obs_node="gpu-1", obs_overhead_s=9.0)]
+    points = overhead_points(rows, record(), host_cores=2)
+    # g* at 2 busy (mean 3), h* at 0; one call at 1 busy is too few for a point.
+    assert points == (CallOverhead(0.0, 0.5), CallOverhead(2.0, 3.0))
