@@ -289,17 +289,20 @@ async def calibrate_gpu_live(rt: Any, cluster: Any, reps: int) -> Any:
 
 
 def with_contention(record: Any, warmup_trace: Path, host_cores: int, gpus: int) -> Any:
-    """``record`` plus the call times per busy host core seen in the warm-up run (calls that
-    shared this machine's cores with the busy-loop containers and with each other, as the
-    measured run will; ``gpus``: the CPU-backed devices)."""
+    """``record`` plus the call times and per-call overheads per busy host core seen in the
+    warm-up run (calls that shared this machine's cores with the busy-loop containers and with
+    each other, as the measured run will; ``gpus``: the CPU-backed devices)."""
     import dataclasses
 
     from tangram.trace import load_trace
-    from tangram.trace.host_load import contention_points
+    from tangram.trace.host_load import contention_points, overhead_points
 
     rows = load_trace(warmup_trace).rows
     points = contention_points(rows, record, host_cores, gpus)
-    return dataclasses.replace(record, call_times=record.call_times + points)
+    overheads = overhead_points(rows, record, host_cores, gpus)
+    return dataclasses.replace(
+        record, call_times=record.call_times + points, call_overheads=overheads
+    )
 
 
 def declared_gpu(record: Any) -> dict[int, float]:
@@ -700,7 +703,10 @@ without), 2.7x (1.87x) in the loaded committed run. The record therefore counts 
 per GPU running another call (`host_cores_per_gpu` = 1 for the CPU backend), measures that
 level in the warm-up where it saw 3 calls there and otherwise carries the top level up by
 processor sharing (one more thread on the two cores); the warm-up traces are kept
-(`fidelity-warmup-seed<N>.jsonl.gz`) so that the estimator can be re-checked offline.
+(`fidelity-warmup-seed<N>.jsonl.gz`) so that the estimator can be re-checked offline. The
+per-call overhead grows with the load too (the hand-off to the executor's thread waits for a
+core: 0.5 ms mean with at most one core busy, 2.3 ms with both, quiet issue-11 run), so the
+record also carries the warm-up's mean overhead per busy-core level (`call_overheads`).
 """
 
 

@@ -13,8 +13,10 @@ median observed / idle per level, averaged over those seeds). The seed's GPU cal
 re-declared at their idle times (what clients declare when the simulator prices the host load)
 and the trace is replayed from declared curves with and without the record; restores do not
 occur (the service stays resident). Each record is built twice: busy cores counting the CPU
-actions' only (``host_cores_per_gpu`` 0, the model before) and also one per GPU running
-another call (1: a CPU-backed device's calls share the host's cores with each other).
+actions' only and one per-call overhead (``host_cores_per_gpu`` 0, the model before), and
+also one per GPU running another call (1: a CPU-backed device's calls share the host's cores
+with each other) with the other seeds' mean overhead per busy-core level
+(``host_load.overhead_points``).
 
 This is a check on quiet data, not the experiment itself: the live policy decided with the
 curves declared then (the idle times scaled by the warm-up's slow-down, flat over cell sizes
@@ -54,8 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     from tangram.sim.replay_cli import replay
     from tangram.trace import Trace, load_trace
     from tangram.trace.files import write_trace
-    from tangram.trace.gpu_calibration import CallTime, GpuCalibration, load_gpu_calibration
-    from tangram.trace.host_load import contention_points
+    from tangram.trace.gpu_calibration import (
+        CallOverhead,
+        CallTime,
+        GpuCalibration,
+        load_gpu_calibration,
+    )
+    from tangram.trace.host_load import contention_points, overhead_points
 
     doc = json.loads((args.runs / "fidelity.json").read_text())
     seeds = [r["seed"] for r in doc["runs"]]
@@ -72,11 +79,23 @@ def main(argv: list[str] | None = None) -> int:
         idle = {int(k): v for k, v in run["live"]["calibration_idle"]["gpu_s"].items()}
         return idle, statistics.median(gpu)
 
-    def record(seed: int, per_gpu: float, points: tuple = ()) -> GpuCalibration:
+    def record(
+        seed: int, per_gpu: float, points: tuple = (), overheads: tuple = ()
+    ) -> GpuCalibration:
         idle, overhead = measured(seed)
         base = tuple(CallTime(d, 0.0, t) for d, t in sorted(idle.items()))
         return GpuCalibration(
-            "reward", "cpu", overhead, 1.0, 0.0, CORES, base + points, HOST, GPU_NODE, per_gpu
+            "reward",
+            "cpu",
+            overhead,
+            1.0,
+            0.0,
+            CORES,
+            base + points,
+            HOST,
+            GPU_NODE,
+            per_gpu,
+            overheads,
         )
 
     results = []
@@ -93,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         row: dict = {"seed": seed, "records": {}}
         for per_gpu in PER_GPU:
             ratios: dict[tuple[int, float], list[float]] = {}
+            spent: dict[float, list[float]] = {}
             for other in seeds:
                 if other == seed:
                     continue
@@ -101,12 +121,18 @@ def main(argv: list[str] | None = None) -> int:
                     traces[other].rows, record(other, per_gpu), CORES, GPUS
                 ):
                     ratios.setdefault((pt.dop, pt.busy_cores), []).append(pt.seconds / base[pt.dop])
+                if per_gpu:  # the model now: overheads per level too
+                    for o in overhead_points(traces[other].rows, record(other, 1.0), CORES, GPUS):
+                        spent.setdefault(o.busy_cores, []).append(o.seconds)
             points = tuple(
                 CallTime(d, b, idle[d] * statistics.fmean(xs))
                 for (d, b), xs in sorted(ratios.items())
                 if d in idle
             )
-            rec = record(seed, per_gpu, points)
+            overheads = tuple(
+                CallOverhead(b, statistics.fmean(xs)) for b, xs in sorted(spent.items())
+            )
+            rec = record(seed, per_gpu, points, overheads)
             row["records"][str(per_gpu)] = rec.to_dict()
             for mode, kw in MODES.items():
                 if per_gpu == PER_GPU[0]:
@@ -127,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         f"Command: `python experiments/fidelity_gpu_loo.py --runs {where}` (see the "
         "script's docstring). GPU calls' ACT error (sim - live) / live, replayed from declared "
         "curves (the idle call times): without the record; with it, busy cores counting the CPU "
-        "actions only (host cores per GPU 0, the model before); and also each GPU running "
-        "another call (1).",
+        "actions only and one overhead (record 0, the model before); and also each GPU "
+        "running another call, and the overhead per busy-core level (record 1).",
         "",
         "| seed | replay | without: P50 | P95 | record 0: P50 | P95 | record 1: P50 | P95 "
         "| slow-down (record 1) at 1 / 2 / 3 busy, DoP 1 |",
