@@ -67,6 +67,7 @@ def test_bench_scheduler_json(capsys):
     doc = json.loads(capsys.readouterr().out)
     [row] = doc["results"]
     assert row["queued"] == 64 and 0 < row["p50_us"] <= row["p99_us"]
+    assert 0 < row["cpu_p50_us"] <= row["cpu_p99_us"]  # (CPU time: the call's own cost)
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,7 @@ of trajectories under way grows only by a newcomer starting, and each of them en
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from itertools import islice
 
 from tangram.core.action import Action
@@ -87,7 +88,7 @@ def shortest_first(
     domain: Domain,
     keys: dict[str, Key] | None = None,
     continuation: Continuation | None = None,
-) -> list[Action]:
+) -> KeyOrder:
     """The domain's queued actions by key (FCFS among ties): with ``continuation``, newcomers
     after continuing trajectories' actions (unless longer than the others' drain), then
     arrival + AGING x fastest duration; the oldest ``LOOKAHEAD`` reordered, the rest after
@@ -117,5 +118,23 @@ def shortest_first(
     for action in head:  # (keys first: ``drain_s`` reads the head, which a sort empties)
         key(action)
     head.sort(key=lambda action: cache[action.id])
-    head.extend(queue)
-    return head
+    return KeyOrder(ctx, domain, head)
+
+
+class KeyOrder:
+    """The head in key order, then the rest of the queue in FCFS order, read lazily each time
+    it is iterated (a pass's readers stop after a few candidates: copying a queue of thousands
+    per pass cost more than the rest of the decision, ``tangram bench scheduler``)."""
+
+    __slots__ = ("_ctx", "_domain", "_head", "_in_head")
+
+    def __init__(self, ctx: Context, domain: Domain, head: list[Action]) -> None:
+        self._ctx, self._domain, self._head = ctx, domain, head
+        self._in_head = {a.id for a in head}
+
+    def __iter__(self) -> Iterator[Action]:
+        yield from self._head
+        in_head = self._in_head
+        for action in self._ctx.queue(self._domain):
+            if action.id not in in_head:
+                yield action
