@@ -157,6 +157,18 @@ def _quantiles(values: Sequence[float]) -> dict[str, float]:
     }
 
 
+def _dominated(record: dict[str, Any], policies: Sequence[str], margin: float) -> bool:
+    """Whether one comparable baseline beats the default by more than ``margin`` on both mean
+    ACT and step time."""
+    d = record["runs"][record["default"]]
+    return any(
+        not run["rejected"]
+        and d["act_mean_s"] / run["act_mean_s"] - 1 > margin
+        and d["step_s"] / run["step_s"] - 1 > margin
+        for run in (record["runs"][p] for p in policies)
+    )
+
+
 def family_summary(records: Sequence[dict[str, Any]], policies: Sequence[str]) -> dict[str, Any]:
     """Per family: shares beaten by more than each margin, top winners, ratio distributions."""
     compared = [r for r in records if not r["default_rejected"]]
@@ -179,6 +191,14 @@ def family_summary(records: Sequence[dict[str, Any]], policies: Sequence[str]) -
                 if not run["rejected"] and d / run[key] - 1 > MARGINS[0]:
                     wins[p] += 1
         winners[key] = wins.most_common(3)
+    # One baseline better on both mean ACT and step: a user could switch to it and lose
+    # nothing (the shares above take the best baseline per figure, which may differ).
+    dominated = {
+        f">{round(m * 100)}%": (
+            sum(_dominated(r, policies, m) for r in compared) / n if n else math.nan
+        )
+        for m in MARGINS
+    }
     ratios = {
         name: _quantiles([r["ratios"][name] for r in compared])
         for name in (
@@ -194,6 +214,7 @@ def family_summary(records: Sequence[dict[str, Any]], policies: Sequence[str]) -
         "default_rejected": len(records) - n,
         "incomparable_runs": sum(len(r["incomparable"]) for r in records),
         "beaten": beaten,
+        "dominated": dominated,
         "winners": {k: [{"policy": p, "instances": c} for p, c in v] for k, v in winners.items()},
         "ratios": ratios,
     }
@@ -314,6 +335,15 @@ def tables(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
                     "most wins >5% (instances)": top or "-",
                 }
             )
+        beaten.append(
+            {
+                "family": family,
+                "figure": "mean ACT and step, one baseline",
+                "n": s["compared"],
+                **{f"beaten {m}": f"{v:.0%}" for m, v in s["dominated"].items()},
+                "most wins >5% (instances)": "-",
+            }
+        )
         for name, label in (
             ("act_over_lower_bound", "ACT / lower-bound"),
             ("act_over_capacity_bound", "ACT / capacity bound"),
