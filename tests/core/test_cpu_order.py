@@ -42,3 +42,17 @@ def test_the_papers_policy_keeps_fcfs():
     sched.advance(10.5, arrived=[act("c1", "C", 10.5)])
     sched.advance(11.0, arrived=[act("a2", "A", 11.0)])
     assert started(sched.advance(20.0, finished=["b1"])) == ["c1"]
+
+
+def test_a_trajectorys_parallel_first_actions_stop_being_newcomers_when_one_starts():
+    # A sends two actions at once (parallel tool calls) while B's runs; C is a newcomer that
+    # arrived before them. When a1 starts, a2 belongs to a trajectory under way and goes
+    # before C's first action.
+    sched = Scheduler(ONE, make_policy("tangram"), resizable=True)
+    for traj in ("A", "B", "C"):
+        sched.open_trajectory(traj, 0.0, memory_gb=1.0)
+    assert started(sched.advance(0.0, arrived=[act("b1", "B", 0.0)])) == ["b1"]
+    sched.advance(0.5, arrived=[act("c1", "C", 0.5)])
+    sched.advance(1.0, arrived=[act("a1", "A", 1.0, t1=1.0), act("a2", "A", 1.0)])
+    assert started(sched.advance(10.0, finished=["b1"])) == ["a1"]  # shortest of the newcomers
+    assert started(sched.advance(11.0, finished=["a1"])) == ["a2"]  # A under way: before c1

@@ -64,8 +64,13 @@ class Continuation:
     def __init__(self) -> None:
         self.begun: set[str] = set()
 
-    def started(self, action: Action) -> None:
-        self.begun.add(action.trajectory)
+    def started(self, action: Action) -> bool:
+        """Its trajectory is under way; whether it just began."""
+        begun = self.begun
+        if action.trajectory in begun:
+            return False
+        begun.add(action.trajectory)
+        return True
 
     def closed(self, trajectory: str) -> None:
         self.begun.discard(trajectory)
@@ -92,8 +97,8 @@ def shortest_first(
     """The domain's queued actions by key (FCFS among ties): with ``continuation``, newcomers
     after continuing trajectories' actions (unless longer than the others' drain), then
     arrival + AGING x fastest duration; the oldest ``LOOKAHEAD`` reordered, the rest after
-    them in FCFS order. ``keys`` caches each action's key (a trajectory has one action at a
-    time, so a newcomer's action stays one until it starts)."""
+    them in FCFS order. ``keys`` caches each action's key (the caller drops those of a
+    trajectory's other queued actions when one of them starts: they are no longer newcomers)."""
     options = ctx.options
     cache: dict[str, Key] = {} if keys is None else keys
     queue = ctx.queue(domain)

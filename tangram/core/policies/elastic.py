@@ -224,7 +224,9 @@ class ElasticCpu(DomainRule):
         free = node.free_cores
         held = 0
         if self.tuning.arrival_aware:
-            held = waits.serve_awaiting(ctx, domain, self.awaiting, self._started)
+            held = waits.serve_awaiting(
+                ctx, domain, self.awaiting, lambda action: self._started(ctx, action)
+            )
             free = node.free_cores - held
             if free <= 0:
                 return
@@ -254,14 +256,18 @@ class ElasticCpu(DomainRule):
             if n:
                 reason += f", told {n} threads"
             ctx.start_on_cores(action, name, units, reason, threads=n)
-            self._started(action)
+            self._started(ctx, action)
         if rnd.evicted:
             defer_evicted(ctx, rnd)
 
-    def _started(self, action: Action) -> None:
-        self.keys.pop(action.id, None)
-        if self.continuation is not None:
-            self.continuation.started(action)
+    def _started(self, ctx: Context, action: Action) -> None:
+        keys = self.keys
+        keys.pop(action.id, None)
+        if self.continuation is not None and self.continuation.started(action):
+            # Its trajectory is under way now: its other queued actions (parallel calls)
+            # are no longer newcomers' (their keys are made again).
+            for other in ctx.scheduler.backlog.by_trajectory.get(action.trajectory, ()):
+                keys.pop(other, None)
 
     def on_trajectory_close(self, ctx: Context, trajectory: str) -> None:
         """The trajectory is no longer under way."""
