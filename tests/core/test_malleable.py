@@ -6,6 +6,8 @@ twice or both granted and free, tallies agree), and asserts that each resized ac
 of work done add up to exactly its work when it ends.
 """
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -129,16 +131,15 @@ def test_grants_that_grow_and_shrink_keep_every_invariant(instance):
 
 def test_shortest_first_passes_a_long_action_only_within_a_quarter_of_its_duration():
     # One core. B holds it from 0 to 200 s. L (100 s) queues at 0.5 s, S (1 s) at 5 s,
-    # T (1 s) at 20 s. Keys (arrival + min(0.25 x duration, 10 s)): L 10.5, S 5.25, T 20.25.
+    # T (1 s) at 20 s, all of B's trajectory (under way: no newcomer's stretch; cpu_order).
+    # Keys (arrival + min(0.25 x duration, 10 s)): L 10.5, S 5.25, T 20.25.
     # When B ends at 200: S runs (200-201), then L (201-301), then T (301-302): T arrived
     # after L's key (its quarter, 25 s, is capped at 10 s), so it does not pass L; under FCFS
     # (the paper) S would run after L.
     one = ClusterSpec("one", cpu_nodes=(CpuNodeSpec("n", 1, 1, 64.0),))
     acts = [
-        cpu("B", 200.0, 1, m=False),
-        cpu("L", 100.0, 1, at=0.5, m=False),
-        cpu("S", 1.0, 1, at=5.0, m=False),
-        cpu("T", 1.0, 1, at=20.0, m=False),
+        replace(cpu(aid, t1, 1, at=at, m=False), trajectory="B")
+        for aid, t1, at in (("B", 200.0, 0.0), ("L", 100.0, 0.5), ("S", 1.0, 5.0), ("T", 1.0, 20.0))
     ]
     out = run(one, "tangram", acts)
     assert [out.finished[a] for a in "SLT"] == pytest.approx([201.0, 301.0, 302.0])
