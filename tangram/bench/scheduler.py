@@ -135,6 +135,7 @@ def run_bench(
         step(True)
     both = np.array(samples["finish"] + samples["submit"]) / 1000.0
     fin = np.array(samples["finish"]) / 1000.0
+    used_us = np.array(cpu) / 1000.0
     return {
         "queued": queued,
         "running_mean": float(np.mean(running_seen)),
@@ -144,8 +145,8 @@ def run_bench(
         "max_us": float(both.max()),
         "finish_p50_us": float(np.percentile(fin, 50)),
         "finish_p99_us": float(np.percentile(fin, 99)),
-        "cpu_p50_us": float(np.percentile(np.array(cpu) / 1000.0, 50)),
-        "cpu_p99_us": float(np.percentile(np.array(cpu) / 1000.0, 99)),
+        "cpu_p50_us": float(np.percentile(used_us, 50)),
+        "cpu_p99_us": float(np.percentile(used_us, 99)),
     }
 
 

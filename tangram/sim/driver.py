@@ -477,12 +477,10 @@ class Simulation:
                     )
                     overhead = restore + rec.evictions * ov.eviction_s
                 self.residency.touch(d.node, d.gpus, service)
-                overhead += self.gpu_model.dispatch_s(
-                    service, d.node, self.scheduler.state, d.action.id
-                )
-                slow = self.gpu_model.slowdown(
+                dispatch, slow = self.gpu_model.at_start(
                     service, d.node, d.units, self.scheduler.state, d.action.id
                 )
+                overhead += dispatch
             else:
                 overhead = ov.api_call_s
         if d.threads and self.config.overheads.oversubscription_slowdown:

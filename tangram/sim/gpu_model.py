@@ -45,17 +45,21 @@ class GpuCallModel:
                     f"{sorted(state.gpu)} and CPU nodes {sorted(state.cpu)}"
                 )
 
-    def dispatch_s(
-        self, service: str, node: str = "", state: ClusterState | None = None, action_id: str = ""
-    ) -> float:
-        """The per-call overhead of a call of ``service`` starting on ``node`` (its record's
-        for the host cores then busy, see ``slowdown``, where it names the node's host)."""
+    def at_start(
+        self, service: str, node: str, cells: int, state: ClusterState, action_id: str
+    ) -> tuple[float, float]:
+        """A call's per-call overhead and the factor on its duration when it starts on ``node``
+        with ``cells`` GPUs: its record's for the host cores then busy (held by CPU actions,
+        plus the record's ``host_cores_per_gpu`` per GPU of its node held by another call;
+        ``action_id``: this call's, not counted; a dedicated replica's cell is not a call),
+        where the record names the node's host; else the idle overhead and no slow-down."""
         record = self.records.get(service)
         if record is None:
-            return self.overheads.gpu_call_s
-        if state is None or record.gpu_node != node or record.host_cpu_node is None:
-            return record.overhead_s(0.0)
-        return record.overhead_s(self._busy(record, node, state, action_id))
+            return self.overheads.gpu_call_s, 1.0
+        if record.gpu_node != node or record.host_cpu_node is None:
+            return record.overhead_s(0.0), 1.0
+        busy = self._busy(record, node, state, action_id)
+        return record.overhead_s(busy), record.slowdown(cells, busy)
 
     def restore_s(
         self, service: str, size_gb: float, shards: int, node: GpuNodeSpec, estimate: float
@@ -73,21 +77,9 @@ class GpuCallModel:
         fixed = node.restore_fixed_s if ov.gpu_restore_fixed_s is None else ov.gpu_restore_fixed_s
         return size_gb / (shards * gbps) + fixed
 
-    def slowdown(
-        self, service: str, node: str, cells: int, state: ClusterState, action_id: str = ""
-    ) -> float:
-        """The factor on the call's duration for the host cores busy when it starts: held by
-        CPU actions, plus the record's ``host_cores_per_gpu`` per GPU of its node held by
-        another call (``action_id``: this call's, not counted; a dedicated replica's cell is
-        not a call)."""
-        record = self.records.get(service)
-        if record is None or record.gpu_node != node or record.host_cpu_node is None:
-            return 1.0
-        return record.slowdown(cells, self._busy(record, node, state, action_id))
-
     @staticmethod
     def _busy(record: GpuCalibration, node: str, state: ClusterState, action_id: str) -> float:
-        """Host cores busy for a call of ``record`` starting on ``node`` (see ``slowdown``)."""
+        """Host cores busy for a call of ``record`` starting on ``node`` (see ``at_start``)."""
         cpu = state.cpu[record.host_cpu_node or ""]
         busy: float = cpu.spec.cores - cpu.free_cores
         if record.host_cores_per_gpu:

@@ -80,10 +80,11 @@ def _act(r: TraceRow) -> float:
     return (r.obs_queue_s or 0.0) + (r.obs_overhead_s or 0.0) + (r.obs_exec_s or 0.0)
 
 
-def max_level(record: GpuCalibration, host_cores: int, gpus: int) -> int:
-    """The most busy cores a call of ``record`` can see on a host of ``host_cores`` beside a
-    GPU node of ``gpus``: the host's cores, plus the other GPUs' when calls load the host."""
-    return host_cores + math.ceil(record.host_cores_per_gpu * max(0, gpus - 1))
+def max_level(host_cores_per_gpu: float, host_cores: int, gpus: int) -> int:
+    """The most busy cores a call can see on a host of ``host_cores`` beside a GPU node of
+    ``gpus`` when each other call keeps ``host_cores_per_gpu`` per GPU busy: the host's cores,
+    plus the other GPUs' when calls load the host."""
+    return host_cores + math.ceil(host_cores_per_gpu * max(0, gpus - 1))
 
 
 def contention_points(
@@ -99,7 +100,7 @@ def contention_points(
     fully held host: seen rarely), where the highest level measured is carried up by
     processor sharing (``_shared``)."""
     busy = busy_for(rows, idle)
-    top = max_level(idle, host_cores, gpus)
+    top = max_level(idle.host_cores_per_gpu, host_cores, gpus)
     ratios: dict[tuple[int, int], list[float]] = {}
     for r in _ran(rows):
         if r.action_id not in busy or r.service != idle.service or r.obs_outcome != "result":
@@ -145,7 +146,7 @@ def overhead_points(
     calls on its GPU node that ended with a result in a live run, per busy-core level at their
     start (0 to ``max_level``, rounded), where ``MIN_CALLS`` calls or more saw the level."""
     busy = busy_for(rows, record)
-    top = max_level(record, host_cores, gpus)
+    top = max_level(record.host_cores_per_gpu, host_cores, gpus)
     seen: dict[int, list[float]] = {}
     for r in _ran(rows):
         if r.action_id not in busy or r.service != record.service or r.obs_outcome != "result":

@@ -47,11 +47,6 @@ AGING_CAP_S = 10.0
 #: Only the oldest this many queued actions are reordered (the rest follow in FCFS order), so
 #: a pass costs a bounded sort however long the queue.
 LOOKAHEAD = 64
-NEWCOMER_S = float("inf")
-NEWCOMER_FCFS = 0
-DRAIN_EXEMPT = 0
-DRAIN_RUNNING = 0
-NEWCOMER_MAX_S = float("inf")
 
 #: A held newcomer's key adds this many of its own expected durations: newcomers go shortest
 #: first among themselves, and after every continuing action that arrives within that many of
@@ -60,9 +55,6 @@ NEWCOMER_MAX_S = float("inf")
 #: strictly after continuations (in arrival order), 3.5 / 2.5 / 1 / 5% at 4, 2.5 / 1 / 1.5 / 5%
 #: at 16, 2 / 1 / 1.5 / 4% at 64 (step 4.5 / 2 / 4.5 / 4%), the same at 128-512.
 NEWCOMER_STRETCH = 64.0
-
-#: A queued action's order key: arrival + aging (+ the stretch for a held newcomer).
-Key = float
 
 
 class Continuation:
@@ -101,7 +93,7 @@ def drain_s(ctx: Context, domain: Domain, head: list[Action]) -> float:
 def shortest_first(
     ctx: Context,
     domain: Domain,
-    keys: dict[str, Key] | None = None,
+    keys: dict[str, float] | None = None,
     continuation: Continuation | None = None,
 ) -> KeyOrder:
     """The domain's queued actions by key (FCFS among ties): arrival + AGING x fastest
@@ -110,13 +102,13 @@ def shortest_first(
     them in FCFS order. ``keys`` caches each action's key (the caller drops those of a
     trajectory's other queued actions when one of them starts: they are no longer newcomers)."""
     options = ctx.options
-    cache: dict[str, Key] = {} if keys is None else keys
+    cache: dict[str, float] = {} if keys is None else keys
     queue = ctx.queue(domain)
     head = list(islice(queue, LOOKAHEAD))
     drain: list[float] = []  # (computed once, for the pass's first newcomer)
     cores = ctx.state.cpu[domain[1]].spec.cores
 
-    def key(action: Action) -> Key:
+    def key(action: Action) -> float:
         k = cache.get(action.id)
         if k is None:
             opts = options(action)

@@ -26,7 +26,7 @@ from tangram.core.context import Context
 from tangram.core.options import Options
 from tangram.core.policies import waits
 from tangram.core.policies.base import DomainRule, RuleTraits
-from tangram.core.policies.cpu_order import Continuation, Key, shortest_first
+from tangram.core.policies.cpu_order import Continuation, shortest_first
 from tangram.core.policies.malleable import grow_key, grow_to_fill, shrink_to_admit
 from tangram.core.policies.queue_view import OrderedQueue
 from tangram.core.policies.threads import told_threads
@@ -173,7 +173,7 @@ class ElasticCpu(DomainRule):
         #: to nobody else meanwhile (``waits``).
         self.awaiting: dict[str, tuple[int, float]] = {}
         #: Queued actions' shortest-first keys (``cpu_order``), dropped when they start.
-        self.keys: dict[str, Key] = {}
+        self.keys: dict[str, float] = {}
         #: The trajectories under way (``cpu_order.Continuation``), when so tuned.
         self.continuation = Continuation() if tuning.continuation_first else None
         #: Per node, the ``grow_key`` of the last grow that resized nothing (skipped again
@@ -265,7 +265,7 @@ class ElasticCpu(DomainRule):
         keys.pop(action.id, None)
         if self.continuation is not None and self.continuation.started(action):
             # Its trajectory is under way now: its other queued actions (parallel calls)
-            # are no longer newcomers' (their keys are made again).
+            # are no longer newcomers (their keys are made again).
             for other in ctx.scheduler.backlog.by_trajectory.get(action.trajectory, ()):
                 keys.pop(other, None)
 

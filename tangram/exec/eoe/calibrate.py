@@ -22,7 +22,6 @@ The host load is plain processes (``python -c 'while True: pass'``), started and
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import statistics
 import subprocess
@@ -33,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tangram.trace.gpu_calibration import CallTime, GpuCalibration
+from tangram.trace.host_load import max_level
 
 GB = 1 << 30
 
@@ -163,7 +163,7 @@ def calibrate_gpu(
     cores = os.cpu_count() or 1
     # A CPU-backed device computes each GPU's share of a call on one host thread.
     per_gpu = 1.0 if manager.backend == "cpu" and host_cpu_node is not None else 0.0
-    top = cores + math.ceil(per_gpu * max(0, len(manager.devices) - 1))
+    top = max_level(per_gpu, cores, len(manager.devices))
     levels = list(range(top + 1)) if busy_levels is None else list(busy_levels)
     if 0 not in levels:
         levels.insert(0, 0)
