@@ -78,3 +78,28 @@ def test_run_many_answers_each_action_in_order_with_its_outcome_or_error(ray_clu
     assert isinstance(refused, ServiceError) and refused.code == "unknown_trajectory"
     assert gpu.ok and gpu.node in {"head", "w1", "w2"}
     assert named.ok and r.run(id="many-x", endpoint="echo", payload=5) == named  # ran once
+
+
+def test_the_cluster_runs_in_a_network_namespace_with_only_loopback(ray_cluster: Any) -> None:
+    # The tests (this thread) and a task on every live Ray node share one network namespace,
+    # not the machine's, whose only link is lo (design.md, environment recipes).
+    import os
+    import subprocess
+
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    def where() -> tuple[str, list[str]]:  # (nested: Ray ships it by value to the workers)
+        links = subprocess.run(
+            ["ip", "-o", "link", "show"], check=True, capture_output=True, text=True
+        ).stdout.splitlines()
+        return os.readlink("/proc/thread-self/ns/net"), [ln.split(":")[1].strip() for ln in links]
+
+    mine, links = where()
+    assert links == ["lo"]  # (the machine's own namespace has its other links)
+    remote = ray.remote(num_cpus=0)(where)
+    nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+    strategy = [NodeAffinitySchedulingStrategy(n, soft=False) for n in nodes]
+    seen = ray.get([remote.options(scheduling_strategy=s).remote() for s in strategy])
+    assert len(seen) == len(nodes) >= 3
+    assert all(ns == mine and links == ["lo"] for ns, links in seen)
