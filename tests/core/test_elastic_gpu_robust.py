@@ -16,9 +16,10 @@ from tests.core.harness import run
 
 
 class _Queues:
-    """The three Context reads ``robust_order`` makes, over plain lists."""
+    """The four Context reads ``robust_order`` makes, over plain lists."""
 
     def __init__(self, calls: list[tuple[str, float, float]]) -> None:
+        self.fcfs: list[Action] = []
         self.by_service: dict[str, list[Action]] = {}
         self.opts: dict[str, Options] = {}
         for i, (service, arrival, duration) in enumerate(sorted(calls, key=lambda c: c[1])):
@@ -26,8 +27,12 @@ class _Queues:
                 f"a{i}", f"t{i}", ResourceKind.GPU, Amdahl(duration, 0.0), service=service,
                 arrival=arrival,
             )  # fmt: skip
+            self.fcfs.append(action)
             self.by_service.setdefault(service, []).append(action)
             self.opts[action.id] = Options((1,), (duration,), True)
+
+    def queue(self, domain):
+        return iter(self.fcfs)
 
     def services_waiting(self) -> list[str]:
         return list(self.by_service)
@@ -68,6 +73,16 @@ def test_order_is_fcfs_per_service_and_never_starves_a_call(calls):
 def test_a_short_call_passes_a_long_one_of_another_service_in_a_burst():
     queues = _Queues([("72b", 0.0, 20.0), ("7b", 0.0, 0.2), ("7b", 0.1, 0.2)])
     assert [a.service for a in robust_order(queues, {})] == ["7b", "7b", "72b"]  # type: ignore[arg-type]
+
+
+def test_calls_with_equal_keys_keep_the_queue_order_across_services():
+    # A burst of calls all longer than AGING_CAP_S / AGING: every key is arrival + 2 s. They go
+    # in the GPU queue's order, not the whole first-listed service first (which let a 72B
+    # model's calls take the pool while a 15B model's queued behind them).
+    burst = [("72b", 0.0, 3.0), ("72b", 0.0, 2.0), ("14b", 0.0, 1.0), ("72b", 0.0, 4.0),
+             ("14b", 0.0, 0.9)]  # fmt: skip
+    queues = _Queues(burst)
+    assert [a.id for a in robust_order(queues, {})] == ["a0", "a1", "a2", "a3", "a4"]  # type: ignore[arg-type]
 
 
 def test_restores_are_amortised_over_recent_calls_only_while_the_pool_has_room():

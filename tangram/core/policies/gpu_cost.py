@@ -19,7 +19,8 @@ Three pieces the GPU rule (``elastic_gpu``) uses when ``ElasticTuning.gpu_robust
 - ``robust_order``: the GPU queue merged from the per-service queues, earliest
   ``arrival + min(AGING x expected duration, AGING_CAP_S)`` first: in a burst short calls
   pass long ones, and no call is passed by one that arrived more than ``AGING`` times its
-  expected duration (at most ``AGING_CAP_S``) after it: no starvation.
+  expected duration (at most ``AGING_CAP_S``) after it: no starvation. Equal keys (a burst
+  of calls whose aging saturates at the cap) go in arrival order across services.
 
 Estimates only: the core does not know the executor's memory accounting, so a resident
 service's footprint on a GPU is its size over the largest aligned block around that GPU that
@@ -312,8 +313,14 @@ def robust_order(ctx: Context, expected: dict[str, float]) -> Iterator[Action]:
     """The queued GPU calls, the per-service queues merged by ``arrival + AGING x duration``.
 
     Within a service the order stays FCFS; across services the head with the earliest key goes
-    next. ``expected`` caches each action's fastest duration for the pass.
+    next, equal keys in the GPU queue's arrival order. Why not by service: in a burst every
+    call longer than ``AGING_CAP_S / AGING`` gets the same key, and the service listed first
+    would take the whole pool before any other's call (random GPU instance 41: eleven calls to
+    a 72B model, then fifteen to a 15B one). ``expected`` caches each action's fastest
+    duration for the pass. The robust pass runs on at most ``OVERLOADED`` calls per GPU, so
+    numbering the queue once per pass stays cheap.
     """
+    position = {action.id: n for n, action in enumerate(ctx.queue(GPU_DOMAIN))}
     heads: list[tuple[float, int, Action, Iterator[Action]]] = []
 
     def key(action: Action) -> float:
@@ -323,17 +330,17 @@ def robust_order(ctx: Context, expected: dict[str, float]) -> Iterator[Action]:
             d = expected[action.id] = opts.durations[opts.fastest]
         return action.arrival + min(AGING * d, AGING_CAP_S)
 
-    for i, service in enumerate(ctx.services_waiting()):
+    for service in ctx.services_waiting():
         it = ctx.queued_of_service(service)
         head = next(it, None)
         if head is not None:
-            heads.append((key(head), i, head, it))
+            heads.append((key(head), position[head.id], head, it))
     heapq.heapify(heads)
     while heads:
-        _, i, action, it = heads[0]
+        _, _, action, it = heads[0]
         nxt = next(it, None)
         if nxt is None:
             heapq.heappop(heads)
         else:
-            heapq.heapreplace(heads, (key(nxt), i, nxt, it))
+            heapq.heapreplace(heads, (key(nxt), position[nxt.id], nxt, it))
         yield action
