@@ -305,6 +305,27 @@ def with_contention(record: Any, warmup_trace: Path, host_cores: int, gpus: int)
     )
 
 
+def recalibrate(record_path: Path, warmup_trace: Path) -> Any:
+    """The seed's record rebuilt from its kept warm-up trace by the current estimator (its idle
+    measurements kept: overhead, restore, busy-0 call times, which the clients declared; the
+    host's cores and the GPU node's GPUs as recorded), and written back to ``record_path``."""
+    import dataclasses
+
+    from tangram.core.cluster_file import parse_cluster
+    from tangram.trace import load_trace
+    from tangram.trace.gpu_calibration import load_gpu_calibration
+
+    old = load_gpu_calibration(record_path)
+    idle = dataclasses.replace(
+        old, call_times=tuple(p for p in old.call_times if p.busy_cores == 0), call_overheads=()
+    )
+    spec = parse_cluster(load_trace(warmup_trace).meta["cluster"], str(warmup_trace))
+    gpus = next(n.gpus for n in spec.gpu_nodes if n.name == old.gpu_node)
+    record = with_contention(idle, warmup_trace, old.host_cores, gpus)
+    record.write(record_path)
+    return record
+
+
 def declared_gpu(record: Any) -> dict[int, float]:
     """The clients' declared call times: the record's idle ones (a larger cell never slower)."""
     gpu_s = {d: record.call_s(d, 0.0) for d in (1, 2)}
@@ -703,10 +724,16 @@ without), 2.7x (1.87x) in the loaded committed run. The record therefore counts 
 per GPU running another call (`host_cores_per_gpu` = 1 for the CPU backend), measures that
 level in the warm-up where it saw 3 calls there and otherwise carries the top level up by
 processor sharing (one more thread on the two cores); the warm-up traces are kept
-(`fidelity-warmup-seed<N>.jsonl.gz`) so that the estimator can be re-checked offline. The
-per-call overhead grows with the load too (the hand-off to the executor's thread waits for a
-core: 0.5 ms mean with at most one core busy, 2.3 ms with both, quiet issue-11 run), so the
-record also carries the warm-up's mean overhead per busy-core level (`call_overheads`).
+(`fidelity-warmup-seed<N>.jsonl.gz`) so that the estimator can be re-checked offline
+(`--replay-only --recalibrate`). A cell size with fewer than 3 warm-up calls at a level takes
+the other cell sizes' calls there, each carried over by the speed-up over one GPU that the
+cores left free allow (at most their number; with one of these two cores busy, none: a DoP-2
+call then took about its DoP-1 time, 1.9-2.2x its idle time, not the DoP-1 calls' 1.1-1.5x).
+Before, it took their ratios to idle as they were, and seed 1's record (its warm-up, with a
+flat declared curve, granted no call two GPUs) priced DoP-2 calls 37-48% short. The per-call
+overhead grows with the load too (the hand-off to the executor's thread waits for a core: 0.5
+ms mean with at most one core busy, 2.3 ms with both, quiet issue-11 run), so the record also
+carries the warm-up's mean overhead per busy-core level (`call_overheads`).
 """
 
 
@@ -736,6 +763,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="keep the recorded traces and live figures in --out, redo the replays and reports",
     )
+    p.add_argument(
+        "--recalibrate",
+        action="store_true",
+        help="with --replay-only: rebuild each seed's GPU record from its kept warm-up trace "
+        "(fidelity-warmup-seed<N>.jsonl.gz) with the current estimator before replaying",
+    )
     args = p.parse_args(argv)
     params = Params(
         trajectories=2 if args.smoke else args.trajectories,
@@ -753,6 +786,9 @@ def main(argv: list[str] | None = None) -> int:
         for run in runs:
             path = args.out / f"fidelity-trace-seed{run['seed']}.jsonl.gz"
             record = args.out / f"fidelity-gpu-calibration-seed{run['seed']}.json"
+            warmup = args.out / f"fidelity-warmup-seed{run['seed']}.jsonl.gz"
+            if args.recalibrate and record.exists() and warmup.exists():
+                run["gpu_calibration"] = recalibrate(record, warmup).to_dict()
             run["replay"] = replays(path, record)
         params = Params(**doc["params"])
         write_outputs(runs, params, args.out, doc.get("argv", []))

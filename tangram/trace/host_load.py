@@ -95,13 +95,16 @@ def contention_points(
     ``idle.service`` that ended with a result in a live run: the idle time times the median
     observed / idle ratio of the calls started at that many busy cores (rounded; more than
     ``max_level`` count as ``max_level``). A level with fewer than ``MIN_CALLS`` calls at a
-    DoP takes the ratio of all DoPs' calls at that level; with fewer still it is left out
-    (the record interpolates over it), except above ``host_cores`` (other calls' load on a
-    fully held host: seen rarely), where the highest level measured is carried up by
+    DoP takes the median of all DoPs' calls at that level, each call's time carried to this
+    DoP by the ratio of their speed-ups there (``_speedup``: a CPU-backed call's speed-up over
+    one GPU is at most the host cores left free, so on a host with one core free or none a
+    DoP-2 call takes about as long as a DoP-1 call, not its idle share); with fewer still it is
+    left out (the record interpolates over it), except above ``host_cores`` (other calls' load
+    on a fully held host: seen rarely), where the highest level measured is carried up by
     processor sharing (``_shared``)."""
     busy = busy_for(rows, idle)
     top = max_level(idle.host_cores_per_gpu, host_cores, gpus)
-    ratios: dict[tuple[int, int], list[float]] = {}
+    times: dict[tuple[int, int], list[float]] = {}
     for r in _ran(rows):
         if r.action_id not in busy or r.service != idle.service or r.obs_outcome != "result":
             continue
@@ -110,17 +113,21 @@ def contention_points(
         if not (r.obs_exec_s or 0.0) > 0:
             continue
         level = min(round(busy[r.action_id]), top)
-        ratio = r.obs_exec_s / idle.call_s(r.obs_units, 0.0)
-        ratios.setdefault((r.obs_units, level), []).append(ratio)
+        times.setdefault((r.obs_units, level), []).append(r.obs_exec_s)
     points = []
     for dop in idle.dops:
         last: CallTime | None = None
         for level in range(1, top + 1):
-            own = ratios.get((dop, level), [])
-            pooled = [x for (_, b), xs in ratios.items() if b == level for x in xs]
+            own = times.get((dop, level), [])
+            pooled = [
+                t * _speedup(idle, d, level, host_cores) / _speedup(idle, dop, level, host_cores)
+                for (d, b), ts in times.items()
+                if b == level
+                for t in ts
+            ]
             use = own if len(own) >= MIN_CALLS else pooled
             if len(use) >= MIN_CALLS:
-                last = CallTime(dop, float(level), idle.call_s(dop, 0.0) * statistics.median(use))
+                last = CallTime(dop, float(level), statistics.median(use))
             elif level > host_cores and last is not None:
                 threads = max(1.0, dop * idle.host_cores_per_gpu)
                 factor = _shared(threads, level, host_cores) / _shared(
@@ -131,6 +138,17 @@ def contention_points(
                 continue
             points.append(last)
     return tuple(points)
+
+
+def _speedup(idle: GpuCalibration, dop: int, busy: float, cores: int) -> float:
+    """A call's speed-up at ``dop`` over one GPU with ``busy`` of the host's ``cores`` busy:
+    its idle one (the record's idle call times), at most the free cores over the host cores
+    a GPU's thread keeps busy (at least 1) when the calls compute on the host."""
+    ideal = idle.call_s(1, 0.0) / idle.call_s(dop, 0.0)
+    per_gpu = idle.host_cores_per_gpu
+    if dop == 1 or not per_gpu:
+        return ideal
+    return min(ideal, max(1.0, (cores - busy) / per_gpu))
 
 
 def _shared(threads: float, busy: float, cores: int) -> float:

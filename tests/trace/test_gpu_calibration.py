@@ -208,6 +208,33 @@ def test_contention_points_are_the_idle_time_times_the_median_slow_down_per_leve
     assert points[1].seconds == pytest.approx(0.030 * 1.625)  # pooled: those and 3.0
 
 
+def test_a_cell_size_without_calls_at_a_level_takes_the_others_times_when_no_core_is_free() -> None:
+    # CPU-backed calls (a thread per GPU) on 2 cores with both held: no free core to run a
+    # DoP-2 call's second half, so its time there is a DoP-1 call's, not its idle share.
+    idle = record(
+        call_times=(CallTime(1, 0.0, 0.040), CallTime(2, 0.0, 0.024)), host_cores_per_gpu=1.0
+    )
+    rows = [row("c", "cpu", 0.0, 2, 100.0)]
+    rows += [row(f"g{i}", "gpu", 1.0 + i, 1, t) for i, t in enumerate([0.05, 0.06, 0.07])]
+    rows += [row("h", "gpu", 9.0, 2, 0.09)]
+    points = {(p.dop, p.busy_cores): p.seconds for p in contention_points(rows, idle, 2)}
+    assert points[(1, 2.0)] == pytest.approx(0.060)  # its own three calls
+    assert points[(2, 2.0)] == pytest.approx(0.065)  # median of 0.05, 0.06, 0.07, 0.09
+    # (pooling the ratios to idle, as before, gave 0.024 x 1.625 = 0.039: 40% short)
+
+
+def test_with_free_cores_a_cell_size_keeps_its_idle_speed_up_over_the_others() -> None:
+    # 4 host cores, 1 held: 3 free, more than a DoP-2 call's idle speed-up (0.040 / 0.024),
+    # so the DoP-1 calls' times carry over at that speed-up (their ratio to idle).
+    idle = record(
+        call_times=(CallTime(1, 0.0, 0.040), CallTime(2, 0.0, 0.024)), host_cores_per_gpu=1.0
+    )
+    rows = [row("c", "cpu", 0.0, 1, 100.0)]
+    rows += [row(f"g{i}", "gpu", 1.0 + i, 1, t) for i, t in enumerate([0.05, 0.06, 0.07])]
+    points = {(p.dop, p.busy_cores): p.seconds for p in contention_points(rows, idle, 4)}
+    assert points[(2, 1.0)] == pytest.approx(0.024 * 0.06 / 0.040)
+
+
 def test_host_cores_per_gpu_is_written_only_when_set_and_reads_back() -> None:
     assert "host_cores_per_gpu" not in record().to_dict()  # records before it read the same
     r = record(host_cores_per_gpu=1.0)
