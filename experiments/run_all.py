@@ -39,6 +39,7 @@ EXPERIMENTS = [
     "sensitivity",
     "fidelity",  # live: needs the Docker engine (scripts/ensure-docker.sh), ~4 min
     "bound_gap",
+    "robustness",  # issue 11: both policies against every baseline, random instances (~6 min)
 ]
 #: Run under both elastic policies: the paper's into ``--out``, the default into ``--out/default``.
 SIDE_BY_SIDE = EXPERIMENTS[:7]

@@ -6,8 +6,8 @@
 The notebook reads what the experiments wrote to ``experiments/results/`` (or the folder named
 by ``$TANGRAM_RESULTS``): ACT CDFs and usage over time from the coding experiment's per-action
 and timeline Parquet, the ACT breakdown from ``coding_act.csv`` and ``mopd_gpu_savings.csv``,
-cost against ACT from ``mopd_gpu_savings_runs.csv`` and ``cpu_scaling.csv``, and the claims
-table from ``*.claims.csv``.
+cost against ACT from ``mopd_gpu_savings_runs.csv`` and ``cpu_scaling.csv``, the robustness
+shares from ``robustness_runs.csv``, and the claims table from ``*.claims.csv``.
 """
 
 from __future__ import annotations
@@ -179,6 +179,39 @@ for ax, (policy, tl) in zip(axes, timelines.groupby("policy"), strict=False):
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
 axes[0].set_ylabel("cores")
+plt.tight_layout()
+plt.show()""",
+    ),
+    (
+        "md",
+        """## Robustness against static baselines (issue 11)
+
+Random instances (`tangram bench robustness`; `experiments/robustness.py`): the share of
+instances where the best static baseline beats the policy by more than 5% and by more than 20%,
+per family and figure, mean over seed sets (bars: std). Target for the default: at most 5% and
+none, on mean ACT and on step.""",
+    ),
+    (
+        "code",
+        """runs = pd.read_csv(RESULTS / "robustness_runs.csv")
+figures = {"act_mean_s": "mean ACT", "step_s": "step", "act_p99_s": "p99 ACT"}
+fig, axes = plt.subplots(1, 2, figsize=(15, 4.2), sharey=True)
+for ax, margin in zip(axes, ("5", "20"), strict=True):
+    groups = [(f, k) for f in runs.family.unique() for k in figures]
+    x = np.arange(len(groups))
+    policies = list(runs.policy.unique())
+    for i, policy in enumerate(policies):
+        p = runs[runs.policy == policy]
+        means = [100 * p[p.family == f][f"{k}_over{margin}"].mean() for f, k in groups]
+        stds = [100 * p[p.family == f][f"{k}_over{margin}"].std() for f, k in groups]
+        ax.bar(x + (i - 0.5) * 0.4, means, 0.4, yerr=np.nan_to_num(stds), capsize=2, label=policy)
+    if margin == "5":
+        ax.axhline(5, color="k", ls="--", lw=1, label="target (mean ACT, step)")
+    ax.set_xticks(x, [f"{f}\\n{figures[k]}" for f, k in groups], fontsize=8)
+    ax.set_ylabel("share of instances (%)")
+    ax.set_title(f"a baseline beats the policy by more than {margin}%")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
 plt.tight_layout()
 plt.show()""",
     ),

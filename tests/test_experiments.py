@@ -173,6 +173,27 @@ def test_bound_gap_smoke_reports_both_policies_over_both_bounds(tmp_path):
     assert (claims.default != "").all() and (claims.ours != "").all()
 
 
+def test_robustness_smoke_reports_both_policies_per_family(tmp_path):
+    run_smoke("robustness.py", tmp_path)
+    instances = pd.read_csv(tmp_path / "robustness_instances.csv")
+    assert set(instances.policy) == {"tangram-paper", "tangram"}
+    assert set(instances.family) == {"cpu", "gpu", "mixed"}
+    # The same instances under both policies, each with the best baseline per figure named.
+    per_policy = instances.groupby("policy").seed.apply(sorted)
+    assert per_policy["tangram"] == per_policy["tangram-paper"]
+    assert instances.best_act_mean_s.notna().all()
+    # A policy never beats the capacity-aware bound.
+    assert (instances.act_over_capacity_bound >= 1 - 1e-9).all()
+    runs = pd.read_csv(tmp_path / "robustness_runs.csv")
+    for column in ("act_mean_s_over5", "act_mean_s_over20", "step_s_over5", "step_s_over20"):
+        assert runs[column].between(0, 1).all()
+        # More instances are beaten by 5% than by 20%.
+        assert (runs[column.replace("20", "5")] >= runs[column]).all()
+    claims = pd.read_csv(tmp_path / "robustness.claims.csv", keep_default_na=False)
+    assert len(claims) == 3 * 2 * 2 and (claims.default != "").all()
+    assert (tmp_path / "robustness.png").stat().st_size > 0
+
+
 def test_sensitivity_smoke_varies_each_assumption_and_reports_ratios(tmp_path):
     run_smoke("sensitivity.py", tmp_path)
     ratios = pd.read_csv(tmp_path / "sensitivity.ratios.csv")

@@ -21,7 +21,13 @@ import make_results_notebook  # noqa: E402
 pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 
-NEEDED = ("coding_act.csv", "cpu_scaling.csv", "mopd_gpu_savings.csv", "mopd_gpu_savings_runs.csv")
+NEEDED = (
+    "coding_act.csv",
+    "cpu_scaling.csv",
+    "mopd_gpu_savings.csv",
+    "mopd_gpu_savings_runs.csv",
+    "robustness_runs.csv",
+)
 
 
 def results_dir(tmp_path_factory) -> Path:
@@ -31,7 +37,7 @@ def results_dir(tmp_path_factory) -> Path:
     ):
         return RESULTS
     out = tmp_path_factory.mktemp("results")
-    for script in ("coding_act.py", "cpu_scaling.py", "mopd_gpu_savings.py"):
+    for script in ("coding_act.py", "cpu_scaling.py", "mopd_gpu_savings.py", "robustness.py"):
         subprocess.run(
             [sys.executable, str(ROOT / "experiments" / script), "--smoke", "--out", str(out)],
             check=True,
@@ -74,5 +80,5 @@ def test_results_notebook_executes_with_figures(tmp_path_factory, monkeypatch):
         for o in c.get("outputs", [])
         if o.output_type in ("display_data", "execute_result") and "image/png" in o.get("data", {})
     ]
-    assert len(images) >= 4  # ACT CDFs, breakdown, cost vs ACT, utilisation
+    assert len(images) >= 5  # ACT CDFs, breakdown, cost vs ACT, utilisation, robustness
     assert os.environ["TANGRAM_RESULTS"]

@@ -1,0 +1,227 @@
+"""Issue 11's check: how often a static baseline beats `tangram-paper` and `tangram`, random instances.
+
+Each seed set is one run of `tangram bench robustness --seed S` per policy (S = 0, 1000, 2000, ...:
+200 random instances per family, CPU, GPU and mixed; every baseline replayed on each), once
+with the paper's policy as the one compared and once with the default. Per instance, a
+baseline "beats" the policy by the best baseline's margin on that figure (mean ACT, p99 ACT,
+step time); the shares beaten by more than 5% and 20% are the issue's targets (at most 5% of
+instances and none, on mean ACT and on step). Writes per-instance margins, per-seed-set
+shares, the claims table and a figure of the margins' distributions.
+
+    python experiments/robustness.py [--seeds 4] [--workers 2] [--smoke]
+
+`--seeds N` runs the seed sets 0, 1000, ..., (N - 1) x 1000 (the record uses 4; 2000 and 3000
+were held out from the choice of the default's CPU rule).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from common import Claim, Report, md_table, parse_args, pm, save_figure  # noqa: E402
+
+NAME = "robustness"
+POLICIES = ("tangram-paper", "tangram")
+#: A seed set's first seed: seed-set index x this (the benchmark's instances S, S+1, ...).
+SEED_STRIDE = 1000
+SMOKE_INSTANCES = 4
+#: figure key -> label, as `tangram bench robustness` reports them.
+FIGURES = {"act_mean_s": "mean ACT", "step_s": "step", "act_p99_s": "p99 ACT"}
+#: The issue's targets per figure it sets one for: (share beaten > 5%, share beaten > 20%).
+TARGETS = {"act_mean_s": (0.05, 0.0), "step_s": (0.05, 0.0)}
+
+
+def instance_rows(doc: dict, policy: str, seed_set: int) -> list[dict]:
+    """One row per instance of one benchmark document: the best baseline's margin per figure."""
+    rows = []
+    for r in doc["instances"]:
+        row = {
+            "policy": policy,
+            "seed_set": seed_set,
+            "family": r["family"],
+            "seed": r["seed"],
+            "actions": r["actions"],
+            "trajectories": r["trajectories"],
+            "cores": r["cluster"]["cores"],
+            "gpus": r["cluster"]["gpus"],
+            "synced": r["synced"],
+            "default_rejected": r["default_rejected"],
+        }
+        for key in FIGURES:
+            row[f"margin_{key}"] = r["best"][key]["margin"]
+            row[f"best_{key}"] = r["best"][key]["policy"]
+        row.update({k: r["ratios"][k] for k in ("act_over_lower_bound", "act_over_capacity_bound")})
+        rows.append(row)
+    return rows
+
+
+def share_rows(instances: pd.DataFrame) -> pd.DataFrame:
+    """Per policy, seed set and family: the share of instances beaten by > 5% and > 20%."""
+    rows = []
+    keys = ["policy", "seed_set", "family"]
+    for (policy, seed_set, family), g in instances.groupby(keys, sort=False):
+        g = g[~g.default_rejected]
+        row = {"policy": policy, "seed_set": seed_set, "family": family, "instances": len(g)}
+        for key in FIGURES:
+            margin = g[f"margin_{key}"]
+            row[f"{key}_over5"] = float((margin > 0.05).mean())
+            row[f"{key}_over20"] = float((margin > 0.20).mean())
+        row["act_over_capacity_p50"] = float(g.act_over_capacity_bound.median())
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def figure(instances: pd.DataFrame, out: Path) -> Path:
+    """Per family, the margin's distribution (the best baseline's gain over the policy; right of
+    0: a baseline is better) for mean ACT and step, both policies, the targets' lines."""
+    families = list(dict.fromkeys(instances.family))
+    fig, axes = plt.subplots(2, len(families), figsize=(4.6 * len(families), 7.2), squeeze=False)
+    for col, family in enumerate(families):
+        for row, key in enumerate(("act_mean_s", "step_s")):
+            ax = axes[row][col]
+            for i, policy in enumerate(POLICIES):
+                sel = instances[
+                    (instances.family == family) & (instances.policy == policy)
+                    & ~instances.default_rejected
+                ]  # fmt: skip
+                m = np.sort(sel[f"margin_{key}"].to_numpy() * 100)
+                if m.size:
+                    share = np.arange(m.size, 0, -1) / m.size
+                    over5 = 100 * float((m > 5).mean())
+                    ax.step(m, share, where="post", color=f"C{i}",
+                            label=f"{policy} ({over5:.1f}% beaten > 5%)")  # fmt: skip
+            for x, style in ((5, "--"), (20, ":")):
+                ax.axvline(x, color="k", ls=style, lw=1)
+            ax.axhline(0.05, color="grey", lw=0.8)
+            ax.set_xscale("symlog", linthresh=10)
+            ax.set_yscale("log")
+            ax.set_ylim(1 / 1000, 1.05)
+            ax.set_xlabel(f"best baseline's gain on {FIGURES[key]} (%)")
+            ax.set_ylabel("share of instances with a larger gain")
+            ax.set_title(f"{family}: {FIGURES[key]}")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7, loc="lower left")
+    return save_figure(fig, out, NAME)
+
+
+def main(argv=None) -> int:
+    args = parse_args(__doc__.splitlines()[0], argv)
+    from tangram.bench.robustness import DEFAULT_INSTANCES, run_bench
+
+    t0 = time.perf_counter()
+    instances_per_family = SMOKE_INSTANCES if args.smoke else DEFAULT_INSTANCES
+    seed_sets = [s * SEED_STRIDE for s in args.seeds]
+    rows = []
+    from tqdm import tqdm
+
+    with tqdm(total=len(POLICIES) * len(seed_sets), desc=NAME, unit="run") as bar:
+        for seed_set in seed_sets:
+            for policy in POLICIES:
+                doc = run_bench(
+                    instances=instances_per_family,
+                    seed=seed_set,
+                    default_policy=policy,
+                    jobs=args.workers,
+                )
+                rows += instance_rows(doc, policy, seed_set)
+                bar.update()
+    instances = pd.DataFrame(rows)
+    shares = share_rows(instances)
+    args.out.mkdir(parents=True, exist_ok=True)
+    instances.to_csv(args.out / f"{NAME}_instances.csv", index=False, float_format="%.6g")
+    shares.to_csv(args.out / f"{NAME}_runs.csv", index=False, float_format="%.6g")
+    columns = [c for c in shares.columns if c not in ("policy", "seed_set", "family")]
+    agg = shares.groupby(["policy", "family"], sort=False)[columns].agg(["mean", "std"])
+    agg.columns = [f"{c}_{stat}" for c, stat in agg.columns]
+    agg.reset_index().to_csv(args.out / f"{NAME}.csv", index=False, float_format="%.6g")
+    figure(instances, args.out)
+
+    def cell(policy: str, family: str, column: str) -> tuple[str, float, float]:
+        v = 100 * shares[(shares.policy == policy) & (shares.family == family)][column]
+        std = float(v.std()) if len(v) > 1 else float("nan")
+        return pm(float(v.mean()), std, 1, "%"), float(v.mean()), std
+
+    claims = []
+    for family in dict.fromkeys(shares.family):
+        for key, (t5, t20) in TARGETS.items():
+            for column, target in (
+                (f"{key}_over5", f"<= {t5:.0%}"),
+                (f"{key}_over20", f"{t20:.0%}"),
+            ):
+                paper, m, s = cell("tangram-paper", family, column)
+                default, default_mean, _ = cell("tangram", family, column)
+                margin = column.rsplit("over", 1)[1]
+                claims.append(
+                    Claim(
+                        f"{family} instances: a baseline beats the policy's {FIGURES[key]} by > {margin}%",
+                        "share of instances",
+                        f"default {target} (issue 11)",
+                        paper,
+                        m,
+                        s,
+                        default=default,
+                        default_mean=default_mean,
+                    )
+                )
+    table = shares.copy()
+    for key in FIGURES:
+        for m in ("5", "20"):
+            table[f"{FIGURES[key]} > {m}%"] = [f"{100 * v:.1f}%" for v in table[f"{key}_over{m}"]]
+    table = table[
+        ["policy", "seed_set", "family", "instances",
+         *(f"{FIGURES[k]} > {m}%" for k in FIGURES for m in ("5", "20")), "act_over_capacity_p50"]
+    ]  # fmt: skip
+    rep = Report(
+        NAME,
+        "Issue 11: how often a static baseline beats the policy on random instances",
+        "Not a paper claim: issue 11 asks that a baseline beat the default by more than 5% on "
+        "at most 5% of instances and by more than 20% on none, on mean ACT and on step time.",
+        "python experiments/robustness.py --seeds 4",
+        setup=[
+            f"Seed sets {seed_sets}: each is `tangram bench robustness --seed S` with "
+            f"{instances_per_family} instances per family (the `random` workload: 1-2 nodes of "
+            "4-64 cores or 2-8 GPUs, 2-40 trajectories, heavy tails, half with synchronised "
+            "first actions; docs/workloads.md), once per policy.",
+            "Baselines: `fixed:1..16`, `k8s-static:1..4`, `k8s-burstable:1..4`, "
+            "`sglang-static:1..4`, `sglang-sized` (given each service's GPU-seconds in advance, "
+            "its replicas deployed at no cost). Per figure the best baseline of the instance "
+            "counts, so mean and step may be beaten by two different baselines.",
+            "Shares per seed set, then mean ± std over seed sets. The figure: per family and "
+            "figure, the share of instances (log) whose best baseline gains more than x on the "
+            "policy (x right of 0: the baseline is better); dashed 5%, dotted 20%, the grey "
+            "line the 5% share the target allows.",
+        ],
+        claims=claims,
+        sections=[
+            ("Shares per seed set", md_table(table)),
+            (
+                "Per instance",
+                f"`{NAME}_instances.csv`: each instance's best baseline and its margin per "
+                "figure, the policy's mean ACT over `lower-bound` and over the capacity-aware "
+                "bound. Replay one with `tangram sim --workload random --seed S --set "
+                "family=F --policy tangram --policy <baseline>`.",
+            ),
+        ],
+        differences=[
+            "The GPU family's losses split between narrow baselines on mean ACT (`sglang-sized`, "
+            "`fixed:1`) and wide ones on step (`fixed:16`, `fixed:2`); docs/core.md lists the "
+            "GPU variants tried.",
+        ],
+        runtime_s=time.perf_counter() - t0,
+        settings={"seed_sets": len(seed_sets), "workers": args.workers},
+        elastic_note=False,
+    )
+    rep.write(args.out)
+    print(f"{NAME}: wrote {args.out}/{NAME}.md ({rep.runtime_s:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
