@@ -157,7 +157,7 @@ def _quantiles(values: Sequence[float]) -> dict[str, float]:
     }
 
 
-def _dominated(record: dict[str, Any], policies: Sequence[str], margin: float) -> bool:
+def dominated(record: dict[str, Any], policies: Sequence[str], margin: float) -> bool:
     """Whether one comparable baseline beats the default by more than ``margin`` on both mean
     ACT and step time."""
     d = record["runs"][record["default"]]
@@ -193,9 +193,9 @@ def family_summary(records: Sequence[dict[str, Any]], policies: Sequence[str]) -
         winners[key] = wins.most_common(3)
     # One baseline better on both mean ACT and step: a user could switch to it and lose
     # nothing (the shares above take the best baseline per figure, which may differ).
-    dominated = {
+    dominated_shares = {
         f">{round(m * 100)}%": (
-            sum(_dominated(r, policies, m) for r in compared) / n if n else math.nan
+            sum(dominated(r, policies, m) for r in compared) / n if n else math.nan
         )
         for m in MARGINS
     }
@@ -214,7 +214,7 @@ def family_summary(records: Sequence[dict[str, Any]], policies: Sequence[str]) -
         "default_rejected": len(records) - n,
         "incomparable_runs": sum(len(r["incomparable"]) for r in records),
         "beaten": beaten,
-        "dominated": dominated,
+        "dominated": dominated_shares,
         "winners": {k: [{"policy": p, "instances": c} for p, c in v] for k, v in winners.items()},
         "ratios": ratios,
     }
