@@ -62,6 +62,25 @@ def test_short_calls_do_not_wait_behind_a_long_one_in_a_burst():
     assert np.mean(list(default.values())) < 0.6 * np.mean(list(paper.values()))
 
 
+def test_a_burst_whose_keys_tie_keeps_its_arrival_order_across_services():
+    # Two GPUs; at t = 0 six calls alternate between "big" (t1 = 3 s) and "small" (0.6 s),
+    # both 15.2-GB models, one GPU each (warm: big on GPU 0, small on GPU 1; a restore is
+    # 15.2 / 25 + 0.05 = 0.658 s). Every key is 0 + min(4 x d, 2 s) = 2 s: a tie.
+    # Ties in arrival order: t0 big 0-3.0 on GPU 0, t1 small 0-0.6 on GPU 1; at 0.6 t2 big
+    # restores on GPU 1 (0.658 + 3 = 3.658 beats waiting 2.4 s + 3): done 4.258; at 3.0 t3
+    # small restores on GPU 0 (0.658 + 0.6 beats waiting 1.258 + 0.6): done 4.258; at 4.258
+    # t4 big done 7.258, t5 small 4.858. Mean 24.232 / 6 = 4.039 s.
+    # Ties by service (stop 22): the big calls took both GPUs first (t2 restored on GPU 1,
+    # t4 at 3.0 on GPU 0) and the small ones waited until 3.658: mean 27.232 / 6 = 4.539 s.
+    default = acts("burst_ties_across_services", "tangram")
+    expected = {0: 3.0, 1: 0.6, 2: 4.258, 3: 4.258, 4: 7.258, 5: 4.858}
+    for i, act in expected.items():
+        assert default[f"s0-t{i:05d}-a000"] == pytest.approx(act, abs=1e-3)
+    assert np.mean(list(default.values())) == pytest.approx(4.0387, abs=1e-3)
+    # The paper's FCFS queue has no ties to break: the same order.
+    assert acts("burst_ties_across_services", "tangram-paper") == pytest.approx(default)
+
+
 def test_a_long_call_waits_for_a_larger_cell_rather_than_run_on_one_gpu():
     # Four GPUs. At t = 0 three 2-s calls to a 7.6B model (15.2 GB) take GPUs 0-2 (one
     # resident; two restore, 0.658 s each: busy until 2.0 and 2.658). At t = 0.5 a call of
