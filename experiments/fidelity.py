@@ -770,6 +770,8 @@ def main(argv: list[str] | None = None) -> int:
         "(fidelity-warmup-seed<N>.jsonl.gz) with the current estimator before replaying",
     )
     args = p.parse_args(argv)
+    if args.recalibrate and not args.replay_only:
+        p.error("--recalibrate rebuilds the records of a recorded run: use it with --replay-only")
     params = Params(
         trajectories=2 if args.smoke else args.trajectories,
         actions=6 if args.smoke else args.actions,
@@ -789,6 +791,12 @@ def main(argv: list[str] | None = None) -> int:
             warmup = args.out / f"fidelity-warmup-seed{run['seed']}.jsonl.gz"
             if args.recalibrate and record.exists() and warmup.exists():
                 run["gpu_calibration"] = recalibrate(record, warmup).to_dict()
+            elif args.recalibrate:
+                print(
+                    f"seed {run['seed']}: no {record.name} or {warmup.name} in {args.out}: "
+                    "its record is kept as it was",
+                    file=sys.stderr,
+                )
             run["replay"] = replays(path, record)
         params = Params(**doc["params"])
         write_outputs(runs, params, args.out, doc.get("argv", []))

@@ -1,6 +1,6 @@
 """Run every experiment, then rebuild the results table of ``docs/experiments.md``.
 
-    python experiments/run_all.py                 # all of them, 3 seeds each (~35 min on 2 cores)
+    python experiments/run_all.py                 # all of them, 3 seeds each (~35-40 min on 2 cores)
     python experiments/run_all.py --only coding_act fixed_dop
     python experiments/run_all.py --docs-only     # just regather results/*.claims.csv into the doc
     python experiments/run_all.py --smoke --out /tmp/x   # tiny configuration (tests)

@@ -185,10 +185,10 @@ def test_robustness_smoke_reports_both_policies_per_family(tmp_path):
     # A policy never beats the capacity-aware bound.
     assert (instances.act_over_capacity_bound >= 1 - 1e-9).all()
     runs = pd.read_csv(tmp_path / "robustness_runs.csv")
-    for column in ("act_mean_s_over5", "act_mean_s_over20", "step_s_over5", "step_s_over20"):
-        assert runs[column].between(0, 1).all()
-        # More instances are beaten by 5% than by 20%.
-        assert (runs[column.replace("20", "5")] >= runs[column]).all()
+    for key in ("act_mean_s", "step_s", "act_p99_s"):
+        assert runs[f"{key}_over5"].between(0, 1).all()
+        # At least as many instances are beaten by 5% as by 20%.
+        assert (runs[f"{key}_over5"] >= runs[f"{key}_over20"]).all()
     claims = pd.read_csv(tmp_path / "robustness.claims.csv", keep_default_na=False)
     assert len(claims) == 3 * 2 * 2 and (claims.default != "").all()
     assert (tmp_path / "robustness.png").stat().st_size > 0
