@@ -118,14 +118,15 @@ def contention_points(
     for dop in idle.dops:
         last: CallTime | None = None
         for level in range(1, top + 1):
-            own = times.get((dop, level), [])
-            pooled = [
-                t * _speedup(idle, d, level, host_cores) / _speedup(idle, dop, level, host_cores)
-                for (d, b), ts in times.items()
-                if b == level
-                for t in ts
-            ]
-            use = own if len(own) >= MIN_CALLS else pooled
+            use = times.get((dop, level), [])
+            if len(use) < MIN_CALLS:  # too few at this DoP: every DoP's calls, carried over
+                mine = _speedup(idle, dop, level, host_cores)
+                use = [
+                    t * _speedup(idle, d, level, host_cores) / mine
+                    for (d, b), ts in times.items()
+                    if b == level
+                    for t in ts
+                ]
             if len(use) >= MIN_CALLS:
                 last = CallTime(dop, float(level), statistics.median(use))
             elif level > host_cores and last is not None:
