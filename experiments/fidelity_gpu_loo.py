@@ -26,7 +26,6 @@ in seeds 0 and 2), the replayed policy with the idle times.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import sys
@@ -35,7 +34,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_RUNS = HERE / "results" / "fidelity-issue11"
-HOST, GPU_NODE, CORES, GPUS = "vm", "local-gpu", 2, 2
 #: Host cores a running call keeps busy per GPU: the model before (0) and now (1).
 PER_GPU = (0.0, 1.0)
 #: The replays: every action from its declared curve (one pooled noise, or each resource's
@@ -52,16 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=Path, default=DEFAULT_RUNS)
     p.add_argument("--out", type=Path, default=HERE / "results")
     args = p.parse_args(argv)
-    sys.path.insert(0, str(HERE.parent))
+    sys.path[:0] = [str(HERE.parent), str(HERE)]
+    from fidelity_records import CORES, GPUS, declared_at_idle, idle_measurements, idle_record
+
     from tangram.sim.replay_cli import replay
-    from tangram.trace import Trace, load_trace
-    from tangram.trace.files import write_trace
-    from tangram.trace.gpu_calibration import (
-        CallOverhead,
-        CallTime,
-        GpuCalibration,
-        load_gpu_calibration,
-    )
+    from tangram.trace import load_trace
+    from tangram.trace.gpu_calibration import CallOverhead, CallTime, GpuCalibration
     from tangram.trace.host_load import contention_points, overhead_points
 
     doc = json.loads((args.runs / "fidelity.json").read_text())
@@ -70,45 +64,18 @@ def main(argv: list[str] | None = None) -> int:
 
     def measured(seed: int) -> tuple[dict[int, float], float]:
         """The seed's idle call time per DoP and its per-call overhead."""
-        path = args.runs / f"fidelity-gpu-calibration-seed{seed}.json"
-        if path.exists():
-            rec = load_gpu_calibration(path)
-            return {d: rec.call_s(d, 0.0) for d in rec.dops}, rec.call_overhead_s
-        run = next(r for r in doc["runs"] if r["seed"] == seed)
-        gpu = [r.obs_overhead_s or 0.0 for r in traces[seed].rows if r.resource == "gpu"]
-        idle = {int(k): v for k, v in run["live"]["calibration_idle"]["gpu_s"].items()}
-        return idle, statistics.median(gpu)
+        return idle_measurements(args.runs, doc, traces[seed], seed)
 
     def record(
         seed: int, per_gpu: float, points: tuple = (), overheads: tuple = ()
     ) -> GpuCalibration:
-        idle, overhead = measured(seed)
-        base = tuple(CallTime(d, 0.0, t) for d, t in sorted(idle.items()))
-        return GpuCalibration(
-            "reward",
-            "cpu",
-            overhead,
-            1.0,
-            0.0,
-            CORES,
-            base + points,
-            HOST,
-            GPU_NODE,
-            per_gpu,
-            overheads,
-        )
+        return idle_record(*measured(seed), per_gpu, points, overheads)
 
     results = []
     tmp = Path(tempfile.mkdtemp())
     for seed in seeds:
         idle = measured(seed)[0]
-        g1 = idle[1]
-        curve = {"kind": "tabulated", "points": [[1, g1], [2, min(idle.get(2, g1), g1)]]}
-        rows = tuple(
-            dataclasses.replace(r, t1_s=g1, curve=curve) if r.resource == "gpu" else r
-            for r in traces[seed].rows
-        )
-        path = write_trace(Trace(rows, dict(traces[seed].meta)), tmp / f"seed{seed}.jsonl.gz")
+        path = declared_at_idle(traces[seed], idle, tmp / f"seed{seed}.jsonl.gz")
         row: dict = {"seed": seed, "records": {}}
         for per_gpu in PER_GPU:
             ratios: dict[tuple[int, float], list[float]] = {}

@@ -33,7 +33,6 @@ RUNS = {
     "stop-21": HERE / "results" / "fidelity-stop21",
     "issue-11": HERE / "results" / "fidelity-issue11",
 }
-HOST, GPU_NODE, CORES, GPUS = "vm", "local-gpu", 2, 2
 FRACTIONS = (1 / 3, 1 / 2)
 
 
@@ -41,11 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=HERE / "results")
     args = p.parse_args(argv)
-    sys.path.insert(0, str(HERE.parent))
+    sys.path[:0] = [str(HERE.parent), str(HERE)]
+    from fidelity_records import CORES, GPUS, declared_at_idle, idle_measurements, idle_record
+
     from tangram.sim.replay_cli import replay
-    from tangram.trace import Trace, host_load, load_trace
-    from tangram.trace.files import write_trace
-    from tangram.trace.gpu_calibration import CallTime, GpuCalibration, load_gpu_calibration
+    from tangram.trace import host_load, load_trace
+    from tangram.trace.gpu_calibration import GpuCalibration
 
     capped = host_load._speedup
 
@@ -69,37 +69,9 @@ def main(argv: list[str] | None = None) -> int:
                 cut = first + f * (last - first)
                 samples[(o, f"first {f:.2f}")] = [r for r in rows if r.arrival_s <= cut]
         for seed in seeds:
-            path = runs / f"fidelity-gpu-calibration-seed{seed}.json"
-            if path.exists():
-                own = load_gpu_calibration(path)
-                idle = {d: own.call_s(d, 0.0) for d in own.dops}
-                overhead = own.call_overhead_s
-            else:
-                run = next(r for r in doc["runs"] if r["seed"] == seed)
-                idle = {int(k): v for k, v in run["live"]["calibration_idle"]["gpu_s"].items()}
-                gpu = [r.obs_overhead_s or 0.0 for r in traces[seed].rows if r.resource == "gpu"]
-                overhead = statistics.median(gpu)
-            g1 = idle[1]
-            curve = {"kind": "tabulated", "points": [[1, g1], [2, min(idle.get(2, g1), g1)]]}
-            rows = tuple(
-                dataclasses.replace(r, t1_s=g1, curve=curve) if r.resource == "gpu" else r
-                for r in traces[seed].rows
-            )
-            trace = write_trace(
-                Trace(rows, dict(traces[seed].meta)), tmp / f"{run_name}-{seed}.jsonl.gz"
-            )
-            base = GpuCalibration(
-                "reward",
-                "cpu",
-                overhead,
-                1.0,
-                0.0,
-                CORES,
-                tuple(CallTime(d, 0.0, t) for d, t in sorted(idle.items())),
-                HOST,
-                GPU_NODE,
-                1.0,
-            )
+            idle, overhead = idle_measurements(runs, doc, traces[seed], seed)
+            trace = declared_at_idle(traces[seed], idle, tmp / f"{run_name}-{seed}.jsonl.gz")
+            base = idle_record(idle, overhead, 1.0)
             for (other, sample), src in samples.items():
                 if other == seed:
                     continue
