@@ -541,11 +541,15 @@ class Args:
 
 
 def parse_args(description: str, argv: Sequence[str] | None = None) -> Args:
+    from tangram.report import positive_int  # --seeds 0 or --workers 0: an error naming it
+
     p = argparse.ArgumentParser(description=description)
-    p.add_argument("--seeds", type=int, default=DEFAULT_SEEDS, help="seeds 0..N-1 (default 3)")
+    p.add_argument(
+        "--seeds", type=positive_int, default=DEFAULT_SEEDS, help="seeds 0..N-1 (default 3)"
+    )
     p.add_argument(
         "--workers",
-        type=int,
+        type=positive_int,
         default=int(os.environ.get("TANGRAM_WORKERS", min(2, os.cpu_count() or 1))),
         help="processes (default $TANGRAM_WORKERS or 2)",
     )

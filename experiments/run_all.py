@@ -132,10 +132,14 @@ def update_doc(out: Path, doc: Path = DOC) -> bool:
 
 
 def main(argv=None) -> int:
+    from tangram.report import positive_int  # --seeds 0 is an error, not "the default"
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", nargs="*", choices=EXPERIMENTS, help="run these experiments only")
-    p.add_argument("--seeds", type=int, help="seeds per experiment (default: each script's, 3)")
-    p.add_argument("--workers", type=int, help="processes per experiment")
+    p.add_argument(
+        "--seeds", type=positive_int, help="seeds per experiment (default: each script's, 3)"
+    )
+    p.add_argument("--workers", type=positive_int, help="processes per experiment")
     p.add_argument("--out", type=Path, default=HERE / "results")
     p.add_argument("--smoke", action="store_true", help="tiny configuration, for tests")
     p.add_argument("--docs-only", action="store_true", help="only rebuild docs/experiments.md")
