@@ -85,6 +85,7 @@ class DriverLoop:
         "_handed",
         "_settled",
         "_request_flush",
+        "_pending",
     )
 
     def __init__(
@@ -112,6 +113,9 @@ class DriverLoop:
         self._request_flush = host.request_flush
         self._handed = host.handed
         self._settled = host.settled
+        #: While a batch is being applied, decisions a handler's own call produced (a reject
+        #: whose handler closes the trajectory): they run after the batch (None: not applying).
+        self._pending: list[Decision] | None = None
 
     # ------------------------------------------------------------------ events in
     def arrive(self, action: Action) -> None:
@@ -190,12 +194,28 @@ class DriverLoop:
         self._handed = self._settled = self._request_flush = None
 
     def apply(self, decisions: list[Decision], now: float) -> None:
-        """Route each decision to the host's handler for its type, then arm the next wake-up."""
+        """Route each decision to the host's handler for its type, then arm the next wake-up.
+
+        Decisions that a handler's call into the loop returns (a reject whose handler closes
+        its trajectory) go after the rest of the batch, in order: the pass that made them saw
+        the whole batch as done, so one of them may resize an action whose start is still in
+        the batch (hypothesis found one: a resize before its start)."""
+        pending = self._pending
+        if pending is not None:  # (inside a handler: the outer call applies them)
+            pending.extend(decisions)
+            return
         if decisions:
-            self.decisions += len(decisions)
-            handlers = self._handlers
-            for d in decisions:
-                handlers[type(d)](d)
+            self._pending = pending = []
+            try:
+                handlers = self._handlers
+                batch: list[Decision] = decisions
+                while batch:
+                    self.decisions += len(batch)
+                    for d in batch:
+                        handlers[type(d)](d)
+                    batch, pending[:] = list(pending), []
+            finally:
+                self._pending = None
         if self._settled is not None:
             self._settled(now)
         wake = self.scheduler.wakeup
