@@ -112,14 +112,8 @@ def elastic_round(
         if hold is None or hold(action) is None:
             rest.append(options_of(action))
     now = ctx.now
-    # Running actions' (finish, units), sorted once for every alternative compared.
-    busy = sorted(
-        [
-            (r.est_finish if r.est_finish > now else now, r.start.units)
-            for r in ctx.running_in(domain)
-            if not r.start.in_slot
-        ]
-    )
+    # Running actions' (finish, units), sorted, the same for every alternative compared.
+    busy = ctx.scheduler.runs.finishes(domain, now)
 
     greedy = greedy_applies(cand_opts)
 

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from tangram.core.action import Action
 from tangram.core.backlog import Domain
 from tangram.core.context import Context
+from tangram.core.options import Options
 from tangram.core.projection import projected_total
 from tangram.core.resize import remaining_fraction
 from tangram.core.running import Running, growth_cap
@@ -40,10 +41,6 @@ SKIP_WHEN_FITS = True
 MAX_ADMIT = 16
 #: Running actions a pass may shrink: those holding the most cores.
 MAX_GIVERS = 16
-
-
-def _held(running: Running) -> tuple[int, str]:
-    return running.start.units, running.action.id
 
 
 def _worth(old: int, new: int) -> bool:
@@ -71,24 +68,34 @@ def _split(
     units = list(floors)
     left = pool - sum(floors)
     step = max(1, left // SPLIT_STEPS)
+    # Each participant's time at its current units, kept from the step that brought it there
+    # (a step's end is the next step's start: one cost call per step, not two).
+    current = [c(k) for c, k in zip(cost, units, strict=True)]
 
-    def gain(i: int) -> float:
+    def gain(i: int) -> tuple[float, float]:
         k = units[i]
         nxt = min(k + step, caps[i])
-        now = cost[i](k)
-        return (now - cost[i](nxt)) / (now * (nxt - k)) if now > 0 else 0.0
+        now = current[i]
+        after = cost[i](nxt)
+        return ((now - after) / (now * (nxt - k)) if now > 0 else 0.0), after
 
-    heap = [(-gain(i), i) for i in range(len(units)) if units[i] < caps[i]]
+    heap = []
+    for i in range(len(units)):
+        if units[i] < caps[i]:
+            g, after = gain(i)
+            heap.append((-g, i, after))
     heapq.heapify(heap)
     while left > 0 and heap:
-        best, i = heapq.heappop(heap)
+        best, i, after = heapq.heappop(heap)
         if best >= 0:  # (negated) the best next step saves nothing
             break
         add = min(step, caps[i] - units[i], left)
         units[i] += add
         left -= add
         if units[i] < caps[i]:
-            heapq.heappush(heap, (-gain(i), i))
+            current[i] = after  # (add is the whole step here: only the last may be cut short)
+            g, after = gain(i)
+            heapq.heappush(heap, (-g, i, after))
     return units
 
 
@@ -107,20 +114,23 @@ def shrink_to_admit(ctx: Context, domain: Domain, cap: int) -> None:
     if not wide or _fits_free(ctx, domain, node.free_cores):
         return
     givers = (
-        heapq.nlargest(MAX_GIVERS, wide.values(), key=_held)
+        ctx.scheduler.runs.widest(domain, MAX_GIVERS)
         if len(wide) > MAX_GIVERS
         else list(wide.values())
     )
     pool = node.free_cores + sum([r.start.units for r in givers])
     room = pool - len(givers)  # each running action keeps a core
+    options = ctx.options  # (bound once: ctx may be a queue view that forwards each lookup)
     cands: list[Action] = []
+    cand_options: list[Options] = []
     need = want = 0
     for action in ctx.queue(domain):
-        opts = ctx.options(action)
+        opts = options(action)
         smallest = opts.units[0]
         if need + smallest > room or len(cands) == MAX_ADMIT:
             break
         cands.append(action)
+        cand_options.append(opts)
         need += smallest
         want += opts.units[-1]
     if not cands or want <= node.free_cores:
@@ -138,17 +148,15 @@ def shrink_to_admit(ctx: Context, domain: Domain, cap: int) -> None:
         # it grew into: the round admits them without a shrink (a shrink below a start grant
         # to give a candidate more than its smallest option is not worth a pass's split).
         return
-    floors = [1] * len(resizable) + [ctx.options(a).units[0] for a in cands]
-    caps = [min(growth_cap(r), cap) for r, _ in resizable] + [
-        ctx.options(a).units[-1] for a in cands
-    ]
+    floors = [1] * len(resizable) + [o.units[0] for o in cand_options]
+    caps = [min(growth_cap(r), cap) for r, _ in resizable] + [o.units[-1] for o in cand_options]
     costs = [_running_cost(r, left) for r, left in resizable] + [
-        _queued_cost(ctx, a) for a in cands
+        _queued_cost(o) for o in cand_options
     ]
     target = _split(floors, caps, costs, pool)
     if any(
         t < r.base_units for (r, _), t in zip(resizable, target, strict=False)
-    ) and not _admitting_is_sooner(ctx, domain, resizable, cands, costs, target):
+    ) and not _admitting_is_sooner(ctx, domain, resizable, cand_options, costs, target):
         # Below their start grants only when that is estimated sooner; the cores they grew
         # into idle are always given back to queued actions.
         target = [max(t, r.base_units) for (r, _), t in zip(resizable, target, strict=False)]
@@ -182,7 +190,7 @@ def _admitting_is_sooner(
     ctx: Context,
     domain: Domain,
     resizable: list[tuple[Running, float]],
-    cands: list[Action],
+    cand_options: list[Options],
     costs: list[Callable[[int], float]],
     target: list[int],
 ) -> bool:
@@ -199,28 +207,21 @@ def _admitting_is_sooner(
     # (they end and it grows): its time is that phase plus the rest at its old units.
     phase = max(admitted, default=0.0)
     split = sum(admitted)
+    stay = 0.0
     for i, (r, left) in enumerate(resizable):
+        on_held = costs[i](r.start.units)
+        stay += on_held
         on_share = costs[i](target[i])  # its work left, all on its share
         if on_share <= phase or left <= 0:
             split += on_share
         else:
-            split += phase + (1.0 - phase / on_share) * costs[i](r.start.units)
-    busy = sorted(
-        [
-            (r.est_finish if r.est_finish > now else now, r.start.units)
-            for r in ctx.running_in(domain)
-            if not r.start.in_slot
-        ]
-    )
-    stay = sum([costs[i](r.start.units) for i, (r, _) in enumerate(resizable)])
-    stay += projected_total(
-        now, [], busy, ctx.state.cpu[domain[1]].free_cores, [ctx.options(a) for a in cands]
-    )
+            split += phase + (1.0 - phase / on_share) * on_held
+    busy = ctx.scheduler.runs.finishes(domain, now)
+    stay += projected_total(now, [], busy, ctx.state.cpu[domain[1]].free_cores, cand_options)
     return split < stay - 1e-9
 
 
-def _queued_cost(ctx: Context, action: Action) -> Callable[[int], float]:
-    opts = ctx.options(action)
+def _queued_cost(opts: Options) -> Callable[[int], float]:
     first = opts.units[0]
     durations = opts.durations
     return lambda k: durations[k - first]
