@@ -27,12 +27,15 @@ class FcfsQueue:
     reject actions while it walks the queue. ``compact`` (between passes) drops dead entries.
     """
 
-    __slots__ = ("items", "head", "live")
+    __slots__ = ("items", "head", "live", "removed")
 
     def __init__(self) -> None:
         self.items: list[Action] = []
         self.head = 0
         self.live: dict[str, Action] = {}
+        #: Removals so far: while it and the length say only pushes happened, the oldest
+        #: entries are the same (a reader may keep what it derived from them).
+        self.removed = 0
 
     def push(self, action: Action) -> None:
         self.items.append(action)
@@ -40,6 +43,7 @@ class FcfsQueue:
 
     def remove(self, action_id: str) -> None:
         del self.live[action_id]
+        self.removed += 1
 
     def __len__(self) -> int:
         return len(self.live)

@@ -1,9 +1,17 @@
 """The default CPU rule's queue order (``policies/cpu_order.py``): trajectories under way
-before newcomers, and the rule forgets a trajectory when it closes."""
+before newcomers, the rule forgets a trajectory when it closes, and an order kept between passes
+decides what a fresh sort does."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tangram.core import Action, Amdahl, ClusterSpec, CpuNodeSpec, ResourceKind, Scheduler
 from tangram.core.decision import Start
-from tangram.core.policies import make_policy
+from tangram.core.policies import cpu_order, make_policy
+
+from .harness import run
+from .test_policy_properties import instances
 
 ONE = ClusterSpec("one", cpu_nodes=(CpuNodeSpec("n", 1, 1, 64.0),))
 
@@ -56,3 +64,42 @@ def test_a_trajectorys_parallel_first_actions_stop_being_newcomers_when_one_star
     sched.advance(1.0, arrived=[act("a1", "A", 1.0, t1=1.0), act("a2", "A", 1.0)])
     assert started(sched.advance(10.0, finished=["b1"])) == ["a1"]  # shortest of the newcomers
     assert started(sched.advance(11.0, finished=["a1"])) == ["a2"]  # A under way: before c1
+
+
+@st.composite
+def busy_node(draw) -> tuple[ClusterSpec, list[Action]]:
+    """One small node and a queue that outgrows it: many short and long actions of a few
+    trajectories, arriving over a few seconds (the queue's head changes, grows, or stays)."""
+    cores = draw(st.integers(1, 3))
+    cluster = ClusterSpec("busy", cpu_nodes=(CpuNodeSpec("n", cores, 1, 64.0),))
+    n = draw(st.integers(4, 30))
+    trajectories = draw(st.integers(1, 6))
+    actions = [
+        Action(
+            f"a{i}",
+            f"t{draw(st.integers(0, trajectories - 1))}",
+            ResourceKind.CPU,
+            Amdahl(draw(st.sampled_from([0.25, 1.0, 4.0, 16.0])), draw(st.sampled_from([0, 0.5]))),
+            arrival=draw(st.integers(0, 12)) * 0.5,
+            max_units=draw(st.integers(1, cores)),
+            malleable=draw(st.booleans()),
+        )
+        for i in range(n)
+    ]
+    return cluster, actions
+
+
+@settings(max_examples=150, deadline=None)
+@given(instance=st.one_of(busy_node(), instances()), lookahead=st.integers(1, 4))
+def test_a_reused_order_decides_what_a_fresh_sort_decides(instance, lookahead):
+    """The shortest-first order kept between passes (``KeyOrder.still_holds``) gives the same
+    decisions as sorting the head afresh every pass; a short head makes queues longer than it
+    (pushes behind a full head) common on small instances."""
+    cluster, actions = instance
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cpu_order, "LOOKAHEAD", lookahead)
+        reused = run(cluster, "tangram", actions)
+        patch.setattr(cpu_order.KeyOrder, "still_holds", lambda self, queue, keys: False)
+        fresh = run(cluster, "tangram", actions)
+    assert reused.log == fresh.log
+    assert reused.started == fresh.started

@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from itertools import islice
 
 from tangram.core.action import Action
-from tangram.core.backlog import Domain
+from tangram.core.backlog import Domain, FcfsQueue
 from tangram.core.context import Context
 
 #: How many of its own expected durations an action may be passed by shorter later arrivals
@@ -95,14 +95,26 @@ def shortest_first(
     domain: Domain,
     keys: dict[str, float] | None = None,
     continuation: Continuation | None = None,
+    last: dict[Domain, KeyOrder] | None = None,
 ) -> KeyOrder:
     """The domain's queued actions by key (FCFS among ties): arrival + AGING x fastest
     duration, plus, with ``continuation``, NEWCOMER_STRETCH x fastest duration for a newcomer
     (unless longer than the others' drain); the oldest ``LOOKAHEAD`` reordered, the rest after
     them in FCFS order. ``keys`` caches each action's key (the caller drops those of a
-    trajectory's other queued actions when one of them starts: they are no longer newcomers)."""
+    trajectory's other queued actions when one of them starts: they are no longer newcomers).
+
+    ``last`` keeps each domain's order: while nothing left the queue since and any actions
+    pushed went behind the oldest ``LOOKAHEAD``, and every one of those still has its key, the
+    order is the same and is reused (a pass on a busy node whose queue only grew at its end,
+    the common pass there, reads and sorts nothing). Keys are only ever made here and dropped
+    by the caller, so a key present now is the one sorted by."""
     options = ctx.options
     cache: dict[str, float] = {} if keys is None else keys
+    fcfs_queue = ctx.scheduler.backlog.queues.get(domain)
+    if last is not None and fcfs_queue is not None:
+        before = last.get(domain)
+        if before is not None and before.still_holds(fcfs_queue, cache):
+            return before.for_pass(ctx)
     queue = ctx.queue(domain)
     head = list(islice(queue, LOOKAHEAD))
     drain: list[float] = []  # (computed once, for the pass's first newcomer)
@@ -127,8 +139,13 @@ def shortest_first(
 
     for action in head:  # (keys first: ``drain_s`` reads the head, which a sort empties)
         key(action)
+    fcfs = [action.id for action in head]
     head.sort(key=lambda action: cache[action.id])
-    return KeyOrder(ctx, domain, head)
+    order = KeyOrder(ctx, domain, head)
+    if last is not None and fcfs_queue is not None:
+        order.sorted_from(fcfs_queue, fcfs)
+        last[domain] = order
+    return order
 
 
 class KeyOrder:
@@ -136,11 +153,42 @@ class KeyOrder:
     it is iterated (a pass's readers stop after a few candidates: copying a queue of thousands
     per pass cost more than the rest of the decision, ``tangram bench scheduler``)."""
 
-    __slots__ = ("_ctx", "_domain", "_head", "_in_head")
+    __slots__ = ("_ctx", "_domain", "_head", "_in_head", "_source")
 
-    def __init__(self, ctx: Context, domain: Domain, head: list[Action]) -> None:
+    def __init__(
+        self,
+        ctx: Context,
+        domain: Domain,
+        head: list[Action],
+        in_head: set[str] | None = None,
+        source: tuple[FcfsQueue, int, int, list[str]] | None = None,
+    ) -> None:
         self._ctx, self._domain, self._head = ctx, domain, head
-        self._in_head = {a.id for a in head}
+        self._in_head = {a.id for a in head} if in_head is None else in_head
+        #: The queue the head was read from, its removals and length then, and the head's ids.
+        self._source = source
+
+    def sorted_from(self, queue: FcfsQueue, fcfs: list[str]) -> None:
+        """Remember the queue the head was just read from (its ids in ``fcfs``)."""
+        self._source = (queue, queue.removed, len(queue.live), fcfs)
+
+    def still_holds(self, queue: FcfsQueue, keys: dict[str, float]) -> bool:
+        """Whether the head is still the queue's oldest ``LOOKAHEAD`` and keeps its keys: the
+        same queue, nothing removed since, pushes only behind a full head."""
+        source = self._source
+        if source is None:
+            return False
+        read_from, removed, length, fcfs = source
+        return (
+            queue is read_from
+            and queue.removed == removed
+            and (length >= LOOKAHEAD or len(queue.live) == length)
+            and all(map(keys.__contains__, fcfs))
+        )
+
+    def for_pass(self, ctx: Context) -> KeyOrder:
+        """The same order, read through another pass's Context."""
+        return KeyOrder(ctx, self._domain, self._head, self._in_head, self._source)
 
     def __iter__(self) -> Iterator[Action]:
         yield from self._head

@@ -26,7 +26,7 @@ from tangram.core.context import Context
 from tangram.core.options import Options
 from tangram.core.policies import waits
 from tangram.core.policies.base import DomainRule, RuleTraits
-from tangram.core.policies.cpu_order import Continuation, shortest_first
+from tangram.core.policies.cpu_order import Continuation, KeyOrder, shortest_first
 from tangram.core.policies.malleable import grow_key, grow_to_fill, shrink_to_admit
 from tangram.core.policies.queue_view import OrderedQueue
 from tangram.core.policies.threads import told_threads
@@ -168,6 +168,8 @@ class ElasticCpu(DomainRule):
         self.awaiting: dict[str, tuple[int, float]] = {}
         #: Queued actions' shortest-first keys (``cpu_order``), dropped when they start.
         self.keys: dict[str, float] = {}
+        #: Per node, the last shortest-first order (reused while its head is unchanged).
+        self.orders: dict[Domain, KeyOrder] = {}
         #: The trajectories under way (``cpu_order.Continuation``), when so tuned.
         self.continuation = Continuation() if tuning.continuation_first else None
         #: Per node, the ``grow_key`` of the last grow that resized nothing (skipped again
@@ -198,7 +200,7 @@ class ElasticCpu(DomainRule):
             queued = ctx.scheduler.backlog.domain_of
             if len(self.keys) > 2 * len(queued) + 1024:  # keys of actions started elsewhere
                 self.keys = {k: v for k, v in self.keys.items() if k in queued}
-            order = shortest_first(ctx, domain, self.keys, self.continuation)
+            order = shortest_first(ctx, domain, self.keys, self.continuation, self.orders)
             view = OrderedQueue(ctx, domain, order)  # type: ignore[assignment]
         if malleable and ctx.queue_len(domain):
             shrink_to_admit(view, domain, node.spec.cores)
