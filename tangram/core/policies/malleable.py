@@ -25,6 +25,7 @@ from collections.abc import Callable
 from tangram.core.action import Action
 from tangram.core.backlog import Domain
 from tangram.core.context import Context
+from tangram.core.curves import Amdahl
 from tangram.core.options import Options
 from tangram.core.projection import projected_total
 from tangram.core.resize import remaining_fraction
@@ -101,6 +102,10 @@ def _split(
 
 def _running_cost(r: Running, left: float) -> Callable[[int], float]:
     curve = r.action.curve
+    if type(curve) is Amdahl:  # (``Amdahl.duration`` inline, the same arithmetic: a split's
+        # hot call, and units here are always >= 1, so its check is not needed)
+        t1, s = curve.t1_seconds, curve.serial_fraction
+        return lambda k: left * (t1 * (s + (1.0 - s) / k))
     return lambda k: left * curve.duration(k)
 
 
