@@ -213,7 +213,8 @@ class DriverLoop:
                     self.decisions += len(batch)
                     for d in batch:
                         handlers[type(d)](d)
-                    batch, pending[:] = list(pending), []
+                    batch = pending[:]  # (what the handlers' own calls returned)
+                    pending.clear()
             finally:
                 self._pending = None
         if self._settled is not None:

@@ -52,7 +52,7 @@ _NO_UNITS = 1 << 62
 class RunningSet:
     """Running actions by id and by domain (a policy reads a domain's for its projections)."""
 
-    __slots__ = ("by_id", "by_domain", "wide", "wide_order", "growable", "_finishes")
+    __slots__ = ("by_id", "by_domain", "wide", "_wide_order", "growable", "_finishes")
 
     def __init__(self) -> None:
         self.by_id: dict[str, Running] = {}
@@ -62,7 +62,7 @@ class RunningSet:
         self.wide: dict[Domain, dict[str, Running]] = {}
         #: ``wide``'s (units, id) keys per domain, sorted: a shrink's givers, those holding the
         #: most cores, are its tail (a selection over every wide action cost a pass ~120 us).
-        self.wide_order: dict[Domain, list[tuple[int, str]]] = {}
+        self._wide_order: dict[Domain, list[tuple[int, str]]] = {}
         #: Resizable running actions below their growth cap, per domain: the ones a grow can
         #: give cores to (most told actions start at their cap and never join).
         self.growable: dict[Domain, dict[str, Running]] = {}
@@ -109,7 +109,7 @@ class RunningSet:
             if wide is not None:
                 filed = wide.pop(action_id, None)
                 if filed is not None:
-                    _unfile(self.wide_order[running.domain], filed)
+                    _unfile(self._wide_order[running.domain], filed)
                 self.growable[running.domain].pop(action_id, None)
         return running
 
@@ -134,7 +134,7 @@ class RunningSet:
 
     def widest(self, domain: Domain, n: int) -> list[Running]:
         """The ``n`` wide actions holding the most cores (ties: the larger id first), most first."""
-        wide, order = self.wide.get(domain), self.wide_order.get(domain)
+        wide, order = self.wide.get(domain), self._wide_order.get(domain)
         if not wide or not order:
             return []
         return [wide[action_id] for _, action_id in reversed(order[-n:])]
@@ -147,10 +147,10 @@ class RunningSet:
         wide = self.wide.get(domain)
         if wide is None:
             wide = self.wide[domain] = {}
-            self.wide_order[domain] = []
+            self._wide_order[domain] = []
             self.growable[domain] = {}
         growable = self.growable[domain]
-        order = self.wide_order[domain]
+        order = self._wide_order[domain]
         filed = wide.get(action_id)  # (its record before this change: the key to move)
         if filed is not None:
             _unfile(order, filed)
