@@ -20,6 +20,12 @@ Domain = tuple[str, str]
 GPU_DOMAIN: Domain = ("gpu", "*")
 
 
+#: ``FcfsQueue.compact`` looks at the first this many live entries ...
+FRONT = 64
+#: ... and drops the dead ones among them when there are more than this many.
+FRONT_DEAD = 16
+
+
 class FcfsQueue:
     """Actions in arrival order, with O(1) removal from anywhere.
 
@@ -78,6 +84,21 @@ class FcfsQueue:
             del items[:head]
             head = 0
         self.head = head
+        self._compact_front()
+
+    def _compact_front(self) -> None:
+        """Drop the dead entries among the first ``FRONT`` live ones when there are more than
+        ``FRONT_DEAD`` of them: a policy that starts actions out of FCFS order (shortest first)
+        leaves them there, and every reader of the front skipped them on every pass (~130 us
+        a pass on the scheduler bench's nodes) while the rule above waited for the whole list."""
+        items, live, head = self.items, self.live, self.head
+        end, seen, n = head, 0, len(items)
+        while end < n and seen < FRONT:
+            if items[end].id in live:
+                seen += 1
+            end += 1
+        if end - head - seen > FRONT_DEAD:
+            items[head:end] = [a for a in items[head:end] if a.id in live]
 
 
 class Backlog:

@@ -3,6 +3,8 @@
 import dataclasses
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tangram.core import (
     Action,
@@ -376,6 +378,42 @@ def test_a_queue_keeps_only_what_is_queued_not_its_history():
     queue.remove("c7")
     queue.compact()
     assert queue.items == [] and list(queue) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(0, 300),
+    st.lists(st.tuples(st.integers(0, 3), st.integers(0, 199)), max_size=300),
+)
+def test_a_queue_read_out_of_order_keeps_its_front_free_of_dead_entries(first, script):
+    """Starts out of FCFS order (shortest first) leave dead entries at the front behind a live
+    oldest one, which every reader of the front skips: after ``compact`` the first FRONT live
+    entries have at most FRONT_DEAD dead ones among them, and the queue still reads its live
+    actions in order."""
+    from tangram.core.backlog import FRONT, FRONT_DEAD, FcfsQueue
+
+    queue = FcfsQueue()
+    for i in range(first):
+        queue.push(cpu(i))
+    pushed = first
+    for push, pick in script:
+        if push == 0 or len(queue.live) < 2:
+            queue.push(cpu(pushed))
+            pushed += 1
+        else:  # one of the first live ones but the oldest, as a shortest-first start
+            live = list(queue.live)
+            queue.remove(live[1 + pick % (min(len(live), FRONT) - 1)])
+        queue.compact()
+        live_seen = dead = 0
+        for action in queue.items[queue.head :]:
+            if live_seen == FRONT:
+                break
+            if action.id in queue.live:
+                live_seen += 1
+            else:
+                dead += 1
+        assert dead <= FRONT_DEAD
+        assert [a.id for a in queue] == list(queue.live)
 
 
 def test_options_copy_pickle_and_replace_keep_their_derived_fields_true():
