@@ -1,8 +1,9 @@
-"""The running set's per-domain indexes (wide resizable actions, sorted finishes) against plain
-selections over its running actions."""
+"""The running set's per-domain indexes (wide resizable actions, sorted finishes kept sorted
+through every change, busy core-seconds) against plain selections over its running actions."""
 
 import heapq
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -62,7 +63,8 @@ def test_the_widest_and_the_finishes_match_a_plain_selection_after_any_starts_re
         elif op == "resize" and action_id in runs:
             old = runs.by_id[action_id]
             start = old.start._replace(units=units, cores=tuple(range(units)))
-            runs.replace(old._replace(start=start))
+            # (A resize moves the estimated finish too: later on fewer cores, sooner on more.)
+            runs.replace(old._replace(start=start, est_finish=old.est_finish + 4.0 / units - 1.0))
         elif op == "end" and action_id in runs:
             runs.pop(action_id)
         for domain in DOMAINS:
@@ -79,4 +81,11 @@ def test_the_widest_and_the_finishes_match_a_plain_selection_after_any_starts_re
                     (max(r.est_finish, now), r.start.units)
                     for r in runs.by_domain.get(domain, {}).values()
                     if not r.start.in_slot
+                )
+                assert runs.busy_core_seconds(domain, now) == pytest.approx(
+                    sum(
+                        max(0.0, r.est_finish - now) * r.start.units
+                        for r in runs.by_domain.get(domain, {}).values()
+                        if not r.start.in_slot
+                    )
                 )

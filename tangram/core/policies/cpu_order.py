@@ -83,10 +83,10 @@ class Continuation:
 
 def drain_s(ctx: Context, domain: Domain, head: list[Action]) -> float:
     """Seconds the node's cores need for the work in view: the queued ``head``'s one-core
-    times and the running actions' expected remaining core-seconds."""
-    now = ctx.now
+    times and the running actions' expected remaining core-seconds (a node under the CPU rule
+    runs no static pods, so the running set's ``busy_core_seconds`` counts every one)."""
     work = sum([a.curve.t1 for a in head])
-    work += sum([max(0.0, r.est_finish - now) * r.start.units for r in ctx.running_in(domain)])
+    work += ctx.scheduler.runs.busy_core_seconds(domain, ctx.now)
     return work / ctx.state.cpu[domain[1]].spec.cores
 
 
