@@ -70,33 +70,36 @@ def _split(
     left = pool - sum(floors)
     step = max(1, left // SPLIT_STEPS)
     # Each participant's time at its current units, kept from the step that brought it there
-    # (a step's end is the next step's start: one cost call per step, not two).
+    # (a step's end is the next step's start: one cost call per step, not two). The gain of a
+    # step is written out twice below, not called (the split is a pass's hottest loop).
     current = [c(k) for c, k in zip(cost, units, strict=True)]
-
-    def gain(i: int) -> tuple[float, float]:
-        k = units[i]
-        nxt = min(k + step, caps[i])
-        now = current[i]
-        after = cost[i](nxt)
-        return ((now - after) / (now * (nxt - k)) if now > 0 else 0.0), after
-
     heap = []
-    for i in range(len(units)):
-        if units[i] < caps[i]:
-            g, after = gain(i)
+    for i, k in enumerate(units):
+        cap = caps[i]
+        if k < cap:
+            nxt = k + step if k + step < cap else cap
+            now = current[i]
+            after = cost[i](nxt)
+            g = (now - after) / (now * (nxt - k)) if now > 0 else 0.0
             heap.append((-g, i, after))
     heapq.heapify(heap)
+    pop, push = heapq.heappop, heapq.heappush
     while left > 0 and heap:
-        best, i, after = heapq.heappop(heap)
+        best, i, after = pop(heap)
         if best >= 0:  # (negated) the best next step saves nothing
             break
-        add = min(step, caps[i] - units[i], left)
-        units[i] += add
+        k, cap = units[i], caps[i]
+        add = cap - k if cap - k < step else step
+        if left < add:
+            add = left
+        k = units[i] = k + add
         left -= add
-        if units[i] < caps[i]:
-            current[i] = after  # (add is the whole step here: only the last may be cut short)
-            g, after = gain(i)
-            heapq.heappush(heap, (-g, i, after))
+        if k < cap:
+            current[i] = now = after  # (add is the whole step here: only the last may be cut)
+            nxt = k + step if k + step < cap else cap
+            after = cost[i](nxt)
+            g = (now - after) / (now * (nxt - k)) if now > 0 else 0.0
+            push(heap, (-g, i, after))
     return units
 
 
