@@ -68,6 +68,31 @@ def test_bench_scheduler_json(capsys):
     [row] = doc["results"]
     assert row["queued"] == 64 and 0 < row["p50_us"] <= row["p99_us"]
     assert 0 < row["cpu_p50_us"] <= row["cpu_p99_us"]  # (CPU time: the call's own cost)
+    # (The collector's time is taken from each call's, so the p99 without it is no larger.)
+    assert 0 <= row["gc_calls"] <= row["events"]
+    assert 0 < row["p99_without_gc_us"] <= row["p99_us"]
+
+
+def test_the_scheduler_bench_clocks_the_collector_only_while_it_runs():
+    import gc
+
+    from tangram.bench.scheduler import _CollectorClock
+
+    clock = _CollectorClock()
+    gc.callbacks.append(clock)
+    try:
+        garbage = [[] for _ in range(10_000)]
+        for a, b in zip(garbage, garbage[1:], strict=False):
+            a.append(b)
+            b.append(a)
+        del garbage
+        gc.collect()
+    finally:
+        gc.callbacks.remove(clock)
+    spent = clock.spent_ns
+    assert spent > 0
+    gc.collect()  # (no longer registered: nothing more is counted)
+    assert clock.spent_ns == spent
 
 
 @pytest.mark.parametrize(
