@@ -31,6 +31,8 @@ class FcfsQueue:
 
     Removal only forgets the id; iteration skips forgotten entries, so a policy may start or
     reject actions while it walks the queue. ``compact`` (between passes) drops dead entries.
+    An entry is live while ``live`` maps its id to that very action: a runtime may reuse a
+    forgotten id for a new action while the old one's dead entry is still in the list.
     """
 
     __slots__ = ("items", "head", "live", "removed")
@@ -58,12 +60,12 @@ class FcfsQueue:
         return action_id in self.live
 
     def __iter__(self) -> Iterator[Action]:
-        items, live = self.items, self.live
+        items, alive = self.items, self.live.get
         i = self.head
         while i < len(items):
             action = items[i]
             i += 1
-            if action.id in live:
+            if alive(action.id) is action:  # (the action itself: a removed id may be reused)
                 yield action
 
     def compact(self) -> None:
@@ -75,10 +77,10 @@ class FcfsQueue:
             self.head = 0
             return
         head = self.head
-        while items[head].id not in live:  # a live entry lies at or after the head
+        while live.get(items[head].id) is not items[head]:  # a live entry lies at or after
             head += 1
         if len(items) - head > 2 * len(live) + 64:  # dead entries behind the head
-            self.items = [a for a in items[head:] if a.id in live]
+            self.items = [a for a in items[head:] if live.get(a.id) is a]
             head = 0
         elif head > 64 and 2 * head > len(items):  # dead entries before it
             del items[:head]
@@ -94,11 +96,11 @@ class FcfsQueue:
         items, live, head = self.items, self.live, self.head
         end, seen, n = head, 0, len(items)
         while end < n and seen < FRONT:
-            if items[end].id in live:
+            if live.get(items[end].id) is items[end]:
                 seen += 1
             end += 1
         if end - head - seen > FRONT_DEAD:
-            items[head:end] = [a for a in items[head:end] if a.id in live]
+            items[head:end] = [a for a in items[head:end] if live.get(a.id) is a]
 
 
 class Backlog:

@@ -517,3 +517,41 @@ def test_an_ended_actions_id_can_be_forgotten_but_not_a_waiting_or_running_one()
     sched.finish("c0", 1.0)
     sched.forget("c0")  # ended: the driver guards its ids, the core may forget it
     assert not any(isinstance(d, Reject) for d in sched.submit(cpu(0, traj="A"), 2.0))
+
+
+def test_a_forgotten_id_reused_while_its_dead_entry_is_queued_reads_as_the_new_action():
+    """A runtime may reuse a forgotten action id; the queue's dead entry of the old action
+    must not come back as live (it did: the old action was started, or a KeyError raised)."""
+    from tangram.core.backlog import FcfsQueue
+
+    queue = FcfsQueue()
+    old, other, new = cpu(0), cpu(1), cpu(0)
+    queue.push(other)
+    queue.push(old)
+    queue.remove(old.id)
+    queue.push(new)
+    queue.compact()
+    assert [a for a in queue] == [other, new] and [a is new for a in queue] == [False, True]
+
+
+def test_a_scheduler_starts_the_new_action_of_a_reused_id_not_the_withdrawn_one():
+    from tangram.core.decision import Start
+
+    def act(aid: str, traj: str, at: float, t1: float) -> Action:
+        return Action(aid, traj, ResourceKind.CPU, Amdahl(t1, 0.0), arrival=at, max_units=1)
+
+    cluster = ClusterSpec("one", cpu_nodes=(CpuNodeSpec("n", 1, 1, 64.0),))
+    sched = Scheduler(cluster, make_policy("tangram"), resizable=True)
+    for traj in ["R", "O"] + [f"X{i}" for i in range(5)]:
+        sched.open_trajectory(traj, 0.0, memory_gb=0.01)
+    sched.advance(0.0, arrived=[act("r", "R", 0.0, 100.0)])  # holds the node's one core
+    waiting = [act(f"x{i}", f"X{i}", 1.0, 5.0) for i in range(5)]
+    sched.advance(1.0, arrived=[act("o", "O", 1.0, 50.0), *waiting])
+    for i in range(5):
+        sched.withdraw(f"x{i}", 2.0)
+    sched.advance(3.0, arrived=[act("y", "X0", 3.0, 7.0)])  # a pass: the queue compacts
+    sched.forget("x0")
+    reused = act("x0", "X1", 4.0, 1.0)
+    sched.advance(4.0, arrived=[reused])
+    started = [d.action for d in sched.advance(100.0, finished=["r"]) if isinstance(d, Start)]
+    assert len(started) == 1 and started[0] is reused  # (the shortest, and the live x0)
