@@ -219,7 +219,9 @@ class Scheduler:
         domain = self.backlog.domain_of.get(action_id)
         if domain is None:
             return False
-        self.backlog.remove(self.backlog.queues[domain].live[action_id])
+        action = self.backlog.queues[domain].live[action_id]
+        self.backlog.remove(action)
+        self.policy.on_withdraw(action)  # (what it kept under the id: the id may be reused)
         return True
 
     def forget(self, action_id: str) -> None:

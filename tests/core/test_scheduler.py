@@ -555,3 +555,40 @@ def test_a_scheduler_starts_the_new_action_of_a_reused_id_not_the_withdrawn_one(
     sched.advance(4.0, arrived=[reused])
     started = [d.action for d in sched.advance(100.0, finished=["r"]) if isinstance(d, Start)]
     assert len(started) == 1 and started[0] is reused  # (the shortest, and the live x0)
+
+
+def test_a_withdrawn_actions_shortest_first_key_does_not_order_a_new_action_of_its_id():
+    """The CPU rule caches each queued action's key by id: a withdrawn one's key must go, or a
+    later action reusing the forgotten id is ordered as the old one (here a 100-s newcomer's key
+    put a 1-s action behind a 30-s one)."""
+    from tangram.core.decision import Start
+
+    def act(aid: str, traj: str, at: float, t1: float) -> Action:
+        return Action(aid, traj, ResourceKind.CPU, Amdahl(t1, 0.0), arrival=at, max_units=1)
+
+    cluster = ClusterSpec("one", cpu_nodes=(CpuNodeSpec("n", 1, 1, 64.0),))
+    sched = Scheduler(cluster, make_policy("tangram"), resizable=True)
+    for traj in "RXMY":
+        sched.open_trajectory(traj, 0.0, memory_gb=0.01)
+    sched.advance(0.0, arrived=[act("r", "R", 0.0, 100.0)])  # holds the node's one core
+    sched.advance(1.0, arrived=[act("x", "X", 1.0, 100.0), act("m", "M", 1.0, 30.0)])
+    assert sched.withdraw("x", 2.0)
+    sched.forget("x")
+    sched.advance(4.0, arrived=[act("x", "Y", 4.0, 1.0)])
+    started = [d.action for d in sched.advance(100.0, finished=["r"]) if isinstance(d, Start)]
+    assert [(a.id, a.curve.t1) for a in started] == [("x", 1.0)]
+
+
+def test_a_withdrawn_gpu_call_leaves_no_reservation_or_wait_record_behind():
+    from tangram.core.policies.gpu_waits import Reservation
+
+    sched = Scheduler(CLUSTER, make_policy("tangram"))
+    sched.advance(0.0, arrived=[gpu(i) for i in range(12)])  # more calls than GPUs
+    queued = next(iter(sched.backlog.queues[("gpu", "*")]))
+    waits = sched.policy.rules["gpu"].waits
+    waits.by_action[queued.id] = Reservation(queued, "g0", (0, 1), 5.0, 9.0)
+    waits.waited.add(queued.id)
+    waits.head = queued.id
+    assert sched.withdraw(queued.id, 1.0)
+    assert queued.id not in waits.by_action and queued.id not in waits.waited
+    assert waits.head is None

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from tangram.core.action import Action
 from tangram.core.backlog import Domain
 from tangram.core.capabilities import Capabilities
 from tangram.core.context import Context
@@ -29,6 +30,8 @@ class Policy(Protocol):
     def on_trajectory_open(self, ctx: Context, trajectory: str, node: str) -> None: ...
 
     def on_trajectory_close(self, ctx: Context, trajectory: str) -> None: ...
+
+    def on_withdraw(self, action: Action) -> None: ...
 
     def expect(self, demands: tuple[ServiceDemand, ...]) -> None: ...
 
@@ -47,6 +50,10 @@ class BasePolicy:
 
     def on_trajectory_close(self, ctx: Context, trajectory: str) -> None:
         """Release whatever the policy held for the trajectory."""
+
+    def on_withdraw(self, action: Action) -> None:
+        """A queued action was taken back (no decision of the policy's removed it): drop what
+        it kept under the action's id, which the driver may later forget and reuse."""
 
     def expect(self, demands: tuple[ServiceDemand, ...]) -> None:
         """The load each GPU service is expected to get (before any action; optional)."""
@@ -118,6 +125,9 @@ class DomainRule:
     def on_trajectory_close(self, ctx: Context, trajectory: str) -> None:
         """Release whatever the rule held for the trajectory."""
 
+    def on_withdraw(self, action: Action) -> None:
+        """A queued action was taken back: drop what the rule kept under its id."""
+
     def expect(self, demands: tuple[ServiceDemand, ...]) -> None:
         """The load each GPU service is expected to get (a static sizing reads it)."""
 
@@ -156,6 +166,9 @@ class CompositePolicy(BasePolicy):
     def on_trajectory_close(self, ctx: Context, trajectory: str) -> None:
         for rule in self.rules.values():
             rule.on_trajectory_close(ctx, trajectory)
+
+    def on_withdraw(self, action: Action) -> None:
+        self.rules[action.resource.value].on_withdraw(action)
 
     def expect(self, demands: tuple[ServiceDemand, ...]) -> None:
         for rule in self.rules.values():

@@ -265,6 +265,11 @@ class ElasticCpu(DomainRule):
             for other in ctx.scheduler.backlog.by_trajectory.get(action.trajectory, ()):
                 keys.pop(other, None)
 
+    def on_withdraw(self, action: Action) -> None:
+        """Its shortest-first key and any cores it awaited go (a reused id is a new action)."""
+        self.keys.pop(action.id, None)
+        self.awaiting.pop(action.id, None)
+
     def on_trajectory_close(self, ctx: Context, trajectory: str) -> None:
         """The trajectory is no longer under way."""
         if self.continuation is not None:

@@ -53,6 +53,10 @@ class ElasticGpu(DomainRule):
         self.load = ServiceLoad()
         self.waits = CellWaits()
 
+    def on_withdraw(self, action: Action) -> None:
+        """Its reservation goes (a reused id is a new call, not the one that reserved)."""
+        self.waits.forget(action.id)
+
     def schedule_domain(self, ctx: Context, domain: Domain) -> None:
         if self.tuning.gpu_robust:
             self.load.observe(ctx)

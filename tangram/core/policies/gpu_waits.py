@@ -91,6 +91,13 @@ class CellWaits:
         #: Calls that waited once (they never wait again).
         self.waited: set[str] = set()
 
+    def forget(self, action_id: str) -> None:
+        """The call was taken back: its reservation and its record of having waited go."""
+        self.by_action.pop(action_id, None)
+        self.waited.discard(action_id)
+        if self.head == action_id:
+            self.head = None
+
     def ready_at(self) -> dict[tuple[str, int], float]:
         """(node, GPU) -> when the call holding it expects its cell: a narrower call may run
         on a held GPU only if it is done by then (backfill)."""
@@ -252,7 +259,11 @@ class CellWaits:
         wait = ready - now
         if wait <= 1e-9 or finish > now + (1.0 - GAIN) * run_now or wait > MAX_WAIT_SHARE * run_now:
             return None
-        self.waited.add(action.id)
+        waited, queued = self.waited, ctx.scheduler.backlog.options
+        if len(waited) > 2 * len(queued) + 1024:  # (mostly ids of calls started since: a long
+            # run keeps only the queued ones, which alone are read)
+            waited = self.waited = {aid for aid in waited if aid in queued}
+        waited.add(action.id)
         until_s = now + RESERVE_FACTOR * wait
         self.by_action[action.id] = Reservation(action, name, cell, ready, until_s)
         return (
