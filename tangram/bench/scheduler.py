@@ -180,7 +180,7 @@ class _CollectorClock:
         self.spent_ns = 0
         self._since = 0
 
-    def __call__(self, phase: str, info: dict) -> None:
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             self._since = time.perf_counter_ns()
         else:

@@ -192,6 +192,7 @@ class Scheduler:
         ctx = self._begin(now)
         for action in list(self.backlog.by_trajectory.get(trajectory, {}).values()):
             ctx.reject(action, _CLOSED.format(trajectory))
+            self._left_queue(action)
         waiting = self.admission.waiting_for_memory
         for aid, action in list(waiting.items()):
             if action.trajectory == trajectory:
@@ -210,8 +211,9 @@ class Scheduler:
     def withdraw(self, action_id: str, now: float) -> bool:
         """Take back a queued action (its client cancelled it or timed out waiting).
 
-        It leaves the queue with no decision and frees nothing (it held nothing). False when
-        it is not waiting: already started, ended, or never submitted.
+        It leaves the queue with no decision and frees nothing (it held nothing); the policy
+        drops what it kept under its id. False when it is not waiting: already started, ended,
+        or never submitted.
         """
         self.now = max(self.now, now)
         if self.admission.waiting_for_memory.pop(action_id, None) is not None:
@@ -221,8 +223,16 @@ class Scheduler:
             return False
         action = self.backlog.queues[domain].live[action_id]
         self.backlog.remove(action)
-        self.policy.on_withdraw(action)  # (what it kept under the id: the id may be reused)
+        self._left_queue(action)
         return True
+
+    def _left_queue(self, action: Action) -> None:
+        """A queued action left without a decision of the policy's (withdrawn, or rejected as
+        its trajectory closed): the policy drops what it kept under the id, which the driver
+        may forget and reuse (``on_withdraw``, an optional hook: ``BasePolicy`` has it)."""
+        hook = getattr(self.policy, "on_withdraw", None)
+        if hook is not None:
+            hook(action)
 
     def forget(self, action_id: str) -> None:
         """Stop remembering an ended action's id, which the core keeps to refuse its reuse: a

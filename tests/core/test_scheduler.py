@@ -408,7 +408,7 @@ def test_a_queue_read_out_of_order_keeps_its_front_free_of_dead_entries(first, s
         for action in queue.items[queue.head :]:
             if live_seen == FRONT:
                 break
-            if action.id in queue.live:
+            if queue.live.get(action.id) is action:
                 live_seen += 1
             else:
                 dead += 1
@@ -592,3 +592,47 @@ def test_a_withdrawn_gpu_call_leaves_no_reservation_or_wait_record_behind():
     assert sched.withdraw(queued.id, 1.0)
     assert queued.id not in waits.by_action and queued.id not in waits.waited
     assert waits.head is None
+
+
+def test_a_closed_trajectorys_rejected_actions_leave_no_key_for_a_reused_id():
+    """Closing a trajectory rejects its queued actions without a decision of the policy's: as
+    for a withdrawal, what the policy kept under their ids must go (here a stale key would put
+    a 1-s action reusing a forgotten id behind a 30-s one)."""
+    from tangram.core.decision import Start
+
+    def act(aid: str, traj: str, at: float, t1: float) -> Action:
+        return Action(aid, traj, ResourceKind.CPU, Amdahl(t1, 0.0), arrival=at, max_units=1)
+
+    cluster = ClusterSpec("one", cpu_nodes=(CpuNodeSpec("n", 1, 1, 64.0),))
+    sched = Scheduler(cluster, make_policy("tangram"), resizable=True)
+    for traj in "RXMY":
+        sched.open_trajectory(traj, 0.0, memory_gb=0.01)
+    sched.advance(0.0, arrived=[act("r", "R", 0.0, 100.0)])  # holds the node's one core
+    sched.advance(1.0, arrived=[act("x", "X", 1.0, 100.0), act("m", "M", 1.0, 30.0)])
+    sched.close_trajectory("X", 2.0)  # x is rejected
+    sched.forget("x")
+    sched.advance(4.0, arrived=[act("x", "Y", 4.0, 1.0)])
+    started = [d.action for d in sched.advance(100.0, finished=["r"]) if isinstance(d, Start)]
+    assert [(a.id, a.curve.t1) for a in started] == [("x", 1.0)]
+
+
+def test_a_policy_without_the_optional_withdraw_hook_can_still_have_actions_withdrawn():
+    class Plain:  # (the Policy protocol, not BasePolicy: no on_withdraw)
+        name = "plain"
+        capabilities = Capabilities()
+
+        def schedule(self, ctx) -> None:  # starts nothing: every action stays queued
+            pass
+
+        def on_trajectory_open(self, ctx, trajectory, node) -> None:
+            pass
+
+        def on_trajectory_close(self, ctx, trajectory) -> None:
+            pass
+
+        def expect(self, demands) -> None:
+            pass
+
+    sched = Scheduler(CLUSTER, Plain())
+    sched.submit(cpu(0, traj="a"), 0.0)
+    assert sched.withdraw("c0", 1.0) and sched.queued == 0

@@ -31,8 +31,6 @@ class Policy(Protocol):
 
     def on_trajectory_close(self, ctx: Context, trajectory: str) -> None: ...
 
-    def on_withdraw(self, action: Action) -> None: ...
-
     def expect(self, demands: tuple[ServiceDemand, ...]) -> None: ...
 
 
@@ -52,8 +50,9 @@ class BasePolicy:
         """Release whatever the policy held for the trajectory."""
 
     def on_withdraw(self, action: Action) -> None:
-        """A queued action was taken back (no decision of the policy's removed it): drop what
-        it kept under the action's id, which the driver may later forget and reuse."""
+        """A queued action left without a decision of the policy's (withdrawn by its client,
+        or rejected as its trajectory closed): drop what the policy kept under its id, which
+        the driver may later forget and reuse. Optional: the scheduler calls it when present."""
 
     def expect(self, demands: tuple[ServiceDemand, ...]) -> None:
         """The load each GPU service is expected to get (before any action; optional)."""
@@ -126,7 +125,7 @@ class DomainRule:
         """Release whatever the rule held for the trajectory."""
 
     def on_withdraw(self, action: Action) -> None:
-        """A queued action was taken back: drop what the rule kept under its id."""
+        """A queued action left without the rule's decision: drop what it kept under its id."""
 
     def expect(self, demands: tuple[ServiceDemand, ...]) -> None:
         """The load each GPU service is expected to get (a static sizing reads it)."""

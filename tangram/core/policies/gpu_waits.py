@@ -117,11 +117,12 @@ class CellWaits:
     def serve(self, ctx: Context) -> None:
         """Start each waiting call whose cell is free; drop reservations past their time or
         whose call is no longer queued."""
-        queued = ctx.scheduler.backlog.options
+        gpu_queue = ctx.scheduler.backlog.queues.get(GPU_DOMAIN)
+        queued = gpu_queue.live if gpu_queue is not None else {}
         if self.head is not None and self.head not in self.by_action:
             self.head = None
         for aid, r in list(self.by_action.items()):
-            if aid not in queued:
+            if queued.get(aid) is not r.action:  # (that very call: an id may be reused)
                 del self.by_action[aid]
                 if aid == self.head:
                     self.head = None
