@@ -127,9 +127,7 @@ class RunningSet:
         """(Estimated finish, units) of the domain's actions on cores of their own (not in a
         static pod's), sorted, finishes already past moved to ``now``: the busy units a
         projection frees, in order."""
-        ordered = self._finishes.get(domain)
-        if ordered is None:
-            ordered = self._sorted_finishes(domain)
+        ordered = self._sorted_finishes(domain)
         past = bisect.bisect_right(ordered, (now, _NO_UNITS))  # those ending at or before now
         if not past:
             return list(ordered)
@@ -140,15 +138,16 @@ class RunningSet:
         """The expected core-seconds left to the domain's actions on cores of their own: the
         sum over ``finishes`` of (finish - now) x units, those past ``now`` counting nothing
         (read from the cached sorted finishes: no walk over the running actions' records)."""
-        ordered = self._finishes.get(domain)
-        if ordered is None:
-            ordered = self._sorted_finishes(domain)
+        ordered = self._sorted_finishes(domain)
         past = bisect.bisect_right(ordered, (now, _NO_UNITS))
         return sum([(finish - now) * units for finish, units in ordered[past:]])
 
     def _sorted_finishes(self, domain: Domain) -> list[tuple[float, int]]:
-        """(Estimated finish, units) of the domain's actions not in a static pod, sorted (the
-        cache's first build; ``add``, ``replace`` and ``pop`` keep it so after)."""
+        """(Estimated finish, units) of the domain's actions not in a static pod, sorted: the
+        cache, built on first read (``add``, ``replace`` and ``pop`` keep it sorted after)."""
+        ordered = self._finishes.get(domain)
+        if ordered is not None:
+            return ordered
         ordered = self._finishes[domain] = sorted(
             [
                 (r.est_finish, r.start.units)

@@ -534,47 +534,57 @@ def test_a_forgotten_id_reused_while_its_dead_entry_is_queued_reads_as_the_new_a
     assert [a for a in queue] == [other, new] and [a is new for a in queue] == [False, True]
 
 
-def test_a_scheduler_starts_the_new_action_of_a_reused_id_not_the_withdrawn_one():
-    from tangram.core.decision import Start
+def _serial(aid: str, traj: str, at: float, t1: float) -> Action:
+    """A one-core CPU action of ``t1`` seconds."""
+    return Action(aid, traj, ResourceKind.CPU, Amdahl(t1, 0.0), arrival=at, max_units=1)
 
-    def act(aid: str, traj: str, at: float, t1: float) -> Action:
-        return Action(aid, traj, ResourceKind.CPU, Amdahl(t1, 0.0), arrival=at, max_units=1)
 
+def _one_core_tangram(trajectories) -> Scheduler:
+    """``tangram`` on one node of one core, the trajectories open."""
     cluster = ClusterSpec("one", cpu_nodes=(CpuNodeSpec("n", 1, 1, 64.0),))
     sched = Scheduler(cluster, make_policy("tangram"), resizable=True)
-    for traj in ["R", "O"] + [f"X{i}" for i in range(5)]:
+    for traj in trajectories:
         sched.open_trajectory(traj, 0.0, memory_gb=0.01)
-    sched.advance(0.0, arrived=[act("r", "R", 0.0, 100.0)])  # holds the node's one core
-    waiting = [act(f"x{i}", f"X{i}", 1.0, 5.0) for i in range(5)]
-    sched.advance(1.0, arrived=[act("o", "O", 1.0, 50.0), *waiting])
+    return sched
+
+
+def test_a_scheduler_starts_the_new_action_of_a_reused_id_not_the_withdrawn_one():
+    sched = _one_core_tangram(["R", "O"] + [f"X{i}" for i in range(5)])
+    sched.advance(0.0, arrived=[_serial("r", "R", 0.0, 100.0)])  # holds the node's one core
+    waiting = [_serial(f"x{i}", f"X{i}", 1.0, 5.0) for i in range(5)]
+    sched.advance(1.0, arrived=[_serial("o", "O", 1.0, 50.0), *waiting])
     for i in range(5):
         sched.withdraw(f"x{i}", 2.0)
-    sched.advance(3.0, arrived=[act("y", "X0", 3.0, 7.0)])  # a pass: the queue compacts
+    sched.advance(3.0, arrived=[_serial("y", "X0", 3.0, 7.0)])  # a pass: the queue compacts
     sched.forget("x0")
-    reused = act("x0", "X1", 4.0, 1.0)
+    reused = _serial("x0", "X1", 4.0, 1.0)
     sched.advance(4.0, arrived=[reused])
     started = [d.action for d in sched.advance(100.0, finished=["r"]) if isinstance(d, Start)]
     assert len(started) == 1 and started[0] is reused  # (the shortest, and the live x0)
 
 
-def test_a_withdrawn_actions_shortest_first_key_does_not_order_a_new_action_of_its_id():
-    """The CPU rule caches each queued action's key by id: a withdrawn one's key must go, or a
-    later action reusing the forgotten id is ordered as the old one (here a 100-s newcomer's key
-    put a 1-s action behind a 30-s one)."""
-    from tangram.core.decision import Start
-
-    def act(aid: str, traj: str, at: float, t1: float) -> Action:
-        return Action(aid, traj, ResourceKind.CPU, Amdahl(t1, 0.0), arrival=at, max_units=1)
-
-    cluster = ClusterSpec("one", cpu_nodes=(CpuNodeSpec("n", 1, 1, 64.0),))
-    sched = Scheduler(cluster, make_policy("tangram"), resizable=True)
-    for traj in "RXMY":
-        sched.open_trajectory(traj, 0.0, memory_gb=0.01)
-    sched.advance(0.0, arrived=[act("r", "R", 0.0, 100.0)])  # holds the node's one core
-    sched.advance(1.0, arrived=[act("x", "X", 1.0, 100.0), act("m", "M", 1.0, 30.0)])
+def _withdraw(sched: Scheduler) -> None:
     assert sched.withdraw("x", 2.0)
+
+
+def _close(sched: Scheduler) -> None:
+    sched.close_trajectory("X", 2.0)  # x is rejected
+
+
+@pytest.mark.parametrize("take_back", [_withdraw, _close], ids=["withdrawn", "trajectory-closed"])
+def test_a_taken_back_actions_shortest_first_key_does_not_order_a_new_action_of_its_id(
+    take_back,
+):
+    """The CPU rule caches each queued action's key by id. An action taken back without a
+    decision of the policy's (withdrawn, or rejected as its trajectory closed) must take its
+    key with it, or a later action reusing the forgotten id is ordered as the old one (here a
+    100-s newcomer's key put a 1-s action behind a 30-s one)."""
+    sched = _one_core_tangram("RXMY")
+    sched.advance(0.0, arrived=[_serial("r", "R", 0.0, 100.0)])  # holds the node's one core
+    sched.advance(1.0, arrived=[_serial("x", "X", 1.0, 100.0), _serial("m", "M", 1.0, 30.0)])
+    take_back(sched)
     sched.forget("x")
-    sched.advance(4.0, arrived=[act("x", "Y", 4.0, 1.0)])
+    sched.advance(4.0, arrived=[_serial("x", "Y", 4.0, 1.0)])
     started = [d.action for d in sched.advance(100.0, finished=["r"]) if isinstance(d, Start)]
     assert [(a.id, a.curve.t1) for a in started] == [("x", 1.0)]
 
@@ -592,28 +602,6 @@ def test_a_withdrawn_gpu_call_leaves_no_reservation_or_wait_record_behind():
     assert sched.withdraw(queued.id, 1.0)
     assert queued.id not in waits.by_action and queued.id not in waits.waited
     assert waits.head is None
-
-
-def test_a_closed_trajectorys_rejected_actions_leave_no_key_for_a_reused_id():
-    """Closing a trajectory rejects its queued actions without a decision of the policy's: as
-    for a withdrawal, what the policy kept under their ids must go (here a stale key would put
-    a 1-s action reusing a forgotten id behind a 30-s one)."""
-    from tangram.core.decision import Start
-
-    def act(aid: str, traj: str, at: float, t1: float) -> Action:
-        return Action(aid, traj, ResourceKind.CPU, Amdahl(t1, 0.0), arrival=at, max_units=1)
-
-    cluster = ClusterSpec("one", cpu_nodes=(CpuNodeSpec("n", 1, 1, 64.0),))
-    sched = Scheduler(cluster, make_policy("tangram"), resizable=True)
-    for traj in "RXMY":
-        sched.open_trajectory(traj, 0.0, memory_gb=0.01)
-    sched.advance(0.0, arrived=[act("r", "R", 0.0, 100.0)])  # holds the node's one core
-    sched.advance(1.0, arrived=[act("x", "X", 1.0, 100.0), act("m", "M", 1.0, 30.0)])
-    sched.close_trajectory("X", 2.0)  # x is rejected
-    sched.forget("x")
-    sched.advance(4.0, arrived=[act("x", "Y", 4.0, 1.0)])
-    started = [d.action for d in sched.advance(100.0, finished=["r"]) if isinstance(d, Start)]
-    assert [(a.id, a.curve.t1) for a in started] == [("x", 1.0)]
 
 
 def test_a_policy_without_the_optional_withdraw_hook_can_still_have_actions_withdrawn():
