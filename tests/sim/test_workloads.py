@@ -159,7 +159,8 @@ def test_coding_serial_fractions_follow_their_beta_means(coding):
     assert statistics.fmean(env) == pytest.approx(env_mean, abs=0.03)
     assert statistics.fmean(reward) == pytest.approx(reward_mean, abs=0.03)
     # The profiled env Beta is nearly two-valued: most commands serial, some fully parallel.
-    assert sum(s > 0.9 for s in env) > 0.7 * len(env) and sum(s < 0.1 for s in env) > 0.05 * len(env)
+    assert sum(s > 0.9 for s in env) > 0.7 * len(env)
+    assert sum(s < 0.1 for s in env) > 0.05 * len(env)
 
 
 # --- DeepSearch ------------------------------------------------------------------------------
