@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from tangram.exec.aoe.environment import MAX_COMMAND_BYTES
 from tangram.exec.runtime.errors import BadRequest
-from tangram.exec.runtime.records import MIN_MEMORY_GB
+from tangram.exec.runtime.records import MAX_TIMEOUT_S, MIN_MEMORY_GB
 from tangram.exec.service import Client, ServeOptions, ServiceThread
 from tangram.exec.service.calls import segment
 from tangram.exec.service.sandbox_fusion import RunCodeSettings, parse_run_code
@@ -184,6 +184,20 @@ def test_values_that_were_rewritten_are_refused_naming_the_field(
     before = len(aoe.runs)
     body = {"trajectory": "t", "command": "true", **fields}
     refused(httpx.post(f"{svc.url}/v1/actions", json=body), name)
+    assert len(aoe.runs) == before
+
+
+@pytest.mark.parametrize("timeout_s", [MAX_TIMEOUT_S * 1.0001, 1e10, 1e300])
+def test_a_timeout_past_the_limit_is_refused_naming_it(
+    svc: ServiceThread, aoe: FakeAoe, timeout_s: float
+) -> None:
+    """A time-out past the platform's timers was accepted, then failed as a container failure
+    without running (OverflowError at 1e10 s)."""
+    before = len(aoe.runs)
+    body = {"trajectory": "t", "command": "true", "timeout_s": timeout_s}
+    r = httpx.post(f"{svc.url}/v1/actions", json=body)
+    refused(r, "timeout_s")
+    assert f"{MAX_TIMEOUT_S:g}" in r.json()["error"]["message"]
     assert len(aoe.runs) == before
 
 

@@ -160,6 +160,10 @@ class ActionSpec:
             raise BadRequest(
                 f"timeout_s must be a positive number of seconds, got {self.timeout_s!r}"
             )
+        if self.timeout_s is not None and self.timeout_s > MAX_TIMEOUT_S:
+            raise BadRequest(
+                f"timeout_s must be at most {MAX_TIMEOUT_S:g} s (30 days), got {self.timeout_s!r}"
+            )
         if self.serial_fraction is not None and self.curve is not None:
             raise BadRequest("give serial_fraction or curve, not both")
         self.work.check()
@@ -240,6 +244,10 @@ def _positive(value: Any) -> bool:
 
 #: The longest id, in characters.
 MAX_ID_CHARS = 128
+#: The longest time-out an action may ask for (30 days): longer than any run, and far below
+#: where the executors' timers overflow (a socket time-out of 1e10 s is past the platform's
+#: ``time_t``: the action failed as if its container had, without running).
+MAX_TIMEOUT_S = 30 * 86400.0
 
 
 def check_id(name: str, value: Any) -> str:
