@@ -268,7 +268,7 @@ def test_run_code_speaks_sandbox_fusion(service: Any) -> None:
         }
         r = httpx.post(f"{service.url}/run_code", json=verl, timeout=60).json()
         assert r["status"] == "Success" and r["run_result"]["stdout"] == "verl\n"
-        assert not c.trajectories(), "a /run_code container was left open"
+        assert not service.runtime.trajectories(), "a /run_code container was left open"
 
 
 def test_metrics_and_status(service: Any) -> None:

@@ -311,6 +311,18 @@ class Runtime:
     def trajectories(self) -> list[TrajectoryInfo]:
         return [t.info() for t in self.trajs.by_id.values()]
 
+    def private(self, trajectory: str | None) -> bool:
+        """Whether ``trajectory`` is open for the service's own use (``ephemeral``: a
+        ``/run_code`` request's container): the HTTP API neither shows it to clients nor
+        lets them close it or act in it."""
+        traj = self.trajs.by_id.get(trajectory) if trajectory is not None else None
+        return traj is not None and traj.ephemeral
+
+    def private_action(self, action_id: str) -> bool:
+        """Whether the action belongs to a ``private`` trajectory."""
+        rec = self.host.table.get(action_id)
+        return rec is not None and self.private(rec.spec.trajectory)
+
     # ------------------------------------------------------------------ actions
     async def submit(self, spec: ActionSpec) -> str:
         """Accept an action and return its id (the outcome comes later: ``result``).

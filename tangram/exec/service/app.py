@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
 import math
 import tempfile
@@ -21,7 +22,13 @@ from typing import Any
 from aiohttp import web
 
 from tangram.exec.runtime import Runtime
-from tangram.exec.runtime.errors import BadRequest, Conflict, LiveError
+from tangram.exec.runtime.errors import (
+    BadRequest,
+    Conflict,
+    LiveError,
+    UnknownAction,
+    UnknownTrajectory,
+)
 from tangram.exec.runtime.records import check_id
 from tangram.exec.service.body import read_json
 from tangram.exec.service.causes import translate
@@ -33,6 +40,7 @@ from tangram.exec.service.sandbox_fusion import (
     parse_run_code,
     refusal_doc,
     run_code,
+    sandbox_error,
 )
 from tangram.exec.service.schema import (
     error_doc,
@@ -68,6 +76,25 @@ def error_response(exc: LiveError, doc: dict[str, Any] | None = None) -> web.Res
     if doc is None:
         doc = error_doc(exc.code, exc.message, exc.retryable)
     return web.json_response(doc, status=exc.http_status, headers=headers)
+
+
+def http_refusal_doc(exc: web.HTTPException) -> dict[str, Any]:
+    """A ``/run_code`` request aiohttp refused before it was read (413, 408), in both shapes
+    like every refusal of that call: SandboxFusion's clients read ``status``."""
+    doc = None
+    if exc.content_type == "application/json" and exc.text:
+        try:
+            doc = json.loads(exc.text)
+        except ValueError:
+            doc = None
+    if not isinstance(doc, dict) or not isinstance(doc.get("error"), dict):
+        doc = error_doc("http_" + str(exc.status), exc.reason)
+    return {**sandbox_error(str(doc["error"].get("message", exc.reason))), **doc}
+
+
+def _kept_headers(exc: web.HTTPException) -> dict[str, str]:
+    """The refusal's headers a client should still see (408 closes the connection)."""
+    return {k: v for k, v in exc.headers.items() if k in ("Connection", "Retry-After")}
 
 
 def path_id(request: web.Request, field: str) -> str:
@@ -176,6 +203,20 @@ class ServiceApp:
     async def _body(self, request: web.Request, *, optional: bool = False) -> Any:
         return await read_json(request, timeout_s=self.body_timeout_s, optional=optional)
 
+    def _public(self, trajectory: str | None) -> str | None:
+        """``trajectory``, unless it is the service's own (a ``/run_code`` request's
+        container): then, to this client, no such trajectory is open (one client must not
+        close or use another's sandbox)."""
+        if self.runtime.private(trajectory):
+            raise UnknownTrajectory(f"trajectory {trajectory!r} is not open")
+        return trajectory
+
+    def _public_action(self, action_id: str) -> str:
+        """``action_id``, unless the action runs in the service's own trajectory."""
+        if self.runtime.private_action(action_id):
+            raise UnknownAction(f"no action {action_id!r}")
+        return action_id
+
     def _wait_s(self, wait: float | None) -> float | None:
         if wait is None:
             return None
@@ -201,28 +242,33 @@ class ServiceApp:
 
     async def list_trajectories(self, request: web.Request) -> web.Response:
         return web.json_response(
-            {"trajectories": [trajectory_doc(t) for t in self.runtime.trajectories()]}
+            {
+                "trajectories": [
+                    trajectory_doc(t) for t in self.runtime.trajectories() if not t.ephemeral
+                ]
+            }
         )
 
     async def get_trajectory(self, request: web.Request) -> web.Response:
-        traj = path_id(request, "trajectory")
+        traj = self._public(path_id(request, "trajectory"))
         return web.json_response(trajectory_doc(self.runtime.trajectory(traj)))
 
     async def close_trajectory(self, request: web.Request) -> web.Response:
-        info = await self.runtime.close_trajectory(path_id(request, "trajectory"))
+        info = await self.runtime.close_trajectory(self._public(path_id(request, "trajectory")))
         return web.json_response({**trajectory_doc(info), "closed": True})
 
     async def recreate_trajectory(self, request: web.Request) -> web.Response:
-        info = await self.runtime.recreate_trajectory(path_id(request, "trajectory"))
+        info = await self.runtime.recreate_trajectory(self._public(path_id(request, "trajectory")))
         return web.json_response(trajectory_doc(info))
 
     async def submit(self, request: web.Request) -> web.Response:
         spec, wait = parse_action(await self._body(request), max_output_bytes=self.max_output_bytes)
+        self._public(spec.trajectory)
         action_id = await self.runtime.submit(spec)
         return await self._answer(action_id, self._wait_s(wait))
 
     async def get_action(self, request: web.Request) -> web.Response:
-        action_id = path_id(request, "id")
+        action_id = self._public_action(path_id(request, "id"))
         wait = request.query.get("wait")
         seconds = None
         if wait is not None:
@@ -243,7 +289,7 @@ class ServiceApp:
         )
 
     async def cancel(self, request: web.Request) -> web.Response:
-        outcome = await self.runtime.cancel(path_id(request, "id"))
+        outcome = await self.runtime.cancel(self._public_action(path_id(request, "id")))
         return web.json_response(state_doc(outcome.action_id, "done", outcome))
 
     async def get_trace(self, request: web.Request) -> web.StreamResponse:
@@ -287,4 +333,10 @@ class ServiceApp:
         except LiveError as exc:
             error = translate(exc)
             return error_response(error, refusal_doc(error))
+        except web.HTTPException as exc:  # the body was too large (413) or too slow (408)
+            if exc.status < 400:
+                raise
+            return web.json_response(
+                http_refusal_doc(exc), status=exc.status, headers=_kept_headers(exc)
+            )
         return web.json_response(answer)

@@ -49,11 +49,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import logging
 import math
 import posixpath
 import shlex
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,10 +65,27 @@ from tangram.exec.runtime.records import MIN_MEMORY_GB
 from tangram.exec.service.languages import LANGUAGES, ImageBuilds, resolve
 from tangram.exec.service.schema import error_doc
 
+log = logging.getLogger(__name__)
+
 #: Largest base64 text sent in one shell command (the kernel caps one argument at 128 KiB).
 CHUNK_CHARS = 60_000
-#: Exit code of coreutils ``timeout`` when the limit fired.
+#: Exit code of coreutils ``timeout`` when the limit fired (a program may exit with it too:
+#: only a run that lasted the limit counts as stopped by it).
 TIMEOUT_EXIT = 124
+#: Exit code of the step whose file upload failed before its command ran (told apart from the
+#: program's own exit by a marker line with a nonce on stderr).
+UPLOAD_FAILED_EXIT = 198
+#: Linux's limits on one name in a path and on a whole path (bytes): past them the shell
+#: cannot create the file, which would fail the upload after the request was accepted.
+MAX_NAME_BYTES = 255
+MAX_PATH_BYTES = 4000
+#: Raw bytes of a fetched file read per action: its base64 (4/3 as many characters, 512 KiB)
+#: stays under the output cap of one action (``FETCH_CAP``), however large the file.
+FETCH_CHUNK = 3 << 17
+FETCH_CAP = 1 << 20
+#: The most bytes ``fetch_files`` returns in one answer (it is held in memory as base64); a
+#: file past it is left out and the answer's message names it.
+MAX_FETCH_BYTES = 32 << 20
 
 
 @dataclass(frozen=True)
@@ -169,12 +187,15 @@ def parse_run_code(
         raise BadRequest("field 'files': expected an object of path -> base64 content")
     for name, content in raw_files.items():
         path = _safe_path(name, "files")
+        if path in files:
+            raise BadRequest(f"field 'files': {name!r} names the same file as another entry")
         if not isinstance(content, str):
             raise BadRequest(f"field 'files': content of {name!r} must be a base64 string")
         try:
             files[path] = base64.b64decode(content, validate=True)
         except (binascii.Error, ValueError):
             raise BadRequest(f"field 'files': content of {name!r} is not valid base64") from None
+    _check_layout(files)
     fetch = body.get("fetch_files")
     fetch = [] if fetch is None else fetch
     if not isinstance(fetch, list) or not all(isinstance(p, str) for p in fetch):
@@ -214,23 +235,51 @@ def _number(value: Any) -> bool:
 
 
 def _safe_path(name: Any, field: str) -> str:
-    """A relative path inside the working directory (no absolute paths, no '..')."""
+    """A relative path to a file inside the working directory: not absolute, no '..'
+    component, not the directory itself ('.'); '..data' is a plain name."""
     if not isinstance(name, str) or not name:
         raise BadRequest(f"field {field!r}: paths must be non-empty strings")
     norm = posixpath.normpath(name)
-    if norm.startswith(("/", "..")) or "\0" in norm:
+    if norm.startswith("/") or norm.split("/")[0] == ".." or "\0" in norm:
         raise BadRequest(f"field {field!r}: {name!r} must be a relative path inside the sandbox")
+    if norm == ".":
+        raise BadRequest(f"field {field!r}: {name!r} names the working directory, not a file")
+    encoded = norm.encode("utf-8", "surrogatepass")
+    if len(encoded) > MAX_PATH_BYTES or any(len(p) > MAX_NAME_BYTES for p in encoded.split(b"/")):
+        raise BadRequest(
+            f"field {field!r}: {name[:80]!r}... is too long for a file name (at most "
+            f"{MAX_NAME_BYTES} bytes per name, {MAX_PATH_BYTES} in all)"
+        )
     return norm
+
+
+def _check_layout(paths: Collection[str]) -> None:
+    """``BadRequest`` when one file of ``files`` is also a directory of another ('a' and
+    'a/b'): one of them could not be written, and the program would run without it."""
+    names = set(paths)
+    for path in paths:
+        parent = posixpath.dirname(path)
+        while parent:
+            if parent in names:
+                raise BadRequest(
+                    f"field 'files': {parent!r} is a file and also a directory of {path!r}"
+                )
+            parent = posixpath.dirname(parent)
+
+
+def _arg(path: str) -> str:
+    """``path`` as one shell word that no command reads as an option ('-n/x' is './-n/x')."""
+    return shlex.quote(path if path.startswith("/") else f"./{path}")
 
 
 def _upload_commands(files: dict[str, bytes]) -> list[str]:
     """Shell commands writing ``files`` (base64 in chunks the kernel accepts as arguments)."""
     steps: list[str] = []
     for path, data in files.items():
-        quoted = shlex.quote(path)
+        quoted = _arg(path)
         encoded = base64.b64encode(data).decode()
         parent = posixpath.dirname(path)
-        prefix = f"mkdir -p {shlex.quote(parent)} && " if parent else ""
+        prefix = f"mkdir -p {_arg(parent)} && " if parent else ""
         if not encoded:
             steps.append(f"{prefix}: > {quoted}")
             continue
@@ -296,10 +345,12 @@ async def run_code(
         compiled: dict[str, Any] | None = None
         if lang.compile is not None:
             step = f"timeout -k 1 {req.compile_timeout_s:g} sh -c {shlex.quote(lang.compile)}"
-            outcome = await _step(
+            outcome, unwritten = await _step(
                 runtime, traj, req, settings, last_upload, step, "compile", max_output_bytes
             )
             last_upload = None
+            if unwritten is not None:
+                return sandbox_error(f"writing the files failed: {unwritten}")
             compiled = _answer(outcome, req.compile_timeout_s)
             if compiled["status"] == "SandboxError":
                 return compiled
@@ -310,22 +361,30 @@ async def run_code(
         if compiled is None or compiled["status"] == "Success":
             t = req.run_timeout_s
             run = f"timeout -k 1 {t:g} {lang.run} < {redirect}"
-            outcome = await _step(
+            outcome, unwritten = await _step(
                 runtime, traj, req, settings, last_upload, run, "run", max_output_bytes
             )
+            if unwritten is not None:
+                return sandbox_error(f"writing the files failed: {unwritten}")
             answer = _answer(outcome, t)
             if compiled is not None and answer["status"] != "SandboxError":
                 answer["compile_result"] = compiled["compile_result"]
         if req.fetch_files and answer["status"] != "SandboxError":
+            notes: list[str] = []
             try:
                 answer["files"] = await _fetch(
-                    runtime, traj, req.fetch_files, settings.queue_allowance_s
+                    runtime, traj, req.fetch_files, settings.queue_allowance_s, notes
                 )
             except LiveError as exc:
-                answer["message"] = exc.message  # the run's answer stands; files are missing
+                notes.append(exc.message)  # the run's answer stands; files are missing
+            if notes:
+                answer["message"] = "; ".join(m for m in (answer["message"], *notes) if m)
         return answer
     finally:
-        await runtime.close_trajectory(traj)
+        try:
+            await runtime.close_trajectory(traj)
+        except LiveError as exc:  # the answer stands (the service is stopping, say)
+            log.warning("closing /run_code's container %s failed: %s", traj, exc)
 
 
 async def _step(
@@ -337,12 +396,21 @@ async def _step(
     command: str,
     what: str,
     cap: int,
-) -> Outcome:
-    """One compile or run action (after the last file upload, when one is left)."""
+) -> tuple[Outcome, str | None]:
+    """One compile or run action, after the last file upload when one is left (one container
+    round trip, not two); and why the upload failed (None: it did not), in which case the
+    command never ran: the sandbox failed, not the program."""
     t = req.compile_timeout_s if what == "compile" else req.run_timeout_s
-    return await runtime.run(
+    marker = None
+    if upload:
+        marker = f"tangram: writing the files failed ({uuid.uuid4().hex})"
+        command = (
+            f"if ! {{ {upload}; }}; then printf '%s\\n' {shlex.quote(marker)} >&2; "
+            f"exit {UPLOAD_FAILED_EXIT}; fi; {command}"
+        )
+    outcome = await runtime.run(
         ActionSpec(
-            CpuWork(f"{upload} && {command}" if upload else command, max_output_bytes=cap),
+            CpuWork(command, max_output_bytes=cap),
             trajectory=traj,
             kind="run_code" if what == "run" else "run_code_compile",
             max_units=req.max_units,
@@ -352,6 +420,18 @@ async def _step(
             task="run_code",
         )
     )
+    return outcome, _upload_failure(outcome, marker)
+
+
+def _upload_failure(outcome: Outcome, marker: str | None) -> str | None:
+    """Why the step's upload failed (its stderr before the marker), or None."""
+    value = outcome.value
+    if marker is None or not isinstance(value, CommandResult):
+        return None
+    if value.exit_code != UPLOAD_FAILED_EXIT or not value.stderr.rstrip().endswith(marker):
+        return None
+    why = value.stderr.rstrip()[: -len(marker)].strip()
+    return why[-500:] or f"exit code {UPLOAD_FAILED_EXIT}"
 
 
 def _why(outcome: Outcome) -> str:
@@ -380,9 +460,9 @@ def _finished(outcome: Outcome, run_timeout_s: float) -> dict[str, Any]:
     if not isinstance(value, CommandResult):
         return sandbox_error(f"the sandbox failed: {_why(outcome)}")
     code = value.exit_code
-    limit_hit = code == TIMEOUT_EXIT
-    if code == 137 and outcome.timings.exec_s >= run_timeout_s:
-        limit_hit = True  # TERM ignored, KILL sent one second later
+    # ``timeout`` exits 124 when the limit fired (137: TERM ignored, KILL a second later); a
+    # program that exits 124 or 137 itself before the limit finished on its own.
+    limit_hit = code in (TIMEOUT_EXIT, 137) and outcome.timings.exec_s >= run_timeout_s
     if limit_hit:
         return _failed(outcome, "TimeLimitExceeded", value.message or "TimeLimitExceeded")
     if code == 0:
@@ -434,25 +514,64 @@ def _run_answer(status: str, message: str, outcome: Outcome, run_status: str) ->
 
 
 async def _fetch(
-    runtime: Runtime, traj: str, paths: tuple[str, ...], patience_s: float
+    runtime: Runtime, traj: str, paths: tuple[str, ...], patience_s: float, notes: list[str]
 ) -> dict[str, str]:
-    """Read files back (base64); a missing file is left out, as SandboxFusion does."""
+    """Read files back (base64); a missing file is left out, as SandboxFusion does. A file is
+    read in ``FETCH_CHUNK`` pieces (one action's output is capped); files past
+    ``MAX_FETCH_BYTES`` in all are left out, each named in ``notes``."""
     found: dict[str, str] = {}
+    budget = MAX_FETCH_BYTES
     for path in paths:
-        outcome = await _after_the_run(
-            runtime,
-            ActionSpec(
-                CpuWork(f"test -f {shlex.quote(path)} && base64 -w0 {shlex.quote(path)}"),
-                trajectory=traj,
-                kind="run_code_fetch",
-                t1_s=0.01,
-            ),
-            patience_s,
+        if path in found:
+            continue
+        size = await _read(
+            runtime, traj, f"test -f {_arg(path)} && wc -c < {_arg(path)}", patience_s
         )
-        value = outcome.value
-        if outcome.ok and isinstance(value, CommandResult) and value.exit_code == 0:
-            found[path] = value.stdout.strip()
+        if size is None or not size.strip().isdigit():
+            continue  # not there (or not a regular file)
+        n = int(size)
+        if n > budget:
+            notes.append(
+                f"{path!r} ({n:,} bytes) was not returned: an answer carries at most "
+                f"{MAX_FETCH_BYTES:,} bytes of files"
+            )
+            continue
+        pieces = []
+        for offset in range(0, n, FETCH_CHUNK):
+            piece = await _read(
+                runtime,
+                traj,
+                f"tail -c +{offset + 1} {_arg(path)} | head -c {FETCH_CHUNK} | base64 -w0",
+                patience_s,
+            )
+            if piece is None:
+                break
+            pieces.append(piece.strip())
+        data = "".join(pieces)
+        if len(pieces) * FETCH_CHUNK < n or len(data) != 4 * ((n + 2) // 3):
+            notes.append(f"{path!r} could not be read back whole ({n:,} bytes)")
+            continue
+        found[path] = data
+        budget -= n
     return found
+
+
+async def _read(runtime: Runtime, traj: str, command: str, patience_s: float) -> str | None:
+    """The stdout of ``command`` run after the program, or None when it did not exit 0."""
+    outcome = await _after_the_run(
+        runtime,
+        ActionSpec(
+            CpuWork(command, max_output_bytes=FETCH_CAP),
+            trajectory=traj,
+            kind="run_code_fetch",
+            t1_s=0.01,
+        ),
+        patience_s,
+    )
+    value = outcome.value
+    if outcome.ok and isinstance(value, CommandResult) and value.exit_code == 0:
+        return value.stdout
+    return None
 
 
 async def _after_the_run(runtime: Runtime, spec: ActionSpec, patience_s: float) -> Outcome:
