@@ -3,10 +3,17 @@ the Ray-native client, on the node the core chose and its share of this machine'
 
 from __future__ import annotations
 
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+import httpx
+import pytest
 
 from tangram.exec.ray import RayClient
 from tangram.exec.service import Client
+from tangram.exec.service.retry import ServiceError
 
 #: Host cores of each CPU node's containers (its ``tangram-cores`` label, in conftest).
 HOST_CORES = {"w1": "0", "w2": "1"}
@@ -56,8 +63,6 @@ def test_every_ray_node_binds_loopback_only(ray_cluster):
 
 
 def test_run_many_answers_each_action_in_order_with_its_outcome_or_error(ray_cluster: Any) -> None:
-    from tangram.exec.service.retry import ServiceError
-
     r = RayClient(ray_cluster.handle)
     r.open_trajectory("many-a", memory_gb=1)
     try:
@@ -103,3 +108,43 @@ def test_the_cluster_runs_in_a_network_namespace_with_only_loopback(ray_cluster:
     seen = ray.get([remote.options(scheduling_strategy=s).remote() for s in strategy])
     assert len(seen) == len(nodes) >= 3
     assert all(ns == mine and links == ["lo"] for ns, links in seen)
+
+
+def test_a_run_code_container_is_private_to_the_service_over_http_and_ray(
+    ray_cluster: Any,
+) -> None:
+    """A /run_code request's trajectory shows in the trace once its first uploads ended: no
+    client may close it or act on its actions (both APIs go through ``Runtime.public_*``)."""
+    url = ray_cluster.info["url"]
+    code = "x = 1\n" * 40_000 + "import time; time.sleep(6); print('ran')"  # uploads in chunks
+    with ThreadPoolExecutor(1) as pool, Client(url) as c:
+        running = pool.submit(
+            httpx.post, f"{url}/run_code", json={"code": code, "run_timeout": 30}, timeout=120
+        )
+        rows: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 60
+        while not rows and time.monotonic() < deadline:
+            lines = c.trace_text().splitlines()
+            rows = [
+                r
+                for r in map(json.loads, lines)
+                if str(r.get("trajectory", "")).startswith("run-code-")
+            ]
+            time.sleep(0.1)
+        assert rows, "no /run_code action reached the trace"
+        traj, action = rows[0]["trajectory"], rows[0]["action_id"]
+        r = RayClient(ray_cluster.handle)
+        assert traj not in {t["id"] for t in r.trajectories()}
+        for call in (
+            lambda: r.close_trajectory(traj),
+            lambda: r.recreate_trajectory(traj),
+            lambda: r.run(command="echo intruder", trajectory=traj),
+            lambda: r.result(action),
+            lambda: c.close_trajectory(traj),
+            lambda: c.result(action),
+        ):
+            with pytest.raises(ServiceError) as info:
+                call()
+            assert info.value.status == 404, info.value
+        doc = running.result(timeout=120).json()
+    assert doc["status"] == "Success" and doc["run_result"]["stdout"] == "ran\n", doc

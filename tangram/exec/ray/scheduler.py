@@ -168,23 +168,29 @@ class SchedulerActor:
 
     async def close_trajectory(self, trajectory: str) -> dict[str, Any]:
         try:
-            return {"value": trajectory_doc(await self._rt().close_trajectory(trajectory))}
+            rt = self._rt()
+            info = await rt.close_trajectory(rt.public_trajectory(trajectory))
+            return {"value": trajectory_doc(info)}
         except LiveError as exc:
             return error_reply(self._explain(exc, trajectory))
 
     async def recreate_trajectory(self, trajectory: str) -> dict[str, Any]:
         try:
-            return {"value": trajectory_doc(await self._rt().recreate_trajectory(trajectory))}
+            rt = self._rt()
+            info = await rt.recreate_trajectory(rt.public_trajectory(trajectory))
+            return {"value": trajectory_doc(info)}
         except LiveError as exc:
             return error_reply(self._explain(exc, trajectory))
 
     async def trajectories(self) -> dict[str, Any]:
-        return {"value": [trajectory_doc(t) for t in self._rt().trajectories()]}
+        return {"value": [trajectory_doc(t) for t in self._rt().public_trajectories()]}
 
     async def submit(self, body: Mapping[str, Any]) -> dict[str, Any]:
         try:
             spec, _ = parse_action(dict(body), max_output_bytes=self._max_output())
-            return {"value": await self._rt().submit(spec)}
+            rt = self._rt()
+            rt.public_trajectory(spec.trajectory)
+            return {"value": await rt.submit(spec)}
         except LiveError as exc:
             return error_reply(self._explain(exc, body.get("trajectory")))
 
@@ -193,6 +199,7 @@ class SchedulerActor:
         try:
             spec, _ = parse_action(dict(body), max_output_bytes=self._max_output())
             rt = self._rt()
+            rt.public_trajectory(spec.trajectory)
             outcome = await rt.result(await rt.submit(spec))
         except LiveError as exc:
             return error_reply(self._explain(exc, body.get("trajectory")))
@@ -208,6 +215,7 @@ class SchedulerActor:
         ``Outcome`` itself, for drivers that build specs as the runtime's own callers do."""
         try:
             rt = self._rt()
+            rt.public_trajectory(spec.trajectory)
             return {"value": await rt.result(await rt.submit(spec))}
         except LiveError as exc:
             return error_reply(self._explain(exc, spec.trajectory))
@@ -223,14 +231,15 @@ class SchedulerActor:
     async def result(self, action_id: str, wait_s: float | None = 0.0) -> dict[str, Any]:
         try:
             rt = self._rt()
-            outcome = await rt.result(action_id, wait_s)
+            outcome = await rt.result(rt.public_action(action_id), wait_s)
             return {"value": state_doc(action_id, rt.state(action_id), outcome)}
         except LiveError as exc:
             return error_reply(exc)
 
     async def cancel(self, action_id: str) -> dict[str, Any]:
         try:
-            return {"value": outcome_doc(await self._rt().cancel(action_id))}
+            rt = self._rt()
+            return {"value": outcome_doc(await rt.cancel(rt.public_action(action_id)))}
         except LiveError as exc:
             return error_reply(exc)
 

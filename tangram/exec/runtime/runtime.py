@@ -53,6 +53,7 @@ from tangram.exec.runtime.errors import (
     Overloaded,
     ShuttingDown,
     UnknownAction,
+    UnknownTrajectory,
 )
 from tangram.exec.runtime.executor import executor_for, executors_by_work
 from tangram.exec.runtime.gpu import GpuExecutor
@@ -313,15 +314,29 @@ class Runtime:
 
     def private(self, trajectory: str | None) -> bool:
         """Whether ``trajectory`` is open for the service's own use (``ephemeral``: a
-        ``/run_code`` request's container): the HTTP API neither shows it to clients nor
-        lets them close it or act in it."""
+        ``/run_code`` request's container). The client-facing APIs (HTTP and Ray-native)
+        neither list it nor let a client act on it, through ``public_*``."""
         traj = self.trajs.by_id.get(trajectory) if trajectory is not None else None
         return traj is not None and traj.ephemeral
 
-    def private_action(self, action_id: str) -> bool:
-        """Whether the action belongs to a ``private`` trajectory."""
+    def public_trajectory(self, trajectory: str | None) -> str | None:
+        """``trajectory`` as a client may name it: a private one is, to clients, not open
+        (one client must not close or use another's sandbox)."""
+        if self.private(trajectory):
+            raise UnknownTrajectory(f"trajectory {trajectory!r} is not open")
+        return trajectory
+
+    def public_action(self, action_id: str) -> str:
+        """``action_id`` as a client may name it: an action in a private trajectory is, to
+        clients, unknown."""
         rec = self.host.table.get(action_id)
-        return rec is not None and self.private(rec.spec.trajectory)
+        if rec is not None and self.private(rec.spec.trajectory):
+            raise UnknownAction(f"no action {action_id!r}")
+        return action_id
+
+    def public_trajectories(self) -> list[TrajectoryInfo]:
+        """The open trajectories a client may see (not the private ones)."""
+        return [t.info() for t in self.trajs.by_id.values() if not t.ephemeral]
 
     # ------------------------------------------------------------------ actions
     async def submit(self, spec: ActionSpec) -> str:

@@ -22,13 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from tangram.exec.runtime import Runtime
-from tangram.exec.runtime.errors import (
-    BadRequest,
-    Conflict,
-    LiveError,
-    UnknownAction,
-    UnknownTrajectory,
-)
+from tangram.exec.runtime.errors import BadRequest, Conflict, LiveError
 from tangram.exec.runtime.records import check_id
 from tangram.exec.service.body import read_json
 from tangram.exec.service.causes import translate
@@ -203,20 +197,6 @@ class ServiceApp:
     async def _body(self, request: web.Request, *, optional: bool = False) -> Any:
         return await read_json(request, timeout_s=self.body_timeout_s, optional=optional)
 
-    def _public(self, trajectory: str | None) -> str | None:
-        """``trajectory``, unless it is the service's own (a ``/run_code`` request's
-        container): then, to this client, no such trajectory is open (one client must not
-        close or use another's sandbox)."""
-        if self.runtime.private(trajectory):
-            raise UnknownTrajectory(f"trajectory {trajectory!r} is not open")
-        return trajectory
-
-    def _public_action(self, action_id: str) -> str:
-        """``action_id``, unless the action runs in the service's own trajectory."""
-        if self.runtime.private_action(action_id):
-            raise UnknownAction(f"no action {action_id!r}")
-        return action_id
-
     def _wait_s(self, wait: float | None) -> float | None:
         if wait is None:
             return None
@@ -242,33 +222,33 @@ class ServiceApp:
 
     async def list_trajectories(self, request: web.Request) -> web.Response:
         return web.json_response(
-            {
-                "trajectories": [
-                    trajectory_doc(t) for t in self.runtime.trajectories() if not t.ephemeral
-                ]
-            }
+            {"trajectories": [trajectory_doc(t) for t in self.runtime.public_trajectories()]}
         )
 
     async def get_trajectory(self, request: web.Request) -> web.Response:
-        traj = self._public(path_id(request, "trajectory"))
+        traj = self.runtime.public_trajectory(path_id(request, "trajectory"))
         return web.json_response(trajectory_doc(self.runtime.trajectory(traj)))
 
     async def close_trajectory(self, request: web.Request) -> web.Response:
-        info = await self.runtime.close_trajectory(self._public(path_id(request, "trajectory")))
+        info = await self.runtime.close_trajectory(
+            self.runtime.public_trajectory(path_id(request, "trajectory"))
+        )
         return web.json_response({**trajectory_doc(info), "closed": True})
 
     async def recreate_trajectory(self, request: web.Request) -> web.Response:
-        info = await self.runtime.recreate_trajectory(self._public(path_id(request, "trajectory")))
+        info = await self.runtime.recreate_trajectory(
+            self.runtime.public_trajectory(path_id(request, "trajectory"))
+        )
         return web.json_response(trajectory_doc(info))
 
     async def submit(self, request: web.Request) -> web.Response:
         spec, wait = parse_action(await self._body(request), max_output_bytes=self.max_output_bytes)
-        self._public(spec.trajectory)
+        self.runtime.public_trajectory(spec.trajectory)
         action_id = await self.runtime.submit(spec)
         return await self._answer(action_id, self._wait_s(wait))
 
     async def get_action(self, request: web.Request) -> web.Response:
-        action_id = self._public_action(path_id(request, "id"))
+        action_id = self.runtime.public_action(path_id(request, "id"))
         wait = request.query.get("wait")
         seconds = None
         if wait is not None:
@@ -289,7 +269,7 @@ class ServiceApp:
         )
 
     async def cancel(self, request: web.Request) -> web.Response:
-        outcome = await self.runtime.cancel(self._public_action(path_id(request, "id")))
+        outcome = await self.runtime.cancel(self.runtime.public_action(path_id(request, "id")))
         return web.json_response(state_doc(outcome.action_id, "done", outcome))
 
     async def get_trace(self, request: web.Request) -> web.StreamResponse:
