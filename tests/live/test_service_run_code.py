@@ -165,11 +165,16 @@ def test_a_name_too_long_for_the_filesystem_is_refused(service: Any) -> None:
 
 def test_a_large_fetched_file_comes_back_whole(service: Any) -> None:
     size = 3 * (1 << 20) + 7  # past one action's 1 MiB output cap, not a multiple of 3
-    code = f"open('big.bin', 'wb').write(bytes(i % 251 for i in range({size})))"
-    doc = run_code(service, code=code, fetch_files=["big.bin"], run_timeout=30).json()
+    code = (
+        f"open('big.bin', 'wb').write(bytes(i % 251 for i in range({size})))\n"
+        "open('empty', 'w').close(); open('one', 'w').write('1')"
+    )
+    fetch = ["big.bin", "empty", "one"]
+    doc = run_code(service, code=code, fetch_files=fetch, run_timeout=30).json()
     assert doc["status"] == "Success", doc["message"]
     data = base64.b64decode(doc["files"]["big.bin"])
     assert data == bytes(i % 251 for i in range(size))
+    assert doc["files"]["empty"] == "" and doc["files"]["one"] == b64(b"1")
 
 
 def test_another_client_cannot_see_close_or_use_a_run_code_container(service: Any) -> None:

@@ -524,10 +524,16 @@ async def _fetch(
     for path in paths:
         if path in found:
             continue
-        size = await _read(
-            runtime, traj, f"test -f {_arg(path)} && wc -c < {_arg(path)}", patience_s
+        quoted = _arg(path)
+        # Its size and first piece in one round trip: most files need no other.
+        head = await _read(
+            runtime,
+            traj,
+            f"test -f {quoted} && wc -c < {quoted} && head -c {FETCH_CHUNK} {quoted} | base64 -w0",
+            patience_s,
         )
-        if size is None or not size.strip().isdigit():
+        size, _, first = (head or "").partition("\n")
+        if not size.strip().isdigit():
             continue  # not there (or not a regular file)
         n = int(size)
         if n > budget:
@@ -536,19 +542,19 @@ async def _fetch(
                 f"{MAX_FETCH_BYTES:,} bytes of files"
             )
             continue
-        pieces = []
-        for offset in range(0, n, FETCH_CHUNK):
+        pieces = [first.strip()]
+        for offset in range(FETCH_CHUNK, n, FETCH_CHUNK):
             piece = await _read(
                 runtime,
                 traj,
-                f"tail -c +{offset + 1} {_arg(path)} | head -c {FETCH_CHUNK} | base64 -w0",
+                f"tail -c +{offset + 1} {quoted} | head -c {FETCH_CHUNK} | base64 -w0",
                 patience_s,
             )
             if piece is None:
                 break
             pieces.append(piece.strip())
         data = "".join(pieces)
-        if len(pieces) * FETCH_CHUNK < n or len(data) != 4 * ((n + 2) // 3):
+        if len(data) != 4 * ((n + 2) // 3):
             notes.append(f"{path!r} could not be read back whole ({n:,} bytes)")
             continue
         found[path] = data
