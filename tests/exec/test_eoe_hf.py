@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tangram.exec.eoe import EoeConfig, EoeManager, ServiceSpecError, ServiceTooLargeError
-from tangram.exec.eoe.hf import hf_service, load_model
+from tangram.exec.eoe.hf import hf_service, load_model, reward_scores
 from tangram.exec.eoe.hf_tiny import HfShape, save_model_dir, words
 from tangram.exec.eoe.sharding import cut
 from tangram.exec.eoe.testing import BACKEND, UNIT, blob_spec, make_config, missing_devices
@@ -311,3 +311,22 @@ def test_the_backup_is_read_straight_from_the_safetensors_not_from_a_loaded_mode
     # a checkpoint that lacks a parameter (a causal LM has no reward head) is left to
     # from_pretrained, which initialises what is missing
     assert load_lazy(dirs["teacher"], "reward") is None
+
+
+def test_a_reward_prompt_ending_in_the_pad_id_is_scored_at_its_own_last_token(
+    dirs: dict[str, Path],
+) -> None:
+    """The attention mask says which tokens are real: a query ending in the pad token's id
+    (pad = EOS in many reward models; OpenRLHF's queries end in EOS) was scored one token
+    early, as if that token were padding."""
+    model = load_model(dirs["reward"], "reward")
+    pad = int(model.config.pad_token_id)
+    ids = torch.tensor([[5, 6, pad], [5, 6, pad]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    with torch.inference_mode():
+        got = reward_scores(model, {"input_ids": ids, "attention_mask": mask})
+        model.config.pad_token_id = pad + 1  # an id absent from the sequence: the last token
+        whole = model(input_ids=ids[:1]).logits[0, 0].float()
+        short = model(input_ids=ids[1:, :2]).logits[0, 0].float()
+    assert torch.allclose(got, torch.stack([whole, short]), atol=ATOL)
+    assert not torch.allclose(got[0], got[1], atol=ATOL)  # the pad-id token counts

@@ -65,10 +65,22 @@ def teacher_logprobs(module: torch.nn.Module, inputs: Any) -> dict[str, torch.Te
 def reward_scores(module: torch.nn.Module, inputs: Any) -> torch.Tensor:
     """Call function of a one-label sequence classifier: its score per sequence, (B,) float32.
 
-    The model scores each sequence at its last token that is not padding (``transformers``
-    finds it from the config's ``pad_token_id``)."""
+    Each sequence is scored at its last token the attention mask marks as real. (Left to
+    ``transformers``, the token is found from the config's ``pad_token_id``: a prompt that
+    ends in that id, as OpenRLHF's queries end in EOS where pad = EOS, was scored before it.)
+    The classifier's head (``score``) is applied to the base model's hidden state there; a
+    model without that layout is scored by ``transformers`` as before."""
+    import torch
+
     ids, mask = _as_batch(inputs)
-    return module(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, 0].float()
+    base, head = getattr(module, "base_model", None), getattr(module, "score", None)
+    if mask is None or base is None or base is module or not callable(head):
+        return module(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, 0].float()
+    hidden = base(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+    positions = torch.arange(ids.shape[1], device=mask.device)
+    last = (positions * (mask != 0)).argmax(dim=-1)  # the rightmost real token
+    rows = torch.arange(ids.shape[0], device=hidden.device)
+    return head(hidden[rows, last.to(hidden.device)])[:, 0].float()
 
 
 @dataclass(frozen=True)
