@@ -444,8 +444,8 @@ def test_dop_and_cell_errors(managers) -> None:
     assert isinstance(m.call("any", X, gpus=(0, 1), dop=1).error, InvalidCellError)
     assert isinstance(m.call("any", X, gpus=(3,)).error, InvalidCellError)
     assert m.call("any", X, gpus=(0, 1)).dop == 2  # dop taken from the cell
-    split = m.call("any", "not a batch", dop=2)
-    assert isinstance(split.error, InputSplitError) and "cannot split" in split.message
+    split = m.call("any", (torch.zeros(3), torch.zeros(4)), dop=2)
+    assert isinstance(split.error, InputSplitError) and "batch sizes" in split.message
 
 
 def test_registration_errors(managers) -> None:

@@ -9,7 +9,13 @@ from torch import nn
 from tangram.exec.eoe.backup import HostBackup
 from tangram.exec.eoe.devices import CpuDevice
 from tangram.exec.eoe.errors import DuplicateServiceError, ServiceSpecError, UnknownServiceError
-from tangram.exec.eoe.registry import ServiceRegistry, ServiceSpec, merge_batch, split_batch
+from tangram.exec.eoe.registry import (
+    ServiceRegistry,
+    ServiceSpec,
+    batch_problem,
+    merge_batch,
+    split_batch,
+)
 from tangram.exec.eoe.services import (
     SIZES,
     TransformerSize,
@@ -110,10 +116,8 @@ def test_split_structures() -> None:
 def test_split_errors_name_the_problem() -> None:
     with pytest.raises(TypeError, match="different batch sizes"):
         split_batch((torch.zeros(3), torch.zeros(4)), 2)
-    with pytest.raises(TypeError, match="cannot split a str"):
-        split_batch("text", 2)
-    with pytest.raises(TypeError, match="0-dimensional"):
-        split_batch(torch.tensor(1.0), 2)
+    assert batch_problem({"input_ids": torch.zeros(2, 3), "attention_mask": torch.zeros(3, 3)})
+    assert batch_problem({"input_ids": torch.zeros(2, 3), "mode": "x"}) is None
     with pytest.raises(TypeError, match="0-dimensional"):
         merge_batch([torch.tensor(1.0), torch.tensor(2.0)])
     with pytest.raises(TypeError, match="cannot merge results of type int"):
@@ -234,3 +238,15 @@ def test_example_specs_and_sizes() -> None:
         reward_model_spec(size="huge")
     bf16 = build_model("TeacherLM", TransformerSize(dtype="bfloat16"))
     assert bf16.lm_head.weight.dtype == torch.bfloat16
+
+
+def test_members_without_a_batch_dimension_go_to_every_piece_whole() -> None:
+    """A mode string or a scalar setting beside the batch was refused at DoP 2 and accepted
+    at DoP 1: the same call's outcome depended on the cell it was granted."""
+    ids = torch.arange(6).reshape(3, 2)
+    parts = split_batch({"input_ids": ids, "mode": "x", "scale": torch.tensor(2.0)}, 2)
+    assert [p["mode"] for p in parts] == ["x", "x"]
+    assert all(torch.equal(p["scale"], torch.tensor(2.0)) for p in parts)
+    assert torch.equal(torch.cat([p["input_ids"] for p in parts]), ids)
+    assert split_batch("text", 2) == ["text"]  # nothing to cut: one piece
+    assert len(split_batch(torch.tensor(1.0), 2)) == 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from tangram.core.resources import ClusterSpec, GpuNodeSpec
 from tangram.exec.ray.agent import NodeAgent
@@ -68,5 +69,25 @@ def test_a_gpu_call_is_admitted_on_ray_as_on_one_node(service: str, asked: int) 
         got = ray_gpu.admit(spec, None, CLUSTER)
         assert got == expected
         assert got.replicas == (SERVICES[service][2] == 1)  # service_replicas for the core
+    finally:
+        local.shutdown()
+
+
+def test_inputs_that_cannot_be_cut_are_refused_when_the_call_may_get_two_gpus() -> None:
+    """Batch sizes that disagree failed on a 2-GPU cell (``input_split``) and ran on a 1-GPU
+    cell: the outcome depended on how busy the pool was. Now the call is refused at once when
+    it may be granted more than one GPU, the same on one node and on Ray."""
+    local = single_node()
+    try:
+        ray_gpu = RayGpuExecutor(Fleet(), CLUSTER, NodeAgent.catalog(SimpleNamespace(gpu=local)))
+        ragged = {"input_ids": torch.zeros(2, 3), "attention_mask": torch.zeros(3, 3)}
+        wide = ActionSpec(GpuWork("reward", ragged), max_units=2)
+        for executor in (local, ray_gpu):
+            with pytest.raises(BadRequest, match="different batch sizes"):
+                executor.admit(wide, None, CLUSTER)
+            narrow = ActionSpec(GpuWork("reward", ragged), max_units=1)
+            assert executor.admit(narrow, None, CLUSTER).max_units == 1
+            mode = {"input_ids": torch.zeros(2, 3), "mode": "x"}  # goes to every replica whole
+            assert executor.admit(ActionSpec(GpuWork("reward", mode), max_units=2), None, CLUSTER)
     finally:
         local.shutdown()

@@ -186,29 +186,43 @@ class ServiceRegistry:
 # --- data-parallel split and merge -------------------------------------------------------------
 
 
-def _batch_len(inputs: Any) -> int:
+def _batch_len(inputs: Any) -> int | None:
+    """The batch size along dim 0, or None for a value without one (a string, a number,
+    None, a 0-dimensional tensor): such a member of a structure goes to every piece whole.
+    ``TypeError`` when a structure's batched members disagree."""
     import torch
 
     if isinstance(inputs, torch.Tensor):
-        if inputs.dim() == 0:
-            raise TypeError("a 0-dimensional tensor has no batch dimension")
-        return int(inputs.shape[0])
+        return int(inputs.shape[0]) if inputs.dim() > 0 else None
     if isinstance(inputs, list):
         return len(inputs)
     if isinstance(inputs, tuple):
-        lens = {_batch_len(x) for x in inputs}
+        members = list(inputs)
     elif isinstance(inputs, dict):
-        lens = {_batch_len(x) for x in inputs.values()}
+        members = list(inputs.values())
     else:
-        raise TypeError(f"cannot split a {type(inputs).__name__} along a batch dimension")
-    if len(lens) != 1:
+        return None
+    lens = {n for n in map(_batch_len, members) if n is not None}
+    if len(lens) > 1:
         raise TypeError(f"the parts of the inputs have different batch sizes {sorted(lens)}")
-    return lens.pop()
+    return lens.pop() if lens else None
+
+
+def batch_problem(inputs: Any) -> str | None:
+    """Why ``inputs`` cannot be cut for data-parallel replicas (None: they can, or they go
+    whole): asked at admission, so a call's outcome does not depend on the cell it gets."""
+    try:
+        _batch_len(inputs)
+    except TypeError as exc:
+        return str(exc)
+    return None
 
 
 def _split(inputs: Any, bounds: list[tuple[int, int]]) -> list[Any]:
     import torch
 
+    if _batch_len(inputs) is None:
+        return [inputs] * len(bounds)  # no batch dimension: each piece gets it whole
     if isinstance(inputs, torch.Tensor):
         return [inputs[a:b] for a, b in bounds]
     if isinstance(inputs, list):
@@ -224,15 +238,17 @@ def split_batch(inputs: Any, parts: int) -> list[Any]:
     """Cut ``inputs`` into at most ``parts`` contiguous pieces along dim 0, in order.
 
     A tensor is cut on dim 0; a list is a sequence of samples (cut by slicing, so samples may
-    differ in length); a tuple or dict is a structure whose members are cut alike and must
-    share one batch size. Pieces are
-    as even as possible; when the batch is smaller than ``parts`` fewer (non-empty) pieces are
-    returned, so no replica runs an empty batch.
+    differ in length); a tuple or dict is a structure whose batched members are cut alike and
+    must share one batch size, while members without a batch dimension (a string, a number,
+    a 0-dimensional tensor: a mode or a setting) go to every piece whole. Inputs with no batch
+    dimension at all run as one piece. Pieces are as even as possible; when the batch is
+    smaller than ``parts`` fewer (non-empty) pieces are returned, so no replica runs an
+    empty batch.
     """
     if parts < 1:
         raise ValueError(f"parts must be >= 1, got {parts}")
     n = _batch_len(inputs)
-    if parts == 1 or n <= 1:
+    if parts == 1 or n is None or n <= 1:
         return [inputs]
     parts = min(parts, n)
     base, extra = divmod(n, parts)

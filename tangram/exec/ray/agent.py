@@ -157,7 +157,13 @@ class NodeAgent:
             return {}
         gpu = self.gpu
         return {
-            s: ServiceEntry(gpu.dops(s), gpu.size_gb(s), gpu.replicas(s), gpu.eoe.info(s).shards)
+            s: ServiceEntry(
+                gpu.dops(s),
+                gpu.size_gb(s),
+                gpu.replicas(s),
+                gpu.eoe.info(s).shards,
+                gpu.splits_by_batch(s),
+            )
             for s in gpu.services()
         }
 

@@ -164,6 +164,9 @@ class RayGpuExecutor:
     def dops(self, service: str) -> tuple[int, ...]:
         return tuple(self.catalog[service].dops)
 
+    def splits_by_batch(self, service: str) -> bool:
+        return self.catalog[service].batch_split
+
     #: The single-node rule, over the agents' catalog: a registered service on cells from 1
     #: GPU up to its DoPs (``Admission.replicas`` passed on), a layer-sharded one on its k.
     admit = GpuExecutor.admit

@@ -41,6 +41,8 @@ class ServiceEntry:
     replicas: bool
     #: Layer shards (a sharded service runs on cells of exactly this many GPUs).
     shards: int = 1
+    #: Its calls are cut along their batch for its replicas (``GpuExecutor.splits_by_batch``).
+    batch_split: bool = True
 
 
 @dataclass(frozen=True)

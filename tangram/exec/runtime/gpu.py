@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 from tangram.core.cells import cell_sizes, smallest_cell_for
 from tangram.core.decision import Start
 from tangram.core.resources import ClusterSpec, GpuNodeSpec, ResourceKind
+from tangram.exec.eoe.registry import batch_problem
 from tangram.exec.runtime.errors import BadRequest
 from tangram.exec.runtime.executor import Admission, OnDeadline
 from tangram.exec.runtime.records import ActionSpec, ErrorInfo, GpuWork
@@ -65,6 +66,12 @@ class GpuExecutor:
     def dops(self, service: str) -> tuple[int, ...]:
         return tuple(self.eoe.info(service).dops)
 
+    def splits_by_batch(self, service: str) -> bool:
+        """True when the service's calls are cut along their batch for its replicas (EOE's
+        default ``split_batch``), so admission can check that a batch can be cut."""
+        spec = getattr(self.eoe, "spec", None)
+        return spec is None or getattr(spec(service), "split", None) is None
+
     def admit(
         self, spec: ActionSpec, trajectory: Trajectory | None, cluster: ClusterSpec
     ) -> Admission:
@@ -85,6 +92,14 @@ class GpuExecutor:
                 "may start any cell from 1 GPU up to max_units, so it must support DoP 1"
             )
         max_units = max(k for k in usable if k <= max(spec.max_units, 1))
+        if max_units > 1 and self.splits_by_batch(work.service):
+            problem = batch_problem(work.inputs)
+            if problem is not None:  # else it would fail on 2 GPUs and run on 1
+                raise BadRequest(
+                    f"inputs of {work.service!r}: {problem}; a call that may get more than "
+                    f"one GPU (max_units {spec.max_units}) is cut along its batch, which "
+                    "needs one batch size (or send max_units 1)"
+                )
         return Admission(
             ResourceKind.GPU,
             max_units,
