@@ -8,6 +8,7 @@ client calls both endpoints.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -254,3 +255,75 @@ def test_a_teacher_split_over_two_gpus_is_served_through_the_scheduler(
         assert thread.runtime.gpu.eoe.residency() == {"t2": (0, 1)}
     finally:
         thread.stop()
+
+
+# -- stop 26's hunt ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", {"model": "teacher", "prompt": "w1 \ud800 w2", "echo": True, "logprobs": 0, "max_tokens": 0}, "prompt"),
+        ("/pooling", {"model": "rm", "input": "\udfff"}, "input"),
+        ("/get_reward", {"query": ["\ud800"]}, "query"),
+    ],
+)  # fmt: skip
+def test_a_lone_surrogate_is_the_clients_error_naming_the_field(
+    served: Any, path: str, body: Any, param: str
+) -> None:
+    """It was a 500 with a traceback in the log (the tokenizer's TypeError). (JSON may
+    carry one as an escape, \\ud800, which Python's json reads as a lone surrogate.)"""
+    r = httpx.post(
+        served.url + path,
+        content=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        timeout=60.0,
+    )
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_a_request_of_too_many_tokens_in_all_is_refused(served: Any) -> None:
+    """1024 prompts of 256 tokens with 20 log-probs made a 149 MB answer."""
+    prompt = " ".join(["w1"] * 250)
+    body = {"model": "teacher", "prompt": [prompt] * 300, "echo": True, "logprobs": 20}
+    r = post(served, "/v1/completions", {**body, "max_tokens": 0})
+    assert r.status_code == 400, r.text[:300]
+    assert "in all" in r.json()["error"]["message"] and r.json()["error"]["param"] == "prompt"
+
+
+def test_a_text_too_long_for_any_tokenisation_is_refused_before_tokenising(served: Any) -> None:
+    """A 37 MB query was tokenised in full (84 s, the event loop held) before its length was
+    checked."""
+    r = post(served, "/get_reward", {"query": ["w1 " * 2_000_000]})
+    assert r.status_code == 400 and "characters" in r.json()["error"]["message"], r.text[:300]
+
+
+def test_refusals_and_retryable_ends_keep_their_status_and_back_off_hint(
+    served: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full service answered 429 without Retry-After, and a call the shutdown ended while it
+    waited (retryable) answered 500."""
+    from types import SimpleNamespace
+
+    from tangram.exec.runtime.errors import Overloaded
+    from tangram.exec.runtime.records import ErrorInfo
+
+    body = {"model": "rm", "input": "w1 w2"}
+
+    async def full(spec: Any) -> Any:
+        raise Overloaded("too many actions pending", retry_after_s=2.5)
+
+    monkeypatch.setattr(served.runtime, "run", full)
+    r = post(served, "/pooling", body)
+    assert r.status_code == 429 and r.headers["Retry-After"] == "3", r.headers
+    assert r.json()["error"]["type"] == "rate_limit_error"
+
+    async def shut(spec: Any) -> Any:
+        error = ErrorInfo("shutting_down", "the runtime is shutting down", retryable=True)
+        return SimpleNamespace(ok=False, status="error", error=error)
+
+    monkeypatch.setattr(served.runtime, "run", shut)
+    r = post(served, "/pooling", body)
+    assert r.status_code == 503 and r.headers["Retry-After"] == "1", r.text
+    assert r.json()["error"]["code"] == "shutting_down"

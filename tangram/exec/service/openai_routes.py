@@ -11,9 +11,12 @@ answered in OpenAI's shape (``openai_schema``).
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import json
 import logging
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aiohttp import web
@@ -36,6 +39,7 @@ from tangram.exec.service.openai_schema import (
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.Response]]
+
 #: The other kind's endpoint, named in the error for a model of the wrong kind.
 ENDPOINT_OF = {"teacher": "/v1/completions", "reward": "/pooling or /get_reward"}
 
@@ -48,7 +52,7 @@ def answers_errors(handler: Callable[[Any, web.Request], Awaitable[web.Response]
         try:
             return await handler(self, request)
         except OpenAiError as exc:
-            return web.json_response(exc.doc(), status=exc.status)
+            return web.json_response(exc.doc(), status=exc.status, headers=exc.headers())
 
     return wrapped
 
@@ -59,6 +63,13 @@ class OpenAiRoutes:
     def __init__(self, runtime: Runtime, *, body_timeout_s: float = 60.0) -> None:
         self.runtime = runtime
         self.body_timeout_s = body_timeout_s
+        #: Tokenising prompts and building answers (up to ``MAX_REQUEST_TOKENS`` each) run
+        #: here, off the event loop, one at a time (a fast tokenizer is not safe to share
+        #: between threads): a large request no longer stalls every other client's calls.
+        self._work = ThreadPoolExecutor(1, thread_name_prefix="tangram-openai")
+
+    async def _off_loop(self, fn: Callable[[], Any]) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._work, fn)
 
     def add_to(self, router: web.UrlDispatcher) -> None:
         router.add_get("/v1/models", self.models)
@@ -107,22 +118,31 @@ class OpenAiRoutes:
             raise OpenAiError(exc.message, status=exc.http_status) from None
 
     async def _call(self, model: str, inputs: dict[str, Any]) -> Any:
-        """One GPU action of ``model`` on ``inputs``; its value, or the error as OpenAI's."""
+        """One GPU action of ``model`` on ``inputs``; its value, or the error as OpenAI's:
+        a refusal at its own status (429 and 503 with ``Retry-After``), an outcome that is
+        retryable (the service shut down while it waited) 503, a time-out 504, others 500."""
         try:
             outcome = await self.runtime.run(ActionSpec(work=GpuWork(model, inputs)))
         except LiveError as exc:
-            kind = "server_error" if exc.http_status >= 500 else "invalid_request_error"
+            hint = exc.retry_after_s
             raise OpenAiError(
-                exc.message, status=exc.http_status, code=exc.code, kind=kind
+                exc.message,
+                status=exc.http_status,
+                code=exc.code,
+                kind=_kind(exc.http_status),
+                retry_after_s=hint if hint is not None else (1.0 if exc.retryable else None),
             ) from None
         if not outcome.ok:
             error = outcome.error
+            retryable = error is not None and error.retryable
+            status = 503 if retryable else 504 if outcome.status == "timeout" else 500
             raise OpenAiError(
                 f"the call of {model!r} ended with {outcome.status}"
                 + (f": {error.message}" if error is not None else ""),
-                status=504 if outcome.status == "timeout" else 500,
+                status=status,
                 code=error.code if error is not None else outcome.status,
                 kind="server_error",
+                retry_after_s=1.0 if retryable else None,
             )
         return outcome.value
 
@@ -138,11 +158,13 @@ class OpenAiRoutes:
 
     @answers_errors
     async def completions(self, request: web.Request) -> web.Response:
-        req = completion_request(await self._body(request), self.frontend_of)
+        body = await self._body(request)
+        req = await self._off_loop(lambda: completion_request(body, self.frontend_of))
         frontend = self.frontend_of(req.model, "teacher")
-        batch = padded(req.prompts, frontend.pad_token_id, req.top)
+        batch = await self._off_loop(lambda: padded(req.prompts, frontend.pad_token_id, req.top))
         value = await self._call(req.model, batch)
-        return web.json_response(completion_doc(req, value, frontend))
+        text = await self._off_loop(lambda: json.dumps(completion_doc(req, value, frontend)))
+        return web.Response(text=text, content_type="application/json")
 
     @answers_errors
     async def pooling(self, request: web.Request) -> web.Response:
@@ -153,8 +175,9 @@ class OpenAiRoutes:
         frontend = self.frontend_of(model, "reward")
         if "input" not in body:
             raise OpenAiError("'input' is a required property", param="input")
-        items = prompts(body["input"], "input", frontend)
-        scores = await self._call(model, padded(items, frontend.pad_token_id))
+        items = await self._off_loop(lambda: prompts(body["input"], "input", frontend))
+        batch = await self._off_loop(lambda: padded(items, frontend.pad_token_id))
+        scores = await self._call(model, batch)
         return web.json_response(pooling_doc(model, items, _floats(scores)))
 
     @answers_errors
@@ -169,9 +192,17 @@ class OpenAiRoutes:
                 )
             model = rewards[0]
         frontend = self.frontend_of(model, "reward")
-        items = prompts(texts, "query", frontend)
-        scores = _floats(await self._call(model, padded(items, frontend.pad_token_id)))
+        items = await self._off_loop(lambda: prompts(texts, "query", frontend))
+        batch = await self._off_loop(lambda: padded(items, frontend.pad_token_id))
+        scores = _floats(await self._call(model, batch))
         return web.json_response({"rewards": scores, "scores": scores})
+
+
+def _kind(status: int) -> str:
+    """OpenAI's error ``type`` for a refusal at HTTP ``status``."""
+    if status == 429:
+        return "rate_limit_error"
+    return "server_error" if status >= 500 else "invalid_request_error"
 
 
 def _floats(value: Any) -> list[float]:

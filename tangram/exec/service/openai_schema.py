@@ -11,8 +11,10 @@ request raises ``OpenAiError`` naming the field (``param``), answered in OpenAI'
 from __future__ import annotations
 
 import itertools
+import math
 import time
 import uuid
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +23,14 @@ from typing import Any
 MAX_LOGPROBS = 20
 #: The most prompts in one request.
 MAX_PROMPTS = 1024
+#: The most tokens of all prompts of one request together: each token costs the model's
+#: activations while the call runs and up to ``MAX_LOGPROBS`` + 1 entries in the answer (1024
+#: prompts of 256 tokens with 20 log-probs made a 149 MB answer and a 3.7 GB process).
+MAX_REQUEST_TOKENS = 65_536
+#: A text longer than this many times (the model's length x its longest token) cannot fit
+#: whatever its tokens (the factor covers normalisation), so it is refused before tokenising:
+#: a 37 MB query took 84 s to tokenise before its length was checked.
+TEXT_SLACK = 4
 
 
 class OpenAiError(Exception):
@@ -34,6 +44,7 @@ class OpenAiError(Exception):
         status: int = 400,
         code: str | None = None,
         kind: str = "invalid_request_error",
+        retry_after_s: float | None = None,
     ) -> None:
         super().__init__(message)
         self.message, self.param, self.status, self.code, self.kind = (
@@ -43,6 +54,18 @@ class OpenAiError(Exception):
             code,
             kind,
         )
+        #: A back-off hint for a retryable refusal (429, 503): sent as ``Retry-After``.
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str]:
+        """``Retry-After`` (whole seconds, at least 1) and ``X-Retry-After-S`` when retryable,
+        as the rest of the service sends them."""
+        if self.retry_after_s is None:
+            return {}
+        return {
+            "Retry-After": str(max(1, math.ceil(self.retry_after_s))),
+            "X-Retry-After-S": f"{self.retry_after_s:.3f}",
+        }
 
     def doc(self) -> dict[str, Any]:
         return {
@@ -113,7 +136,15 @@ def prompts(value: Any, param: str, frontend: Any) -> tuple[Prompt, ...]:
         )
     if len(items) > MAX_PROMPTS:
         raise OpenAiError(f"'{param}' has {len(items)} prompts; at most {MAX_PROMPTS}", param=param)
-    return tuple(_prompt(item, f"{param}[{i}]", param, frontend) for i, item in enumerate(items))
+    out = tuple(_prompt(item, f"{param}[{i}]", param, frontend) for i, item in enumerate(items))
+    total = sum(len(p.ids) for p in out)
+    if total > MAX_REQUEST_TOKENS:
+        raise OpenAiError(
+            f"'{param}' has {total} tokens in all; one request takes at most "
+            f"{MAX_REQUEST_TOKENS} (send fewer prompts per request)",
+            param=param,
+        )
+    return out
 
 
 def _prompt(item: Any, where: str, param: str, frontend: Any) -> Prompt:
@@ -121,7 +152,14 @@ def _prompt(item: Any, where: str, param: str, frontend: Any) -> Prompt:
     if isinstance(item, str):
         if not item:
             raise OpenAiError(f"'{where}' is an empty string", param=param)
-        ids, offsets = _encode(tok, item)
+        most = TEXT_SLACK * frontend.max_len * _longest_token(frontend)
+        if len(item) > most:
+            raise OpenAiError(
+                f"'{where}' has {len(item)} characters: more than {frontend.max_len} tokens "
+                "of this model can hold",
+                param=param,
+            )
+        ids, offsets = _encode(tok, item, where, param)
         text = item
     elif isinstance(item, list) and item and all(_is_int(x) for x in item):
         bad = [x for x in item if not 0 <= x < frontend.vocab_size]
@@ -133,7 +171,7 @@ def _prompt(item: Any, where: str, param: str, frontend: Any) -> Prompt:
             )
         ids = tuple(item)
         text = tok.decode(list(ids))
-        again, offsets = _encode(tok, text)
+        again, offsets = _encode(tok, text, where, param)
         if again != ids:  # the text does not tokenise back to these ids: offsets by piece
             pieces = tok.convert_ids_to_tokens(list(ids))
             offsets = (0, *itertools.accumulate(len(t) for t in pieces[:-1]))
@@ -151,10 +189,33 @@ def _prompt(item: Any, where: str, param: str, frontend: Any) -> Prompt:
     return Prompt(ids, text, tuple(offsets))
 
 
-def _encode(tok: Any, text: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """``text``'s token ids and each token's start in it."""
-    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+def _encode(tok: Any, text: str, where: str, param: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``text``'s token ids and each token's start in it; a text the tokenizer refuses (a
+    lone surrogate such as '\\ud800', which is no Unicode character) is the client's error."""
+    try:
+        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    except (TypeError, ValueError, UnicodeError) as exc:
+        raise OpenAiError(
+            f"'{where}' cannot be tokenised ({type(exc).__name__}); is it valid Unicode "
+            "text (no lone surrogates)?",
+            param=param,
+        ) from None
     return tuple(enc["input_ids"]), tuple(a for a, _ in enc["offset_mapping"])
+
+
+#: Tokenizer -> ``_longest_token`` (computed once per tokenizer; forgotten with it).
+_LONGEST: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+
+def _longest_token(frontend: Any) -> int:
+    """The most characters one token of the front end's vocabulary stands for (its longest
+    entry as written in the vocabulary, which is never shorter than its text, plus one for a
+    leading space a tokenizer may add)."""
+    tok = frontend.tokenizer
+    longest = _LONGEST.get(tok)
+    if longest is None:
+        longest = _LONGEST[tok] = max((len(t) for t in tok.get_vocab()), default=1) + 1
+    return longest
 
 
 def completion_request(body: Any, frontend_of: Any) -> CompletionRequest:
