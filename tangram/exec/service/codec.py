@@ -18,12 +18,45 @@ from tangram.exec.runtime.plain import to_json
 __all__ = ["decode_inputs", "to_json"]
 
 
+#: The most numbers one GPU call's inputs may hold (1,048,576: e.g. 256 sequences of 4,096
+#: tokens). A call's working memory grows with its inputs, and on a CPU-backed device it is
+#: the service's own: 3,000 x 256 token ids (a 2.8 MB body) took a 2 GiB service down.
+MAX_INPUT_NUMBERS = 1 << 20
+
+
 def decode_inputs(value: Any) -> Any:
+    """``value`` with each list (or list value of an object) as a tensor; ``BadRequest``
+    naming ``inputs`` past ``MAX_INPUT_NUMBERS`` numbers (counted before any is converted)."""
+    lists = [value] if isinstance(value, list) else []
+    if isinstance(value, Mapping):
+        lists = [v for v in value.values() if isinstance(v, list)]
+    count = _numbers(lists, MAX_INPUT_NUMBERS)
+    if count > MAX_INPUT_NUMBERS:
+        raise BadRequest(
+            f"field 'inputs': more than {MAX_INPUT_NUMBERS:,} numbers in one call; send "
+            "the batch in smaller calls"
+        )
     if isinstance(value, list):
         return _tensor(value)
     if isinstance(value, Mapping):
         return {k: _tensor(v) if isinstance(v, list) else v for k, v in value.items()}
     return value
+
+
+def _numbers(lists: list[Any], most: int) -> int:
+    """How many leaves the nested lists hold, counting no further than ``most`` + 1."""
+    count, stack = 0, list(lists)
+    while stack and count <= most:
+        item = stack.pop()
+        if isinstance(item, list):
+            if item and not isinstance(item[0], list):
+                count += len(item)  # a row of numbers (a ragged or mixed row is refused later)
+                stack.extend(x for x in item if isinstance(x, list))
+            else:
+                stack.extend(item)
+        else:
+            count += 1
+    return count
 
 
 def _tensor(value: list[Any]) -> Any:
