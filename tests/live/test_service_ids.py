@@ -24,8 +24,8 @@ from tangram.core.resources import ApiEndpointSpec, ClusterSpec, CpuNodeSpec
 from tangram.exec.aoe.records import ActionOutcome, ContainerHandle
 from tangram.exec.runtime import ApiExecutor, CpuExecutor, Runtime, RuntimeConfig
 from tangram.exec.runtime.api import echo
-from tangram.exec.runtime.errors import BadRequest
-from tangram.exec.runtime.records import MAX_ID_CHARS, check_id
+from tangram.exec.runtime.errors import BadRequest, UnknownTrajectory
+from tangram.exec.runtime.records import MAX_ID_CHARS, ActionSpec, ApiWork, check_id
 from tangram.exec.service import AsyncClient, Client, ServeOptions, ServiceError, ServiceThread
 from tangram.exec.service.calls import segment
 from tests.live.conftest import CallLog, faulty_endpoints
@@ -233,3 +233,29 @@ def test_an_id_never_reaches_another_trajectory(svc: ServiceThread, suffix: str)
             assert "q" in {t["id"] for t in c.trajectories()}, f"closing q{suffix} closed q"
         finally:
             c.close_trajectory("q")
+
+
+def test_an_action_labelled_with_a_closing_trajectory_is_refused_at_submission() -> None:
+    """Closing waits for the trajectory's running actions. An API (or GPU) action labelled
+    with it meanwhile was accepted, then ended as ``rejected`` when the core forgot the
+    trajectory (or ran, had a unit been free); it is now refused, naming the trajectory."""
+
+    async def main() -> None:
+        rt = fake_cpu_runtime()
+        await rt.start()
+        try:
+            await rt.open_trajectory("t", memory_gb=0.25)
+            running = await rt.submit(ActionSpec(ApiWork("slow", {"s": 0.5}), trajectory="t"))
+            closing = asyncio.create_task(rt.close_trajectory("t"))
+            await asyncio.sleep(0.05)
+            assert rt.trajs.closing("t")
+            with pytest.raises(UnknownTrajectory, match="closing"):
+                await rt.submit(ActionSpec(ApiWork("echo", 1), trajectory="t"))
+            await closing
+            assert (await rt.result(running)).ok  # type: ignore[union-attr]
+            label = await rt.run(ActionSpec(ApiWork("echo", 2), trajectory="t"))
+            assert label.ok  # once closed, the name is a free label again
+        finally:
+            await rt.close()
+
+    asyncio.run(main())

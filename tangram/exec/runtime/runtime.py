@@ -356,6 +356,12 @@ class Runtime:
             if entry is not None:  # accepted earlier (maybe by a previous run): never again
                 return self._resubmission(spec, entry)
         traj = await self.trajs.of(spec.trajectory)
+        if traj is None and self.trajs.closing(spec.trajectory):
+            # A GPU or API action labelled with it would be accepted, then rejected when the
+            # core forgets the trajectory (or run, had a unit been free): refused now instead.
+            raise UnknownTrajectory(
+                f"trajectory {spec.trajectory!r} is closing: no action of it is accepted"
+            )
         executor = executor_for(self.executors, spec.work)
         admitted = executor.admit(spec, traj, self.cluster)
         if spec.id is not None and spec.id in table:  # raced with the same id

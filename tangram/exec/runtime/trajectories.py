@@ -112,6 +112,11 @@ class Trajectories:
             raise UnknownTrajectory(f"trajectory {trajectory!r} is not open")
         return traj
 
+    def closing(self, name: str | None) -> bool:
+        """Whether ``name`` is a trajectory being closed (its running actions finishing)."""
+        traj = self.by_id.get(name) if name is not None else None
+        return traj is not None and traj.state is TrajState.CLOSING
+
     async def of(self, name: str | None) -> Trajectory | None:
         """A submission's trajectory once its container runs; None if ``name`` is None, not
         open, or closing."""
