@@ -327,3 +327,31 @@ def test_refusals_and_retryable_ends_keep_their_status_and_back_off_hint(
     r = post(served, "/pooling", body)
     assert r.status_code == 503 and r.headers["Retry-After"] == "1", r.text
     assert r.json()["error"]["code"] == "shutting_down"
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"max_tokens": False}, "max_tokens"),
+        ({"max_tokens": 0.0}, "max_tokens"),
+        ({"n": True}, "n"),
+        ({"best_of": 0}, "best_of"),
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 2}, "top_p"),
+        ({"stop": ["\n"]}, "stop"),
+        ({"logit_bias": {"5": 1}}, "logit_bias"),
+    ],
+)
+def test_values_that_were_accepted_and_ignored_are_refused_naming_them(
+    served: Any, extra: dict[str, Any], param: str
+) -> None:
+    body = {"model": "teacher", "prompt": "w1 w2", "echo": True, "logprobs": 0, "max_tokens": 0}
+    r = post(served, "/v1/completions", {**body, **extra})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_pooling_serves_float_encoding_only(served: Any) -> None:
+    body = {"model": "rm", "input": "w1 w2"}
+    assert post(served, "/pooling", {**body, "encoding_format": "float"}).status_code == 200
+    r = post(served, "/pooling", {**body, "encoding_format": "base64"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "encoding_format"

@@ -175,6 +175,11 @@ class OpenAiRoutes:
         frontend = self.frontend_of(model, "reward")
         if "input" not in body:
             raise OpenAiError("'input' is a required property", param="input")
+        if body.get("encoding_format") not in (None, "float"):
+            raise OpenAiError(
+                "only 'encoding_format': 'float' is served (scores come as JSON numbers)",
+                param="encoding_format",
+            )
         items = await self._off_loop(lambda: prompts(body["input"], "input", frontend))
         batch = await self._off_loop(lambda: padded(items, frontend.pad_token_id))
         scores = await self._call(model, batch)

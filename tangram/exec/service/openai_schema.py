@@ -224,7 +224,7 @@ def completion_request(body: Any, frontend_of: Any) -> CompletionRequest:
     body = check_body(body)
     model = model_name(body)
     frontend = frontend_of(model, "teacher")
-    if body.get("max_tokens") != 0:
+    if not (_is_int(body.get("max_tokens")) and body["max_tokens"] == 0):
         raise OpenAiError(
             "this service scores prompts and does not generate: send 'max_tokens': 0 with "
             "'echo': true and 'logprobs'",
@@ -242,11 +242,48 @@ def completion_request(body: Any, frontend_of: Any) -> CompletionRequest:
         )
     if body.get("stream"):
         raise OpenAiError("'stream' is not supported", param="stream")
-    if body.get("n", 1) != 1 or body.get("best_of", 1) not in (1, None):
-        raise OpenAiError("only one choice per prompt ('n': 1)", param="n")
+    for name in ("n", "best_of"):
+        value = body.get(name)
+        if value is not None and not (_is_int(value) and value == 1):
+            raise OpenAiError(f"only one choice per prompt ('{name}': 1)", param=name)
+    _check_unused_sampling(body)
     return CompletionRequest(
         model, prompts(_field(body, "prompt", required=True), "prompt", frontend), top
     )
+
+
+#: Sampling parameters a scoring request may carry (clients send their defaults) but that
+#: change nothing here: checked as OpenAI checks them, so a wrong value is not ignored.
+_SAMPLING_RANGES: dict[str, tuple[float, float]] = {
+    "temperature": (0.0, 2.0),
+    "top_p": (0.0, 1.0),
+    "presence_penalty": (-2.0, 2.0),
+    "frequency_penalty": (-2.0, 2.0),
+}
+
+
+def _check_unused_sampling(body: Mapping[str, Any]) -> None:
+    """Refuse sampling settings outside OpenAI's ranges, and ``stop`` / ``logit_bias``,
+    which only generation reads (this endpoint generates nothing: they would be ignored)."""
+    for name, (low, high) in _SAMPLING_RANGES.items():
+        value = body.get(name)
+        if value is None:
+            continue
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not low <= value <= high
+        ):
+            raise OpenAiError(
+                f"'{name}' must be a number from {low:g} to {high:g}, got {value!r}", param=name
+            )
+    for name in ("stop", "logit_bias", "suffix"):
+        if body.get(name):
+            raise OpenAiError(
+                f"'{name}' applies to generated tokens; this service scores prompts "
+                "('max_tokens': 0) and generates none",
+                param=name,
+            )
 
 
 def padded(items: Sequence[Prompt], pad: int, top: int | None = None) -> dict[str, Any]:
