@@ -3,7 +3,11 @@
 With no arguments it replays the bundled coding trace on the ``paper`` cluster under
 ``tangram`` and ``k8s-static`` and prints the comparison: a table that fits 100 columns
 (``--wide``: every figure), the rejected actions and why, and the default policy against each
-other policy in words. ``--set NAME=VALUE`` sets any field of the workload's parameters
+other policy in words. A policy that cannot finish the trace (its simulation stalls: e.g. a
+static pod per trajectory, fewer pods than trajectories at a step barrier, a deadlock a real
+cluster would hit too) gets one line on stderr saying why, the others' results are printed,
+and the exit status is 1 (the comparison is incomplete; 2 stays for bad input).
+``--set NAME=VALUE`` sets any field of the workload's parameters
 (``overheads.NAME`` / ``rollout.NAME``: of the simulator's); ``--gpus`` / ``--cpu-nodes``
 resize the cluster.
 """
@@ -98,7 +102,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "batch its instance draws, as `tangram bench robustness` replays it)"
         ),
     )
-    p.add_argument("--steps", type=positive_int, default=1, help="RL steps (with --workload)")
+    p.add_argument("--steps", type=positive_int, help="RL steps (with --workload; default 1)")
     p.add_argument("--seed", type=int, default=0)
     add_set_flag(
         p,
@@ -196,6 +200,7 @@ def configure(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         (mine[head] if head in groups and "." in s.name else workload).append(s)
     built = {g: build(tp, mine[g], g, prefix=f"{g}.") for g, tp in groups.items()}
     if not args.workload:
+        refuse_generator_flags(args)
         if workload:
             raise OverrideError(
                 f"--set {workload[0].text}: workload parameters need --workload (a trace file "
@@ -214,6 +219,20 @@ def configure(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     return params, built
 
 
+#: Flags that only shape a generated workload: refused with a trace rather than ignored.
+GENERATOR_FLAGS = {"batch": "--batch", "steps": "--steps"}
+
+
+def refuse_generator_flags(args: argparse.Namespace) -> None:
+    """Refuse --batch / --steps without --workload: a trace file fixes both, and ignoring
+    them silently would report a run the user did not ask for."""
+    for dest, flag in GENERATOR_FLAGS.items():
+        if getattr(args, dest) is not None:
+            raise ValueError(
+                f"{flag} needs --workload (a trace file fixes its trajectories and steps)"
+            )
+
+
 def load_source(args: argparse.Namespace, params: Any = None):
     from tangram.trace import load_trace
 
@@ -221,8 +240,14 @@ def load_source(args: argparse.Namespace, params: Any = None):
         from tangram.sim.workloads import WORKLOADS
 
         workload = WORKLOADS[args.workload]
-        return workload(params, batch=args.batch, steps=args.steps, seed=args.seed)
-    return load_trace(args.trace or DEFAULT_TRACE)
+        steps = 1 if args.steps is None else args.steps
+        return workload(params, batch=args.batch, steps=steps, seed=args.seed)
+    path = args.trace or DEFAULT_TRACE
+    trace = load_trace(path)
+    if not len(trace):
+        # Nothing to simulate: every figure would be undefined (the header alone is valid).
+        raise ValueError(f"{path}: the trace has no actions (a header and no rows)")
+    return trace
 
 
 def list_params(args: argparse.Namespace) -> int:
@@ -273,13 +298,21 @@ def rejection_lines(
 def main(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from tangram.sim.driver import simulate
+    from tangram.sim.driver import SimulationStalled, simulate
     from tangram.sim.instances import trace_cluster
-    from tangram.sim.metrics import actions_frame, summary, timeline_frame, write_results
+    from tangram.sim.metrics import (
+        actions_frame,
+        check_out_dir,
+        summary,
+        timeline_frame,
+        write_results,
+    )
 
     params, built = configure(args)
     if args.list_params:
         return list_params(args)
+    if args.out:
+        check_out_dir(args.out)  # before the run, not after it
     trace = load_source(args, params)
     cluster = resize(
         load_cluster(args.cluster)
@@ -293,6 +326,7 @@ def main(args: argparse.Namespace) -> int:
     rollout: RolloutConfig = built["rollout"]
     rows, files, frames, timelines = [], {}, {}, {}
     reasons: dict[str, dict[str, int]] = {}
+    stalled: dict[str, str] = {}
     bar = tqdm(
         total=len(trace) * len(policies),
         unit="action",
@@ -303,7 +337,11 @@ def main(args: argparse.Namespace) -> int:
         bar.set_description(policy)
         config = SimConfig(policy=policy, seed=args.seed, overheads=overheads, rollout=rollout)
         t0 = time.perf_counter()
-        result = simulate(trace, cluster, config, progress=bar.update)
+        try:
+            result = simulate(trace, cluster, config, progress=bar.update)
+        except SimulationStalled as exc:
+            stalled[policy] = str(exc)  # the others still have figures to compare
+            continue
         acts, tl = actions_frame(result), timeline_frame(result)  # built once, used thrice
         row = summary(result, actions=acts, timeline=tl)
         row["wall_s"] = time.perf_counter() - t0
@@ -324,8 +362,9 @@ def main(args: argparse.Namespace) -> int:
         "overheads": dataclasses.asdict(overheads),
         "rollout": dataclasses.asdict(rollout),
         "rejected_reasons": reasons,
+        "stalled": stalled,
     }
-    if args.out:
+    if args.out and frames:
         from tangram.sim.plots import comparison_figure
 
         doc["figure"] = str(comparison_figure(frames, timelines, Path(args.out) / "comparison.png"))
@@ -342,8 +381,12 @@ def main(args: argparse.Namespace) -> int:
         notes += rejection_lines(rows, reasons) + closing_lines(rows)
         if notes:
             print("\n" + "\n".join(notes))
-        if args.out:
+        if args.out and frames:
             print(f"results: {args.out}/ (Parquet per policy, comparison.png)")
+    for policy, why in stalled.items():
+        print(f"tangram sim: {policy} could not finish: {why}", file=sys.stderr)
+    if stalled:
+        return 1
     if rows and all(r["actions"] and r["rejected"] == r["actions"] for r in rows):
         print(
             textwrap.fill(all_rejected_message(rows, reasons, cluster.name), WIDTH), file=sys.stderr

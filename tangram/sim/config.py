@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from tangram.trace.gpu_calibration import GpuCalibration
@@ -71,37 +72,14 @@ class Overheads:
             "pod_start_s",
             "image_pull_s",
         ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-                raise ValueError(f"overheads.{name} must be a number >= 0, got {value!r}")
-        if not 0 <= self.oversubscription_slowdown < 1 or isinstance(
-            self.oversubscription_slowdown, bool
-        ):
+            _require_finite(f"overheads.{name}", getattr(self, name), optional=False)
+        for name in ("gpu_restore_fixed_s", "gpu_exec_noise_sigma"):
+            _require_finite(f"overheads.{name}", getattr(self, name), optional=True)
+        _require_finite("overheads.gpu_h2d_gbps", self.gpu_h2d_gbps, optional=True, positive=True)
+        slowdown = self.oversubscription_slowdown
+        if not _is_number(slowdown) or not 0 <= slowdown < 1:
             raise ValueError(
-                "overheads.oversubscription_slowdown must lie in [0, 1), got "
-                f"{self.oversubscription_slowdown!r}"
-            )
-        if self.gpu_h2d_gbps is not None and (
-            isinstance(self.gpu_h2d_gbps, bool)
-            or not isinstance(self.gpu_h2d_gbps, int | float)
-            or not self.gpu_h2d_gbps > 0
-        ):
-            raise ValueError(
-                f"overheads.gpu_h2d_gbps must be None or a number > 0, got {self.gpu_h2d_gbps!r}"
-            )
-        fixed = self.gpu_restore_fixed_s
-        if fixed is not None and (
-            isinstance(fixed, bool) or not isinstance(fixed, int | float) or not fixed >= 0
-        ):
-            raise ValueError(
-                f"overheads.gpu_restore_fixed_s must be None or a number >= 0, got {fixed!r}"
-            )
-        gpu = self.gpu_exec_noise_sigma
-        if gpu is not None and (
-            isinstance(gpu, bool) or not isinstance(gpu, int | float) or not gpu >= 0
-        ):
-            raise ValueError(
-                f"overheads.gpu_exec_noise_sigma must be None or a number >= 0, got {gpu!r}"
+                f"overheads.oversubscription_slowdown must lie in [0, 1), got {slowdown!r}"
             )
         if (
             isinstance(self.warm_pods, bool)
@@ -109,6 +87,28 @@ class Overheads:
             or self.warm_pods < 0
         ):
             raise ValueError(f"overheads.warm_pods must be an integer >= 0, got {self.warm_pods!r}")
+
+
+def _is_number(value: object) -> bool:
+    """An int or float, not a bool (``True`` is an int to Python, never a duration here)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _require_finite(name: str, value: object, *, optional: bool, positive: bool = False) -> None:
+    """Refuse ``value`` unless it is a finite number >= 0 (> 0 where ``positive``; or None
+    where ``optional``).
+
+    Infinity passes a plain ``>= 0`` test, then stalls the simulation or turns its figures
+    into inf/NaN; NaN fails every comparison. Both are refused here, naming the field.
+    """
+    if optional and value is None:
+        return
+    finite = _is_number(value) and math.isfinite(value)  # type: ignore[arg-type]
+    if finite and (value > 0 or (value == 0 and not positive)):  # type: ignore[operator]
+        return
+    either = "None or " if optional else ""
+    bound = "> 0" if positive else ">= 0"
+    raise ValueError(f"{name} must be {either}a number {bound} and finite, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -123,8 +123,7 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         if self.mode not in ("closed", "open"):
             raise ValueError(f"rollout.mode must be 'closed' or 'open', got {self.mode!r}")
-        if not self.train_s >= 0:
-            raise ValueError(f"rollout.train_s must be >= 0, got {self.train_s!r}")
+        _require_finite("rollout.train_s", self.train_s, optional=False)
 
 
 @dataclass(frozen=True)

@@ -170,6 +170,24 @@ def by_kind(result: SimResult) -> pd.DataFrame:
     )
 
 
+def check_out_dir(out_dir: Any) -> None:
+    """Refuse an output directory :func:`write_results` could not create or write, before a
+    run rather than after it: the path, or the first of its parents that exists, must be a
+    writable directory. Raises ValueError naming the path."""
+    import os
+    from pathlib import Path
+
+    out = Path(out_dir)
+    for path in (out, *out.parents):
+        if not path.exists():
+            continue
+        if not path.is_dir():
+            raise ValueError(f"--out {out}: {path} exists and is not a directory")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ValueError(f"--out {out}: directory {path} is not writable")
+        return
+
+
 def write_results(
     result: SimResult,
     out_dir: Any,

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tangram.report import add_json_flag, emit
+from tangram.report import add_json_flag, emit, positive_int
 from tangram.trace import load_trace
 from tangram.trace.calibrate import (
     DURATIONS,
@@ -96,9 +96,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-call-s", type=float, help="override the API overhead per call (s)")
     p.add_argument(
         "--runs",
-        type=int,
+        type=positive_int,
         default=10,
-        help="simulations averaged when execution noise is on (default 10)",
+        help="simulations averaged when execution noise is on (default 10; at least 1)",
     )
     p.add_argument(
         "--exec-noise",
