@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Callable, Iterable, Mapping
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,30 +37,55 @@ def read_jsonl(path: str | Path) -> Trace:
     lines: list[int] = []
     meta: dict[str, Any] | None = None
     version = 1
-    opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as fh:
-        for lineno, text in enumerate(fh, start=1):
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise TraceError(
-                    f"not valid JSON ({exc.msg} at column {exc.colno})",
-                    where=f"line {lineno}",
-                    path=path,
-                ) from None
-            if meta is None:
-                meta = meta_from_header(obj, path, f"line {lineno}")
-                version = obj[HEADER_KEY]
-                continue
-            if isinstance(obj, Mapping):
-                check_fields_of_version(obj, version, path, f"line {lineno}")
-            rows.append(parse_record(obj, f"line {lineno}", path))
-            lines.append(lineno)
+    for lineno, text in _numbered_lines(path):
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise TraceError(
+                f"not valid JSON ({exc.msg} at column {exc.colno})",
+                where=f"line {lineno}",
+                path=path,
+            ) from None
+        if meta is None:
+            meta = meta_from_header(obj, path, f"line {lineno}")
+            version = obj[HEADER_KEY]
+            continue
+        if isinstance(obj, Mapping):
+            check_fields_of_version(obj, version, path, f"line {lineno}")
+        rows.append(parse_record(obj, f"line {lineno}", path))
+        lines.append(lineno)
     if meta is None:
         raise TraceError("empty file: no header line", where="line 1", path=path)
     return checked_trace(rows, meta, lambda i: f"line {lines[i]}", path)
+
+
+def _numbered_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """The file's lines (gunzipped for ``.gz``) with their 1-based numbers, each decoded as
+    UTF-8 on its own, so a bad byte is reported at its line. A file that cannot be opened or
+    decompressed (a directory, not gzip, truncated or corrupt) raises TraceError naming it."""
+    gz = path.name.endswith(".gz")
+    reached = 0
+    try:
+        with gzip.open(path, "rb") if gz else open(path, "rb") as fh:
+            for reached, raw in enumerate(fh, start=1):
+                yield reached, _decoded(raw, path, reached)
+    except (OSError, EOFError, zlib.error) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        after = f" after line {reached}" if reached else ""
+        kind = "gzip file" if gz else "file"
+        raise TraceError(f"cannot read the {kind}{after}: {why}", path=path) from None
+
+
+def _decoded(raw: bytes, path: Path, lineno: int) -> str:
+    """One line as text; invalid UTF-8 is a TraceError at that line and byte."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TraceError(
+            f"not valid UTF-8 (byte {exc.start + 1} of the line)", where=f"line {lineno}", path=path
+        ) from None
 
 
 def write_jsonl(trace: Trace, path: str | Path) -> None:
