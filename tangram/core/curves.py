@@ -270,23 +270,76 @@ def fit_amdahl(measurements: Sequence[tuple[int, float]]) -> FitReport:
     return FitReport(curve, math.sqrt(sum(e * e for e in errs) / len(errs)), pts)
 
 
+def _curve_number(kind: str, key: str, value: Any) -> float:
+    """A curve dict's number as a float: a JSON number, not a string or a boolean."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise CurveError(
+            f"{kind} curve: {key!r} must be a number, got {type(value).__name__} {value!r}"
+        )
+    try:
+        return float(value)
+    except OverflowError:
+        raise CurveError(f"{kind} curve: {key!r} is too large, got {value!r}") from None
+
+
+def _curve_points(value: Any) -> tuple[tuple[int, float], ...]:
+    """A tabulated curve's ``points``: [units, seconds] pairs, units a whole number."""
+    if not isinstance(value, list | tuple):
+        raise CurveError(
+            f"tabulated curve: 'points' must be a list of [units, seconds] pairs, "
+            f"got {type(value).__name__} {value!r}"
+        )
+    out = []
+    for i, point in enumerate(value):
+        if not isinstance(point, list | tuple) or len(point) != 2:
+            raise CurveError(
+                f"tabulated curve: points[{i}] must be a [units, seconds] pair, got {point!r}"
+            )
+        units, secs = point
+        if isinstance(units, bool) or not isinstance(units, int):
+            raise CurveError(
+                f"tabulated curve: points[{i}] units must be a whole number (an integer), "
+                f"got {type(units).__name__} {units!r}"
+            )
+        out.append((units, _curve_number("tabulated", f"points[{i}] seconds", secs)))
+    return tuple(out)
+
+
+#: Each curve kind's keys (besides ``kind``), all required: what ``to_dict`` writes.
+_CURVE_KEYS: Mapping[str, tuple[str, ...]] = {
+    "inelastic": ("t1",),
+    "amdahl": ("t1", "serial_fraction"),
+    "tabulated": ("points",),
+}
+
 _CURVE_BUILDERS: Mapping[str, Callable[[Mapping[str, Any]], ElasticityCurve]] = {
-    "inelastic": lambda d: Inelastic(float(d["t1"])),
-    "amdahl": lambda d: Amdahl(float(d["t1"]), float(d.get("serial_fraction", 0.0))),
-    "tabulated": lambda d: Tabulated(tuple((int(u), float(t)) for u, t in d["points"])),
+    "inelastic": lambda d: Inelastic(_curve_number("inelastic", "t1", d["t1"])),
+    "amdahl": lambda d: Amdahl(
+        _curve_number("amdahl", "t1", d["t1"]),
+        _curve_number("amdahl", "serial_fraction", d["serial_fraction"]),
+    ),
+    "tabulated": lambda d: Tabulated(_curve_points(d["points"])),
 }
 
 
 def curve_from_dict(data: Mapping[str, Any]) -> ElasticityCurve:
-    """Rebuild a curve from ``to_dict`` output; names the missing key or unknown kind."""
+    """Rebuild a curve from ``to_dict`` output, exactly its keys with values of their types;
+    names the unknown kind, the missing or unknown key, or the malformed value."""
     kind = data.get("kind")
-    builder = _CURVE_BUILDERS.get(kind)  # type: ignore[arg-type]
-    if builder is None:
+    if not isinstance(kind, str) or kind not in _CURVE_BUILDERS:
         raise CurveError(f"unknown curve kind {kind!r}; known: {sorted(_CURVE_BUILDERS)}")
+    keys = _CURVE_KEYS[kind]
+    missing = [k for k in keys if k not in data]
+    if missing:
+        raise CurveError(f"{kind} curve is missing key {missing[0]!r}")
+    unknown = [str(k) for k in data if k != "kind" and k not in keys]
+    if unknown:
+        raise CurveError(
+            f"{kind} curve has unknown key {unknown[0]!r} (its keys: 'kind', "
+            f"{', '.join(repr(k) for k in keys)})"
+        )
     try:
-        return builder(data)
-    except KeyError as exc:
-        raise CurveError(f"{kind} curve is missing key {exc.args[0]!r}") from None
+        return _CURVE_BUILDERS[kind](data)
     except (TypeError, ValueError) as exc:
         if isinstance(exc, CurveError):
             raise

@@ -32,6 +32,12 @@ OUTCOMES = ("result", "error", "timeout")
 
 #: Relative tolerance when checking that a curve's one-unit time agrees with ``t1_s``.
 _CURVE_T1_RTOL = 1e-6
+#: Largest integer field value: the Parquet layout stores integers as int64.
+INT_MAX = 2**63 - 1
+#: Largest time a row may carry, seconds (about 31.7 years): far beyond any run, and far below
+#: where float seconds stop resolving microseconds (a time of 1e300 s would swallow every
+#: duration added to it and report an ACT of 0).
+TIME_MAX_S = 1e9
 
 
 # ---------------------------------------------------------------------------------------------
@@ -60,6 +66,8 @@ def _as_int(name: str, value: Any, *, minimum: int, optional: bool = False) -> i
     value = int(value)
     if value < minimum:
         raise _fail(name, f"must be >= {minimum}, got {value}")
+    if value > INT_MAX:
+        raise _fail(name, f"must be <= {INT_MAX} (the format's integers are int64), got {value}")
     return value
 
 
@@ -78,6 +86,10 @@ def _as_float(
     if value < 0:
         what = "a time" if name.endswith("_s") else "a size"
         raise _fail(name, f"must be >= 0 ({what} cannot be negative), got {value!r}")
+    if name.endswith("_s") and value > TIME_MAX_S:
+        raise _fail(
+            name, f"must be <= {TIME_MAX_S:g} seconds (the format's longest time), got {value!r}"
+        )
     return value
 
 
@@ -85,7 +97,8 @@ def _as_float(
 class TraceRow:
     """One action of a trace (format v1). Construction validates every field.
 
-    Times are seconds. ``t1_s`` is the action's execution time on one unit of its key elastic
+    Times are seconds, at most ``TIME_MAX_S``; integers fit the Parquet layout's int64
+    (``INT_MAX``). ``t1_s`` is the action's execution time on one unit of its key elastic
     ``resource``; how it scales with more units is ``serial_fraction`` (Amdahl) or ``curve``
     (a dict from ``ElasticityCurve.to_dict()``); with neither the action is inelastic.
     ``gen_before_s`` is the LLM generation that precedes the action on the training cluster
