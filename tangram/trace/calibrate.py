@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tangram.core.curves import curve_from_dict
+from tangram.trace.errors import TraceError
 from tangram.trace.gpu_calibration import GpuCalibration
 from tangram.trace.host_load import busy_for
 from tangram.trace.row import TraceRow
@@ -82,10 +83,10 @@ def measure(trace: Trace, calibrations: Sequence[GpuCalibration] = ()) -> Measur
         return [r.obs_overhead_s or 0.0 for r in ran if r.resource == resource]
 
     cpu, api, gpu = overheads("cpu"), overheads("api"), overheads("gpu")
-    eoe = trace.meta.get("eoe") or {}
+    eoe = eoe_figures(trace.meta)
     h2d = fixed = None
     if eoe.get("restores") and eoe.get("restore_s", 0) > 0:
-        h2d = (eoe["bytes_restored"] / (1 << 30)) / eoe["restore_s"]
+        h2d = (eoe.get("bytes_restored", 0) / (1 << 30)) / eoe["restore_s"]
         fixed = 0.0
     evictions = eoe.get("evictions") or 0
     logs = [
@@ -115,6 +116,42 @@ def measure(trace: Trace, calibrations: Sequence[GpuCalibration] = ()) -> Measur
         gpu_exec_noise_sigma=spread[True],
         other_exec_noise_sigma=spread[False],
     )
+
+
+#: The numeric figures of a recorded trace's ``eoe`` header object (the live runtime's EOE
+#: counters: ``tangram.exec.runtime.reporting``); each absent one counts as 0.
+EOE_FIGURES = ("restores", "bytes_restored", "restore_s", "evictions", "evict_s")
+
+
+def eoe_figures(meta: Mapping[str, Any]) -> dict[str, float]:
+    """The header's EOE counters, each a number >= 0 (absent: 0), or a TraceError naming the
+    header key: a measured restore rate or eviction cost from a string, a null or a negative
+    count would be a crash or a silently wrong calibration."""
+    eoe = meta.get("eoe")
+    if eoe is None:
+        return {}
+    if not isinstance(eoe, Mapping):
+        raise TraceError(
+            f"expected an object of EOE counters, got {type(eoe).__name__} {eoe!r}",
+            field="eoe",
+            where="header",
+        )
+    out: dict[str, float] = {}
+    for key in EOE_FIGURES:
+        if key not in eoe:
+            continue
+        value = eoe[key]
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            raise TraceError(
+                f"must be a finite number >= 0, got {value!r}", field=f"eoe.{key}", where="header"
+            )
+        out[key] = value
+    return out
 
 
 def _predictions(trace: Trace, calibrations: Sequence[GpuCalibration]) -> dict[str, float]:

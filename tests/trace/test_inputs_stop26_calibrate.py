@@ -1,0 +1,36 @@
+"""Replay calibration's input found by stop 26's hunt: a recorded trace's ``eoe`` header holds
+the live EOE's counters, each a number >= 0; anything else is refused naming the header key."""
+
+from __future__ import annotations
+
+import pytest
+
+from tangram.trace import Trace, TraceError
+from tangram.trace.calibrate import measure
+from tests.trace.rows import row
+
+
+def live_trace(eoe) -> Trace:
+    done = row(arrival_s=0.0, obs_units=1, obs_exec_s=2.0, obs_outcome="result")
+    return Trace((done,), {"eoe": eoe})
+
+
+@pytest.mark.parametrize(
+    ("eoe", "field"),
+    [
+        ("bad", "eoe"),
+        ({"restores": 1, "restore_s": 0.5, "evictions": "x"}, "eoe.evictions"),
+        ({"evictions": 2, "evict_s": None}, "eoe.evict_s"),
+        ({"restores": 5, "restore_s": -1.0, "bytes_restored": 10}, "eoe.restore_s"),
+        ({"restores": True}, "eoe.restores"),
+    ],
+)
+def test_a_malformed_eoe_header_is_refused_naming_the_header_key(eoe, field) -> None:
+    with pytest.raises(TraceError) as info:
+        measure(live_trace(eoe))
+    assert info.value.field == field and info.value.where == "header"
+
+
+def test_an_eoe_header_without_some_counters_counts_them_as_zero() -> None:
+    measured = measure(live_trace({"backend": "cpu", "evictions": 0}))
+    assert measured.h2d_gbps is None and measured.eviction_s == 0.01
