@@ -19,6 +19,7 @@ overhead; ``"latency"`` sums the LLM ``response_latencies`` of the responses in 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime
@@ -76,9 +77,12 @@ def import_openhands(
     """
     file = Path(path)
     if not (isinstance(gen, str) and gen in ("gap", "latency")) and (
-        isinstance(gen, bool) or not isinstance(gen, int | float) or gen < 0
+        isinstance(gen, bool)
+        or not isinstance(gen, int | float)
+        or not math.isfinite(gen)
+        or gen < 0
     ):
-        raise ValueError(f"gen must be 'gap', 'latency' or seconds >= 0, got {gen!r}")
+        raise ValueError(f"gen must be 'gap', 'latency' or finite seconds >= 0, got {gen!r}")
     records = _records(file)
     skip = frozenset(skip_kinds)
     rows: list[TraceRow] = []
@@ -128,10 +132,18 @@ def _records(file: Path) -> list[tuple[str, list[Any], dict[str, float] | None, 
     """(trajectory id, events, response latencies by id or None, location) per trajectory."""
     if file.name.endswith(".jsonl"):
         out = []
+        seen: dict[str, str] = {}  # trajectory -> the line that named it first
         for lineno, record in read_jsonl(file, WHAT):
             where = f"line {lineno}"
             events = _history(record, file, where)
-            traj = str(record.get("instance_id") or f"{file.stem}-{lineno}")
+            traj = _instance_id(record, file, where) or f"{file.stem}-{lineno}"
+            if traj in seen:
+                raise TraceImportError(
+                    file,
+                    f"{where}: instance_id {traj!r} repeats {seen[traj]}'s: one record per "
+                    "task instance (import a second run of it from another file: it gets ~K)",
+                )
+            seen[traj] = where
             out.append((traj, events, _latencies(record, file, where), where))
         if not out:
             raise TraceImportError(file, f"empty file; expected {WHAT}")
@@ -143,7 +155,7 @@ def _records(file: Path) -> list[tuple[str, list[Any], dict[str, float] | None, 
         events = _history(data, file, "record")
         return [
             (
-                str(data.get("instance_id") or file.stem),
+                _instance_id(data, file, "record") or file.stem,
                 events,
                 _latencies(data, file, "record"),
                 "record",
@@ -167,6 +179,19 @@ def _history(record: Any, file: Path, where: str) -> list[Any]:
     return record["history"]
 
 
+def _instance_id(record: dict[str, Any], file: Path, where: str) -> str | None:
+    """The record's ``instance_id`` (the trajectory's name): a string or an integer, or None
+    where it has none."""
+    value = record.get("instance_id")
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise TraceImportError(
+            file, f"{where}: 'instance_id' must be a string, got {type(value).__name__} {value!r}"
+        )
+    return str(value)
+
+
 def _latencies(record: dict[str, Any], file: Path, where: str) -> dict[str, float] | None:
     metrics = record.get("metrics")
     if not isinstance(metrics, dict) or not isinstance(metrics.get("response_latencies"), list):
@@ -177,7 +202,19 @@ def _latencies(record: dict[str, Any], file: Path, where: str) -> dict[str, floa
             raise TraceImportError(
                 file, f"{where}: metrics.response_latencies[{i}] lacks 'latency' or 'response_id'"
             )
-        out[str(item["response_id"])] = float(item["latency"])
+        latency = item["latency"]
+        if (
+            isinstance(latency, bool)
+            or not isinstance(latency, int | float)
+            or not math.isfinite(latency)
+            or latency < 0
+        ):
+            raise TraceImportError(
+                file,
+                f"{where}: metrics.response_latencies[{i}].latency must be seconds >= 0, "
+                f"got {latency!r}",
+            )
+        out[str(item["response_id"])] = float(latency)
     return out
 
 
@@ -191,15 +228,7 @@ def _trajectory_rows(
     skip: frozenset[str],
     **fixed: Any,
 ) -> tuple[list[TraceRow], int]:
-    times: list[datetime] = []
-    for i, ev in enumerate(events):
-        if not isinstance(ev, dict) or "id" not in ev or "timestamp" not in ev:
-            got = list(ev)[:8] if isinstance(ev, dict) else type(ev).__name__
-            raise TraceImportError(
-                file,
-                f"{where}, event {i}: an OpenHands event needs 'id' and 'timestamp' (got {got})",
-            )
-        times.append(parse_timestamp(ev["timestamp"], file, f"{where}, event {i}"))
+    times = _event_times(file, where, events)
     answer = {
         ev["cause"]: i for i, ev in enumerate(events) if "observation" in ev and "cause" in ev
     }
@@ -251,6 +280,91 @@ def _trajectory_rows(
     return rows, unanswered
 
 
+def _event_times(file: Path, where: str, events: list[Any]) -> list[datetime]:
+    """Each event's time, once every event is checked (``_check_event``), its id unique and
+    the timestamps all with a time zone or all without (the two cannot be subtracted)."""
+    times: list[datetime] = []
+    first_id: dict[Any, int] = {}
+    for i, ev in enumerate(events):
+        _check_event(file, f"{where}, event {i}", ev)
+        if ev["id"] in first_id:
+            raise TraceImportError(
+                file, f"{where}, event {i}: id {ev['id']!r} repeats event {first_id[ev['id']]}'s"
+            )
+        first_id[ev["id"]] = i
+        times.append(parse_timestamp(ev["timestamp"], file, f"{where}, event {i}"))
+        if (times[i].tzinfo is None) != (times[0].tzinfo is None):
+            this, first = ("a", "no") if times[i].tzinfo is not None else ("no", "a")
+            raise TraceImportError(
+                file,
+                f"{where}, event {i}: timestamp {ev['timestamp']!r} has {this} time zone, "
+                f"event 0's {events[0]['timestamp']!r} {first}: give every timestamp a zone "
+                "or none",
+            )
+    return times
+
+
+#: Optional event keys that hold an object (null: absent), and the nested ones checked too.
+_EVENT_OBJECTS: tuple[tuple[str, ...], ...] = (
+    ("extras",),
+    ("extras", "metadata"),
+    ("tool_call_metadata",),
+    ("tool_call_metadata", "model_response"),
+)
+
+
+def _check_event(file: Path, where: str, ev: Any) -> None:
+    """An event as the importer reads it: ``id`` and ``timestamp``; ``id`` and ``cause`` an
+    integer or a string; ``action`` a string; ``extras``, its ``metadata``,
+    ``tool_call_metadata`` and its ``model_response`` objects; that response's ``id`` a
+    string. Anything else is refused naming the key, not left to fail as a TypeError."""
+    if not isinstance(ev, dict) or "id" not in ev or "timestamp" not in ev:
+        got = list(ev)[:8] if isinstance(ev, dict) else type(ev).__name__
+        raise TraceImportError(
+            file, f"{where}: an OpenHands event needs 'id' and 'timestamp' (got {got})"
+        )
+    for key, value in (("id", ev["id"]), ("cause", ev.get("cause", 0))):
+        if key == "cause" and value is None:
+            continue  # an observation no action caused
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            raise TraceImportError(
+                file,
+                f"{where}: {key!r} must be an integer or a string, "
+                f"got {type(value).__name__} {value!r}",
+            )
+    if "action" in ev and not isinstance(ev["action"], str):
+        raise TraceImportError(
+            file,
+            f"{where}: 'action' must be a string (the action's type), "
+            f"got {type(ev['action']).__name__} {ev['action']!r}",
+        )
+    for path in _EVENT_OBJECTS:
+        value = _nested(ev, path)
+        if value is not None and not isinstance(value, dict):
+            raise TraceImportError(
+                file,
+                f"{where}: {'.'.join(path)!r} must be an object, "
+                f"got {type(value).__name__} {value!r}",
+            )
+    rid = _nested(ev, ("tool_call_metadata", "model_response", "id"))
+    if rid is not None and not isinstance(rid, str):
+        raise TraceImportError(
+            file,
+            f"{where}: 'tool_call_metadata.model_response.id' must be a string, "
+            f"got {type(rid).__name__} {rid!r}",
+        )
+
+
+def _nested(ev: dict[str, Any], path: tuple[str, ...]) -> Any:
+    """``ev[path[0]][path[1]]...``, None where a level is absent, null or not an object."""
+    value: Any = ev
+    for key in path:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return value
+
+
 def _gen(
     gen: str | float,
     times: list[datetime],
@@ -288,8 +402,7 @@ def _latency_sum(indices: list[int], events: list[Any], latencies: dict[str, flo
     seen: set[str] = set()
     total = 0.0
     for i in indices:
-        meta = events[i].get("tool_call_metadata") or {}
-        rid = (meta.get("model_response") or {}).get("id")
+        rid = _nested(events[i], ("tool_call_metadata", "model_response", "id"))
         if rid is not None and rid not in seen and rid in latencies:
             seen.add(rid)
             total += latencies[rid]
@@ -299,5 +412,5 @@ def _latency_sum(indices: list[int], events: list[Any], latencies: dict[str, flo
 def _outcome(obs: dict[str, Any]) -> str:
     if obs.get("observation") == "error":
         return "error"
-    exit_code = ((obs.get("extras") or {}).get("metadata") or {}).get("exit_code")
+    exit_code = _nested(obs, ("extras", "metadata", "exit_code"))
     return "timeout" if exit_code == -1 else "result"

@@ -54,7 +54,7 @@ def import_swe_agent(
     for file, traj in zip(files, names, strict=True):
         data = read_json(file, WHAT)
         steps = _steps(data, file)
-        exit_status[traj] = (data.get("info") or {}).get("exit_status")
+        exit_status[traj] = _exit_status(data, file)
         for pos, entry in enumerate(steps):
             seconds = _execution_time(entry, pos, file)
             rows.append(
@@ -103,6 +103,18 @@ def _steps(data: Any, file: Path) -> list[dict[str, Any]]:
         if not isinstance(entry, dict) or "action" not in entry:
             raise TraceImportError(file, f"trajectory step {i} has no 'action'")
     return steps
+
+
+def _exit_status(data: dict[str, Any], file: Path) -> Any:
+    """The run's ``info.exit_status`` (kept in the meta), or None where ``info`` has none."""
+    info = data.get("info")
+    if info is None:
+        return None
+    if not isinstance(info, dict):
+        raise TraceImportError(
+            file, f"'info' must be an object (with 'exit_status'), got {type(info).__name__}"
+        )
+    return info.get("exit_status")
 
 
 def _execution_time(entry: dict[str, Any], pos: int, file: Path) -> float:

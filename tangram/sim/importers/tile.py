@@ -1,7 +1,9 @@
 """Combine imported traces, and tile their trajectories into an RL-step batch of N.
 
 ``merge`` joins the traces of several files into one (a trajectory name already taken by an
-earlier file gets ``~K``, K = the file's index, so two runs of one task instance both stay).
+earlier file gets ``~K``, K = the file's index, so two runs of one task instance both stay;
+where that name is taken too, by an earlier file or by a trajectory of the same file, it gets
+``~K-2``, ``~K-3``... the first one free).
 
 ``tile`` builds one RL step of ``batch`` trajectories from the M imported ones:
 
@@ -23,12 +25,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from tangram.trace import Trace, TraceRow
+from tangram.trace.row import TIME_MAX_S
 
 
 def _renamed(row: TraceRow, trajectory: str, **changes: Any) -> TraceRow:
@@ -44,8 +48,7 @@ def merge(traces: Sequence[Trace], files: Sequence[str]) -> Trace:
     taken: set[str] = set()
     rows: list[TraceRow] = []
     for k, trace in enumerate(traces):
-        names = {t for _, t in trace.trajectories()}
-        rename = {t: (f"{t}~{k}" if t in taken else t) for t in names}
+        rename = _renames(list(dict.fromkeys(t for _, t in trace.trajectories())), taken, k)
         taken |= set(rename.values())
         rows += [
             r if rename[r.trajectory] == r.trajectory else _renamed(r, rename[r.trajectory])
@@ -61,11 +64,39 @@ def merge(traces: Sequence[Trace], files: Sequence[str]) -> Trace:
     return Trace(tuple(rows), json.loads(json.dumps(meta)))
 
 
+def _renames(names: list[str], taken: set[str], k: int) -> dict[str, str]:
+    """File ``k``'s trajectory names -> their merged names: a name an earlier file took gets
+    ``~k`` (or ``~k-2``, ``~k-3``... where that is taken too), never one that an earlier file
+    or another trajectory of this file has."""
+    used = taken | set(names)
+    out: dict[str, str] = {}
+    for name in names:
+        if name not in taken:
+            out[name] = name
+            continue
+        new, j = f"{name}~{k}", 2
+        while new in used:
+            new, j = f"{name}~{k}-{j}", j + 1
+        used.add(new)
+        out[name] = new
+    return out
+
+
 def mean_cycle_s(trace: Trace) -> float:
     """Mean of ``gen_before_s + t1_s`` over the trace's actions: the default offset range."""
     if not trace.rows:
         return 0.0
     return float(np.mean([r.gen_before_s + r.t1_s for r in trace.rows]))
+
+
+def check_max_offset_s(max_offset_s: float) -> None:
+    """``max_offset_s`` in [0, the trace format's longest time]: an offset is added to a
+    trajectory's first generation, and an infinite range cannot be drawn from."""
+    if not (math.isfinite(max_offset_s) and 0 <= max_offset_s <= TIME_MAX_S):
+        raise ValueError(
+            f"--max-offset-s must be seconds in [0, {TIME_MAX_S:g}] (the trace format's "
+            f"longest time), got {max_offset_s}"
+        )
 
 
 def tile(trace: Trace, batch: int, seed: int, max_offset_s: float | None = None) -> Trace:
@@ -74,8 +105,7 @@ def tile(trace: Trace, batch: int, seed: int, max_offset_s: float | None = None)
         raise ValueError(f"--batch must be >= 1, got {batch}")
     if max_offset_s is None:
         max_offset_s = mean_cycle_s(trace)
-    if not max_offset_s >= 0:
-        raise ValueError(f"--max-offset-s must be >= 0, got {max_offset_s}")
+    check_max_offset_s(max_offset_s)
     sources = list(trace.trajectories().items())
     if not sources:
         raise ValueError("the imported trace has no trajectory to tile")
