@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from tangram.trace import Trace, TraceRow
+from tangram.trace.row import TIME_MAX_S
 
 #: Bump when a generator's algorithm changes so that the same seed no longer gives the same trace.
 GENERATOR_VERSION = 1
@@ -70,8 +71,17 @@ def counts_lognormal(
     return np.clip(np.rint(lognormal_median(rng, median, sigma, size)), lo, hi).astype(np.int64)
 
 
+#: Largest cap a count parameter (``*_max``: actions, searches per trajectory) may take:
+#: far beyond any RL max-turns limit, and small enough for ``expected_count`` to sum quickly.
+COUNT_MAX = 100_000
+
+
 def expected_count(median: float, sigma: float, lo: int, hi: int) -> float:
-    """E[counts_lognormal(...)], exactly, from the log-normal CDF (used to derive scales)."""
+    """E[counts_lognormal(...)], exactly, from the log-normal CDF (used to derive scales).
+
+    The sum stops at the first count whose upper CDF is 1.0 in floats: every later term is
+    k * (1.0 - 1.0) = 0, so the total is bit for bit the full sum's, in O(where the mass ends)
+    rather than O(hi)."""
 
     def cdf(x: float) -> float:
         if x <= 0:
@@ -85,6 +95,8 @@ def expected_count(median: float, sigma: float, lo: int, hi: int) -> float:
         below = 0.0 if k == lo else cdf(k - 0.5)
         above = 1.0 if k == hi else cdf(k + 0.5)
         total += k * (above - below)
+        if above == 1.0:
+            break
     return total
 
 
@@ -186,3 +198,38 @@ def require(ok: bool, name: str, problem: str) -> None:
     """Parameter validation helper: raises ValueError naming the parameter."""
     if not ok:
         raise ValueError(f"{name}: {problem}")
+
+
+def require_finite(params: Any, prefix: str = "") -> None:
+    """Every number of a parameter dataclass (or in a tuple field) is finite, and every time
+    (a field ending in ``_s``) at most the trace format's ``TIME_MAX_S``: an infinite or
+    overflowing setting would otherwise fail later, as a numpy overflow or as an error
+    naming a generated trace field instead of the setting. Run first in ``__post_init__``."""
+    for f in dataclasses.fields(params):
+        value = getattr(params, f.name)
+        items = value if isinstance(value, tuple) else (value,)
+        for item in items:
+            if isinstance(item, bool) or not isinstance(item, int | float):
+                continue
+            name = f"{prefix}{f.name}"
+            require(_finite(item), name, f"must be a finite number, got {item!r}")
+            if f.name.endswith("_s"):
+                require(
+                    item <= TIME_MAX_S,
+                    name,
+                    f"must be <= {TIME_MAX_S:g} seconds (a trace's longest time), got {item!r}",
+                )
+
+
+def _finite(value: float) -> bool:
+    """True for a finite number (an integer too large for a float is not)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def require_count_max(params: Any, name: str) -> None:
+    """A count cap parameter lies in [1, ``COUNT_MAX``]."""
+    value = getattr(params, name)
+    require(1 <= value <= COUNT_MAX, name, f"must lie in [1, {COUNT_MAX}], got {value!r}")

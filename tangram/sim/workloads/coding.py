@@ -22,6 +22,8 @@ from tangram.sim.workloads.base import (
     lognormal_mean,
     meta_for,
     require,
+    require_count_max,
+    require_finite,
     row,
     streams,
     times,
@@ -40,7 +42,8 @@ class CodingParams:
     #: Log-space sigma of the env-action count. [stats §2] chosen so the mean is 28.8, the
     #: Copilot coding agent's tool calls per session (8.68 M calls / 301 k sessions).
     env_actions_sigma: float = 0.53
-    #: Cap on env actions per trajectory (an RL max-turns limit). [ours]
+    #: Cap on env actions per trajectory (an RL max-turns limit), at most ``COUNT_MAX``
+    #: (100,000). [ours]
     env_actions_max: int = 100
     #: Mean execution time of a coding action (env and reward) at its ``max_units``, seconds.
     #: [paper] 0.975 s at batch 1280, where queueing was 0.015 s: with cores to spare the
@@ -103,8 +106,9 @@ class CodingParams:
     reward_sync: str = "trajectory"
 
     def __post_init__(self) -> None:
+        require_finite(self)
         require(self.env_actions_median >= 1, "env_actions_median", "must be >= 1")
-        require(self.env_actions_max >= 1, "env_actions_max", "must be >= 1")
+        require_count_max(self, "env_actions_max")
         for name in ("exec_mean_s", "reward_t1_ratio"):
             require(getattr(self, name) > 0, name, "must be > 0")
         for name in (

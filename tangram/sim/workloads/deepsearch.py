@@ -19,6 +19,8 @@ from tangram.sim.workloads.base import (
     lognormal_median,
     meta_for,
     require,
+    require_count_max,
+    require_finite,
     row,
     streams,
     times,
@@ -38,7 +40,8 @@ class DeepSearchParams:
     #: Log-space sigma of the search count. [stats §1.7] TraceLab tool calls per request p90 30:
     #: ln(30/7)/1.2816 = 1.135.
     searches_sigma: float = 1.135
-    #: Cap on searches per trajectory (an RL max-turns limit). [ours]
+    #: Cap on searches per trajectory (an RL max-turns limit), at most ``COUNT_MAX``
+    #: (100,000). [ours]
     searches_max: int = 64
     #: Median search-call latency, seconds. [stats §1.2] TraceLab "web / lookup" p50 ~6 s.
     search_median_s: float = 6.0
@@ -72,13 +75,14 @@ class DeepSearchParams:
     judge_sync: str = "trajectory"
 
     def __post_init__(self) -> None:
+        require_finite(self)
         require(
             self.judge_sync in REWARD_SYNCS,
             "judge_sync",
             f"must be one of {list(REWARD_SYNCS)}, got {self.judge_sync!r}",
         )
         require(self.searches_median >= 1, "searches_median", "must be >= 1")
-        require(self.searches_max >= 1, "searches_max", "must be >= 1")
+        require_count_max(self, "searches_max")
         for name in ("search_median_s", "search_timeout_s", "judge_t1_median_s", "gen_median_s"):
             require(getattr(self, name) > 0, name, "must be > 0")
         for name in ("searches_sigma", "search_sigma", "judge_t1_sigma", "gen_sigma"):

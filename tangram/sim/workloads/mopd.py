@@ -23,6 +23,7 @@ from tangram.sim.workloads.base import (
     lognormal_median,
     meta_for,
     require,
+    require_finite,
     row,
     streams,
     times,
@@ -39,6 +40,9 @@ class TeacherSpec:
     name: str
     params_b: float
     share: float = 1.0
+
+    def __post_init__(self) -> None:
+        require_finite(self, prefix=f"teacher {self.name!r}: ")
 
 
 #: Nine teachers [paper: "9 teacher models"]; which ones is ours: open models of 7B-72B that a
@@ -114,6 +118,7 @@ class MopdParams:
     decode_tok_s: float = 40.7
 
     def __post_init__(self) -> None:
+        require_finite(self)
         require(len(self.teachers) >= 1, "teachers", "need at least one teacher")
         names = [t.name for t in self.teachers]
         require(len(set(names)) == len(names), "teachers", f"duplicate names in {names}")

@@ -24,7 +24,7 @@ import numpy as np
 
 from tangram.core.cells import smallest_cell_for
 from tangram.core.resources import ClusterSpec
-from tangram.sim.workloads.base import meta_for, require, row, streams, times
+from tangram.sim.workloads.base import meta_for, require, require_finite, row, streams, times
 from tangram.trace import Trace, TraceRow
 
 #: The families, in the order the benchmark reports them.
@@ -90,6 +90,7 @@ class RandomParams:
     api_concurrency_max: int = 16
 
     def __post_init__(self) -> None:
+        require_finite(self)
         require(self.family in FAMILIES, "family", f"must be one of {list(FAMILIES)}")
         for name in ("actions_max", "cpu_nodes_max", "gpu_nodes_max"):
             require(getattr(self, name) >= 1, name, "must be >= 1")
