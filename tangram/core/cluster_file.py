@@ -23,6 +23,10 @@ A file looks like::
 
 Single nodes may be written as ``[[cpu_node]]`` / ``[[gpu_node]]`` with a ``name``. Any error
 names the file, the key path (e.g. ``cpu_node_group[0].cores``) and the problem.
+
+Sizes are bounded so that a typo fails at once instead of exhausting memory or running for
+hours: at most ``MAX_CORES_PER_NODE`` cores per CPU node and ``MAX_NODES`` nodes of each
+kind (CPU, GPU) per cluster, groups included.
 """
 
 from __future__ import annotations
@@ -42,6 +46,11 @@ from tangram.core.resources import (
     Prices,
     SpecError,
 )
+
+#: Cores of one CPU node: far above any server today (a few hundred), far below a typo.
+MAX_CORES_PER_NODE = 4096
+#: CPU nodes, and GPU nodes, of one cluster file (each kind on its own, groups included).
+MAX_NODES = 4096
 
 
 class ClusterFileError(ValueError):
@@ -76,7 +85,7 @@ def _read(name_or_path: str | Path) -> tuple[str, str]:
     if path.suffix == ".toml" or path.exists():
         if not path.is_file():
             raise ClusterFileError(str(path), "(file)", "no such file")
-        return path.read_text(), str(path)
+        return _text(path), str(path)
     bundled = resources.files("tangram.clusters") / f"{name_or_path}.toml"
     if not bundled.is_file():
         raise ClusterFileError(
@@ -85,6 +94,22 @@ def _read(name_or_path: str | Path) -> tuple[str, str]:
             f"not a file and not a bundled cluster; bundled: {bundled_clusters()}",
         )
     return bundled.read_text(), f"<bundled {name_or_path}.toml>"
+
+
+def _text(path: Path) -> str:
+    """The file as UTF-8 text (what TOML requires); a file that cannot be read or decoded is
+    a ClusterFileError naming it, not a bare OSError or UnicodeDecodeError."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ClusterFileError(str(path), "(file)", f"cannot read: {exc.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ClusterFileError(
+            str(path), "(file)", f"not valid UTF-8 (line {line}); TOML files are UTF-8"
+        ) from None
 
 
 _KNOWN_TOP = {
@@ -101,14 +126,23 @@ _KNOWN_TOP = {
 
 def parse_cluster(data: Mapping[str, Any], source: str = "<memory>") -> ClusterSpec:
     """Build a ClusterSpec from parsed TOML, validating every key."""
+    if not isinstance(data, Mapping):
+        # A trace header's "cluster" is parsed here too: a name or a number there is not a
+        # cluster description (a string would otherwise read as unknown keys, one per letter).
+        raise ClusterFileError(
+            source,
+            "(cluster)",
+            f"must be a table of cluster keys (name, cpu_node, ...), got {data!r}",
+        )
     unknown = sorted(set(data) - _KNOWN_TOP)
     if unknown:
         raise ClusterFileError(
             source, unknown[0], f"unknown key; expected one of {sorted(_KNOWN_TOP)}"
         )
     name = data.get("name", Path(source).stem)
-    if not isinstance(name, str):
-        raise ClusterFileError(source, "name", f"must be a string, got {name!r}")
+    for key in ("name", "description"):
+        if not isinstance(data.get(key, ""), str):
+            raise ClusterFileError(source, key, f"must be a string, got {data[key]!r}")
     cpu = _nodes(data, source, "cpu", CpuNodeSpec)
     gpu = _nodes(data, source, "gpu", GpuNodeSpec)
     apis = tuple(
@@ -139,10 +173,9 @@ def _nodes(data: Mapping[str, Any], source: str, kind: str, cls: type) -> tuple:
         group = dict(group)
         count = group.pop("count", None)
         prefix = group.pop("prefix", kind)
-        if not isinstance(count, int) or count < 1:
-            raise ClusterFileError(
-                source, f"{where}.count", f"must be a positive integer, got {count!r}"
-            )
+        _check_count(count, len(nodes), source, f"{where}.count")
+        if not isinstance(prefix, str):
+            raise ClusterFileError(source, f"{where}.prefix", f"must be a string, got {prefix!r}")
         if "name" in group:
             raise ClusterFileError(
                 source, f"{where}.name", "a group names its nodes with 'prefix', not 'name'"
@@ -152,7 +185,25 @@ def _nodes(data: Mapping[str, Any], source: str, kind: str, cls: type) -> tuple:
             _build(cls, {**group, "name": f"{prefix}{start + j}"}, source, where)
             for j in range(count)
         ]
+    if len(nodes) > MAX_NODES:
+        raise ClusterFileError(
+            source, f"{kind}_node", f"{len(nodes)} nodes; at most {MAX_NODES} per cluster"
+        )
     return tuple(nodes)
+
+
+def _check_count(count: object, before: int, source: str, key: str) -> None:
+    """A group's ``count``: a positive integer (``true`` is not 1) that keeps its kind within
+    ``MAX_NODES`` (checked before the nodes are built: a huge count would run for hours)."""
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise ClusterFileError(source, key, f"must be a positive integer, got {count!r}")
+    if before + count > MAX_NODES:
+        raise ClusterFileError(
+            source,
+            key,
+            f"must be at most {MAX_NODES - before} ({MAX_NODES} nodes of a kind per cluster), "
+            f"got {count}",
+        )
 
 
 def _build(cls: Callable[..., Any], entry: Mapping[str, Any], source: str, where: str) -> Any:
@@ -173,6 +224,10 @@ def _build(cls: Callable[..., Any], entry: Mapping[str, Any], source: str, where
             raise ClusterFileError(source, f"{where}.{key}", f"must be an integer, got {value!r}")
         if str(expected) == "str" and not isinstance(value, str):
             raise ClusterFileError(source, f"{where}.{key}", f"must be a string, got {value!r}")
+        if key == "cores" and isinstance(value, int) and value > MAX_CORES_PER_NODE:
+            raise ClusterFileError(
+                source, f"{where}.{key}", f"at most {MAX_CORES_PER_NODE} per node, got {value}"
+            )
     missing = [
         f.name
         for f in allowed.values()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import cached_property
@@ -144,6 +145,19 @@ class Prices:
     cpu_core_hour: float = 0.04
     gpu_hour: float = 2.5
     api_call: float = 0.0
+
+    def __post_init__(self) -> None:
+        # A negative, infinite or NaN price turns every cost figure into nonsense silently.
+        for key in ("cpu_core_hour", "gpu_hour", "api_call"):
+            value = getattr(self, key)
+            _require(
+                isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+                and value >= 0,
+                key,
+                f"must be a finite number >= 0, got {value!r}",
+            )
 
 
 @dataclass(frozen=True)

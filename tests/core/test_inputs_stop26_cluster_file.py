@@ -1,0 +1,94 @@
+"""Cluster files: every bad value is refused naming the file and the key (stop 26's hunt)."""
+
+import math
+
+import pytest
+
+from tangram.core.cluster_file import (
+    MAX_CORES_PER_NODE,
+    MAX_NODES,
+    ClusterFileError,
+    load_cluster,
+    parse_cluster,
+)
+from tangram.core.resources import Prices, SpecError
+
+NODE = "cores = 8\nnuma_domains = 1\nmemory_gb = 64\n"
+ONE_NODE = f'[[cpu_node]]\nname = "n0"\n{NODE}'
+
+
+def write(tmp_path, text: str | bytes):
+    path = tmp_path / "c.toml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return path
+
+
+def refused(tmp_path, text: str | bytes, key: str, problem: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ClusterFileError, match=f"{path}: {key}: {problem}"):
+        load_cluster(path)
+
+
+def test_a_group_count_of_true_is_not_one_node(tmp_path):
+    refused(
+        tmp_path,
+        f"[[cpu_node_group]]\ncount = true\n{NODE}",
+        r"cpu_node_group\[0\].count",
+        "must be a positive integer, got True",
+    )
+
+
+def test_a_group_prefix_must_be_a_string(tmp_path):
+    refused(
+        tmp_path,
+        f"[[cpu_node_group]]\ncount = 2\nprefix = 5\n{NODE}",
+        r"cpu_node_group\[0\].prefix",
+        "must be a string, got 5",
+    )
+
+
+def test_a_description_must_be_a_string(tmp_path):
+    refused(tmp_path, f"description = 5\n{ONE_NODE}", "description", "must be a string")
+
+
+@pytest.mark.parametrize("value", ["-1.0", "nan", "inf"])
+def test_prices_must_be_finite_and_not_negative(tmp_path, value):
+    text = f"{ONE_NODE}[prices]\ngpu_hour = {value}\n"
+    refused(tmp_path, text, "prices.gpu_hour", "must be a finite number >= 0")
+
+
+@pytest.mark.parametrize("value", [-0.5, math.nan, math.inf, True])
+def test_prices_own_their_rule(value):
+    with pytest.raises(SpecError, match="api_call: must be a finite number >= 0"):
+        Prices(api_call=value)
+
+
+@pytest.mark.parametrize("cores", [MAX_CORES_PER_NODE + 1, 10**12, 10**23])
+def test_cores_per_node_are_bounded(tmp_path, cores):
+    text = f'[[cpu_node]]\nname = "n0"\ncores = {cores}\nnuma_domains = 1\nmemory_gb = 64\n'
+    refused(tmp_path, text, r"cpu_node\[0\].cores", f"at most {MAX_CORES_PER_NODE} per node")
+
+
+def test_nodes_per_cluster_are_bounded_before_they_are_built(tmp_path):
+    text = f"[[cpu_node_group]]\ncount = 1000000000\n{NODE}"
+    refused(tmp_path, text, r"cpu_node_group\[0\].count", f"must be at most {MAX_NODES}")
+
+
+def test_single_nodes_count_toward_the_bound(tmp_path):
+    text = f"{ONE_NODE}[[cpu_node_group]]\ncount = {MAX_NODES}\n{NODE}"
+    refused(tmp_path, text, r"cpu_node_group\[0\].count", f"must be at most {MAX_NODES - 1}")
+
+
+def test_the_bound_itself_loads(tmp_path):
+    cluster = load_cluster(write(tmp_path, f"[[cpu_node_group]]\ncount = {MAX_NODES}\n{NODE}"))
+    assert len(cluster.cpu_nodes) == MAX_NODES
+
+
+def test_invalid_utf8_names_the_file(tmp_path):
+    refused(tmp_path, b'name = "x"\n\xff\xfe bad\n', r"\(file\)", r"not valid UTF-8 \(line 2\)")
+
+
+@pytest.mark.parametrize("value", [5, "local", [1, 2], None])
+def test_a_cluster_that_is_not_a_table_is_refused_as_such(value):
+    with pytest.raises(ClusterFileError, match=r"header: \(cluster\): must be a table"):
+        parse_cluster(value, "header")
