@@ -74,6 +74,13 @@ def _sglang_sized(arg: int | None) -> Policy:
     )
 
 
+def _lower_bound(arg: int | None) -> Policy:
+    """The bound has nothing to size: an argument is refused, not silently dropped."""
+    if arg is not None:
+        raise ValueError(f"policy 'lower-bound:{arg}': lower-bound takes no argument after ':'")
+    return LowerBound()
+
+
 #: name -> factory(optional integer argument). The static baselines are static for every kind:
 #: ``k8s-static:K`` sets the pod size, ``k8s-burstable:R`` the pod's CPU requests, ``sglang-static:G`` the GPUs per service,
 #: ``sglang-sized:G`` the GPUs split among services by expected load (default: all of them).
@@ -88,16 +95,18 @@ POLICIES: dict[str, Callable[[int | None], Policy]] = {
     "k8s-burstable": _k8s_burstable,
     "sglang-static": _sglang,
     "sglang-sized": _sglang_sized,
-    "lower-bound": lambda arg: LowerBound(),
+    "lower-bound": _lower_bound,
 }
 
 
 def make_policy(spec: str) -> Policy:
     """Build a fresh policy object from ``name`` or ``name:K``."""
-    name, _, arg = spec.partition(":")
+    name, colon, arg = spec.partition(":")
     factory = POLICIES.get(name)
     if factory is None:
         raise ValueError(f"unknown policy {spec!r}; known: {sorted(POLICIES)} (some take ':K')")
+    if colon and not arg:
+        raise ValueError(f"policy {spec!r}: nothing after ':' (give {name}:K or just {name})")
     value: int | None = None
     if arg:
         try:

@@ -170,11 +170,16 @@ class DedicatedGpus(DomainRule):
         if cells:
             self.replicas[service] = cells
         else:
-            held = len(self.replicas) * self.gpus_per_service
+            # What the replicas really hold: a service may get fewer GPUs than its share.
+            held = sum(len(gpus) for cells in self.replicas.values() for _, gpus in cells)
+            owners = len(self.replicas)
+            services = (
+                "1 service already holds" if owners == 1 else f"{owners} services already hold"
+            )
             self.unservable[service] = (
-                f"sglang-static: no GPUs left to dedicate to {service!r} ({len(self.replicas)} services already "
-                f"hold ~{held} of {sum(n.spec.gpus for n in ctx.state.gpu.values())} GPUs, "
-                f"{self.gpus_per_service} each)"
+                f"sglang-static: no GPUs left to dedicate to {service!r} ({services} "
+                f"{held} of {sum(n.spec.gpus for n in ctx.state.gpu.values())} GPUs, "
+                f"up to {self.gpus_per_service} each)"
             )
 
     def observe(self, ctx: Context) -> None:
