@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from tangram.report import add_json_flag, emit, positive_int
+from tangram.report import add_json_flag, emit, non_negative_int, positive_int
 
 DEFAULT_POLICY = "tangram"
 #: The static baselines: fixed DoP in powers of two (1, 2, 4, 8, 16; the others between add
@@ -256,6 +256,32 @@ def write_worst(
     return written
 
 
+def check_families(families: Sequence[str]) -> None:
+    """At least one family, each known and named once: a repeated family would be replayed
+    twice and counted twice (n doubled), an empty list would report nothing and succeed."""
+    from tangram.sim.workloads.random_instances import FAMILIES
+
+    if not families:
+        raise ValueError(f"no family given; known: {', '.join(FAMILIES)}")
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown:
+        raise ValueError(f"unknown family {unknown[0]!r}; known: {', '.join(FAMILIES)}")
+    repeated = sorted({f for f in families if families.count(f) > 1})
+    if repeated:
+        raise ValueError(f"family {repeated[0]!r} given more than once")
+
+
+def family_list(text: str) -> list[str]:
+    """``--families``' comma-separated names, checked by :func:`check_families`; a ValueError
+    naming the flag (the CLI's bad-input path, exit status 2) when they do not pass."""
+    families = [f.strip() for f in text.split(",") if f.strip()]
+    try:
+        check_families(families)
+    except ValueError as exc:
+        raise ValueError(f"--families {text!r}: {exc}") from None
+    return families
+
+
 def run_bench(
     *,
     instances: int = DEFAULT_INSTANCES,
@@ -276,11 +302,8 @@ def run_bench(
     if not 0 <= oversubscription < 1:
         raise ValueError(f"oversubscription must lie in [0, 1), got {oversubscription}")
     from tangram.core.policies import make_policy
-    from tangram.sim.workloads.random_instances import FAMILIES
 
-    unknown = [f for f in families if f not in FAMILIES]
-    if unknown:
-        raise ValueError(f"unknown family {unknown[0]!r}; known: {', '.join(FAMILIES)}")
+    check_families(families)
     for policy in (default_policy, *policies):
         make_policy(policy)  # an unknown name fails here, before any replay
     t0 = time.perf_counter()
@@ -382,7 +405,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=DEFAULT_INSTANCES,
         help=f"instances per family (default {DEFAULT_INSTANCES})",
     )
-    p.add_argument("--seed", type=int, default=0, help="instance i has seed SEED + i")
+    p.add_argument(
+        "--seed", type=non_negative_int, default=0, help="instance i has seed SEED + i (>= 0)"
+    )
     p.add_argument(
         "--families",
         default="cpu,gpu,mixed",
@@ -427,7 +452,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _main(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    families = [f.strip() for f in args.families.split(",") if f.strip()]
+    families = family_list(args.families)
     bar = tqdm(
         total=args.instances * len(families),
         unit="instance",
