@@ -82,19 +82,37 @@ def emit(
     tables: Mapping[str, Sequence[Mapping[str, Any]]],
     out: TextIO | None = None,
 ) -> None:
-    """Print ``document`` as JSON, or each of ``tables`` under its title for a person."""
+    """Print ``document`` as JSON, or each of ``tables`` under its title for a person.
+
+    JSON has no NaN or infinity (Python's ``NaN``/``Infinity`` tokens make a document other
+    parsers reject): a non-finite float is written as ``null``, the figure being undefined
+    (e.g. the mean ACT of a policy whose every action was rejected). Nothing else changes.
+    """
     out = out or sys.stdout
     if as_json:
-        json.dump(document, out, indent=2, default=_json_default)
+        json.dump(_finite_or_null(document), out, indent=2, default=_json_default, allow_nan=False)
         out.write("\n")
         return
     for title, rows in tables.items():
         out.write(f"\n{title}\n{format_table(rows)}\n")
 
 
+def _finite_or_null(value: Any) -> Any:
+    """``value`` with every non-finite float (NumPy's included) inside dicts, lists and
+    tuples replaced by None; tuples become lists, as ``json`` writes them anyway."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_or_null(v) for v in value]
+    return value
+
+
 def _json_default(value: Any) -> Any:
+    """What ``json`` cannot encode itself: NumPy scalars, sets, else the text of the value."""
     if hasattr(value, "item"):
-        return value.item()
+        return _finite_or_null(value.item())
     if isinstance(value, set | tuple):
-        return list(value)
+        return _finite_or_null(list(value))
     return str(value)

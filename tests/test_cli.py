@@ -109,3 +109,19 @@ def test_bad_input_gets_a_clear_error_not_a_traceback(args, message, capsys):
     assert main([*args, "--quiet"]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_json_output_writes_null_for_figures_that_are_not_finite():
+    """--json is strict JSON: NaN/Infinity (undefined figures) are written as null."""
+    import io
+
+    import numpy as np
+
+    from tangram.report import emit
+
+    out = io.StringIO()
+    doc = {"a": float("nan"), "b": [np.float64("inf"), 1.5], "c": (np.float32("nan"), "x")}
+    emit(True, doc, {}, out=out)
+    text = out.getvalue()
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text) == {"a": None, "b": [None, 1.5], "c": [None, "x"]}
