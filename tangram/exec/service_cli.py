@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tangram.exec.service.limits import DEFAULT_MAX_OUTPUT_BYTES, ConnectionLimits
-from tangram.report import add_json_flag
+from tangram.report import add_json_flag, non_negative_int
 
 TOKEN_ENV = "TANGRAM_TOKEN"
 
@@ -40,7 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cluster", help="bundled cluster name or TOML path (default: this machine)")
     p.add_argument("--policy", default="tangram", help="scheduling policy (default: tangram)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0: any free)")
+    p.add_argument(
+        "--port", type=port_number, default=8765, help="port (default 8765; 0: any free)"
+    )
     p.add_argument(
         "--token",
         default=None,
@@ -122,14 +124,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--warm-pool",
-        type=int,
+        type=non_negative_int,
         default=16,
         metavar="N",
         help="parked containers per image and memory at most, handed to new trajectories and "
         "/run_code requests and reset after use (sized by recent demand; 0: off; default 16)",
     )
     p.add_argument(
-        "--warm-pool-total", type=int, default=32, help="parked containers in all (default 32)"
+        "--warm-pool-total",
+        type=non_negative_int,
+        default=32,
+        help="parked containers in all (default 32)",
     )
     p.add_argument(
         "--exclusive-cores",
@@ -140,7 +145,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--prewarm",
-        type=int,
+        type=non_negative_int,
         default=2,
         metavar="N",
         help="/run_code python containers made at start (default 2)",
@@ -171,6 +176,61 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 0 (any free one) to 65535."""
+    port = non_negative_int(text)
+    if port > 65535:
+        raise argparse.ArgumentTypeError(f"must be a port from 0 to 65535, got {port}")
+    return port
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """``ValueError`` for flags that contradict each other or could only fail later (at
+    the first request or at shutdown): each found at start, naming the flags."""
+    pairs = [
+        (
+            args.no_journal and args.journal_fsync,
+            "--journal-fsync needs a journal: drop --no-journal",
+        ),
+        (args.ray_fixed_nodes and not args.ray, "--ray-fixed-nodes applies only with --ray"),
+        (args.no_gpu and bool(args.model), "--model serves a GPU service: drop --no-gpu"),
+        (
+            args.prewarm > 0 and args.warm_pool == 0 and not args.no_cpu,
+            "--prewarm parks containers in the warm pool, which --warm-pool 0 turns off "
+            "(give --prewarm 0)",
+        ),
+    ]
+    for wrong, why in pairs:
+        if wrong:
+            raise ValueError(why)
+    if args.trace is not None:
+        check_trace_path(args.trace)
+    if args.journal is not None and args.journal.is_dir():
+        raise ValueError(f"--journal {str(args.journal)!r} is a directory; give a file path")
+    if args.gpu_backend == "cuda" and not args.no_gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("--gpu-backend cuda: torch sees no CUDA GPU here (try auto or cpu)")
+
+
+def check_trace_path(path: Path) -> None:
+    """The trace is written at shutdown: a path it cannot be written to is refused now,
+    not found out when the run's trace is lost."""
+    from tangram.trace.files import _WRITERS, _suffix
+    from tangram.trace.errors import TraceError
+
+    try:
+        _suffix(path, _WRITERS)
+    except TraceError as exc:
+        raise ValueError(f"--trace: {exc}") from None
+    if path.is_dir():
+        raise ValueError(f"--trace {str(path)!r} is a directory; give a file path")
+    parent = path.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise ValueError(f"--trace {str(path)!r}: the directory {str(parent)!r} is not writable")
+
+
 def run(args: argparse.Namespace) -> int:
     from tangram.core.cluster_file import load_cluster
     from tangram.exec.runtime import build_runtime, discover_cluster
@@ -179,6 +239,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     token = args.token or os.environ.get(TOKEN_ENV) or None
     check_binding(args.host, token)
+    check_flags(args)
     if args.ray:
         from tangram.exec.ray.cli import serve_on_ray
 
@@ -187,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
         cluster = load_cluster(args.cluster)
     else:
         cluster, _ = discover_cluster(gpus=not args.no_gpu, cpu=not args.no_cpu)
-    endpoints = api_endpoints(args.api)
+    endpoints = api_endpoints(args.api, {a.name for a in cluster.apis})
     scratch = contextlib.ExitStack()
     config = runtime_config(args, scratch)
     services = None
@@ -211,6 +272,11 @@ def run(args: argparse.Namespace) -> int:
         services=services,
         endpoints=endpoints,
     )
+    if runtime.cpu is not None and config.default_memory_gb > runtime.cpu.node.memory_gb:
+        raise ValueError(
+            f"--memory-gb {args.memory_gb:g}: more than the CPU node {runtime.cpu.node.name!r} "
+            f"has for containers ({runtime.cpu.node.memory_gb:g} GB): no trajectory could open"
+        )
     if runtime.cpu is not None and args.prewarm > 0:
         rc = RunCodeSettings()
         runtime.cpu.aoe.prewarm(args.prewarm, image=rc.image, memory_gb=rc.memory_gb)
@@ -244,14 +310,20 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"tangram serve: listening on {url} ({json.dumps(info)})", flush=True)
 
-    with scratch, contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(runtime, opts, ready))
+    try:
+        with scratch, contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(serve(runtime, opts, ready))
+    except OSError as exc:  # the address: in use, not this machine's, not resolvable
+        raise ValueError(
+            f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}"
+        ) from None
     print("tangram serve: stopped", file=sys.stderr)
     return 0
 
 
-def api_endpoints(items: list[str]) -> dict[str, Any]:
-    """``--api NAME=URL`` options -> endpoint callables forwarding to those URLs."""
+def api_endpoints(items: list[str], declared: set[str] | None = None) -> dict[str, Any]:
+    """``--api NAME=URL`` options -> endpoint callables forwarding to those URLs; NAME must
+    be an endpoint the cluster declares (when ``declared`` is given), once."""
     from tangram.exec.runtime import http_endpoint
 
     endpoints = {}
@@ -259,6 +331,13 @@ def api_endpoints(items: list[str]) -> dict[str, Any]:
         name, sep, url = item.partition("=")
         if not sep or not name or not url.startswith(("http://", "https://")):
             raise ValueError(f"--api {item!r}: expected NAME=http(s)://...")
+        if name in endpoints:
+            raise ValueError(f"--api {name!r} is given twice")
+        if declared is not None and name not in declared:
+            raise ValueError(
+                f"--api {item!r}: the cluster declares no API endpoint {name!r} "
+                f"(declared: {sorted(declared)})"
+            )
         endpoints[name] = http_endpoint(url)
     return endpoints
 

@@ -62,3 +62,52 @@ def test_bench_service_json(capsys: pytest.CaptureFixture[str]) -> None:
         assert doc[phase]["per_s"] > 0
         assert doc[phase]["round_trip"]["p50_ms"] > 0
     assert doc["wait"]["service_act"]["p99_ms"] >= doc["wait"]["service_act"]["p50_ms"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--port", "70000"], "--port"),
+        (["--port", "-1"], "--port"),
+        (["--warm-pool", "-1"], "--warm-pool"),
+        (["--prewarm", "-3"], "--prewarm"),
+        (["--no-journal", "--journal-fsync"], "--journal-fsync"),
+        (["--ray-fixed-nodes"], "--ray-fixed-nodes"),
+        (["--trace", "run.txt"], "unknown trace file type"),
+        (["--trace", "."], "--trace"),
+        (["--journal", "."], "--journal"),
+        (["--policy", "lower-bound"], "ignores capacity"),
+        (["--default-timeout-s", "1e12"], "default_timeout_s"),
+        (["--default-timeout-s", "inf"], "default_timeout_s"),
+        (["--no-gpu", "--model", "x=reward:/nowhere"], "--no-gpu"),
+        (["--api", "nosuch=http://127.0.0.1:9/"], "nosuch"),
+        (["--api", "echo=http://127.0.0.1:9/", "--api", "echo=http://127.0.0.1:8/"], "twice"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else v,
+)
+def test_serve_refuses_at_start_what_would_fail_later(
+    capsys: pytest.CaptureFixture[str], flags: list[str], needle: str
+) -> None:
+    """Each was accepted (or a traceback): a capacity-blind policy ran 8 searches on a 4-call
+    endpoint, a 1e12-s default time-out failed every CPU action, a bad --trace lost the run's
+    trace at shutdown, an undeclared --api NAME answered 400 on every call (stop 26's hunt)."""
+    try:
+        code = cli_main(["serve", "--no-cpu", "--no-gpu", "--port", "0", *flags])
+    except SystemExit as exit_:  # argparse's own refusal of a flag's value
+        code = exit_.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err, err
+
+
+def test_serve_names_an_address_it_cannot_listen_on(capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        code = cli_main(["serve", "--no-cpu", "--no-gpu", "--no-journal", "--port", port])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "Traceback" not in err, err

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from pathlib import Path
 
 from tangram.core.policies import make_policy
+from tangram.exec.runtime.records import MAX_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,7 @@ class RuntimeConfig:
 
     def __post_init__(self) -> None:
         policy = make_policy(self.policy)  # raises ValueError naming the known policies
-        if getattr(policy, "unbounded", False):
+        if not policy.capabilities.respects_capacity:
             raise ValueError(
                 f"policy {self.policy!r} ignores capacity (a floor for reports, not a schedule); "
                 "the live runtime needs a policy that respects the cluster"
@@ -75,8 +78,14 @@ class RuntimeConfig:
         if not isinstance(self.max_pending, int) or self.max_pending < 1:
             raise ValueError(f"max_pending must be a positive integer, got {self.max_pending!r}")
         for name in ("default_timeout_s", "default_memory_gb"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+        if self.default_timeout_s > MAX_TIMEOUT_S:
+            raise ValueError(
+                f"default_timeout_s must be at most {MAX_TIMEOUT_S:g} s (30 days, as an "
+                f"action's timeout_s), got {self.default_timeout_s!r}"
+            )
         for name in ("timeout_grace_s", "close_grace_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
