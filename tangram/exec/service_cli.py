@@ -146,9 +146,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--prewarm",
         type=non_negative_int,
-        default=2,
+        default=None,
         metavar="N",
-        help="/run_code python containers made at start (default 2)",
+        help="/run_code python containers made at start (default 2; 0 with --warm-pool 0)",
     )
     p.add_argument("--no-cpu", action="store_true", help="no CPU executor (no Docker needed)")
     p.add_argument("--no-gpu", action="store_true", help="no GPU executor (no torch needed)")
@@ -195,7 +195,7 @@ def check_flags(args: argparse.Namespace) -> None:
         (args.ray_fixed_nodes and not args.ray, "--ray-fixed-nodes applies only with --ray"),
         (args.no_gpu and bool(args.model), "--model serves a GPU service: drop --no-gpu"),
         (
-            args.prewarm > 0 and args.warm_pool == 0 and not args.no_cpu,
+            bool(args.prewarm) and args.warm_pool == 0 and not args.no_cpu,
             "--prewarm parks containers in the warm pool, which --warm-pool 0 turns off "
             "(give --prewarm 0)",
         ),
@@ -203,6 +203,8 @@ def check_flags(args: argparse.Namespace) -> None:
     for wrong, why in pairs:
         if wrong:
             raise ValueError(why)
+    if args.prewarm is None:
+        args.prewarm = 2 if args.warm_pool > 0 else 0
     if args.trace is not None:
         check_trace_path(args.trace)
     if args.journal is not None and args.journal.is_dir():
@@ -217,8 +219,8 @@ def check_flags(args: argparse.Namespace) -> None:
 def check_trace_path(path: Path) -> None:
     """The trace is written at shutdown: a path it cannot be written to is refused now,
     not found out when the run's trace is lost."""
-    from tangram.trace.files import _WRITERS, _suffix
     from tangram.trace.errors import TraceError
+    from tangram.trace.files import _WRITERS, _suffix
 
     try:
         _suffix(path, _WRITERS)
