@@ -28,7 +28,7 @@ from tangram.core.decision import Start
 from tangram.core.policies import make_policy
 from tangram.core.resources import ClusterSpec, ResourceKind
 from tangram.core.scheduler import Scheduler
-from tangram.report import add_json_flag, emit, positive_int
+from tangram.report import add_json_flag, emit, non_negative_int, positive_int
 
 QUEUE_SIZES = (256, 1024, 2048, 8192)
 
@@ -198,10 +198,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--queued", type=positive_int, nargs="+", default=list(QUEUE_SIZES))
     parser.add_argument("--running", type=positive_int, default=1024)
     parser.add_argument(
-        "--events", type=int, default=2000, help="completions replayed per queue size"
+        "--events", type=positive_int, default=2000, help="completions replayed per queue size"
     )
     parser.add_argument("--policy", default="tangram")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=non_negative_int, default=0)
     parser.add_argument(
         "--cluster", default="paper", help="bundled cluster name or cluster file (default paper)"
     )

@@ -30,7 +30,7 @@ from typing import Any
 
 from tangram.exec.runtime.errors import Overloaded
 from tangram.exec.serve_process import start_serve
-from tangram.report import add_json_flag, emit
+from tangram.report import add_json_flag, emit, non_negative_int, positive_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,9 +40,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--requests", type=int, default=5000, help="actions per phase (default 5000)")
-    p.add_argument("--clients", type=int, default=64, help="concurrent connections (default 64)")
-    p.add_argument("--warmup", type=int, default=300, help="actions before measuring")
+    p.add_argument(
+        "--requests", type=positive_int, default=5000, help="actions per phase (default 5000)"
+    )
+    p.add_argument(
+        "--clients", type=positive_int, default=64, help="concurrent connections (default 64)"
+    )
+    p.add_argument("--warmup", type=non_negative_int, default=300, help="actions before measuring")
     p.add_argument("--policy", default="tangram")
     add_json_flag(p)
     p.set_defaults(func=main)

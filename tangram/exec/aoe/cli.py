@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 from pathlib import Path
 
@@ -34,7 +36,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--timeout", type=float, default=600.0, help="seconds per run (default 600)"
     )
-    parser.add_argument("--memory-gb", type=float, default=2.0, help="container memory (default 2)")
+    parser.add_argument(
+        "--memory-gb",
+        type=_memory_gb,
+        default=2.0,
+        help="container memory (default 2; from 16 MiB to this machine's memory)",
+    )
     parser.add_argument(
         "--network", action="store_true", help="give the container a network (relaxes the sandbox)"
     )
@@ -42,8 +49,26 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--out", type=Path, default=None, help="also write the JSON document to FILE"
     )
     add_json_flag(parser)
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+    # (dest "program": the top-level parser's "command" names the subcommand in its errors)
+    parser.add_argument("program", nargs=argparse.REMAINDER, metavar="CMD", help="-- CMD [ARGS...]")
     parser.set_defaults(func=run)
+
+
+def _memory_gb(text: str) -> float:
+    """An argparse type: a container's memory in GB, from ``MIN_MEMORY_GB`` (Docker refuses
+    less) to this machine's memory (more is no limit at all), finite."""
+    from tangram.exec.runtime.records import MIN_MEMORY_GB
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    host_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
+    if not (math.isfinite(value) and MIN_MEMORY_GB <= value <= host_gb):
+        raise argparse.ArgumentTypeError(
+            f"must be from {MIN_MEMORY_GB:g} to {host_gb:.1f} (this machine), got {text}"
+        )
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from tangram.exec.aoe.manager import AoeManager
     from tangram.exec.aoe.profile import profile_command
 
-    command = list(args.command)
+    command = list(args.program)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
@@ -62,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     cmd: str | list[str] = command[0] if len(command) == 1 else command
+    if args.out is not None and not args.out.parent.is_dir():
+        raise ValueError(f"--out {str(args.out)!r}: no directory {str(args.out.parent)!r}")
     config = AoeConfig(
         image=args.image or PYTHON_IMAGE, sandbox=SandboxConfig(network=args.network)
     )

@@ -23,11 +23,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from tangram.core.cells import CELL_SIZES
-from tangram.report import add_json_flag, emit
+from tangram.exec.eoe.hf_tiny import HF_SHAPES
+from tangram.report import add_json_flag, emit, positive_int
 
 DEFAULT_SIZES_CPU = ("tiny", "small", "medium", "large")
 DEFAULT_SIZES_CUDA = ("small", "medium", "large", "xl-bf16")
@@ -85,9 +87,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="comma-separated model sizes (tiny, small, medium, large, xl, xl-bf16); default "
         f"{','.join(DEFAULT_SIZES_CPU)} on CPU, {','.join(DEFAULT_SIZES_CUDA)} on CUDA",
     )
-    parser.add_argument("--reps", type=int, default=5, help="measured repetitions per figure")
-    parser.add_argument("--batch", type=int, default=8, help="sequences per call")
-    parser.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
+    parser.add_argument(
+        "--reps", type=positive_int, default=5, help="measured repetitions per figure"
+    )
+    parser.add_argument("--batch", type=positive_int, default=8, help="sequences per call")
+    parser.add_argument("--seq-len", type=positive_int, default=128, help="tokens per sequence")
     parser.add_argument("--dop", type=int, default=1, choices=CELL_SIZES, help="DoP of the calls")
     parser.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument(
@@ -112,7 +116,7 @@ def main(args: argparse.Namespace) -> int:
         seq_len=args.seq_len,
         dop=args.dop,
         backend=args.backend,
-        models=_names(args.models),
+        models=_names(args.models, HF_SHAPES),
         shards=args.shards,
     )
     document = run(config)
@@ -145,13 +149,21 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _names(text: str | None) -> tuple[str, ...] | None:
-    """A comma-separated list of names ('none': empty; None: the defaults)."""
+def _names(
+    text: str | None, known: Iterable[str] = (), flag: str = "--models"
+) -> tuple[str, ...] | None:
+    """A comma-separated list of names ('none': empty; None: the defaults); a name not in
+    ``known`` (when given) is a ``ValueError`` naming the flag and the known names."""
     if text is None:
         return None
     if text.strip() == "none":
         return ()
-    return tuple(s.strip() for s in text.split(",") if s.strip())
+    names = tuple(s.strip() for s in text.split(",") if s.strip())
+    known = sorted(known)
+    unknown = [n for n in names if known and n not in known]
+    if unknown:
+        raise ValueError(f"{flag}: unknown {unknown}; known: {known} (or 'none')")
+    return names
 
 
 def _median(values: list[float]) -> float:

@@ -14,10 +14,11 @@ calls on that GPU node while CPU actions hold that CPU node's cores.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
-from tangram.report import add_json_flag, emit
+from tangram.report import add_json_flag, emit, positive_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,10 +40,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--example", metavar="SIZE", help="the example reward model (tiny, small, ...)"
     )
     g.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
-    g.add_argument("--devices", type=int, default=2, help="devices to use (default 2)")
-    g.add_argument("--batch", type=int, default=8, help="sequences per call (default 8)")
-    g.add_argument("--seq-len", type=int, default=64, help="tokens per sequence (default 64)")
-    g.add_argument("--reps", type=int, default=5, help="calls per measured point (default 5)")
+    g.add_argument("--devices", type=positive_int, default=2, help="devices to use (default 2)")
+    g.add_argument("--batch", type=positive_int, default=8, help="sequences per call (default 8)")
+    g.add_argument(
+        "--seq-len", type=positive_int, default=64, help="tokens per sequence (default 64)"
+    )
+    g.add_argument(
+        "--reps", type=positive_int, default=5, help="calls per measured point (default 5)"
+    )
     g.add_argument(
         "--busy",
         type=_levels,
@@ -60,6 +65,11 @@ def _levels(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"--busy {text!r}: expected integers like 0,1,2") from None
     if not levels or any(x < 0 for x in levels):
         raise argparse.ArgumentTypeError(f"--busy {text!r}: expected integers >= 0 like 0,1,2")
+    cores = os.cpu_count() or 1
+    if max(levels) > cores:  # the record would say host_cores beside levels it never had
+        raise argparse.ArgumentTypeError(
+            f"--busy {text!r}: this machine has {cores} cores to keep busy"
+        )
     return levels
 
 
@@ -94,7 +104,10 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)  # as the live runtime's CPU-backed devices run
     spec, inputs = _service(args)
     cluster, _ = discover_cluster()
-    manager = EoeManager(EoeConfig(backend=args.backend, devices=args.devices))
+    try:
+        manager = EoeManager(EoeConfig(backend=args.backend, devices=args.devices))
+    except RuntimeError as exc:  # e.g. --backend cuda where torch sees no CUDA GPU
+        raise ValueError(f"--backend {args.backend}: {exc}") from None
     with manager:
         manager.register(spec)
         # A CPU-backed device computes on the host's cores: name the nodes that share them.
