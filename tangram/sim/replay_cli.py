@@ -214,6 +214,17 @@ def replay(
     )
     if noise not in NOISE_MODELS:
         raise ValueError(f"noise must be one of {NOISE_MODELS}, got {noise!r}")
+    if noise != "pooled" and (durations != "curve" or exec_noise is not None):
+        # It chooses between measured spreads, which only --durations curve draws from and
+        # --exec-noise replaces: elsewhere it changed nothing, silently.
+        raise ValueError(f"--noise {noise} applies with --durations curve and without --exec-noise")
+    traced = {r.service for r in trace.rows if r.resource == "gpu"}
+    stray = sorted(calibrated - traced)
+    if stray:
+        raise ValueError(
+            f"--gpu-calibration: no GPU call of {stray} in {trace_path} (its services: "
+            f"{sorted(s for s in traced if s)}); a calibration for another service prices nothing"
+        )
     if durations == "gpu-curve":  # the others observed: the GPU calls' own spread only
         gpu_sigma = measured.gpu_exec_noise_sigma if exec_noise is None else exec_noise
         overheads = dataclasses.replace(

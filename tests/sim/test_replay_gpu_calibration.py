@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tangram.core.cluster_file import parse_cluster
@@ -119,3 +121,16 @@ def test_gpu_curve_replays_the_gpu_calls_declared_and_the_rest_as_observed(tmp_p
     assert gpu_act(curve) == pytest.approx(0.2 + 0.01)
     assert gpu_act(gpu_only) == pytest.approx(0.4 + 0.01)
     assert gpu_only.by_resource["cpu"]["sim"]["p50"] == pytest.approx(10.0)
+
+
+def test_flags_that_would_change_nothing_are_refused(trace_path) -> None:
+    """``--noise per-resource`` chooses between measured spreads, which only ``--durations
+    curve`` draws from and ``--exec-noise`` replaces; a calibration for a service the trace
+    never calls prices nothing. Both were accepted and ignored (stop 26's hunt)."""
+    with pytest.raises(ValueError, match="--noise per-resource applies"):
+        replay(trace_path, durations="observed", noise="per-resource")
+    with pytest.raises(ValueError, match="--noise per-resource applies"):
+        replay(trace_path, durations="curve", exec_noise=0.1, noise="per-resource")
+    stray = dataclasses.replace(RECORD, service="not-in-the-trace")
+    with pytest.raises(ValueError, match="not-in-the-trace"):
+        replay(trace_path, durations="curve", gpu_calibrations=[stray])
