@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from tangram.core.cluster_file import MAX_NODES
 from tangram.core.resources import ClusterSpec, SpecError
 
 
@@ -56,6 +57,9 @@ def resize(
     tags = []
     if gpus is not None:
         template = _shape(cluster.gpu_nodes, "GPU", cluster.name) if gpus else None
+        most = MAX_NODES * (template.gpus if template else 1)
+        if gpus > most:  # (checked before the nodes are built: a huge count ran for hours)
+            raise ValueError(f"--gpus must be at most {most} ({MAX_NODES} nodes), got {gpus}")
         nodes = []
         for i, size in enumerate(gpu_node_sizes(gpus, template.gpus if template else 1)):
             share = size / template.gpus
@@ -70,8 +74,8 @@ def resize(
         changes["gpu_nodes"] = tuple(nodes)
         tags.append(f"gpus={gpus}")
     if cpu_nodes is not None:
-        if cpu_nodes < 0:
-            raise ValueError(f"--cpu-nodes must be >= 0, got {cpu_nodes}")
+        if not 0 <= cpu_nodes <= MAX_NODES:
+            raise ValueError(f"--cpu-nodes must be from 0 to {MAX_NODES}, got {cpu_nodes}")
         template = _shape(cluster.cpu_nodes, "CPU", cluster.name) if cpu_nodes else None
         changes["cpu_nodes"] = tuple(
             dataclasses.replace(template, name=f"{_prefix(template.name)}{i}")

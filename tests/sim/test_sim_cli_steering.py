@@ -412,3 +412,15 @@ def test_json_keeps_every_figure(capsys):
     doc = sim_json(capsys, "--workload", "coding", "--batch", "4", "--policy", "tangram")
     assert set(TABLE_COLUMNS) <= set(doc["results"][0])
     assert {"trace", "trace_meta", "cluster", "results", "files"} <= set(doc)
+
+
+@pytest.mark.parametrize(
+    ("kw", "flag"), [({"gpus": 10**9}, "--gpus"), ({"cpu_nodes": 10**8}, "--cpu-nodes")]
+)
+def test_a_resize_past_the_cluster_files_bound_is_refused_before_building(
+    kw: dict[str, int], flag: str
+) -> None:
+    """--gpus 1e9 or --cpu-nodes 1e8 built nodes for minutes without a word (stop 26's hunt);
+    the bound is the cluster file's (``MAX_NODES`` of a kind)."""
+    with pytest.raises(ValueError, match=flag):
+        resize(load_cluster("paper"), **kw)
