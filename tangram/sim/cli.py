@@ -129,7 +129,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--open-loop",
         action="store_true",
-        help="actions arrive at the trace's arrival_s (= rollout.mode=open)",
+        help="actions arrive at the trace's arrival_s (= rollout.mode=open; a closed-loop "
+        "trace, without arrival_s, is refused)",
     )
     p.add_argument(
         "--grant-s",
@@ -324,6 +325,14 @@ def main(args: argparse.Namespace) -> int:
     policies = args.policy or list(DEFAULT_POLICIES)
     overheads: Overheads = built["overheads"]
     rollout: RolloutConfig = built["rollout"]
+    if rollout.mode == "open":
+        untimed = sum(1 for r in trace.rows if r.arrival_s is None)
+        if untimed:  # they would all arrive at t=0, each trajectory's positions at once
+            raise ValueError(
+                f"open loop (--open-loop / rollout.mode=open) replays each action at its "
+                f"arrival_s, and {untimed} of {len(trace)} actions have none: this trace is "
+                "closed-loop (its gaps are gen_before_s); drop --open-loop"
+            )
     rows, files, frames, timelines = [], {}, {}, {}
     reasons: dict[str, dict[str, int]] = {}
     stalled: dict[str, str] = {}

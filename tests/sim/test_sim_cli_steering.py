@@ -424,3 +424,15 @@ def test_a_resize_past_the_cluster_files_bound_is_refused_before_building(
     the bound is the cluster file's (``MAX_NODES`` of a kind)."""
     with pytest.raises(ValueError, match=flag):
         resize(load_cluster("paper"), **kw)
+
+
+def test_open_loop_needs_arrivals_and_replays_a_trace_that_has_them(capsys, tmp_path):
+    """--open-loop on a closed-loop trace sent every action at t=0, each trajectory's
+    positions at once, without a word (stop 26's hunt)."""
+    code, _, err = sim(capsys, "--workload", "coding", "--batch", "2", "--open-loop")
+    assert code == 2 and "closed-loop" in err and "arrival_s" in err
+    timed = [row(action_id=f"a{i}", trajectory=f"t{i}", arrival_s=float(i)) for i in range(3)]
+    path = tmp_path / "open.jsonl"
+    write_trace(Trace(timed, {}), path)
+    code, _, err = sim(capsys, "--trace", str(path), "--cluster", "local", "--open-loop")
+    assert code == 0, err
