@@ -214,9 +214,16 @@ def test_the_scheduler_actors_death_ends_calls_at_once_and_reaps_containers(
     c.close_trajectory("death-2")
 
 
-def _state(c: RayClient, action_id: str) -> str:
-    doc = ray_get_state(c, action_id)
-    return doc["state"]
+def _state(c: RayClient, action_id: str) -> str | None:
+    """The action's state, or None while the actor has not yet accepted it: a ``run.remote``
+    sent just before may still be on its way (CI once polled first and met ``unknown_action``)."""
+    import ray
+
+    reply = ray.get(c.handle.result.remote(action_id, 0.0))
+    if "error" in reply:
+        assert reply["error"]["code"] == "unknown_action", reply
+        return None
+    return reply["value"]["state"]
 
 
 def ray_get_state(c: RayClient, action_id: str) -> dict[str, Any]:
