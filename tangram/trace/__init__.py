@@ -24,6 +24,7 @@ from tangram.trace.row import (
     REQUIRED,
     RESOURCES,
     TraceRow,
+    is_nonnegative_number,
     row_from_mapping,
     row_to_mapping,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "Trace",
     "TraceError",
     "TraceRow",
+    "is_nonnegative_number",
     "check_rows",
     "load_trace",
     "read_jsonl",

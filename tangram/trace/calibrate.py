@@ -22,7 +22,7 @@ from tangram.core.curves import curve_from_dict
 from tangram.trace.errors import TraceError
 from tangram.trace.gpu_calibration import GpuCalibration
 from tangram.trace.host_load import busy_for
-from tangram.trace.row import TraceRow
+from tangram.trace.row import TraceRow, is_nonnegative_number
 from tangram.trace.trace import Trace
 
 #: The ACT percentiles compared (with the mean).
@@ -141,12 +141,7 @@ def eoe_figures(meta: Mapping[str, Any]) -> dict[str, float]:
         if key not in eoe:
             continue
         value = eoe[key]
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-            or value < 0
-        ):
+        if not is_nonnegative_number(value):
             raise TraceError(
                 f"must be a finite number >= 0, got {value!r}", field=f"eoe.{key}", where="header"
             )

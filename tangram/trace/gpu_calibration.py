@@ -13,12 +13,13 @@ writes it, ``tangram.sim`` reads it); it is JSON (or the same keys as TOML) on d
 from __future__ import annotations
 
 import json
-import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from tangram.trace.row import is_nonnegative_number
 
 #: The record's format version (``version`` on disk).
 GPU_CALIBRATION_VERSION = 1
@@ -30,8 +31,7 @@ class CalibrationError(ValueError):
 
 def _number(where: str, value: Any, *, positive: bool = False) -> float:
     """``value`` as a finite float >= 0 (> 0 if ``positive``), else a CalibrationError."""
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (positive and value == 0):
+    if not is_nonnegative_number(value) or (positive and value == 0):
         bound = "> 0" if positive else ">= 0"
         raise CalibrationError(f"{where} must be a finite number {bound}, got {value!r}")
     return float(value)

@@ -58,6 +58,17 @@ def _as_str(name: str, value: Any, *, optional: bool = False) -> str | None:
     return value
 
 
+def is_nonnegative_number(value: Any) -> bool:
+    """A finite real number >= 0 and not a bool: the check every seconds-or-size field of an
+    outside record (importers, calibration) makes before it is read (one owner for the rule)."""
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, numbers.Real)
+        and math.isfinite(value)
+        and value >= 0
+    )
+
+
 def _as_int(name: str, value: Any, *, minimum: int, optional: bool = False) -> int | None:
     if value is None and optional:
         return None

@@ -19,7 +19,6 @@ overhead; ``"latency"`` sums the LLM ``response_latencies`` of the responses in 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime
@@ -33,7 +32,7 @@ from tangram.sim.importers.base import (
     read_jsonl,
     seconds,
 )
-from tangram.trace import Trace, TraceRow
+from tangram.trace import Trace, TraceRow, is_nonnegative_number
 
 WHAT = (
     "an OpenHands trajectory: a JSON list of events, or an output.jsonl whose records carry a "
@@ -76,12 +75,7 @@ def import_openhands(
     -1, ``error`` for an error observation, else ``result``).
     """
     file = Path(path)
-    if not (isinstance(gen, str) and gen in ("gap", "latency")) and (
-        isinstance(gen, bool)
-        or not isinstance(gen, int | float)
-        or not math.isfinite(gen)
-        or gen < 0
-    ):
+    if not (isinstance(gen, str) and gen in ("gap", "latency")) and not is_nonnegative_number(gen):
         raise ValueError(f"gen must be 'gap', 'latency' or finite seconds >= 0, got {gen!r}")
     records = _records(file)
     skip = frozenset(skip_kinds)
@@ -203,12 +197,7 @@ def _latencies(record: dict[str, Any], file: Path, where: str) -> dict[str, floa
                 file, f"{where}: metrics.response_latencies[{i}] lacks 'latency' or 'response_id'"
             )
         latency = item["latency"]
-        if (
-            isinstance(latency, bool)
-            or not isinstance(latency, int | float)
-            or not math.isfinite(latency)
-            or latency < 0
-        ):
+        if not is_nonnegative_number(latency):
             raise TraceImportError(
                 file,
                 f"{where}: metrics.response_latencies[{i}].latency must be seconds >= 0, "

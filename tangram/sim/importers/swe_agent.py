@@ -11,12 +11,11 @@ back). Older ``.traj`` files without ``execution_time`` are refused with a clear
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 from tangram.sim.importers.base import TraceImportError, read_json
-from tangram.trace import Trace, TraceRow
+from tangram.trace import Trace, TraceRow, is_nonnegative_number
 
 WHAT = "a SWE-agent .traj file (a JSON object with a 'trajectory' list of steps)"
 
@@ -126,12 +125,7 @@ def _execution_time(entry: dict[str, Any], pos: int, file: Path) -> float:
             "there is no action duration to import",
         )
     value = entry["execution_time"]
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value < 0
-    ):
+    if not is_nonnegative_number(value):
         raise TraceImportError(
             file, f"trajectory step {pos}: 'execution_time' must be seconds >= 0, got {value!r}"
         )
