@@ -199,6 +199,7 @@ class TraceRow:
                 f"only a gpu action's service has replicas, not a {self.resource} one",
             )
         put(self, "obs_units", _as_int("obs_units", self.obs_units, minimum=1, optional=True))
+        self._check_obs_units()
         if self.obs_outcome is not None and self.obs_outcome not in OUTCOMES:
             raise _fail(
                 "obs_outcome", f"must be one of {list(OUTCOMES)} or null, got {self.obs_outcome!r}"
@@ -238,6 +239,27 @@ class TraceRow:
             raise _fail(
                 "serial_fraction" if s is not None else "curve",
                 "an api action is inelastic; leave serial_fraction and curve empty",
+            )
+
+    def _check_obs_units(self) -> None:
+        """Observed units a replay can use: a CPU or API action is never granted more than its
+        ``max_units`` (a replay rescales the curve to T(obs_units) = the observed time, so
+        1000 observed cores on a 1-core action would make it ~10x longer, silently); a GPU
+        call runs on an aligned cell, which may be wider than ``max_units`` where its model
+        needs more GPUs than that to fit (``tangram.core.cells.unit_options``)."""
+        if self.obs_units is None:
+            return
+        if self.resource == "gpu":
+            if self.obs_units not in CELL_SIZES:
+                raise _fail(
+                    "obs_units",
+                    f"a gpu call runs on a cell of {list(CELL_SIZES)} GPUs, got {self.obs_units}",
+                )
+        elif self.obs_units > self.max_units:
+            raise _fail(
+                "obs_units",
+                f"{self.obs_units} units observed but max_units is {self.max_units}: "
+                f"{self.resource} grants never exceed max_units",
             )
 
     def curve_object(self) -> ElasticityCurve:

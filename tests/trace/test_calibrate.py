@@ -90,7 +90,17 @@ def test_measured_overheads_come_from_the_rows_and_the_eoe_header() -> None:
     rows = (
         live("a", "t", 0, 0.0, obs_overhead_s=0.02),
         live("b", "t", 1, 1.0, obs_overhead_s=0.04),
-        live("q", "v", 0, 0.5, resource="api", service="s", max_units=1, serial_fraction=None),
+        live(
+            "q",
+            "v",
+            0,
+            0.5,
+            resource="api",
+            service="s",
+            max_units=1,
+            serial_fraction=None,
+            obs_units=1,
+        ),
     )
     eoe = {"restores": 2, "restore_s": 0.5, "bytes_restored": 1 << 30, "evictions": 4}
     m = measure(Trace(rows, {"eoe": {**eoe, "evict_s": 0.2}}))

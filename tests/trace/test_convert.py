@@ -150,6 +150,7 @@ def test_an_api_row_is_inelastic_and_a_non_cpu_row_has_no_memory() -> None:
         observation(
             resource="api",
             max_units=1,
+            units=1,
             service="search",
             serial_fraction=None,
             curve={"kind": "inelastic", "t1": 1.5},
@@ -202,6 +203,7 @@ def test_observed_rows_round_trip_through_a_file(tmp_path, suffix: str) -> None:
             trajectory="traj-2",
             resource="api",
             max_units=1,
+            units=1,
             service="search",
             serial_fraction=None,
             outcome="error",

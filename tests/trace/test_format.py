@@ -184,7 +184,12 @@ def action_fields(draw, open_loop: bool) -> dict:
         out["arrival_s"] = draw(times)
     for name in ("obs_arrival_s", "obs_queue_s", "obs_overhead_s", "obs_exec_s"):
         out[name] = draw(st.none() | times)
-    out["obs_units"] = draw(st.none() | st.integers(1, 64))
+    # Observed units a grant can have: up to max_units on CPU/API, any cell on a GPU (a
+    # sharded model may need a wider cell than max_units).
+    granted = (
+        st.sampled_from([1, 2, 4, 8]) if resource == "gpu" else st.integers(1, out["max_units"])
+    )
+    out["obs_units"] = draw(st.none() | granted)
     out["obs_outcome"] = draw(st.none() | st.sampled_from(["result", "error", "timeout"]))
     out["obs_node"] = draw(st.none() | names)
     return out

@@ -83,3 +83,16 @@ def test_a_malformed_curve_is_refused_naming_the_curve_and_what_is_wrong(curve, 
 )
 def test_every_curve_kind_written_by_to_dict_still_reads(curve) -> None:
     assert row(curve=curve).curve_object().t1 == 2.0
+
+
+def test_observed_units_past_max_units_are_refused_naming_both() -> None:
+    err = error_of(max_units=1, obs_units=1000)
+    assert err.field == "obs_units" and "1000" in err.reason and "max_units is 1" in err.reason
+
+
+def test_observed_gpu_cells_may_be_wider_than_max_units_but_must_be_cells() -> None:
+    # A layer-sharded model too large for one GPU runs a max_units=1 call on a 4-GPU cell.
+    gpu = {"resource": "gpu", "service": "big", "max_units": 1, "serial_fraction": None}
+    assert row(**gpu, obs_units=4).obs_units == 4
+    err = error_of(**gpu, obs_units=3)
+    assert err.field == "obs_units" and "cell" in err.reason
