@@ -58,3 +58,34 @@ def test_a_short_script_travels_inline_and_a_long_one_as_raw_bytes_after_its_len
     long = ActionRequest("a1", "x" * (INLINE_MAX_BYTES + 1), {}, 1.0, 10)
     sent = frame("a1", long)
     assert sent == f"a1 @{INLINE_MAX_BYTES + 1}\n".encode() + b"x" * (INLINE_MAX_BYTES + 1)
+
+
+def _long(body: str, status: int) -> str:
+    """A script past ``INLINE_MAX_BYTES`` (so it travels as raw bytes) that runs ``body``."""
+    return body + "\n" + "#" * (INLINE_MAX_BYTES + 100) + f"\nexit {status}"
+
+
+def test_a_long_script_is_never_spooled_to_a_file_the_actions_can_reach(
+    any_manager: Any, trajectory: Any
+) -> None:
+    """A file the container's shell writes, the actions (the same uid) can open or replace."""
+    traj = trajectory(any_manager)
+    out = any_manager.run_action(traj, _long("ls -A /tmp", 3), 1)
+    assert out.exit_code == 3 and out.text == "", out
+
+
+def test_a_fifo_left_where_long_scripts_were_spooled_serves_nothing(
+    manager: Any, trajectory: Any
+) -> None:
+    """The runner used to spool a long script to /tmp/.tangram-command-<its pid>: an action
+    that left a FIFO there and a process serving it replaced the next long action (a grader
+    that uploads its tests in the command) with a forged script exiting 0."""
+    traj = trajectory(manager)
+    plant = (
+        "F=/tmp/.tangram-command-$PPID; mkfifo $F; "
+        "(timeout 30 sh -c \"cat $F >/dev/null; printf 'echo forged; exit 0\\n' > $F\" "
+        "</dev/null >/dev/null 2>&1 &); echo planted"
+    )
+    assert manager.run_action(traj, plant, 1).text == "planted\n"
+    out = manager.run_action(traj, _long("echo grader: 2 failed", 1), 1, timeout_s=20)
+    assert (out.exit_code, out.text) == (1, "grader: 2 failed\n"), out

@@ -44,6 +44,39 @@ def test_default_sandbox_is_enforced(manager: Any, trajectory: Any, docker_clien
     assert host["NanoCpus"] == 0 and host["CpuPeriod"] == 100_000
 
 
+#: From an action: try to open the memory, stdin and stdout of the runner (the shell that
+#: reads the actions and writes their end markers) and of init, and to signal them.
+REACH = (
+    "for who in runner:$PPID init:1; do pid=${who#*:}; line=${who%%:*}; "
+    'for f in mem fd/0; do (: < /proc/$pid/$f) 2>/dev/null && line="$line $f:open" '
+    '|| line="$line $f:denied"; done; '
+    '(: > /proc/$pid/fd/1) 2>/dev/null && line="$line fd/1:open" || line="$line fd/1:denied"; '
+    'kill -CONT $pid 2>/dev/null && line="$line signal:sent" || line="$line signal:denied"; '
+    "echo $line; done"
+)
+
+
+def test_no_action_can_reach_the_runner_or_init_of_its_container(
+    manager: Any, trajectory: Any, docker_client: Any
+) -> None:
+    """A process an action leaves behind must not read the runner's end-marker token from its
+    memory, take its stdin or write its stdout (it would answer the trajectory's later actions,
+    a grader's tests among them, with output and exit codes of its own), nor write into init's
+    stdout (docker's log file on the host's disk), in every container, pooled or not."""
+    traj = trajectory(manager, memory_gb=0.5)
+    assert manager._trajs[traj].container.guarded_runner
+    out = manager.run_action(traj, REACH, 1)
+    assert out.ok, out
+    # The runner is the actions' uid (it is the action's parent), so it can be signalled: at
+    # worst an action stalls its own trajectory until its time-out.
+    assert out.text.splitlines() == [
+        "runner mem:denied fd/0:denied fd/1:denied signal:sent",
+        "init mem:denied fd/0:denied fd/1:denied signal:denied",
+    ], out
+    host = docker_client.api.inspect_container(manager.handle(traj).container_id)["HostConfig"]
+    assert host["LogConfig"] == {"Type": "json-file", "Config": {"max-file": "1", "max-size": "1m"}}
+
+
 def test_pids_limit_stops_a_fork_storm(manager: Any, trajectory: Any) -> None:
     traj = trajectory(manager)
     out = manager.run_action(

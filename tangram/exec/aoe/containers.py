@@ -136,6 +136,10 @@ def create_kwargs(spec: ContainerSpec) -> dict[str, Any]:
         "cpu_period": spec.cpu_period_us,
         "cpu_quota": spec.start_quota_us,
         "cpuset_cpus": format_cpulist(spec.park_cores),
+        # What the container's processes write to PID 1's stdout or stderr lands in the
+        # engine's log file on the host's disk, unbounded by default: cap it (the last MiB is
+        # all a start failure's message needs).
+        "log_config": {"type": "json-file", "config": {"max-size": "1m", "max-file": "1"}},
     }
     if sb.work_volume:
         kwargs["volumes"] = {sb.work_volume: {"bind": sb.work_dir, "mode": "rw"}}

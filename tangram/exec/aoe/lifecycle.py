@@ -193,8 +193,16 @@ class Lifecycle:
         new one (created, runner warmed up, parked; nothing left behind when a step fails)."""
         key = self.pool_key(blueprint)
         if key is None or self.pool is None:
+            # Every container, pooled or not: init and keeper under another uid than the
+            # actions' (no action can open their stdout, signal or ptrace them), and the
+            # runner from the exec-only shell (non-dumpable: no action can read its memory,
+            # its stdin or write its stdout, to forge a later action's output and exit code).
             return self._make(
-                blueprint, container_name(self.session, blueprint), labels(self.session, blueprint)
+                blueprint,
+                container_name(self.session, blueprint),
+                labels(self.session, blueprint),
+                KEEPER_USER,
+                guarded.host_shell(),
             )
         found = self.pool.take(key)
         if found is None:

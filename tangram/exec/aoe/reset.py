@@ -29,6 +29,7 @@ import itertools
 import os
 import shutil
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -50,8 +51,13 @@ KEEPER_UID = 65534
 GONE_WAIT_S = 2.0
 #: How long the fresh runner has to answer.
 START_TIMEOUT_S = 10.0
-#: Writable places a sandboxed container has besides its work dir.
-SCRATCH_DIRS = ("/tmp", "/dev/shm")
+#: Writable places a sandboxed container has besides its work dir (``/dev/mqueue``: POSIX
+#: message queues, mode 1777, which outlive their creator).
+SCRATCH_DIRS = ("/tmp", "/dev/shm", "/dev/mqueue")
+#: SysV IPC objects live in the container's IPC namespace, not in any directory: they outlive
+#: the processes that made them (a shared-memory segment keeps its pages, charged to the
+#: container's memory) and must be removed from inside that namespace.
+SYSVIPC = ("shm", "msg", "sem")
 
 _seq = itertools.count(1)
 
@@ -89,6 +95,29 @@ def keepers(pids: set[int]) -> set[int]:
             if int(uid) == KEEPER_UID:
                 found.add(pid)
     return found
+
+
+def _clear_sysv_ipc(init: int) -> str | None:
+    """Remove every SysV shared-memory segment, message queue and semaphore set of the
+    container's IPC namespace (``nsenter``/``ipcrm`` on the host, as root); why not, or None."""
+    ns = f"--ipc=/proc/{init}/ns/ipc"
+    try:
+        subprocess.run(["nsenter", ns, "ipcrm", "--all"], capture_output=True, timeout=10)
+        listed = subprocess.run(
+            ["nsenter", ns, "cat", *(f"/proc/sysvipc/{k}" for k in SYSVIPC)],
+            capture_output=True,
+            timeout=10,
+            check=True,
+        ).stdout.decode(errors="replace")
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"its SysV IPC objects could not be removed: {exc}"
+    # Each file is one header line then one line per object.
+    objects = [
+        ln for ln in listed.splitlines() if ln.split() and ln.split()[0].lstrip("-").isdigit()
+    ]
+    if objects:
+        return f"{len(objects)} SysV IPC object(s) survived ipcrm: {objects[:3]}"
+    return None
 
 
 def _no_kill(why: str) -> None:
@@ -167,6 +196,8 @@ def _reset_on(
         where = root / d.lstrip("/")
         if where.is_dir() and (left := empty_dir(where)):
             return f"{d} still holds {left} after emptying"
+    if left := _clear_sysv_ipc(init):
+        return left
     transport = container.transport
     assert isinstance(transport, RunnerTransport)
     if runner is None:

@@ -12,10 +12,12 @@ Two transports, one contract (``run(request, kill) -> RawResult``):
 
 Both send the action the same way (``frame``): one line ``[TOKEN] ACTION_ID ARG``, where ARG
 is the base64 of a short script, or ``@N`` followed by the N raw bytes of a long one, which
-the container's shell writes to a file in ``/tmp`` (``head -c``) and sources: a script passed
-as one argument is limited by the kernel to 128 KiB, and reading a megabyte with ``read`` would
-take a second. Before the line is sent, the shell that will start the action is idle on its
-stdin and is put in the action cgroup (``kill.ActionGroup``), so whatever the action starts is
+the container's shell reads (``head -c``) into its memory and hands to the action's
+``/bin/sh`` (as its one argument, or through a pipe past ``ARGUMENT_MAX_BYTES``): a script
+passed as one argument is limited by the kernel to 128 KiB, reading a megabyte with ``read``
+would take a second, and a file would be the actions' to write (same uid: a FIFO left at its
+name served a later action a forged script). Before the line is sent, the shell that will start the action
+is idle on its stdin and is put in the action cgroup (``kill.ActionGroup``), so whatever the action starts is
 born there.
 
 Both read docker's multiplexed stream (8-byte frame headers) with a deadline, enforce the
@@ -45,31 +47,45 @@ from tangram.exec.aoe.kill import ActionGroup
 log = logging.getLogger(__name__)
 
 #: Scripts up to this size travel inline (base64 on the protocol line, run with ``sh -c``);
-#: longer ones through a file. Well under the kernel's 128 KiB limit on one argument, and
+#: longer ones as raw bytes after their length. Well under the kernel's 128 KiB limit on one argument, and
 #: where reading the line byte by byte (as ``read`` does on a pipe) still costs milliseconds.
 INLINE_MAX_BYTES = 16 << 10
 
-#: Shell function both transports use to turn ARG into ``$script`` (and ``$f``, the file a
-#: long script was written to). Fails (status 2) only when a long script's bytes could not be
-#: taken off stdin (a fork refused at the pids limit, /tmp full): the stream is then out of
-#: step, and the caller must stop reading it.
+#: Shell function both transports use to turn ARG into ``$script`` (``$n``: a long script's
+#: byte count, else empty). A long one's bytes are read off stdin by one ``head -c`` into the
+#: shell's memory, never into a file: any file the runner can write, the actions (the same
+#: uid) can open too, or replace with a FIFO they serve (an earlier action's process served a
+#: later long action a forged script that way). One reader: several ``head -c`` in turn lose
+#: the bytes one reads ahead (stdio) when the pipe holds more. Fails (status 2) only when the
+#: bytes could not be taken off stdin (a fork refused at the pids limit): the stream is then
+#: out of step, and the caller must stop reading it.
 _LOAD = r"""
 tangram_load() {
-  f=
+  n=
   case $1 in
   @*)
-    f=/tmp/.tangram-command-$$
-    if ! head -c "${1#@}" > "$f"; then
-      echo "tangram runner: could not receive the command into $f (pids limit reached? /tmp full?)" >&2
-      rm -f "$f"
+    n=${1#@}
+    if ! script=$(head -c "$n"); then
+      echo "tangram runner: could not receive the command (pids limit reached?)" >&2
       return 2
-    fi
-    script=". $f" ;;
+    fi ;;
   *)
     script=$(printf '%s' "$1" | base64 -d 2>/dev/null) || script='echo "tangram runner: could not decode the action (fork failed: pids limit reached?)" >&2; exit 125' ;;
   esac
 }
 """
+
+#: Scripts up to this many bytes start as one argument (``sh -c SCRIPT``: the kernel limits
+#: one to 128 KiB); a longer one is piped to its shell, which reads it whole and evals it,
+#: so it runs in the image's ``/bin/sh`` as a short one does (not in the runner's shell,
+#: whose builtins differ: busybox's ``echo``, ``grep`` or ``ls`` in place of the image's).
+ARGUMENT_MAX_BYTES = 100_000
+
+#: How the action's shell starts, in the subshell that exported its id (``$script``, ``$n``).
+_START = (
+    f'[ "${{n:-0}}" -le {ARGUMENT_MAX_BYTES} ] && exec /bin/sh -c "$script"; '
+    """printf '%s' "$script" | exec /bin/sh -c 'eval "$(cat)" </dev/null' /bin/sh"""
+)
 
 #: The persistent runner: read "TOKEN ACTION_ID ARG" lines; run each script in a fresh
 #: /bin/sh with the action id exported, stdin from /dev/null; then print the end markers.
@@ -86,12 +102,15 @@ reopen=
 while IFS=' ' read -r tok aid arg; do
   tangram_load "$arg" || exit 125
   if [ -n "$reopen" ]; then
-    ( export TANGRAM_ACTION_ID="$aid"; exec /bin/sh -c "$script" ) </dev/null >/proc/self/fd/1 2>/proc/self/fd/2
+    ( export TANGRAM_ACTION_ID="$aid"; """
+    + _START
+    + r""" ) </dev/null >/proc/self/fd/1 2>/proc/self/fd/2
   else
-    ( export TANGRAM_ACTION_ID="$aid"; exec /bin/sh -c "$script" ) </dev/null
+    ( export TANGRAM_ACTION_ID="$aid"; """
+    + _START
+    + r""" ) </dev/null
   fi
   rc=$?
-  [ -z "$f" ] || rm -f "$f"
   printf '
 %s %s
 ' "$tok" "$rc"
@@ -103,20 +122,17 @@ done
 )
 
 #: One exec's launcher: wait for its "ACTION_ID ARG" line (idle, so it can be put in the
-#: action cgroup first), then become the action's shell (or, for a long script, run it and
-#: remove its file).
+#: action cgroup first), then become the action's shell.
 EXEC_SCRIPT = (
     _LOAD
     + r"""
 IFS=' ' read -r aid arg || exit 125
 tangram_load "$arg" || exit 125
 export TANGRAM_ACTION_ID="$aid"
-[ -n "$f" ] || exec /bin/sh -c "$script" </dev/null
-/bin/sh -c "$script" </dev/null
-rc=$?
-rm -f "$f"
-exit $rc
+exec </dev/null
 """
+    + _START
+    + "\n"
 )
 
 
