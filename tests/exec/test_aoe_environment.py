@@ -69,7 +69,7 @@ def test_a_timeout_kills_every_process_of_the_action_and_only_those(
     out = any_manager.run_action(traj, ESCAPES, 1, timeout_s=1.5)
     assert out.status == "timeout" and out.text == "started\n", out
     assert "the action's processes were killed" in out.error
-    assert time.monotonic() - t0 < 6
+    assert time.monotonic() - t0 < 30  # at the time-out, not at the command's end (60 s)
     after = any_manager.run_action(
         traj,
         "ps -o args | grep '^sleep 30[1-4]' || echo no-escapees; "

@@ -65,7 +65,9 @@ def test_timeout_kills_the_action_but_keeps_the_container(
     )
     took = time.monotonic() - t0
     assert out.status == "timeout" and "timed out after 0.7 s" in out.error
-    assert out.text == "started\n" and 0.7 <= took < 4
+    # Killed at the time-out, not when the command would have ended (32 s); the slack is for
+    # a loaded machine (docker exec and the kill take longer there).
+    assert out.text == "started\n" and 0.7 <= took < 20
     after = any_manager.run_action(
         traj,
         "cat /work/mark; ps -o args | grep '^sleep 3[12]' || echo no-sleepers; "
@@ -84,8 +86,8 @@ def test_oversize_output_is_cut_and_the_action_killed(
     traj = trajectory(any_manager)
     redirect = "" if stream == "stdout" else " >&2"
     t0 = time.monotonic()
-    out = any_manager.run_action(traj, f"yes{redirect}", 1, max_output_bytes=4096, timeout_s=20)
-    assert time.monotonic() - t0 < 5, "killed for its output, not at the time-out"
+    out = any_manager.run_action(traj, f"yes{redirect}", 1, max_output_bytes=4096, timeout_s=60)
+    assert time.monotonic() - t0 < 30, "killed for its output, not at the time-out"
     assert out.status == "error" and "output too large" in out.error and stream in out.error
     assert len(getattr(out, stream)) == 4096 and getattr(out, stream).startswith(b"y\ny\n")
     fine = any_manager.run_action(traj, "printf 1234", 1, max_output_bytes=4)

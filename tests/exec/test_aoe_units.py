@@ -102,13 +102,19 @@ def test_ledger_waits_for_busy_cores_in_arrival_order() -> None:
         time.sleep(0.05)
         ledger.release(name, "t", float(len(got)))
 
+    def waiting(n: int) -> None:  # until n requests wait in the ledger (threads start late
+        deadline = time.monotonic() + 10  # on a busy machine: a fixed sleep may be too short)
+        while len(ledger._waiting) < n:
+            assert time.monotonic() < deadline, f"{n} requests never waited: {order}"
+            time.sleep(0.005)
+
     both = threading.Thread(target=want, args=("both", (0, 1)))
     both.start()
-    time.sleep(0.05)
+    waiting(1)
     # Core 1 is free, but "both" waits for it first: a later request for core 1 must not pass.
     later = threading.Thread(target=want, args=("later", (1,)))
     later.start()
-    time.sleep(0.05)
+    waiting(2)
     assert order == []
     ledger.release("first", "t", 1.0)
     both.join(2)

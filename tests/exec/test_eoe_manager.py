@@ -252,8 +252,15 @@ def test_a_call_waits_for_room_held_by_a_running_call(managers) -> None:
     t1 = threading.Thread(target=lambda: results.__setitem__("busy", m.call("busy", X)))
     t1.start()
     assert started.wait(10)
-    t2 = threading.Thread(target=lambda: results.__setitem__("next", m.call("next", X)))
+    calling = threading.Event()
+
+    def call_next() -> None:
+        calling.set()
+        results["next"] = m.call("next", X)
+
+    t2 = threading.Thread(target=call_next)
     t2.start()
+    assert calling.wait(10)  # (a thread may take a while to start on a busy machine)
     time.sleep(0.4)
     assert "next" not in results and m.residency() == {"busy": (0,)}
     release.set()
@@ -294,7 +301,10 @@ def test_queue_timeout_for_gpus_and_for_memory(managers) -> None:
         assert 0.25 <= out.queue_s < 2 and out.exec_s == 0
         # GPUs: with calls_per_gpu=2 one more call fits beside busy, a third waits.
         second.start()
-        time.sleep(0.2)
+        deadline = time.monotonic() + 10  # until the second call holds the GPU's other slot
+        while m.stats().devices[0].running_calls < 2:
+            assert time.monotonic() < deadline, "the second call never started"
+            time.sleep(0.01)
         out = m.call("other", X, gpus=(0,), timeout_s=0.2)
         assert isinstance(out.error, QueueTimeoutError) and "free GPUs" in out.message
     finally:

@@ -19,6 +19,16 @@ from tangram.exec.service import AsyncClient, Client, ServiceError
 pytestmark = pytest.mark.docker
 
 
+def wait_running(c: Client, action_id: str, within_s: float = 60.0) -> None:
+    """Wait until the core has started ``action_id``: a fixed sleep is not enough on a busy
+    machine, where the submission may still be queued after it."""
+    deadline = time.monotonic() + within_s
+    while (state := c.state(action_id)) != "running":
+        assert state == "queued", f"{action_id} is {state}, never seen running"
+        assert time.monotonic() < deadline, f"{action_id} did not start within {within_s} s"
+        time.sleep(0.02)
+
+
 def test_results_are_correct(service: Any) -> None:
     from tangram.exec.eoe import example_tokens
     from tangram.exec.eoe.services import build_model
@@ -216,9 +226,9 @@ def test_timeouts_and_cancellation_of_container_actions(service: Any) -> None:
         c.open_trajectory("slowpoke", memory_gb=0.25)
         out = c.run(command="sleep 10", trajectory="slowpoke", timeout_s=1.0)
         assert out.status == "timeout" and out.timings.act_s < 5
-        running = c.submit(command="sleep 2", trajectory="slowpoke", timeout_s=30)
+        running = c.submit(command="sleep 5", trajectory="slowpoke", timeout_s=30)
         queued = c.submit(command="echo never", trajectory="slowpoke", timeout_s=30)
-        time.sleep(0.3)
+        wait_running(c, running)  # (a fixed 0.3 s may be too short on a busy machine)
         with pytest.raises(Exception, match="cannot interrupt") as info:
             c.cancel(running)
         assert info.value.status == 409
@@ -341,10 +351,10 @@ def test_closing_a_trajectory_ends_its_queued_actions(service: Any) -> None:
     with Client(service.url) as c:
         c.open_trajectory("closing", memory_gb=0.25)
         first = c.submit(
-            command="sleep 1; echo done", trajectory="closing", max_units=2, t1_s=2.0,
+            command="sleep 3; echo done", trajectory="closing", max_units=2, t1_s=2.0,
             serial_fraction=0.0,
         )  # fmt: skip
-        time.sleep(0.2)
+        wait_running(c, first)  # running when the close comes: it finishes, the rest do not
         rest = [
             c.submit(command="echo late", trajectory="closing", max_units=2, t1_s=2.0)
             for _ in range(3)
