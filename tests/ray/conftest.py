@@ -96,7 +96,14 @@ def ray_cluster(request: pytest.FixtureRequest) -> Iterator[RayCluster]:
                 aoe={"kill_grace_s": 3.0},
                 http=ServeOptions(port=0),
                 ping_every_s=0.25,
-                lost_after_s=2.0,
+                # Silence alone loses a node only after one ping goes this long unanswered.
+                # On a loaded 2-core machine the scheduler actor's event loop fell behind by
+                # 2-21 s in the acceptance test and every node was "lost" at once (the watch
+                # then counted its own lag as silence: fixed in membership.check, tested in
+                # test_ray_membership.py), and a freshly joined agent went 100 s unheard. No
+                # test here waits for silence: a killed agent fails its pings at once, a
+                # stopped node is dead by Ray's health check.
+                lost_after_s=300.0,
             )
             rc.handle, rc.info = start(rc.config)
             print(f"3-node Ray cluster and Tangram up in {time.monotonic() - t0:.1f} s")

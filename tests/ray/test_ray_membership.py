@@ -170,3 +170,56 @@ def test_a_node_whose_agent_fails_stays_unplaced_and_is_tried_once(monkeypatch) 
             await w.rt.close()
 
     asyncio.run(go())
+
+
+class SlowAgent:
+    """A node agent's handle whose pings answer after ``delay_s`` (None: never)."""
+
+    def __init__(self, delay_s: float | None) -> None:
+        async def pong() -> bool:
+            if delay_s is None:
+                await asyncio.Event().wait()
+            await asyncio.sleep(delay_s or 0.0)
+            return True
+
+        self.ping = SimpleNamespace(remote=pong)
+
+
+def watched(monkeypatch: pytest.MonkeyPatch, agent: Any) -> Watch:
+    w = Watch(monkeypatch, RayConfig(ping_every_s=0.05, lost_after_s=0.3), lambda nodes: [])
+    w.table = [ray_node("id-a", "a")]
+    w.members.fleet.add(report("id-a", "a", 1, 8.0, gpus=2), agent, time.monotonic())
+    return w
+
+
+def test_a_node_whose_pings_go_unanswered_is_lost_after_lost_after_s(monkeypatch) -> None:
+    async def go() -> None:
+        w = watched(monkeypatch, SlowAgent(None))
+        await w.rt.start()
+        try:
+            await w.members.check()
+            assert w.members.fleet.alive("a")  # not yet: its ping is 0.3 s from its time-out
+            await asyncio.wait_for(w.check(), 5)
+            member = w.members.fleet.by_name["a"]
+            assert not member.alive and "did not answer a ping for 0.3 s" in member.why
+        finally:
+            await w.rt.close()
+
+    asyncio.run(go())
+
+
+def test_a_watch_that_fell_behind_does_not_count_its_own_lag_as_silence(monkeypatch) -> None:
+    """The scheduler's loop blocked for longer than ``lost_after_s`` (a loaded host), then an
+    agent answering in 0.1 s: under "now - last answer" every node was lost at once."""
+
+    async def go() -> None:
+        w = watched(monkeypatch, SlowAgent(0.1))
+        await w.rt.start()
+        try:
+            time.sleep(0.5)  # the watch's own lag, longer than lost_after_s (0.3 s)
+            await asyncio.wait_for(w.check(), 5)
+            assert w.members.fleet.alive("a"), w.members.fleet.by_name["a"].why
+        finally:
+            await w.rt.close()
+
+    asyncio.run(go())

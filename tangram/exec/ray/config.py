@@ -30,8 +30,8 @@ class RayConfig:
     - ``services``: EOE service specs every GPU agent registers (None: ``reward``, ``teacher``).
     - ``gpu_memory_gb``: memory of each CPU-backed GPU device (GPUs found by NVML say theirs).
     - ``ping_every_s``, ``lost_after_s``: the scheduler pings every agent this often; one that
-      has not answered for ``lost_after_s`` is lost (its node too): its running actions end
-      with ``node_lost``. An agent whose process died is lost at once (Ray says so).
+      leaves a ping unanswered for ``lost_after_s`` after it was sent is lost (its node too):
+      its running actions end with ``node_lost``. An agent whose process died is lost at once (Ray says so).
     - ``aoe``: keyword arguments of each agent's ``AoeConfig`` (e.g. ``kill_grace_s``).
     - ``torch_threads``: threads of torch in each GPU agent (CPU-backed devices share the
       node's cores: 1 keeps a call on one core); None leaves torch's default.

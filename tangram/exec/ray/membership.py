@@ -118,23 +118,35 @@ class Membership:
         import ray
 
         cfg = self.config
-        now = time.monotonic()
         live = [m for m in self.fleet.members() if m.alive]
 
         async def ping(member: Any) -> None:
+            # Silence is one ping unanswered for ``lost_after_s`` after it was sent, not the
+            # time since the last answer this watch took in: when the scheduler's own event
+            # loop falls behind (a loaded host), answers that arrived meanwhile are taken in
+            # before the ping's time-out fires, where "now - last answer" counted the watch's
+            # own lag and lost every node at once (2-21 s on a loaded 2-core machine).
+            name = member.report.name
+
+            def current() -> bool:  # (not a node lost, or one that joined again, since)
+                return member.alive and self.fleet.by_name.get(name) is member
+
             try:
                 await asyncio.wait_for(member.handle.ping.remote(), cfg.lost_after_s)
                 member.last_seen = time.monotonic()
             except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as exc:
-                self.fleet.lose(member.report.name, f"its agent died ({type(exc).__name__})")
-            except Exception:  # noqa: BLE001 - slow or busy: ``lost_after_s`` decides
-                pass
+                if current():
+                    self.fleet.lose(name, f"its agent died ({type(exc).__name__})")
+            except TimeoutError:
+                if current():
+                    how_long = f"{cfg.lost_after_s:g} s"
+                    self.fleet.lose(name, f"its agent did not answer a ping for {how_long}")
+            except Exception:  # noqa: BLE001 - a failed ping: the next ones decide
+                log.debug("ping of node %s failed", name, exc_info=True)
 
-        await asyncio.wait([asyncio.ensure_future(ping(m)) for m in live], timeout=cfg.ping_every_s)
-        for member in live:
-            if member.alive and now - member.last_seen > cfg.lost_after_s:
-                silent = now - member.last_seen
-                self.fleet.lose(member.report.name, f"its agent did not answer for {silent:.1f} s")
+        for member in live:  # each ping runs to its answer or its time-out, past this check
+            self._background(ping(member))
+        await asyncio.sleep(0)
         for member in self.fleet.members():
             if not member.alive:
                 self.fence(member.report.name)  # cells freed since by actions that ended
