@@ -50,9 +50,9 @@ def test_a_count_cap_beyond_count_max_is_refused_naming_it(workload, setting) ->
 
 
 def test_the_largest_count_cap_generates_quickly() -> None:
-    start = time.perf_counter()
+    start = time.process_time()  # this process's CPU time: a busy machine does not count
     trace = WORKLOADS["coding"](WORKLOADS["coding"].params_with(env_actions_max=COUNT_MAX), batch=2)
-    assert len(trace.trajectories()) == 2 and time.perf_counter() - start < 5.0
+    assert len(trace.trajectories()) == 2 and time.process_time() - start < 5.0
 
 
 @pytest.mark.parametrize(
