@@ -61,12 +61,12 @@ def _as_str(name: str, value: Any, *, optional: bool = False) -> str | None:
 def is_nonnegative_number(value: Any) -> bool:
     """A finite real number >= 0 and not a bool: the check every seconds-or-size field of an
     outside record (importers, calibration) makes before it is read (one owner for the rule)."""
-    return (
-        not isinstance(value, bool)
-        and isinstance(value, numbers.Real)
-        and math.isfinite(value)
-        and value >= 0
-    )
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    try:
+        return math.isfinite(value) and value >= 0
+    except OverflowError:  # an int past float's range (JSON's 1e400 is inf, 10**400 an int)
+        return False
 
 
 def _as_int(name: str, value: Any, *, minimum: int, optional: bool = False) -> int | None:

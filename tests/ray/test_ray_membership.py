@@ -6,6 +6,8 @@ a node whose agent fails is tried once."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import threading
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -218,6 +220,38 @@ def test_a_watch_that_fell_behind_does_not_count_its_own_lag_as_silence(monkeypa
         try:
             time.sleep(0.5)  # the watch's own lag, longer than lost_after_s (0.3 s)
             await asyncio.wait_for(w.check(), 5)
+            assert w.members.fleet.alive("a"), w.members.fleet.by_name["a"].why
+        finally:
+            await w.rt.close()
+
+    asyncio.run(go())
+
+
+class ThreadAgent:
+    """A node agent's handle whose ping answers from another thread after ``delay_s``, as a
+    Ray ObjectRef's future does (``ref.future()``)."""
+
+    def __init__(self, delay_s: float) -> None:
+        def remote() -> Any:
+            answer: concurrent.futures.Future[bool] = concurrent.futures.Future()
+            threading.Timer(delay_s, answer.set_result, (True,)).start()
+            return SimpleNamespace(future=lambda: answer)
+
+        self.ping = SimpleNamespace(remote=remote)
+
+
+def test_an_answer_that_came_while_the_watch_was_blocked_counts(monkeypatch) -> None:
+    """The ping is sent, then the scheduler's loop blocks past ``lost_after_s`` while the answer
+    arrives (0.05 s): when the loop runs again, both the answer and the ping's time-out are
+    due, and the answer wins (``asyncio.wait_for`` on Python 3.12 lets the time-out win)."""
+
+    async def go() -> None:
+        w = watched(monkeypatch, ThreadAgent(0.05))
+        await w.rt.start()
+        try:
+            await w.members.check()  # the ping is sent
+            time.sleep(0.5)  # the loop blocked past lost_after_s (0.3 s)
+            await asyncio.wait_for(asyncio.gather(*w.members._tasks), 5)
             assert w.members.fleet.alive("a"), w.members.fleet.by_name["a"].why
         finally:
             await w.rt.close()

@@ -24,3 +24,7 @@ def test_what_is_not_a_real_number_is_refused(value: object) -> None:
 
 def test_other_reals_count_as_numbers() -> None:
     assert is_nonnegative_number(Fraction(1, 3)) and not is_nonnegative_number(Fraction(-1, 3))
+
+
+def test_an_integer_past_floats_range_is_refused_not_raised() -> None:
+    assert not is_nonnegative_number(10**400) and not is_nonnegative_number(-(10**400))

@@ -100,17 +100,30 @@ def keepers(pids: set[int]) -> set[int]:
 def _clear_sysv_ipc(init: int) -> str | None:
     """Remove every SysV shared-memory segment, message queue and semaphore set of the
     container's IPC namespace (``nsenter``/``ipcrm`` on the host, as root); why not, or None."""
-    ns = f"--ipc=/proc/{init}/ns/ipc"
+    # The namespace is opened once and handed to nsenter by descriptor: were init gone and
+    # its pid reused by a host process meanwhile, ``ipcrm --all`` would empty the host's.
     try:
-        subprocess.run(["nsenter", ns, "ipcrm", "--all"], capture_output=True, timeout=10)
+        fd = os.open(f"/proc/{init}/ns/ipc", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        return f"its IPC namespace cannot be opened: {exc}"
+    try:
+        if os.fstat(fd).st_ino == os.stat("/proc/self/ns/ipc").st_ino:
+            return "its IPC namespace is this host's (its init gone, the pid reused?)"
+        ns = f"--ipc=/proc/self/fd/{fd}"
+        subprocess.run(
+            ["nsenter", ns, "ipcrm", "--all"], capture_output=True, timeout=10, pass_fds=(fd,)
+        )
         listed = subprocess.run(
             ["nsenter", ns, "cat", *(f"/proc/sysvipc/{k}" for k in SYSVIPC)],
             capture_output=True,
             timeout=10,
             check=True,
+            pass_fds=(fd,),
         ).stdout.decode(errors="replace")
     except (OSError, subprocess.SubprocessError) as exc:
         return f"its SysV IPC objects could not be removed: {exc}"
+    finally:
+        os.close(fd)
     # Each file is one header line then one line per object.
     objects = [
         ln for ln in listed.splitlines() if ln.split() and ln.split()[0].lstrip("-").isdigit()

@@ -60,6 +60,8 @@ INLINE_MAX_BYTES = 16 << 10
 #: bytes could not be taken off stdin (a fork refused at the pids limit): the stream is then
 #: out of step, and the caller must stop reading it.
 _LOAD = r"""
+substr=
+( x=ab; [ "${x:1:1}" = b ] ) 2>/dev/null && substr=1
 tangram_load() {
   n=
   case $1 in
@@ -76,14 +78,30 @@ tangram_load() {
 """
 
 #: Scripts up to this many bytes start as one argument (``sh -c SCRIPT``: the kernel limits
-#: one to 128 KiB); a longer one is piped to its shell, which reads it whole and evals it,
-#: so it runs in the image's ``/bin/sh`` as a short one does (not in the runner's shell,
-#: whose builtins differ: busybox's ``echo``, ``grep`` or ``ls`` in place of the image's).
+#: one to 128 KiB). A longer one starts as several arguments of at most ``CHUNK_CHARS``
+#: characters (4 bytes each at most), which its shell joins and evals (``_JOIN``): never
+#: through a pipe or a file, since the action's own ``/bin/sh`` is an ordinary process of the
+#: actions' uid, whose stdin a process an earlier action left can open (``/proc/PID/fd/0``),
+#: pause the reader, kill the writer and write a script of its own, whose output and exit
+#: status the runner then reports as the action's (stop 27's review forged a 900 KB grader's
+#: exit 1 into exit 0 that way). Either way the script runs in the image's ``/bin/sh`` as a
+#: short one does, not in the runner's shell (busybox's ``echo``, ``grep`` or ``ls`` there).
 ARGUMENT_MAX_BYTES = 100_000
+CHUNK_CHARS = 32_000
+
+#: The joined arguments, IFS back to the shell's, the positional parameters cleared, the
+#: script evaluated (``sh -c JOIN /bin/sh PIECE...``; no variable left behind).
+_JOIN = 'd=$IFS; IFS=; set -- "$*"; IFS=$d; unset d; eval "set --; $1"'
 
 #: How the action's shell starts, in the subshell that exported its id (``$script``, ``$n``).
+#: Splitting needs ``${var:offset:length}`` (busybox ash: the guarded runner; not dash): a
+#: runner without it (not root, or no static busybox on the host: its own memory is then
+#: open to the actions anyway, docs/aoe.md) pipes a long script to its shell instead.
 _START = (
     f'[ "${{n:-0}}" -le {ARGUMENT_MAX_BYTES} ] && exec /bin/sh -c "$script"; '
+    'if [ -n "$substr" ]; then set --; o=0; while [ "$o" -lt "${#script}" ]; do '
+    f'set -- "$@" "${{script:$o:{CHUNK_CHARS}}}"; o=$((o + {CHUNK_CHARS})); done; '
+    f"exec /bin/sh -c '{_JOIN}' /bin/sh \"$@\"; fi; "
     """printf '%s' "$script" | exec /bin/sh -c 'eval "$(cat)" </dev/null' /bin/sh"""
 )
 

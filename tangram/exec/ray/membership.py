@@ -131,16 +131,29 @@ class Membership:
             def current() -> bool:  # (not a node lost, or one that joined again, since)
                 return member.alive and self.fleet.by_name.get(name) is member
 
+            # Not wait_for: since Python 3.12 it is asyncio.timeout, which cancels the waiting
+            # task when its timer fires even where the answer came (while this loop was
+            # blocked) and only the task's wake-up was still queued. An ObjectRef's future is
+            # wrapped at once (its answer lands without a task step of ours in between).
+            ref = member.handle.ping.remote()
+            answer = (
+                asyncio.wrap_future(ref.future())
+                if hasattr(ref, "future")
+                else asyncio.ensure_future(ref)  # (stand-in agents: a coroutine)
+            )
+            await asyncio.wait({answer}, timeout=cfg.lost_after_s)
+            if not answer.done():
+                answer.cancel()
+                if current():
+                    how_long = f"{cfg.lost_after_s:g} s"
+                    self.fleet.lose(name, f"its agent did not answer a ping for {how_long}")
+                return
             try:
-                await asyncio.wait_for(member.handle.ping.remote(), cfg.lost_after_s)
+                answer.result()
                 member.last_seen = time.monotonic()
             except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as exc:
                 if current():
                     self.fleet.lose(name, f"its agent died ({type(exc).__name__})")
-            except TimeoutError:
-                if current():
-                    how_long = f"{cfg.lost_after_s:g} s"
-                    self.fleet.lose(name, f"its agent did not answer a ping for {how_long}")
             except Exception:  # noqa: BLE001 - a failed ping: the next ones decide
                 log.debug("ping of node %s failed", name, exc_info=True)
 
@@ -250,6 +263,11 @@ class Membership:
     # ------------------------------------------------------------------ a loss
     def _lost(self, name: str, why: str) -> None:
         self._background(self.evacuate(name, why))
+
+    def cancel_background(self) -> None:
+        """Cancel the pings and adoptions in flight (at shutdown)."""
+        for task in list(self._tasks):
+            task.cancel()
 
     def _background(self, work: Any) -> None:
         """Run ``work`` (a coroutine) on the actor's loop, kept until it ends."""

@@ -128,6 +128,7 @@ class SchedulerActor:
         """Shut the runtime down (queued actions end, running ones finish), then the agents."""
         if self._monitor is not None:
             self._monitor.cancel()
+        self.members.cancel_background()  # pings in flight would "lose" the agents it stops
         if self.runtime is not None and not self.runtime.closing:
             await self.runtime.close()
         if self.runner is not None:
