@@ -2,7 +2,8 @@
 # Make a Docker engine and Tangram's local images available, on a fresh machine or a warm one.
 #
 # What it does, each step skipped when already done (a warm run takes well under a second):
-#   1. apt-get install docker.io busybox-static debootstrap when any of them is missing;
+#   1. apt-get install docker.io busybox-static debootstrap (and util-linux, for nsenter and ipcrm)
+#      when any of them is missing;
 #   2. start dockerd in the background (root) when `docker info` fails, log to /tmp/dockerd.log,
 #      and wait for it (TANGRAM_DOCKERD_TIMEOUT seconds, default 60);
 #   3. build the images when `docker image inspect` fails (no registry is reachable, so both are
@@ -42,6 +43,8 @@ command -v dockerd >/dev/null 2>&1 || [ -x /usr/sbin/dockerd ] || missing+=(dock
 command -v docker >/dev/null 2>&1 || missing+=(docker.io)
 { [ -x /bin/busybox ] && ! ldd /bin/busybox >/dev/null 2>&1; } || missing+=(busybox-static)
 command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || missing+=(debootstrap)
+# nsenter + ipcrm: a warm-pool reset removes the last user's SysV IPC objects with them
+{ command -v nsenter && command -v ipcrm; } >/dev/null 2>&1 || missing+=(util-linux)
 if [ ${#missing[@]} -gt 0 ]; then
   mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
   say "installing ${missing[*]}"
