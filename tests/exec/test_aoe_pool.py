@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import shlex
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -336,3 +339,27 @@ def test_a_container_removed_during_a_listing_does_not_fail_it() -> None:
 
     client = type("Client", (), {"containers": Listing()})()
     assert session_containers(client, "s") == ["c1"] and Listing.calls == 2
+
+
+def test_a_host_without_nsenter_fails_each_reset_and_says_why_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tangram.exec.aoe import reset
+
+    def missing(*args: Any, **kwargs: Any) -> None:
+        raise FileNotFoundError(2, "No such file or directory", "nsenter")
+
+    real_stat = reset.os.stat
+    monkeypatch.setattr(reset.subprocess, "run", missing)
+    monkeypatch.setattr(  # this process's namespace seen as another's (a container's)
+        reset.os,
+        "stat",
+        lambda p, *a, **k: SimpleNamespace(st_ino=-1) if p == "/proc/self/ns/ipc" else real_stat(p),
+    )
+    reset._warn_once.cache_clear()
+    caplog.set_level(logging.WARNING, logger="tangram.exec.aoe.reset")
+    for _ in range(3):
+        why = reset._clear_sysv_ipc(os.getpid())
+        assert why is not None and "could not be removed" in why and "nsenter" in why
+    warned = [r.getMessage() for r in caplog.records if "every reset fails" in r.getMessage()]
+    assert len(warned) == 1 and "nsenter and ipcrm" in warned[0]

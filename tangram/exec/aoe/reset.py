@@ -25,7 +25,9 @@ changed from inside (no capabilities), so these three steps leave nothing of the
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
+import logging
 import os
 import shutil
 import signal
@@ -59,6 +61,7 @@ SCRATCH_DIRS = ("/tmp", "/dev/shm", "/dev/mqueue")
 #: container's memory) and must be removed from inside that namespace.
 SYSVIPC = ("shm", "msg", "sem")
 
+log = logging.getLogger(__name__)
 _seq = itertools.count(1)
 
 
@@ -97,6 +100,11 @@ def keepers(pids: set[int]) -> set[int]:
     return found
 
 
+@functools.cache
+def _warn_once(message: str) -> None:
+    log.warning("%s", message)
+
+
 def _clear_sysv_ipc(init: int) -> str | None:
     """Remove every SysV shared-memory segment, message queue and semaphore set of the
     container's IPC namespace (``nsenter``/``ipcrm`` on the host, as root); why not, or None."""
@@ -120,6 +128,9 @@ def _clear_sysv_ipc(init: int) -> str | None:
             check=True,
             pass_fds=(fd,),
         ).stdout.decode(errors="replace")
+    except FileNotFoundError as exc:  # no nsenter or ipcrm: every reset fails, said once
+        _warn_once(f"warm pool: every reset fails: {exc} (util-linux's nsenter and ipcrm)")
+        return f"its SysV IPC objects could not be removed: {exc}"
     except (OSError, subprocess.SubprocessError) as exc:
         return f"its SysV IPC objects could not be removed: {exc}"
     finally:
