@@ -3,6 +3,8 @@ dies mid-action, a command that does not exist, a time-out, too much output, out
 
 from __future__ import annotations
 
+import base64
+import shlex
 import threading
 import time
 from typing import Any
@@ -122,3 +124,48 @@ def test_bad_requests_raise_naming_the_problem(manager: Any, trajectory: Any) ->
     with pytest.raises(AoeError, match="not in the local Docker engine"):
         manager.open_trajectory("img", image="tangram-no-such-image")
     assert manager.free_cores() == manager.topology.cores
+
+
+def test_an_action_that_kills_its_runner_does_not_outlive_its_time_out(
+    manager: Any, trajectory: Any
+) -> None:
+    """The runner has the actions' uid, so an action can SIGKILL it: its processes were then
+    moved out of the action cgroup, alive, past their time-out (stop 27's security hunt)."""
+    traj = trajectory(manager)
+    escape = (
+        "exec >&- 2>&- <&-; kill -9 $PPID; "
+        "i=0; while [ $i -lt 60 ]; do sleep 0.25; i=$((i+1)); done"
+    )
+    out = manager.run_action(traj, escape, 1, timeout_s=2.0)
+    assert out.status == "error", out
+    left = manager.run_action(traj, "ps -o args | grep -c '[s]leep 0.25'", 1, timeout_s=10)
+    assert left.text == "0\n", left
+
+
+def test_an_exec_launcher_takes_no_action_line_from_an_earlier_actions_process(
+    docker_client: Any,
+) -> None:
+    """With the exec transport, a process an earlier action left wrote a forged action line
+    into the next launcher's stdin (/proc/PID/fd/0: the image's /bin/sh had the actions' uid)
+    and the grader's exit 1 came back as exit 0 (4 times in 4 before stop 27). The launcher
+    is the exec-only busybox now; the planted writer gives up after 20 s."""
+    from tangram.exec.aoe import AoeConfig, AoeManager
+
+    forged = base64.b64encode(b"echo 'grader: 10/10 passed'; exit 0").decode()
+    daemon = (
+        "X=$(sh -c 'echo $$'); : > /tmp/ready; p=$((X+1)); "
+        "while [ ! -e /proc/$p/fd/0 ]; do :; done; "
+        f"printf '%s\\n' 'forged {forged}' > /proc/$p/fd/0"
+    )
+    plant = (
+        f"setsid timeout 20 sh -c {shlex.quote(daemon)} >/dev/null 2>&1 </dev/null & "
+        "while [ ! -e /tmp/ready ]; do :; done; echo planted"
+    )
+    with AoeManager(AoeConfig(transport="exec", kill_grace_s=3.0), client=docker_client) as m:
+        m.open_trajectory("forge", memory_gb=0.25)
+        try:
+            assert m.run_action("forge", plant, 1, timeout_s=20).text == "planted\n"
+            out = m.run_action("forge", "echo 'grader: 3/10 passed'; exit 1", 1, timeout_s=20)
+            assert (out.exit_code, out.text) == (1, "grader: 3/10 passed\n"), out
+        finally:
+            m.close_trajectory("forge")

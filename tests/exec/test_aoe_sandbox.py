@@ -3,6 +3,7 @@ container lifecycle: nothing is left behind at exit, at a crash, or by a dead ma
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tangram.exec.aoe import AoeConfig, AoeManager, SandboxConfig
+from tangram.exec.aoe import AoeConfig, AoeError, AoeManager, SandboxConfig
 from tangram.exec.aoe.containers import LABEL, LABEL_OWNER, LABEL_SESSION, owner_label
 
 pytestmark = pytest.mark.docker
@@ -156,3 +157,29 @@ def test_orphans_of_dead_managers_are_removed_on_start(docker_client: Any) -> No
         live.remove(force=True)
         if os.environ.get("TANGRAM_KEEP"):
             pass
+
+
+def test_a_work_volume_is_each_trajectorys_own_and_never_a_host_path(
+    manager: Any, trajectory: Any, docker_client: Any
+) -> None:
+    """One ``work_volume`` name on the sandbox gave every trajectory (and later sessions) the
+    same /work, and a host path was bind-mounted read-write (stop 27's security hunt)."""
+    name = f"tangram-test-vol-{os.getpid()}"
+    sandbox = SandboxConfig(work_volume=name)
+    a, b = trajectory(manager, sandbox=sandbox), trajectory(manager, sandbox=sandbox)
+    try:
+        assert manager.run_action(a, "echo secret > /work/a.txt", 1).ok
+        seen = manager.run_action(b, "ls -A /work; echo end", 1)
+        assert seen.text == "end\n", seen
+        manager.recreate(a)  # its own volume survives its recreate
+        assert manager.run_action(a, "cat /work/a.txt", 1).text == "secret\n"
+        assert any("work dir on docker volumes" in r for r in sandbox.relaxations())
+        with pytest.raises(AoeError, match="docker volume name"):
+            SandboxConfig(work_volume="/etc")
+    finally:
+        for t in (a, b):
+            manager.close_trajectory(t)
+        for vol in docker_client.volumes.list():  # (volumes outlive their trajectories)
+            if vol.name.startswith(name):
+                with contextlib.suppress(Exception):
+                    vol.remove(force=True)

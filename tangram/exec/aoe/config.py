@@ -27,6 +27,8 @@ SANDBOX_USER = "1000:1000"
 
 _ROOT_USERS = {"0", "root", "0:0", "root:root"}
 _CAPABILITY = re.compile(r"^(CAP_)?[A-Z_]+$")
+#: A docker volume name (no '/': a path would be bind-mounted from the host, read-write).
+_VOLUME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,200}\Z")
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,11 @@ class SandboxConfig:
     cap_add: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.work_volume is not None and not _VOLUME.match(self.work_volume):
+            raise AoeError(
+                f"SandboxConfig.work_volume must be a docker volume name ([A-Za-z0-9_.-], no "
+                f"'/': a host path would be bind-mounted read-write), got {self.work_volume!r}"
+            )
         if not self.work_dir.startswith("/"):
             raise AoeError(
                 f"SandboxConfig.work_dir must be an absolute path, got {self.work_dir!r}"
@@ -104,6 +111,11 @@ class SandboxConfig:
             out.append("default capabilities kept")
         if self.cap_add:
             out.append(f"capabilities added: {', '.join(self.cap_add)}")
+        if self.work_volume:
+            out.append(
+                f"work dir on docker volumes {self.work_volume}-<trajectory> (host disk, no size "
+                "limit, not charged to the memory limit, kept after the trajectory closes)"
+            )
         return tuple(out)
 
 

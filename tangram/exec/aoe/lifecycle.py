@@ -251,11 +251,18 @@ class Lifecycle:
         """Create, warm up and park a container; ``keeper``: the uid of its init and keeper
         process; ``shell``: the host's exec-only shell for its runner (``guarded.py``)."""
         cfg = self.config
+        sandbox = blueprint.sandbox
+        if sandbox.work_volume:
+            # The trajectory's own volume (kept across its ``recreate``s): one name set on the
+            # manager's sandbox must not give every trajectory the same files.
+            sandbox = replace(
+                sandbox, work_volume=f"{sandbox.work_volume}-{id_digest(blueprint.traj_id)}"
+            )
         spec = containers.ContainerSpec(
             name=name,
             image=blueprint.image,
             memory_gb=blueprint.memory_gb,
-            sandbox=blueprint.sandbox,
+            sandbox=sandbox,
             cpu_period_us=cfg.cfs_period_us,
             start_quota_us=cfg.cfs_period_us * len(self.topology.cores),
             park_cores=self.topology.cores,
@@ -282,7 +289,7 @@ class Lifecycle:
             transport = TRANSPORTS[cfg.transport](
                 self.client.api, made.id, sb.user, sb.work_dir, cfg.kill_grace_s, group
             )
-            if shell is not None and isinstance(transport, RunnerTransport):
+            if shell is not None:  # the runner, or each exec's launcher: non-dumpable
                 transport.shell = guarded.shell_command()
             warm_up(transport, name)
             control.park()

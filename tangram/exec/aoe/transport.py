@@ -384,11 +384,15 @@ class ExecTransport:
         self.api, self.container_id = api, container_id
         self.user, self.workdir, self.grace_s = user, workdir, grace_s
         self.group = group
+        #: The launcher's shell (``guarded.shell_command()`` for an exec-only one: a launcher
+        #: from the image's /bin/sh is dumpable, and a process an earlier action left wrote a
+        #: forged action line into its stdin through /proc/PID/fd/0 before the real one).
+        self.shell: tuple[str, ...] = ("/bin/sh",)
 
     def run(self, req: ActionRequest, kill: Callable[[str], None]) -> RawResult:
         exec_id = self.api.exec_create(
             self.container_id,
-            ["/bin/sh", "-c", EXEC_SCRIPT],
+            [*self.shell, "-c", EXEC_SCRIPT],
             stdin=True,
             stdout=True,
             stderr=True,
@@ -510,6 +514,11 @@ class RunnerTransport:
                 kill,
                 lambda: out.done and err.done,
             )
+            if ended == "eof":
+                # The runner died mid-action (an action can SIGKILL it: same uid): what the
+                # action started is still in the group; kill it as at a time-out, or leave()
+                # would move it out and it would outlive its time-out.
+                kill("runner lost")
         finally:
             self.group.leave()
         if ended in ("stuck", "eof"):
