@@ -89,3 +89,27 @@ def test_a_fifo_left_where_long_scripts_were_spooled_serves_nothing(
     assert manager.run_action(traj, plant, 1).text == "planted\n"
     out = manager.run_action(traj, _long("echo grader: 2 failed", 1), 1, timeout_s=20)
     assert (out.exit_code, out.text) == (1, "grader: 2 failed\n"), out
+
+
+@pytest.mark.parametrize("transport", ["runner", "exec"])
+def test_a_long_non_ascii_script_runs_whole(docker_client: Any, transport: str) -> None:
+    """Busybox ash counts ``${#script}`` in UTF-8 characters under the python image's
+    LANG=C.UTF-8 and ``${script:o:l}`` in bytes: a 120 KB script of 40,000 characters lost its
+    last 88 KB, and a grader's ``exit 1`` after non-ASCII reference text came back as exit 0."""
+    from tangram.exec.aoe import AoeConfig, AoeManager
+    from tangram.exec.aoe.config import PYTHON_IMAGE
+
+    cfg = AoeConfig(image=PYTHON_IMAGE, transport=transport, kill_grace_s=3.0)
+    with AoeManager(cfg, client=docker_client) as m:
+        m.open_trajectory("utf8", memory_gb=0.5)
+        try:
+            grader = (
+                "echo checking\n# expected: " + "日本語のテキスト" * 5000 + "\necho FAIL; exit 1\n"
+            )
+            out = m.run_action("utf8", grader, 1, timeout_s=60)
+            assert (out.exit_code, out.text) == (1, "checking\nFAIL\n"), out
+            payload = "\U0001f600" * 75_000
+            out = m.run_action("utf8", f"printf '%s' '{payload}' | wc -c", 1, timeout_s=60)
+            assert out.ok and out.text.strip() == str(len(payload.encode())), out
+        finally:
+            m.close_trajectory("utf8")

@@ -356,10 +356,15 @@ def test_a_host_without_nsenter_fails_each_reset_and_says_why_once(
         "stat",
         lambda p, *a, **k: SimpleNamespace(st_ino=-1) if p == "/proc/self/ns/ipc" else real_stat(p),
     )
+    mine = {os.getpid()}
+    monkeypatch.setattr(reset, "processes", lambda container: mine)
     reset._warn_once.cache_clear()
     caplog.set_level(logging.WARNING, logger="tangram.exec.aoe.reset")
     for _ in range(3):
-        why = reset._clear_sysv_ipc(os.getpid())
+        why = reset._clear_sysv_ipc(os.getpid(), None)
         assert why is not None and "could not be removed" in why and "nsenter" in why
     warned = [r.getMessage() for r in caplog.records if "every reset fails" in r.getMessage()]
     assert len(warned) == 1 and "nsenter and ipcrm" in warned[0]
+    # A pid no longer the container's (its init gone, the pid reused) is never entered.
+    mine.clear()
+    assert "init is gone" in (reset._clear_sysv_ipc(os.getpid(), None) or "")

@@ -3,16 +3,19 @@ actions are in flight, restarted on the same journal, answers the clients' resen
 outcome each (``result``, ``error`` or ``unknown``) and runs none of them a second time.
 
 Runs are counted outside the server: API calls by the endpoint the service forwards to (an
-HTTP server in this test), CPU commands by a marker file each run creates in a host directory
-every container mounts as its work dir (so a second run is visible whichever container or
-server process made it). Bounded: every wait has a deadline, and the whole test a time limit.
+HTTP server in this test), CPU commands by a marker file each run creates in the trajectory's
+work volume, which every container of the trajectory mounts, in either server process (read
+on the host through the volume's mount point, so a second run is visible whichever container
+or server process made it). Bounded: every wait has a deadline, and the whole test a time limit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
+import os
 import select
 import signal
 import socket
@@ -25,8 +28,9 @@ from typing import Any
 from tangram.exec.runtime import Outcome
 from tangram.trace import load_trace
 
-#: ``tangram serve`` itself, its containers' work dir bind-mounted from the host directory
-#: ``argv[1]`` (the command line has no flag for the sandbox; this is the only change).
+#: ``tangram serve`` itself, its containers' work dir on docker volumes named from ``argv[1]``
+#: (each trajectory's own: ``argv[1]-<digest of its id>``; the command line has no flag for
+#: the sandbox; this is the only change).
 LAUNCHER = """
 import functools, sys
 import tangram.exec.aoe as aoe
@@ -48,9 +52,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve(port: int, api_port: int, state: Path, work: Path) -> tuple[subprocess.Popen, str]:
+def serve(port: int, api_port: int, state: Path, volume: str) -> tuple[subprocess.Popen, str]:
     """Start the service; returns it and its URL once it listens (within 120 s)."""
-    cmd = [sys.executable, "-c", LAUNCHER, str(work), "serve", "--no-gpu", "--json"]
+    cmd = [sys.executable, "-c", LAUNCHER, volume, "serve", "--no-gpu", "--json"]
     cmd += ["--port", str(port), "--journal", str(state / "journal.sqlite")]
     cmd += ["--trace", str(state / "run.jsonl"), "--api", f"search=http://127.0.0.1:{api_port}/"]
     log = (state / f"serve-{time.monotonic_ns()}.log").open("w")
@@ -64,8 +68,12 @@ def serve(port: int, api_port: int, state: Path, work: Path) -> tuple[subprocess
     return proc, json.loads(line)["url"]
 
 
-def markers(work: Path) -> collections.Counter[str]:
-    """Runs per CPU action id, from their marker files."""
+def markers(docker_client: Any, volume: str) -> collections.Counter[str]:
+    """Runs per CPU action id, from their marker files in the volume (none before it exists)."""
+    try:
+        work = Path(docker_client.volumes.get(volume).attrs["Mountpoint"])
+    except Exception:  # noqa: BLE001 - not made yet: no run yet
+        return collections.Counter()
     return collections.Counter(p.name.split(".")[0][len("run-") :] for p in work.glob("run-*"))
 
 
@@ -116,19 +124,20 @@ async def counting_endpoint(calls: collections.Counter[str]) -> tuple[Any, int]:
 def test_a_killed_service_restarted_on_its_journal_runs_nothing_twice(
     docker_client: Any, tmp_path: Path
 ) -> None:
+    from tangram.exec.aoe.lifecycle import id_digest
     from tangram.exec.service import AsyncClient
 
-    state, work = tmp_path / "state", tmp_path / "work"
+    state = tmp_path / "state"
     state.mkdir()
-    work.mkdir()
-    work.chmod(0o777)  # the sandbox user (uid 1000) writes the markers
+    name = f"tangram-restart-{os.getpid()}-{time.monotonic_ns()}"
+    volume = f"{name}-{id_digest('rt')}"  # trajectory rt's own (the image makes /work 1000's)
     calls: collections.Counter[str] = collections.Counter()
     procs: list[subprocess.Popen] = []
 
     async def scenario() -> None:
         runner, api_port = await counting_endpoint(calls)
         port = free_port()
-        proc, url = serve(port, api_port, state, work)
+        proc, url = serve(port, api_port, state, name)
         procs.append(proc)
         # 12 retries: the resends outlast a restart (back-off up to 10 s each)
         async with AsyncClient(url, retries=12) as c:
@@ -149,7 +158,10 @@ def test_a_killed_service_restarted_on_its_journal_runs_nothing_twice(
             }
             tasks = {i: asyncio.create_task(c.run(id=i, **a)) for i, a in flying.items()}
             await until(
-                lambda: all(calls[f"fly-{k}"] for k in range(3)) and markers(work)["cpu-0"],
+                lambda: (
+                    all(calls[f"fly-{k}"] for k in range(3))
+                    and markers(docker_client, volume)["cpu-0"]
+                ),
                 "the API calls and the first command to run",
             )
             proc.send_signal(signal.SIGKILL)  # cpu-1 waits behind cpu-0 in its trajectory
@@ -157,7 +169,7 @@ def test_a_killed_service_restarted_on_its_journal_runs_nothing_twice(
             streamed = load_trace(state / "run.jsonl")  # valid after a kill -9
             assert {r.action_id for r in streamed.rows} == set(done)
 
-            proc, _ = serve(port, api_port, state, work)  # same port, same journal
+            proc, _ = serve(port, api_port, state, name)  # same port, same journal
             procs.append(proc)
             await reopen(c, "rt")  # so a resent command could run again, were it allowed to
             outs: dict[str, Any] = {}
@@ -193,7 +205,9 @@ def test_a_killed_service_restarted_on_its_journal_runs_nothing_twice(
                     proc.wait(60)
                 except subprocess.TimeoutExpired:
                     proc.kill()
+    runs = markers(docker_client, volume)
+    with contextlib.suppress(Exception):  # (a volume outlives its trajectory)
+        docker_client.volumes.get(volume).remove(force=True)
     assert dict(calls) == {"done-api": 1, "fly-0": 1, "fly-1": 1, "fly-2": 1}, "each ran once"
-    runs = markers(work)
     assert runs["done-cpu"] == 1 and runs["cpu-0"] == 1 and runs["after"] == 1
     assert runs["cpu-1"] <= 1 and max(runs.values()) == 1, f"a command ran twice: {runs}"

@@ -11,7 +11,8 @@ naming the key; AOE checks again before it runs anything.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+import shlex
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 #: Variables AOE sets for every action (documented in docs/aoe.md).
@@ -50,6 +51,28 @@ def env_problem(env: Mapping[Any, Any]) -> str | None:
             return f"env value of {key!r} contains a NUL byte"
         if len(value.encode("utf-8", "surrogatepass")) > MAX_ENV_VALUE_BYTES:
             return f"env value of {key!r} is over {MAX_ENV_VALUE_BYTES} bytes"
+    return None
+
+
+#: The most bytes a command and its environment's exports may make together: a script past
+#: ``transport.ARGUMENT_MAX_BYTES`` starts as arguments of its shell, and the kernel refuses
+#: an exec whose arguments and environment pass ARG_MAX (2 MiB at docker's 8 MiB stack):
+#: the action failed with exit 126, "Argument list too long". Room is left for the
+#: container's own environment.
+MAX_SCRIPT_BYTES = (2 << 20) - (128 << 10)
+
+
+def script_problem(command: str | Sequence[str], env: Mapping[str, str]) -> str | None:
+    """Why ``command`` and ``env`` (both already held to the rules above) are too long
+    together to start (None when they are not): counted as the script the action runs."""
+    script = command if isinstance(command, str) else shlex.join(command)
+    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
+    size = len((exports + script).encode("utf-8", "surrogatepass"))
+    if size > MAX_SCRIPT_BYTES:
+        return (
+            f"command and env make a {size}-byte script; the limit is {MAX_SCRIPT_BYTES} "
+            "(put a long program or a large value in a file of the trajectory's container)"
+        )
     return None
 
 

@@ -70,7 +70,11 @@ def plan_action(
 
     The environment and the command are held to ``environment``'s rule here, before anything
     runs, whatever the caller checked already (the service refuses the same with a 400)."""
-    problem = environment.env_problem(env or {}) or environment.command_problem(command)
+    problem = (
+        environment.env_problem(env or {})
+        or environment.command_problem(command)
+        or environment.script_problem(command, env or {})
+    )
     if problem:
         raise AoeError(problem)
     if action_id is not None and not ACTION_ID.match(action_id):

@@ -105,7 +105,7 @@ def _warn_once(message: str) -> None:
     log.warning("%s", message)
 
 
-def _clear_sysv_ipc(init: int) -> str | None:
+def _clear_sysv_ipc(init: int, container: Container) -> str | None:
     """Remove every SysV shared-memory segment, message queue and semaphore set of the
     container's IPC namespace (``nsenter``/``ipcrm`` on the host, as root); why not, or None."""
     # The namespace is opened once and handed to nsenter by descriptor: were init gone and
@@ -117,6 +117,8 @@ def _clear_sysv_ipc(init: int) -> str | None:
     try:
         if os.fstat(fd).st_ino == os.stat("/proc/self/ns/ipc").st_ino:
             return "its IPC namespace is this host's (its init gone, the pid reused?)"
+        if init not in processes(container):  # checked after the open: the fd is this one's
+            return "its init is gone (the pid may be another container's now)"
         ns = f"--ipc=/proc/self/fd/{fd}"
         subprocess.run(
             ["nsenter", ns, "ipcrm", "--all"], capture_output=True, timeout=10, pass_fds=(fd,)
@@ -220,7 +222,7 @@ def _reset_on(
         where = root / d.lstrip("/")
         if where.is_dir() and (left := empty_dir(where)):
             return f"{d} still holds {left} after emptying"
-    if left := _clear_sysv_ipc(init):
+    if left := _clear_sysv_ipc(init, container):
         return left
     transport = container.transport
     assert isinstance(transport, RunnerTransport)

@@ -79,7 +79,10 @@ tangram_load() {
 
 #: Scripts up to this many bytes start as one argument (``sh -c SCRIPT``: the kernel limits
 #: one to 128 KiB). A longer one starts as several arguments of at most ``CHUNK_CHARS``
-#: characters (4 bytes each at most), which its shell joins and evals (``_JOIN``): never
+#: characters (4 bytes each at most), which its shell joins and evals (``_JOIN``). The loop
+#: runs to ``$n``, the byte count: busybox ash's ``${#script}`` counts UTF-8 characters
+#: under LANG=C.UTF-8 while ``${script:o:l}`` counts bytes, and a bound of ``${#script}``
+#: dropped the tail of a non-ASCII script (a grader's ``exit 1`` came back as exit 0). Never
 #: through a pipe or a file, since the action's own ``/bin/sh`` is an ordinary process of the
 #: actions' uid, whose stdin a process an earlier action left can open (``/proc/PID/fd/0``),
 #: pause the reader, kill the writer and write a script of its own, whose output and exit
@@ -99,7 +102,7 @@ _JOIN = 'd=$IFS; IFS=; set -- "$*"; IFS=$d; unset d; eval "set --; $1"'
 #: open to the actions anyway, docs/aoe.md) pipes a long script to its shell instead.
 _START = (
     f'[ "${{n:-0}}" -le {ARGUMENT_MAX_BYTES} ] && exec /bin/sh -c "$script"; '
-    'if [ -n "$substr" ]; then set --; o=0; while [ "$o" -lt "${#script}" ]; do '
+    'if [ -n "$substr" ]; then set --; o=0; while [ "$o" -lt "$n" ]; do '
     f'set -- "$@" "${{script:$o:{CHUNK_CHARS}}}"; o=$((o + {CHUNK_CHARS})); done; '
     f"exec /bin/sh -c '{_JOIN}' /bin/sh \"$@\"; fi; "
     """printf '%s' "$script" | exec /bin/sh -c 'eval "$(cat)" </dev/null' /bin/sh"""

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tangram.core.curves import Amdahl, CurveError, ElasticityCurve, Inelastic, curve_from_dict
-from tangram.exec.aoe.environment import command_problem, env_problem
+from tangram.exec.aoe.environment import command_problem, env_problem, script_problem
 from tangram.exec.runtime.errors import BadRequest
 
 Resource = Literal["cpu", "gpu", "api"]
@@ -58,7 +58,7 @@ class CpuWork:
             raise BadRequest("command must be a string or a non-empty list of strings")
         if not isinstance(self.env, Mapping):
             raise BadRequest(f"env must be an object of strings, got {type(self.env).__name__}")
-        problem = command_problem(cmd) or env_problem(self.env)
+        problem = command_problem(cmd) or env_problem(self.env) or script_problem(cmd, self.env)
         if problem is not None:
             raise BadRequest(problem)
         limit = self.max_output_bytes
