@@ -43,13 +43,19 @@ def report(node_id: str, name: str, cores: int, memory_gb: float, gpus: int = 0)
 
 
 class Agent:
-    """A node agent's handle that answers pings."""
+    """A node agent's handle whose pings answer after ``delay_s`` (None: never), from another
+    thread, as a Ray ObjectRef's future does (``ref.future()``)."""
 
-    def __init__(self) -> None:
-        async def pong() -> bool:
-            return True
+    def __init__(self, delay_s: float | None = 0.0) -> None:
+        def remote() -> Any:
+            answer: concurrent.futures.Future[bool] = concurrent.futures.Future()
+            if delay_s == 0.0:
+                answer.set_result(True)
+            elif delay_s is not None:
+                threading.Timer(delay_s, answer.set_result, (True,)).start()
+            return SimpleNamespace(future=lambda: answer)
 
-        self.ping = SimpleNamespace(remote=pong)
+        self.ping = SimpleNamespace(remote=remote)
 
 
 class Watch:
@@ -62,7 +68,7 @@ class Watch:
         self.rt = Runtime(CLUSTER, RuntimeConfig(), cpu=cpu, gpu=gpu, api=ApiExecutor({}))  # type: ignore[arg-type]
         cpu.scheduler = gpu.scheduler = self.rt.scheduler
         self.members.runtime = self.rt
-        self.members.fleet.add(report("id-a", "a", 1, 8.0, gpus=2), Agent(), time.monotonic())
+        self.members.fleet.add(report("id-a", "a", 1, 8.0, gpus=2), Agent())
         self.spawned: list[str] = []
         self.table = [ray_node("id-a", "a"), ray_node("id-b", "b")]
 
@@ -174,29 +180,16 @@ def test_a_node_whose_agent_fails_stays_unplaced_and_is_tried_once(monkeypatch) 
     asyncio.run(go())
 
 
-class SlowAgent:
-    """A node agent's handle whose pings answer after ``delay_s`` (None: never)."""
-
-    def __init__(self, delay_s: float | None) -> None:
-        async def pong() -> bool:
-            if delay_s is None:
-                await asyncio.Event().wait()
-            await asyncio.sleep(delay_s or 0.0)
-            return True
-
-        self.ping = SimpleNamespace(remote=pong)
-
-
 def watched(monkeypatch: pytest.MonkeyPatch, agent: Any) -> Watch:
     w = Watch(monkeypatch, RayConfig(ping_every_s=0.05, lost_after_s=0.3), lambda nodes: [])
     w.table = [ray_node("id-a", "a")]
-    w.members.fleet.add(report("id-a", "a", 1, 8.0, gpus=2), agent, time.monotonic())
+    w.members.fleet.add(report("id-a", "a", 1, 8.0, gpus=2), agent)
     return w
 
 
 def test_a_node_whose_pings_go_unanswered_is_lost_after_lost_after_s(monkeypatch) -> None:
     async def go() -> None:
-        w = watched(monkeypatch, SlowAgent(None))
+        w = watched(monkeypatch, Agent(None))
         await w.rt.start()
         try:
             await w.members.check()
@@ -215,7 +208,7 @@ def test_a_watch_that_fell_behind_does_not_count_its_own_lag_as_silence(monkeypa
     agent answering in 0.1 s: under "now - last answer" every node was lost at once."""
 
     async def go() -> None:
-        w = watched(monkeypatch, SlowAgent(0.1))
+        w = watched(monkeypatch, Agent(0.1))
         await w.rt.start()
         try:
             time.sleep(0.5)  # the watch's own lag, longer than lost_after_s (0.3 s)
@@ -227,26 +220,13 @@ def test_a_watch_that_fell_behind_does_not_count_its_own_lag_as_silence(monkeypa
     asyncio.run(go())
 
 
-class ThreadAgent:
-    """A node agent's handle whose ping answers from another thread after ``delay_s``, as a
-    Ray ObjectRef's future does (``ref.future()``)."""
-
-    def __init__(self, delay_s: float) -> None:
-        def remote() -> Any:
-            answer: concurrent.futures.Future[bool] = concurrent.futures.Future()
-            threading.Timer(delay_s, answer.set_result, (True,)).start()
-            return SimpleNamespace(future=lambda: answer)
-
-        self.ping = SimpleNamespace(remote=remote)
-
-
 def test_an_answer_that_came_while_the_watch_was_blocked_counts(monkeypatch) -> None:
     """The ping is sent, then the scheduler's loop blocks past ``lost_after_s`` while the answer
     arrives (0.05 s): when the loop runs again, both the answer and the ping's time-out are
     due, and the answer wins (``asyncio.wait_for`` on Python 3.12 lets the time-out win)."""
 
     async def go() -> None:
-        w = watched(monkeypatch, ThreadAgent(0.05))
+        w = watched(monkeypatch, Agent(0.05))
         await w.rt.start()
         try:
             await w.members.check()  # the ping is sent

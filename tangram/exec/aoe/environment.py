@@ -62,12 +62,20 @@ def env_problem(env: Mapping[Any, Any]) -> str | None:
 MAX_SCRIPT_BYTES = (2 << 20) - (128 << 10)
 
 
+def command_text(command: str | Sequence[str]) -> str:
+    """The shell text of ``command``: a string as given, an argv list quoted, never split."""
+    return command if isinstance(command, str) else shlex.join(command)
+
+
+def exports(env: Mapping[str, str]) -> str:
+    """``env`` as the script's leading ``export NAME='value'`` lines (values quoted)."""
+    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
+
+
 def script_problem(command: str | Sequence[str], env: Mapping[str, str]) -> str | None:
     """Why ``command`` and ``env`` (both already held to the rules above) are too long
     together to start (None when they are not): counted as the script the action runs."""
-    script = command if isinstance(command, str) else shlex.join(command)
-    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
-    size = len((exports + script).encode("utf-8", "surrogatepass"))
+    size = len((exports(env) + command_text(command)).encode("utf-8", "surrogatepass"))
     if size > MAX_SCRIPT_BYTES:
         return (
             f"command and env make a {size}-byte script; the limit is {MAX_SCRIPT_BYTES} "

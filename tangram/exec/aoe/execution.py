@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -95,7 +94,7 @@ def plan_action(
     limit = config.max_output_bytes if max_output_bytes is None else max_output_bytes
     if limit < 1:
         raise AoeError(f"max_output_bytes must be positive, got {max_output_bytes}")
-    script = command if isinstance(command, str) else shlex.join(command)
+    script = environment.command_text(command)
     if not script.strip():
         raise AoeError("command is empty")
     if pool is not None:

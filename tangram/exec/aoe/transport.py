@@ -13,12 +13,12 @@ Two transports, one contract (``run(request, kill) -> RawResult``):
 Both send the action the same way (``frame``): one line ``[TOKEN] ACTION_ID ARG``, where ARG
 is the base64 of a short script, or ``@N`` followed by the N raw bytes of a long one, which
 the container's shell reads (``head -c``) into its memory and hands to the action's
-``/bin/sh`` (as its one argument, or through a pipe past ``ARGUMENT_MAX_BYTES``): a script
-passed as one argument is limited by the kernel to 128 KiB, reading a megabyte with ``read``
-would take a second, and a file would be the actions' to write (same uid: a FIFO left at its
-name served a later action a forged script). Before the line is sent, the shell that will start the action
-is idle on its stdin and is put in the action cgroup (``kill.ActionGroup``), so whatever the action starts is
-born there.
+``/bin/sh`` as its arguments (``_START``): a script passed as one argument is limited by the
+kernel to 128 KiB, reading a megabyte with ``read`` would take a second, and a file or a pipe
+would be the actions' to reach (same uid: a FIFO left at a spool file's name served a later
+action a forged script). Before the line is sent, the shell that will start the action is
+idle on its stdin and is put in the action cgroup (``kill.ActionGroup``), so whatever the
+action starts is born there.
 
 Both read docker's multiplexed stream (8-byte frame headers) with a deadline, enforce the
 output size limit while reading, and call ``kill`` at the time-out or on overflow; the kill
@@ -32,7 +32,6 @@ import base64
 import contextlib
 import logging
 import secrets
-import shlex
 import socket
 import struct
 import time
@@ -40,15 +39,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tangram.exec.aoe.environment import KEY
+from tangram.exec.aoe.environment import KEY, exports
 from tangram.exec.aoe.errors import AoeError
 from tangram.exec.aoe.kill import ActionGroup
 
 log = logging.getLogger(__name__)
 
-#: Scripts up to this size travel inline (base64 on the protocol line, run with ``sh -c``);
-#: longer ones as raw bytes after their length. Well under the kernel's 128 KiB limit on one argument, and
-#: where reading the line byte by byte (as ``read`` does on a pipe) still costs milliseconds.
+#: Scripts up to this size travel inline (base64 on the protocol line); longer ones as raw
+#: bytes after their length. Well under the kernel's 128 KiB limit on one argument, and where
+#: reading the line byte by byte (as ``read`` does on a pipe) still costs milliseconds.
 INLINE_MAX_BYTES = 16 << 10
 
 #: Shell function both transports use to turn ARG into ``$script`` (``$n``: a long script's
@@ -197,8 +196,7 @@ def shell_script(env: Mapping[str, str], command: str) -> str:
     for key in env:
         if not isinstance(key, str) or not KEY.match(key):
             raise AoeError(f"env key {key!r} is not a shell variable name ([A-Za-z_][A-Za-z0-9_]*)")
-    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
-    return exports + command
+    return exports(env) + command
 
 
 def frame(prefix: str, req: ActionRequest) -> bytes:

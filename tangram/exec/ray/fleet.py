@@ -46,7 +46,6 @@ class Member:
     handle: Any
     alive: bool = True
     why: str = ""
-    last_seen: float = 0.0
     pending: set[asyncio.Future[Any]] = field(default_factory=set)
     #: The direct connection for the calls on actions' paths (None: they go through Ray).
     channel: Channel | None = None
@@ -60,8 +59,8 @@ class Fleet:
         #: Called once per lost node (the scheduler actor ends its trajectories).
         self.on_lost: list[Callable[[str, str], None]] = []
 
-    def add(self, report: NodeReport, handle: Any, now: float) -> Member:
-        member = Member(report, handle, last_seen=now)
+    def add(self, report: NodeReport, handle: Any) -> Member:
+        member = Member(report, handle)
         self.by_name[report.name] = member
         return member
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from typing import Any
 
 from tangram.exec.ray import agents
@@ -72,8 +71,7 @@ class Membership:
             nodes, self.config, self.owner, undeclared=undeclared
         )
         self.unplaced.update(unplaced)
-        now = time.monotonic()
-        members = [self.fleet.add(report, handle, now) for report, handle in started]
+        members = [self.fleet.add(report, handle) for report, handle in started]
         if self.config.direct_calls:
             await asyncio.gather(*(self.fleet.connect(m, self.key) for m in members))
         return [report for report, _ in started]
@@ -135,12 +133,7 @@ class Membership:
             # task when its timer fires even where the answer came (while this loop was
             # blocked) and only the task's wake-up was still queued. An ObjectRef's future is
             # wrapped at once (its answer lands without a task step of ours in between).
-            ref = member.handle.ping.remote()
-            answer = (
-                asyncio.wrap_future(ref.future())
-                if hasattr(ref, "future")
-                else asyncio.ensure_future(ref)  # (stand-in agents: a coroutine)
-            )
+            answer = asyncio.wrap_future(member.handle.ping.remote().future())
             await asyncio.wait({answer}, timeout=cfg.lost_after_s)
             if not answer.done():
                 answer.cancel()
@@ -150,7 +143,6 @@ class Membership:
                 return
             try:
                 answer.result()
-                member.last_seen = time.monotonic()
             except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as exc:
                 if current():
                     self.fleet.lose(name, f"its agent died ({type(exc).__name__})")
