@@ -43,6 +43,21 @@ def free_cells(owner: Sequence[object | None], size: int) -> list[Cell]:
     return cells
 
 
+def copies_on(gpus: Iterable[int], shards: int) -> tuple[Cell, ...]:
+    """The copies that GPUs reported resident form: one per GPU for a service of whole
+    replicas (``shards`` 1), else the aligned cells of ``shards`` GPUs they fall in (EOE
+    restores a sharded copy's missing shards, so its whole cell then holds it).
+
+    The core records the cell each copy was restored as (``GpuNodeState.is_resident``), so a
+    report of GPUs must name copies: two sharded copies are not one on their union.
+    """
+    ordered = sorted(set(gpus))
+    if shards <= 1:
+        return tuple((g,) for g in ordered)
+    starts = sorted({g - g % shards for g in ordered})
+    return tuple(tuple(range(start, start + shards)) for start in starts)
+
+
 def cell_problem(gpus: Sequence[int], n_gpus: int) -> str | None:
     """Why sorted, distinct ``gpus`` are not an aligned cell of ``n_gpus`` GPUs (None if they are)."""
     cell, size = tuple(gpus), len(gpus)

@@ -273,7 +273,8 @@ class Scheduler:
     def report_residency(
         self, node: str, gpus: tuple[int, ...], service: str, resident: bool
     ) -> None:
-        """The GPU executor restored (resident=True) or evicted a service on these GPUs."""
+        """The GPU executor restored one copy of a service as the cell ``gpus`` (resident=True;
+        whole replicas a GPU at a time) or evicted it from these GPUs (``GpuNodeState``)."""
         self.state.report_residency(node, gpus, service, resident)
 
     # ------------------------------------------------------------------ reading

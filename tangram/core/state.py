@@ -192,12 +192,16 @@ class GpuNodeState:
     spec: GpuNodeSpec
     owner: list[str | None] = field(init=False)
     resident: list[set[str]] = field(init=False)
+    #: For each GPU, the cell each resident service's copy was restored as: a layer-sharded
+    #: copy holds 1/k of the model on each of its k GPUs and serves only that cell.
+    shape: list[dict[str, tuple[int, ...]]] = field(init=False)
     free_gpus: int = field(init=False)
     usage: Usage = field(default_factory=Usage, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.owner = [None] * self.spec.gpus
         self.resident = [set() for _ in range(self.spec.gpus)]
+        self.shape = [{} for _ in range(self.spec.gpus)]
         self.free_gpus = self.spec.gpus
 
     def free_cells(self, size: int) -> list[tuple[int, ...]]:
@@ -205,7 +209,15 @@ class GpuNodeState:
         return free_cells(self.owner, size)
 
     def is_resident(self, service: str, cell: tuple[int, ...]) -> bool:
-        return all(service in self.resident[g] for g in cell)
+        """Whether a call of ``service`` on ``cell`` needs no restore: each GPU holds a copy
+        restored as this very cell, or a whole one (a 1-GPU copy holds every shard). A copy
+        sharded over (2, 3) serves neither (2,) nor (0, 1, 2, 3): its GPUs hold halves."""
+        shape = self.shape
+        for g in cell:
+            held = shape[g].get(service)
+            if held is None or (held != cell and len(held) != 1):
+                return False
+        return True
 
     def take(self, cell: tuple[int, ...], holder: str) -> None:
         problem = cell_problem(cell, self.spec.gpus) if cell else "() is not an aligned cell"
@@ -320,10 +332,15 @@ class ClusterState:
     def report_residency(
         self, node: str, gpus: tuple[int, ...], service: str, resident: bool
     ) -> None:
-        """The executor (or the simulator's residency model) says a service is (not) on these GPUs."""
+        """The executor (or the simulator's residency model) says one copy of a service was
+        restored as the cell ``gpus`` (whole replicas: one report per GPU, ``cells.copies_on``),
+        or that it left these GPUs."""
         state = self.gpu[node]
+        gpus = tuple(gpus)
         for g in gpus:
             if resident:
                 state.resident[g].add(service)
+                state.shape[g][service] = gpus
             else:
                 state.resident[g].discard(service)
+                state.shape[g].pop(service, None)

@@ -270,9 +270,11 @@ class Simulation:
     def _warm_gpus(self) -> None:
         """Place each GPU service once before the run (see ``SimConfig.warm_gpus``)."""
         services: dict[str, float] = {}
+        replicas: dict[str, bool] = {}
         for row in self.trace.rows:
             if row.resource == "gpu" and row.service:
                 services[row.service] = max(services.get(row.service, 0.0), row.service_size_gb)
+                replicas[row.service] = row.service_replicas
         for service, size in sorted(services.items(), key=lambda kv: (-kv[1], kv[0])):
             best = None
             for node in self.cluster.gpu_nodes:
@@ -281,12 +283,13 @@ class Simulation:
                     continue
                 for cell in aligned_cells(node.gpus, k):
                     used = max(self.residency.used_gb(node.name, g) for g in cell)
-                    if used + size / k <= node.gpu_memory_gb + 1e-9:
+                    per_gpu = size if replicas[service] else size / k
+                    if used + per_gpu <= node.gpu_memory_gb + 1e-9:
                         key = (k, used, node.name, cell[0])
                         if best is None or key < best[0]:
                             best = (key, node.name, cell)
             if best is not None:
-                self.residency.restore(best[1], best[2], service, size)
+                self.residency.restore(best[1], best[2], service, size, replicas[service])
 
     def _rollout(self):
         groups = self.trace.trajectories()
@@ -460,12 +463,16 @@ class Simulation:
                         static = d.node  # it always gets its cap: one timer, as exclusive
             elif kind is ResourceKind.GPU:
                 service = d.action.service or ""
+                replicas = d.action.service_replicas
                 if d.in_slot:  # a dedicated replica: loaded once, at deployment
-                    if not self.scheduler.state.gpu[d.node].is_resident(service, d.gpus):
-                        self.residency.restore(d.node, d.gpus, service, d.action.service_size_gb)
-                elif d.restore:
+                    if not self.residency.holds(d.node, d.gpus, service):
+                        self.residency.restore(
+                            d.node, d.gpus, service, d.action.service_size_gb, replicas
+                        )
+                # EOE restores what the cell lacks, whatever the policy believed.
+                elif d.restore or not self.residency.holds(d.node, d.gpus, service):
                     rec.evictions = self.residency.restore(
-                        d.node, d.gpus, service, d.action.service_size_gb
+                        d.node, d.gpus, service, d.action.service_size_gb, replicas
                     )
                     rec.restored = True
                     restore = self.gpu_model.restore_s(

@@ -426,7 +426,7 @@ class _RobustPass:
                 "short-first order across services)",
                 gpus=cell,
             )
-            self.load.started(service, ctx.now, restored, node, cell)
+            self.load.started(service, ctx.now, restored)
             self._copies = None
             self._charge.clear()
             return
@@ -460,7 +460,8 @@ def _resident_sizes(
                 if held and held.intersection(cell):
                     continue
                 for service in set.intersection(*(resident[g] for g in cell)):
-                    sizes.setdefault(service, set()).add(size)
+                    if node.is_resident(service, cell):
+                        sizes.setdefault(service, set()).add(size)
     return sizes
 
 
@@ -497,6 +498,8 @@ def _resident_busy_until(ctx: Context) -> dict[str, float]:
         node = ctx.state.gpu[start.node]
         services = set.intersection(*(node.resident[g] for g in start.gpus))
         for service in services:
+            if not node.is_resident(service, start.gpus):
+                continue
             until[service] = min(until.get(service, running.est_finish), running.est_finish)
     return until
 

@@ -60,7 +60,7 @@ class ServiceLoad:
     """Per-service calls seen by the GPU rule: decayed counts, sizes, last call and restore."""
 
     __slots__ = (
-        "count", "seen_at", "size_gb", "last_call", "restored_at", "shape", "work", "first_seen",
+        "count", "seen_at", "size_gb", "last_call", "restored_at", "work", "first_seen",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -72,8 +72,6 @@ class ServiceLoad:
         self.size_gb: dict[str, float] = {}
         self.last_call: dict[str, float] = {}
         self.restored_at: dict[str, float] = {}
-        #: (node, gpu, service) -> GPUs of the cell this rule restored the service as there.
-        self.shape: dict[tuple[str, int, str], int] = {}
 
     def observe(self, ctx: Context) -> None:
         """Count the pass's GPU arrivals (each call of a service adds one, decaying)."""
@@ -123,29 +121,17 @@ class ServiceLoad:
             return max(1.0, float(queued))
         return min(MAX_AMORTISED_CALLS, max(1.0, queued + self.recent(service, now)))
 
-    def started(
-        self, service: str, now: float, restored: bool, node: str, cell: tuple[int, ...]
-    ) -> None:
+    def started(self, service: str, now: float, restored: bool) -> None:
         self.last_call[service] = now
         if restored:
             self.restored_at[service] = now
-            for g in cell:
-                self.shape[(node, g, service)] = len(cell)
 
 
-def _block(node: GpuNodeState, gpu: int, service: str, load: ServiceLoad) -> int:
-    """GPUs of the cell ``service`` was restored as on ``gpu``: as this rule restored it,
-    else (placed before the run) the largest aligned block around ``gpu`` that holds it."""
-    shape = load.shape.get((node.spec.name, gpu, service))
-    if shape is not None:
-        return shape
-    resident, k = node.resident, 1
-    while k < node.spec.gpus:
-        start = gpu - gpu % (2 * k)
-        if not all(service in resident[g] for g in range(start, start + 2 * k)):
-            break
-        k *= 2
-    return k
+def _block(node: GpuNodeState, gpu: int, service: str) -> int:
+    """GPUs of the cell ``service``'s copy on ``gpu`` was restored as (its shard there is
+    1/that of the model; 1 when not resident)."""
+    held = node.shape[gpu].get(service)
+    return 1 if held is None else len(held)
 
 
 def evicted_by(
@@ -161,7 +147,7 @@ def evicted_by(
         others = [t for t in node.resident[g] if t != service]
         if not others:
             continue
-        blocks = {t: _block(node, g, t, load) for t in others}
+        blocks = {t: _block(node, g, t) for t in others}
         used = {t: load.size_gb.get(t, 0.0) / blocks[t] for t in others}
         total = sum(used.values())
         for t in sorted(others, key=lambda t: (load.last_call.get(t, -math.inf), t)):
@@ -295,7 +281,7 @@ def resident_gb(ctx: Context, load: ServiceLoad) -> float:
     for node in ctx.state.gpu.values():
         for g, resident in enumerate(node.resident):
             for service in resident:
-                used += size.get(service, 0.0) / _block(node, g, service, load)
+                used += size.get(service, 0.0) / _block(node, g, service)
     return used
 
 

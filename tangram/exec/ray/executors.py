@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from tangram.core.cells import copies_on
 from tangram.core.decision import Start
 from tangram.core.resources import ClusterSpec, CpuNodeSpec, GpuNodeSpec
 from tangram.core.scheduler import Scheduler
@@ -193,7 +194,9 @@ class RayGpuExecutor:
                 self.scheduler.report_residency(node, tuple(gpus), service, False)
         for service, gpus in residency.items():
             if before.get(service) != gpus:
-                self.scheduler.report_residency(node, tuple(gpus), service, True)
+                entry = self.catalog.get(service)
+                for copy in copies_on(gpus, entry.shards if entry is not None else 1):
+                    self.scheduler.report_residency(node, copy, service, True)
         self.residency[node] = dict(residency)
 
     def shutdown(self) -> None:

@@ -29,6 +29,7 @@ and trace rows are appended (and outcomes encoded) once the answers are out (``_
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from tangram.core.action import Action, ActionError
+from tangram.core.cells import copies_on
 from tangram.core.policies import make_policy
 from tangram.core.resources import ClusterSpec
 from tangram.core.scheduler import Scheduler
@@ -601,13 +603,20 @@ class Runtime:
             self._commit_soon()  # the writer still commits the previous batch
 
     def residency_changed(self, service: str, gpus: tuple[int, ...], resident: bool) -> None:
-        """EOE restored or evicted ``service`` on ``gpus`` (called from any thread)."""
+        """EOE restored or evicted ``service`` on ``gpus`` (called from any thread); a restore
+        is told to the core a copy at a time (``copies_on``: per GPU, or per sharded cell)."""
         if self.gpu is None or self._loop is None:
             return
         node = self.gpu.node.name
-        self._loop.call_soon_threadsafe(
-            self.scheduler.report_residency, node, tuple(gpus), service, resident
-        )
+        copies = (tuple(gpus),)
+        if resident:
+            # Unregistered since (UnknownServiceError): its GPUs as one copy.
+            with contextlib.suppress(KeyError):
+                copies = copies_on(gpus, self.gpu.eoe.info(service).shards)
+        for copy in copies:
+            self._loop.call_soon_threadsafe(
+                self.scheduler.report_residency, node, copy, service, resident
+            )
 
     # ------------------------------------------------------------------ reading
     def status(self) -> dict[str, Any]:
