@@ -173,13 +173,19 @@ def test_a_work_volume_is_each_trajectorys_own_and_never_a_host_path(
         assert seen.text == "end\n", seen
         manager.recreate(a)  # its own volume survives its recreate
         assert manager.run_action(a, "cat /work/a.txt", 1).text == "secret\n"
+        mine = {v.name for v in docker_client.volumes.list() if v.name.startswith(name)}
+        assert len(mine) == 2  # one per trajectory
+        manager.close_trajectory(a)  # its volume goes with it, as a tmpfs work dir would
+        left = {v.name for v in docker_client.volumes.list() if v.name.startswith(name)}
+        assert len(left) == 1 and left < mine
         assert any("work dir on docker volumes" in r for r in sandbox.relaxations())
         with pytest.raises(AoeError, match="docker volume name"):
             SandboxConfig(work_volume="/etc")
     finally:
         for t in (a, b):
-            manager.close_trajectory(t)
-        for vol in docker_client.volumes.list():  # (volumes outlive their trajectories)
+            with contextlib.suppress(AoeError):  # (a is closed unless an assertion failed first)
+                manager.close_trajectory(t)
+        for vol in docker_client.volumes.list():  # (whatever a failure left)
             if vol.name.startswith(name):
                 with contextlib.suppress(Exception):
                     vol.remove(force=True)

@@ -133,6 +133,7 @@ def test_a_killed_service_restarted_on_its_journal_runs_nothing_twice(
     volume = f"{name}-{id_digest('rt')}"  # trajectory rt's own (the image makes /work 1000's)
     calls: collections.Counter[str] = collections.Counter()
     procs: list[subprocess.Popen] = []
+    runs: collections.Counter[str] = collections.Counter()
 
     async def scenario() -> None:
         runner, api_port = await counting_endpoint(calls)
@@ -191,8 +192,10 @@ def test_a_killed_service_restarted_on_its_journal_runs_nothing_twice(
             assert fresh.status == "result"
             metrics = await c.metrics()
             assert 'tangram_actions_completed_total{status="unknown"} 5.0' in metrics
-            await c.close_trajectory("rt")
-        await asyncio.sleep(0.5)  # any run a resend caused would have made its marker by now
+            await asyncio.sleep(0.5)  # any run a resend caused would have made its marker by now
+            runs.update(markers(docker_client, volume))
+            await c.close_trajectory("rt")  # its work volume goes with it
+            assert not markers(docker_client, volume), "the closed trajectory's volume stayed"
         await runner.cleanup()
 
     try:
@@ -205,8 +208,7 @@ def test_a_killed_service_restarted_on_its_journal_runs_nothing_twice(
                     proc.wait(60)
                 except subprocess.TimeoutExpired:
                     proc.kill()
-    runs = markers(docker_client, volume)
-    with contextlib.suppress(Exception):  # (a volume outlives its trajectory)
+    with contextlib.suppress(Exception):  # (if a failure left it)
         docker_client.volumes.get(volume).remove(force=True)
     assert dict(calls) == {"done-api": 1, "fly-0": 1, "fly-1": 1, "fly-2": 1}, "each ran once"
     assert runs["done-cpu"] == 1 and runs["cpu-0"] == 1 and runs["after"] == 1

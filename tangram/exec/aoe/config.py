@@ -41,7 +41,9 @@ class SandboxConfig:
       (tmpfs) are writable.
     - ``work_dir``, ``work_size_mb``: the writable working directory, a tmpfs of that size
       owned by the sandbox user (counts against the memory limit), or the named docker volume
-      ``work_volume`` when given (which survives a ``recreate``).
+      ``work_volume`` when given: each trajectory gets its own (``work_volume``-<digest>),
+      which survives its ``recreate`` and a restart of the service, and is removed when the
+      trajectory closes.
     - ``memory_limit``: False lifts the per-trajectory memory limit; ``pids_limit`` None lifts
       the process-count limit.
     - ``no_new_privileges`` and ``drop_all_capabilities``; ``cap_add`` gives some back.
@@ -114,7 +116,7 @@ class SandboxConfig:
         if self.work_volume:
             out.append(
                 f"work dir on docker volumes {self.work_volume}-<trajectory> (host disk, no size "
-                "limit, not charged to the memory limit, kept after the trajectory closes)"
+                "limit, not charged to the memory limit; removed when the trajectory closes)"
             )
         return tuple(out)
 

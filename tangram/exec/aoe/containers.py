@@ -235,6 +235,20 @@ def describe_owner(labels: dict[str, str]) -> str:
     )
 
 
+def remove_volume(client: Any, name: str) -> bool:
+    """Remove the named docker volume; False when it was already gone (a container still
+    using it is an ``AoeError``: the caller removes the container first)."""
+    import docker.errors
+
+    try:
+        client.api.remove_volume(name, force=True)
+        return True
+    except docker.errors.NotFound:
+        return False
+    except docker.errors.APIError as exc:
+        raise AoeError(f"could not remove work volume {name}: {exc}") from exc
+
+
 def remove(client: Any, container_id: str) -> bool:
     """Force-remove a container (its tmpfs goes with it); False when it was already gone.
 

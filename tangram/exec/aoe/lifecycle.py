@@ -99,6 +99,14 @@ def container_name(session: str, blueprint: Blueprint) -> str:
     )
 
 
+def trajectory_volume(blueprint: Blueprint) -> str | None:
+    """The trajectory's own work volume (``work_volume``-<digest>), or None without one: one
+    name set on the manager's sandbox must not give every trajectory the same files. It lasts
+    across the trajectory's ``recreate``s and is removed when the trajectory closes."""
+    base = blueprint.sandbox.work_volume
+    return None if not base else f"{base}-{id_digest(blueprint.traj_id)}"
+
+
 def id_digest(traj_id: str) -> str:
     """64 bits of SHA-256 of the id: a collision is as likely as two random 64-bit draws
     agreeing, and even then ``containers.create`` refuses rather than takes the name."""
@@ -252,12 +260,9 @@ class Lifecycle:
         process; ``shell``: the host's exec-only shell for its runner (``guarded.py``)."""
         cfg = self.config
         sandbox = blueprint.sandbox
-        if sandbox.work_volume:
-            # The trajectory's own volume (kept across its ``recreate``s): one name set on the
-            # manager's sandbox must not give every trajectory the same files.
-            sandbox = replace(
-                sandbox, work_volume=f"{sandbox.work_volume}-{id_digest(blueprint.traj_id)}"
-            )
+        volume = trajectory_volume(blueprint)
+        if volume is not None:
+            sandbox = replace(sandbox, work_volume=volume)
         spec = containers.ContainerSpec(
             name=name,
             image=blueprint.image,
@@ -333,6 +338,12 @@ class Lifecycle:
                 return
             self.pool.untake(key)
         self._remove(container)
+
+    def remove_volume(self, container: Container) -> None:
+        """Remove the trajectory's work volume, if it has one (its trajectory closed)."""
+        volume = trajectory_volume(container.blueprint)
+        if volume is not None:
+            containers.remove_volume(self.client, volume)
 
     def discard(self, container: Container) -> None:
         """A container that never ran an action (its trajectory lost a race at open)."""

@@ -129,7 +129,8 @@ class AoeManager:
         return container.handle
 
     def close_trajectory(self, traj_id: str) -> None:
-        """Remove the trajectory's container (after its running action, if any, ends)."""
+        """Remove the trajectory's container (after its running action, if any, ends) and its
+        work volume, if it has one (its files go with it, as a tmpfs work dir's do)."""
         traj = self._get(traj_id)
         with traj.lock:
             self._check_open(traj)
@@ -137,6 +138,10 @@ class AoeManager:
             self._containers.retire(traj.container)
             with self._lock:
                 self._trajs.pop(traj_id, None)
+            try:
+                self._containers.remove_volume(traj.container)
+            except AoeError as exc:  # the trajectory is closed either way; its files stay
+                log.warning("%s (trajectory %r)", exc, traj_id)
 
     def recreate(self, traj_id: str) -> ContainerHandle:
         """Replace the trajectory's container with a fresh one (same image, memory, sandbox).
