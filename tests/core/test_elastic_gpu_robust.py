@@ -1,6 +1,7 @@
 """The default's GPU order (``gpu_cost.robust_order``) and its restore amortisation."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -94,6 +95,25 @@ def test_restores_are_amortised_over_recent_calls_only_while_the_pool_has_room()
     # Crowded: a new copy is likely evicted before the recent rate's calls come.
     assert load.expected_calls("m", 0.0, queued=2, pool_gb=roomy / 2) == 2.0
     assert load.expected_calls("m", 0.0, queued=0, pool_gb=roomy / 2) == 1.0
+
+
+def test_a_copys_restore_counts_only_the_calls_that_may_run_on_its_shape():
+    """Three calls that may use 1 GPU at most and one that may use 4: a copy sharded over 4
+    GPUs serves a quarter of them (a sharded copy serves its own cell only), one on 1 GPU all.
+    The counts decay together, so the share is of recent calls."""
+    load = ServiceLoad()
+    opts = {1: Options((1,), (1.0,), True), 4: Options((1, 2, 4), (1.0, 0.6, 0.4), True)}
+    calls = [(0.0, 1), (1.0, 1), (2.0, 4), (3.0, 1)]
+    for i, (now, widest) in enumerate(calls):
+        action = Action(
+            f"a{i}", f"t{i}", ResourceKind.GPU, Amdahl(1.0, 0.1), service="m", max_units=widest
+        )
+        ctx = SimpleNamespace(arrived=[action], now=now, options=lambda a, w=widest: opts[w])
+        load.observe(ctx)  # type: ignore[arg-type]
+    assert load.share_at("m", 1) == 1.0
+    assert load.share_at("m", 4) == pytest.approx(0.25, abs=0.01)
+    assert load.share_at("m", 2) == load.share_at("m", 4)
+    assert load.share_at("never-called", 4) == 1.0
 
 
 def test_a_service_load_reads_as_the_gpus_its_recent_calls_keep_busy():

@@ -195,7 +195,8 @@ class _RobustPass:
         return len(queue) if queue is not None else 0
 
     def calls(self, service: str, size: int) -> float:
-        """Calls a restore of ``service`` onto a cell of ``size`` is amortised over.
+        """Calls a restore of ``service`` onto a cell of ``size`` is amortised over: of those
+        below, the share that may run on that size (``ServiceLoad.share_at``).
 
         The first copy at that size serves every call expected over the horizon
         (``ServiceLoad.expected_calls``). Another copy shares with the copies that exist the
@@ -208,12 +209,14 @@ class _RobustPass:
             expected = self._calls[service] = self.load.expected_calls(
                 service, self.ctx.now, self.queued(service), self.pool_gb
             )
+        # A copy serves the cell it is restored as: only the calls that may run on it count.
+        share = self.load.share_at(service, size)
         if size not in self.held_sizes(service):
-            return expected
+            return max(1.0, expected * share)
         shared = self.queued(service) - self._seen.get(service, 0)
         if self.room_for_copy(service):
             shared = max(shared, expected)
-        return max(1.0, shared / (len(self.servers(service)) + 1))
+        return max(1.0, shared * share / (len(self.servers(service)) + 1))
 
     def room_for_copy(self, service: str) -> bool:
         """Whether another copy of ``service`` fits in the pool's memory with room to spare

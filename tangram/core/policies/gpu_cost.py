@@ -23,8 +23,9 @@ Three pieces the GPU rule (``elastic_gpu``) uses when ``ElasticTuning.gpu_robust
   of calls whose aging saturates at the cap) go in arrival order across services.
 
 Estimates only: the core does not know the executor's memory accounting, so a resident
-service's footprint on a GPU is its size over the largest aligned block around that GPU that
-holds it, and the executor's eviction order (least recently used) is taken from the calls seen.
+service's footprint on a GPU is its size over the cell its copy was restored as
+(``GpuNodeState.shape``), and the executor's eviction order (least recently used) is taken
+from the calls seen.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class ServiceLoad:
     """Per-service calls seen by the GPU rule: decayed counts, sizes, last call and restore."""
 
     __slots__ = (
-        "count", "seen_at", "size_gb", "last_call", "restored_at", "work", "first_seen",
+        "count", "seen_at", "size_gb", "last_call", "restored_at", "work", "first_seen", "reach",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -72,6 +73,9 @@ class ServiceLoad:
         self.size_gb: dict[str, float] = {}
         self.last_call: dict[str, float] = {}
         self.restored_at: dict[str, float] = {}
+        #: Decayed calls per service by the widest cell they may use (as ``count``): a copy
+        #: restored as a cell of k GPUs serves only the calls that may run on k.
+        self.reach: dict[str, dict[int, float]] = {}
 
     def observe(self, ctx: Context) -> None:
         """Count the pass's GPU arrivals (each call of a service adds one, decaying)."""
@@ -86,6 +90,10 @@ class ServiceLoad:
             self.work[service] = (
                 self.work.get(service, 0.0) * decay + opts.units[0] * opts.durations[0]
             )
+            widest = opts.units[-1]
+            reach = {u: n * decay for u, n in self.reach.get(service, {}).items()}
+            reach[widest] = reach.get(widest, 0.0) + 1.0
+            self.reach[service] = reach
             self.first_seen.setdefault(service, now)
             self.seen_at[service] = now
             self.size_gb[service] = action.service_size_gb
@@ -101,6 +109,14 @@ class ServiceLoad:
         if count is None:
             return 0.0
         return count * self._decay(service, now)
+
+    def share_at(self, service: str, size: int) -> float:
+        """The share of the service's recent calls that may run on a cell of ``size`` GPUs
+        (1.0 before any is seen): a copy of that shape serves only those."""
+        reach = self.reach.get(service)
+        if not reach:
+            return 1.0
+        return sum(n for u, n in reach.items() if u >= size) / sum(reach.values())
 
     def busy_gpus(self, service: str, now: float) -> float:
         """GPUs the service's calls keep busy on average: its decayed GPU-seconds over the
