@@ -43,19 +43,23 @@ def free_cells(owner: Sequence[object | None], size: int) -> list[Cell]:
     return cells
 
 
-def copies_on(gpus: Iterable[int], shards: int) -> tuple[Cell, ...]:
+def copies_on(gpus: Iterable[int], shards: int, *, complete: bool = False) -> tuple[Cell, ...]:
     """The copies that GPUs reported resident form: one per GPU for a service of whole
-    replicas (``shards`` 1), else the aligned cells of ``shards`` GPUs they fall in (EOE
-    restores a sharded copy's missing shards, so its whole cell then holds it).
+    replicas (``shards`` 1), else the aligned cells of ``shards`` GPUs they fall in.
 
     The core records the cell each copy was restored as (``GpuNodeState.is_resident``), so a
-    report of GPUs must name copies: two sharded copies are not one on their union.
+    report of GPUs must name copies: two sharded copies are not one on their union. A restore's
+    report names the GPUs just restored (EOE restores a copy's missing shards, so the whole cell
+    then holds it); a full listing of the GPUs holding a service (``complete``, as Ray's agents
+    send) names a cell only when every one of its GPUs is listed: EOE evicts a shard at a time.
     """
     ordered = sorted(set(gpus))
     if shards <= 1:
         return tuple((g,) for g in ordered)
+    listed = set(ordered)
     starts = sorted({g - g % shards for g in ordered})
-    return tuple(tuple(range(start, start + shards)) for start in starts)
+    cells = (tuple(range(start, start + shards)) for start in starts)
+    return tuple(c for c in cells if not complete or listed.issuperset(c))
 
 
 def cell_problem(gpus: Sequence[int], n_gpus: int) -> str | None:

@@ -114,6 +114,11 @@ def test_a_copys_restore_counts_only_the_calls_that_may_run_on_its_shape():
     assert load.share_at("m", 4) == pytest.approx(0.25, abs=0.01)
     assert load.share_at("m", 2) == load.share_at("m", 4)
     assert load.share_at("never-called", 4) == 1.0
+    # Whole replicas: a copy on each GPU of the cell serves any call.
+    wide = Action("r", "tr", ResourceKind.GPU, Amdahl(1.0, 0.1), service="rep", max_units=1,
+                  service_replicas=True)  # fmt: skip
+    load.observe(SimpleNamespace(arrived=[wide], now=4.0, options=lambda a: opts[1]))  # type: ignore[arg-type]
+    assert load.share_at("rep", 4) == 1.0
 
 
 def test_a_service_load_reads_as_the_gpus_its_recent_calls_keep_busy():

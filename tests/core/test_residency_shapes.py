@@ -178,3 +178,43 @@ def test_the_live_runtime_tells_the_core_each_copy_eoe_restored(shards, told):
     got.clear()
     Runtime.residency_changed(fake, "rm", (1,), False)  # an eviction names its GPUs as they are
     assert got == [("g0", (1,), "rm", False)]
+
+
+def test_a_full_listing_names_only_the_copies_whose_every_shard_is_listed():
+    """Ray's agents list every GPU holding a service; EOE evicts a shard at a time, so a
+    sharded copy missing a shard is no copy (a restore's report names what it just restored,
+    and the rest of the cell holds it: there a partial cell is the whole copy)."""
+    assert copies_on((2,), 2) == ((2, 3),)
+    assert copies_on((2,), 2, complete=True) == ()
+    assert copies_on((0, 1, 2), 2, complete=True) == ((0, 1),)
+    assert copies_on((0, 2), 1, complete=True) == ((0,), (2,))
+
+
+def test_the_ray_executor_drops_a_sharded_copy_that_lost_a_shard():
+    sched = Scheduler(CLUSTER, make_policy("tangram"))
+    ray_gpu = RayGpuExecutor(
+        Fleet(), CLUSTER, {"split": ServiceEntry((2,), 100.0, replicas=False, shards=2)}
+    )
+    ray_gpu.scheduler = sched
+    ray_gpu.report("g0", {"split": (2, 3)})
+    assert sched.state.gpu["g0"].is_resident("split", (2, 3))
+    ray_gpu.report("g0", {"split": (2,)})  # EOE evicted the shard on GPU 3
+    assert not sched.state.gpu["g0"].is_resident("split", (2, 3))
+
+
+def test_a_whole_replica_is_charged_its_full_size_on_each_gpu():
+    """A 60 GB service of whole replicas onto (0, 1) of 80 GB GPUs needs 60 GB on GPU 0, where
+    a 50 GB service sits: the simulator evicts it, and the core's estimate says so."""
+    from tangram.core.policies.gpu_cost import ServiceLoad, evicted_by
+
+    cluster = ClusterSpec("g", gpu_nodes=(GpuNodeSpec("g0", 2, 80.0, 512.0),))
+    sched = Scheduler(cluster, make_policy("tangram"))
+    model = ResidencyModel({"g0": 80.0}, sched.report_residency)
+    load = ServiceLoad()
+    load.size_gb.update({"old": 50.0, "rep": 60.0})
+    load.last_call["old"] = 0.0
+    model.restore("g0", (0,), "old", 50.0, replicas=True)
+    node = sched.state.gpu["g0"]
+    assert evicted_by(node, (0, 1), "rep", 60.0, load, replicas=True) == {"old": 1}
+    assert evicted_by(node, (0, 1), "rep", 60.0, load) == {}  # as 30 GB shards it fits
+    assert model.restore("g0", (0, 1), "rep", 60.0, replicas=True) == 1

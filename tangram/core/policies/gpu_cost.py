@@ -40,6 +40,8 @@ from tangram.core.context import Context
 from tangram.core.resources import ResourceKind
 from tangram.core.state import GpuNodeState
 
+#: Wider than any cell: the reach of a call to a service of whole replicas (``share_at``).
+MAX_CELL = 1 << 30
 #: Seconds over which recent calls are counted, and over which a restore is amortised.
 HORIZON_S = 60.0
 #: At most this many calls share one restore (a cell may be evicted before more arrive).
@@ -90,7 +92,8 @@ class ServiceLoad:
             self.work[service] = (
                 self.work.get(service, 0.0) * decay + opts.units[0] * opts.durations[0]
             )
-            widest = opts.units[-1]
+            # Whole replicas serve every cell made of them: such a call reaches any size.
+            widest = MAX_CELL if action.service_replicas else opts.units[-1]
             reach = {u: n * decay for u, n in self.reach.get(service, {}).items()}
             reach[widest] = reach.get(widest, 0.0) + 1.0
             self.reach[service] = reach
@@ -151,12 +154,17 @@ def _block(node: GpuNodeState, gpu: int, service: str) -> int:
 
 
 def evicted_by(
-    node: GpuNodeState, cell: tuple[int, ...], service: str, size_gb: float, load: ServiceLoad
+    node: GpuNodeState,
+    cell: tuple[int, ...],
+    service: str,
+    size_gb: float,
+    load: ServiceLoad,
+    replicas: bool = False,
 ) -> dict[str, int]:
     """Services a restore of ``service`` onto ``cell`` would evict, each with the cell size it
-    was resident as (least recently called first, on each GPU until the newcomer's shard
-    fits; a service whose size was never seen counts as taking no memory)."""
-    shard = size_gb / len(cell)
+    was resident as (least recently called first, on each GPU until the newcomer's shard, or
+    whole replica, fits; a service whose size was never seen counts as taking no memory)."""
+    shard = size_gb if replicas else size_gb / len(cell)
     capacity = node.spec.gpu_memory_gb
     victims: dict[str, int] = {}
     for g in cell:
@@ -193,7 +201,7 @@ def eviction_charge(
     node = ctx.state.gpu[node_name]
     service = action.service or ""
     charge = _crowding(ctx, node, cell, service, action) / calls
-    victims = evicted_by(node, cell, service, action.service_size_gb, load)
+    victims = evicted_by(node, cell, service, action.service_size_gb, load, action.service_replicas)
     if not victims:
         return charge
     now = ctx.now

@@ -245,7 +245,7 @@ def remove_volume(client: Any, name: str) -> bool:
         return True
     except docker.errors.NotFound:
         return False
-    except docker.errors.APIError as exc:
+    except Exception as exc:  # noqa: BLE001 - the engine's refusal or a lost connection alike
         raise AoeError(f"could not remove work volume {name}: {exc}") from exc
 
 

@@ -135,13 +135,17 @@ class AoeManager:
         with traj.lock:
             self._check_open(traj)
             traj.closed = True
-            self._containers.retire(traj.container)
-            with self._lock:
-                self._trajs.pop(traj_id, None)
             try:
-                self._containers.remove_volume(traj.container)
-            except AoeError as exc:  # the trajectory is closed either way; its files stay
-                log.warning("%s (trajectory %r)", exc, traj_id)
+                self._containers.retire(traj.container)
+                # Before the id is free again: a trajectory reopened under it would mount the
+                # same volume (its name is the id's), with the closed one's files in it.
+                try:
+                    self._containers.remove_volume(traj.container)
+                except AoeError as exc:  # the trajectory is closed either way
+                    log.warning("%s (closing trajectory %r)", exc, traj_id)
+            finally:
+                with self._lock:
+                    self._trajs.pop(traj_id, None)
 
     def recreate(self, traj_id: str) -> ContainerHandle:
         """Replace the trajectory's container with a fresh one (same image, memory, sandbox).

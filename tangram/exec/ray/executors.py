@@ -195,7 +195,8 @@ class RayGpuExecutor:
         for service, gpus in residency.items():
             if before.get(service) != gpus:
                 entry = self.catalog.get(service)
-                for copy in copies_on(gpus, entry.shards if entry is not None else 1):
+                shards = entry.shards if entry is not None else 1
+                for copy in copies_on(gpus, shards, complete=True):
                     self.scheduler.report_residency(node, copy, service, True)
         self.residency[node] = dict(residency)
 

@@ -1,0 +1,83 @@
+"""Closing a trajectory removes its work volume before its id is free again (stop 28's diff
+review): a trajectory reopened under the same id in between mounted the same volume, whose
+name is the id's, with the closed trajectory's files in it. Stand-in containers, no engine."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from tangram.exec.aoe import manager as aoe_manager
+from tangram.exec.aoe.errors import AoeError
+
+
+class _Containers:
+    """What ``close_trajectory`` and ``open_trajectory`` call, recording the order."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self.manager: aoe_manager.AoeManager | None = None
+        self.fail_volume = False
+
+    def blueprint(self, traj_id: str, *_: object) -> SimpleNamespace:
+        return SimpleNamespace(traj_id=traj_id)
+
+    def start(self, blueprint: SimpleNamespace) -> SimpleNamespace:
+        self.events.append(f"start {blueprint.traj_id}")
+        return SimpleNamespace(blueprint=blueprint, handle=SimpleNamespace(short_id="c"))
+
+    def retire(self, container: SimpleNamespace) -> None:
+        self.events.append(f"retire {container.blueprint.traj_id}")
+
+    def remove_volume(self, container: SimpleNamespace) -> None:
+        # Another client reopens the same id while the volume is being removed.
+        assert self.manager is not None
+        outcome: list[str] = []
+
+        def reopen() -> None:
+            try:
+                self.manager.open_trajectory(container.blueprint.traj_id)  # type: ignore[union-attr]
+                outcome.append("reopened")
+            except AoeError as exc:
+                outcome.append(str(exc))
+
+        thread = threading.Thread(target=reopen)
+        thread.start()
+        thread.join(10)
+        self.events.append(f"reopen during removal: {outcome[0]}")
+        if self.fail_volume:
+            raise AoeError("could not remove work volume v: volume is in use")
+        self.events.append(f"volume {container.blueprint.traj_id} removed")
+
+
+def manager_with(containers: _Containers) -> aoe_manager.AoeManager:
+    mgr = object.__new__(aoe_manager.AoeManager)
+    mgr._containers = containers  # type: ignore[assignment]
+    mgr._trajs = {}
+    mgr._lock = threading.Lock()
+    mgr._closed = False
+    containers.manager = mgr
+    return mgr
+
+
+def test_the_volume_goes_before_the_id_is_free_again():
+    containers = _Containers()
+    mgr = manager_with(containers)
+    mgr.open_trajectory("t1")
+    mgr.close_trajectory("t1")
+    assert containers.events[:2] == ["start t1", "retire t1"]
+    assert "already has a container" in containers.events[2]  # the reopen was refused
+    assert containers.events[3] == "volume t1 removed"
+    assert not mgr._trajs
+    mgr.open_trajectory("t1")  # after the close, the id is free (and its volume new)
+
+
+def test_a_volume_that_cannot_be_removed_does_not_fail_the_close(caplog: pytest.LogCaptureFixture):
+    containers = _Containers()
+    containers.fail_volume = True
+    mgr = manager_with(containers)
+    mgr.open_trajectory("t1")
+    mgr.close_trajectory("t1")
+    assert not mgr._trajs and "could not remove work volume" in caplog.text
