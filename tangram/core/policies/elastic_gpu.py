@@ -343,8 +343,15 @@ class _RobustPass:
             end = max(cell[0], now) + opts.durations[k]
             if best is None or end < best[0]:
                 best = (end, cell, k)
+        # The restore that ends the call soonest (its share of the restore plus the call):
+        # ordered by the share alone, a narrow cell's cheaper restore won over a wide cell
+        # that ends sooner.
         extra, d_new = min(
-            (self.start_cost(action, u), d) for u, d in zip(opts.units, opts.durations, strict=True)
+            (
+                (self.start_cost(action, u), d)
+                for u, d in zip(opts.units, opts.durations, strict=True)
+            ),
+            key=lambda cost: cost[0] + cost[1],
         )
         restore = extra + d_new
         if best is None or best[0] - now > restore:
