@@ -43,6 +43,13 @@ def free_cells(owner: Sequence[object | None], size: int) -> list[Cell]:
     return cells
 
 
+def copy_serves(restored_as: Cell, cell: Cell) -> bool:
+    """Whether a copy restored as ``restored_as`` lets a call on ``cell`` skip the restore on
+    its GPUs: a copy of this very cell, or a whole (1-GPU) one. A layer-sharded copy over
+    (2, 3) holds half the model on each GPU, so it serves neither (2,) nor (0, 1, 2, 3)."""
+    return restored_as == cell or len(restored_as) == 1
+
+
 def copies_on(gpus: Iterable[int], shards: int, *, complete: bool = False) -> tuple[Cell, ...]:
     """The copies that GPUs reported resident form: one per GPU for a service of whole
     replicas (``shards`` 1), else the aligned cells of ``shards`` GPUs they fall in.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tangram.core.cells import cell_problem, free_cells
+from tangram.core.cells import cell_problem, copy_serves, free_cells
 from tangram.core.numa import numa_picks
 from tangram.core.resources import ApiEndpointSpec, ClusterSpec, CpuNodeSpec, GpuNodeSpec
 
@@ -210,12 +210,11 @@ class GpuNodeState:
 
     def is_resident(self, service: str, cell: tuple[int, ...]) -> bool:
         """Whether a call of ``service`` on ``cell`` needs no restore: each GPU holds a copy
-        restored as this very cell, or a whole one (a 1-GPU copy holds every shard). A copy
-        sharded over (2, 3) serves neither (2,) nor (0, 1, 2, 3): its GPUs hold halves."""
+        that serves it (``cells.copy_serves``)."""
         shape = self.shape
         for g in cell:
             held = shape[g].get(service)
-            if held is None or (held != cell and len(held) != 1):
+            if held is None or not copy_serves(held, cell):
                 return False
         return True
 

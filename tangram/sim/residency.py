@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 
+from tangram.core.cells import copy_serves
+
 
 class ResidencyModel:
     def __init__(
@@ -33,14 +35,13 @@ class ResidencyModel:
                 slot.move_to_end(service)
 
     def holds(self, node: str, cell: tuple[int, ...], service: str) -> bool:
-        """Whether a call on ``cell`` finds ``service`` there: each GPU holds a copy restored
-        as this cell, or a whole one (``GpuNodeState.is_resident``'s rule, on what is here)."""
+        """Whether a call on ``cell`` finds ``service`` there: each GPU holds a copy that
+        serves it (``cells.copy_serves``, the core's rule, on what is here)."""
         for g in cell:
             slot = self.resident.get((node, g))
             if slot is None or service not in slot:
                 return False
-            shape = slot[service][1]
-            if shape != cell and len(shape) != 1:
+            if not copy_serves(slot[service][1], cell):
                 return False
         return True
 
