@@ -74,6 +74,34 @@ def test_a_one_gpu_call_on_a_sharded_copys_gpus_is_a_restore():
     assert d.gpus in ((0,), (1,)) and d.restore and d.est_overhead > 0
 
 
+def test_a_call_that_claims_a_sharded_copy_is_priced_free_only_at_that_copys_size():
+    """"big" (120 GB, so 2 or 4 GPUs of 80 GB) has a sharded copy on GPUs 0-3 and another on
+    4-5; "small" is warm on 6 and 7. Two big calls and four small ones arrive together: the
+    first big call claims the free 4-GPU copy. Priced free at every resident size up to its
+    claim, the round gave it 2 GPUs (the 2-GPU copy being the other big call's), it waited for
+    the 4-GPU cell, and small calls restored over both big copies. It runs on its copy now."""
+    node = GpuNodeSpec("g0", 8, 80.0, 500.0, h2d_gbps=20.0, restore_fixed_s=0.1)
+    sched = Scheduler(ClusterSpec("g", gpu_nodes=(node,)), make_policy("tangram"))
+    sched.report_residency("g0", (0, 1, 2, 3), "big", True)
+    sched.report_residency("g0", (4, 5), "big", True)
+    for g in (6, 7):
+        sched.report_residency("g0", (g,), "small", True)
+
+    def gpu_call(i: int, service: str, size_gb: float, max_units: int, t1: float) -> Action:
+        curve = Amdahl(t1, 0.3 if service == "big" else 0.1)
+        return Action(
+            f"a{i}", f"t{i}", ResourceKind.GPU, curve,
+            service=service, service_size_gb=size_gb, max_units=max_units,
+        )  # fmt: skip
+
+    calls = [gpu_call(i, "big", 120.0, 4, 1.0) for i in (0, 1)]
+    calls += [gpu_call(i, "small", 20.0, 2, 0.3) for i in (2, 3, 4, 5)]
+    started = {d.action.id: d for d in sched.submit_many(calls, 0.0) if getattr(d, "gpus", None)}
+    assert "a0" in started, "the call that claimed the free 4-GPU copy did not start"
+    assert started["a0"].gpus == (0, 1, 2, 3) and not started["a0"].restore
+    assert not any(set(d.gpus) & {0, 1, 2, 3} for i, d in started.items() if i != "a0")
+
+
 @given(st.lists(st.integers(0, 7), min_size=1, max_size=8), st.sampled_from([1, 2, 4, 8]))
 def test_copies_on_cuts_reported_gpus_into_aligned_copies(gpus, shards):
     copies = copies_on(gpus, shards)

@@ -281,13 +281,18 @@ class _RobustPass:
 
     def options(self, action: Action) -> Options:
         opts = self.ctx.options(action)
-        # A call that found no cell holding its service free restores at every size.
+        # A call that found no cell holding its service free restores at every size. One that
+        # claimed a free copy (``hold``) runs free only on that copy: a sharded copy serves its
+        # own cell alone (whole replicas serve any cell within it). Priced free at any resident
+        # size up to its claim, a call that claimed a 4-GPU copy was given 2 GPUs by the round
+        # when another call had taken the one 2-GPU copy, and placement restored it there.
         claimed = self._claimed.get(action.id, 0)
-        sizes = (
-            _NO_SIZES
-            if action.id in self._restores
-            else {u for u in self.resident_sizes(action.service or "") if u <= claimed}
-        )
+        if action.id in self._restores:
+            sizes: set[int] | frozenset[int] = _NO_SIZES
+        elif action.service_replicas:
+            sizes = {u for u in self.resident_sizes(action.service or "") if u <= claimed}
+        else:
+            sizes = {claimed} & self.resident_sizes(action.service or "")
         if sizes.issuperset(opts.units):
             return opts
         durations = tuple(
