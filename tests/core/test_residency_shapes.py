@@ -75,7 +75,7 @@ def test_a_one_gpu_call_on_a_sharded_copys_gpus_is_a_restore():
 
 
 def test_a_call_that_claims_a_sharded_copy_is_priced_free_only_at_that_copys_size():
-    """"big" (120 GB, so 2 or 4 GPUs of 80 GB) has a sharded copy on GPUs 0-3 and another on
+    """ "big" (120 GB, so 2 or 4 GPUs of 80 GB) has a sharded copy on GPUs 0-3 and another on
     4-5; "small" is warm on 6 and 7. Two big calls and four small ones arrive together: the
     first big call claims the free 4-GPU copy. Priced free at every resident size up to its
     claim, the round gave it 2 GPUs (the 2-GPU copy being the other big call's), it waited for
