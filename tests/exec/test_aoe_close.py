@@ -20,6 +20,7 @@ class _Containers:
         self.events: list[str] = []
         self.manager: aoe_manager.AoeManager | None = None
         self.fail_volume = False
+        self.fail_retire = False
 
     def blueprint(self, traj_id: str, *_: object) -> SimpleNamespace:
         return SimpleNamespace(traj_id=traj_id)
@@ -30,6 +31,8 @@ class _Containers:
 
     def retire(self, container: SimpleNamespace) -> None:
         self.events.append(f"retire {container.blueprint.traj_id}")
+        if self.fail_retire:
+            raise AoeError("could not remove container c: engine unreachable")
 
     def remove_volume(self, container: SimpleNamespace) -> None:
         # Another client reopens the same id while the volume is being removed.
@@ -81,3 +84,16 @@ def test_a_volume_that_cannot_be_removed_does_not_fail_the_close(caplog: pytest.
     mgr.open_trajectory("t1")
     mgr.close_trajectory("t1")
     assert not mgr._trajs and "could not remove work volume" in caplog.text
+
+
+def test_a_retire_that_raises_still_removes_the_volume_and_frees_the_id():
+    """The container could not be removed: the close says so, but its volume is still removed
+    (it would otherwise stay on the host disk) and the id is free again."""
+    containers = _Containers()
+    containers.fail_retire = True
+    mgr = manager_with(containers)
+    mgr.open_trajectory("t1")
+    with pytest.raises(AoeError, match="could not remove container"):
+        mgr.close_trajectory("t1")
+    assert containers.events[-1] == "volume t1 removed"
+    assert not mgr._trajs

@@ -137,15 +137,17 @@ class AoeManager:
             traj.closed = True
             try:
                 self._containers.retire(traj.container)
+            finally:
                 # Before the id is free again: a trajectory reopened under it would mount the
-                # same volume (its name is the id's), with the closed one's files in it.
+                # same volume (its name is the id's), with the closed one's files in it. Tried
+                # even when the retire raised: the volume would otherwise stay on the host disk.
                 try:
                     self._containers.remove_volume(traj.container)
                 except AoeError as exc:  # the trajectory is closed either way
                     log.warning("%s (closing trajectory %r)", exc, traj_id)
-            finally:
-                with self._lock:
-                    self._trajs.pop(traj_id, None)
+                finally:
+                    with self._lock:
+                        self._trajs.pop(traj_id, None)
 
     def recreate(self, traj_id: str) -> ContainerHandle:
         """Replace the trajectory's container with a fresh one (same image, memory, sandbox).
