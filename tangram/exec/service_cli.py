@@ -49,6 +49,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"bearer token clients must send (default: ${TOKEN_ENV}); required off loopback",
     )
     p.add_argument(
+        "--client",
+        action="append",
+        default=[],
+        metavar="NAME=TOKEN",
+        help="a tenant: its token, and trajectory and action ids of its own that no other "
+        "client sees (repeat for each; --token is then the operator's, who sees all)",
+    )
+    p.add_argument(
         "--max-pending",
         type=int,
         default=4096,
@@ -233,6 +241,21 @@ def check_trace_path(path: Path) -> None:
         raise ValueError(f"--trace {str(path)!r}: the directory {str(parent)!r} is not writable")
 
 
+def clients_of(given: list[str], token: str | None) -> dict[str, str]:
+    """``--client NAME=TOKEN`` flags -> {name: token}; ValueError names a repeated name or a
+    token used twice (each client must be told apart by its token)."""
+    from tangram.exec.service.tenants import Tokens, parse_client
+
+    clients: dict[str, str] = {}
+    for arg in given:
+        name, secret = parse_client(arg)
+        if name in clients:
+            raise ValueError(f"--client {name!r} is given twice")
+        clients[name] = secret
+    Tokens(token, clients)  # checks every token differs
+    return clients
+
+
 def run(args: argparse.Namespace) -> int:
     from tangram.core.cluster_file import load_cluster
     from tangram.exec.runtime import build_runtime, discover_cluster
@@ -240,7 +263,8 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     token = args.token or os.environ.get(TOKEN_ENV) or None
-    check_binding(args.host, token)
+    args.clients = clients_of(args.client, token)
+    check_binding(args.host, bool(token or args.clients))
     check_flags(args)
     if args.ray:
         from tangram.exec.ray.cli import serve_on_ray
@@ -291,6 +315,7 @@ def run(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         token=token,
+        clients=args.clients,
         trace_path=args.trace,
         max_output_bytes=args.max_output_bytes,
         limits=limits,
@@ -305,6 +330,7 @@ def run(args: argparse.Namespace) -> int:
             "gpu": runtime.gpu.node.name if runtime.gpu else None,
             "api": list(runtime.api.endpoints()),
             "token": bool(token),
+            "tenants": sorted(args.clients),
             "journal": str(config.journal_path) if config.journal_path else None,
         }
         if args.json:

@@ -31,6 +31,8 @@ pytestmark = pytest.mark.docker
 
 TOKEN = "hostile-suite-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+#: Two tenants (``--client``): ids of their own, neither may touch the other's work.
+ALICE, BOB = "alice-hostile-token", "bob-hostile-token"
 #: Statuses an accepted submission answers with (done, or accepted and not done yet).
 ACCEPTED = (200, 201, 202)
 STATUSES = {"result", "error", "timeout", "unknown"}
@@ -153,13 +155,56 @@ def guard(docker_client: Any) -> Iterator[Guard]:
             docker_client=docker_client,
         )
 
-    thread = ServiceThread(make, ServeOptions(port=0, token=TOKEN)).start()
+    opts = ServeOptions(port=0, token=TOKEN, clients={"alice": ALICE, "bob": BOB})
+    thread = ServiceThread(make, opts).start()
     g = Guard(thread)
     try:
         yield g
     finally:
         g.close()
         thread.stop()
+
+
+def test_tenants_open_the_same_trajectory_id_and_cannot_touch_each_others(guard: Guard) -> None:
+    """Alice and Bob each open "work" and write a file there; each reads its own back, Bob's
+    close of "work" closes his, and Alice's container and file outlive it."""
+    tenants = {
+        name: httpx.Client(
+            base_url=guard.url, headers={"Authorization": f"Bearer {token}"}, timeout=60.0
+        )
+        for name, token in (("alice", ALICE), ("bob", BOB))
+    }
+    try:
+        containers = {}
+        for name, http in tenants.items():
+            r = http.post("/v1/trajectories", json={"id": "work", "memory_gb": 0.25})
+            assert r.status_code == 201 and r.json()["id"] == "work", r.text
+            containers[name] = r.json()["container"]
+            r = http.post(
+                "/v1/actions",
+                json={"trajectory": "work", "command": f"echo {name} > who.txt", "wait": True},
+            )
+            assert r.status_code == 200 and r.json()["outcome"]["trajectory"] == "work", r.text
+        assert containers["alice"] != containers["bob"]
+        listed = tenants["alice"].get("/v1/trajectories").json()["trajectories"]
+        assert [t["id"] for t in listed] == ["work"] and listed[0]["container"] == containers[
+            "alice"
+        ]
+        # Bob names the sentinel (the operator's) and finds nothing to close.
+        assert tenants["bob"].delete("/v1/trajectories/sentinel").status_code == 404
+        r = tenants["bob"].delete("/v1/trajectories/work")
+        assert r.status_code == 200 and r.json()["container"] == containers["bob"], r.text
+        r = tenants["alice"].post(
+            "/v1/actions", json={"trajectory": "work", "command": "cat who.txt", "wait": True}
+        )
+        assert r.status_code == 200 and r.json()["outcome"]["result"]["stdout"] == "alice\n"
+        # The operator sees Alice's under its namespaced id, and closes it.
+        assert guard.http.get("/v1/trajectories/alice:work").status_code == 200
+        assert tenants["alice"].delete("/v1/trajectories/work").status_code == 200
+    finally:
+        for http in tenants.values():
+            http.close()
+    guard.check("two tenants' trajectories of one id")
 
 
 # --- the inputs of issue 16, one by one ----------------------------------------------------------

@@ -44,6 +44,7 @@ def serve_on_ray(args: argparse.Namespace, token: str | None) -> int:
             host=args.host,
             port=args.port,
             token=token,
+            clients=getattr(args, "clients", {}),
             trace_path=args.trace,
             max_output_bytes=args.max_output_bytes,
             limits=ConnectionLimits(

@@ -65,6 +65,14 @@ class UnknownAction(LiveError, KeyError):
         return self.message
 
 
+class Forbidden(LiveError):
+    """The client's token admits it, but not to this (a tenant asking for the trace, which
+    holds every tenant's actions)."""
+
+    code = "forbidden"
+    http_status = 403
+
+
 class Conflict(LiveError):
     """An id already in use for something else (a different action, an open trajectory)."""
 
@@ -132,6 +140,7 @@ __all__ = [
     "CapacityShort",
     "Conflict",
     "ExecutorMissing",
+    "Forbidden",
     "LiveError",
     "NotCancellable",
     "Overloaded",

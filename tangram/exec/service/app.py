@@ -10,7 +10,7 @@ with 401, anything unexpected with 500. Errors with a back-off hint carry ``Retr
 from __future__ import annotations
 
 import asyncio
-import hmac
+import dataclasses
 import json
 import logging
 import math
@@ -22,7 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from tangram.exec.runtime import Runtime
-from tangram.exec.runtime.errors import BadRequest, Conflict, LiveError
+from tangram.exec.runtime.errors import BadRequest, Conflict, Forbidden, LiveError
 from tangram.exec.runtime.records import check_id
 from tangram.exec.service.body import read_json
 from tangram.exec.service.causes import translate
@@ -43,6 +43,7 @@ from tangram.exec.service.schema import (
     state_doc,
     trajectory_doc,
 )
+from tangram.exec.service.tenants import Tenant, Tokens
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,8 @@ class ServiceApp:
     """Builds the aiohttp application around a started ``Runtime``.
 
     ``token``: when set, every request but ``/healthz`` needs ``Authorization: Bearer TOKEN``
-    (or ``X-Tangram-Token``). ``trace_path``: where ``POST /v1/trace`` writes. ``max_wait_s``
+    (or ``X-Tangram-Token``). ``clients``: tenants (name -> token), each with ids of its own
+    (``tenants``); ``token`` is then the operator's, who sees everything. ``trace_path``: where ``POST /v1/trace`` writes. ``max_wait_s``
     caps how long one request may wait for an outcome (a longer ``wait`` answers 202 and the
     client polls). ``max_output_bytes``: the most output per stream a CPU action may ask for
     (more is refused with a 400), and its default. ``body_timeout_s``: a request body must
@@ -112,6 +114,7 @@ class ServiceApp:
         runtime: Runtime,
         *,
         token: str | None = None,
+        clients: dict[str, str] | None = None,
         trace_path: Path | None = None,
         run_code_settings: RunCodeSettings | None = None,
         max_wait_s: float = 300.0,
@@ -119,7 +122,7 @@ class ServiceApp:
         body_timeout_s: float = 60.0,
     ) -> None:
         self.runtime = runtime
-        self.token = token.encode("utf-8", "surrogateescape") if token is not None else None
+        self.tokens = Tokens(token, clients)
         self.trace_path = trace_path
         self.run_code_settings = run_code_settings or RunCodeSettings()
         self.max_wait_s = max_wait_s
@@ -157,7 +160,12 @@ class ServiceApp:
         try:
             return await handler(request)
         except LiveError as exc:
-            return error_response(translate(exc))
+            error = translate(exc)
+            tenant = _tenant(request)
+            if tenant is None:
+                return error_response(error)
+            doc = error_doc(error.code, tenant.clean(error.message), error.retryable)
+            return error_response(error, doc)
         except web.HTTPException as exc:
             if exc.status >= 400 and exc.content_type != "application/json":
                 return web.json_response(
@@ -174,14 +182,15 @@ class ServiceApp:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if self.token is None or request.path in OPEN_PATHS:
+        if not self.tokens.required or request.path in OPEN_PATHS:
             return await handler(request)
         given = request.headers.get("X-Tangram-Token", "")
         auth = request.headers.get("Authorization", "")
         if auth.startswith("Bearer "):
             given = auth[len("Bearer ") :]
-        # Header bytes that are not UTF-8 arrive as surrogates: compare the bytes as sent.
-        if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), self.token):
+        known, tenant = self.tokens.match(given)
+        request[TENANT_KEY] = tenant
+        if not known:
             return web.json_response(
                 error_doc(
                     "unauthorized",
@@ -196,6 +205,17 @@ class ServiceApp:
 
     async def _body(self, request: web.Request, *, optional: bool = False) -> Any:
         return await read_json(request, timeout_s=self.body_timeout_s, optional=optional)
+
+    def _trajectory_id(self, request: web.Request, value: str | None) -> str | None:
+        """The runtime's id for a trajectory the client names (a tenant's: in its namespace)."""
+        tenant = _tenant(request)
+        if tenant is None or value is None:
+            return value
+        return tenant.inner("trajectory", value)
+
+    def _action_id(self, request: web.Request, value: str) -> str:
+        tenant = _tenant(request)
+        return value if tenant is None else tenant.inner("id", value)
 
     def _wait_s(self, wait: float | None) -> float | None:
         if wait is None:
@@ -217,38 +237,52 @@ class ServiceApp:
 
     async def open_trajectory(self, request: web.Request) -> web.Response:
         args = parse_trajectory(await self._body(request, optional=True))
+        tenant = _tenant(request)
+        if tenant is not None:
+            given = args["trajectory"]
+            args["trajectory"] = tenant.fresh("t") if given is None else tenant.inner("id", given)
         info = await self.runtime.open_trajectory(**args)
-        return web.json_response(trajectory_doc(info), status=201)
+        return web.json_response(_trajectory_doc(request, info), status=201)
 
     async def list_trajectories(self, request: web.Request) -> web.Response:
-        return web.json_response(
-            {"trajectories": [trajectory_doc(t) for t in self.runtime.public_trajectories()]}
-        )
+        tenant = _tenant(request)
+        infos = self.runtime.public_trajectories()
+        if tenant is not None:
+            infos = [t for t in infos if tenant.owns(t.id)]
+        return web.json_response({"trajectories": [_trajectory_doc(request, t) for t in infos]})
+
+    def _public_trajectory(self, request: web.Request) -> str | None:
+        named = self._trajectory_id(request, path_id(request, "trajectory"))
+        return self.runtime.public_trajectory(named)
 
     async def get_trajectory(self, request: web.Request) -> web.Response:
-        traj = self.runtime.public_trajectory(path_id(request, "trajectory"))
-        return web.json_response(trajectory_doc(self.runtime.trajectory(traj)))
+        info = self.runtime.trajectory(self._public_trajectory(request))
+        return web.json_response(_trajectory_doc(request, info))
 
     async def close_trajectory(self, request: web.Request) -> web.Response:
-        info = await self.runtime.close_trajectory(
-            self.runtime.public_trajectory(path_id(request, "trajectory"))
-        )
-        return web.json_response({**trajectory_doc(info), "closed": True})
+        info = await self.runtime.close_trajectory(self._public_trajectory(request))
+        return web.json_response({**_trajectory_doc(request, info), "closed": True})
 
     async def recreate_trajectory(self, request: web.Request) -> web.Response:
-        info = await self.runtime.recreate_trajectory(
-            self.runtime.public_trajectory(path_id(request, "trajectory"))
-        )
-        return web.json_response(trajectory_doc(info))
+        info = await self.runtime.recreate_trajectory(self._public_trajectory(request))
+        return web.json_response(_trajectory_doc(request, info))
 
     async def submit(self, request: web.Request) -> web.Response:
         spec, wait = parse_action(await self._body(request), max_output_bytes=self.max_output_bytes)
+        tenant = _tenant(request)
+        if tenant is not None:
+            spec = dataclasses.replace(
+                spec,
+                id=tenant.fresh("a") if spec.id is None else tenant.inner("id", spec.id),
+                trajectory=self._trajectory_id(request, spec.trajectory),
+            )
         self.runtime.public_trajectory(spec.trajectory)
         action_id = await self.runtime.submit(spec)
-        return await self._answer(action_id, self._wait_s(wait))
+        return await self._answer(action_id, self._wait_s(wait), tenant)
 
     async def get_action(self, request: web.Request) -> web.Response:
-        action_id = self.runtime.public_action(path_id(request, "id"))
+        named = self._action_id(request, path_id(request, "id"))
+        action_id = self.runtime.public_action(named)
         wait = request.query.get("wait")
         seconds = None
         if wait is not None:
@@ -258,23 +292,28 @@ class ServiceApp:
                 raise BadRequest(f"query 'wait': expected seconds, got {wait!r}") from None
             if not seconds >= 0:
                 raise BadRequest(f"query 'wait': expected seconds >= 0, got {wait!r}")
-        return await self._answer(action_id, self._wait_s(seconds))
+        return await self._answer(action_id, self._wait_s(seconds), _tenant(request))
 
-    async def _answer(self, action_id: str, wait: float | None) -> web.Response:
+    async def _answer(
+        self, action_id: str, wait: float | None, tenant: Tenant | None
+    ) -> web.Response:
         rt = self.runtime
         outcome = await rt.result(action_id, 0.0 if wait is None else wait)
         state = "done" if outcome is not None else rt.state(action_id)
         return web.json_response(
-            state_doc(action_id, state, outcome), status=200 if outcome else 202
+            _state_doc(tenant, action_id, state, outcome), status=200 if outcome else 202
         )
 
     async def cancel(self, request: web.Request) -> web.Response:
-        outcome = await self.runtime.cancel(self.runtime.public_action(path_id(request, "id")))
-        return web.json_response(state_doc(outcome.action_id, "done", outcome))
+        named = self._action_id(request, path_id(request, "id"))
+        outcome = await self.runtime.cancel(self.runtime.public_action(named))
+        return web.json_response(_state_doc(_tenant(request), outcome.action_id, "done", outcome))
 
     async def get_trace(self, request: web.Request) -> web.StreamResponse:
         """The trace so far, streamed from a copy on disk in 1 MiB chunks (never held whole
-        in memory: a long run's trace is tens of MB)."""
+        in memory: a long run's trace is tens of MB). The operator's alone: it holds every
+        tenant's actions."""
+        _operator_only(request, "the trace")
         loop = asyncio.get_running_loop()
         with tempfile.TemporaryDirectory(prefix="tangram-trace-") as tmp:
             path = await loop.run_in_executor(
@@ -290,6 +329,7 @@ class ServiceApp:
             return response
 
     async def save_trace(self, request: web.Request) -> web.Response:
+        _operator_only(request, "the trace")
         if self.trace_path is None:
             raise Conflict(
                 "this service has no trace path: start it with --trace PATH, or download the "
@@ -320,3 +360,39 @@ class ServiceApp:
                 http_refusal_doc(exc), status=exc.status, headers=_kept_headers(exc)
             )
         return web.json_response(answer)
+
+
+#: The tenant a request's token names (absent or None: the operator, or no token at all).
+TENANT_KEY = web.RequestKey("tenant", object)
+
+
+def _tenant(request: web.Request) -> Tenant | None:
+    tenant = request.get(TENANT_KEY)
+    return tenant if isinstance(tenant, Tenant) else None
+
+
+def _operator_only(request: web.Request, what: str) -> None:
+    tenant = _tenant(request)
+    if tenant is not None:
+        raise Forbidden(
+            f"{what} holds every tenant's actions: tenant {tenant.name!r} may not read it (the "
+            "operator's token may)"
+        )
+
+
+def _trajectory_doc(request: web.Request, info: Any) -> dict[str, Any]:
+    doc = trajectory_doc(info)
+    tenant = _tenant(request)
+    if tenant is not None:
+        doc["id"] = tenant.outer(doc["id"])
+    return doc
+
+
+def _state_doc(tenant: Tenant | None, action_id: str, state: str, outcome: Any) -> dict[str, Any]:
+    doc = state_doc(action_id, state, outcome)
+    if tenant is not None:
+        doc["id"] = tenant.outer(doc["id"])
+        if doc["outcome"] is not None:
+            doc["outcome"]["id"] = tenant.outer(doc["outcome"]["id"])
+            doc["outcome"]["trajectory"] = tenant.outer(doc["outcome"]["trajectory"])
+    return doc

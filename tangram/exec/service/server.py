@@ -13,8 +13,8 @@ import ipaddress
 import logging
 import signal
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
@@ -37,12 +37,14 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_binding(host: str, token: str | None) -> None:
-    """Refuse to serve beyond loopback without a token (``ValueError`` says what to do)."""
+def check_binding(host: str, token: str | bool | None) -> None:
+    """Refuse to serve beyond loopback without a token, the operator's or tenants' (``token``
+    true: some client must authenticate; ``ValueError`` says what to do)."""
     if not is_loopback(host) and not token:
         raise ValueError(
             f"binding {host!r} exposes the service beyond this machine; give a token "
-            "(--token or TANGRAM_TOKEN) so that only its holders can run actions"
+            "(--token or TANGRAM_TOKEN, or tenants' --client NAME=TOKEN) so that only its "
+            "holders can run actions"
         )
 
 
@@ -58,6 +60,9 @@ class ServeOptions:
     host: str = "127.0.0.1"
     port: int = 8765
     token: str | None = None
+    #: Tenants: name -> token, each client with ids of its own (``tenants``); ``token`` is then
+    #: the operator's.
+    clients: Mapping[str, str] = field(default_factory=dict)
     trace_path: Path | None = None
     run_code: RunCodeSettings = RunCodeSettings()
     max_wait_s: float = 300.0
@@ -72,11 +77,12 @@ class ServeOptions:
 
 async def start_site(runtime: Runtime, opts: ServeOptions) -> tuple[web.AppRunner, str]:
     """Start the runtime and an HTTP site for it; returns the runner and the base URL."""
-    check_binding(opts.host, opts.token)
+    check_binding(opts.host, bool(opts.token or opts.clients))
     await runtime.start()
     app = ServiceApp(
         runtime,
         token=opts.token,
+        clients=dict(opts.clients),
         trace_path=opts.trace_path,
         run_code_settings=opts.run_code,
         max_wait_s=opts.max_wait_s,

@@ -1,0 +1,131 @@
+"""Tenants (``--client NAME=TOKEN``): each client's ids live in a namespace of its own, so two
+clients may use the same ids, neither sees nor touches the other's actions, and only the
+operator's token reads the trace. API work only (no containers); the trajectories' side runs
+against Docker in ``test_hostile_clients.py``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from tangram.core.resources import ApiEndpointSpec, ClusterSpec
+from tangram.exec.runtime import ApiExecutor, Runtime, RuntimeConfig
+from tangram.exec.runtime.api import echo
+from tangram.exec.runtime.records import MAX_ID_CHARS
+from tangram.exec.service import Client, ServeOptions, ServiceError, ServiceThread
+from tangram.exec.service.tenants import Tenant, Tokens, parse_client
+from tangram.exec.service_cli import clients_of
+
+CLUSTER = ClusterSpec(name="api-only", apis=(ApiEndpointSpec("echo", concurrency=8),))
+OPERATOR, ALICE, BOB = "op-token", "alice-token", "bob-token"
+
+
+@pytest.fixture(scope="module")
+def svc() -> Any:
+    def make() -> Runtime:
+        return Runtime(CLUSTER, RuntimeConfig(max_pending=64), api=ApiExecutor({"echo": echo}))
+
+    opts = ServeOptions(port=0, token=OPERATOR, clients={"alice": ALICE, "bob": BOB})
+    with ServiceThread(make, opts) as thread:
+        yield thread
+
+
+def test_two_tenants_use_the_same_id_and_each_gets_its_own_action(svc: ServiceThread) -> None:
+    with Client(svc.url, token=ALICE) as alice, Client(svc.url, token=BOB) as bob:
+        a = alice.run(endpoint="echo", payload="from alice", id="same")
+        b = bob.run(endpoint="echo", payload="from bob", id="same")
+        assert (a.action_id, a.value) == ("same", "from alice")
+        assert (b.action_id, b.value) == ("same", "from bob")
+        # Read again, each sees its own (not the other's, not a conflict).
+        assert alice.result("same", wait_s=5).value == "from alice"
+        assert bob.result("same", wait_s=5).value == "from bob"
+
+
+def test_a_tenant_cannot_see_or_cancel_another_tenants_action(svc: ServiceThread) -> None:
+    with Client(svc.url, token=ALICE) as alice:
+        alice.run(endpoint="echo", payload=1, id="alices-only")
+    for method in ("GET", "DELETE"):
+        r = httpx.request(
+            method,
+            f"{svc.url}/v1/actions/alices-only",
+            headers={"Authorization": f"Bearer {BOB}"},
+        )
+        assert r.status_code == 404, r.text
+        error = r.json()["error"]
+        # As an id never used: named as bob named it, no other tenant's name in sight.
+        assert error["code"] == "unknown_action" and "'alices-only'" in error["message"]
+        assert "alice:" not in error["message"] and "bob:" not in error["message"]
+
+
+def test_an_action_without_an_id_gets_one_in_its_tenants_namespace(svc: ServiceThread) -> None:
+    with Client(svc.url, token=BOB) as bob:
+        out = bob.run(endpoint="echo", payload="anon")
+        assert ":" not in out.action_id
+        assert bob.result(out.action_id, wait_s=5).value == "anon"
+    r = httpx.get(
+        f"{svc.url}/v1/actions/{out.action_id}", headers={"Authorization": f"Bearer {ALICE}"}
+    )
+    assert r.status_code == 404
+
+
+def test_the_operator_sees_every_tenants_action_and_alone_reads_the_trace(
+    svc: ServiceThread,
+) -> None:
+    with Client(svc.url, token=ALICE) as alice:
+        alice.run(endpoint="echo", payload="seen", id="for-the-operator")
+    with Client(svc.url, token=OPERATOR) as op:
+        assert op.result("alice:for-the-operator", wait_s=5).value == "seen"
+    r = httpx.get(f"{svc.url}/v1/trace", headers={"Authorization": f"Bearer {OPERATOR}"})
+    assert r.status_code == 200 and "alice:for-the-operator" in r.text
+    for token in (ALICE, BOB):
+        for method in ("GET", "POST"):
+            r = httpx.request(
+                method, f"{svc.url}/v1/trace", headers={"Authorization": f"Bearer {token}"}
+            )
+            assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden", r.text
+
+
+def test_unknown_tokens_are_refused_and_status_is_open_to_every_client(
+    svc: ServiceThread,
+) -> None:
+    r = httpx.get(f"{svc.url}/v1/status", headers={"Authorization": "Bearer carol-token"})
+    assert r.status_code == 401
+    for token in (OPERATOR, ALICE, BOB):
+        with Client(svc.url, token=token) as c:
+            assert "queued" in c.status()
+
+
+def test_a_tenants_ids_leave_room_for_its_prefix(svc: ServiceThread) -> None:
+    longest = MAX_ID_CHARS - len("alice:")
+    with Client(svc.url, token=ALICE) as alice:
+        assert alice.run(endpoint="echo", payload=0, id="x" * longest).ok
+        with pytest.raises(ServiceError) as err:
+            alice.submit(endpoint="echo", payload=0, id="x" * (longest + 1))
+    assert err.value.status == 400 and f"at most {longest} characters" in err.value.message
+
+
+def test_names_and_tokens_are_checked_before_the_service_starts() -> None:
+    assert parse_client("alice=s3cret") == ("alice", "s3cret")
+    assert parse_client("a.b-c_1=x=y") == ("a.b-c_1", "x=y")
+    for bad in ("alice", "alice=", "al:ice=t", "=t", "x" * 33 + "=t"):
+        with pytest.raises(ValueError):
+            parse_client(bad)
+    with pytest.raises(ValueError, match="same token"):
+        Tokens("t", {"alice": "t"})
+    with pytest.raises(ValueError, match="same token"):
+        clients_of(["alice=t", "bob=t"], None)
+    with pytest.raises(ValueError, match="twice"):
+        clients_of(["alice=t", "alice=u"], None)
+    assert clients_of(["alice=t", "bob=u"], "op") == {"alice": "t", "bob": "u"}
+    assert Tokens("op", {"alice": "t"}).match("t") == (True, Tenant("alice"))
+    assert Tokens("op", {"alice": "t"}).match("op") == (True, None)
+    assert Tokens("op", {"alice": "t"}).match("nope")[0] is False
+
+
+def test_a_tenant_reads_its_own_ids_back_in_error_messages() -> None:
+    tenant = Tenant("alice")
+    assert tenant.clean("trajectory 'alice:t1' is not open") == "trajectory 't1' is not open"
+    assert tenant.outer("alice:t1") == "t1" and tenant.outer("bob:t1") == "bob:t1"
+    assert tenant.owns("alice:t1") and not tenant.owns("alicex:t1")
