@@ -57,6 +57,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "client sees (repeat for each; --token is then the operator's, who sees all)",
     )
     p.add_argument(
+        "--tenant-max-pending",
+        type=int,
+        default=None,
+        help="the most actions one tenant (--client) may have pending: a flood by one cannot "
+        "take every place of --max-pending (default: no per-tenant bound)",
+    )
+    p.add_argument(
         "--max-pending",
         type=int,
         default=4096,
@@ -203,6 +210,14 @@ def check_flags(args: argparse.Namespace) -> None:
         (args.ray_fixed_nodes and not args.ray, "--ray-fixed-nodes applies only with --ray"),
         (args.no_gpu and bool(args.model), "--model serves a GPU service: drop --no-gpu"),
         (
+            args.tenant_max_pending is not None and not args.clients,
+            "--tenant-max-pending bounds each tenant: give the tenants (--client NAME=TOKEN)",
+        ),
+        (
+            args.tenant_max_pending is not None and args.tenant_max_pending < 1,
+            "--tenant-max-pending must be at least 1",
+        ),
+        (
             bool(args.prewarm) and args.warm_pool == 0 and not args.no_cpu,
             "--prewarm parks containers in the warm pool, which --warm-pool 0 turns off "
             "(give --prewarm 0)",
@@ -316,6 +331,7 @@ def run(args: argparse.Namespace) -> int:
         port=args.port,
         token=token,
         clients=args.clients,
+        tenant_max_pending=args.tenant_max_pending,
         trace_path=args.trace,
         max_output_bytes=args.max_output_bytes,
         limits=limits,

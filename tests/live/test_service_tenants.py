@@ -14,11 +14,20 @@ from tangram.core.resources import ApiEndpointSpec, ClusterSpec
 from tangram.exec.runtime import ApiExecutor, Runtime, RuntimeConfig
 from tangram.exec.runtime.api import echo
 from tangram.exec.runtime.records import MAX_ID_CHARS
-from tangram.exec.service import Client, ServeOptions, ServiceError, ServiceThread
+from tangram.exec.service import (
+    Client,
+    OverloadedError,
+    ServeOptions,
+    ServiceError,
+    ServiceThread,
+)
 from tangram.exec.service.tenants import Tenant, Tokens, parse_client
 from tangram.exec.service_cli import clients_of
 
-CLUSTER = ClusterSpec(name="api-only", apis=(ApiEndpointSpec("echo", concurrency=8),))
+CLUSTER = ClusterSpec(
+    name="api-only",
+    apis=(ApiEndpointSpec("echo", concurrency=8), ApiEndpointSpec("gate", concurrency=16)),
+)
 OPERATOR, ALICE, BOB = "op-token", "alice-token", "bob-token"
 
 
@@ -129,3 +138,64 @@ def test_a_tenant_reads_its_own_ids_back_in_error_messages() -> None:
     assert tenant.clean("trajectory 'alice:t1' is not open") == "trajectory 't1' is not open"
     assert tenant.outer("alice:t1") == "t1" and tenant.outer("bob:t1") == "bob:t1"
     assert tenant.owns("alice:t1") and not tenant.owns("alicex:t1")
+
+
+def test_a_tenants_flood_is_bounded_and_leaves_the_others_their_places() -> None:
+    """``tenant_max_pending`` 3: Alice's ten calls that wait on a gate get 3 places and 7 429s
+    naming her bound; Bob's 3 are still accepted; once the gate opens, Alice has her places
+    back. (The runtime's shared bound, 64, is never reached.)"""
+    import asyncio
+    import threading
+
+    gate = threading.Event()
+
+    async def gated(payload: Any) -> Any:
+        for _ in range(3000):  # (at most 30 s: a failed test still ends)
+            if gate.is_set():
+                break
+            await asyncio.sleep(0.01)
+        return payload
+
+    def make() -> Runtime:
+        return Runtime(
+            CLUSTER, RuntimeConfig(max_pending=64), api=ApiExecutor({"echo": echo, "gate": gated})
+        )
+
+    opts = ServeOptions(
+        port=0, token=OPERATOR, clients={"alice": ALICE, "bob": BOB}, tenant_max_pending=3
+    )
+    with ServiceThread(make, opts) as thread, Client(thread.url, token=ALICE, retries=0) as alice:
+        accepted, refused = [], []
+        for i in range(10):
+            try:
+                accepted.append(alice.submit(endpoint="gate", payload=i, id=f"f{i}"))
+            except OverloadedError as exc:
+                refused.append(exc)
+        assert accepted == ["f0", "f1", "f2"] and len(refused) == 7
+        assert refused[0].status == 429 and refused[0].retryable
+        assert "tenant 'alice'" in refused[0].message and "3" in refused[0].message
+        # A resubmission of an accepted id is no new place: still answered.
+        assert alice.submit(endpoint="gate", payload=0, id="f0") == "f0"
+        with Client(thread.url, token=BOB, retries=0) as bob:
+            assert [bob.submit(endpoint="gate", payload=i, id=f"b{i}") for i in range(3)] == [
+                "b0",
+                "b1",
+                "b2",
+            ]
+            gate.set()
+            assert all(bob.result(f"b{i}", wait_s=30).ok for i in range(3))
+        assert all(alice.result(f"f{i}", wait_s=30).ok for i in range(3))
+        assert alice.run(endpoint="echo", payload="again", id="after").value == "again"
+        assert thread.runtime is not None
+        assert thread.runtime.counters["refused_tenant"] == 7
+
+
+def test_a_tenant_bound_must_be_a_positive_integer() -> None:
+    from tangram.exec.service.app import ServiceApp
+
+    def make() -> Runtime:
+        return Runtime(CLUSTER, RuntimeConfig(), api=ApiExecutor({"echo": echo}))
+
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="tenant_max_pending"):
+            ServiceApp(make(), clients={"alice": ALICE}, tenant_max_pending=bad)  # type: ignore[arg-type]

@@ -45,6 +45,7 @@ def serve_on_ray(args: argparse.Namespace, token: str | None) -> int:
             port=args.port,
             token=token,
             clients=getattr(args, "clients", {}),
+            tenant_max_pending=getattr(args, "tenant_max_pending", None),
             trace_path=args.trace,
             max_output_bytes=args.max_output_bytes,
             limits=ConnectionLimits(

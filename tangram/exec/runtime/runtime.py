@@ -523,6 +523,10 @@ class Runtime:
             retry_after_s=self._retry_hint(),
         )
 
+    def retry_hint(self) -> float:
+        """The back-off a refused client is told (``Overloaded.retry_after_s``)."""
+        return self._retry_hint()
+
     def _retry_hint(self) -> float:
         """Seconds a refused client should wait: the time to drain a tenth of the bound at
         the recent completion rate (between 50 ms and 5 s)."""

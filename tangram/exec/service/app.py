@@ -22,8 +22,8 @@ from typing import Any
 from aiohttp import web
 
 from tangram.exec.runtime import Runtime
-from tangram.exec.runtime.errors import BadRequest, Conflict, Forbidden, LiveError
-from tangram.exec.runtime.records import check_id
+from tangram.exec.runtime.errors import BadRequest, Conflict, Forbidden, LiveError, Overloaded
+from tangram.exec.runtime.records import Outcome, check_id
 from tangram.exec.service.body import read_json
 from tangram.exec.service.causes import translate
 from tangram.exec.service.limits import DEFAULT_MAX_OUTPUT_BYTES
@@ -102,7 +102,9 @@ class ServiceApp:
 
     ``token``: when set, every request but ``/healthz`` needs ``Authorization: Bearer TOKEN``
     (or ``X-Tangram-Token``). ``clients``: tenants (name -> token), each with ids of its own
-    (``tenants``); ``token`` is then the operator's, who sees everything. ``trace_path``: where ``POST /v1/trace`` writes. ``max_wait_s``
+    (``tenants``); ``token`` is then the operator's, who sees everything; ``tenant_max_pending``
+    bounds the actions each tenant may have pending (None: only the runtime's shared bound), so
+    one tenant's flood cannot take every place. ``trace_path``: where ``POST /v1/trace`` writes. ``max_wait_s``
     caps how long one request may wait for an outcome (a longer ``wait`` answers 202 and the
     client polls). ``max_output_bytes``: the most output per stream a CPU action may ask for
     (more is refused with a 400), and its default. ``body_timeout_s``: a request body must
@@ -115,6 +117,7 @@ class ServiceApp:
         *,
         token: str | None = None,
         clients: dict[str, str] | None = None,
+        tenant_max_pending: int | None = None,
         trace_path: Path | None = None,
         run_code_settings: RunCodeSettings | None = None,
         max_wait_s: float = 300.0,
@@ -123,6 +126,18 @@ class ServiceApp:
     ) -> None:
         self.runtime = runtime
         self.tokens = Tokens(token, clients)
+        if tenant_max_pending is not None and (
+            isinstance(tenant_max_pending, bool)
+            or not isinstance(tenant_max_pending, int)
+            or tenant_max_pending < 1
+        ):
+            raise ValueError(
+                f"tenant_max_pending must be a positive integer, got {tenant_max_pending!r}"
+            )
+        self.tenant_max_pending = tenant_max_pending
+        #: Each tenant's accepted actions without an outcome yet (``tenant_max_pending``).
+        self.tenant_pending: dict[str, set[str]] = {name: set() for name in self.tokens.names}
+        runtime.on_outcome.append(self._ended)
         self.trace_path = trace_path
         self.run_code_settings = run_code_settings or RunCodeSettings()
         self.max_wait_s = max_wait_s
@@ -277,8 +292,42 @@ class ServiceApp:
                 trajectory=self._trajectory_id(request, spec.trajectory),
             )
         self.runtime.public_trajectory(spec.trajectory)
-        action_id = await self.runtime.submit(spec)
+        if tenant is None or self.tenant_max_pending is None:
+            action_id = await self.runtime.submit(spec)
+        else:
+            action_id = await self._tenant_submit(tenant, spec)
         return await self._answer(action_id, self._wait_s(wait), tenant)
+
+    async def _tenant_submit(self, tenant: Tenant, spec: Any) -> str:
+        """Submit within the tenant's bound: its place is taken before the runtime is asked
+        (no await between the count and the claim) and given back if nothing was accepted."""
+        rt, mine = self.runtime, self.tenant_pending[tenant.name]
+        if spec.id in rt.host.table:  # a resubmission: nothing new to count
+            return await rt.submit(spec)
+        cap = self.tenant_max_pending
+        assert cap is not None
+        if len(mine) >= cap:
+            rt.counters["refused_tenant"] += 1
+            raise Overloaded(
+                f"{len(mine)} actions of tenant {tenant.name!r} pending, its limit "
+                f"(--tenant-max-pending) is {cap}; nothing was accepted, retry later",
+                retry_after_s=rt.retry_hint(),
+            )
+        mine.add(spec.id)
+        try:
+            action_id = await rt.submit(spec)
+        except BaseException:
+            mine.discard(spec.id)
+            raise
+        if action_id != spec.id or rt.state(action_id) == "done":  # (accepted in an earlier run)
+            mine.discard(spec.id)
+        return action_id
+
+    def _ended(self, outcome: Outcome) -> None:
+        for name, pending in self.tenant_pending.items():
+            if outcome.action_id.startswith(name + ":"):
+                pending.discard(outcome.action_id)
+                return
 
     async def get_action(self, request: web.Request) -> web.Response:
         named = self._action_id(request, path_id(request, "id"))

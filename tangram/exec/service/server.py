@@ -63,6 +63,8 @@ class ServeOptions:
     #: Tenants: name -> token, each client with ids of its own (``tenants``); ``token`` is then
     #: the operator's.
     clients: Mapping[str, str] = field(default_factory=dict)
+    #: The most actions one tenant may have pending (None: only the runtime's shared bound).
+    tenant_max_pending: int | None = None
     trace_path: Path | None = None
     run_code: RunCodeSettings = RunCodeSettings()
     max_wait_s: float = 300.0
@@ -83,6 +85,7 @@ async def start_site(runtime: Runtime, opts: ServeOptions) -> tuple[web.AppRunne
         runtime,
         token=opts.token,
         clients=dict(opts.clients),
+        tenant_max_pending=opts.tenant_max_pending,
         trace_path=opts.trace_path,
         run_code_settings=opts.run_code,
         max_wait_s=opts.max_wait_s,
