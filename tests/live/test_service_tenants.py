@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tangram.core.resources import ApiEndpointSpec, ClusterSpec
+from tangram.core.resources import ApiEndpointSpec, ClusterSpec, CpuNodeSpec
 from tangram.exec.runtime import ApiExecutor, Runtime, RuntimeConfig
 from tangram.exec.runtime.api import echo
 from tangram.exec.runtime.records import MAX_ID_CHARS
@@ -199,3 +199,200 @@ def test_a_tenant_bound_must_be_a_positive_integer() -> None:
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="tenant_max_pending"):
             ServiceApp(make(), clients={"alice": ALICE}, tenant_max_pending=bad)  # type: ignore[arg-type]
+
+
+# --- the bound's count under races, journal resubmissions and work no id names (stop 29's
+# review of the tenants, each of which failed before its mend) -------------------------------
+
+NODE = CpuNodeSpec("local", cores=2, numa_domains=1, memory_gb=64.0)
+
+
+def _gated(gate: Any) -> Any:
+    import asyncio
+
+    async def gated(payload: Any) -> Any:
+        for _ in range(2000):  # (at most 20 s: a failed test still ends)
+            if gate.is_set():
+                break
+            await asyncio.sleep(0.01)
+        return payload
+
+    return gated
+
+
+def test_a_conflicting_resend_racing_the_first_does_not_free_its_place() -> None:
+    """Two sends of id "x" with different payloads wait on one opening trajectory: one is
+    accepted, the other is a 409. The 409 gave back the place "x" holds, so with a bound of 2
+    Alice then had "x", "y" and "z" pending; now "z" is refused."""
+    import threading
+    import time
+
+    from tangram.exec.runtime import CpuExecutor
+    from tests.live.test_service_ids import FakeAoe
+
+    gate = threading.Event()
+
+    class SlowOpen(FakeAoe):
+        def __init__(self) -> None:
+            super().__init__()
+            self.opening = threading.Event()
+
+        def open_trajectory(self, traj: str, memory_gb: float, *, image: str | None = None) -> Any:
+            self.opening.wait(20)
+            return super().open_trajectory(traj, memory_gb, image=image)
+
+    aoe = SlowOpen()
+    cluster = ClusterSpec(
+        name="t", cpu_nodes=(NODE,), apis=(ApiEndpointSpec("gate", concurrency=16),)
+    )
+
+    def make() -> Runtime:
+        return Runtime(
+            cluster,
+            RuntimeConfig(max_pending=64),
+            cpu=CpuExecutor(aoe, NODE),
+            api=ApiExecutor({"gate": _gated(gate)}),
+        )
+
+    opts = ServeOptions(port=0, token=OPERATOR, clients={"alice": ALICE}, tenant_max_pending=2)
+    statuses: dict[str, int] = {}
+    with ServiceThread(make, opts) as thread:
+        try:
+
+            def open_t0() -> None:
+                with Client(thread.url, token=ALICE, retries=0) as c:
+                    c.open_trajectory("t0", memory_gb=0.25)
+
+            def send(tag: str, payload: int) -> None:
+                r = httpx.post(
+                    f"{thread.url}/v1/actions",
+                    json={"endpoint": "gate", "payload": payload, "id": "x", "trajectory": "t0"},
+                    headers={"Authorization": f"Bearer {ALICE}"},
+                    timeout=30,
+                )
+                statuses[tag] = r.status_code
+
+            opener = threading.Thread(target=open_t0)
+            opener.start()
+            for _ in range(500):
+                if thread.runtime is not None and "alice:t0" in thread.runtime.trajs.by_id:
+                    break
+                time.sleep(0.02)
+            senders = [threading.Thread(target=send, args=(t, p)) for t, p in (("a", 1), ("b", 2))]
+            for t in senders:
+                t.start()
+            time.sleep(0.5)  # both wait for the trajectory to open
+            aoe.opening.set()
+            for t in (opener, *senders):
+                t.join(30)
+            assert sorted(statuses.values()) == [202, 409], statuses
+            with Client(thread.url, token=ALICE, retries=0) as alice:
+                assert alice.submit(endpoint="gate", payload=3, id="y") == "y"
+                with pytest.raises(OverloadedError, match="tenant 'alice'"):
+                    alice.submit(endpoint="gate", payload=4, id="z")
+        finally:
+            gate.set()
+
+
+def test_a_resend_only_the_journal_remembers_takes_no_place(tmp_path: Any) -> None:
+    """An id whose outcome left memory (``keep_outcomes`` 1) is answered from the journal:
+    a resubmission, not a new action, so a tenant at its bound still gets its answer."""
+    import threading
+
+    gate = threading.Event()
+
+    def make() -> Runtime:
+        return Runtime(
+            CLUSTER,
+            RuntimeConfig(max_pending=64, keep_outcomes=1, journal_path=tmp_path / "j.db"),
+            api=ApiExecutor({"echo": echo, "gate": _gated(gate)}),
+        )
+
+    opts = ServeOptions(port=0, token=OPERATOR, clients={"alice": ALICE}, tenant_max_pending=1)
+    with ServiceThread(make, opts) as thread, Client(thread.url, token=ALICE, retries=0) as alice:
+        try:
+            assert alice.run(endpoint="echo", payload="a", id="old").ok
+            assert alice.run(endpoint="echo", payload="b", id="newer").ok  # pushes "old" out
+            assert thread.runtime is not None and "alice:old" not in thread.runtime.host.table
+            alice.submit(endpoint="gate", payload=0, id="busy")  # Alice's one place
+            assert alice.submit(endpoint="echo", payload="a", id="old") == "old"
+        finally:
+            gate.set()
+
+
+def test_an_action_ended_by_its_trajectorys_close_names_it_as_the_tenant_does() -> None:
+    import threading
+
+    from tangram.exec.runtime import CpuExecutor
+    from tests.live.test_service_ids import FakeAoe
+
+    gate = threading.Event()
+    cluster = ClusterSpec(
+        name="t", cpu_nodes=(NODE,), apis=(ApiEndpointSpec("gate", concurrency=1),)
+    )
+
+    def make() -> Runtime:
+        return Runtime(
+            cluster,
+            RuntimeConfig(max_pending=64),
+            cpu=CpuExecutor(FakeAoe(), NODE),
+            api=ApiExecutor({"gate": _gated(gate)}),
+        )
+
+    opts = ServeOptions(port=0, token=OPERATOR, clients={"alice": ALICE})
+    with ServiceThread(make, opts) as thread, Client(thread.url, token=ALICE, retries=0) as alice:
+        try:
+            alice.open_trajectory("t0", memory_gb=0.25)
+            alice.submit(endpoint="gate", payload=0, id="holder")  # the endpoint's one slot
+            alice.submit(endpoint="gate", payload=1, id="queued", trajectory="t0")
+            alice.close_trajectory("t0")
+            r = httpx.get(
+                f"{thread.url}/v1/actions/queued", headers={"Authorization": f"Bearer {ALICE}"}
+            )
+            error = r.json()["outcome"]["error"]
+            assert error["message"] == "trajectory 't0' was closed while the action was queued"
+            assert "alice:" not in r.text
+        finally:
+            gate.set()
+
+
+def test_run_code_takes_one_of_its_tenants_places_while_it_runs() -> None:
+    """Alice at her bound (1) is refused a /run_code (429, in both shapes) instead of filling
+    the shared bound with it; Bob still gets his place."""
+    import threading
+
+    from tangram.exec.runtime import CpuExecutor
+    from tests.live.test_service_ids import FakeAoe
+
+    gate = threading.Event()
+    cluster = ClusterSpec(
+        name="t", cpu_nodes=(NODE,), apis=(ApiEndpointSpec("gate", concurrency=8),)
+    )
+
+    def make() -> Runtime:
+        return Runtime(
+            cluster,
+            RuntimeConfig(max_pending=3),
+            cpu=CpuExecutor(FakeAoe(), NODE),
+            api=ApiExecutor({"gate": _gated(gate)}),
+        )
+
+    opts = ServeOptions(
+        port=0, token=OPERATOR, clients={"alice": ALICE, "bob": BOB}, tenant_max_pending=1
+    )
+    with ServiceThread(make, opts) as thread:
+        try:
+            with Client(thread.url, token=ALICE, retries=0) as alice:
+                alice.submit(endpoint="gate", payload=0, id="mine")  # at her bound now
+            r = httpx.post(
+                f"{thread.url}/run_code",
+                json={"code": "print(1)", "language": "python"},
+                headers={"Authorization": f"Bearer {ALICE}"},
+                timeout=30,
+            )
+            assert r.status_code == 429 and "tenant 'alice'" in r.text, r.text
+            assert r.json()["status"] == "SandboxError"  # SandboxFusion's shape too
+            with Client(thread.url, token=BOB, retries=0) as bob:
+                assert bob.submit(endpoint="gate", payload=0, id="b0") == "b0"
+        finally:
+            gate.set()

@@ -523,6 +523,13 @@ class Runtime:
             retry_after_s=self._retry_hint(),
         )
 
+    def known(self, action_id: str) -> bool:
+        """Whether the id was accepted before (in memory or in the journal): submitting it
+        again is a resubmission, answered with that action."""
+        if action_id in self.host.table:
+            return True
+        return self.journal is not None and self.journal.lookup(action_id) is not None
+
     def retry_hint(self) -> float:
         """The back-off a refused client is told (``Overloaded.retry_after_s``)."""
         return self._retry_hint()

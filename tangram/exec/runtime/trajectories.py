@@ -226,7 +226,7 @@ class Trajectories:
         traj.state = TrajState.CLOSING
         host = self.host
         closed = ErrorInfo(
-            "trajectory_closed", f"trajectory {trajectory} was closed while the action was queued"
+            "trajectory_closed", f"trajectory {trajectory!r} was closed while the action was queued"
         )
         for rec in list(traj.active.values()):
             if rec.outcome is None and rec.phase in WAITING:

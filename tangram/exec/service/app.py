@@ -10,12 +10,14 @@ with 401, anything unexpected with 500. Errors with a back-off hint carry ``Retr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
 import math
 import tempfile
-from collections.abc import Awaitable, Callable
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,7 @@ from tangram.exec.service.body import read_json
 from tangram.exec.service.causes import translate
 from tangram.exec.service.limits import DEFAULT_MAX_OUTPUT_BYTES
 from tangram.exec.service.metrics import CONTENT_TYPE, ServiceMetrics
-from tangram.exec.service.openai_routes import OpenAiRoutes
+from tangram.exec.service.openai_routes import CALL_PATHS, OpenAiRoutes
 from tangram.exec.service.sandbox_fusion import (
     RunCodeSettings,
     parse_run_code,
@@ -191,9 +193,11 @@ class ServiceApp:
             raise  # the client went away: nothing to answer
         except Exception as exc:
             log.exception("%s %s failed", request.method, request.path)
-            return web.json_response(
-                error_doc("internal", f"internal error: {type(exc).__name__}: {exc}"), status=500
-            )
+            message = f"internal error: {type(exc).__name__}: {exc}"
+            tenant = _tenant(request)
+            if tenant is not None:
+                message = tenant.clean(message)
+            return web.json_response(error_doc("internal", message), status=500)
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -214,6 +218,9 @@ class ServiceApp:
                 status=401,
                 headers={"WWW-Authenticate": "Bearer"},
             )
+        if request.method == "POST" and request.path in CALL_PATHS:
+            with self._place_for_request(request):
+                return await handler(request)
         return await handler(request)
 
     # -- helpers --------------------------------------------------------------------------
@@ -300,28 +307,58 @@ class ServiceApp:
 
     async def _tenant_submit(self, tenant: Tenant, spec: Any) -> str:
         """Submit within the tenant's bound: its place is taken before the runtime is asked
-        (no await between the count and the claim) and given back if nothing was accepted."""
+        (no await between the count and the claim) and given back if nothing was accepted.
+
+        A resubmission (an id accepted before, in memory or in the journal, or one this
+        tenant's place is already held for: a retry racing its first send) takes no new place;
+        a failed submission gives back only a place it took and the runtime does not hold."""
         rt, mine = self.runtime, self.tenant_pending[tenant.name]
-        if spec.id in rt.host.table:  # a resubmission: nothing new to count
+        if spec.id in mine or rt.known(spec.id):
             return await rt.submit(spec)
-        cap = self.tenant_max_pending
-        assert cap is not None
-        if len(mine) >= cap:
-            rt.counters["refused_tenant"] += 1
-            raise Overloaded(
-                f"{len(mine)} actions of tenant {tenant.name!r} pending, its limit "
-                f"(--tenant-max-pending) is {cap}; nothing was accepted, retry later",
-                retry_after_s=rt.retry_hint(),
-            )
+        self._claim_place(tenant)
         mine.add(spec.id)
         try:
             action_id = await rt.submit(spec)
         except BaseException:
-            mine.discard(spec.id)
+            rec = rt.host.table.get(spec.id)
+            if rec is None or rec.outcome is not None:
+                mine.discard(spec.id)
             raise
         if action_id != spec.id or rt.state(action_id) == "done":  # (accepted in an earlier run)
             mine.discard(spec.id)
         return action_id
+
+    def _claim_place(self, tenant: Tenant) -> None:
+        """``Overloaded`` when the tenant holds ``tenant_max_pending`` places (the caller then
+        takes one, with no await in between)."""
+        rt, held, cap = self.runtime, len(self.tenant_pending[tenant.name]), self.tenant_max_pending
+        if cap is None or held < cap:
+            return
+        rt.counters["refused_tenant"] += 1
+        for listener in rt.on_refused:
+            listener(Overloaded.code)
+        raise Overloaded(
+            f"{held} actions of tenant {tenant.name!r} pending, its limit "
+            f"(--tenant-max-pending) is {cap}; nothing was accepted, retry later",
+            retry_after_s=rt.retry_hint(),
+        )
+
+    @contextlib.contextmanager
+    def _place_for_request(self, request: web.Request) -> Iterator[None]:
+        """A tenant's request that runs work the client never names (``/run_code``, the
+        OpenAI-style calls) holds one of its places while it runs: within its bound too."""
+        tenant = _tenant(request)
+        if tenant is None or self.tenant_max_pending is None:
+            yield
+            return
+        self._claim_place(tenant)
+        key = f"~{tenant.name}:request-{uuid.uuid4().hex}"  # (no action id starts with '~')
+        mine = self.tenant_pending[tenant.name]
+        mine.add(key)
+        try:
+            yield
+        finally:
+            mine.discard(key)
 
     def _ended(self, outcome: Outcome) -> None:
         for name, pending in self.tenant_pending.items():
@@ -396,9 +433,10 @@ class ServiceApp:
         try:
             body = await self._body(request)
             req = parse_run_code(body, settings, cpu.node.memory_gb if cpu else None)
-            answer = await run_code(
-                self.runtime, req, settings, max_output_bytes=self.max_output_bytes
-            )
+            with self._place_for_request(request):
+                answer = await run_code(
+                    self.runtime, req, settings, max_output_bytes=self.max_output_bytes
+                )
         except LiveError as exc:
             error = translate(exc)
             return error_response(error, refusal_doc(error))
@@ -443,5 +481,12 @@ def _state_doc(tenant: Tenant | None, action_id: str, state: str, outcome: Any) 
         doc["id"] = tenant.outer(doc["id"])
         if doc["outcome"] is not None:
             doc["outcome"]["id"] = tenant.outer(doc["outcome"]["id"])
-            doc["outcome"]["trajectory"] = tenant.outer(doc["outcome"]["trajectory"])
+            out = doc["outcome"]
+            out["trajectory"] = tenant.outer(out["trajectory"])
+            # Messages and reasons name the tenant's ids as the tenant does (a queued
+            # action's "trajectory 'alice:t0' was closed ...").
+            if out.get("error"):
+                out["error"]["message"] = tenant.clean(out["error"]["message"])
+            if isinstance(out.get("reason"), str):
+                out["reason"] = tenant.clean(out["reason"])
     return doc

@@ -57,6 +57,10 @@ def answers_errors(handler: Callable[[Any, web.Request], Awaitable[web.Response]
     return wrapped
 
 
+#: The routes whose calls run model work (each a place of its client's, under a tenant bound).
+CALL_PATHS = frozenset({"/v1/completions", "/pooling", "/v1/pooling", "/get_reward"})
+
+
 class OpenAiRoutes:
     """The routes over a started ``Runtime`` whose GPU executor serves model directories."""
 

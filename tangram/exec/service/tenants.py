@@ -54,7 +54,7 @@ class Tenant:
         if len(value) > self.max_id_chars:
             raise BadRequest(
                 f"{field} must be at most {self.max_id_chars} characters for tenant "
-                f"{self.name!r} (its ids are kept as '{self.prefix}<id>'), got {len(value)}"
+                f"{self.name!r} (its ids are kept as {self.prefix}<id>), got {len(value)}"
             )
         return self.prefix + value
 
