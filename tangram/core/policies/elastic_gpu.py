@@ -144,6 +144,9 @@ class ElasticGpu(DomainRule):
 
 
 _NO_SIZES: frozenset[int] = frozenset()
+#: What a restore at a size with no free cell (none aligned and unreserved) adds to a call:
+#: it cannot start there now, so neither ``hold`` nor the round may count on it.
+UNPLACEABLE_S = 1e6
 #: Queued calls whose work ``backlog`` sums before extrapolating (decisions stay microseconds).
 _DRAIN_SAMPLE = 64
 
@@ -244,10 +247,18 @@ class _RobustPass:
 
     def start_cost(self, action: Action, size: int) -> float:
         """What a restore onto a cell of ``size`` adds to one call: the restore over the
-        calls it serves, plus the evictions it forces."""
+        calls it serves, plus the evictions it forces; ``UNPLACEABLE_S`` where no free cell of
+        that size exists (the restore cannot happen now)."""
         assert self.restore_cost is not None
-        restore = self.restore_cost(action, size) / self.calls(action.service or "", size)
-        return restore + (self.charge(action, size) or 0.0)
+        charge = self.charge(action, size)
+        if charge is None:
+            # Priced as a restore with no evictions, a size with no free cell won ``hold``'s
+            # comparison (a 4-GPU restore of a small model: a fraction of a second), the round
+            # then gave the call a smaller cell that was free, and placement restored there
+            # over another service's copy with an eviction charge nobody weighed against
+            # waiting for the service's own cells.
+            return UNPLACEABLE_S
+        return self.restore_cost(action, size) / self.calls(action.service or "", size) + charge
 
     def backlog(self) -> Backlog:
         """When each GPU of the pool is next free (now, or its running call's expected end),
