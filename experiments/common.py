@@ -101,6 +101,8 @@ class Variant:
     extra: tuple[tuple[str, Any], ...] = ()
     #: ``tangram.sim.config.Overheads`` fields to change (e.g. ``(("pod_start_s", 30.0),)``).
     overheads: tuple[tuple[str, Any], ...] = ()
+    #: ``tangram.sim.config.RolloutConfig`` fields to change (``train_s`` has its own field).
+    rollout: tuple[tuple[str, Any], ...] = ()
 
     @property
     def name(self) -> str:
@@ -154,6 +156,7 @@ def _run_keys(job: Job, v: Variant, cluster) -> dict[str, Any]:
         **dict(job.tags),
         **dict(v.extra),
         **{f"overheads.{k}": val for k, val in v.overheads},
+        **{f"rollout.{k}": val for k, val in v.rollout},
     }
 
 
@@ -258,7 +261,7 @@ def execute(job: Job) -> list[dict[str, Any]]:
         config = SimConfig(
             policy=resolve(v.policy),
             seed=job.seed,
-            rollout=RolloutConfig(train_s=v.train_s),
+            rollout=RolloutConfig(train_s=v.train_s, **dict(v.rollout)),
             timeline=v.timeline,
             overheads=Overheads(**dict(v.overheads)),
         )

@@ -164,7 +164,11 @@ def test_side_by_side_plots_the_ratio_claims_under_both_policies(tmp_path):
 def test_bound_gap_smoke_reports_both_policies_over_both_bounds(tmp_path):
     run_smoke("bound_gap.py", tmp_path)
     ratios = pd.read_csv(tmp_path / "bound_gap.ratios.csv")
-    assert set(ratios.policy) == {"tangram-paper", "tangram"}
+    # The default also unannounced: never told that a step's calls are all in.
+    assert set(ratios.policy) == {"tangram-paper", "tangram", "tangram-unannounced"}
+    runs = pd.read_csv(tmp_path / "bound_gap_runs.csv")
+    unannounced = runs[runs.variant == "tangram-unannounced"]
+    assert len(unannounced) and (unannounced["rollout.announce_step_end"] == False).all()  # noqa: E712
     assert set(ratios.workload) == {"coding", "mopd", "deepsearch"}
     # both are lower bounds on the mean ACT of any schedule (no execution noise by default)
     assert (ratios.over_lower_bound >= 1 - 1e-9).all()

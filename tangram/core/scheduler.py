@@ -89,6 +89,9 @@ class Scheduler:
         )
         self.wakeup: float | None = None
         self.now = 0.0
+        #: The driver said no action arrives until it says otherwise (``submissions_done``):
+        #: a rollout step whose trajectories have all sent their last action.
+        self.no_more_arrivals = False
         #: Shortcuts in force: the switch and what the policy promises (``tangram.core.fastpaths``).
         self._skip_idle = caps.queue_driven and fast.idle_finish
         self._alone = caps.alone if fast.lone_arrival else None
@@ -178,6 +181,12 @@ class Scheduler:
                         f"policy decided {len(ctx.decisions)} actions at a trajectory open"
                     )
         return traj.node
+
+    def submissions_done(self, done: bool = True) -> None:
+        """The driver's word that no action arrives until it says ``done=False`` (the
+        trainer has submitted every action of the step's rollouts: no call to come for a
+        restore to be amortised over); optional, off by default."""
+        self.no_more_arrivals = done
 
     def expect(self, demands: tuple[ServiceDemand, ...]) -> None:
         """Tell the policy the load each GPU service is expected to get, before any action

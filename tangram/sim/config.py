@@ -119,6 +119,12 @@ class RolloutConfig:
     #: "closed": trajectories alternate generation and actions (trace order and gen times);
     #: "open": every action arrives at its trace ``arrival_s`` regardless of the others.
     mode: str = "closed"
+    #: Closed loop: the trainer tells the scheduler when the step's last action is submitted
+    #: (``Scheduler.submissions_done``; a synchronous RL trainer knows its batch and each
+    #: trajectory's last call), so the default's GPU rule stops amortising restores over
+    #: calls that will not come. False: the core never learns it (as live, unless the trainer
+    #: calls ``POST /v1/submissions``). Open loop never announces.
+    announce_step_end: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in ("closed", "open"):

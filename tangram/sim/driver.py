@@ -164,6 +164,8 @@ class Simulation:
         self.env = simpy.Environment()
         self.policy = make_policy(self.config.policy)
         self.scheduler = Scheduler(cluster, self.policy, resizable=True)
+        #: Actions of the rollout step not yet submitted (None: not a step-based run).
+        self._unsent: int | None = None
         self.residency = ResidencyModel(
             {n.name: n.gpu_memory_gb for n in cluster.gpu_nodes}, self.scheduler.report_residency
         )
@@ -311,6 +313,9 @@ class Simulation:
             if any(r.sync for _, rows in by_step[step] for r in rows):
                 barrier = StepBarrier(f"{step}/{traj}" for traj, _ in by_step[step])
                 self._barriers.append(barrier)
+            if self.config.rollout.announce_step_end:
+                self._unsent = sum(len(rows) for _, rows in by_step[step])
+                self.scheduler.submissions_done(self._unsent == 0)
             for traj, rows in by_step[step]:
                 self._trajectory(step, traj, rows, one_done, barrier)
             yield step_done
@@ -378,6 +383,10 @@ class Simulation:
         self.records[row.action_id] = ActionRecord(row, now)
         self.waiters[row.action_id] = on_done
         self.loop.arrive(action)
+        if self._unsent is not None:
+            self._unsent -= 1
+            if self._unsent == 0:  # the step's last action: none arrives until the next step
+                self.scheduler.submissions_done()
 
     def _run_events(self) -> None:
         """SimPy's event loop, flushing the driver loop once no event is left at an instant.

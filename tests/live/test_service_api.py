@@ -169,3 +169,23 @@ def test_trace_is_written_at_shutdown_and_on_demand(tmp_path: Path) -> None:
     trace = load_trace(path)  # rewritten at shutdown, with the last action
     assert len(trace) == 8
     assert all(r.obs_outcome == "result" for r in trace.rows)
+
+
+def test_the_trainer_says_when_a_steps_submissions_are_done() -> None:
+    """``POST /v1/submissions`` sets the core's ``no_more_arrivals`` (the simulator's
+    closed-loop driver sets it after a step's last action: ``RolloutConfig.announce_step_end``)
+    and ``{"done": false}`` clears it; anything else is a 400 naming the field."""
+    with api_service(CallLog()) as svc, Client(svc.url) as c:
+        assert svc.runtime is not None and not svc.runtime.scheduler.no_more_arrivals
+        assert c.submissions_done() == {"done": True}
+        assert svc.runtime.scheduler.no_more_arrivals
+        assert c.submissions_done(False) == {"done": False}
+        assert not svc.runtime.scheduler.no_more_arrivals
+        for body, field in (
+            ({"done": "yes"}, "'done'"),
+            ({"finished": True}, "done"),
+            ([1], "done"),
+        ):
+            r = httpx.post(f"{svc.url}/v1/submissions", json=body)
+            assert r.status_code == 400 and field in r.json()["error"]["message"], r.text
+        assert httpx.post(f"{svc.url}/v1/submissions").json() == {"done": True}

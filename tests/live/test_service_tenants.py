@@ -89,9 +89,13 @@ def test_the_operator_sees_every_tenants_action_and_alone_reads_the_trace(
     r = httpx.get(f"{svc.url}/v1/trace", headers={"Authorization": f"Bearer {OPERATOR}"})
     assert r.status_code == 200 and "alice:for-the-operator" in r.text
     for token in (ALICE, BOB):
-        for method in ("GET", "POST"):
+        for method, path in (
+            ("GET", "/v1/trace"),
+            ("POST", "/v1/trace"),
+            ("POST", "/v1/submissions"),
+        ):
             r = httpx.request(
-                method, f"{svc.url}/v1/trace", headers={"Authorization": f"Bearer {token}"}
+                method, f"{svc.url}{path}", headers={"Authorization": f"Bearer {token}"}
             )
             assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden", r.text
 

@@ -176,6 +176,10 @@ class _RobustPass:
         self._charge: dict[tuple[str, int], float | None] = {}
         self.waits = rule.waits
         self.reserved: dict[str, set[int]] = {}
+        #: The driver said no call arrives until it says otherwise (a rollout step's last
+        #: call is in: ``Scheduler.submissions_done``): a restore now serves the call it is
+        #: made for, no future one (see ``calls`` and ``options``).
+        self.ending = ctx.scheduler.no_more_arrivals
 
     def resident_sizes(self, service: str) -> set[int] | frozenset[int]:
         if self._resident is None:
@@ -206,7 +210,15 @@ class _RobustPass:
         calls still queued behind this one, or, while the pool's memory keeps room for it
         (``room_for_copy``), the calls expected: a busy service's copies then grow with its
         load instead of its calls falling back to the small cell it was warm on.
+
+        When no call is to come (``ending``), one: the calls queued with it are already placed
+        on the copies that exist (``hold``), and the rate's calls never come. (MOPD at batch
+        2048 on the paper pool: its last ~58 calls arrive at once, each service has copies;
+        amortised over the rate, the default restored ~40 copies for them, 1.8 s mean ACT
+        against 0.65 s queued on the copies in place.)
         """
+        if self.ending:
+            return 1.0
         expected = self._calls.get(service)
         if expected is None:
             expected = self._calls[service] = self.load.expected_calls(
@@ -306,6 +318,16 @@ class _RobustPass:
             sizes = {claimed} & self.resident_sizes(action.service or "")
         if sizes.issuperset(opts.units):
             return opts
+        if self.ending and sizes:
+            # No call to come: it runs on the free copy it claimed. A restore at another size
+            # would take GPUs the others' copies serve them on, for one call.
+            keep = [i for i, u in enumerate(opts.units) if u in sizes]
+            if keep:
+                return Options(
+                    tuple(opts.units[i] for i in keep),
+                    tuple(opts.durations[i] for i in keep),
+                    False,
+                )
         durations = tuple(
             d if u in sizes else d + self.start_cost(action, u)
             for u, d in zip(opts.units, opts.durations, strict=True)

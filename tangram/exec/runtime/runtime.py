@@ -630,6 +630,13 @@ class Runtime:
             )
 
     # ------------------------------------------------------------------ reading
+    def submissions_done(self, done: bool = True) -> None:
+        """The trainer's word that every action of the step is submitted (``done``), or that
+        more come (``done=False``): the default's GPU rule then stops amortising restores
+        over calls that will not come (``Scheduler.submissions_done``). A hint: the next
+        pass reads it; nothing is refused or reordered for it."""
+        self.scheduler.submissions_done(done)
+
     def status(self) -> dict[str, Any]:
         """A snapshot for people and dashboards (``GET /v1/status``)."""
         return reporting.status(self)

@@ -166,6 +166,7 @@ class ServiceApp:
         r.add_delete(f"/v1/actions/{ID}", self.cancel)
         r.add_get("/v1/trace", self.get_trace)
         r.add_post("/v1/trace", self.save_trace)
+        r.add_post("/v1/submissions", self.submissions)
         r.add_post("/run_code", self.run_code)
         OpenAiRoutes(self.runtime, body_timeout_s=self.body_timeout_s).add_to(r)
         return app
@@ -425,6 +426,22 @@ class ServiceApp:
         path = await loop.run_in_executor(None, self.runtime.write_trace, self.trace_path)
         return web.json_response({"path": str(path), "rows": len(self.runtime.recorder)})
 
+    async def submissions(self, request: web.Request) -> web.Response:
+        """``{"done": true}`` (the default): the step's actions are all submitted, no call is
+        to come; ``false``: more come. The operator's (a tenant's word would steer every
+        tenant's GPU calls)."""
+        _operator_only(request, "the end of a step's submissions")
+        body = await self._body(request, optional=True)
+        if body is None:
+            body = {}
+        if not isinstance(body, dict) or set(body) - {"done"}:
+            raise BadRequest(f"expected {{'done': true|false}}, got {body!r}"[:300])
+        done = body.get("done", True)
+        if not isinstance(done, bool):
+            raise BadRequest(f"field 'done' must be true or false, got {done!r}"[:300])
+        self.runtime.submissions_done(done)
+        return web.json_response({"done": done})
+
     async def run_code(self, request: web.Request) -> web.Response:
         """SandboxFusion's call; a request refused before anything ran answers in both
         shapes (``refusal_doc``) at its error's status."""
@@ -462,8 +479,8 @@ def _operator_only(request: web.Request, what: str) -> None:
     tenant = _tenant(request)
     if tenant is not None:
         raise Forbidden(
-            f"{what} holds every tenant's actions: tenant {tenant.name!r} may not read it (the "
-            "operator's token may)"
+            f"{what} concerns every tenant's actions: tenant {tenant.name!r} may not use it "
+            "(the operator's token may)"
         )
 
 

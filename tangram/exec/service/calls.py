@@ -168,6 +168,11 @@ def cancel(id: str) -> Operation[Outcome]:
 # -- service ---------------------------------------------------------------------------------
 
 
+def submissions_done(done: bool = True) -> Operation[dict[str, Any]]:
+    """Tell the service the step's actions are all submitted (``done``), or that more come."""
+    return (yield Call("POST", "/v1/submissions", {"done": done})).json()
+
+
 def status() -> Operation[dict[str, Any]]:
     """The service's status document."""
     return (yield Call("GET", "/v1/status")).json()

@@ -138,6 +138,9 @@ class AsyncClient:
     async def cancel(self, id: str) -> Outcome:
         return await self._do(calls.cancel(id))
 
+    async def submissions_done(self, done: bool = True) -> dict[str, Any]:
+        return await self._do(calls.submissions_done(done))
+
     async def status(self) -> dict[str, Any]:
         return await self._do(calls.status())
 
@@ -242,6 +245,9 @@ class Client:
 
     def cancel(self, id: str) -> Outcome:
         return self._do(calls.cancel(id))
+
+    def submissions_done(self, done: bool = True) -> dict[str, Any]:
+        return self._do(calls.submissions_done(done))
 
     def status(self) -> dict[str, Any]:
         return self._do(calls.status())
