@@ -34,7 +34,7 @@ def public_methods(cls: type) -> set[str]:
 def test_the_clients_have_the_same_methods_signatures_and_docs() -> None:
     names = public_methods(Client) - LIFECYCLE
     assert names == public_methods(AsyncClient) - LIFECYCLE
-    assert len(names) == 15
+    assert len(names) == 16
     for name in names:
         sync, async_ = getattr(Client, name), getattr(AsyncClient, name)
         assert inspect.signature(sync) == inspect.signature(async_), name
