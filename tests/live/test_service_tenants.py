@@ -5,13 +5,16 @@ against Docker in ``test_hostile_clients.py``."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from typing import Any
 
 import httpx
 import pytest
 
 from tangram.core.resources import ApiEndpointSpec, ClusterSpec, CpuNodeSpec
-from tangram.exec.runtime import ApiExecutor, Runtime, RuntimeConfig
+from tangram.exec.runtime import ApiExecutor, CpuExecutor, Runtime, RuntimeConfig
 from tangram.exec.runtime.api import echo
 from tangram.exec.runtime.records import MAX_ID_CHARS
 from tangram.exec.service import (
@@ -23,6 +26,7 @@ from tangram.exec.service import (
 )
 from tangram.exec.service.tenants import Tenant, Tokens, parse_client
 from tangram.exec.service_cli import clients_of
+from tests.live.test_service_ids import FakeAoe
 
 CLUSTER = ClusterSpec(
     name="api-only",
@@ -148,21 +152,13 @@ def test_a_tenants_flood_is_bounded_and_leaves_the_others_their_places() -> None
     """``tenant_max_pending`` 3: Alice's ten calls that wait on a gate get 3 places and 7 429s
     naming her bound; Bob's 3 are still accepted; once the gate opens, Alice has her places
     back. (The runtime's shared bound, 64, is never reached.)"""
-    import asyncio
-    import threading
-
     gate = threading.Event()
-
-    async def gated(payload: Any) -> Any:
-        for _ in range(3000):  # (at most 30 s: a failed test still ends)
-            if gate.is_set():
-                break
-            await asyncio.sleep(0.01)
-        return payload
 
     def make() -> Runtime:
         return Runtime(
-            CLUSTER, RuntimeConfig(max_pending=64), api=ApiExecutor({"echo": echo, "gate": gated})
+            CLUSTER,
+            RuntimeConfig(max_pending=64),
+            api=ApiExecutor({"echo": echo, "gate": _gated(gate)}),
         )
 
     opts = ServeOptions(
@@ -211,8 +207,8 @@ def test_a_tenant_bound_must_be_a_positive_integer() -> None:
 NODE = CpuNodeSpec("local", cores=2, numa_domains=1, memory_gb=64.0)
 
 
-def _gated(gate: Any) -> Any:
-    import asyncio
+def _gated(gate: threading.Event) -> Any:
+    """A "gate" endpoint: each call ends once ``gate`` is set (at most 20 s)."""
 
     async def gated(payload: Any) -> Any:
         for _ in range(2000):  # (at most 20 s: a failed test still ends)
@@ -224,16 +220,30 @@ def _gated(gate: Any) -> Any:
     return gated
 
 
+def _with_containers(
+    gate: threading.Event, *, aoe: Any = None, gate_slots: int = 16, max_pending: int = 64
+) -> Any:
+    """A runtime maker: a stand-in AOE on ``NODE`` (``aoe``, else a ``FakeAoe``) and a "gate"
+    endpoint of ``gate_slots`` whose calls end once ``gate`` is set."""
+    cluster = ClusterSpec(
+        name="t", cpu_nodes=(NODE,), apis=(ApiEndpointSpec("gate", concurrency=gate_slots),)
+    )
+
+    def make() -> Runtime:
+        return Runtime(
+            cluster,
+            RuntimeConfig(max_pending=max_pending),
+            cpu=CpuExecutor(aoe or FakeAoe(), NODE),
+            api=ApiExecutor({"gate": _gated(gate)}),
+        )
+
+    return make
+
+
 def test_a_conflicting_resend_racing_the_first_does_not_free_its_place() -> None:
     """Two sends of id "x" with different payloads wait on one opening trajectory: one is
     accepted, the other is a 409. The 409 gave back the place "x" holds, so with a bound of 2
     Alice then had "x", "y" and "z" pending; now "z" is refused."""
-    import threading
-    import time
-
-    from tangram.exec.runtime import CpuExecutor
-    from tests.live.test_service_ids import FakeAoe
-
     gate = threading.Event()
 
     class SlowOpen(FakeAoe):
@@ -246,18 +256,7 @@ def test_a_conflicting_resend_racing_the_first_does_not_free_its_place() -> None
             return super().open_trajectory(traj, memory_gb, image=image)
 
     aoe = SlowOpen()
-    cluster = ClusterSpec(
-        name="t", cpu_nodes=(NODE,), apis=(ApiEndpointSpec("gate", concurrency=16),)
-    )
-
-    def make() -> Runtime:
-        return Runtime(
-            cluster,
-            RuntimeConfig(max_pending=64),
-            cpu=CpuExecutor(aoe, NODE),
-            api=ApiExecutor({"gate": _gated(gate)}),
-        )
-
+    make = _with_containers(gate, aoe=aoe)
     opts = ServeOptions(port=0, token=OPERATOR, clients={"alice": ALICE}, tenant_max_pending=2)
     statuses: dict[str, int] = {}
     with ServiceThread(make, opts) as thread:
@@ -301,8 +300,6 @@ def test_a_conflicting_resend_racing_the_first_does_not_free_its_place() -> None
 def test_a_resend_only_the_journal_remembers_takes_no_place(tmp_path: Any) -> None:
     """An id whose outcome left memory (``keep_outcomes`` 1) is answered from the journal:
     a resubmission, not a new action, so a tenant at its bound still gets its answer."""
-    import threading
-
     gate = threading.Event()
 
     def make() -> Runtime:
@@ -325,24 +322,8 @@ def test_a_resend_only_the_journal_remembers_takes_no_place(tmp_path: Any) -> No
 
 
 def test_an_action_ended_by_its_trajectorys_close_names_it_as_the_tenant_does() -> None:
-    import threading
-
-    from tangram.exec.runtime import CpuExecutor
-    from tests.live.test_service_ids import FakeAoe
-
     gate = threading.Event()
-    cluster = ClusterSpec(
-        name="t", cpu_nodes=(NODE,), apis=(ApiEndpointSpec("gate", concurrency=1),)
-    )
-
-    def make() -> Runtime:
-        return Runtime(
-            cluster,
-            RuntimeConfig(max_pending=64),
-            cpu=CpuExecutor(FakeAoe(), NODE),
-            api=ApiExecutor({"gate": _gated(gate)}),
-        )
-
+    make = _with_containers(gate, gate_slots=1)
     opts = ServeOptions(port=0, token=OPERATOR, clients={"alice": ALICE})
     with ServiceThread(make, opts) as thread, Client(thread.url, token=ALICE, retries=0) as alice:
         try:
@@ -363,24 +344,8 @@ def test_an_action_ended_by_its_trajectorys_close_names_it_as_the_tenant_does() 
 def test_run_code_takes_one_of_its_tenants_places_while_it_runs() -> None:
     """Alice at her bound (1) is refused a /run_code (429, in both shapes) instead of filling
     the shared bound with it; Bob still gets his place."""
-    import threading
-
-    from tangram.exec.runtime import CpuExecutor
-    from tests.live.test_service_ids import FakeAoe
-
     gate = threading.Event()
-    cluster = ClusterSpec(
-        name="t", cpu_nodes=(NODE,), apis=(ApiEndpointSpec("gate", concurrency=8),)
-    )
-
-    def make() -> Runtime:
-        return Runtime(
-            cluster,
-            RuntimeConfig(max_pending=3),
-            cpu=CpuExecutor(FakeAoe(), NODE),
-            api=ApiExecutor({"gate": _gated(gate)}),
-        )
-
+    make = _with_containers(gate, gate_slots=8, max_pending=3)
     opts = ServeOptions(
         port=0, token=OPERATOR, clients={"alice": ALICE, "bob": BOB}, tenant_max_pending=1
     )

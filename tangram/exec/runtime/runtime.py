@@ -514,14 +514,19 @@ class Runtime:
         ``max_pending`` actions are pending."""
         if self.host.pending < self.config.max_pending:
             return
-        self.counters["refused_overloaded"] += 1
-        for listener in self.on_refused:
-            listener(Overloaded.code)
-        raise Overloaded(
+        raise self.overloaded(
+            "refused_overloaded",
             f"{self.host.pending} actions pending, the limit (max_pending) is "
             f"{self.config.max_pending}; nothing was accepted, retry later",
-            retry_after_s=self._retry_hint(),
         )
+
+    def overloaded(self, counter: str, message: str) -> Overloaded:
+        """An admission bound's refusal, for the caller to raise: counted under ``counter``,
+        told to the ``on_refused`` listeners (the metrics), with a back-off hint."""
+        self.counters[counter] += 1
+        for listener in self.on_refused:
+            listener(Overloaded.code)
+        return Overloaded(message, retry_after_s=self._retry_hint())
 
     def known(self, action_id: str) -> bool:
         """Whether the id was accepted before (in memory or in the journal): submitting it
@@ -529,10 +534,6 @@ class Runtime:
         if action_id in self.host.table:
             return True
         return self.journal is not None and self.journal.lookup(action_id) is not None
-
-    def retry_hint(self) -> float:
-        """The back-off a refused client is told (``Overloaded.retry_after_s``)."""
-        return self._retry_hint()
 
     def _retry_hint(self) -> float:
         """Seconds a refused client should wait: the time to drain a tenth of the bound at

@@ -24,7 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from tangram.exec.runtime import Runtime
-from tangram.exec.runtime.errors import BadRequest, Conflict, Forbidden, LiveError, Overloaded
+from tangram.exec.runtime.errors import BadRequest, Conflict, Forbidden, LiveError
 from tangram.exec.runtime.records import Outcome, check_id
 from tangram.exec.service.body import read_json
 from tangram.exec.service.causes import translate
@@ -314,7 +314,10 @@ class ServiceApp:
         tenant's place is already held for: a retry racing its first send) takes no new place;
         a failed submission gives back only a place it took and the runtime does not hold."""
         rt, mine = self.runtime, self.tenant_pending[tenant.name]
-        if spec.id in mine or rt.known(spec.id):
+        # (The journal is asked only at the bound: below it a resubmission's place is given
+        # back below, once the runtime has answered it, and the runtime asks the journal once.)
+        at_bound = len(mine) >= (self.tenant_max_pending or 0)
+        if spec.id in mine or (at_bound and rt.known(spec.id)):
             return await rt.submit(spec)
         self._claim_place(tenant)
         mine.add(spec.id)
@@ -335,13 +338,10 @@ class ServiceApp:
         rt, held, cap = self.runtime, len(self.tenant_pending[tenant.name]), self.tenant_max_pending
         if cap is None or held < cap:
             return
-        rt.counters["refused_tenant"] += 1
-        for listener in rt.on_refused:
-            listener(Overloaded.code)
-        raise Overloaded(
+        raise rt.overloaded(
+            "refused_tenant",
             f"{held} actions of tenant {tenant.name!r} pending, its limit "
             f"(--tenant-max-pending) is {cap}; nothing was accepted, retry later",
-            retry_after_s=rt.retry_hint(),
         )
 
     @contextlib.contextmanager
