@@ -129,6 +129,10 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         if self.mode not in ("closed", "open"):
             raise ValueError(f"rollout.mode must be 'closed' or 'open', got {self.mode!r}")
+        if not isinstance(self.announce_step_end, bool):
+            raise ValueError(
+                f"rollout.announce_step_end must be true or false, got {self.announce_step_end!r}"
+            )
         _require_finite("rollout.train_s", self.train_s, optional=False)
 
 

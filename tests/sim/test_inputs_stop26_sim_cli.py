@@ -49,6 +49,11 @@ def test_rollout_refuses_an_infinite_training_phase():
         RolloutConfig(train_s=math.inf)
 
 
+def test_rollout_refuses_a_step_end_announcement_that_is_not_a_bool():
+    with pytest.raises(ValueError, match="rollout.announce_step_end must be true or false"):
+        RolloutConfig(announce_step_end="yes")  # type: ignore[arg-type]
+
+
 def test_an_infinite_setting_is_a_clear_error(capsys):
     args = ["sim", "--workload", "coding", "--batch", "2", "--quiet"]
     assert main([*args, "--set", "overheads.aoe_grant_s=inf"]) == 2
