@@ -30,8 +30,11 @@ def connect(base_url: str | None = None) -> Any:
         raise EngineUnavailable(
             "the docker SDK is not installed: pip install 'tangram-arl[exec]' (or docker>=7)"
         ) from exc
+    from tangram.exec.aoe.engine_pool import share_one_pool
+
     try:
         client = docker.DockerClient(base_url=base_url) if base_url else docker.from_env()
+        share_one_pool(client)
         client.ping()
     except docker.errors.DockerException as exc:
         where = base_url or "the default socket (DOCKER_HOST or /var/run/docker.sock)"

@@ -66,7 +66,13 @@ class AoeManager:
 
     def __init__(self, config: AoeConfig | None = None, *, client: Any = None) -> None:
         self.config = config or AoeConfig()
-        self.client = client or connect(self.config.docker_base_url)
+        if client is None:
+            client = connect(self.config.docker_base_url)
+        else:  # a caller's client gets the one pool too (engine_pool.py says why)
+            from tangram.exec.aoe.engine_pool import share_one_pool
+
+            share_one_pool(client)
+        self.client = client
         self.topology: NumaTopology = (
             as_topology(self.config.topology) if self.config.topology else read_host_topology()
         )

@@ -185,8 +185,25 @@ class RawResult:
     stderr_bytes: int
 
 
-def _raw_socket(sock: Any) -> socket.socket:
-    return getattr(sock, "_sock", sock)
+class Attached:
+    """An exec's attach socket, kept together with the docker SDK object that owns it.
+
+    ``exec_start(socket=True)`` returns a ``SocketIO`` that sits in a reference cycle with its
+    HTTP response (the SDK pins the response on it). Dropped, the cycle collector frees it at
+    some later moment and its close shuts the socket under whoever still reads it: an action
+    then failed with ``OSError: [Errno 9] Bad file descriptor`` (CI, 100 actions at once).
+    Holding the owner for as long as the socket is used, and closing both, keeps the fd ours.
+    """
+
+    def __init__(self, owner: Any) -> None:
+        self.owner = owner
+        self.sock: socket.socket = getattr(owner, "_sock", owner)
+
+    def close(self) -> None:
+        """Close the socket and its owner (each close is idempotent; errors are moot here)."""
+        for closeable in (self.sock, self.owner):
+            with contextlib.suppress(OSError):
+                closeable.close()
 
 
 def shell_script(env: Mapping[str, str], command: str) -> str:
@@ -400,7 +417,8 @@ class ExecTransport:
             user=self.user,
             workdir=self.workdir,
         )["Id"]
-        raw = _raw_socket(self.api.exec_start(exec_id, socket=True))
+        attached = Attached(self.api.exec_start(exec_id, socket=True))
+        raw = attached.sock
         out = Capture(req.max_output_bytes, None, False)
         err = Capture(req.max_output_bytes, None, False)
         reader = FrameReader(raw)
@@ -418,8 +436,7 @@ class ExecTransport:
                 lambda: reader.eof,
             )
         finally:
-            with contextlib.suppress(OSError):
-                raw.close()
+            attached.close()
             self.group.leave()
         code = None
         if ended != "stuck":
@@ -456,6 +473,7 @@ class RunnerTransport:
         self.group = group
         #: The shell the runner runs in (``guarded.shell_command()`` for an exec-only one).
         self.shell: tuple[str, ...] = ("/bin/sh",)
+        self._attached: Attached | None = None
         self._sock: socket.socket | None = None
         self._reader: FrameReader | None = None
         self.exec_id: str | None = None
@@ -473,7 +491,8 @@ class RunnerTransport:
             user=self.user,
             workdir=self.workdir,
         )["Id"]
-        self._sock = _raw_socket(self.api.exec_start(self.exec_id, socket=True))
+        self._attached = Attached(self.api.exec_start(self.exec_id, socket=True))
+        self._sock = self._attached.sock
         self._reader = FrameReader(self._sock)
         self.pid = launcher_pid(self.api, self.exec_id) if self.group.places else None
 
@@ -528,9 +547,9 @@ class RunnerTransport:
         return RawResult(code, out.content(), err.content(), ended, out.total, err.total)
 
     def close(self) -> None:
-        if self._sock is not None:
-            with contextlib.suppress(OSError):
-                self._sock.close()
+        if self._attached is not None:
+            self._attached.close()
+        self._attached = None
         self._sock = None
         if self._reader is not None:
             self._reader.eof = True
