@@ -22,6 +22,8 @@ CASES = [
     (["bench", "service", "--requests", "10", "--clients", "1", "--warmup", "-1"], "--warmup"),
     (["bench", "eoe", "--batch", "0", "--sizes", "tiny", "--models", "none"], "--batch"),
     (["bench", "eoe", "--models", "bogus", "--sizes", "tiny", "--reps", "1"], "--models"),
+    (["sim", "--workload", "mopd", "--batch", "4", "--warm-gpus", "twice"], "--warm-gpus"),
+    (["bench", "robustness", "--instances", "1", "--warm-gpus", "hot"], "--warm-gpus"),
 ]
 
 

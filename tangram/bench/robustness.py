@@ -60,9 +60,16 @@ class RunFigures:
     rejected: int
 
 
-def figures(trace: Any, cluster: Any, policy: str, oversubscription: float = 0.0) -> RunFigures:
+def figures(
+    trace: Any,
+    cluster: Any,
+    policy: str,
+    oversubscription: float = 0.0,
+    warm_gpus: bool | str = True,
+) -> RunFigures:
     """Replay ``trace`` under ``policy`` and read its mean and p99 ACT, mean step, rejections.
-    ``oversubscription``: ``Overheads.oversubscription_slowdown`` (time-slicing's cost)."""
+    ``oversubscription``: ``Overheads.oversubscription_slowdown`` (time-slicing's cost);
+    ``warm_gpus``: what the GPUs hold at the start (``SimConfig.warm_gpus``)."""
     from tangram.sim.config import Overheads, SimConfig
     from tangram.sim.driver import SimulationStalled, simulate
 
@@ -70,6 +77,7 @@ def figures(trace: Any, cluster: Any, policy: str, oversubscription: float = 0.0
         policy=policy,
         timeline=False,
         overheads=Overheads(oversubscription_slowdown=oversubscription),
+        warm_gpus=warm_gpus,
     )
     try:
         result = simulate(trace, cluster, config)
@@ -91,6 +99,7 @@ def run_instance(
     policies: Sequence[str],
     default_policy: str = DEFAULT_POLICY,
     oversubscription: float = 0.0,
+    warm_gpus: bool | str = True,
 ) -> dict[str, Any]:
     """One instance: every policy's figures, the capacity-aware bound, the best baseline."""
     from tangram.sim.bounds import capacity_bound
@@ -98,7 +107,7 @@ def run_instance(
 
     trace, cluster = random_instance(RandomParams(family=family), seed=seed)
     runs = {
-        p: figures(trace, cluster, p, oversubscription)
+        p: figures(trace, cluster, p, oversubscription, warm_gpus)
         for p in (default_policy, "lower-bound", *policies)
     }
     bound = capacity_bound(trace, cluster)
@@ -141,7 +150,7 @@ def run_instance(
     return record
 
 
-def _run_task(task: tuple[str, int, tuple[str, ...], str, float]) -> dict[str, Any]:
+def _run_task(task: tuple[str, int, tuple[str, ...], str, float, bool | str]) -> dict[str, Any]:
     """``run_instance`` on one argument tuple (what a process pool maps)."""
     return run_instance(*task)
 
@@ -294,13 +303,20 @@ def run_bench(
     progress: Callable[[], None] | None = None,
     jobs: int = 1,
     oversubscription: float = 0.0,
+    warm_gpus: bool | str = True,
 ) -> dict[str, Any]:
     """The whole benchmark as one JSON-ready document (``jobs`` > 1: a process pool; the
     figures do not depend on it, every replay being deterministic). ``oversubscription``:
     the share of speed threads lose while they outnumber their cores, for the burstable pods
-    and the default's told threads alike (``Overheads.oversubscription_slowdown``)."""
+    and the default's told threads alike (``Overheads.oversubscription_slowdown``).
+    ``warm_gpus``: what every policy's GPUs hold at the start (``SimConfig.warm_gpus``; "plan":
+    ``sglang-sized``'s replicas resident for all, not only for it)."""
     if not 0 <= oversubscription < 1:
         raise ValueError(f"oversubscription must lie in [0, 1), got {oversubscription}")
+    from tangram.sim.config import warm_gpus_known
+
+    if not warm_gpus_known(warm_gpus):
+        raise ValueError(f"warm_gpus must be true, false or 'plan', got {warm_gpus!r}")
     from tangram.core.policies import make_policy
 
     check_families(families)
@@ -308,7 +324,7 @@ def run_bench(
         make_policy(policy)  # an unknown name fails here, before any replay
     t0 = time.perf_counter()
     tasks = [
-        (f, seed + i, tuple(policies), default_policy, oversubscription)
+        (f, seed + i, tuple(policies), default_policy, oversubscription, warm_gpus)
         for f in families
         for i in range(instances)
     ]
@@ -333,6 +349,7 @@ def run_bench(
         "instances_per_family": instances,
         "seed": seed,
         "oversubscription_slowdown": oversubscription,
+        "warm_gpus": "once" if warm_gpus is True else warm_gpus,
         "families": {
             f: family_summary([r for r in records if r["family"] == f], policies) for f in families
         },  # fmt: skip
@@ -395,6 +412,8 @@ def tables(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from tangram.sim.config import WARM_GPUS_FLAG
+
     p = sub.add_parser(
         "robustness",
         help="random instances where a static baseline may beat the default policy",
@@ -444,6 +463,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "charged to burstable pods and to the default's told threads alike (default 0: "
         "time-slicing is free)",
     )
+    p.add_argument(
+        "--warm-gpus",
+        choices=tuple(WARM_GPUS_FLAG),
+        default="once",
+        help="what every policy's GPUs hold at the start: each service once (default), the "
+        "replicas sglang-sized sizes from the declared demand (its head start, given to all), "
+        "or nothing",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_json_flag(p)
     p.set_defaults(func=_main)
@@ -451,6 +478,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _main(args: argparse.Namespace) -> int:
     from tqdm import tqdm
+
+    from tangram.sim.config import WARM_GPUS_FLAG
 
     families = family_list(args.families)
     bar = tqdm(
@@ -469,6 +498,7 @@ def _main(args: argparse.Namespace) -> int:
         progress=lambda: bar.update(1),
         jobs=args.jobs,
         oversubscription=args.oversubscription,
+        warm_gpus=WARM_GPUS_FLAG[args.warm_gpus],
     )
     bar.close()
     emit(args.json, doc, tables(doc))

@@ -27,7 +27,7 @@ from tangram.core.cluster_file import load_cluster
 from tangram.report import add_json_flag, emit, fit_columns, non_negative_int, positive_int
 from tangram.sim.cluster_size import resize
 from tangram.sim.compare import WIDTH, closing_lines
-from tangram.sim.config import Overheads, RolloutConfig, SimConfig
+from tangram.sim.config import WARM_GPUS_FLAG, Overheads, RolloutConfig, SimConfig
 from tangram.sim.overrides import OverrideError, Setting, add_set_flag, build, describe_fields
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "traces" / "coding.jsonl.gz"
@@ -147,6 +147,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--exec-noise",
         type=float,
         help="log-normal sigma of real vs estimated duration = overheads.exec_noise_sigma",
+    )
+    p.add_argument(
+        "--warm-gpus",
+        choices=tuple(WARM_GPUS_FLAG),
+        default="once",
+        help="what the GPUs hold at the start (SimConfig.warm_gpus): each service once "
+        "(default), the replicas sglang-sized sizes from the declared demand (for every "
+        "policy), or nothing",
     )
     p.add_argument("--wide", action="store_true", help="print every figure (a wide table)")
     p.add_argument(
@@ -344,7 +352,13 @@ def main(args: argparse.Namespace) -> int:
     )
     for policy in policies:
         bar.set_description(policy)
-        config = SimConfig(policy=policy, seed=args.seed, overheads=overheads, rollout=rollout)
+        config = SimConfig(
+            policy=policy,
+            seed=args.seed,
+            overheads=overheads,
+            rollout=rollout,
+            warm_gpus=WARM_GPUS_FLAG[args.warm_gpus],
+        )
         t0 = time.perf_counter()
         try:
             result = simulate(trace, cluster, config, progress=bar.update)

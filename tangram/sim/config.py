@@ -145,10 +145,14 @@ class SimConfig:
     #: Record cluster usage after every event (for utilisation plots and held resource-seconds);
     #: off saves time and memory, and held figures become NaN.
     timeline: bool = True
-    #: Start with every GPU service of the trace resident once (a run in steady state: EOE keeps
-    #: models after use, and the static baseline deploys its replicas before the run), placed
-    #: largest first on the emptiest GPUs at the smallest cell its memory allows. Off: cold GPUs.
-    warm_gpus: bool = True
+    #: What the GPUs hold when the run starts. True (``"once"``): every GPU service of the
+    #: trace resident once (a run in steady state: EOE keeps models after use, and the static
+    #: baselines deploy their replicas before the run), placed largest first on the emptiest
+    #: GPUs at the smallest cell its memory allows. ``"plan"``: the replicas the declared
+    #: demand sizes (``size_replicas``, what ``sglang-sized`` deploys) resident, for every
+    #: policy: the static baseline's head start given to all, as after steps that warmed the
+    #: pool to the load. False: cold GPUs.
+    warm_gpus: bool | str = True
     #: Where a trajectory's container goes: "policy" (the core places it, at its open or its
     #: first CPU action) or "observed" (on the node a live run recorded, ``obs_node``, when the
     #: trace has one and the cluster has that node). A replay of a live run uses "observed":
@@ -160,11 +164,27 @@ class SimConfig:
     gpu_calibrations: tuple[GpuCalibration, ...] = ()
 
     def __post_init__(self) -> None:
+        if not warm_gpus_known(self.warm_gpus):
+            raise ValueError(f"warm_gpus must be true, false or 'plan', got {self.warm_gpus!r}")
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {list(PLACEMENTS)}, got {self.placement!r}")
         services = [c.service for c in self.gpu_calibrations]
         if len(set(services)) != len(services):
             raise ValueError(f"gpu_calibrations: one record per service, got {services}")
+
+
+#: ``SimConfig.warm_gpus`` values besides true and false (``"once"`` is ``True``'s name).
+WARM_GPUS = ("once", "plan")
+
+
+#: The ``--warm-gpus`` choices of ``tangram sim`` and ``tangram bench robustness``, as
+#: ``SimConfig.warm_gpus`` values.
+WARM_GPUS_FLAG: dict[str, bool | str] = {"once": True, "plan": "plan", "cold": False}
+
+
+def warm_gpus_known(value: object) -> bool:
+    """Whether ``value`` is a ``SimConfig.warm_gpus`` (a bool, not a number equal to one)."""
+    return isinstance(value, bool) or (isinstance(value, str) and value in WARM_GPUS)
 
 
 #: ``SimConfig.placement`` values.

@@ -30,6 +30,7 @@ from tangram.core.action import Action
 from tangram.core.cells import aligned_cells, smallest_cell_for
 from tangram.core.curves import ElasticityCurve
 from tangram.core.decision import Defer, Reject, Resize, Start
+from tangram.core.demand import size_replicas
 from tangram.core.loop import DriverLoop
 from tangram.core.policies import make_policy
 from tangram.core.resources import ClusterSpec, ResourceKind
@@ -270,13 +271,17 @@ class Simulation:
         )
 
     def _warm_gpus(self) -> None:
-        """Place each GPU service once before the run (see ``SimConfig.warm_gpus``)."""
+        """Place each GPU service once, or the declared demand's replicas, before the run (see
+        ``SimConfig.warm_gpus``)."""
         services: dict[str, float] = {}
         replicas: dict[str, bool] = {}
         for row in self.trace.rows:
             if row.resource == "gpu" and row.service:
                 services[row.service] = max(services.get(row.service, 0.0), row.service_size_gb)
                 replicas[row.service] = row.service_replicas
+        if self.config.warm_gpus == "plan":
+            self._warm_planned(services, replicas)
+            return
         for service, size in sorted(services.items(), key=lambda kv: (-kv[1], kv[0])):
             best = None
             for node in self.cluster.gpu_nodes:
@@ -292,6 +297,24 @@ class Simulation:
                             best = (key, node.name, cell)
             if best is not None:
                 self.residency.restore(best[1], best[2], service, size, replicas[service])
+
+    def _warm_planned(self, size_gb: dict[str, float], replicas: dict[str, bool]) -> None:
+        """The replicas ``size_replicas`` sizes from the declared demand, placed as
+        ``sglang-sized`` places them (largest replicas first, first aligned free cell), so
+        that policy finds its replicas resident and every other policy starts from the same."""
+        demands = expected_demand(self.trace, self.cluster)
+        plan = size_replicas(demands, sum(n.gpus for n in self.cluster.gpu_nodes))
+        taken: set[tuple[str, int]] = set()
+        for d in sorted(demands, key=lambda d: (-d.replica_gpus, d.service)):
+            left = plan[d.service]
+            for node in self.cluster.gpu_nodes:
+                for cell in aligned_cells(node.gpus, d.replica_gpus):
+                    if left and not any((node.name, g) in taken for g in cell):
+                        taken.update((node.name, g) for g in cell)
+                        self.residency.restore(
+                            node.name, cell, d.service, size_gb[d.service], replicas[d.service]
+                        )
+                        left -= 1
 
     def _rollout(self):
         groups = self.trace.trajectories()

@@ -147,3 +147,21 @@ def test_dominated_means_one_baseline_better_on_both_mean_act_and_step():
     assert dominated(record(a=narrow, c=both), ["a", "c"], 0.05)
     assert not dominated(record(c=both), ["c"], 0.2)
     assert not dominated(record(c={**both, "rejected": 1}), ["c"], 0.05)
+
+
+def test_every_policy_can_start_from_the_sized_replicas(bench, capsys):
+    """``--warm-gpus plan``: the start ``sglang-sized`` alone had, given to every policy;
+    the static replicas' own runs do not change, the residency-driven ones may."""
+    doc, _ = bench
+    assert doc["warm_gpus"] == "once"
+    assert main(["bench", "robustness", "--instances", "2", "--families", "gpu", "--json",
+                 "--warm-gpus", "plan"]) == 0  # fmt: skip
+    planned = json.loads(capsys.readouterr().out)
+    assert planned["warm_gpus"] == "plan"
+    once = {r["seed"]: r["runs"] for r in doc["instances"] if r["family"] == "gpu"}
+    for record in planned["instances"]:
+        assert record["runs"]["sglang-sized"] == once[record["seed"]]["sglang-sized"]
+    assert any(r["runs"]["fixed:1"] != once[r["seed"]]["fixed:1"] for r in planned["instances"])
+    with pytest.raises(SystemExit):
+        main(["bench", "robustness", "--instances", "1", "--warm-gpus", "twice"])
+    assert "--warm-gpus" in capsys.readouterr().err

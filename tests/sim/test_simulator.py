@@ -1,5 +1,6 @@
 """The SimPy driver: conservation of work, determinism, queueing theory, rollout structure."""
 
+import json
 import math
 
 import numpy as np
@@ -328,3 +329,59 @@ def test_rate_limited_calls_start_at_their_tokens_not_at_the_next_unrelated_even
     config = SimConfig(policy="tangram", rollout=RolloutConfig(mode="open"))
     acts = actions_frame(simulate(Trace(rows), cluster, config)).sort_values("action_id")
     assert list(acts["start"]) == pytest.approx([0.0, 1.0, 2.0, 3.0, 4.0], abs=1e-6)
+
+
+def test_a_plan_start_holds_the_replicas_sglang_sized_deploys():
+    """``warm_gpus="plan"``: the GPUs hold the declared demand's sized replicas, each on its
+    own aligned cell, so every policy starts from what only ``sglang-sized`` had."""
+    from tangram.core.demand import size_replicas
+    from tangram.sim.demand import expected_demand
+    from tangram.sim.driver import Simulation
+    from tangram.sim.workloads.random_instances import RandomParams, random_instance
+
+    trace, cluster = random_instance(RandomParams(family="gpu"), seed=41)
+    plan = size_replicas(expected_demand(trace, cluster), cluster.total_gpus)
+    assert sum(plan.values()) > len(plan)  # some service has more than one replica
+    sim = Simulation(trace, cluster, SimConfig(policy="tangram", warm_gpus="plan"))
+    sim._warm_gpus()
+    held: dict[str, set[tuple[int, ...]]] = {}
+    for (node, _), slot in sim.residency.resident.items():
+        for service, (_, cell) in slot.items():
+            held.setdefault(service, set()).add((node, cell))
+    assert {s: len(cells) for s, cells in held.items()} == {s: n for s, n in plan.items() if n}
+    gpus = [(node, g) for cells in held.values() for node, cell in cells for g in cell]
+    assert len(gpus) == len(set(gpus))  # one replica per GPU
+
+
+def test_a_plan_start_saves_the_restores_the_once_start_pays():
+    from tangram.sim.workloads.random_instances import RandomParams, random_instance
+
+    trace, cluster = random_instance(RandomParams(family="gpu"), seed=41)
+    restores = {
+        warm: int(
+            actions_frame(
+                simulate(
+                    trace, cluster, SimConfig(policy="fixed:1", warm_gpus=warm, timeline=False)
+                )
+            )["restored"].sum()
+        )
+        for warm in (True, "plan")
+    }
+    assert restores["plan"] < restores[True]
+
+
+@pytest.mark.parametrize("bad", ["yes", "twice", 1, None])
+def test_warm_gpus_refuses_what_it_does_not_know_naming_the_field(bad):
+    with pytest.raises(ValueError, match="warm_gpus"):
+        SimConfig(warm_gpus=bad)
+
+
+def test_tangram_sim_starts_from_the_plan_when_asked(capsys):
+    from tangram.cli import main
+
+    figures = {}
+    for warm in ("once", "plan"):
+        assert main(["sim", "--workload", "random", "--seed", "41", "--set", "family=gpu",
+                     "--policy", "fixed:1", "--warm-gpus", warm, "--json"]) == 0  # fmt: skip
+        figures[warm] = json.loads(capsys.readouterr().out)
+    assert figures["once"] != figures["plan"]
