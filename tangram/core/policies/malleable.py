@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
+from itertools import islice
 
 from tangram.core.action import Action
 from tangram.core.backlog import Domain
@@ -69,17 +70,15 @@ def _split(
     units = list(floors)
     left = pool - sum(floors)
     step = max(1, left // SPLIT_STEPS)
-    # Each participant's time at its current units, kept from the step that brought it there
-    # (a step's end is the next step's start: one cost call per step, not two). The gain of a
-    # step is written out twice below, not called (the split is a pass's hottest loop).
-    current = [c(k) for c, k in zip(cost, units, strict=True)]
+    # Each heap entry carries the participant's time after its next step: a step's end is the
+    # next step's start (one cost call per step, not two). The gain of a step is written out
+    # twice below, not called (the split is a pass's hottest loop).
     heap = []
-    for i, k in enumerate(units):
-        cap = caps[i]
+    for i, (c, k, cap) in enumerate(zip(cost, units, caps, strict=True)):
         if k < cap:
+            now = c(k)
             nxt = k + step if k + step < cap else cap
-            now = current[i]
-            after = cost[i](nxt)
+            after = c(nxt)
             g = (now - after) / (now * (nxt - k)) if now > 0 else 0.0
             heap.append((-g, i, after))
     heapq.heapify(heap)
@@ -95,7 +94,7 @@ def _split(
         k = units[i] = k + add
         left -= add
         if k < cap:
-            current[i] = now = after  # (add is the whole step here: only the last may be cut)
+            now = after  # (add is the whole step here: only the last may be cut)
             nxt = k + step if k + step < cap else cap
             after = cost[i](nxt)
             g = (now - after) / (now * (nxt - k)) if now > 0 else 0.0
@@ -107,8 +106,10 @@ def _running_cost(r: Running, left: float) -> Callable[[int], float]:
     curve = r.action.curve
     if type(curve) is Amdahl:  # (``Amdahl.duration`` inline, the same arithmetic: a split's
         # hot call, and units here are always >= 1, so its check is not needed)
-        t1, s = curve.t1_seconds, curve.serial_fraction
-        return lambda k: left * (t1 * (s + (1.0 - s) / k))
+        # (Defaults, not a closure: read as locals per call, and no cells made per giver.)
+        return lambda k, f=left, t1=curve.t1_seconds, s=curve.serial_fraction: (
+            f * (t1 * (s + (1.0 - s) / k))
+        )
     return lambda k: left * curve.duration(k)
 
 
@@ -118,58 +119,56 @@ def shrink_to_admit(ctx: Context, domain: Domain, cap: int) -> None:
     # Only actions above one core can shrink: those on one keep it and stay out of the split.
     # Of those, the MAX_GIVERS holding the most take part (a pass's cost stays bounded on a
     # node of hundreds of running actions; the next pass splits again).
-    wide = ctx.scheduler.runs.wide.get(domain)
-    if not wide or _fits_free(ctx, domain, node.free_cores):
+    runs = ctx.scheduler.runs
+    wide = runs.wide.get(domain)
+    if not wide:
         return
-    givers = (
-        ctx.scheduler.runs.widest(domain, MAX_GIVERS)
-        if len(wide) > MAX_GIVERS
-        else list(wide.values())
-    )
-    pool = node.free_cores + sum([r.start.units for r in givers])
-    room = pool - len(givers)  # each running action keeps a core
+    free = node.free_cores
     options = ctx.options  # (bound once: ctx may be a queue view that forwards each lookup)
+    # The queue's first MAX_ADMIT with their options, read once: both the test below and the
+    # candidates read no further (each read of a queue view walks two generators).
+    head = [(action, options(action)) for action in islice(ctx.queue(domain), MAX_ADMIT)]
+    if _fits_free(head, free):
+        return
+    givers = runs.widest(domain, MAX_GIVERS) if len(wide) > MAX_GIVERS else list(wide.values())
+    pool = free + sum([r.start.units for r in givers])
+    room = pool - len(givers)  # each running action keeps a core
     cands: list[Action] = []
     cand_options: list[Options] = []
     need = want = 0
-    for action in ctx.queue(domain):
-        opts = options(action)
+    for action, opts in head:  # (at most MAX_ADMIT: the head is no longer)
         smallest = opts.units[0]
-        if need + smallest > room or len(cands) == MAX_ADMIT:
+        if need + smallest > room:
             break
         cands.append(action)
         cand_options.append(opts)
         need += smallest
         want += opts.units[-1]
-    if not cands or want <= node.free_cores:
+    if not cands or want <= free:
         # (Every candidate's largest option fits the free cores: a shrink would give them
         # nothing, only move cores between running actions, which growing does.)
         return
-    now = ctx.now
-    resizable = [(r, remaining_fraction(r, now)) for r in givers]
-    if (
-        SKIP_WHEN_FITS
-        and need <= node.free_cores
-        and all(r.start.units <= r.base_units for r, _ in resizable)
-    ):
+    if SKIP_WHEN_FITS and need <= free and all([r.start.units <= r.base_units for r in givers]):
         # The queue's smallest options fit the free cores and no running action holds cores
         # it grew into: the round admits them without a shrink (a shrink below a start grant
         # to give a candidate more than its smallest option is not worth a pass's split).
         return
+    now = ctx.now
+    resizable = [(r, remaining_fraction(r, now)) for r in givers]
     floors = [1] * len(resizable) + [o.units[0] for o in cand_options]
-    caps = [min(growth_cap(r), cap) for r, _ in resizable] + [o.units[-1] for o in cand_options]
+    caps = [min(growth_cap(r), cap) for r in givers] + [o.units[-1] for o in cand_options]
     costs = [_running_cost(r, left) for r, left in resizable] + [
         _queued_cost(o) for o in cand_options
     ]
     target = _split(floors, caps, costs, pool)
     if any(
-        t < r.base_units for (r, _), t in zip(resizable, target, strict=False)
+        t < r.base_units for r, t in zip(givers, target, strict=False)
     ) and not _admitting_is_sooner(ctx, domain, resizable, cand_options, costs, target):
         # Below their start grants only when that is estimated sooner; the cores they grew
         # into idle are always given back to queued actions.
-        target = [max(t, r.base_units) for (r, _), t in zip(resizable, target, strict=False)]
-    short = need - node.free_cores  # cores the candidates' smallest options lack
-    for (r, _), units in zip(resizable, target, strict=False):
+        target = [max(t, r.base_units) for r, t in zip(givers, target, strict=False)]
+    short = need - free  # cores the candidates' smallest options lack
+    for r, units in zip(givers, target, strict=False):
         held = r.start.units
         if units < held and (short > 0 or units >= r.base_units or _worth(held, units)):
             ctx.resize(
@@ -181,14 +180,13 @@ def shrink_to_admit(ctx: Context, domain: Domain, cap: int) -> None:
             short -= held - units
 
 
-def _fits_free(ctx: Context, domain: Domain, free: int) -> bool:
-    """Whether the first ``MAX_ADMIT`` queued actions' largest options all fit the free cores
-    (then no shrink can give them anything: the common pass, answered before any split)."""
+def _fits_free(head: list[tuple[Action, Options]], free: int) -> bool:
+    """Whether the queue's first ``MAX_ADMIT`` actions' largest options (``head``, with their
+    options) all fit the free cores (then no shrink can give them anything: the common pass,
+    answered before any split)."""
     want = 0
-    for i, action in enumerate(ctx.queue(domain)):
-        if i == MAX_ADMIT:
-            break
-        want += ctx.options(action).units[-1]
+    for _, opts in head:
+        want += opts.units[-1]
         if want > free:
             return False
     return True
@@ -230,9 +228,7 @@ def _admitting_is_sooner(
 
 
 def _queued_cost(opts: Options) -> Callable[[int], float]:
-    first = opts.units[0]
-    durations = opts.durations
-    return lambda k: durations[k - first]
+    return lambda k, durations=opts.durations, first=opts.units[0]: durations[k - first]
 
 
 def grow_key(ctx: Context, domain: Domain, keep: int = 0) -> tuple[int, int]:
