@@ -38,7 +38,9 @@ def projected_total(
     b, nb = 0, len(busy)
     clock, avail = now, free_left
     for opt in queued:
-        need = opt.units[0]
+        # (The fields unpacked once: the projection is the eviction test's inner loop.)
+        units, durations, _, _, consecutive = opt
+        need = units[0]
         while avail < need:  # the next finish, from whichever of the two sources is earlier
             if b < nb and (not heap or busy[b] <= heap[0]):
                 t, u = busy[b]
@@ -51,16 +53,15 @@ def projected_total(
                 clock = t
             avail += u
         if avail < need:  # cannot start within the projection: count it from the last finish
-            total += clock - now + opt.durations[0]
+            total += clock - now + durations[0]
             continue
-        units = opt.units
-        if opt.consecutive:  # best_within, inline: one unit per option
-            k = avail - units[0]
+        if consecutive:  # best_within, inline: one unit per option
+            k = avail - need
             if k >= len(units):
                 k = len(units) - 1
         else:
             k = opt.best_within(avail)
-        u, d = units[k], opt.durations[k]
+        u, d = units[k], durations[k]
         total += clock - now + d
         push(heap, (clock + d, u))
         avail -= u
