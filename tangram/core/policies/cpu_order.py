@@ -139,12 +139,16 @@ def shortest_first(
 
     for action in head:  # (keys first: ``drain_s`` reads the head, which a sort empties)
         key(action)
-    fcfs = [action.id for action in head]
+    # (A tuple of strings: the collector stops tracking it at its first pass over it.)
+    fcfs = tuple([action.id for action in head])
     head.sort(key=lambda action: cache[action.id])
     order = KeyOrder(ctx, domain, head)
     if last is not None and fcfs_queue is not None:
         order.sorted_from(fcfs_queue, fcfs)
-        last[domain] = order
+        # The kept order holds no Context: a pass's Context (its decisions, the records they
+        # name) would otherwise live on per node until the next rebuild, and every young
+        # collection of the cyclic collector walked it.
+        last[domain] = order.for_pass(None)
     return order
 
 
@@ -157,18 +161,18 @@ class KeyOrder:
 
     def __init__(
         self,
-        ctx: Context,
+        ctx: Context | None,
         domain: Domain,
         head: list[Action],
         in_head: set[str] | None = None,
-        source: tuple[FcfsQueue, int, int, list[str]] | None = None,
+        source: tuple[FcfsQueue, int, int, tuple[str, ...]] | None = None,
     ) -> None:
         self._ctx, self._domain, self._head = ctx, domain, head
         self._in_head = {a.id for a in head} if in_head is None else in_head
         #: The queue the head was read from, its removals and length then, and the head's ids.
         self._source = source
 
-    def sorted_from(self, queue: FcfsQueue, fcfs: list[str]) -> None:
+    def sorted_from(self, queue: FcfsQueue, fcfs: tuple[str, ...]) -> None:
         """Remember the queue the head was just read from (its ids in ``fcfs``)."""
         self._source = (queue, queue.removed, len(queue.live), fcfs)
 
@@ -186,13 +190,15 @@ class KeyOrder:
             and all(map(keys.__contains__, fcfs))
         )
 
-    def for_pass(self, ctx: Context) -> KeyOrder:
-        """The same order, read through another pass's Context."""
+    def for_pass(self, ctx: Context | None) -> KeyOrder:
+        """The same order, read through another pass's Context (None: kept between passes,
+        not read)."""
         return KeyOrder(ctx, self._domain, self._head, self._in_head, self._source)
 
     def __iter__(self) -> Iterator[Action]:
         yield from self._head
         in_head = self._in_head
+        assert self._ctx is not None, "a kept order is read through a pass's Context"
         for action in self._ctx.queue(self._domain):
             if action.id not in in_head:
                 yield action
