@@ -137,12 +137,16 @@ def shortest_first(
             cache[action.id] = k
         return k
 
-    for action in head:  # (keys first: ``drain_s`` reads the head, which a sort empties)
-        key(action)
+    ids = [action.id for action in head]
+    for action, action_id in zip(head, ids, strict=True):  # (keys first: ``drain_s`` reads
+        if action_id not in cache:  # the head; most keys are kept from an earlier pass)
+            key(action)
+    ranks = [cache[action_id] for action_id in ids]
+    # A stable sort of positions by key (ties stay FCFS), keyed in C: the head in key order.
+    head = [head[i] for i in sorted(range(len(head)), key=ranks.__getitem__)]
     # (A tuple of strings: the collector stops tracking it at its first pass over it.)
-    fcfs = tuple([action.id for action in head])
-    head.sort(key=lambda action: cache[action.id])
-    order = KeyOrder(ctx, domain, head)
+    fcfs = tuple(ids)
+    order = KeyOrder(ctx, domain, head, set(ids))
     if last is not None and fcfs_queue is not None:
         order.sorted_from(fcfs_queue, fcfs)
         # The kept order holds no Context: a pass's Context (its decisions, the records they
