@@ -132,6 +132,13 @@ class Amdahl(ElasticityCurve):
         s = self.serial_fraction
         return self.t1_seconds * (s + (1.0 - s) / units)
 
+    @property
+    def t1(self) -> float:
+        """Time on one unit: ``duration(1)``'s arithmetic without its calls (the CPU queue
+        order reads it for every newcomer's key and drain)."""
+        s = self.serial_fraction
+        return self.t1_seconds * (s + (1.0 - s) / 1)
+
     def durations(self, units: Sequence[int]) -> tuple[float, ...]:
         if units and units[0] < 1:
             _check_units(units[0])
