@@ -23,6 +23,13 @@ CASES = [
     (["bench", "eoe", "--batch", "0", "--sizes", "tiny", "--models", "none"], "--batch"),
     (["bench", "eoe", "--models", "bogus", "--sizes", "tiny", "--reps", "1"], "--models"),
     (["sim", "--workload", "mopd", "--batch", "4", "--warm-gpus", "twice"], "--warm-gpus"),
+    (["serve", "--tenant-max-pending", "2"], "--tenant-max-pending"),
+    (["serve", "--client", "a=token-of-a", "--tenant-max-pending", "0"], "--tenant-max-pending"),
+    (["serve", "--tenant-max-trajectories", "2"], "--tenant-max-trajectories"),
+    (
+        ["serve", "--client", "a=token-of-a", "--tenant-max-trajectories", "0"],
+        "--tenant-max-trajectories",
+    ),
     (["bench", "robustness", "--instances", "1", "--warm-gpus", "hot"], "--warm-gpus"),
 ]
 

@@ -64,6 +64,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "take every place of --max-pending (default: no per-tenant bound)",
     )
     p.add_argument(
+        "--tenant-max-trajectories",
+        type=int,
+        default=None,
+        help="the most trajectories one tenant (--client) may have open: one cannot take the "
+        "node's memory with containers (default: no per-tenant bound)",
+    )
+    p.add_argument(
         "--max-pending",
         type=int,
         default=4096,
@@ -218,6 +225,14 @@ def check_flags(args: argparse.Namespace) -> None:
             "--tenant-max-pending must be at least 1",
         ),
         (
+            args.tenant_max_trajectories is not None and not args.clients,
+            "--tenant-max-trajectories bounds each tenant: give the tenants (--client NAME=TOKEN)",
+        ),
+        (
+            args.tenant_max_trajectories is not None and args.tenant_max_trajectories < 1,
+            "--tenant-max-trajectories must be at least 1",
+        ),
+        (
             bool(args.prewarm) and args.warm_pool == 0 and not args.no_cpu,
             "--prewarm parks containers in the warm pool, which --warm-pool 0 turns off "
             "(give --prewarm 0)",
@@ -332,6 +347,7 @@ def run(args: argparse.Namespace) -> int:
         token=token,
         clients=args.clients,
         tenant_max_pending=args.tenant_max_pending,
+        tenant_max_trajectories=args.tenant_max_trajectories,
         trace_path=args.trace,
         max_output_bytes=args.max_output_bytes,
         limits=limits,

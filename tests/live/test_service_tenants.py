@@ -365,3 +365,131 @@ def test_run_code_takes_one_of_its_tenants_places_while_it_runs() -> None:
                 assert bob.submit(endpoint="gate", payload=0, id="b0") == "b0"
         finally:
             gate.set()
+
+
+# --- a tenant's open trajectories are bounded (stop 30: one tenant could open containers
+# until the node's memory was taken) ----------------------------------------------------------
+
+
+def test_a_tenants_open_trajectories_are_bounded_and_the_others_keep_theirs() -> None:
+    gate = threading.Event()
+    opts = ServeOptions(
+        port=0, token=OPERATOR, clients={"alice": ALICE, "bob": BOB}, tenant_max_trajectories=2
+    )
+    with ServiceThread(_with_containers(gate), opts) as thread:
+        with (
+            Client(thread.url, token=ALICE, retries=0) as alice,
+            Client(thread.url, token=BOB, retries=0) as bob,
+        ):
+            alice.open_trajectory("t0", memory_gb=0.25)
+            alice.open_trajectory("t1", memory_gb=0.25)
+            with pytest.raises(OverloadedError, match="--tenant-max-trajectories") as refused:
+                alice.open_trajectory("t2", memory_gb=0.25)
+            assert (
+                "tenant 'alice'" in refused.value.message and "alice:" not in refused.value.message
+            )
+            # An id already open is a conflict, as without the bound, not a refusal.
+            with pytest.raises(ServiceError) as again:
+                alice.open_trajectory("t1", memory_gb=0.25)
+            assert again.value.status == 409
+            # Bob's place is his own, and the same ids are his too.
+            bob.open_trajectory("t0", memory_gb=0.25)
+            bob.open_trajectory("t1", memory_gb=0.25)
+            # A closed trajectory gives its place back.
+            alice.close_trajectory("t0")
+            alice.open_trajectory("t2", memory_gb=0.25)
+            assert {t["id"] for t in alice.trajectories()} == {"t1", "t2"}
+        assert thread.runtime is not None
+        assert thread.runtime.counters["refused_tenant_trajectories"] == 1
+    gate.set()
+
+
+def test_two_opens_racing_for_a_tenants_last_place_get_one_trajectory() -> None:
+    """Both wait in the container's creation; the bound counts the one under way, so the
+    second is refused instead of both passing at one place left."""
+    gate = threading.Event()
+
+    class SlowOpen(FakeAoe):
+        def __init__(self) -> None:
+            super().__init__()
+            self.opening = threading.Event()
+
+        def open_trajectory(self, traj: str, memory_gb: float, *, image: str | None = None) -> Any:
+            self.opening.wait(20)
+            return super().open_trajectory(traj, memory_gb, image=image)
+
+    aoe = SlowOpen()
+    opts = ServeOptions(port=0, token=OPERATOR, clients={"alice": ALICE}, tenant_max_trajectories=1)
+    statuses: dict[str, int] = {}
+    with ServiceThread(_with_containers(gate, aoe=aoe), opts) as thread:
+
+        def open_one(traj: str) -> None:
+            r = httpx.post(
+                f"{thread.url}/v1/trajectories",
+                json={"id": traj, "memory_gb": 0.25},
+                headers={"Authorization": f"Bearer {ALICE}"},
+                timeout=30,
+            )
+            statuses[traj] = r.status_code
+
+        first = threading.Thread(target=open_one, args=("t0",))
+        first.start()
+        for _ in range(500):  # t0 is in the container's creation
+            if thread.runtime is not None and "alice:t0" in thread.runtime.trajs.by_id:
+                break
+            time.sleep(0.02)
+        open_one("t1")  # refused at once: t0 holds the one place
+        aoe.opening.set()
+        first.join(30)
+    gate.set()
+    assert statuses == {"t0": 201, "t1": 429}, statuses
+
+
+def test_a_trajectory_bound_must_be_a_positive_integer() -> None:
+    from tangram.exec.service.app import ServiceApp
+
+    def make() -> Runtime:
+        return Runtime(CLUSTER, RuntimeConfig(), api=ApiExecutor({"echo": echo}))
+
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="tenant_max_trajectories"):
+            ServiceApp(make(), clients={"alice": ALICE}, tenant_max_trajectories=bad)  # type: ignore[arg-type]
+
+
+def test_an_open_waiting_for_memory_holds_its_tenants_place() -> None:
+    """Alice's t0 waits for the node's memory (the operator's trajectory takes it), not yet
+    a trajectory of the runtime; her t1 is still refused at a bound of 1, and t0 opens once
+    the memory is back. Counted from the runtime's trajectories alone, t1 waited too, and
+    both opened: two for a bound of one."""
+    gate = threading.Event()
+    opts = ServeOptions(port=0, token=OPERATOR, clients={"alice": ALICE}, tenant_max_trajectories=1)
+    statuses: dict[str, int] = {}
+    with (
+        ServiceThread(_with_containers(gate), opts) as thread,
+        Client(thread.url, token=OPERATOR, retries=0) as op,
+    ):
+        op.open_trajectory("filler", memory_gb=NODE.memory_gb - 0.5)
+
+        def open_one(traj: str) -> None:
+            r = httpx.post(
+                f"{thread.url}/v1/trajectories",
+                json={"id": traj, "memory_gb": 1.0, "wait_s": 20},
+                headers={"Authorization": f"Bearer {ALICE}"},
+                timeout=30,
+            )
+            statuses[traj] = r.status_code
+
+        first = threading.Thread(target=open_one, args=("t0",))
+        first.start()
+        time.sleep(0.5)  # t0 waits for memory
+        assert thread.runtime is not None and "alice:t0" not in thread.runtime.trajs.by_id
+        second = threading.Thread(target=open_one, args=("t1",))
+        second.start()
+        second.join(2)  # refused at once (else it waits for memory too)
+        op.close_trajectory("filler")
+        first.join(30)
+        second.join(30)
+        names = {t["id"] for t in op.trajectories()}
+    gate.set()
+    assert statuses == {"t0": 201, "t1": 429}, statuses
+    assert names == {"alice:t0"}

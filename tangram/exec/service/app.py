@@ -106,7 +106,8 @@ class ServiceApp:
     (or ``X-Tangram-Token``). ``clients``: tenants (name -> token), each with ids of its own
     (``tenants``); ``token`` is then the operator's, who sees everything; ``tenant_max_pending``
     bounds the actions each tenant may have pending (None: only the runtime's shared bound), so
-    one tenant's flood cannot take every place. ``trace_path``: where ``POST /v1/trace`` writes. ``max_wait_s``
+    one tenant's flood cannot take every place; ``tenant_max_trajectories`` the trajectories it
+    may have open, so one cannot take the node's memory with containers. ``trace_path``: where ``POST /v1/trace`` writes. ``max_wait_s``
     caps how long one request may wait for an outcome (a longer ``wait`` answers 202 and the
     client polls). ``max_output_bytes``: the most output per stream a CPU action may ask for
     (more is refused with a 400), and its default. ``body_timeout_s``: a request body must
@@ -120,6 +121,7 @@ class ServiceApp:
         token: str | None = None,
         clients: dict[str, str] | None = None,
         tenant_max_pending: int | None = None,
+        tenant_max_trajectories: int | None = None,
         trace_path: Path | None = None,
         run_code_settings: RunCodeSettings | None = None,
         max_wait_s: float = 300.0,
@@ -128,15 +130,19 @@ class ServiceApp:
     ) -> None:
         self.runtime = runtime
         self.tokens = Tokens(token, clients)
-        if tenant_max_pending is not None and (
-            isinstance(tenant_max_pending, bool)
-            or not isinstance(tenant_max_pending, int)
-            or tenant_max_pending < 1
+        for name, bound in (
+            ("tenant_max_pending", tenant_max_pending),
+            ("tenant_max_trajectories", tenant_max_trajectories),
         ):
-            raise ValueError(
-                f"tenant_max_pending must be a positive integer, got {tenant_max_pending!r}"
-            )
+            if bound is not None and (
+                isinstance(bound, bool) or not isinstance(bound, int) or bound < 1
+            ):
+                raise ValueError(f"{name} must be a positive integer, got {bound!r}")
         self.tenant_max_pending = tenant_max_pending
+        self.tenant_max_trajectories = tenant_max_trajectories
+        #: Each tenant's trajectory opens under way (counted against its bound while the
+        #: runtime waits for memory: two opens racing must not both pass at the last place).
+        self.tenant_opening: dict[str, set[str]] = {name: set() for name in self.tokens.names}
         #: Each tenant's accepted actions without an outcome yet (``tenant_max_pending``).
         self.tenant_pending: dict[str, set[str]] = {name: set() for name in self.tokens.names}
         runtime.on_outcome.append(self._ended)
@@ -264,8 +270,33 @@ class ServiceApp:
         if tenant is not None:
             given = args["trajectory"]
             args["trajectory"] = tenant.fresh("t") if given is None else tenant.inner("id", given)
-        info = await self.runtime.open_trajectory(**args)
+        if tenant is None or self.tenant_max_trajectories is None:
+            info = await self.runtime.open_trajectory(**args)
+        else:
+            info = await self._tenant_open(tenant, args)
         return web.json_response(_trajectory_doc(request, info), status=201)
+
+    async def _tenant_open(self, tenant: Tenant, args: dict[str, Any]) -> Any:
+        """Open within the tenant's trajectory bound: its open (or closing) trajectories and
+        the opens under way count, and the place is taken before the runtime is asked (no
+        await between). An id already open or opening is the runtime's to answer (a 409)."""
+        rt, prefix, traj = self.runtime, tenant.name + ":", args["trajectory"]
+        opening = self.tenant_opening[tenant.name]
+        held = {t.id for t in rt.public_trajectories() if t.id.startswith(prefix)} | opening
+        if traj in held:
+            return await rt.open_trajectory(**args)
+        cap = self.tenant_max_trajectories
+        if cap is not None and len(held) >= cap:
+            raise rt.overloaded(
+                "refused_tenant_trajectories",
+                f"{len(held)} trajectories of tenant {tenant.name!r} open or opening, its "
+                f"limit (--tenant-max-trajectories) is {cap}; close one, or retry later",
+            )
+        opening.add(traj)
+        try:
+            return await rt.open_trajectory(**args)
+        finally:
+            opening.discard(traj)
 
     async def list_trajectories(self, request: web.Request) -> web.Response:
         tenant = _tenant(request)

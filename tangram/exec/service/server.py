@@ -65,6 +65,8 @@ class ServeOptions:
     clients: Mapping[str, str] = field(default_factory=dict)
     #: The most actions one tenant may have pending (None: only the runtime's shared bound).
     tenant_max_pending: int | None = None
+    #: The most trajectories one tenant may have open (None: only the node's memory).
+    tenant_max_trajectories: int | None = None
     trace_path: Path | None = None
     run_code: RunCodeSettings = RunCodeSettings()
     max_wait_s: float = 300.0
@@ -86,6 +88,7 @@ async def start_site(runtime: Runtime, opts: ServeOptions) -> tuple[web.AppRunne
         token=opts.token,
         clients=dict(opts.clients),
         tenant_max_pending=opts.tenant_max_pending,
+        tenant_max_trajectories=opts.tenant_max_trajectories,
         trace_path=opts.trace_path,
         run_code_settings=opts.run_code,
         max_wait_s=opts.max_wait_s,
