@@ -493,3 +493,43 @@ def test_an_open_waiting_for_memory_holds_its_tenants_place() -> None:
     gate.set()
     assert statuses == {"t0": 201, "t1": 429}, statuses
     assert names == {"alice:t0"}
+
+
+def test_a_second_open_of_an_opening_id_keeps_the_place_after_the_first_gives_up() -> None:
+    """Alice's t0 waits for memory (wait_s 1); a second open of t0 (wait_s 20) passes the
+    bound as 'the runtime's to answer' and waits too. When the first gives up, the id left
+    the opens under way while the second still waits: t1 then passed the bound of 1, and
+    both t0 and t1 opened."""
+    gate = threading.Event()
+    opts = ServeOptions(port=0, token=OPERATOR, clients={"alice": ALICE}, tenant_max_trajectories=1)
+    statuses: dict[str, list[int]] = {}
+    with (
+        ServiceThread(_with_containers(gate), opts) as thread,
+        Client(thread.url, token=OPERATOR, retries=0) as op,
+    ):
+        op.open_trajectory("filler", memory_gb=NODE.memory_gb - 0.5)
+
+        def open_one(traj: str, wait_s: float) -> None:
+            r = httpx.post(
+                f"{thread.url}/v1/trajectories",
+                json={"id": traj, "memory_gb": 1.0, "wait_s": wait_s},
+                headers={"Authorization": f"Bearer {ALICE}"},
+                timeout=30,
+            )
+            statuses.setdefault(traj, []).append(r.status_code)
+
+        first = threading.Thread(target=open_one, args=("t0", 1.0))
+        first.start()
+        time.sleep(0.3)
+        second = threading.Thread(target=open_one, args=("t0", 20.0))
+        second.start()
+        first.join(10)  # gave up: no memory within 1 s
+        third = threading.Thread(target=open_one, args=("t1", 20.0))
+        third.start()
+        third.join(1)
+        op.close_trajectory("filler")
+        second.join(30)
+        third.join(30)
+        names = {t["id"] for t in op.trajectories()}
+    gate.set()
+    assert len(names) <= 1, (names, statuses)

@@ -17,6 +17,7 @@ import logging
 import math
 import tempfile
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -142,7 +143,11 @@ class ServiceApp:
         self.tenant_max_trajectories = tenant_max_trajectories
         #: Each tenant's trajectory opens under way (counted against its bound while the
         #: runtime waits for memory: two opens racing must not both pass at the last place).
-        self.tenant_opening: dict[str, set[str]] = {name: set() for name in self.tokens.names}
+        #: Counted per id: a second open of an id still opening holds the place too (the first
+        #: may give up while the second still waits).
+        self.tenant_opening: dict[str, Counter[str]] = {
+            name: Counter() for name in self.tokens.names
+        }
         #: Each tenant's accepted actions without an outcome yet (``tenant_max_pending``).
         self.tenant_pending: dict[str, set[str]] = {name: set() for name in self.tokens.names}
         runtime.on_outcome.append(self._ended)
@@ -282,21 +287,21 @@ class ServiceApp:
         await between). An id already open or opening is the runtime's to answer (a 409)."""
         rt, prefix, traj = self.runtime, tenant.name + ":", args["trajectory"]
         opening = self.tenant_opening[tenant.name]
-        held = {t.id for t in rt.public_trajectories() if t.id.startswith(prefix)} | opening
-        if traj in held:
-            return await rt.open_trajectory(**args)
+        held = {t.id for t in rt.public_trajectories() if t.id.startswith(prefix)} | set(opening)
         cap = self.tenant_max_trajectories
-        if cap is not None and len(held) >= cap:
+        if traj not in held and cap is not None and len(held) >= cap:
             raise rt.overloaded(
                 "refused_tenant_trajectories",
                 f"{len(held)} trajectories of tenant {tenant.name!r} open or opening, its "
                 f"limit (--tenant-max-trajectories) is {cap}; close one, or retry later",
             )
-        opening.add(traj)
+        opening[traj] += 1
         try:
             return await rt.open_trajectory(**args)
         finally:
-            opening.discard(traj)
+            opening[traj] -= 1
+            if opening[traj] <= 0:
+                del opening[traj]
 
     async def list_trajectories(self, request: web.Request) -> web.Response:
         tenant = _tenant(request)
