@@ -93,3 +93,44 @@ def test_every_request_shares_one_pool_however_many_threads_and_urls(fresh_clien
         codes = list(pool.map(inspect_a_new_exec, range(60)))
     assert codes == [0] * 60
     assert len(adapter.pools) == 1
+
+
+def test_sharing_one_pool_leaves_the_threads_already_using_the_client_working() -> None:
+    """``AoeManager(client=...)`` gives a caller's client the one pool: a client other threads
+    are sending on. Closing the adapter it replaced closed pools under them (ClosedPoolError,
+    and the ``'NoneType' object has no attribute 'qsize'`` the one pool was meant to end)."""
+    import sys
+    import threading
+    import time
+
+    import docker
+
+    errors: list[str] = []
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # (threads switch often: the window is a few bytecodes)
+    try:
+        for _ in range(40):
+            client = docker.from_env()
+            stop = threading.Event()
+
+            def ping(client: Any = client, stop: threading.Event = stop) -> None:
+                while not stop.is_set():
+                    try:
+                        client.api.ping()
+                    except Exception as exc:  # noqa: BLE001 (what the test looks for)
+                        errors.append(repr(exc))
+                        return
+
+            threads = [threading.Thread(target=ping) for _ in range(16)]
+            for t in threads:
+                t.start()
+            time.sleep(0.05)
+            share_one_pool(client)
+            time.sleep(0.05)
+            stop.set()
+            for t in threads:
+                t.join()
+            client.close()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == [], errors[:3]

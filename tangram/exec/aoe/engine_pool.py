@@ -35,9 +35,13 @@ def share_one_pool(client: Any) -> Any:
     if not isinstance(adapter, UnixHTTPAdapter) or isinstance(adapter, SocketPoolAdapter):
         return client
     shared = SocketPoolAdapter(
-        "http+unix://" + adapter.socket_path, adapter.timeout, max_pool_size=POOL_SIZE
+        "http+unix://" + adapter.socket_path,
+        adapter.timeout,
+        max_pool_size=max(POOL_SIZE, adapter.max_pool_size),
     )
     api.mount("http+docker://", shared)
     api._custom_adapter = shared  # APIClient.get_adapter answers with this attribute
-    adapter.close()
+    # The adapter replaced is not closed: threads already using the client may hold one of its
+    # pools (closed under them: ClosedPoolError, or the 'qsize' AttributeError above); its
+    # pools and their idle connections go with it once no request holds them.
     return client
