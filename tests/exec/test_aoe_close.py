@@ -21,6 +21,9 @@ class _Containers:
         self.manager: aoe_manager.AoeManager | None = None
         self.fail_volume = False
         self.fail_retire = False
+        #: Volumes removal was asked for again at a reopen (the stale volume of a close).
+        self.retried: list[str] = []
+        self.reopen_during_removal = True
 
     def blueprint(self, traj_id: str, *_: object) -> SimpleNamespace:
         return SimpleNamespace(traj_id=traj_id)
@@ -35,6 +38,11 @@ class _Containers:
             raise AoeError("could not remove container c: engine unreachable")
 
     def remove_volume(self, container: SimpleNamespace) -> None:
+        if not self.reopen_during_removal:  # a reopen's retry of a close's stale volume
+            self.retried.append(container.blueprint.traj_id)
+            if self.fail_volume:
+                raise AoeError("could not remove work volume v: volume is in use")
+            return
         # Another client reopens the same id while the volume is being removed.
         assert self.manager is not None
         outcome: list[str] = []
@@ -59,6 +67,7 @@ def manager_with(containers: _Containers) -> aoe_manager.AoeManager:
     mgr = object.__new__(aoe_manager.AoeManager)
     mgr._containers = containers  # type: ignore[assignment]
     mgr._trajs = {}
+    mgr._stale_volumes = {}
     mgr._lock = threading.Lock()
     mgr._closed = False
     containers.manager = mgr
@@ -97,3 +106,24 @@ def test_a_retire_that_raises_still_removes_the_volume_and_frees_the_id():
         mgr.close_trajectory("t1")
     assert containers.events[-1] == "volume t1 removed"
     assert not mgr._trajs
+
+
+def test_a_reopen_never_mounts_a_volume_its_close_could_not_remove():
+    """The close's container outlived its retire, so its volume was in use and stayed; a
+    reopen of the id would have mounted it, the closed trajectory's files in it. Now the
+    reopen removes it first, or is refused while it cannot."""
+    containers = _Containers()
+    containers.fail_retire = containers.fail_volume = True
+    mgr = manager_with(containers)
+    mgr.open_trajectory("t1")
+    with pytest.raises(AoeError, match="could not remove container"):
+        mgr.close_trajectory("t1")
+    containers.reopen_during_removal = False
+    with pytest.raises(AoeError, match="earlier close is still there"):
+        mgr.open_trajectory("t1")
+    assert containers.retried == ["t1"] and "t1" not in mgr._trajs
+    containers.fail_volume = False  # the container is gone now: its volume can go
+    mgr.open_trajectory("t1")
+    assert containers.retried == ["t1", "t1"] and "t1" in mgr._trajs
+    assert containers.events[-1] == "start t1"
+    assert not mgr._stale_volumes

@@ -83,6 +83,10 @@ class AoeManager:
         )
         self._actions = ActionRunner(self.client, self.ledger, self._containers)
         self._trajs: dict[str, Trajectory] = {}
+        #: Closed trajectories whose work volume could not be removed (still in use: the
+        #: container outlived its retire), by id: a reopen removes it first or is refused, so a
+        #: new trajectory never mounts a closed one's files.
+        self._stale_volumes: dict[str, Container] = {}
         self._lock = threading.Lock()  # guards _trajs and _action_seq
         self._closed = False
         self._action_seq = 0
@@ -125,6 +129,18 @@ class AoeManager:
                     f"trajectory {traj_id!r} already has a container "
                     f"({self._trajs[traj_id].container.handle.short_id})"
                 )
+            stale = self._stale_volumes.get(traj_id)
+        if stale is not None:
+            try:
+                self._containers.remove_volume(stale)
+            except AoeError as exc:
+                raise AoeError(
+                    f"trajectory {traj_id!r} cannot be opened again yet: the work volume of its "
+                    f"earlier close is still there ({exc}); it would hold the closed trajectory's "
+                    "files"
+                ) from exc
+            with self._lock:
+                self._stale_volumes.pop(traj_id, None)
         blueprint = self._containers.blueprint(traj_id, memory_gb, image, sandbox)
         container = self._containers.start(blueprint)
         with self._lock:
@@ -151,6 +167,8 @@ class AoeManager:
                     self._containers.remove_volume(traj.container)
                 except AoeError as exc:  # the trajectory is closed either way
                     log.warning("%s (closing trajectory %r)", exc, traj_id)
+                    with self._lock:
+                        self._stale_volumes[traj_id] = traj.container
                 finally:
                     with self._lock:
                         self._trajs.pop(traj_id, None)
