@@ -236,10 +236,17 @@ def worst_margin(record: dict[str, Any]) -> float:
 
 
 def write_worst(
-    records: Sequence[dict[str, Any]], out: Path, per_family: int
+    records: Sequence[dict[str, Any]], out: Path, per_family: int, warm_gpus: bool | str = True
 ) -> list[dict[str, Any]]:
-    """Write the ``per_family`` worst instances of each family as trace + cluster files."""
+    """Write the ``per_family`` worst instances of each family as trace + cluster files; each
+    one's replay command starts the GPUs as the benchmark did (``warm_gpus``)."""
+    from tangram.sim.config import WARM_GPUS_FLAG
     from tangram.sim.instances import write_instance
+
+    start = next((flag for flag, value in WARM_GPUS_FLAG.items() if value is warm_gpus), "once")
+    if isinstance(warm_gpus, str):
+        start = warm_gpus  # "once" or "plan": the flag's own name
+    start_flag = "" if start == "once" else f" --warm-gpus {start}"
 
     written = []
     families = dict.fromkeys(r["family"] for r in records)
@@ -259,7 +266,7 @@ def write_worst(
                     "margin": r["best"][key]["margin"],
                     **paths,
                     "replay": f"tangram sim --trace {paths['trace']} --cluster "
-                    f"{paths['cluster']} --policy {r['default']} --policy {best}",
+                    f"{paths['cluster']} --policy {r['default']} --policy {best}{start_flag}",
                 }
             )
     return written
@@ -353,7 +360,7 @@ def run_bench(
         "families": {
             f: family_summary([r for r in records if r["family"] == f], policies) for f in families
         },  # fmt: skip
-        "worst": write_worst(records, out, worst) if out else [],
+        "worst": write_worst(records, out, worst, warm_gpus) if out else [],
         "instances": [{k: v for k, v in r.items() if k != "_instance"} for r in records],
     }
     doc["wall_s"] = time.perf_counter() - t0

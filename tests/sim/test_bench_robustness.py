@@ -149,14 +149,21 @@ def test_dominated_means_one_baseline_better_on_both_mean_act_and_step():
     assert not dominated(record(c={**both, "rejected": 1}), ["c"], 0.05)
 
 
-def test_every_policy_can_start_from_the_sized_replicas(bench, capsys):
+def test_every_policy_can_start_from_the_sized_replicas(bench, capsys, tmp_path):
     """``--warm-gpus plan``: the start ``sglang-sized`` alone had, given to every policy;
     the static replicas' own runs do not change, the residency-driven ones may."""
     doc, _ = bench
     assert doc["warm_gpus"] == "once"
     assert main(["bench", "robustness", "--instances", "2", "--families", "gpu", "--json",
-                 "--warm-gpus", "plan"]) == 0  # fmt: skip
+                 "--warm-gpus", "plan", "--out", str(tmp_path), "--worst", "1"]) == 0  # fmt: skip
     planned = json.loads(capsys.readouterr().out)
+    # The worst instance's command replays it from the same start, to the same figures.
+    (worst,) = planned["worst"]
+    assert worst["replay"].endswith("--warm-gpus plan")
+    assert main([*worst["replay"].split()[1:], "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["results"]
+    record = next(r for r in planned["instances"] if r["seed"] == worst["seed"])
+    assert rows[0]["act_mean_s"] == pytest.approx(record["runs"]["tangram"]["act_mean_s"])
     assert planned["warm_gpus"] == "plan"
     once = {r["seed"]: r["runs"] for r in doc["instances"] if r["family"] == "gpu"}
     for record in planned["instances"]:
