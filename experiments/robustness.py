@@ -85,9 +85,10 @@ def share_rows(doc: dict, policy: str, seed_set: int) -> list[dict]:
     return rows
 
 
-def figure(instances: pd.DataFrame, out: Path) -> Path:
+def figure(instances: pd.DataFrame, out: Path, planned: pd.DataFrame | None = None) -> Path:
     """Per family, the margin's distribution (the best baseline's gain over the policy; right of
-    0: a baseline is better) for mean ACT and step, both policies, the targets' lines."""
+    0: a baseline is better) for mean ACT and step, both policies, the targets' lines; dashed,
+    the default from the sized replicas' start (``planned``, the families with GPUs)."""
     families = list(dict.fromkeys(instances.family))
     fig, axes = plt.subplots(2, len(families), figsize=(4.6 * len(families), 7.2), squeeze=False)
     for col, family in enumerate(families):
@@ -104,6 +105,14 @@ def figure(instances: pd.DataFrame, out: Path) -> Path:
                     over5 = 100 * float((m > 5).mean())
                     ax.step(m, share, where="post", color=f"C{i}",
                             label=f"{policy} ({over5:.1f}% beaten > 5%)")  # fmt: skip
+            if planned is not None and family in set(planned.family):
+                sel = planned[(planned.family == family) & ~planned.default_rejected]
+                m = np.sort(sel[f"margin_{key}"].to_numpy() * 100)
+                if m.size:
+                    share = np.arange(m.size, 0, -1) / m.size
+                    over5 = 100 * float((m > 5).mean())
+                    ax.step(m, share, where="post", color="C1", ls="--",
+                            label=f"tangram, sized start ({over5:.1f}% beaten > 5%)")  # fmt: skip
             for x, style in ((5, "--"), (20, ":")):
                 ax.axvline(x, color="k", ls=style, lw=1)
             ax.axhline(0.05, color="grey", lw=0.8)
@@ -142,7 +151,7 @@ def main(argv=None) -> int:
                 bar.update()
         # The start state varied (the default only; the families with GPUs): every policy's
         # GPUs hold sglang-sized's replicas at the start, the head start only it had.
-        plan_list = []
+        plan_list, plan_rows = [], []
         for seed_set in seed_sets:
             doc = run_bench(
                 instances=instances_per_family,
@@ -153,6 +162,7 @@ def main(argv=None) -> int:
                 warm_gpus="plan",
             )
             plan_list += share_rows(doc, "tangram", seed_set)
+            plan_rows += instance_rows(doc, "tangram", seed_set)
             bar.update()
     instances = pd.DataFrame(rows)
     shares = pd.DataFrame(share_list)
@@ -165,7 +175,9 @@ def main(argv=None) -> int:
     agg = shares.groupby(["policy", "family"], sort=False)[columns].agg(["mean", "std"])
     agg.columns = [f"{c}_{stat}" for c, stat in agg.columns]
     agg.reset_index().to_csv(args.out / f"{NAME}.csv", index=False, float_format="%.6g")
-    figure(instances, args.out)
+    planned = pd.DataFrame(plan_rows)
+    planned.to_csv(args.out / f"{NAME}_plan_start_instances.csv", index=False, float_format="%.6g")
+    figure(instances, args.out, planned)
 
     def cell(policy: str, family: str, column: str) -> tuple[str, float, float]:
         v = 100 * shares[(shares.policy == policy) & (shares.family == family)][column]
@@ -230,7 +242,8 @@ def main(argv=None) -> int:
             "Shares per seed set, then mean ± std over seed sets. The figure: per family and "
             "figure, the share of instances (log) whose best baseline gains at least x on the "
             "policy (x right of 0: the baseline is better); dashed 5%, dotted 20%, the grey "
-            "line the 5% share the target allows. An instance whose baselines were all "
+            "line the 5% share the target allows; the dashed orange curve, the default from "
+            "the sized replicas' start (GPU and mixed). An instance whose baselines were all "
             "rejected counts as not beaten, as in `tangram bench robustness`.",
         ],
         claims=claims,
