@@ -85,6 +85,15 @@ def share_rows(doc: dict, policy: str, seed_set: int) -> list[dict]:
     return rows
 
 
+def _margin_curve(ax: plt.Axes, margins: pd.Series, label: str, **style: str) -> None:
+    """The share of instances (y) whose margin is at least x %, labelled with the share > 5%."""
+    m = np.sort(margins.to_numpy() * 100)
+    if m.size:
+        share = np.arange(m.size, 0, -1) / m.size
+        over5 = 100 * float((m > 5).mean())
+        ax.step(m, share, where="post", label=f"{label} ({over5:.1f}% beaten > 5%)", **style)
+
+
 def figure(instances: pd.DataFrame, out: Path, planned: pd.DataFrame | None = None) -> Path:
     """Per family, the margin's distribution (the best baseline's gain over the policy; right of
     0: a baseline is better) for mean ACT and step, both policies, the targets' lines; dashed,
@@ -99,20 +108,10 @@ def figure(instances: pd.DataFrame, out: Path, planned: pd.DataFrame | None = No
                     (instances.family == family) & (instances.policy == policy)
                     & ~instances.default_rejected
                 ]  # fmt: skip
-                m = np.sort(sel[f"margin_{key}"].to_numpy() * 100)
-                if m.size:
-                    share = np.arange(m.size, 0, -1) / m.size
-                    over5 = 100 * float((m > 5).mean())
-                    ax.step(m, share, where="post", color=f"C{i}",
-                            label=f"{policy} ({over5:.1f}% beaten > 5%)")  # fmt: skip
+                _margin_curve(ax, sel[f"margin_{key}"], policy, color=f"C{i}")
             if planned is not None and family in set(planned.family):
                 sel = planned[(planned.family == family) & ~planned.default_rejected]
-                m = np.sort(sel[f"margin_{key}"].to_numpy() * 100)
-                if m.size:
-                    share = np.arange(m.size, 0, -1) / m.size
-                    over5 = 100 * float((m > 5).mean())
-                    ax.step(m, share, where="post", color="C1", ls="--",
-                            label=f"tangram, sized start ({over5:.1f}% beaten > 5%)")  # fmt: skip
+                _margin_curve(ax, sel[f"margin_{key}"], "tangram, sized start", color="C1", ls="--")
             for x, style in ((5, "--"), (20, ":")):
                 ax.axvline(x, color="k", ls=style, lw=1)
             ax.axhline(0.05, color="grey", lw=0.8)

@@ -240,12 +240,10 @@ def write_worst(
 ) -> list[dict[str, Any]]:
     """Write the ``per_family`` worst instances of each family as trace + cluster files; each
     one's replay command starts the GPUs as the benchmark did (``warm_gpus``)."""
-    from tangram.sim.config import WARM_GPUS_FLAG
+    from tangram.sim.config import warm_gpus_flag
     from tangram.sim.instances import write_instance
 
-    start = next((flag for flag, value in WARM_GPUS_FLAG.items() if value is warm_gpus), "once")
-    if isinstance(warm_gpus, str):
-        start = warm_gpus  # "once" or "plan": the flag's own name
+    start = warm_gpus_flag(warm_gpus)
     start_flag = "" if start == "once" else f" --warm-gpus {start}"
 
     written = []
@@ -320,10 +318,9 @@ def run_bench(
     ``sglang-sized``'s replicas resident for all, not only for it)."""
     if not 0 <= oversubscription < 1:
         raise ValueError(f"oversubscription must lie in [0, 1), got {oversubscription}")
-    from tangram.sim.config import warm_gpus_known
+    from tangram.sim.config import SimConfig
 
-    if not warm_gpus_known(warm_gpus):
-        raise ValueError(f"warm_gpus must be true, false or 'plan', got {warm_gpus!r}")
+    SimConfig(warm_gpus=warm_gpus)  # a bad start is refused here (SimConfig's rule), not per replay
     from tangram.core.policies import make_policy
 
     check_families(families)

@@ -182,6 +182,13 @@ WARM_GPUS = ("once", "plan")
 WARM_GPUS_FLAG: dict[str, bool | str] = {"once": True, "plan": "plan", "cold": False}
 
 
+def warm_gpus_flag(value: bool | str) -> str:
+    """The ``--warm-gpus`` choice that gives the ``SimConfig.warm_gpus`` ``value``."""
+    if isinstance(value, str):
+        return value
+    return "once" if value else "cold"
+
+
 def warm_gpus_known(value: object) -> bool:
     """Whether ``value`` is a ``SimConfig.warm_gpus`` (a bool, not a number equal to one)."""
     return isinstance(value, bool) or (isinstance(value, str) and value in WARM_GPUS)

@@ -240,22 +240,25 @@ def _with_containers(
     return make
 
 
+class _SlowOpen(FakeAoe):
+    """A stand-in AOE whose container creation waits until ``opening`` is set (at most 20 s)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opening = threading.Event()
+
+    def open_trajectory(self, traj: str, memory_gb: float, *, image: str | None = None) -> Any:
+        self.opening.wait(20)
+        return super().open_trajectory(traj, memory_gb, image=image)
+
+
 def test_a_conflicting_resend_racing_the_first_does_not_free_its_place() -> None:
     """Two sends of id "x" with different payloads wait on one opening trajectory: one is
     accepted, the other is a 409. The 409 gave back the place "x" holds, so with a bound of 2
     Alice then had "x", "y" and "z" pending; now "z" is refused."""
     gate = threading.Event()
 
-    class SlowOpen(FakeAoe):
-        def __init__(self) -> None:
-            super().__init__()
-            self.opening = threading.Event()
-
-        def open_trajectory(self, traj: str, memory_gb: float, *, image: str | None = None) -> Any:
-            self.opening.wait(20)
-            return super().open_trajectory(traj, memory_gb, image=image)
-
-    aoe = SlowOpen()
+    aoe = _SlowOpen()
     make = _with_containers(gate, aoe=aoe)
     opts = ServeOptions(port=0, token=OPERATOR, clients={"alice": ALICE}, tenant_max_pending=2)
     statuses: dict[str, int] = {}
@@ -409,16 +412,7 @@ def test_two_opens_racing_for_a_tenants_last_place_get_one_trajectory() -> None:
     second is refused instead of both passing at one place left."""
     gate = threading.Event()
 
-    class SlowOpen(FakeAoe):
-        def __init__(self) -> None:
-            super().__init__()
-            self.opening = threading.Event()
-
-        def open_trajectory(self, traj: str, memory_gb: float, *, image: str | None = None) -> Any:
-            self.opening.wait(20)
-            return super().open_trajectory(traj, memory_gb, image=image)
-
-    aoe = SlowOpen()
+    aoe = _SlowOpen()
     opts = ServeOptions(port=0, token=OPERATOR, clients={"alice": ALICE}, tenant_max_trajectories=1)
     statuses: dict[str, int] = {}
     with ServiceThread(_with_containers(gate, aoe=aoe), opts) as thread:
