@@ -192,6 +192,7 @@ class LiveHost:
                 return
         assert self._aio is not None
         rec.task = self._aio.create_task(self._execute(rec))
+        rec.task.add_done_callback(lambda task: self._unstarted(rec, task))
 
     def resize(self, d: Resize) -> None:
         """Apply a resize to the running action's container, in decision order (its executor
@@ -293,6 +294,19 @@ class LiveHost:
             exec_s=result.exec_s,
             wait_s=result.wait_s,
         )
+
+    def _unstarted(self, rec: LiveAction, task: asyncio.Task[None]) -> None:
+        """``rec``'s task was cancelled before its first step (a deadline or a client's
+        cancel right after the start): ``_execute`` never ran, so its units and its outcome
+        are given here, as its ``CancelledError`` branch would have."""
+        if not task.cancelled() or rec.outcome is not None:
+            return
+        status, error = rec.interrupt or (
+            "error",
+            ErrorInfo("cancelled", "the action was interrupted"),
+        )
+        self.finish(rec)
+        self.end(rec, status, error=error)
 
     # ------------------------------------------------------------------ deadlines, cancels
     def on_deadline(self, rec: LiveAction) -> None:

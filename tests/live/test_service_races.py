@@ -1,0 +1,71 @@
+"""Counterexamples found by probing the service with odd inputs and races: each test once
+failed. The CPU executor runs on a stand-in for AOE (no Docker)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tangram.core.resources import ApiEndpointSpec, ClusterSpec, CpuNodeSpec
+from tangram.exec.runtime import ApiExecutor, CpuExecutor, Runtime, RuntimeConfig
+from tangram.exec.service import ServeOptions, ServiceThread
+from tests.live.test_service_ids import FakeAoe
+
+NODE = CpuNodeSpec("local", cores=2, numa_domains=1, memory_gb=64.0)
+CLUSTER = ClusterSpec(
+    name="races",
+    cpu_nodes=(NODE,),
+    apis=(ApiEndpointSpec("echo", concurrency=1), ApiEndpointSpec("gated", concurrency=1)),
+)
+
+
+@pytest.fixture
+def gate() -> Iterator[threading.Event]:
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+@pytest.fixture
+def svc(gate: threading.Event) -> Iterator[ServiceThread]:
+    async def echo(payload: Any) -> Any:
+        return payload
+
+    async def gated(payload: Any) -> Any:
+        while not gate.is_set():
+            await asyncio.sleep(0.01)
+        return payload
+
+    def make() -> Runtime:
+        return Runtime(
+            CLUSTER,
+            RuntimeConfig(max_pending=64, default_timeout_s=60.0),
+            cpu=CpuExecutor(FakeAoe(), NODE),
+            api=ApiExecutor({"echo": echo, "gated": gated}),
+        )
+
+    with ServiceThread(make, ServeOptions(port=0)) as service:
+        try:
+            yield service
+        finally:
+            gate.set()  # (the service's close waits for its running calls)
+
+
+def test_a_deadline_at_the_start_of_an_api_call_still_gives_it_an_outcome(
+    svc: ServiceThread,
+) -> None:
+    """``timeout_s`` 1e-6: the deadline fired after the core started the call and before its
+    task ran its first step; cancelling that task skipped the code that ends the action, so it
+    stayed ``running`` with no outcome for ever and held the endpoint's only slot."""
+    body = {"id": "tiny", "endpoint": "echo", "payload": 1, "timeout_s": 1e-6, "wait": 5}
+    r = httpx.post(f"{svc.url}/v1/actions", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json()["outcome"]["status"] == "timeout", r.text
+    # The endpoint's one slot is free again: the next call runs.
+    r = httpx.post(f"{svc.url}/v1/actions", json={"endpoint": "echo", "payload": 2, "wait": 5})
+    assert r.status_code == 200 and r.json()["outcome"]["result"] == 2, r.text
