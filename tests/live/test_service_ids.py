@@ -104,7 +104,10 @@ ID_CHARS = st.characters(
 ) | st.sampled_from(URL_CHARS)
 #: The id alphabet of docs/live.md: 1..128 printable characters, no '/', no outer spaces.
 IDS = st.text(ID_CHARS, min_size=1, max_size=MAX_ID_CHARS).filter(lambda s: s.strip() == s)
-TRIPLES = st.lists(IDS, min_size=3, max_size=3, unique=True)
+#: (trajectory, action, call): a trajectory id does not start with '~' (the runtime's labels).
+TRIPLES = st.lists(IDS, min_size=3, max_size=3, unique=True).filter(
+    lambda ids: not ids[0].startswith("~")
+)
 
 
 def test_every_drawn_id_is_in_the_alphabet() -> None:

@@ -69,3 +69,26 @@ def test_a_deadline_at_the_start_of_an_api_call_still_gives_it_an_outcome(
     # The endpoint's one slot is free again: the next call runs.
     r = httpx.post(f"{svc.url}/v1/actions", json={"endpoint": "echo", "payload": 2, "wait": 5})
     assert r.status_code == 200 and r.json()["outcome"]["result"] == 2, r.text
+
+
+def test_a_trajectory_id_cannot_take_the_label_of_an_action_without_one(
+    svc: ServiceThread, gate: threading.Event
+) -> None:
+    """An API or GPU action without a trajectory is labelled ``~<its id>`` in the core. A
+    trajectory opened as ``~x`` shared that label, and closing it rejected the queued action
+    ``x`` (another client's work): now such an id is refused, and ``x`` runs."""
+    base = svc.url
+    first = {"id": "first", "endpoint": "gated", "payload": 1}
+    assert httpx.post(f"{base}/v1/actions", json=first).status_code == 202
+    x = {"id": "x", "endpoint": "gated", "payload": 2}
+    assert httpx.post(f"{base}/v1/actions", json=x).status_code == 202
+    r = httpx.post(f"{base}/v1/trajectories", json={"id": "~x", "memory_gb": 0.25})
+    if r.status_code == 201:
+        httpx.delete(f"{base}/v1/trajectories/~x")
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["code"] == "bad_request" and "'~'" in error["message"], error
+    assert "id" in error["message"], error
+    gate.set()
+    r = httpx.get(f"{base}/v1/actions/x", params={"wait": 5})
+    assert r.status_code == 200 and r.json()["outcome"]["status"] == "result", r.text

@@ -268,6 +268,25 @@ def check_id(name: str, value: Any) -> str:
     return value
 
 
+#: The first character of the runtime's own trajectory labels: ``~<action id>`` for GPU and API
+#: work without a trajectory, ``~lost~<node>...`` for a lost node's fenced memory.
+RESERVED_TRAJECTORY_PREFIX = "~"
+
+
+def check_trajectory_id(name: str, value: Any) -> str:
+    """A trajectory id to open: the id alphabet (``check_id``), not starting with ``~``. The
+    core knows a trajectory by its id alone, so one opened as a runtime label would share its
+    actions (closing ``~x`` rejected the queued action ``x`` without a trajectory) or its
+    reservation."""
+    value = check_id(name, value)
+    if value.startswith(RESERVED_TRAJECTORY_PREFIX):
+        raise BadRequest(
+            f"{name} {value!r} must not start with {RESERVED_TRAJECTORY_PREFIX!r}: such ids "
+            "are the runtime's labels (GPU and API work without a trajectory is '~<action id>')"
+        )
+    return value
+
+
 #: The smallest container a trajectory may ask for (GB): 16 MiB, enough for the runner's
 #: shell; Docker itself refuses less than 6 MB.
 MIN_MEMORY_GB = 16 / 1024

@@ -32,9 +32,9 @@ from tangram.exec.runtime.errors import (
 from tangram.exec.runtime.records import (
     ErrorInfo,
     TrajectoryInfo,
-    check_id,
     check_image,
     check_memory_gb,
+    check_trajectory_id,
 )
 
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ class Trajectories:
         # Absent fields get their defaults; given ones are checked, never rewritten (an empty
         # id is refused, not replaced by a fresh one): the same rules as over HTTP.
         traj_id = (
-            check_id("trajectory", trajectory)
+            check_trajectory_id("trajectory", trajectory)
             if trajectory is not None
             else f"t-{uuid.uuid4().hex[:12]}"
         )

@@ -23,9 +23,9 @@ from tangram.exec.runtime.records import (
     Outcome,
     Timings,
     TrajectoryInfo,
-    check_id,
     check_image,
     check_memory_gb,
+    check_trajectory_id,
 )
 from tangram.exec.service.codec import decode_inputs, to_json
 
@@ -191,7 +191,9 @@ def parse_trajectory(body: Any) -> dict[str, Any]:
     if wait is not None and wait < 0:
         raise BadRequest(f"field 'wait_s': must be >= 0 seconds, got {wait!r}")
     return {
-        "trajectory": None if traj is None else check_id("field 'id' (the trajectory id)", traj),
+        "trajectory": None
+        if traj is None
+        else check_trajectory_id("field 'id' (the trajectory id)", traj),
         "memory_gb": None if memory is None else check_memory_gb("field 'memory_gb'", memory),
         "image": None if image is None else check_image("field 'image'", image),
         "wait_s": 0.0 if wait is None else float(wait),
