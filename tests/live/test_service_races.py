@@ -92,3 +92,36 @@ def test_a_trajectory_id_cannot_take_the_label_of_an_action_without_one(
     gate.set()
     r = httpx.get(f"{base}/v1/actions/x", params={"wait": 5})
     assert r.status_code == 200 and r.json()["outcome"]["status"] == "result", r.text
+
+
+#: Estimates the trace format cannot carry (times past 1e9 s, integers past int64), each with
+#: the field a refusal must name.
+UNTRACEABLE = [
+    ({"command": "echo", "trajectory": "t", "t1_s": 2e9}, "t1_s"),
+    ({"endpoint": "echo", "payload": 1, "t1_s": 1e10}, "t1_s"),
+    ({"command": "echo", "trajectory": "t", "max_units": 2**63}, "max_units"),
+    (
+        {
+            "command": "echo",
+            "trajectory": "t",
+            "max_units": 2,
+            "curve": {"kind": "amdahl", "t1": 1e300, "serial_fraction": 0.5},
+        },
+        "t1",
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "field"), UNTRACEABLE, ids=lambda v: str(v)[:40])
+def test_an_accepted_action_is_in_the_trace_or_refused_naming_the_field(
+    svc: ServiceThread, body: dict[str, Any], field: str
+) -> None:
+    """These were accepted and run, then left out of the trace ("could not be recorded"): the
+    run's record lost them. Now they are refused before anything runs."""
+    base = svc.url
+    assert httpx.post(f"{base}/v1/trajectories", json={"id": "t"}).status_code == 201
+    r = httpx.post(f"{base}/v1/actions", json={**body, "id": "big", "wait": 5}, timeout=30)
+    if r.status_code < 300:
+        assert '"big"' in httpx.get(f"{base}/v1/trace").text, "accepted, ran, not traced"
+    assert r.status_code == 400, r.text
+    assert field in r.json()["error"]["message"], r.text

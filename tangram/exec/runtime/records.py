@@ -19,6 +19,7 @@ from typing import Any, Literal
 from tangram.core.curves import Amdahl, CurveError, ElasticityCurve, Inelastic, curve_from_dict
 from tangram.exec.aoe.environment import command_problem, env_problem, script_problem
 from tangram.exec.runtime.errors import BadRequest
+from tangram.trace.row import INT_MAX, TIME_MAX_S
 
 Resource = Literal["cpu", "gpu", "api"]
 #: How an action ended. ``unknown``: the service stopped (killed, crashed) after accepting it
@@ -154,8 +155,18 @@ class ActionSpec:
             raise BadRequest(f"max_units must be an integer >= 1, got {self.max_units!r}")
         if self.max_units < 1:
             raise BadRequest(f"max_units must be >= 1, got {self.max_units}")
+        if self.max_units > INT_MAX:
+            raise BadRequest(
+                f"max_units must be at most {INT_MAX} (the trace's integers are int64), "
+                f"got {self.max_units}"
+            )
         if not _positive(self.t1_s):
             raise BadRequest(f"t1_s must be a positive number of seconds, got {self.t1_s!r}")
+        if self.t1_s > TIME_MAX_S:
+            raise BadRequest(
+                f"t1_s must be at most {TIME_MAX_S:g} s (the trace's longest time), "
+                f"got {self.t1_s!r}"
+            )
         if self.timeout_s is not None and not _positive(self.timeout_s):
             raise BadRequest(
                 f"timeout_s must be a positive number of seconds, got {self.timeout_s!r}"
@@ -178,7 +189,12 @@ class ActionSpec:
                 f"malleable: only a cpu action can be malleable (its cores resized while it "
                 f"runs); this one is a {self.resource} action"
             )
-        self.elasticity()  # raises BadRequest for a bad curve
+        t1 = self.elasticity().t1  # raises BadRequest for a bad curve
+        if t1 > TIME_MAX_S:
+            raise BadRequest(
+                f"curve: its time on one unit (t1) must be at most {TIME_MAX_S:g} s (the "
+                f"trace's longest time), got {t1!r}"
+            )
 
     @property
     def resource(self) -> Resource:
