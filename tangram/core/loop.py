@@ -174,9 +174,10 @@ class DriverLoop:
         self.armed.discard(when)
         self.apply(self.scheduler.tick(now), now)
 
-    def close_trajectory(self, trajectory: str, now: float) -> None:
-        """The trajectory ended: its queued actions are rejected, its container freed."""
-        self.apply(self.scheduler.close_trajectory(trajectory, now), now)
+    def close_trajectory(self, trajectory: str, now: float, *, opened: bool = True) -> None:
+        """The trajectory ended: its queued actions are rejected, its container freed
+        (``opened`` False: a failed open is undone, the actions labelled with it stay)."""
+        self.apply(self.scheduler.close_trajectory(trajectory, now, opened=opened), now)
 
     def add_node(self, node: CpuNodeSpec | GpuNodeSpec, now: float) -> None:
         """A node joined the running cluster: work waiting for room may start there."""

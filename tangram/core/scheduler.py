@@ -193,12 +193,29 @@ class Scheduler:
         (``tangram.core.demand``: a static baseline sizes its replicas from it)."""
         self.policy.expect(tuple(demands))
 
-    def close_trajectory(self, trajectory: str, now: float) -> list[Decision]:
+    def close_trajectory(
+        self, trajectory: str, now: float, *, opened: bool = True
+    ) -> list[Decision]:
         """The trajectory ended: its container's memory (and any static slot) is freed.
 
         Actions of it still queued are rejected: nobody will collect their results.
+        ``opened`` False: an open that failed (no room, or no container) is undone; the
+        actions labelled with the id are not its (GPU and API work may carry any label, the
+        trajectory never opened) and keep their places.
         """
         ctx = self._begin(now)
+        if opened:
+            self._reject_closed(ctx, trajectory, now)
+        ctx.closed = [trajectory]
+        node = self.admission.release(trajectory)
+        self.policy.on_trajectory_close(ctx, trajectory)
+        if node is not None:
+            ctx.dirty[("cpu", node)] = None
+            self._retry_memory_waiters(ctx)
+        return self._pass(ctx)
+
+    def _reject_closed(self, ctx: Context, trajectory: str, now: float) -> None:
+        """Reject the closed trajectory's queued actions and forget its arrivals."""
         for action in list(self.backlog.by_trajectory.get(trajectory, {}).values()):
             ctx.reject(action, _CLOSED.format(trajectory))
             self._left_queue(action)
@@ -207,15 +224,8 @@ class Scheduler:
             if action.trajectory == trajectory:
                 del waiting[aid]
                 ctx.decisions.append(Reject(now, action, _CLOSED.format(trajectory)))
-        ctx.closed = [trajectory]
         if self.arrivals is not None:
             self.arrivals.closed(trajectory)
-        node = self.admission.release(trajectory)
-        self.policy.on_trajectory_close(ctx, trajectory)
-        if node is not None:
-            ctx.dirty[("cpu", node)] = None
-            self._retry_memory_waiters(ctx)
-        return self._pass(ctx)
 
     def withdraw(self, action_id: str, now: float) -> bool:
         """Take back a queued action (its client cancelled it or timed out waiting).

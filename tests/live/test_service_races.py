@@ -125,3 +125,59 @@ def test_an_accepted_action_is_in_the_trace_or_refused_naming_the_field(
         assert '"big"' in httpx.get(f"{base}/v1/trace").text, "accepted, ran, not traced"
     assert r.status_code == 400, r.text
     assert field in r.json()["error"]["message"], r.text
+
+
+class _NoImage(FakeAoe):
+    """A stand-in AOE that cannot make a container of the image ``missing:1``."""
+
+    def open_trajectory(self, traj: str, memory_gb: float, *, image: str | None = None) -> Any:
+        if image == "missing:1":
+            raise RuntimeError(f"no image {image}")
+        return super().open_trajectory(traj, memory_gb, image=image)
+
+
+@pytest.mark.parametrize(
+    "refused_open",
+    [{"id": "t9", "memory_gb": 10.0}, {"id": "t9", "memory_gb": 0.25, "image": "missing:1"}],
+    ids=["no-room", "no-container"],
+)
+def test_a_refused_open_leaves_the_actions_labelled_with_its_id_alone(
+    gate: threading.Event, refused_open: dict[str, Any]
+) -> None:
+    """An API call labelled with trajectory ``t9`` (a label: GPU and API work need no open
+    trajectory) waits for the endpoint. An open of ``t9`` that is refused (no memory free now:
+    a 503; its container cannot be made) ended that call as ``rejected``, 'trajectory t9
+    closed while the action was queued', though ``t9`` never opened: a refused request must
+    change nothing."""
+
+    async def gated(payload: Any) -> Any:
+        while not gate.is_set():
+            await asyncio.sleep(0.01)
+        return payload
+
+    def make() -> Runtime:
+        return Runtime(
+            CLUSTER,
+            RuntimeConfig(max_pending=64, default_timeout_s=60.0),
+            cpu=CpuExecutor(_NoImage(), NODE),
+            api=ApiExecutor({"gated": gated}),
+        )
+
+    with ServiceThread(make, ServeOptions(port=0)) as svc:
+        try:
+            base = svc.url
+            big = {"id": "big", "memory_gb": 60.0}
+            assert httpx.post(f"{base}/v1/trajectories", json=big).status_code == 201
+            first = {"id": "first", "endpoint": "gated", "payload": 1}
+            assert httpx.post(f"{base}/v1/actions", json=first).status_code == 202
+            y = {"id": "y", "endpoint": "gated", "payload": 2, "trajectory": "t9"}
+            assert httpx.post(f"{base}/v1/actions", json=y).status_code == 202
+            r = httpx.post(f"{base}/v1/trajectories", json=refused_open, timeout=30)
+            assert r.status_code >= 400, r.text
+            assert httpx.get(f"{base}/v1/actions/y").json()["state"] == "queued"
+            gate.set()
+            r = httpx.get(f"{base}/v1/actions/y", params={"wait": 5})
+            assert r.status_code == 200, r.text
+            assert r.json()["outcome"]["status"] == "result", r.text
+        finally:
+            gate.set()

@@ -151,10 +151,11 @@ class LiveHost:
             if rec is not None:
                 move(rec, Phase.OUT)
 
-    def close_trajectory(self, trajectory: str) -> None:
-        """The core forgets the trajectory: its queued actions are rejected, its memory freed."""
+    def close_trajectory(self, trajectory: str, *, opened: bool = True) -> None:
+        """The core forgets the trajectory: its queued actions are rejected, its memory freed
+        (``opened`` False: an open that failed; the actions labelled with it stay)."""
         if self._attached:
-            self.loop.close_trajectory(trajectory, self.now())
+            self.loop.close_trajectory(trajectory, self.now(), opened=opened)
 
     # ------------------------------------------------------------------ the loop's host
     def request_flush(self) -> None:

@@ -176,7 +176,7 @@ class Trajectories:
             )
             if node is not None:
                 break
-            self.host.close_trajectory(traj_id)  # forget it
+            self.host.close_trajectory(traj_id, opened=False)  # forget it
             left = deadline - loop.time()
             if left <= 0:
                 where = f"node {pinned!r} has" if pinned else "no CPU node has"
@@ -201,7 +201,7 @@ class Trajectories:
                 UnknownTrajectory(f"trajectory {traj_id!r} failed to open: {exc}")
             )
             traj.ready.exception()  # retrieved: no "never retrieved" warning
-            self.host.close_trajectory(traj_id)
+            self.host.close_trajectory(traj_id, opened=False)
             await self._notify_capacity()
             if isinstance(exc, Exception):
                 raise LiveError(
