@@ -181,3 +181,22 @@ def test_a_refused_open_leaves_the_actions_labelled_with_its_id_alone(
             assert r.json()["outcome"]["status"] == "result", r.text
         finally:
             gate.set()
+
+
+@pytest.mark.parametrize(
+    ("language", "path"), [("python", "main.py/data.txt"), ("bash", "main.sh/a/b")]
+)
+def test_run_code_refuses_files_that_would_make_the_source_file_a_directory(
+    svc: ServiceThread, language: str, path: str
+) -> None:
+    """``/run_code`` writes the code to the language's source file (``main.py``) after the
+    request's ``files``: a file under ``main.py/`` made it a directory, the code could not be
+    written, and the answer was a ``SandboxError`` ("writing the files failed"), which
+    SandboxFusion's clients retry, for a request that can never run. It is the client's
+    error: a 400 naming the field and the source file, before anything runs."""
+    body = {"code": "print(1)", "language": language, "files": {path: "aGk="}}
+    r = httpx.post(f"{svc.url}/run_code", json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    doc = r.json()
+    assert doc["status"] == "SandboxError" and doc["error"]["code"] == "bad_request", doc
+    assert "'files'" in doc["error"]["message"] and path.split("/")[0] in doc["message"], doc

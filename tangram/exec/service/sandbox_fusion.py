@@ -196,6 +196,7 @@ def parse_run_code(
         except (binascii.Error, ValueError):
             raise BadRequest(f"field 'files': content of {name!r} is not valid base64") from None
     _check_layout(files)
+    _check_source_free(files, LANGUAGES[language].source)
     fetch = body.get("fetch_files")
     fetch = [] if fetch is None else fetch
     if not isinstance(fetch, list) or not all(isinstance(p, str) for p in fetch):
@@ -265,6 +266,18 @@ def _check_layout(paths: Collection[str]) -> None:
                     f"field 'files': {parent!r} is a file and also a directory of {path!r}"
                 )
             parent = posixpath.dirname(parent)
+
+
+def _check_source_free(paths: Collection[str], source: str) -> None:
+    """``BadRequest`` when a file of ``files`` lies under the language's source file: the code
+    is written there after the files, into what would be a directory, so the request could
+    never run (it failed as a ``SandboxError``, which clients retry)."""
+    for path in paths:
+        if path.startswith(source + "/"):
+            raise BadRequest(
+                f"field 'files': {path!r} would make {source!r}, the file the code is written "
+                "to, a directory"
+            )
 
 
 def _arg(path: str) -> str:
