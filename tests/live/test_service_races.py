@@ -14,7 +14,7 @@ import pytest
 from tangram.core.resources import ApiEndpointSpec, ClusterSpec, CpuNodeSpec
 from tangram.exec.runtime import ApiExecutor, CpuExecutor, Runtime, RuntimeConfig
 from tangram.exec.service import ServeOptions, ServiceThread
-from tests.live.test_service_ids import FakeAoe
+from tests.live.test_service_ids import FakeAoe, fake_cpu_runtime
 
 NODE = CpuNodeSpec("local", cores=2, numa_domains=1, memory_gb=64.0)
 CLUSTER = ClusterSpec(
@@ -200,3 +200,17 @@ def test_run_code_refuses_files_that_would_make_the_source_file_a_directory(
     doc = r.json()
     assert doc["status"] == "SandboxError" and doc["error"]["code"] == "bad_request", doc
     assert "'files'" in doc["error"]["message"] and path.split("/")[0] in doc["message"], doc
+
+
+def test_an_answer_that_says_done_carries_the_outcome() -> None:
+    """A call whose time-out ends as the client's ``wait`` does (both 50 ms here; both 300 s
+    by default): the wait timed out as the outcome came, and the answer was a 202 saying
+    ``done`` with no outcome (every time in 60 tries)."""
+    with ServiceThread(fake_cpu_runtime, ServeOptions(port=0)) as svc, httpx.Client() as h:
+        for _ in range(10):
+            body = {"endpoint": "slow", "payload": {"s": 10}, "timeout_s": 0.05, "wait": 0.05}
+            doc = h.post(f"{svc.url}/v1/actions", json=body, timeout=30).json()
+            assert (doc["state"] == "done") == (doc["outcome"] is not None), doc
+            if doc["outcome"] is None:
+                doc = h.get(f"{svc.url}/v1/actions/{doc['id']}", params={"wait": 5}).json()
+            assert doc["outcome"]["status"] == "timeout", doc

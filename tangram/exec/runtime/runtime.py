@@ -426,7 +426,9 @@ class Runtime:
 
     async def result(self, action_id: str, wait_s: float | None = None) -> Outcome | None:
         """The outcome, waiting up to ``wait_s`` seconds for it (None: until it comes);
-        None when it has not come by then."""
+        None when it has not come by then. One that came as the wait ran out (a time-out
+        ending with it) is returned: the caller reads the state next and must not see
+        ``done`` without it."""
         rec = self.host.table.get(action_id)
         if rec is None:
             return self._journaled(action_id)
@@ -437,7 +439,7 @@ class Runtime:
         try:
             return await asyncio.wait_for(asyncio.shield(rec.future), timeout=wait_s)
         except TimeoutError:
-            return None
+            return rec.outcome
 
     def state(self, action_id: str) -> str:
         """``queued``, ``running`` or ``done``."""
