@@ -214,3 +214,34 @@ def test_an_answer_that_says_done_carries_the_outcome() -> None:
             if doc["outcome"] is None:
                 doc = h.get(f"{svc.url}/v1/actions/{doc['id']}", params={"wait": 5}).json()
             assert doc["outcome"]["status"] == "timeout", doc
+
+
+#: Bodies holding a lone surrogate ('\ud800': valid JSON, no Unicode character, cannot be
+#: written as UTF-8) where text is run or written, and the field a refusal must name.
+NOT_TEXT = [
+    ("/v1/actions", b'{"command": "echo \\ud800", "trajectory": "t"}', "command"),
+    ("/v1/actions", b'{"command": ["echo", "\\ud800"], "trajectory": "t"}', "command"),
+    ("/v1/actions", b'{"command": "echo", "env": {"A": "\\udfff"}, "trajectory": "t"}', "'A'"),
+    ("/run_code", b'{"code": "print(1) # \\ud800"}', "code"),
+    ("/run_code", b'{"code": "print(1)", "stdin": "\\ud800"}', "stdin"),
+    ("/run_code", b'{"code": "print(1)", "files": {"\\ud800.txt": "aGk="}}', "files"),
+    ("/run_code", b'{"code": "print(1)", "fetch_files": ["\\ud800.txt"]}', "fetch_files"),
+]
+
+
+@pytest.mark.parametrize(("path", "raw", "field"), NOT_TEXT, ids=lambda v: str(v)[:40])
+def test_text_that_cannot_be_utf8_is_refused_naming_the_field(
+    path: str, raw: bytes, field: str
+) -> None:
+    """A command, environment value, program, input or file name with a lone surrogate was
+    accepted and then failed where it was encoded: an action's outcome 'executor_error'
+    (AOE could not encode its script), a 500 for ``/run_code``'s code and stdin, a
+    ``SandboxError`` for its file names. It is the client's error: a 400 naming the field."""
+    with ServiceThread(fake_cpu_runtime, ServeOptions(port=0)) as svc:
+        assert httpx.post(f"{svc.url}/v1/trajectories", json={"id": "t"}).status_code == 201
+        headers = {"Content-Type": "application/json"}
+        r = httpx.post(f"{svc.url}{path}?wait=5", content=raw, headers=headers, timeout=30)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["code"] == "bad_request" and field in error["message"], error
+        assert "surrogate" in error["message"], error

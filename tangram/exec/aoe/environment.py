@@ -4,8 +4,9 @@ AOE tells an action its grant through variables it sets itself (``TANGRAM_CORES`
 ``OMP_NUM_THREADS``, ``TANGRAM_CPUSET``, ``TANGRAM_CPU_QUOTA``, ``TANGRAM_ACTION_ID``); a client
 that could set them would lie to the action about its cores, or hide its processes from the
 time-out kill. So the ``TANGRAM_`` prefix and ``OMP_NUM_THREADS`` are reserved, a key must be a
-shell variable name, and a value a string without NUL. The service refuses the rest with a 400
-naming the key; AOE checks again before it runs anything.
+shell variable name, and a value a string without NUL. A value and the command must be valid
+Unicode (no lone surrogate: the script is sent as UTF-8). The service refuses the rest with a
+400 naming the key; AOE checks again before it runs anything.
 """
 
 from __future__ import annotations
@@ -29,6 +30,20 @@ MAX_ENV_VARS = 256
 MAX_ENV_VALUE_BYTES = 64 << 10
 
 
+def text_problem(what: str, text: str) -> str | None:
+    """Why ``text`` cannot be written as UTF-8 (None when it can): a lone surrogate, which a
+    JSON escape such as ``"\\ud800"`` decodes to, is no Unicode character; the action's script
+    could not be encoded, and it failed after it was accepted."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (
+            f"{what} is not valid Unicode text: a lone surrogate {text[exc.start]!r} at "
+            f"character {exc.start}"
+        )
+    return None
+
+
 def is_reserved(key: str) -> bool:
     return key.startswith(RESERVED_PREFIX) or key in RESERVED_NAMES
 
@@ -49,6 +64,9 @@ def env_problem(env: Mapping[Any, Any]) -> str | None:
             return f"env value of {key!r} must be a string, got {type(value).__name__}"
         if "\x00" in value:
             return f"env value of {key!r} contains a NUL byte"
+        problem = text_problem(f"env value of {key!r}", value)
+        if problem is not None:
+            return problem
         if len(value.encode("utf-8", "surrogatepass")) > MAX_ENV_VALUE_BYTES:
             return f"env value of {key!r} is over {MAX_ENV_VALUE_BYTES} bytes"
     return None
@@ -85,8 +103,12 @@ def script_problem(command: str | Sequence[str], env: Mapping[str, str]) -> str 
 
 
 def command_problem(command: str | tuple[str, ...] | list[str]) -> str | None:
-    """Why ``command`` is too long to run (None when it is not)."""
+    """Why ``command`` is too long to run, or not text (None when it is neither)."""
     parts = [command] if isinstance(command, str) else list(command)
+    for part in parts:
+        problem = text_problem("command", part)
+        if problem is not None:
+            return problem
     size = sum(len(p.encode("utf-8", "surrogatepass")) + 1 for p in parts)
     if size > MAX_COMMAND_BYTES:
         return (

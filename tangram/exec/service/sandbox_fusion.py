@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tangram.exec.aoe.config import PYTHON_IMAGE
+from tangram.exec.aoe.environment import text_problem
 from tangram.exec.runtime import ActionSpec, CommandResult, CpuWork, Outcome, Runtime
 from tangram.exec.runtime.errors import BadRequest, LiveError, Overloaded
 from tangram.exec.runtime.records import MIN_MEMORY_GB
@@ -148,6 +149,7 @@ def parse_run_code(
     code = body.get("code")
     if not isinstance(code, str):
         raise BadRequest("field 'code': required, a string")
+    _check_text("field 'code'", code)
     asked = body.get("language")
     asked = "python" if asked is None else asked
     if not isinstance(asked, str):
@@ -180,6 +182,8 @@ def parse_run_code(
     stdin = body.get("stdin")
     if stdin is not None and not isinstance(stdin, str):
         raise BadRequest("field 'stdin': expected a string or null")
+    if stdin is not None:
+        _check_text("field 'stdin'", stdin)
     files: dict[str, bytes] = {}
     raw_files = body.get("files")
     raw_files = {} if raw_files is None else raw_files
@@ -231,6 +235,14 @@ def _seconds(body: Mapping, field: str, default: float, settings: RunCodeSetting
     return float(value)
 
 
+def _check_text(what: str, text: str) -> None:
+    """``BadRequest`` when ``text`` cannot be written as UTF-8 (a lone surrogate): it was a
+    500 (the code, stdin) or a ``SandboxError`` (a file name) once accepted."""
+    problem = text_problem(what, text)
+    if problem is not None:
+        raise BadRequest(problem)
+
+
 def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -240,6 +252,7 @@ def _safe_path(name: Any, field: str) -> str:
     component, not the directory itself ('.'); '..data' is a plain name."""
     if not isinstance(name, str) or not name:
         raise BadRequest(f"field {field!r}: paths must be non-empty strings")
+    _check_text(f"field {field!r}: {name[:80]!r}", name)
     norm = posixpath.normpath(name)
     if norm.startswith("/") or norm.split("/")[0] == ".." or "\0" in norm:
         raise BadRequest(f"field {field!r}: {name!r} must be a relative path inside the sandbox")
