@@ -245,3 +245,33 @@ def test_text_that_cannot_be_utf8_is_refused_naming_the_field(
         error = r.json()["error"]
         assert error["code"] == "bad_request" and field in error["message"], error
         assert "surrogate" in error["message"], error
+
+
+#: An integer past a 64-bit float's range (JSON allows it; the body reader takes up to 4300
+#: digits) in each number field that is read as a float, and the field a refusal must name.
+HUGE = "1" + "0" * 400
+TOO_BIG_FOR_A_FLOAT = [
+    ("/v1/trajectories", f'{{"memory_gb": {HUGE}}}', "memory_gb"),
+    ("/v1/trajectories", f'{{"wait_s": {HUGE}}}', "wait_s"),
+    ("/v1/actions", f'{{"endpoint": "echo", "payload": 1, "wait": {HUGE}}}', "wait"),
+    ("/v1/actions", f'{{"endpoint": "echo", "payload": 1, "timeout_s": {HUGE}}}', "timeout_s"),
+    ("/v1/actions", f'{{"endpoint": "echo", "payload": 1, "t1_s": {HUGE}}}', "t1_s"),
+    ("/run_code", f'{{"code": "1", "run_timeout": {HUGE}}}', "run_timeout"),
+    ("/run_code", f'{{"code": "1", "compile_timeout": {HUGE}}}', "compile_timeout"),
+    ("/run_code", f'{{"code": "1", "memory_limit_MB": {HUGE}}}', "memory_limit_MB"),
+    ("/v1/actions", f'{{"service": "rm", "inputs": [[1.5, {HUGE}]]}}', "inputs"),
+]
+
+
+@pytest.mark.parametrize(("path", "raw", "field"), TOO_BIG_FOR_A_FLOAT, ids=lambda v: str(v)[:40])
+def test_integers_too_large_for_a_float_are_refused_naming_the_field(
+    path: str, raw: str, field: str
+) -> None:
+    """Each was a 500 (OverflowError: int too large to convert to float) from a check that
+    converts the number to a float (``math.isfinite``, ``float()``)."""
+    with ServiceThread(fake_cpu_runtime, ServeOptions(port=0)) as svc:
+        headers = {"Content-Type": "application/json"}
+        r = httpx.post(f"{svc.url}{path}", content=raw.encode(), headers=headers, timeout=30)
+        assert r.status_code == 400, r.text[:300]
+        error = r.json()["error"]
+        assert error["code"] == "bad_request" and field in error["message"], error

@@ -249,13 +249,20 @@ class ActionSpec:
         return hashlib.sha256(_dump(body).encode()).hexdigest()
 
 
+def is_finite_number(value: Any) -> bool:
+    """Whether ``value`` is a number a float holds: not a bool, NaN or infinite, and not an
+    integer past a float's range (JSON allows 10**400; ``math.isfinite`` and ``float`` raise
+    ``OverflowError`` on it, which was a 500)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def _positive(value: Any) -> bool:
-    return (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value > 0
-    )
+    return is_finite_number(value) and value > 0
 
 
 #: The longest id, in characters.
@@ -310,7 +317,7 @@ MIN_MEMORY_GB = 16 / 1024
 
 def check_memory_gb(name: str, value: Any) -> float:
     """A container's memory: a finite number of GB, at least ``MIN_MEMORY_GB``."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if not is_finite_number(value):
         raise BadRequest(f"{name} must be a number of GB, got {value!r}")
     if value < MIN_MEMORY_GB:
         raise BadRequest(

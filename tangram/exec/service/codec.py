@@ -65,7 +65,7 @@ def _tensor(value: list[Any]) -> Any:
     floats = _has_float(value)
     try:
         return torch.tensor(value, dtype=torch.float32 if floats else torch.long)
-    except (TypeError, ValueError, RuntimeError) as exc:
+    except (TypeError, ValueError, RuntimeError, OverflowError) as exc:  # (10**400 among floats)
         raise BadRequest(
             f"field 'inputs': a list must be a rectangular array of numbers ({exc})"
         ) from None

@@ -50,7 +50,6 @@ import asyncio
 import base64
 import binascii
 import logging
-import math
 import posixpath
 import shlex
 import uuid
@@ -62,7 +61,7 @@ from tangram.exec.aoe.config import PYTHON_IMAGE
 from tangram.exec.aoe.environment import text_problem
 from tangram.exec.runtime import ActionSpec, CommandResult, CpuWork, Outcome, Runtime
 from tangram.exec.runtime.errors import BadRequest, LiveError, Overloaded
-from tangram.exec.runtime.records import MIN_MEMORY_GB
+from tangram.exec.runtime.records import MIN_MEMORY_GB, is_finite_number
 from tangram.exec.service.languages import LANGUAGES, ImageBuilds, resolve
 from tangram.exec.service.schema import error_doc
 
@@ -244,7 +243,7 @@ def _check_text(what: str, text: str) -> None:
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return is_finite_number(value)
 
 
 def _safe_path(name: Any, field: str) -> str:

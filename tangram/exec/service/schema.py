@@ -26,6 +26,7 @@ from tangram.exec.runtime.records import (
     check_image,
     check_memory_gb,
     check_trajectory_id,
+    is_finite_number,
 )
 from tangram.exec.service.codec import decode_inputs, to_json
 
@@ -62,13 +63,12 @@ def _typed(body: Mapping[str, Any], name: str, kind: type | tuple[type, ...], wh
     value = body.get(name)
     if value is None:
         return None
-    bad_bool = isinstance(value, bool) and bool not in (
-        kind if isinstance(kind, tuple) else (kind,)
-    )
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    bad_bool = isinstance(value, bool) and bool not in kinds
     if bad_bool or not isinstance(value, kind):
         raise BadRequest(f"field {name!r}: expected {what}, got {type(value).__name__} {value!r}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise BadRequest(f"field {name!r}: must be finite, got {value!r}")
+    if float in kinds and not is_finite_number(value):
+        raise BadRequest(f"field {name!r}: must be a finite number a float holds, got {value!r}")
     return value
 
 
@@ -170,7 +170,7 @@ def parse_wait(value: Any) -> float | None:
         return None
     if value is True:
         return math.inf
-    if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+    if is_finite_number(value) and value >= 0:
         return float(value)
     raise BadRequest(f"field 'wait': expected true, false or seconds >= 0, got {value!r}")
 
