@@ -275,3 +275,14 @@ def test_integers_too_large_for_a_float_are_refused_naming_the_field(
         assert r.status_code == 400, r.text[:300]
         error = r.json()["error"]
         assert error["code"] == "bad_request" and field in error["message"], error
+
+
+@pytest.mark.parametrize(("method", "path", "allowed"), [("PUT", "/v1/actions", "POST")])
+def test_a_method_not_allowed_says_which_are(method: str, path: str, allowed: str) -> None:
+    """A 405 lost aiohttp's ``Allow`` header (RFC 9110 requires it) when the service rewrote
+    the refusal as its error document, and its message named no method the path takes."""
+    with ServiceThread(fake_cpu_runtime, ServeOptions(port=0)) as svc:
+        r = httpx.request(method, f"{svc.url}{path}", timeout=30)
+        assert r.status_code == 405, r.text
+        assert allowed in r.headers.get("Allow", ""), r.headers
+        assert allowed in r.json()["error"]["message"], r.text

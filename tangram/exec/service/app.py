@@ -90,6 +90,19 @@ def http_refusal_doc(exc: web.HTTPException) -> dict[str, Any]:
     return {**sandbox_error(str(doc["error"].get("message", exc.reason))), **doc}
 
 
+def http_error_response(request: web.Request, exc: web.HTTPException) -> web.Response:
+    """aiohttp's refusal (404, 405, 413 ...) as the service's error document. A 405 keeps its
+    ``Allow`` header (RFC 9110 requires it) and names the methods the path takes."""
+    message = exc.reason
+    headers = {}
+    allow = exc.headers.get("Allow")
+    if exc.status == 405 and allow:
+        headers["Allow"] = allow
+        message = f"{exc.reason}: {request.method} {request.path} takes {allow}"
+    doc = error_doc("http_" + str(exc.status), message)
+    return web.json_response(doc, status=exc.status, headers=headers)
+
+
 def _kept_headers(exc: web.HTTPException) -> dict[str, str]:
     """The refusal's headers a client should still see (408 closes the connection)."""
     return {k: v for k, v in exc.headers.items() if k in ("Connection", "Retry-After")}
@@ -197,9 +210,7 @@ class ServiceApp:
             return error_response(error, doc)
         except web.HTTPException as exc:
             if exc.status >= 400 and exc.content_type != "application/json":
-                return web.json_response(
-                    error_doc("http_" + str(exc.status), exc.reason), status=exc.status
-                )
+                return http_error_response(request, exc)
             raise
         except (asyncio.CancelledError, ConnectionResetError):
             raise  # the client went away: nothing to answer
