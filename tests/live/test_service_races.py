@@ -286,3 +286,25 @@ def test_a_method_not_allowed_says_which_are(method: str, path: str, allowed: st
         assert r.status_code == 405, r.text
         assert allowed in r.headers.get("Allow", ""), r.headers
         assert allowed in r.json()["error"]["message"], r.text
+
+
+@pytest.mark.parametrize(
+    ("path", "raw"),
+    [
+        ("/v1/actions", b'{"id": "a", "endpoint": "echo", "payload": 1, "id": "b"}'),
+        ("/v1/actions", b'{"endpoint": "echo", "payload": {"k": 1, "k": 2}}'),
+        ("/v1/trajectories", b'{"memory_gb": 0.25, "memory_gb": 64}'),
+        ("/run_code", b'{"code": "print(1)", "code": "print(2)"}'),
+    ],
+    ids=["action-id", "payload", "memory", "run_code"],
+)
+def test_a_key_sent_twice_in_one_object_is_refused_naming_it(path: str, raw: bytes) -> None:
+    """JSON objects with a repeated key were read as the last value, the first silently
+    dropped (the service refuses unknown fields so that nothing is ignored silently; a proxy
+    reading the first value would see another request than the service ran)."""
+    with ServiceThread(fake_cpu_runtime, ServeOptions(port=0)) as svc:
+        headers = {"Content-Type": "application/json"}
+        r = httpx.post(f"{svc.url}{path}", content=raw, headers=headers, timeout=30)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["code"] == "bad_request" and "twice" in error["message"], error

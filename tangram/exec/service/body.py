@@ -2,7 +2,8 @@
 
 The body must arrive within ``timeout_s`` (else 408 and the connection is closed), be UTF-8
 (JSON's only encoding, whatever the Content-Type claims), parse as JSON with finite numbers
-and integers of at most 4300 digits, and nest at most ``MAX_DEPTH`` arrays and objects deep.
+and integers of at most 4300 digits, no key twice in one object (one value would be dropped
+silently), and nest at most ``MAX_DEPTH`` arrays and objects deep.
 Every other way it can be wrong is a ``BadRequest`` saying what is wrong (HTTP 400). A large
 body is parsed off the event loop (``THREAD_BYTES``).
 """
@@ -63,9 +64,13 @@ def parse_json(data: bytes, *, optional: bool = False) -> Any:
             return None
         raise BadRequest("the request body is empty; send a JSON object")
     try:
-        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+        value = json.loads(
+            text, parse_constant=_no_constant, parse_float=_finite, object_pairs_hook=_unique
+        )
     except json.JSONDecodeError as exc:
         raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+    except DuplicateKey as exc:
+        raise BadRequest(str(exc)) from None
     except RecursionError:
         raise BadRequest(f"the request body nests deeper than {MAX_DEPTH} levels") from None
     except ValueError as exc:  # an integer of more than 4300 digits, NaN, Infinity, 1e999
@@ -92,6 +97,26 @@ def depth_problem(value: Any) -> str | None:
         if dict in kinds or list in kinds:
             stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
     return None
+
+
+class DuplicateKey(ValueError):
+    """A JSON object names one key twice."""
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object's pairs as a dict; ``DuplicateKey`` when a key repeats (``json`` would keep
+    the last value and drop the others without a word)."""
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise DuplicateKey(
+                f"the request body has the key {key[:100]!r} twice in one object; send it once"
+            )
+        seen.add(key)
+    return obj  # (not reached)
 
 
 def _no_constant(name: str) -> Any:
