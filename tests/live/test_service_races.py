@@ -308,3 +308,25 @@ def test_a_key_sent_twice_in_one_object_is_refused_naming_it(path: str, raw: byt
         assert r.status_code == 400, r.text
         error = r.json()["error"]
         assert error["code"] == "bad_request" and "twice" in error["message"], error
+
+
+@pytest.mark.parametrize("field", ["task", "kind"])
+def test_a_label_with_a_lone_surrogate_cannot_cost_everyone_the_trace(
+    tmp_path: Any, field: str
+) -> None:
+    """A ``task`` or ``kind`` label with a lone surrogate was accepted; the operator's trace
+    (``--trace run.parquet``) then could not be written: ``POST /v1/trace`` answered 500,
+    and the trace of the shutdown, every client's actions in it, failed the same way. The
+    label is refused (400 naming it) and the trace is saved."""
+    opts = ServeOptions(port=0, trace_path=tmp_path / "run.parquet")
+    with ServiceThread(fake_cpu_runtime, opts) as svc:
+        raw = f'{{"endpoint": "echo", "payload": 1, "{field}": "\\ud800", "wait": 5}}'
+        headers = {"Content-Type": "application/json"}
+        r = httpx.post(f"{svc.url}/v1/actions", content=raw.encode(), headers=headers)
+        other = {"endpoint": "echo", "payload": 2, "wait": 5}
+        assert httpx.post(f"{svc.url}/v1/actions", json=other).status_code == 200
+        saved = httpx.post(f"{svc.url}/v1/trace", timeout=30)
+        assert saved.status_code == 200, saved.text
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert field in error["message"] and "surrogate" in error["message"], error

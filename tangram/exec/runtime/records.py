@@ -17,7 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tangram.core.curves import Amdahl, CurveError, ElasticityCurve, Inelastic, curve_from_dict
-from tangram.exec.aoe.environment import command_problem, env_problem, script_problem
+from tangram.exec.aoe.environment import (
+    command_problem,
+    env_problem,
+    script_problem,
+    text_problem,
+)
 from tangram.exec.runtime.errors import BadRequest
 from tangram.trace.row import INT_MAX, TIME_MAX_S
 
@@ -182,6 +187,13 @@ class ActionSpec:
             raise BadRequest(f"task must be a non-empty string, got {self.task!r}")
         if self.kind is not None and (not isinstance(self.kind, str) or not self.kind):
             raise BadRequest(f"kind must be a non-empty string, got {self.kind!r}")
+        # Labels go into every trace format, Parquet's UTF-8 too: one that cannot be encoded
+        # failed the whole trace's write (every client's actions), not only its own row.
+        problem = text_problem("task", self.task) or (
+            None if self.kind is None else text_problem("kind", self.kind)
+        )
+        if problem is not None:
+            raise BadRequest(problem)
         if not isinstance(self.malleable, bool):
             raise BadRequest(f"malleable must be true or false, got {self.malleable!r}")
         if self.malleable and self.resource != "cpu":
