@@ -38,20 +38,46 @@ TEACHER = "teacher"
 REWARD = "reward"
 
 
-def _as_batch(inputs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(input_ids, attention_mask or None) from a tensor or a dict."""
+def _as_batch(module: torch.nn.Module, inputs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(input_ids, attention_mask or None) from a tensor or a dict, checked against the model
+    (``ValueError`` naming the member): the ids a 2-D integer array within its vocabulary, the
+    mask of their shape. A raw GPU action's inputs come as the client wrote them: an id past
+    the vocabulary was looked up anyway (on a CUDA device a device-side assert, after which the
+    process's calls all fail), and a mask of another shape gave a result computed on it."""
+    import torch
+
+    ids, mask = inputs, None
     if isinstance(inputs, dict):
         if "input_ids" not in inputs:
             raise ValueError("inputs must have 'input_ids'")
-        return inputs["input_ids"], inputs.get("attention_mask")
-    return inputs, None
+        ids, mask = inputs["input_ids"], inputs.get("attention_mask")
+    if not isinstance(ids, torch.Tensor) or ids.ndim != 2 or ids.is_floating_point():
+        raise ValueError(
+            "'input_ids' must be a 2-D array of integer token ids (batch, tokens), got "
+            f"{_described(ids)}"
+        )
+    vocab = module.get_input_embeddings().num_embeddings
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+        raise ValueError(f"'input_ids' has token ids outside the model's vocabulary [0, {vocab})")
+    if mask is not None and (not isinstance(mask, torch.Tensor) or mask.shape != ids.shape):
+        raise ValueError(
+            f"'attention_mask' must have the shape of 'input_ids' {tuple(ids.shape)}, got "
+            f"{_described(mask)}"
+        )
+    return ids, mask
+
+
+def _described(value: Any) -> str:
+    """A value's kind and shape for an error message (not its contents)."""
+    shape = getattr(value, "shape", None)
+    return type(value).__name__ if shape is None else f"{type(value).__name__} {tuple(shape)}"
 
 
 def teacher_logprobs(module: torch.nn.Module, inputs: Any) -> dict[str, torch.Tensor]:
     """Call function of a causal LM: each next token's log-prob (and the top k when asked)."""
     import torch
 
-    ids, mask = _as_batch(inputs)
+    ids, mask = _as_batch(module, inputs)
     logits = module(input_ids=ids, attention_mask=mask, use_cache=False).logits
     logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
     out = {"token_logprobs": logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)}
@@ -72,7 +98,7 @@ def reward_scores(module: torch.nn.Module, inputs: Any) -> torch.Tensor:
     model without that layout is scored by ``transformers`` as before."""
     import torch
 
-    ids, mask = _as_batch(inputs)
+    ids, mask = _as_batch(module, inputs)
     base, head = getattr(module, "base_model", None), getattr(module, "score", None)
     if mask is None or base is None or base is module or not callable(head):
         return module(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, 0].float()
