@@ -89,7 +89,10 @@ def _as_float(
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise _fail(name, f"expected a number, got {type(value).__name__} {value!r}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # a JSON integer past float's range (10**400; 1e400 reads as inf)
+        raise _fail(name, "must be a finite number, got an integer past float's range") from None
     if not math.isfinite(value):
         raise _fail(name, f"must be a finite number, got {value!r}")
     if positive and value <= 0:

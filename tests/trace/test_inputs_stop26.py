@@ -96,3 +96,14 @@ def test_observed_gpu_cells_may_be_wider_than_max_units_but_must_be_cells() -> N
     assert row(**gpu, obs_units=4).obs_units == 4
     err = error_of(**gpu, obs_units=3)
     assert err.field == "obs_units" and "cell" in err.reason
+
+
+@pytest.mark.parametrize(
+    "field", ["gen_before_s", "t1_s", "serial_fraction", "memory_gb", "arrival_s", "obs_exec_s"]
+)
+def test_an_integer_past_floats_range_is_refused_naming_its_field(tmp_path, field) -> None:
+    # JSON reads 10**400 as a Python int: float() of it raised OverflowError, a traceback.
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"tangram_trace": 1}) + "\n" + json.dumps({**BASE, field: 10**400}))
+    with pytest.raises(TraceError, match=rf"line 2: field '{field}': must be a finite number"):
+        load_trace(path)
