@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import cached_property
@@ -26,6 +27,21 @@ class SpecError(ValueError):
 def _require(ok: bool, key: str, problem: str) -> None:
     if not ok:
         raise SpecError(key, problem)
+
+
+def _finite(value: object, *, low: float, strict: bool) -> bool:
+    """A finite number above ``low`` (at or above it unless ``strict``), not a bool. TOML reads
+    ``inf`` as a float: an infinite size, bandwidth or restore time passed ``> 0`` and made
+    every figure it fed infinite (a restore of ``inf`` seconds gave an infinite mean ACT)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        return False
+    return value > low if strict else value >= low
+
+
+def _require_positive(value: object, key: str) -> None:
+    _require(
+        _finite(value, low=0, strict=True), key, f"must be a positive finite number, got {value!r}"
+    )
 
 
 class ResourceKind(StrEnum):
@@ -61,7 +77,7 @@ class CpuNodeSpec:
             "numa_domains",
             f"{self.cores} cores do not split evenly into {self.numa_domains} NUMA domains",
         )
-        _require(self.memory_gb > 0, "memory_gb", f"must be positive, got {self.memory_gb!r}")
+        _require_positive(self.memory_gb, "memory_gb")
 
     def numa_of(self, core: int) -> int:
         """NUMA domain of a core id (cores are numbered domain by domain)."""
@@ -87,19 +103,12 @@ class GpuNodeSpec:
             "gpus",
             f"must be one of {GPU_CELL_SIZES} (aligned cells), got {self.gpus!r}",
         )
+        for key in ("gpu_memory_gb", "host_memory_gb", "h2d_gbps"):
+            _require_positive(getattr(self, key), key)
         _require(
-            self.gpu_memory_gb > 0, "gpu_memory_gb", f"must be positive, got {self.gpu_memory_gb!r}"
-        )
-        _require(
-            self.host_memory_gb > 0,
-            "host_memory_gb",
-            f"must be positive, got {self.host_memory_gb!r}",
-        )
-        _require(self.h2d_gbps > 0, "h2d_gbps", f"must be positive, got {self.h2d_gbps!r}")
-        _require(
-            self.restore_fixed_s >= 0,
+            _finite(self.restore_fixed_s, low=0, strict=False),
             "restore_fixed_s",
-            f"must be >= 0, got {self.restore_fixed_s!r}",
+            f"must be a finite number >= 0, got {self.restore_fixed_s!r}",
         )
 
     def restore_s(self, size_gb: float, cell_size: int = 1, *, replicas: bool = False) -> float:
@@ -127,9 +136,10 @@ class ApiEndpointSpec:
             f"must be a positive integer, got {self.concurrency!r}",
         )
         _require(
-            self.rate_per_s is None or self.rate_per_s > 0,
+            self.rate_per_s is None or _finite(self.rate_per_s, low=0, strict=True),
             "rate_per_s",
-            f"must be positive when given, got {self.rate_per_s!r}",
+            f"must be a positive finite number when given (omit it for no rate limit), "
+            f"got {self.rate_per_s!r}",
         )
         _require(
             isinstance(self.burst, int) and self.burst >= 1,

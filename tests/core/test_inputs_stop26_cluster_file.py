@@ -92,3 +92,28 @@ def test_invalid_utf8_names_the_file(tmp_path):
 def test_a_cluster_that_is_not_a_table_is_refused_as_such(value):
     with pytest.raises(ClusterFileError, match=r"header: \(cluster\): must be a table"):
         parse_cluster(value, "header")
+
+
+GPU_NODE = 'name = "g0"\ngpus = 1\ngpu_memory_gb = 80\nhost_memory_gb = 100\n'
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-inf"])
+@pytest.mark.parametrize(
+    ("table", "key"),
+    [
+        ("cpu_node", "memory_gb"),
+        ("gpu_node", "gpu_memory_gb"),
+        ("gpu_node", "host_memory_gb"),
+        ("gpu_node", "h2d_gbps"),
+        ("gpu_node", "restore_fixed_s"),
+        ("api", "rate_per_s"),
+    ],
+)
+def test_sizes_rates_and_times_must_be_finite(tmp_path, table, key, value):
+    # TOML reads inf as a float: restore_fixed_s = inf passed '>= 0' and gave an infinite mean
+    # ACT, then a ZeroDivisionError in tangram sim's closing words; the others passed silently.
+    body = {"cpu_node": f'name = "n0"\n{NODE}', "gpu_node": GPU_NODE}
+    body["api"] = 'name = "search"\nconcurrency = 2\n'
+    lines = [line for line in body[table].splitlines() if not line.startswith(f"{key} =")]
+    text = f"[[{table}]]\n" + "\n".join([*lines, f"{key} = {value}"]) + "\n"
+    refused(tmp_path, text, rf"{table}\[0\].{key}", "must be a (positive )?finite number")
