@@ -5,7 +5,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from tangram.core.cluster_file import MAX_CORES_PER_NODE, MAX_NODES
 from tangram.trace.gpu_calibration import GpuCalibration
+
+#: Most warm pods a run may keep: one per core of the largest cluster a file may describe
+#: (a pod requests at least one core). The pods are a list built at the start: 10**9 of them
+#: took minutes and gigabytes before the first event.
+WARM_PODS_MAX = MAX_NODES * MAX_CORES_PER_NODE
 
 
 @dataclass(frozen=True)
@@ -84,9 +90,12 @@ class Overheads:
         if (
             isinstance(self.warm_pods, bool)
             or not isinstance(self.warm_pods, int)
-            or self.warm_pods < 0
+            or not 0 <= self.warm_pods <= WARM_PODS_MAX
         ):
-            raise ValueError(f"overheads.warm_pods must be an integer >= 0, got {self.warm_pods!r}")
+            raise ValueError(
+                f"overheads.warm_pods must be an integer in [0, {WARM_PODS_MAX}] (a pod per "
+                f"core of the largest cluster file), got {self.warm_pods!r}"
+            )
 
 
 def _is_number(value: object) -> bool:

@@ -107,3 +107,16 @@ def test_replay_needs_at_least_one_run(capsys, runs):
         main(["replay", "any.jsonl", "--durations", "curve", "--runs", runs])
     assert exit_.value.code == 2
     assert "argument --runs: must be >= 1" in capsys.readouterr().err
+
+
+def test_warm_pods_past_any_cluster_are_refused_before_the_run(tmp_path, capsys):
+    # --set overheads.warm_pods=1000000000 built a list of 10**9 ready times before the first
+    # event (minutes, gigabytes, no word); more pods than the largest cluster file has cores.
+    from tangram.sim.config import WARM_PODS_MAX
+
+    assert Overheads(warm_pods=WARM_PODS_MAX).warm_pods == WARM_PODS_MAX
+    with pytest.raises(ValueError, match=r"overheads.warm_pods must be an integer in \[0, "):
+        Overheads(warm_pods=WARM_PODS_MAX + 1)
+    args = ["sim", "--workload", "coding", "--batch", "2", "--quiet"]
+    assert main([*args, "--set", "overheads.warm_pods=1000000000"]) == 2
+    assert "overheads.warm_pods must be" in capsys.readouterr().err
