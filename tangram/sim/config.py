@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from tangram.core.cluster_file import MAX_CORES_PER_NODE, MAX_NODES
 from tangram.trace.gpu_calibration import GpuCalibration
+from tangram.trace.row import TIME_MAX_S
 
 #: Most warm pods a run may keep: one per core of the largest cluster a file may describe
 #: (a pod requests at least one core). The pods are a list built at the start: 10**9 of them
@@ -105,14 +106,20 @@ def _is_number(value: object) -> bool:
 
 def _require_finite(name: str, value: object, *, optional: bool, positive: bool = False) -> None:
     """Refuse ``value`` unless it is a finite number >= 0 (> 0 where ``positive``; or None
-    where ``optional``).
+    where ``optional``), and at most ``TIME_MAX_S`` for a time (a name ending in ``_s``).
 
     Infinity passes a plain ``>= 0`` test, then stalls the simulation or turns its figures
-    into inf/NaN; NaN fails every comparison. Both are refused here, naming the field.
+    into inf/NaN; NaN fails every comparison. Both are refused here, naming the field. A time
+    past a trace's longest swallows every duration added to it (a container start of 1e300 s
+    reported 0 busy core-seconds), as a trace's own times would.
     """
     if optional and value is None:
         return
     finite = _is_number(value) and math.isfinite(value)  # type: ignore[arg-type]
+    if finite and name.endswith("_s") and value > TIME_MAX_S:  # type: ignore[operator]
+        raise ValueError(
+            f"{name} must be <= {TIME_MAX_S:g} seconds (a trace's longest time), got {value!r}"
+        )
     if finite and (value > 0 or (value == 0 and not positive)):  # type: ignore[operator]
         return
     either = "None or " if optional else ""

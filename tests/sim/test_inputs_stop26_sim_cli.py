@@ -120,3 +120,16 @@ def test_warm_pods_past_any_cluster_are_refused_before_the_run(tmp_path, capsys)
     args = ["sim", "--workload", "coding", "--batch", "2", "--quiet"]
     assert main([*args, "--set", "overheads.warm_pods=1000000000"]) == 2
     assert "overheads.warm_pods must be" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("setting", ["overheads.container_start_s", "rollout.train_s"])
+def test_a_time_past_a_traces_longest_is_refused_naming_the_setting(capsys, setting):
+    # 1e300 s swallowed every duration added to it: busy core-s 0, ratios of 1e300 in words.
+    from tangram.trace.row import TIME_MAX_S
+
+    group, field = setting.split(".")
+    built = {"overheads": Overheads, "rollout": RolloutConfig}[group]
+    assert getattr(built(**{field: TIME_MAX_S}), field) == TIME_MAX_S
+    args = ["sim", "--workload", "coding", "--batch", "2", "--quiet"]
+    assert main([*args, "--set", f"{setting}=1e300"]) == 2
+    assert f"{setting} must be <= 1e+09 seconds" in capsys.readouterr().err
