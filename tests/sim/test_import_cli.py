@@ -166,3 +166,14 @@ def test_a_union_typed_parameter_reads_a_number_as_a_number(tmp_path, capsys):
     rows = load_trace(out).rows
     assert rows and all(r.gen_before_s == 2.5 for r in rows)
     assert load_trace(out).meta["params"]["skip_kinds"] == ["finish", "message", "system", "think"]
+
+
+@pytest.mark.parametrize("where", ["a directory", "below a file"])
+def test_an_output_that_cannot_be_a_trace_file_is_refused_naming_it(tmp_path, capsys, where):
+    # Both were tracebacks (IsADirectoryError from the writer, FileExistsError from mkdir).
+    (tmp_path / "taken.jsonl").write_text("")
+    (tmp_path / "dir.jsonl").mkdir()
+    out = tmp_path / ("dir.jsonl" if where == "a directory" else "taken.jsonl/t.jsonl")
+    assert main(["import", "openhands", str(OPENHANDS_SAMPLE), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"tangram import: error: -o {out}: " in err and "Traceback" not in err

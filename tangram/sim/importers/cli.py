@@ -49,10 +49,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=main)
 
 
+def check_out(out: Path) -> None:
+    """Refuse an ``-o`` that cannot become a trace file, before anything is imported: a
+    directory, or a path below a file (``mkdir`` and the writer failed there with a bare
+    FileExistsError or IsADirectoryError traceback). Raises ValueError naming the path."""
+    if out.is_dir():
+        raise ValueError(f"-o {out}: is a directory; give a trace file (.jsonl, .parquet...)")
+    for parent in out.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"-o {out}: {parent} exists and is not a directory")
+            return
+
+
 def main(args: argparse.Namespace) -> int:
     params = kwargs_for(IMPORTERS[args.source], args.settings, f"importer {args.source!r}")
     if args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
+    check_out(args.out)
     traces = [import_trace(args.source, path, **params) for path in args.files]
     trace = merge(traces, [str(p) for p in args.files])
     imported = len(trace.trajectories())
