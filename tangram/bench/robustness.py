@@ -484,8 +484,11 @@ def _main(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from tangram.sim.config import WARM_GPUS_FLAG
+    from tangram.sim.metrics import check_out_dir
 
     families = family_list(args.families)
+    if args.out:
+        check_out_dir(args.out)  # the worst instances are written after every replay
     bar = tqdm(
         total=args.instances * len(families),
         unit="instance",
