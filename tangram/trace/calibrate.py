@@ -171,7 +171,9 @@ def _rescaled(row: TraceRow, target: float) -> dict[str, Any]:
         factor = target / curve.duration(units)
         kind = row.curve["kind"]
         if kind == "tabulated":
-            scaled = {"kind": kind, "points": [[u, t * factor] for u, t in row.curve["points"]]}
+            # Points in any order are valid: sorted, the first is the one-unit time.
+            points = sorted(row.curve["points"])
+            scaled = {"kind": kind, "points": [[u, t * factor] for u, t in points]}
             return {"t1_s": scaled["points"][0][1], "curve": scaled}
         scaled = {**row.curve, "t1": row.curve["t1"] * factor}
         return {"t1_s": scaled["t1"], "curve": scaled}

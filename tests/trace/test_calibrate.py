@@ -50,6 +50,8 @@ def live(action_id: str, trajectory: str, position: int, arrival: float, **kw) -
         {"serial_fraction": 0.5},
         {"serial_fraction": None, "curve": {"kind": "amdahl", "t1": 2.0, "serial_fraction": 0.2}},
         {"serial_fraction": None, "curve": {"kind": "tabulated", "points": [[1, 2.0], [2, 1.5]]}},
+        # Points in any order are a valid row; the replay took the first as the one-unit time.
+        {"serial_fraction": None, "curve": {"kind": "tabulated", "points": [[2, 1.5], [1, 2.0]]}},
         {"serial_fraction": None},
     ],
 )
