@@ -177,6 +177,11 @@ def replay(
     policy = policy or meta.get("policy")
     if not policy:
         raise ValueError(f"{trace_path}: the header names no policy; give --policy")
+    if not isinstance(policy, str):  # a number there was an AttributeError in the parser
+        raise ValueError(
+            f"{trace_path}: the header's 'policy' must be a policy name, got {policy!r}; "
+            "give --policy"
+        )
     if cluster is not None:
         spec = load_cluster(cluster)
     elif "cluster" in meta:

@@ -133,3 +133,30 @@ def test_a_time_past_a_traces_longest_is_refused_naming_the_setting(capsys, sett
     args = ["sim", "--workload", "coding", "--batch", "2", "--quiet"]
     assert main([*args, "--set", f"{setting}=1e300"]) == 2
     assert f"{setting} must be <= 1e+09 seconds" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("policy", [5, ["tangram"], {"name": "tangram"}])
+def test_a_header_policy_that_is_not_a_name_is_refused_naming_it(tmp_path, capsys, policy):
+    # The policy parser called .partition on it: an AttributeError traceback.
+    row = {
+        "action_id": "a0",
+        "trajectory": "t0",
+        "step": 0,
+        "position": 0,
+        "task": "live",
+        "kind": "command",
+        "gen_before_s": 0.0,
+        "resource": "cpu",
+        "t1_s": 1.0,
+        "max_units": 1,
+        "arrival_s": 0.0,
+        "obs_units": 1,
+        "obs_exec_s": 1.0,
+        "obs_outcome": "result",
+    }
+    path = tmp_path / "live.jsonl"
+    header = {"tangram_trace": 1, "policy": policy}
+    path.write_text(json.dumps(header) + "\n" + json.dumps(row) + "\n")
+    assert main(["replay", str(path), "--cluster", "local"]) == 2
+    err = capsys.readouterr().err
+    assert "the header's 'policy' must be a policy name" in err and "Traceback" not in err
