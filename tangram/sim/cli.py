@@ -103,7 +103,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("--steps", type=positive_int, help="RL steps (with --workload; default 1)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=non_negative_int, default=0)
     add_set_flag(
         p,
         "set a field of the workload's parameters (with --workload; e.g. exec_mean_s=2, "

@@ -160,3 +160,11 @@ def test_a_header_policy_that_is_not_a_name_is_refused_naming_it(tmp_path, capsy
     assert main(["replay", str(path), "--cluster", "local"]) == 2
     err = capsys.readouterr().err
     assert "the header's 'policy' must be a policy name" in err and "Traceback" not in err
+
+
+def test_a_negative_seed_with_a_trace_is_refused_naming_the_flag(capsys):
+    # It reached numpy's SeedSequence: 'error: expected non-negative integer', no flag named.
+    with pytest.raises(SystemExit) as info:
+        main(["sim", "--seed", "-1", "--quiet"])
+    assert info.value.code == 2
+    assert "argument --seed: must be >= 0, got -1" in capsys.readouterr().err
