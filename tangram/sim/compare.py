@@ -4,8 +4,10 @@ The default policy is the first ``tangram*`` policy run (else the first). Each o
 one sentence: per figure, how many times lower or higher the default's is (the values are in
 the table). A
 figure both policies have at 0 (held GPU-s of a CPU-only workload) is left out; one at 0 on one
-side only is worded ("0 vs 12.5"), never printed as a ratio of 0 or infinity; one that is
-unknown (NaN: no action ran, or the timeline was off) is said to be unknown.
+side only is worded ("0 vs 12.5"), never printed as a ratio of 0 or infinity, and so is one
+that is infinite or whose ratio leaves float's range (a cluster whose restore bandwidth of
+1e-307 GB/s makes a restore take forever); one that is unknown (NaN: no action ran, or the
+timeline was off) is said to be unknown. A ratio past 100,000 is written in 3 digits.
 """
 
 from __future__ import annotations
@@ -71,14 +73,19 @@ def phrase(figure: Figure, ours: Any, theirs: Any) -> str | None:
         return f"{figure.label} unknown for {side} ({format_number(known)}{figure.unit} vs -)"
     if a == 0 and b == 0:
         return None
-    if a == 0 or b == 0:
+    ratio = b / a if a != 0 else math.inf
+    if a == 0 or b == 0 or math.isinf(a) or math.isinf(b) or ratio in (0.0, math.inf):
         return f"{figure.label} {format_number(a)} vs {format_number(b)}{figure.unit}"
-    ratio = b / a
     if abs(ratio - 1) <= SAME:
         return f"{figure.label} the same"
     if ratio > 1:
-        return f"{figure.label} {ratio:.2f}x {figure.less}"
-    return f"{figure.label} {1 / ratio:.2f}x {figure.more}"
+        return f"{figure.label} {_times(ratio)}x {figure.less}"
+    return f"{figure.label} {_times(1 / ratio)}x {figure.more}"
+
+
+def _times(ratio: float) -> str:
+    """A ratio > 1 for the closing words: 2 decimals, 3 digits past 100,000 (not 300)."""
+    return f"{ratio:.2f}" if ratio < 1e5 else f"{ratio:.3g}"
 
 
 def sentence(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> str:

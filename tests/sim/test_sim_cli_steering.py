@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
 import typing
 
 import pytest
@@ -375,6 +376,17 @@ def test_ratios_with_a_zero_or_unknown_side_are_worded():
     assert phrase(held, 2.0, 5.0) == "held core-s 2.50x fewer"
     assert phrase(held, 5.0, 2.0) == "held core-s 2.50x more"
     assert phrase(held, 5.0, 5.01) == "held core-s the same"
+
+
+def test_infinite_figures_and_ratios_past_floats_range_are_worded():
+    # An infinite mean ACT (a restore at 1e-307 GB/s) gave a ratio of 0: ZeroDivisionError.
+    act = next(f for f in FIGURES if f.key == "act_mean_s")
+    assert phrase(act, math.inf, 2.0) == "mean ACT inf vs 2.000 s"
+    assert phrase(act, 2.0, math.inf) == "mean ACT 2.000 vs inf s"
+    assert phrase(act, math.inf, math.inf) == "mean ACT inf vs inf s"
+    assert phrase(act, 1e-300, 1e300) == "mean ACT 1e-300 vs 1e+300 s"
+    assert phrase(act, 1.0, 1e300) == "mean ACT 1e+300x lower"  # not 301 digits
+    assert phrase(act, 1.0, 12345.678) == "mean ACT 12345.68x lower"
 
 
 def test_closing_lines_never_print_zero_or_infinite_ratios():
