@@ -242,6 +242,18 @@ def refuse_generator_flags(args: argparse.Namespace) -> None:
             )
 
 
+def policy_list(given: Sequence[str] | None) -> list[str]:
+    """The policies to run: ``--policy`` each once (a repeat ran the same simulation twice, its
+    figures printed twice, its --out files and rejection reasons written over), else the
+    defaults."""
+    if not given:
+        return list(DEFAULT_POLICIES)
+    repeated = sorted({p for p in given if given.count(p) > 1})
+    if repeated:
+        raise ValueError(f"--policy {repeated[0]} given more than once")
+    return list(given)
+
+
 def load_source(args: argparse.Namespace, params: Any = None):
     from tangram.trace import load_trace
 
@@ -318,6 +330,7 @@ def main(args: argparse.Namespace) -> int:
     )
 
     params, built = configure(args)
+    policies = policy_list(args.policy)
     if args.list_params:
         return list_params(args)
     if args.out:
@@ -330,7 +343,6 @@ def main(args: argparse.Namespace) -> int:
         gpus=args.gpus,
         cpu_nodes=args.cpu_nodes,
     )
-    policies = args.policy or list(DEFAULT_POLICIES)
     overheads: Overheads = built["overheads"]
     rollout: RolloutConfig = built["rollout"]
     if rollout.mode == "open":

@@ -168,3 +168,9 @@ def test_a_negative_seed_with_a_trace_is_refused_naming_the_flag(capsys):
         main(["sim", "--seed", "-1", "--quiet"])
     assert info.value.code == 2
     assert "argument --seed: must be >= 0, got -1" in capsys.readouterr().err
+
+
+def test_a_policy_given_twice_is_refused_naming_it(capsys):
+    # It ran twice: two identical rows, 'tangram vs tangram: ... the same', --out overwritten.
+    assert main(["sim", "--policy", "tangram", "--policy", "tangram", "--quiet"]) == 2
+    assert "--policy tangram given more than once" in capsys.readouterr().err
