@@ -177,3 +177,11 @@ def test_an_output_that_cannot_be_a_trace_file_is_refused_naming_it(tmp_path, ca
     assert main(["import", "openhands", str(OPENHANDS_SAMPLE), "-o", str(out)]) == 2
     err = capsys.readouterr().err
     assert f"tangram import: error: -o {out}: " in err and "Traceback" not in err
+
+
+def test_a_tiling_batch_past_the_trajectory_cap_is_refused(tmp_path, capsys):
+    out = tmp_path / "t.jsonl"
+    args = ["import", "openhands", str(OPENHANDS_SAMPLE), "-o", str(out), "--batch", "100000001"]
+    assert main(args) == 2
+    assert "--batch must be at most 100,000 trajectories" in capsys.readouterr().err
+    assert not out.exists()

@@ -174,3 +174,16 @@ def test_a_policy_given_twice_is_refused_naming_it(capsys):
     # It ran twice: two identical rows, 'tangram vs tangram: ... the same', --out overwritten.
     assert main(["sim", "--policy", "tangram", "--policy", "tangram", "--quiet"]) == 2
     assert "--policy tangram given more than once" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--batch", "100000000"], "batch x steps must be at most 100,000 trajectories"),
+        (["--batch", "1000", "--steps", "1000"], "got 1000 x 1000 = 1,000,000"),
+    ],
+)
+def test_a_workload_past_the_trajectory_cap_is_refused_before_generating(capsys, args, named):
+    # A batch of 10**8 generated for hours (1.4 ms a trajectory) without a word.
+    assert main(["sim", "--workload", "coding", *args, "--quiet"]) == 2
+    assert named in capsys.readouterr().err

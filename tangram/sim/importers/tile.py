@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from tangram.sim.workloads.base import TRAJECTORIES_MAX
 from tangram.trace import Trace, TraceRow
 from tangram.trace.row import TIME_MAX_S
 
@@ -103,6 +104,8 @@ def tile(trace: Trace, batch: int, seed: int, max_offset_s: float | None = None)
     """One RL step of ``batch`` trajectories drawn round-robin from ``trace`` (module docstring)."""
     if batch < 1:
         raise ValueError(f"--batch must be >= 1, got {batch}")
+    if batch > TRAJECTORIES_MAX:  # as a generated workload's: 10**8 ran for hours, silently
+        raise ValueError(f"--batch must be at most {TRAJECTORIES_MAX:,} trajectories, got {batch}")
     if max_offset_s is None:
         max_offset_s = mean_cycle_s(trace)
     check_max_offset_s(max_offset_s)

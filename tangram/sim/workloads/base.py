@@ -146,10 +146,21 @@ def meta_for(name: str, params: Any, *, batch: int, steps: int, seed: int) -> di
     return json.loads(json.dumps(meta))
 
 
+#: Most trajectories one generated trace may hold (batch x steps): far beyond an RL step (the
+#: paper's 1536), and a few GB of rows (about 30 actions and 1.4 ms of generation each); a
+#: batch of 10**8 ran for hours, silently, on its way to running out of memory.
+TRAJECTORIES_MAX = COUNT_MAX
+
+
 def check_run_args(batch: int, steps: int, seed: int) -> None:
     for label, value, minimum in (("batch", batch, 1), ("steps", steps, 1), ("seed", seed, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise ValueError(f"{label} must be an integer >= {minimum}, got {value!r}")
+    if batch * steps > TRAJECTORIES_MAX:
+        raise ValueError(
+            f"batch x steps must be at most {TRAJECTORIES_MAX:,} trajectories, got {batch} x "
+            f"{steps} = {batch * steps:,}"
+        )
 
 
 @dataclass(frozen=True)
