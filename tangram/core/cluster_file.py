@@ -83,6 +83,8 @@ def load_cluster(name_or_path: str | Path) -> ClusterSpec:
 def _read(name_or_path: str | Path) -> tuple[str, str]:
     path = Path(name_or_path)
     if path.suffix == ".toml" or path.exists():
+        if path.is_dir():  # it exists: "no such file" would send the user looking for it
+            raise ClusterFileError(str(path), "(file)", "a directory, not a cluster file")
         if not path.is_file():
             raise ClusterFileError(str(path), "(file)", "no such file")
         return _text(path), str(path)

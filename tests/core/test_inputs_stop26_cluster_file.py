@@ -117,3 +117,11 @@ def test_sizes_rates_and_times_must_be_finite(tmp_path, table, key, value):
     lines = [line for line in body[table].splitlines() if not line.startswith(f"{key} =")]
     text = f"[[{table}]]\n" + "\n".join([*lines, f"{key} = {value}"]) + "\n"
     refused(tmp_path, text, rf"{table}\[0\].{key}", "must be a (positive )?finite number")
+
+
+@pytest.mark.parametrize("name", ["cluster", "cluster.toml"])
+def test_a_directory_is_named_as_one_not_as_missing(tmp_path, name):
+    # It was 'no such file' for a path that exists.
+    (tmp_path / name).mkdir()
+    with pytest.raises(ClusterFileError, match="a directory, not a cluster file"):
+        load_cluster(tmp_path / name)
