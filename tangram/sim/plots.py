@@ -26,7 +26,7 @@ def comparison_figure(
     ax.set_xlabel("action completion time (s)")
     ax.set_ylabel("fraction of actions")
     ax.set_title("ACT CDF")
-    ax.legend()
+    _legend(ax)
     ax.grid(alpha=0.3)
 
     ax = axes[1]
@@ -59,9 +59,16 @@ def comparison_figure(
     ax.set_xlabel("simulated time (s)")
     ax.set_ylabel("cores + GPUs")
     ax.set_title("resources held vs busy")
-    ax.legend(fontsize=7)
+    _legend(ax, fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _legend(ax: plt.Axes, **kwargs: object) -> None:
+    """A legend where the panel drew a curve: with no action run (every one rejected) there is
+    none, and matplotlib warned 'No artists with labels found' on tangram sim's stderr."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kwargs)

@@ -187,3 +187,23 @@ def test_a_workload_past_the_trajectory_cap_is_refused_before_generating(capsys,
     # A batch of 10**8 generated for hours (1.4 ms a trajectory) without a word.
     assert main(["sim", "--workload", "coding", *args, "--quiet"]) == 2
     assert named in capsys.readouterr().err
+
+
+def test_a_run_whose_every_action_was_rejected_draws_its_figure_without_warnings(tmp_path):
+    # matplotlib warned 'No artists with labels found to put in legend' on stderr.
+    import warnings
+
+    import pandas as pd
+
+    from tangram.sim.plots import comparison_figure
+
+    rejected = pd.DataFrame(
+        {"outcome": ["rejected"], "act_s": [float("nan")], "queue_s": [0.0]}
+        | {"overhead_s": [0.0], "exec_s": [0.0]}
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        path = comparison_figure(
+            {"tangram": rejected}, {"tangram": pd.DataFrame()}, tmp_path / "c.png"
+        )
+    assert path.exists()
