@@ -69,3 +69,9 @@ def test_expected_count_equals_the_full_sum_bit_for_bit(median, sigma, hi) -> No
     for k in range(1, hi + 1):
         full += k * ((1.0 if k == hi else cdf(k + 0.5)) - (0.0 if k == 1 else cdf(k - 0.5)))
     assert expected_count(median, sigma, 1, hi) == full
+
+
+def test_a_teacher_without_a_name_is_refused_naming_the_setting() -> None:
+    # It failed in the generated rows as "field 'service': must be a non-empty string".
+    with pytest.raises(ValueError, match=r"^teachers: each teacher needs a non-empty name"):
+        WORKLOADS["mopd"].params_with(teachers=(TeacherSpec("", 7.0),))

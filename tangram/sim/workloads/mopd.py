@@ -121,6 +121,13 @@ class MopdParams:
         require_finite(self)
         require(len(self.teachers) >= 1, "teachers", "need at least one teacher")
         names = [t.name for t in self.teachers]
+        # A name is the service each call names: an empty one failed as a generated trace
+        # row's field ('service'), not as this setting.
+        require(
+            all(isinstance(n, str) and n for n in names),
+            "teachers",
+            f"each teacher needs a non-empty name, got {names}",
+        )
         require(len(set(names)) == len(names), "teachers", f"duplicate names in {names}")
         for t in self.teachers:
             require(
