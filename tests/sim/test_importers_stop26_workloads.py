@@ -75,3 +75,10 @@ def test_a_teacher_without_a_name_is_refused_naming_the_setting() -> None:
     # It failed in the generated rows as "field 'service': must be a non-empty string".
     with pytest.raises(ValueError, match=r"^teachers: each teacher needs a non-empty name"):
         WORKLOADS["mopd"].params_with(teachers=(TeacherSpec("", 7.0),))
+
+
+@pytest.mark.parametrize("setting", ["search_service", "judge_service"])
+def test_an_empty_service_name_is_refused_naming_the_setting(setting) -> None:
+    # It failed in the generated rows as "field 'service': must be a non-empty string".
+    with pytest.raises(ValueError, match=rf"^{setting}: must be a non-empty service name"):
+        WORKLOADS["deepsearch"].params_with(**{setting: ""})

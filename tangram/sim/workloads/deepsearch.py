@@ -81,6 +81,13 @@ class DeepSearchParams:
             "judge_sync",
             f"must be one of {list(REWARD_SYNCS)}, got {self.judge_sync!r}",
         )
+        for name in ("search_service", "judge_service"):  # named by every call's row
+            value = getattr(self, name)
+            require(
+                isinstance(value, str) and bool(value),
+                name,
+                f"must be a non-empty service name, got {value!r}",
+            )
         require(self.searches_median >= 1, "searches_median", "must be >= 1")
         require_count_max(self, "searches_max")
         for name in ("search_median_s", "search_timeout_s", "judge_t1_median_s", "gen_median_s"):
