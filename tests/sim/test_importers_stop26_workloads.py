@@ -42,7 +42,12 @@ def test_a_teacher_of_infinite_size_is_refused_naming_the_teacher() -> None:
 
 
 @pytest.mark.parametrize(
-    ("workload", "setting"), [("coding", "env_actions_max"), ("deepsearch", "searches_max")]
+    ("workload", "setting"),
+    [
+        ("coding", "env_actions_max"),
+        ("deepsearch", "searches_max"),
+        ("random", "actions_max"),  # was not capped: 100,001 generated for minutes, silently
+    ],
 )
 def test_a_count_cap_beyond_count_max_is_refused_naming_it(workload, setting) -> None:
     with pytest.raises(ValueError, match=rf"^{setting}: must lie in \[1, {COUNT_MAX}\]"):
@@ -82,3 +87,13 @@ def test_an_empty_service_name_is_refused_naming_the_setting(setting) -> None:
     # It failed in the generated rows as "field 'service': must be a non-empty string".
     with pytest.raises(ValueError, match=rf"^{setting}: must be a non-empty service name"):
         WORKLOADS["deepsearch"].params_with(**{setting: ""})
+
+
+@pytest.mark.parametrize("setting", ["cpu_nodes_max", "gpu_nodes_max"])
+def test_a_random_cluster_past_a_cluster_files_nodes_is_refused_naming_the_setting(setting):
+    # cpu_nodes_max=100000 failed as "trace meta 'cluster': cpu_node: 30113 nodes; at most 4096".
+    from tangram.core.cluster_file import MAX_NODES
+
+    assert getattr(WORKLOADS["random"].params_with(**{setting: MAX_NODES}), setting) == MAX_NODES
+    with pytest.raises(ValueError, match=rf"^{setting}: must lie in \[1, {MAX_NODES}\]"):
+        WORKLOADS["random"].params_with(**{setting: MAX_NODES + 1})

@@ -23,8 +23,17 @@ from typing import Any
 import numpy as np
 
 from tangram.core.cells import smallest_cell_for
+from tangram.core.cluster_file import MAX_NODES
 from tangram.core.resources import ClusterSpec
-from tangram.sim.workloads.base import meta_for, require, require_finite, row, streams, times
+from tangram.sim.workloads.base import (
+    meta_for,
+    require,
+    require_count_max,
+    require_finite,
+    row,
+    streams,
+    times,
+)
 from tangram.trace import Trace, TraceRow
 
 #: The families, in the order the benchmark reports them.
@@ -92,8 +101,12 @@ class RandomParams:
     def __post_init__(self) -> None:
         require_finite(self)
         require(self.family in FAMILIES, "family", f"must be one of {list(FAMILIES)}")
-        for name in ("actions_max", "cpu_nodes_max", "gpu_nodes_max"):
-            require(getattr(self, name) >= 1, name, "must be >= 1")
+        require_count_max(self, "actions_max")
+        for name in ("cpu_nodes_max", "gpu_nodes_max"):
+            # The drawn cluster must load: a cluster file holds at most MAX_NODES of a kind
+            # (past it the error named the trace's meta 'cluster', not this setting).
+            value = getattr(self, name)
+            require(1 <= value <= MAX_NODES, name, f"must lie in [1, {MAX_NODES}], got {value!r}")
         require(self.services_max >= 1, "services_max", "must be >= 1")
         require(self.api_concurrency_max >= 1, "api_concurrency_max", "must be >= 1")
         for name in ("sigma_max", "gen_sigma", "zipf_max"):
