@@ -47,6 +47,7 @@ def test_a_teacher_of_infinite_size_is_refused_naming_the_teacher() -> None:
         ("coding", "env_actions_max"),
         ("deepsearch", "searches_max"),
         ("random", "actions_max"),  # was not capped: 100,001 generated for minutes, silently
+        ("mopd", "calls_per_trajectory"),  # nor this one
     ],
 )
 def test_a_count_cap_beyond_count_max_is_refused_naming_it(workload, setting) -> None:

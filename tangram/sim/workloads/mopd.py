@@ -23,6 +23,7 @@ from tangram.sim.workloads.base import (
     lognormal_median,
     meta_for,
     require,
+    require_count_max,
     require_finite,
     row,
     streams,
@@ -140,7 +141,7 @@ class MopdParams:
         require(self.t1_sigma >= 0, "t1_sigma", "must be >= 0")
         require(0 <= self.serial_fraction <= 1, "serial_fraction", "must lie in [0, 1]")
         require(self.max_units in CELL_SIZES, "max_units", f"must be one of {CELL_SIZES}")
-        require(self.calls_per_trajectory >= 1, "calls_per_trajectory", "must be >= 1")
+        require_count_max(self, "calls_per_trajectory")  # 100,001 ran for minutes, silently
         require(self.response_tokens_median >= 1, "response_tokens_median", "must be >= 1")
         require(self.response_tokens_sigma >= 0, "response_tokens_sigma", "must be >= 0")
         require(self.response_tokens_max >= 1, "response_tokens_max", "must be >= 1")
