@@ -264,6 +264,10 @@ def load_gpu_calibration(path: str | Path) -> GpuCalibration:
         text = path.read_text()
     except OSError as exc:
         raise CalibrationError(f"{path}: cannot read the calibration: {exc}") from None
+    except UnicodeDecodeError as exc:  # JSON and TOML are UTF-8; the bare error named no file
+        raise CalibrationError(
+            f"{path}: not UTF-8 text (byte {exc.start}): a calibration record is JSON or TOML"
+        ) from None
     try:
         data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:

@@ -158,6 +158,15 @@ def test_a_file_that_is_not_json_is_refused_clearly(tmp_path) -> None:
         load_gpu_calibration(tmp_path / "missing.json")
 
 
+@pytest.mark.parametrize("suffix", [".json", ".toml"])
+def test_a_file_that_is_not_utf8_is_refused_naming_it(tmp_path, suffix) -> None:
+    # It was a bare UnicodeDecodeError: "'utf-8' codec can't decode byte 0xff", no file named.
+    path = tmp_path / f"r{suffix}"
+    path.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(CalibrationError, match=rf"r\{suffix}: not UTF-8 text \(byte 0\)"):
+        load_gpu_calibration(path)
+
+
 def row(action_id: str, resource: str, arrival: float, units: int, exec_s: float, **kw):
     base = dict(
         action_id=action_id,
