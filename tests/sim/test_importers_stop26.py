@@ -156,3 +156,20 @@ def test_an_offset_range_out_of_the_formats_times_is_refused_naming_the_flag(
     trace = import_openhands(write(tmp_path / "ok.json", events()))
     with pytest.raises(ValueError, match=r"--max-offset-s must be seconds in \[0, 1e\+09\]"):
         tile(trace, 3, 0, offset)
+
+
+def test_an_openhands_file_that_is_not_utf8_names_the_file_and_line(tmp_path) -> None:
+    # It was a bare UnicodeDecodeError: "'utf-8' codec can't decode byte 0xff", no file named.
+    path = tmp_path / "output.jsonl"
+    path.write_bytes(b'{"instance_id": "a"}\n\xff\n')
+    with pytest.raises(TraceImportError, match=r"output\.jsonl: line 2 is not UTF-8 text"):
+        import_openhands(path)
+
+
+@pytest.mark.parametrize("importer", [import_openhands, import_swe_agent])
+def test_a_directory_given_as_a_file_is_refused_naming_it(tmp_path, importer) -> None:
+    # OpenHands: an IsADirectoryError traceback; SWE-agent reads the *.traj files inside.
+    folder = tmp_path / "run.json"
+    (folder / "sub.traj").mkdir(parents=True)
+    with pytest.raises(TraceImportError, match=r"sub\.traj: a directory, not a file"):
+        importer(folder if importer is import_swe_agent else folder / "sub.traj")

@@ -26,10 +26,10 @@ def read_json(path: Path, what: str) -> Any:
     """Parse a whole file as one JSON document, or fail naming the file and the position."""
     try:
         text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise TraceImportError(path, "no such file") from None
     except UnicodeDecodeError:
         raise TraceImportError(path, f"not a text file; expected {what}") from None
+    except OSError as exc:
+        raise unreadable(path, exc) from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
@@ -52,9 +52,29 @@ def read_jsonl(path: Path, what: str) -> list[tuple[int, Any]]:
                     raise TraceImportError(
                         path, f"line {lineno} is not JSON ({exc.msg}); expected {what}"
                     ) from None
-    except FileNotFoundError:
-        raise TraceImportError(path, "no such file") from None
+    except UnicodeDecodeError:
+        # The decoder reads ahead of the lines: the line is where the bad byte sits.
+        data = path.read_bytes()
+        start = len(data)
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            start = exc.start
+        line = data.count(b"\n", 0, start) + 1
+        raise TraceImportError(path, f"line {line} is not UTF-8 text; expected {what}") from None
+    except OSError as exc:
+        raise unreadable(path, exc) from None
     return out
+
+
+def unreadable(path: Path, exc: OSError) -> TraceImportError:
+    """The error for a file that cannot be opened (missing, a directory, no permission): a
+    bare IsADirectoryError was a traceback."""
+    if isinstance(exc, FileNotFoundError):
+        return TraceImportError(path, "no such file")
+    if isinstance(exc, IsADirectoryError):
+        return TraceImportError(path, "a directory, not a file")
+    return TraceImportError(path, f"cannot read: {exc.strerror}")
 
 
 def parse_timestamp(value: Any, path: Path, where: str) -> datetime:
