@@ -150,6 +150,12 @@ class RolloutConfig:
                 f"rollout.announce_step_end must be true or false, got {self.announce_step_end!r}"
             )
         _require_finite("rollout.train_s", self.train_s, optional=False)
+        if self.mode == "open" and self.train_s > 0:
+            # Open loop has no steps to train after: the phase was ignored without a word.
+            raise ValueError(
+                f"rollout.train_s (--train-s) is the training after each closed-loop step; an "
+                f"open-loop replay (rollout.mode=open) has none, got train_s={self.train_s!r}"
+            )
 
 
 @dataclass(frozen=True)

@@ -207,3 +207,28 @@ def test_a_run_whose_every_action_was_rejected_draws_its_figure_without_warnings
             {"tangram": rejected}, {"tangram": pd.DataFrame()}, tmp_path / "c.png"
         )
     assert path.exists()
+
+
+def test_a_training_phase_with_open_loop_is_refused(tmp_path, capsys):
+    # Open loop has no steps: --train-s 100 with --open-loop gave the same figures as without.
+    with pytest.raises(ValueError, match=r"rollout.train_s \(--train-s\) is the training after"):
+        RolloutConfig(mode="open", train_s=100.0)
+    assert RolloutConfig(mode="open", train_s=0.0).train_s == 0.0
+    row = {
+        "action_id": "a0",
+        "trajectory": "t0",
+        "step": 0,
+        "position": 0,
+        "task": "t",
+        "kind": "env",
+        "gen_before_s": 0.0,
+        "resource": "cpu",
+        "t1_s": 1.0,
+        "max_units": 1,
+        "arrival_s": 0.0,
+    }
+    path = tmp_path / "open.jsonl"
+    path.write_text(json.dumps({"tangram_trace": 1}) + "\n" + json.dumps(row) + "\n")
+    args = ["sim", "--trace", str(path), "--open-loop", "--train-s", "100", "--quiet"]
+    assert main(args) == 2
+    assert "rollout.train_s (--train-s)" in capsys.readouterr().err

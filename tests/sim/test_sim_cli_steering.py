@@ -213,10 +213,13 @@ def test_overheads_are_set_generically_and_the_old_flags_still_work():
     # A --set after the old flag of the same field wins; rollout fields too.
     _, built = configure(
         parsed("--container-start-s", "3", "--set", "overheads.container_start_s=4", "--open-loop",
-               "--set", "rollout.train_s=5")
+               "--set", "rollout.announce_step_end=false")
     )  # fmt: skip
     assert built["overheads"].container_start_s == 4.0
-    assert built["rollout"].mode == "open" and built["rollout"].train_s == 5.0
+    assert built["rollout"].mode == "open" and built["rollout"].announce_step_end is False
+    # (rollout.train_s with open loop is refused: it has no steps to train after.)
+    _, built = configure(parsed("--train-s", "3", "--set", "rollout.train_s=5"))
+    assert built["rollout"].train_s == 5.0
 
 
 def test_a_set_overhead_changes_the_run_and_is_recorded(capsys):
