@@ -20,8 +20,9 @@ from tangram.trace.row import FIELD_DEFAULTS, FIELDS, REQUIRED, TraceRow, parse_
 def check_rows(rows: Sequence[TraceRow], locate: Callable[[int], str]) -> None:
     """Cross-row rules: unique action ids, contiguous positions per (step, trajectory),
     ``gen_after_s`` only on a trajectory's last row, open- and closed-loop rows not mixed,
-    ``sync`` only in closed-loop traces.
+    ``sync`` only in closed-loop traces, one size and layout per GPU service.
     ``locate(i)`` names row ``i`` in error messages ("line 7", "row 3")."""
+    _check_services(rows, locate)
     seen: dict[str, int] = {}
     groups: dict[tuple[int, str], list[int]] = {}
     for i, row in enumerate(rows):
@@ -78,6 +79,30 @@ def check_rows(rows: Sequence[TraceRow], locate: Callable[[int], str]) -> None:
                     f"only the last action of a trajectory may carry generation after it "
                     f"(trajectory {traj!r} has {len(idx)} actions; this is position {pos})",
                     field="gen_after_s",
+                    where=locate(i),
+                )
+
+
+#: What a GPU service is, the same on every call to it (the core keys residency by name).
+SERVICE_FIELDS = ("service_size_gb", "service_replicas")
+
+
+def _check_services(rows: Sequence[TraceRow], locate: Callable[[int], str]) -> None:
+    """Every ``gpu`` row naming a service gives it the same size and layout: a service is one
+    model, and the core finds it resident by name. A call declaring 70 GB to a service
+    restored at 10 GB ran as a hit, its restore and 60 GB of GPU memory never counted."""
+    first: dict[str, int] = {}
+    for i, row in enumerate(rows):
+        if row.resource != "gpu":
+            continue
+        j = first.setdefault(row.service or "", i)
+        for name in SERVICE_FIELDS:
+            ours, theirs = getattr(row, name), getattr(rows[j], name)
+            if ours != theirs:
+                raise TraceError(
+                    f"service {row.service!r} has {name} {theirs!r} at {locate(j)} but {ours!r} "
+                    "here; a service is one model, the same on every call",
+                    field=name,
                     where=locate(i),
                 )
 

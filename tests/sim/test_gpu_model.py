@@ -135,7 +135,11 @@ def test_a_cpu_backed_record_counts_the_nodes_other_calls_as_busy_host_cores() -
     """Two calls overlap on an idle host: the second starts with the first's GPU busy."""
     small = dict(service_size_gb=0.001)  # restored in no time: b takes the other GPU
     trace = Trace(
-        (row("a", "gpu", 0.0, **small), row("b", "gpu", 0.5, **small), row("c", "gpu", 5.0))
+        (
+            row("a", "gpu", 0.0, **small),
+            row("b", "gpu", 0.5, **small),
+            row("c", "gpu", 5.0, **small),  # one service, one size
+        )
     )
     points = (CallTime(1, 0.0, 0.2), CallTime(1, 1.0, 0.3))  # 1.5x with one core busy
     cfg = dict(

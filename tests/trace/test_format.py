@@ -199,6 +199,7 @@ def action_fields(draw, open_loop: bool) -> dict:
 def traces(draw) -> Trace:
     open_loop = draw(st.booleans())
     rows = []
+    sizes: dict[str, float] = {}  # a GPU service has one size (the first drawn)
     for step in range(draw(st.integers(1, 2))):
         for t in range(draw(st.integers(1, 3))):
             n = draw(st.integers(1, 4))
@@ -206,6 +207,9 @@ def traces(draw) -> Trace:
                 fields = draw(action_fields(open_loop))
                 if pos == n - 1:
                     fields["gen_after_s"] = draw(times)
+                if fields["resource"] == "gpu":
+                    size = sizes.setdefault(fields["service"], fields["service_size_gb"])
+                    fields["service_size_gb"] = size
                 rows.append(
                     TraceRow(
                         action_id=f"{step}-{t}-{pos}",

@@ -31,6 +31,9 @@ def good(position: int = 0, **kw) -> dict:
     }
 
 
+GPU_CALL = {"resource": "gpu", "max_units": 1, "service": "judge"}
+
+
 def write_lines(path, objects) -> None:
     path.write_text("".join(json.dumps(o) + "\n" for o in objects))
 
@@ -126,6 +129,12 @@ CASES = {
         "only the last action",
     ),
     "open and closed loop mixed": ([good(0, arrival_s=1.0), good(1)], "arrival_s", "on every row"),
+    # The core finds a service resident by name: the 70-GB call ran as a hit on the 10-GB copy.
+    "one service, two sizes": (
+        [good(0, **GPU_CALL, service_size_gb=10.0), good(1, **GPU_CALL, service_size_gb=70.0)],
+        "service_size_gb",
+        "service 'judge' has service_size_gb 10.0 at line 2 but 70.0 here",
+    ),
 }
 
 
@@ -222,3 +231,13 @@ def test_a_valid_file_loads(tmp_path):
     assert [r.position for r in trace.rows] == [0, 1]
     assert trace.meta == {"workload": "test"}
     assert load_trace(write_trace(trace, tmp_path / "ok.parquet")) == trace
+
+
+def test_one_service_has_one_layout_and_other_kinds_may_share_its_name(tmp_path):
+    rows = [good(0, **GPU_CALL), good(1, **GPU_CALL, service_replicas=True)]
+    err = load_error(tmp_path, rows, {"tangram_trace": 3})
+    assert err.field == "service_replicas" and err.where == "line 3"
+    # An API endpoint named like a GPU model is another service (the core keys them apart).
+    api = good(1, resource="api", max_units=1, service="judge")
+    trace = Trace((TraceRow(**good(0, **GPU_CALL, service_size_gb=10.0)), TraceRow(**api)), {})
+    assert len(trace) == 2
