@@ -85,8 +85,9 @@ def measure(trace: Trace, calibrations: Sequence[GpuCalibration] = ()) -> Measur
     cpu, api, gpu = overheads("cpu"), overheads("api"), overheads("gpu")
     eoe = eoe_figures(trace.meta)
     h2d = fixed = None
-    if eoe.get("restores") and eoe.get("restore_s", 0) > 0:
-        h2d = (eoe.get("bytes_restored", 0) / (1 << 30)) / eoe["restore_s"]
+    # Restores of no bytes (a 0-GB service) measure no rate: the cluster's stays.
+    if eoe.get("restores") and eoe.get("restore_s", 0) > 0 and eoe.get("bytes_restored", 0) > 0:
+        h2d = restore_gbps(eoe)
         fixed = 0.0
     evictions = eoe.get("evictions") or 0
     logs = [
@@ -147,6 +148,21 @@ def eoe_figures(meta: Mapping[str, Any]) -> dict[str, float]:
             )
         out[key] = value
     return out
+
+
+def restore_gbps(eoe: Mapping[str, float]) -> float:
+    """EOE's restore rate (GB/s) from the header's counters, a positive finite number or a
+    TraceError naming them: counters each valid alone can divide to 0 or overflow to inf
+    (1e300 bytes in 1e-300 s), which the GPU node then refused without naming the header."""
+    gbps = (eoe.get("bytes_restored", 0) / (1 << 30)) / eoe["restore_s"]
+    if not (math.isfinite(gbps) and gbps > 0):
+        raise TraceError(
+            f"bytes_restored / restore_s must give a positive finite restore rate, got "
+            f"{eoe.get('bytes_restored', 0)!r} bytes in {eoe['restore_s']!r} s = {gbps!r} GB/s",
+            field="eoe",
+            where="header",
+        )
+    return gbps
 
 
 def _predictions(trace: Trace, calibrations: Sequence[GpuCalibration]) -> dict[str, float]:

@@ -34,3 +34,23 @@ def test_a_malformed_eoe_header_is_refused_naming_the_header_key(eoe, field) -> 
 def test_an_eoe_header_without_some_counters_counts_them_as_zero() -> None:
     measured = measure(live_trace({"backend": "cpu", "evictions": 0}))
     assert measured.h2d_gbps is None and measured.eviction_s == 0.01
+
+
+@pytest.mark.parametrize(
+    "eoe",
+    [
+        {"restores": 1, "restore_s": 1e-300, "bytes_restored": 1e300},  # rate overflows to inf
+        {"restores": 1, "restore_s": 1e300, "bytes_restored": 1e-300},  # rate underflows to 0
+    ],
+)
+def test_counters_that_divide_to_no_restore_rate_are_refused_naming_the_header(eoe) -> None:
+    # Each counter is valid alone; the rate was refused by the GPU node as "h2d_gbps: must be
+    # a positive finite number" (inf had passed silently before: free restores), no header named.
+    with pytest.raises(TraceError, match="must give a positive finite restore rate") as info:
+        measure(live_trace(eoe))
+    assert info.value.field == "eoe" and info.value.where == "header"
+
+
+def test_restores_of_no_bytes_measure_no_rate() -> None:
+    measured = measure(live_trace({"restores": 2, "restore_s": 0.01, "bytes_restored": 0}))
+    assert measured.h2d_gbps is None
