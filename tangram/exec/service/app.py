@@ -108,6 +108,17 @@ def _kept_headers(exc: web.HTTPException) -> dict[str, str]:
     return {k: v for k, v in exc.headers.items() if k in ("Connection", "Retry-After")}
 
 
+def bearer_token(header: str) -> str | None:
+    """The token of an ``Authorization: Bearer TOKEN`` header (None for another scheme or
+    none). The scheme is matched without regard to case and may be followed by more than one
+    space (RFC 7235 section 2.1: ``auth-scheme 1*SP token68``): ``bearer TOKEN`` is a 401
+    nowhere else, and a client library that writes it was refused here."""
+    scheme, space, credentials = header.partition(" ")
+    if not space or scheme.lower() != "bearer":
+        return None
+    return credentials.lstrip(" ")
+
+
 def path_id(request: web.Request, field: str) -> str:
     """The id in the request's path, checked against the id alphabet (400 naming ``field``)."""
     return check_id(field, request.match_info["id"])
@@ -227,9 +238,9 @@ class ServiceApp:
         if not self.tokens.required or request.path in OPEN_PATHS:
             return await handler(request)
         given = request.headers.get("X-Tangram-Token", "")
-        auth = request.headers.get("Authorization", "")
-        if auth.startswith("Bearer "):
-            given = auth[len("Bearer ") :]
+        bearer = bearer_token(request.headers.get("Authorization", ""))
+        if bearer is not None:
+            given = bearer
         known, tenant = self.tokens.match(given)
         request[TENANT_KEY] = tenant
         if not known:
