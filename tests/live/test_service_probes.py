@@ -4,12 +4,13 @@ odd inputs): each test once failed. The CPU executor runs on a stand-in for AOE 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
 
 from tangram.exec.service import ServeOptions, ServiceThread
-from tests.live.test_service_ids import fake_cpu_runtime
+from tests.live.test_service_ids import FakeAoe, fake_cpu_runtime
 
 TOKEN = "probe-token"
 
@@ -35,3 +36,34 @@ def test_a_wrong_token_or_scheme_is_still_refused(svc: ServiceThread) -> None:
     for value in (f"bearer {TOKEN}x", f"Basic {TOKEN}", f"Bearer{TOKEN}", "bearer", ""):
         r = httpx.get(f"{svc.url}/v1/status", headers=auth(value))
         assert r.status_code == 401, (value, r.text)
+
+
+class _CountingAoe(FakeAoe):
+    """A ``FakeAoe`` that counts the containers it was asked to open."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened = 0
+
+    def open_trajectory(self, traj: str, memory_gb: float, *, image: str | None = None) -> Any:
+        self.opened += 1
+        return super().open_trajectory(traj, memory_gb, image=image)
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"max_units": 2**63}, "max_units"),
+        ({"max_units": 10**30}, "max_units"),
+    ],
+)
+def test_run_code_refuses_before_it_opens_a_container(extra: dict[str, Any], field: str) -> None:
+    """A ``max_units`` past the trace's int64 was refused by the run's action, after the
+    request's container was made (and removed): every limit is checked before any side
+    effect, and the refusal is the usual 400 naming the field."""
+    aoe = _CountingAoe()
+    with ServiceThread(lambda: fake_cpu_runtime(aoe), ServeOptions(port=0)) as service:
+        r = httpx.post(f"{service.url}/run_code", json={"code": "print(1)", **extra}, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["status"] == "SandboxError" and field in r.json()["error"]["message"], r.text
+    assert aoe.opened == 0, "a container was opened for a request refused as written"

@@ -61,7 +61,7 @@ from tangram.exec.aoe.config import PYTHON_IMAGE
 from tangram.exec.aoe.environment import text_problem
 from tangram.exec.runtime import ActionSpec, CommandResult, CpuWork, Outcome, Runtime
 from tangram.exec.runtime.errors import BadRequest, LiveError, Overloaded
-from tangram.exec.runtime.records import MIN_MEMORY_GB, is_finite_number
+from tangram.exec.runtime.records import INT_MAX, MIN_MEMORY_GB, is_finite_number
 from tangram.exec.service.languages import LANGUAGES, ImageBuilds, resolve
 from tangram.exec.service.schema import error_doc
 
@@ -208,6 +208,10 @@ def parse_run_code(
     units = 1 if units is None else units
     if isinstance(units, bool) or not isinstance(units, int) or units < 1:
         raise BadRequest(f"field 'max_units': expected an integer >= 1, got {units!r}")
+    if units > INT_MAX:
+        raise BadRequest(
+            f"field 'max_units': at most {INT_MAX} (the trace's integers are int64), got {units}"
+        )
     return RunCodeRequest(
         code=code,
         language=language,
@@ -338,6 +342,7 @@ async def run_code(
     """Run one request in a container of its own (compile, then run) and answer in
     SandboxFusion's format; the output is cut at ``max_output_bytes`` per stream."""
     lang = LANGUAGES[req.language]
+    check_steps(req, settings, max_output_bytes)
     image = lang.image or settings.image
     if lang.image is not None and runtime.cpu is not None:
         try:
@@ -425,7 +430,6 @@ async def _step(
     """One compile or run action, after the last file upload when one is left (one container
     round trip, not two); and why the upload failed (None: it did not), in which case the
     command never ran: the sandbox failed, not the program."""
-    t = req.compile_timeout_s if what == "compile" else req.run_timeout_s
     marker = None
     if upload:
         marker = f"tangram: writing the files failed ({uuid.uuid4().hex})"
@@ -433,19 +437,35 @@ async def _step(
             f"if ! {{ {upload}; }}; then printf '%s\\n' {shlex.quote(marker)} >&2; "
             f"exit {UPLOAD_FAILED_EXIT}; fi; {command}"
         )
-    outcome = await runtime.run(
-        ActionSpec(
-            CpuWork(command, max_output_bytes=cap),
-            trajectory=traj,
-            kind="run_code" if what == "run" else "run_code_compile",
-            max_units=req.max_units,
-            t1_s=max(0.01, min(t, 1.0)),
-            serial_fraction=settings.serial_fraction if req.max_units > 1 else None,
-            timeout_s=t + settings.queue_allowance_s,
-            task="run_code",
-        )
-    )
+    outcome = await runtime.run(step_spec(req, settings, traj, command, what, cap))
     return outcome, _upload_failure(outcome, marker)
+
+
+def step_spec(
+    req: RunCodeRequest, settings: RunCodeSettings, traj: str, command: str, what: str, cap: int
+) -> ActionSpec:
+    """The action of the compile (``what`` "compile") or run step: the request's cores, time
+    limit and output cap; ``BadRequest`` when the request asks what no action may."""
+    t = req.compile_timeout_s if what == "compile" else req.run_timeout_s
+    return ActionSpec(
+        CpuWork(command, max_output_bytes=cap),
+        trajectory=traj,
+        kind="run_code" if what == "run" else "run_code_compile",
+        max_units=req.max_units,
+        t1_s=max(0.01, min(t, 1.0)),
+        serial_fraction=settings.serial_fraction if req.max_units > 1 else None,
+        timeout_s=t + settings.queue_allowance_s,
+        task="run_code",
+    )
+
+
+def check_steps(req: RunCodeRequest, settings: RunCodeSettings, cap: int) -> None:
+    """Build the request's step actions once before anything happens: a limit only an
+    action checks (``ActionSpec``) refuses the request with a 400 before the image build and
+    the container, not after them (a huge ``max_units`` opened and removed a container)."""
+    whats = ("compile", "run") if LANGUAGES[req.language].compile is not None else ("run",)
+    for what in whats:
+        step_spec(req, settings, "run-code-check", "true", what, cap)
 
 
 def _upload_failure(outcome: Outcome, marker: str | None) -> str | None:
