@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tangram.exec.runtime.records import MAX_ID_CHARS
 from tangram.exec.service import ServeOptions, ServiceThread
 from tests.live.test_service_ids import FakeAoe, fake_cpu_runtime
 
@@ -67,3 +68,20 @@ def test_run_code_refuses_before_it_opens_a_container(extra: dict[str, Any], fie
     assert r.status_code == 400, r.text
     assert r.json()["status"] == "SandboxError" and field in r.json()["error"]["message"], r.text
     assert aoe.opened == 0, "a container was opened for a request refused as written"
+
+
+@pytest.mark.parametrize("field", ["task", "kind"])
+def test_a_label_longer_than_an_id_is_refused_naming_the_field(
+    svc: ServiceThread, field: str
+) -> None:
+    """``task`` and ``kind`` had no bound: a megabyte label went into every trace row and
+    the journal. They are bounded as ids are (128 characters); 128 is still taken."""
+    headers = auth(f"Bearer {TOKEN}")
+    url = f"{svc.url}/v1/actions"
+    body = {"endpoint": "echo", "payload": 1, field: "x" * (MAX_ID_CHARS + 1)}
+    r = httpx.post(url, json=body, headers=headers)
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    assert field in message and str(MAX_ID_CHARS) in message, message
+    r = httpx.post(url, json={**body, field: "x" * MAX_ID_CHARS, "wait": 5}, headers=headers)
+    assert r.status_code == 200, r.text

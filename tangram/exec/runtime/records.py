@@ -187,6 +187,12 @@ class ActionSpec:
             raise BadRequest(f"task must be a non-empty string, got {self.task!r}")
         if self.kind is not None and (not isinstance(self.kind, str) or not self.kind):
             raise BadRequest(f"kind must be a non-empty string, got {self.kind!r}")
+        for name, label in (("task", self.task), ("kind", self.kind)):
+            if label is not None and len(label) > MAX_LABEL_CHARS:
+                raise BadRequest(
+                    f"{name} must be at most {MAX_LABEL_CHARS} characters (as ids), "
+                    f"got {len(label)}"
+                )
         # Labels go into every trace format, Parquet's UTF-8 too: one that cannot be encoded
         # failed the whole trace's write (every client's actions), not only its own row.
         problem = text_problem("task", self.task) or (
@@ -279,6 +285,11 @@ def _positive(value: Any) -> bool:
 
 #: The longest id, in characters.
 MAX_ID_CHARS = 128
+#: The longest ``task`` or ``kind`` label, in characters: as ids. Labels are written into
+#: every trace row and keyed on in the reports; an unbounded one let a client grow every row
+#: (and the journal) by megabytes. The trace format sets no bound of its own
+#: (docs/trace-format.md: non-empty strings), so every label the service takes, the trace holds.
+MAX_LABEL_CHARS = MAX_ID_CHARS
 #: The longest time-out an action may ask for (30 days): longer than any run, and far below
 #: where the executors' timers overflow (a socket time-out of 1e10 s is past the platform's
 #: ``time_t``: the action failed as if its container had, without running).
