@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from tangram.exec.runtime.records import MAX_ID_CHARS
-from tangram.exec.service import ServeOptions, ServiceThread
+from tangram.exec.service import ServeOptions, ServiceThread, sandbox_fusion
+from tangram.exec.service.sandbox_fusion import RunCodeSettings, parse_run_code
 from tests.live.test_service_ids import FakeAoe, fake_cpu_runtime
 
 TOKEN = "probe-token"
@@ -85,3 +86,22 @@ def test_a_label_longer_than_an_id_is_refused_naming_the_field(
     assert field in message and str(MAX_ID_CHARS) in message, message
     r = httpx.post(url, json={**body, field: "x" * MAX_ID_CHARS, "wait": 5}, headers=headers)
     assert r.status_code == 200, r.text
+
+
+def test_fetch_files_is_bounded_before_anything_runs() -> None:
+    """``fetch_files`` had no bound: a body naming 100,000 paths ran the program, then one
+    container round trip per path (hours). Past ``MAX_FETCH_PATHS`` it is a 400 naming the
+    field and the bound, before any container; the bound itself is still taken."""
+    aoe = _CountingAoe()
+    limit = 256  # (sandbox_fusion.MAX_FETCH_PATHS, as docs/live.md has it)
+    with ServiceThread(lambda: fake_cpu_runtime(aoe), ServeOptions(port=0)) as service:
+        url = f"{service.url}/run_code"
+        body = {"code": "print(1)", "fetch_files": [f"f{i}" for i in range(limit + 1)]}
+        r = httpx.post(url, json=body, timeout=30)
+        assert r.status_code == 400, r.text[:300]
+        message = r.json()["error"]["message"]
+        assert "fetch_files" in message and str(limit) in message, message
+        assert aoe.opened == 0
+        body["fetch_files"] = body["fetch_files"][:limit]
+        assert parse_run_code(body, RunCodeSettings()).fetch_files == tuple(body["fetch_files"])
+    assert limit == sandbox_fusion.MAX_FETCH_PATHS

@@ -19,7 +19,7 @@ Request fields (JSON object; null is the same as absent):
 | ``memory_limit_MB`` | number | yes (-1 or absent: the service default; 16 .. the node's) | the container's memory limit (the compiler's too) |
 | ``stdin`` | string or null | yes | the program's standard input |
 | ``files`` | object name -> base64 | yes | written under the working directory first |
-| ``fetch_files`` | list of paths | yes | read back after the run, base64, into ``files`` |
+| ``fetch_files`` | list of paths | yes (at most 256) | read back after the run, base64, into ``files`` |
 | ``max_units`` | integer | Tangram extension | cores the run may use (default 1; more makes it elastic) |
 | others | | ignored | SandboxFusion's ``extra`` etc. |
 
@@ -83,6 +83,12 @@ MAX_PATH_BYTES = 4000
 #: stays under the output cap of one action (``FETCH_CAP``), however large the file.
 FETCH_CHUNK = 3 << 17
 FETCH_CAP = 1 << 20
+#: The most paths ``fetch_files`` may name. SandboxFusion's API sets no bound (a plain list of
+#: strings) and its clients (verl's sandbox tool, reward code) fetch a handful; here each path
+#: costs at least one action, a container round trip of ~10-50 ms under Docker, while the
+#: request holds its container (and a tenant's place). 256 paths are ~10 s of reading back, the
+#: default run time-out's order; a 64 MiB body could name millions and hold them for hours.
+MAX_FETCH_PATHS = 256
 #: The most bytes ``fetch_files`` returns in one answer (it is held in memory as base64); a
 #: file past it is left out and the answer's message names it.
 MAX_FETCH_BYTES = 32 << 20
@@ -204,6 +210,10 @@ def parse_run_code(
     fetch = [] if fetch is None else fetch
     if not isinstance(fetch, list) or not all(isinstance(p, str) for p in fetch):
         raise BadRequest("field 'fetch_files': expected a list of paths")
+    if len(fetch) > MAX_FETCH_PATHS:
+        raise BadRequest(
+            f"field 'fetch_files': at most {MAX_FETCH_PATHS} paths per request, got {len(fetch)}"
+        )
     units = body.get("max_units")
     units = 1 if units is None else units
     if isinstance(units, bool) or not isinstance(units, int) or units < 1:
