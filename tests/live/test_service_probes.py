@@ -3,6 +3,11 @@ odd inputs): each test once failed. The CPU executor runs on a stand-in for AOE 
 
 from __future__ import annotations
 
+import json
+import logging
+import socket
+import time
+import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
@@ -105,3 +110,39 @@ def test_fetch_files_is_bounded_before_anything_runs() -> None:
         body["fetch_files"] = body["fetch_files"][:limit]
         assert parse_run_code(body, RunCodeSettings()).fetch_files == tuple(body["fetch_files"])
     assert limit == sandbox_fusion.MAX_FETCH_PATHS
+
+
+def _post_half(url: str, path: str, body: bytes, missing: int) -> None:
+    """Send ``body`` under a Content-Length ``missing`` bytes longer, then hang up."""
+    parts = urllib.parse.urlparse(url)
+    with socket.create_connection((parts.hostname, parts.port)) as s:
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body) + missing}\r\n\r\n"
+        )
+        s.sendall(head.encode() + body)
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("path", ["/v1/actions", "/run_code", "/v1/trajectories"])
+def test_a_client_gone_mid_body_is_one_quiet_line_and_nothing_accepted(
+    svc: ServiceThread, caplog: pytest.LogCaptureFixture, path: str
+) -> None:
+    """A client that hung up before its body arrived whole made aiohttp log a stack trace
+    ("Error handling request", ERROR). It is now one INFO line naming the request and how
+    much came; a body whose JSON happens to be whole is still not read as a request."""
+    action = {"id": f"half{path.replace('/', '-')}", "endpoint": "echo", "payload": 1}
+    caplog.set_level(logging.INFO)
+    _post_half(svc.url, path, json.dumps(action).encode(), missing=10)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not any("went away" in r.message for r in caplog.records):
+        time.sleep(0.05)
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+    assert not loud, [(r.name, r.message) for r in loud]
+    gone = [r for r in caplog.records if "went away" in r.message]
+    assert len(gone) == 1 and gone[0].levelno == logging.INFO, [r.message for r in gone]
+    assert path in gone[0].message and "of" in gone[0].message, gone[0].message
+    r = httpx.get(f"{svc.url}/v1/actions/{action['id']}", headers=auth(f"Bearer {TOKEN}"))
+    assert r.status_code == 404, r.text
+    r = httpx.get(f"{svc.url}/v1/trajectories", headers=auth(f"Bearer {TOKEN}"))
+    assert r.json()["trajectories"] == [], r.text

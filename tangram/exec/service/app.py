@@ -27,7 +27,7 @@ from aiohttp import web
 from tangram.exec.runtime import Runtime
 from tangram.exec.runtime.errors import BadRequest, Conflict, Forbidden, LiveError
 from tangram.exec.runtime.records import Outcome, check_id
-from tangram.exec.service.body import read_json
+from tangram.exec.service.body import ClientGone, read_json
 from tangram.exec.service.causes import translate
 from tangram.exec.service.limits import DEFAULT_MAX_OUTPUT_BYTES
 from tangram.exec.service.metrics import CONTENT_TYPE, ServiceMetrics
@@ -223,6 +223,9 @@ class ServiceApp:
             if exc.status >= 400 and exc.content_type != "application/json":
                 return http_error_response(request, exc)
             raise
+        except ClientGone as exc:
+            log.info("%s %s: %s; nothing was accepted", request.method, request.path, exc)
+            return web.Response(status=400)  # (never sent: the connection is gone)
         except (asyncio.CancelledError, ConnectionResetError):
             raise  # the client went away: nothing to answer
         except Exception as exc:

@@ -34,6 +34,10 @@ async def read_json(request: web.Request, *, timeout_s: float, optional: bool = 
     try:
         async with asyncio.timeout(timeout_s):
             data = await request.read()
+    except ConnectionResetError:
+        raise ClientGone(
+            f"the client went away before its body arrived whole ({_received(request)})"
+        ) from None
     except TimeoutError:
         raise web.HTTPRequestTimeout(
             text=json.dumps(
@@ -49,6 +53,21 @@ async def read_json(request: web.Request, *, timeout_s: float, optional: bool = 
     if len(data) > THREAD_BYTES:
         return await asyncio.to_thread(parse_json, data, optional=optional)
     return parse_json(data, optional=optional)
+
+
+class ClientGone(ConnectionResetError):
+    """The client closed its connection while it sent a request's body: nothing of the
+    request was read, so nothing was accepted, and there is no one to answer (one log line,
+    not a stack trace: it is the client's doing, and a common one)."""
+
+
+def _received(request: web.Request) -> str:
+    """How much of the body came, for the log line: '12 of 1000 bytes'."""
+    got = getattr(request.content, "total_bytes", None)
+    want = request.content_length
+    if want is None:
+        return "chunked" if got is None else f"{got} bytes of a chunked body"
+    return f"{want} bytes announced" if got is None else f"{got} of {want} bytes"
 
 
 def parse_json(data: bytes, *, optional: bool = False) -> Any:
