@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import pytest
 
 from tangram.core.resources import ApiEndpointSpec, ClusterSpec, CpuNodeSpec
+from tangram.exec.aoe.errors import UnknownTrajectory as AoeUnknownTrajectory
 from tangram.exec.runtime import ApiExecutor, CpuExecutor, Runtime, RuntimeConfig
 from tangram.exec.service import ServeOptions, ServiceThread
 from tests.live.test_service_ids import FakeAoe, fake_cpu_runtime
@@ -330,3 +332,52 @@ def test_a_label_with_a_lone_surrogate_cannot_cost_everyone_the_trace(
         assert r.status_code == 400, r.text
         error = r.json()["error"]
         assert field in error["message"] and "surrogate" in error["message"], error
+
+
+class _SlowRecreate(FakeAoe):
+    """A stand-in AOE whose ``recreate`` waits for ``go`` once it started (``started``), then
+    does what AOE does for a trajectory closed meanwhile: raises its ``UnknownTrajectory``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = threading.Event()
+        self.go = threading.Event()
+
+    def recreate(self, traj: str) -> Any:
+        self.started.set()
+        self.go.wait(30)
+        with self.lock:
+            if traj not in self.containers:
+                raise AoeUnknownTrajectory(f"trajectory {traj!r} was closed")
+            return self.containers[traj]
+
+
+def test_a_close_racing_a_recreate_answers_the_recreate_404() -> None:
+    """A recreate whose container was being replaced when a close of the same trajectory
+    removed it: AOE said 'closed', and the runtime reported that as a failed recreate, a 500
+    ``internal``. The client's two calls raced; the trajectory is closed: a 404, as a
+    recreate of a closed trajectory is answered."""
+    aoe = _SlowRecreate()
+
+    def make() -> Runtime:
+        return Runtime(
+            CLUSTER,
+            RuntimeConfig(max_pending=64, default_timeout_s=60.0),
+            cpu=CpuExecutor(aoe, NODE),
+        )
+
+    with ServiceThread(make, ServeOptions(port=0)) as svc, ThreadPoolExecutor(1) as pool:
+        base = svc.url
+        assert httpx.post(f"{base}/v1/trajectories", json={"id": "t"}).status_code == 201
+        try:
+            recreate = pool.submit(httpx.post, f"{base}/v1/trajectories/t/recreate", timeout=30)
+            assert aoe.started.wait(10)
+            r = httpx.delete(f"{base}/v1/trajectories/t", timeout=30)
+            assert r.status_code == 200, r.text
+        finally:
+            aoe.go.set()
+        r = recreate.result(30)
+        assert r.status_code == 404, r.text
+        assert r.json()["error"]["code"] == "unknown_trajectory", r.text
+        assert "closed" in r.json()["error"]["message"], r.text
+        assert httpx.get(f"{base}/v1/trajectories").json()["trajectories"] == []

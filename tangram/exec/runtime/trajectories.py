@@ -257,12 +257,22 @@ class Trajectories:
         try:
             handle = await self.cpu.recreate(trajectory)
         except Exception as exc:
+            if self._closed_since(traj):
+                raise UnknownTrajectory(
+                    f"trajectory {trajectory!r} was closed while its container was recreated"
+                ) from exc
             raise LiveError(
                 f"could not recreate the container of {trajectory!r}: {type(exc).__name__}: {exc}"
             ) from exc
         traj.container = getattr(handle, "container_id", None)
         self.counters["trajectories_recreated"] += 1
         return traj
+
+    def _closed_since(self, traj: Trajectory) -> bool:
+        """Whether ``traj`` has been closed (or is closing) since it was looked up: a recreate
+        that failed because a close removed its container raced that close, and its answer
+        is the closed trajectory's 404, not a failure of the service (it was a 500)."""
+        return traj.state is TrajState.CLOSING or self.by_id.get(traj.id) is not traj
 
     def _check_running(self) -> None:
         if self.stopping:
