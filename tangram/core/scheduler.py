@@ -290,11 +290,18 @@ class Scheduler:
         return self._pass(ctx)
 
     def report_residency(
-        self, node: str, gpus: tuple[int, ...], service: str, resident: bool
+        self,
+        node: str,
+        gpus: tuple[int, ...],
+        service: str,
+        resident: bool,
+        size_gb: float | None = None,
     ) -> None:
         """The GPU executor restored one copy of a service as the cell ``gpus`` (resident=True;
-        whole replicas a GPU at a time) or evicted it from these GPUs (``GpuNodeState``)."""
-        self.state.report_residency(node, gpus, service, resident)
+        whole replicas a GPU at a time) or evicted it from these GPUs (``GpuNodeState``);
+        ``size_gb``: the model's size when the executor knows it (the memory the copy takes,
+        for a service whose calls have not told the core yet)."""
+        self.state.report_residency(node, gpus, service, resident, size_gb)
 
     # ------------------------------------------------------------------ reading
     @property

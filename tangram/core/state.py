@@ -197,8 +197,12 @@ class GpuNodeState:
     shape: list[dict[str, tuple[int, ...]]] = field(init=False)
     free_gpus: int = field(init=False)
     usage: Usage = field(default_factory=Usage, repr=False, compare=False)
+    #: The model size (GB) the executor reported with each service's restore here: the
+    #: memory a copy of a service never called yet (resident from before the run) takes.
+    size_gb: dict[str, float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        self.size_gb = {}
         self.owner = [None] * self.spec.gpus
         self.resident = [set() for _ in range(self.spec.gpus)]
         self.shape = [{} for _ in range(self.spec.gpus)]
@@ -329,13 +333,20 @@ class ClusterState:
         return self.usage.api_calls
 
     def report_residency(
-        self, node: str, gpus: tuple[int, ...], service: str, resident: bool
+        self,
+        node: str,
+        gpus: tuple[int, ...],
+        service: str,
+        resident: bool,
+        size_gb: float | None = None,
     ) -> None:
         """The executor (or the simulator's residency model) says one copy of a service was
         restored as the cell ``gpus`` (whole replicas: one report per GPU, ``cells.copies_on``),
-        or that it left these GPUs."""
+        or that it left these GPUs; ``size_gb``, when it knows it, the model's size."""
         state = self.gpu[node]
         gpus = tuple(gpus)
+        if resident and size_gb is not None and size_gb > 0:
+            state.size_gb[service] = float(size_gb)
         for g in gpus:
             if resident:
                 state.resident[g].add(service)

@@ -20,7 +20,7 @@ class ResidencyModel:
     def __init__(
         self,
         gpu_memory_gb: dict[str, float],
-        report: Callable[[str, tuple[int, ...], str, bool], None],
+        report: Callable[[str, tuple[int, ...], str, bool, float | None], None],
     ) -> None:
         self.capacity = gpu_memory_gb
         self.report = report
@@ -70,7 +70,7 @@ class ResidencyModel:
                     self._evict(node, g, victim)
                     evicted += 1
                 slot[service] = (per_gpu, copy)
-            self.report(node, copy, service, True)
+            self.report(node, copy, service, True, size_gb)
         return evicted
 
     def _evict(self, node: str, gpu: int, service: str) -> None:
@@ -78,7 +78,7 @@ class ResidencyModel:
         # A service restored as a cell is evicted from the whole cell (its shards go together).
         for g in cell:
             self.resident.get((node, g), OrderedDict()).pop(service, None)
-        self.report(node, cell, service, False)
+        self.report(node, cell, service, False, None)
 
     def used_gb(self, node: str, gpu: int) -> float:
         return sum(gb for gb, _ in self.resident.get((node, gpu), {}).values())

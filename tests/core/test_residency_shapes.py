@@ -115,7 +115,9 @@ def test_copies_on_cuts_reported_gpus_into_aligned_copies(gpus, shards):
 
 def test_the_simulators_residency_holds_by_shape_and_counts_whole_replicas_in_full():
     events = []
-    model = ResidencyModel({"g": 80.0}, lambda node, cell, svc, res: events.append((cell, res)))
+    model = ResidencyModel(
+        {"g": 80.0}, lambda node, cell, svc, res, size: events.append((cell, res))
+    )
     model.restore("g", (0, 1), "sharded", 40.0)
     assert model.holds("g", (0, 1), "sharded") and not model.holds("g", (0,), "sharded")
     assert model.used_gb("g", 0) == pytest.approx(20.0)
@@ -172,10 +174,10 @@ def test_the_ray_executor_reports_each_copy():
     ray_gpu.report("g0", {"whole": (0, 1), "split": (0, 1, 2, 3)})
     assert sorted(got) == sorted(
         [
-            ("g0", (0,), "whole", True),
-            ("g0", (1,), "whole", True),
-            ("g0", (0, 1), "split", True),
-            ("g0", (2, 3), "split", True),
+            ("g0", (0,), "whole", True, 5.0),
+            ("g0", (1,), "whole", True, 5.0),
+            ("g0", (0, 1), "split", True, 30.0),
+            ("g0", (2, 3), "split", True, 30.0),
         ]
     )
 
@@ -197,15 +199,16 @@ def test_the_live_runtime_tells_the_core_each_copy_eoe_restored(shards, told):
         gpu=SimpleNamespace(
             node=SimpleNamespace(name="g0"),
             eoe=SimpleNamespace(info=lambda service: SimpleNamespace(shards=shards)),
+            size_gb=lambda service: 12.0,
         ),
         _loop=SimpleNamespace(call_soon_threadsafe=lambda fn, *args: fn(*args)),
         scheduler=SimpleNamespace(report_residency=lambda *a: got.append(a)),
     )
     Runtime.residency_changed(fake, "rm", (0, 1), True)
-    assert got == [("g0", copy, "rm", True) for copy in told]
+    assert got == [("g0", copy, "rm", True, 12.0) for copy in told]  # with the model's size
     got.clear()
     Runtime.residency_changed(fake, "rm", (1,), False)  # an eviction names its GPUs as they are
-    assert got == [("g0", (1,), "rm", False)]
+    assert got == [("g0", (1,), "rm", False, None)]
 
 
 def test_a_full_listing_names_only_the_copies_whose_every_shard_is_listed():

@@ -196,8 +196,9 @@ class RayGpuExecutor:
             if before.get(service) != gpus:
                 entry = self.catalog.get(service)
                 shards = entry.shards if entry is not None else 1
+                size_gb = entry.size_gb if entry is not None else None
                 for copy in copies_on(gpus, shards, complete=True):
-                    self.scheduler.report_residency(node, copy, service, True)
+                    self.scheduler.report_residency(node, copy, service, True, size_gb)
         self.residency[node] = dict(residency)
 
     def shutdown(self) -> None:

@@ -623,13 +623,15 @@ class Runtime:
             return
         node = self.gpu.node.name
         copies = (tuple(gpus),)
+        size_gb = None  # (the core then learns the model's size from its first call)
         if resident:
             # Unregistered since (UnknownServiceError): its GPUs as one copy.
             with contextlib.suppress(KeyError):
                 copies = copies_on(gpus, self.gpu.eoe.info(service).shards)
+                size_gb = self.gpu.size_gb(service)
         for copy in copies:
             self._loop.call_soon_threadsafe(
-                self.scheduler.report_residency, node, copy, service, resident
+                self.scheduler.report_residency, node, copy, service, resident, size_gb
             )
 
     # ------------------------------------------------------------------ reading
