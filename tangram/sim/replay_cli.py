@@ -53,6 +53,7 @@ from tangram.trace.calibrate import (
     percentiles,
     relative_error,
     replay_trace,
+    warm_at_start,
 )
 from tangram.trace.gpu_calibration import GpuCalibration, load_gpu_calibration
 
@@ -193,6 +194,7 @@ def replay(
         gpu_calibrations = tuple(
             dataclasses.replace(c, host_cpu_node=None, gpu_node=None) for c in gpu_calibrations
         )
+    warm = warm_at_start(meta)
     measured = measure(trace, gpu_calibrations)
     if measured.h2d_gbps is not None and spec.gpu_nodes:
         nodes = tuple(
@@ -253,7 +255,7 @@ def replay(
             timeline=False,
             # Live, EOE starts with no service resident unless the recording began after a
             # warm-up (the header says which services were resident then).
-            warm_gpus=bool(meta.get("gpu_residency_at_start")),
+            warm_gpus=warm,
             # Containers where the live run put them (at their opens, which the trace lacks).
             placement="observed",
             gpu_calibrations=gpu_calibrations,

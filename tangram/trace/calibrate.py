@@ -150,6 +150,44 @@ def eoe_figures(meta: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+#: The header key listing the GPU services resident when a live recording began (the live
+#: runtime writes EOE's residency then: service name -> GPU indices holding it).
+RESIDENCY_KEY = "gpu_residency_at_start"
+
+
+def warm_at_start(meta: Mapping[str, Any]) -> bool:
+    """Whether the header lists a GPU service resident when the recording began (absent or
+    null: none), or a TraceError naming the header key. The key must be an object of service
+    names to lists of GPU indices, as the live runtime writes it: a bare truthiness test made
+    the string ``"false"`` (or a bare list like ``[0]``) start the replay warm, silently."""
+    residency = meta.get(RESIDENCY_KEY)
+    if residency is None:
+        return False
+    if not isinstance(residency, Mapping):
+        raise TraceError(
+            f"expected an object of service name -> list of GPU indices, got "
+            f"{type(residency).__name__} {residency!r}",
+            field=RESIDENCY_KEY,
+            where="header",
+        )
+    for service, gpus in residency.items():
+        if not (isinstance(service, str) and service and _gpu_indices(gpus)):
+            raise TraceError(
+                f"expected a service name mapped to a list of GPU indices (integers >= 0), "
+                f"got {service!r}: {gpus!r}",
+                field=RESIDENCY_KEY,
+                where="header",
+            )
+    return any(residency.values())
+
+
+def _gpu_indices(value: Any) -> bool:
+    """A list of integers >= 0 (not bools): the GPUs a service was resident on."""
+    return isinstance(value, list) and all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value
+    )
+
+
 def restore_gbps(eoe: Mapping[str, float]) -> float:
     """EOE's restore rate (GB/s) from the header's counters, a positive finite number or a
     TraceError naming them: counters each valid alone can divide to 0 or overflow to inf

@@ -54,3 +54,25 @@ def test_counters_that_divide_to_no_restore_rate_are_refused_naming_the_header(e
 def test_restores_of_no_bytes_measure_no_rate() -> None:
     measured = measure(live_trace({"restores": 2, "restore_s": 0.01, "bytes_restored": 0}))
     assert measured.h2d_gbps is None
+
+
+@pytest.mark.parametrize(
+    "residency", ["false", 1, [0], {"judge": "0"}, {"judge": [True]}, {"judge": [-1]}, {"": [0]}]
+)
+def test_a_residency_header_that_is_not_services_to_gpus_is_refused_naming_it(residency) -> None:
+    # Only its truthiness was read: "false" started the replay warm, silently.
+    from tangram.trace.calibrate import warm_at_start
+
+    with pytest.raises(TraceError, match="list of GPU indices") as info:
+        warm_at_start({"gpu_residency_at_start": residency})
+    assert info.value.field == "gpu_residency_at_start" and info.value.where == "header"
+
+
+@pytest.mark.parametrize(
+    ("residency", "warm"),
+    [(None, False), ({}, False), ({"judge": []}, False), ({"judge": [0, 1]}, True)],
+)
+def test_a_residency_header_as_the_live_runtime_writes_it_reads(residency, warm) -> None:
+    from tangram.trace.calibrate import warm_at_start
+
+    assert warm_at_start({"gpu_residency_at_start": residency}) is warm

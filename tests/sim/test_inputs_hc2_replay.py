@@ -1,0 +1,43 @@
+"""`tangram replay` on bad recorded input (a second hunt): refused naming the file and the
+header key or flag, never replayed silently wrong."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tangram.cli import main
+
+ROW = {
+    "action_id": "a0",
+    "trajectory": "t0",
+    "step": 0,
+    "position": 0,
+    "task": "live",
+    "kind": "command",
+    "gen_before_s": 0.0,
+    "resource": "cpu",
+    "t1_s": 1.0,
+    "max_units": 1,
+    "arrival_s": 0.0,
+    "obs_units": 1,
+    "obs_exec_s": 1.0,
+    "obs_outcome": "result",
+}
+
+
+def live_trace(tmp_path, **header) -> str:
+    """A one-action live trace on the bundled 'local' cluster, with these header keys."""
+    path = tmp_path / "live.jsonl"
+    head = {"tangram_trace": 1, "policy": "tangram", **header}
+    path.write_text(json.dumps(head) + "\n" + json.dumps(ROW) + "\n")
+    return str(path)
+
+
+def test_a_residency_header_that_is_not_an_object_is_refused(tmp_path, capsys) -> None:
+    # The string "false" is truthy: the replay started warm without a word.
+    path = live_trace(tmp_path, gpu_residency_at_start="false")
+    assert main(["replay", path, "--cluster", "local"]) == 2
+    err = capsys.readouterr().err
+    assert "field 'gpu_residency_at_start'" in err and "Traceback" not in err
