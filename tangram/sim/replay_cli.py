@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from tangram.report import add_json_flag, emit, positive_int
-from tangram.trace import load_trace
+from tangram.trace import TraceError, load_trace
 from tangram.trace.calibrate import (
     DURATIONS,
     MIN_SECONDS,
@@ -194,8 +194,11 @@ def replay(
         gpu_calibrations = tuple(
             dataclasses.replace(c, host_cpu_node=None, gpu_node=None) for c in gpu_calibrations
         )
-    warm = warm_at_start(meta)
-    measured = measure(trace, gpu_calibrations)
+    try:
+        warm = warm_at_start(meta)
+        measured = measure(trace, gpu_calibrations)
+    except TraceError as e:  # the header's keys: named, as every trace error is, with the file
+        raise e.located(path=trace_path) from None
     if measured.h2d_gbps is not None and spec.gpu_nodes:
         nodes = tuple(
             dataclasses.replace(

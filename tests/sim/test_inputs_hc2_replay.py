@@ -41,3 +41,18 @@ def test_a_residency_header_that_is_not_an_object_is_refused(tmp_path, capsys) -
     assert main(["replay", path, "--cluster", "local"]) == 2
     err = capsys.readouterr().err
     assert "field 'gpu_residency_at_start'" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("header", "field"),
+    [
+        ({"eoe": {"evictions": "x"}}, "eoe.evictions"),
+        ({"gpu_residency_at_start": 1}, "gpu_residency_at_start"),
+    ],
+)
+def test_a_bad_header_key_is_refused_naming_the_file(tmp_path, capsys, header, field) -> None:
+    # It read "header: field 'eoe.evictions': ..." with no file, unlike every other trace error.
+    path = live_trace(tmp_path, **header)
+    assert main(["replay", path, "--cluster", "local"]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}, header: field '{field}'" in err
