@@ -56,3 +56,16 @@ def test_a_bad_header_key_is_refused_naming_the_file(tmp_path, capsys, header, f
     assert main(["replay", path, "--cluster", "local"]) == 2
     err = capsys.readouterr().err
     assert f"{path}, header: field '{field}'" in err
+
+
+def test_runs_past_the_bound_are_refused_naming_the_flag(capsys) -> None:
+    # --runs 1000000000 simulated the trace that many times (days), without a word.
+    from tangram.sim.replay_cli import RUNS_MAX, replay
+
+    with pytest.raises(SystemExit) as info:
+        main(["replay", "any.jsonl", "--runs", str(RUNS_MAX + 1)])
+    assert info.value.code == 2
+    assert f"argument --runs: must be an integer in [1, {RUNS_MAX:,}]" in capsys.readouterr().err
+    for runs in (0, RUNS_MAX + 1, 2.5, True):
+        with pytest.raises(ValueError, match="runs must be an integer in"):
+            replay("any.jsonl", runs=runs)
