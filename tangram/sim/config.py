@@ -14,6 +14,16 @@ from tangram.trace.row import TIME_MAX_S
 #: took minutes and gigabytes before the first event.
 WARM_PODS_MAX = MAX_NODES * MAX_CORES_PER_NODE
 
+#: Largest execution-noise sigma (``exec_noise_sigma``, ``gpu_exec_noise_sigma``). The noise
+#: multiplies a duration by a log-normal factor of mean 1, so its median is exp(-sigma^2/2)
+#: and its variance exp(sigma^2) - 1. At 3 the median factor is 1.1% (a hundred-fold
+#: underestimate is the typical draw) and the variance about 8,100, so a run of ten thousand
+#: actions still averages near its curves. Past it the noise degenerates: nearly every
+#: duration shrinks to nothing while a rare draw carries the whole mean (at 50 the median is
+#: exp(-1250), 0 in floating point: every action ran in no time, silently). The spreads
+#: measured from live runs (``tangram replay``) lie below 1.
+EXEC_NOISE_SIGMA_MAX = 3.0
+
 
 @dataclass(frozen=True)
 class Overheads:
@@ -83,6 +93,8 @@ class Overheads:
         for name in ("gpu_restore_fixed_s", "gpu_exec_noise_sigma"):
             _require_finite(f"overheads.{name}", getattr(self, name), optional=True)
         _require_finite("overheads.gpu_h2d_gbps", self.gpu_h2d_gbps, optional=True, positive=True)
+        for name in ("exec_noise_sigma", "gpu_exec_noise_sigma"):
+            _require_noise_sigma(f"overheads.{name}", getattr(self, name))
         slowdown = self.oversubscription_slowdown
         if not _is_number(slowdown) or not 0 <= slowdown < 1:
             raise ValueError(
@@ -97,6 +109,18 @@ class Overheads:
                 f"overheads.warm_pods must be an integer in [0, {WARM_PODS_MAX}] (a pod per "
                 f"core of the largest cluster file), got {self.warm_pods!r}"
             )
+
+
+def _require_noise_sigma(name: str, sigma: float | None) -> None:
+    """Refuse a noise sigma past ``EXEC_NOISE_SIGMA_MAX`` (already a finite number >= 0 or
+    None), saying why: its draws turn nearly every duration into nothing."""
+    if sigma is not None and sigma > EXEC_NOISE_SIGMA_MAX:
+        median = math.exp(-0.5 * sigma**2)
+        raise ValueError(
+            f"{name} must be <= {EXEC_NOISE_SIGMA_MAX:g}, got {sigma!r}: the log-normal "
+            f"factor's median exp(-sigma^2/2) would be {median:.3g}, nearly every duration "
+            f"shrunk to nothing while rare draws keep the mean at 1"
+        )
 
 
 def _is_number(value: object) -> bool:

@@ -234,6 +234,8 @@ def replay(
     sim_trace = replay_trace(trace, measured, durations, calibrated)
     if not sim_trace.rows:
         raise ValueError(f"{trace_path}: no action of this trace ever started")
+    if exec_noise is None:
+        _require_replayable_spread(trace_path, measured, durations, noise)
     overheads = Overheads(
         aoe_grant_s=measured.cpu_overhead_s if grant_s is None else grant_s,
         container_start_s=0.0,
@@ -348,6 +350,34 @@ def replay(
         parts=parts,
         sim_runs=len(frames),
     )
+
+
+def _require_replayable_spread(
+    trace_path: str | Path, measured: Measured, durations: str, noise: str
+) -> None:
+    """Refuse, naming the trace, a measured spread the simulator's noise cannot draw from
+    (past ``EXEC_NOISE_SIGMA_MAX``: its draws shrink nearly every duration to nothing). Such a
+    spread says the declared curves are far from what ran: the error said only
+    ``overheads.exec_noise_sigma``, a setting the user never gave."""
+    from tangram.sim.config import EXEC_NOISE_SIGMA_MAX
+
+    used: dict[str, float | None] = {}
+    if durations == "curve" and noise == "pooled":
+        used["all actions"] = measured.exec_noise_sigma
+    elif durations == "curve":
+        used["GPU calls"] = measured.gpu_exec_noise_sigma
+        used["other actions"] = measured.other_exec_noise_sigma
+    elif durations == "gpu-curve":
+        used["GPU calls"] = measured.gpu_exec_noise_sigma
+    for what, sigma in used.items():
+        if sigma is not None and sigma > EXEC_NOISE_SIGMA_MAX:
+            raise ValueError(
+                f"{trace_path}: the observed execution times of {what} spread around their "
+                f"declared curves with sigma {sigma:.3g}, past the simulator's noise bound "
+                f"{EXEC_NOISE_SIGMA_MAX:g} (its draws would shrink nearly every duration to "
+                f"nothing); the curves are far from what ran: replay with --durations "
+                f"observed, or give --exec-noise"
+            )
 
 
 def main(args: argparse.Namespace) -> int:

@@ -69,3 +69,33 @@ def test_runs_past_the_bound_are_refused_naming_the_flag(capsys) -> None:
     for runs in (0, RUNS_MAX + 1, 2.5, True):
         with pytest.raises(ValueError, match="runs must be an integer in"):
             replay("any.jsonl", runs=runs)
+
+
+@pytest.mark.parametrize("field", ["exec_noise_sigma", "gpu_exec_noise_sigma"])
+def test_a_noise_that_degenerates_is_refused_with_the_reason(field) -> None:
+    # At 50 the log-normal factor's median is exp(-1250) = 0: every duration ran in no time.
+    from tangram.sim.config import EXEC_NOISE_SIGMA_MAX, Overheads
+
+    assert getattr(Overheads(**{field: EXEC_NOISE_SIGMA_MAX}), field) == EXEC_NOISE_SIGMA_MAX
+    with pytest.raises(ValueError, match=rf"overheads.{field} must be <= 3, .*median"):
+        Overheads(**{field: 50.0})
+
+
+def test_sim_refuses_a_degenerate_exec_noise(capsys) -> None:
+    args = ["sim", "--workload", "coding", "--batch", "2", "--quiet", "--exec-noise", "50"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "overheads.exec_noise_sigma must be <= 3" in err and "Traceback" not in err
+
+
+def test_replay_refuses_a_measured_spread_past_the_bound_naming_the_trace(tmp_path) -> None:
+    # Two actions declared 1 s that took 1 s and 1 us: sigma 6.9, drawn as the replay's noise.
+    from tangram.sim.replay_cli import replay
+
+    path = tmp_path / "spread.jsonl"
+    fast = {**ROW, "action_id": "a1", "trajectory": "t1", "obs_exec_s": 1e-6}
+    head = {"tangram_trace": 1, "policy": "tangram"}
+    path.write_text("\n".join(json.dumps(x) for x in (head, ROW, fast)) + "\n")
+    with pytest.raises(ValueError, match=rf"{path}: the observed execution times of all"):
+        replay(path, cluster="local", durations="curve")
+    assert replay(path, cluster="local", durations="curve", exec_noise=0.5).sim_runs == 10
