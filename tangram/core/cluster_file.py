@@ -22,7 +22,9 @@ A file looks like::
     cpu_core_hour = 0.04
 
 Single nodes may be written as ``[[cpu_node]]`` / ``[[gpu_node]]`` with a ``name``. Any error
-names the file, the key path (e.g. ``cpu_node_group[0].cores``) and the problem.
+names the file, the key path (e.g. ``cpu_node_group[0].cores``) and the problem. Names (the
+cluster's, a node's, an API's, and the names a group's ``prefix`` makes) are non-empty, with no
+whitespace around them and no control characters.
 
 Sizes are bounded so that a typo fails at once instead of exhausting memory or running for
 hours: at most ``MAX_CORES_PER_NODE`` cores per CPU node and ``MAX_NODES`` nodes of each
@@ -145,6 +147,7 @@ def parse_cluster(data: Mapping[str, Any], source: str = "<memory>") -> ClusterS
     for key in ("name", "description"):
         if not isinstance(data.get(key, ""), str):
             raise ClusterFileError(source, key, f"must be a string, got {data[key]!r}")
+    _check_name(name, source, "name")
     cpu = _nodes(data, source, "cpu", CpuNodeSpec)
     gpu = _nodes(data, source, "gpu", GpuNodeSpec)
     apis = tuple(
@@ -178,6 +181,7 @@ def _nodes(data: Mapping[str, Any], source: str, kind: str, cls: type) -> tuple:
         _check_count(count, len(nodes), source, f"{where}.count")
         if not isinstance(prefix, str):
             raise ClusterFileError(source, f"{where}.prefix", f"must be a string, got {prefix!r}")
+        _check_name(f"{prefix}0", source, f"{where}.prefix")  # what it makes: prefix + index
         if "name" in group:
             raise ClusterFileError(
                 source, f"{where}.name", "a group names its nodes with 'prefix', not 'name'"
@@ -192,6 +196,22 @@ def _nodes(data: Mapping[str, Any], source: str, kind: str, cls: type) -> tuple:
             source, f"{kind}_node", f"{len(nodes)} nodes; at most {MAX_NODES} per cluster"
         )
     return tuple(nodes)
+
+
+def _check_name(name: str, source: str, key: str) -> None:
+    """A name (of the cluster, a node, an API): not empty, no whitespace around it, no control
+    characters. Traces and reports find nodes and APIs by name (``obs_node``, an API row's
+    ``service``): an empty name can never be called, and ``"gpu0 "`` prints as ``"gpu0"``
+    while matching nothing that says ``gpu0``; a second node may even be called that."""
+    if not name.strip():
+        problem = "must be a non-empty name"
+    elif name != name.strip():
+        problem = "must not begin or end with whitespace"
+    elif not name.isprintable():
+        problem = "must not hold control characters"
+    else:
+        return
+    raise ClusterFileError(source, key, f"{problem}, got {name!r}")
 
 
 def _check_count(count: object, before: int, source: str, key: str) -> None:
@@ -226,6 +246,8 @@ def _build(cls: Callable[..., Any], entry: Mapping[str, Any], source: str, where
             raise ClusterFileError(source, f"{where}.{key}", f"must be an integer, got {value!r}")
         if str(expected) == "str" and not isinstance(value, str):
             raise ClusterFileError(source, f"{where}.{key}", f"must be a string, got {value!r}")
+        if key == "name":
+            _check_name(value, source, f"{where}.{key}")
         if key == "cores" and isinstance(value, int) and value > MAX_CORES_PER_NODE:
             raise ClusterFileError(
                 source, f"{where}.{key}", f"at most {MAX_CORES_PER_NODE} per node, got {value}"

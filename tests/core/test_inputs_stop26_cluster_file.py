@@ -125,3 +125,41 @@ def test_a_directory_is_named_as_one_not_as_missing(tmp_path, name):
     (tmp_path / name).mkdir()
     with pytest.raises(ClusterFileError, match="a directory, not a cluster file"):
         load_cluster(tmp_path / name)
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "problem"),
+    [
+        (f'[[cpu_node]]\nname = ""\n{NODE}', r"cpu_node\[0\].name", "must be a non-empty name"),
+        (
+            f'{ONE_NODE}[[api]]\nname = " "\nconcurrency = 1\n',
+            r"api\[0\].name",
+            "must be a non-empty name",
+        ),
+        (
+            f'{ONE_NODE}[[cpu_node]]\nname = "n0 "\n{NODE}',
+            r"cpu_node\[1\].name",
+            "must not begin or end with whitespace, got 'n0 '",
+        ),
+        (
+            'name = "x\\ty"\n' + ONE_NODE,
+            "name",
+            "must not hold control characters",
+        ),
+        (f'name = ""\n{ONE_NODE}', "name", "must be a non-empty name"),
+        (
+            f'[[cpu_node_group]]\ncount = 2\nprefix = " n"\n{NODE}',
+            r"cpu_node_group\[0\].prefix",
+            "must not begin or end with whitespace",
+        ),
+    ],
+)
+def test_a_name_that_cannot_be_told_apart_or_called_is_refused(tmp_path, text, key, problem):
+    # An empty node or API name was accepted (an API of name "" no trace row can call), and
+    # "n0 " beside "n0" made two nodes that print the same.
+    refused(tmp_path, text, key, problem)
+
+
+def test_a_group_with_an_empty_prefix_still_names_its_nodes(tmp_path):
+    spec = load_cluster(write(tmp_path, f'[[cpu_node_group]]\ncount = 2\nprefix = ""\n{NODE}'))
+    assert [n.name for n in spec.cpu_nodes] == ["0", "1"]
