@@ -123,6 +123,12 @@ class GpuCalibration:
             raise CalibrationError("call_overheads must hold CallOverhead records")
         if len(set(levels)) != len(levels):
             raise CalibrationError("call_overheads: two points at the same busy_cores")
+        for key in ("host_cpu_node", "gpu_node"):
+            node = getattr(self, key)
+            if node is not None and (not isinstance(node, str) or not node):
+                # A number or a list reached the simulator's node lookup: a misleading
+                # "names GPU node 5" or a TypeError traceback (a list is unhashable).
+                raise CalibrationError(f"{key} must be a non-empty node name, got {node!r}")
         if (self.host_cpu_node is None) != (self.gpu_node is None):
             raise CalibrationError("host_cpu_node and gpu_node must be given together or neither")
         seen: set[tuple[int, float]] = set()

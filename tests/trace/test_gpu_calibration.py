@@ -138,6 +138,10 @@ def test_an_invalid_record_is_refused_naming_the_field(change, message) -> None:
             r"call_overheads\[0\]: call_overheads: seconds must be a finite number >= 0",
         ),
         (lambda d: d.update(call_overheads=[{"busy": 1}]), r"call_overheads\[0\] must have"),
+        # A number or a list reached the simulator's node lookup (a list: a TypeError).
+        (lambda d: d.update(host_cpu_node=5), "r.json: host_cpu_node must be a non-empty node"),
+        (lambda d: d.update(gpu_node=["g"]), "r.json: gpu_node must be a non-empty node name"),
+        (lambda d: d.update(gpu_node=""), "r.json: gpu_node must be a non-empty node name"),
     ],
 )
 def test_a_bad_file_is_refused_naming_the_file_and_field(tmp_path, edit, message) -> None:
