@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tangram.trace.row import is_nonnegative_number
+from tangram.trace.row import TIME_MAX_S, is_nonnegative_number
 
 #: The record's format version (``version`` on disk).
 GPU_CALIBRATION_VERSION = 1
@@ -30,10 +30,16 @@ class CalibrationError(ValueError):
 
 
 def _number(where: str, value: Any, *, positive: bool = False) -> float:
-    """``value`` as a finite float >= 0 (> 0 if ``positive``), else a CalibrationError."""
+    """``value`` as a finite float >= 0 (> 0 if ``positive``), else a CalibrationError; a time
+    (a name ending in ``_s`` or ``seconds``) at most ``TIME_MAX_S``, as a trace's times: a call
+    overhead of 1e300 s swallowed every duration added to it."""
     if not is_nonnegative_number(value) or (positive and value == 0):
         bound = "> 0" if positive else ">= 0"
         raise CalibrationError(f"{where} must be a finite number {bound}, got {value!r}")
+    if where.endswith(("_s", "seconds")) and value > TIME_MAX_S:
+        raise CalibrationError(
+            f"{where} must be <= {TIME_MAX_S:g} seconds (a trace's longest time), got {value!r}"
+        )
     return float(value)
 
 

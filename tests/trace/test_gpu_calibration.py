@@ -142,6 +142,14 @@ def test_an_invalid_record_is_refused_naming_the_field(change, message) -> None:
         (lambda d: d.update(host_cpu_node=5), "r.json: host_cpu_node must be a non-empty node"),
         (lambda d: d.update(gpu_node=["g"]), "r.json: gpu_node must be a non-empty node name"),
         (lambda d: d.update(gpu_node=""), "r.json: gpu_node must be a non-empty node name"),
+        # Times past a trace's longest swallowed every duration added to them.
+        (lambda d: d.update(call_overhead_s=1e300), r"call_overhead_s must be <= 1e\+09 seconds"),
+        (lambda d: d.update(restore_fixed_s=1e300), r"restore_fixed_s must be <= 1e\+09 seconds"),
+        (lambda d: d["call_times"][0].update(seconds=1e300), r"call_times: seconds must be <="),
+        (
+            lambda d: d.update(call_overheads=[{"busy_cores": 0, "seconds": 1e300}]),
+            r"call_overheads: seconds must be <= 1e\+09",
+        ),
     ],
 )
 def test_a_bad_file_is_refused_naming_the_file_and_field(tmp_path, edit, message) -> None:
