@@ -83,6 +83,14 @@ def load_cluster(name_or_path: str | Path) -> ClusterSpec:
 
 
 def _read(name_or_path: str | Path) -> tuple[str, str]:
+    """The text of a cluster file and the source its errors name (the path, or the bundled
+    name); an empty name is refused as such (``Path("")`` is ``.``: "a directory")."""
+    if isinstance(name_or_path, str) and not name_or_path.strip():
+        raise ClusterFileError(
+            repr(name_or_path),
+            "(name)",
+            f"empty; give a path or a bundled cluster: {bundled_clusters()}",
+        )
     path = Path(name_or_path)
     if path.suffix == ".toml" or path.exists():
         if path.is_dir():  # it exists: "no such file" would send the user looking for it

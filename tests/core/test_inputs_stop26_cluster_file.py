@@ -163,3 +163,10 @@ def test_a_name_that_cannot_be_told_apart_or_called_is_refused(tmp_path, text, k
 def test_a_group_with_an_empty_prefix_still_names_its_nodes(tmp_path):
     spec = load_cluster(write(tmp_path, f'[[cpu_node_group]]\ncount = 2\nprefix = ""\n{NODE}'))
     assert [n.name for n in spec.cpu_nodes] == ["0", "1"]
+
+
+@pytest.mark.parametrize("name", ["", "  "])
+def test_an_empty_cluster_name_is_refused_as_empty(name):
+    # Path("") is ".": it was refused as "a directory, not a cluster file" (--cluster '').
+    with pytest.raises(ClusterFileError, match=r"\(name\): empty; give a path or a bundled"):
+        load_cluster(name)
