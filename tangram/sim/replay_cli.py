@@ -198,7 +198,10 @@ def replay(
         raise ValueError(f"runs {_runs_reason(runs)}")
     trace = load_trace(trace_path)
     meta = trace.meta
-    policy = policy or meta.get("policy")
+    if policy is not None and not policy.strip():  # it fell back to the header's, silently
+        raise ValueError("--policy is empty; give a policy name, or leave it out for the header's")
+    if policy is None:
+        policy = meta.get("policy")
     if not policy:
         raise ValueError(f"{trace_path}: the header names no policy; give --policy")
     if not isinstance(policy, str):  # a number there was an AttributeError in the parser

@@ -99,3 +99,10 @@ def test_replay_refuses_a_measured_spread_past_the_bound_naming_the_trace(tmp_pa
     with pytest.raises(ValueError, match=rf"{path}: the observed execution times of all"):
         replay(path, cluster="local", durations="curve")
     assert replay(path, cluster="local", durations="curve", exec_noise=0.5).sim_runs == 10
+
+
+def test_an_empty_policy_flag_is_refused_not_replaced_by_the_headers(tmp_path, capsys) -> None:
+    # `--policy ''` replayed the header's policy without a word.
+    path = live_trace(tmp_path)
+    assert main(["replay", path, "--cluster", "local", "--policy", ""]) == 2
+    assert "--policy is empty" in capsys.readouterr().err
