@@ -247,7 +247,8 @@ def replay(
         exec_noise_sigma=(
             exec_noise
             if exec_noise is not None
-            else (measured.exec_noise_sigma if durations == "curve" else 0.0)
+            # --noise per-resource draws the groups' spreads (below), never the pooled one
+            else (measured.exec_noise_sigma if durations == "curve" and noise == "pooled" else 0.0)
         ),
     )
     if noise not in NOISE_MODELS:
@@ -272,7 +273,7 @@ def replay(
         other, gpu = measured.other_exec_noise_sigma, measured.gpu_exec_noise_sigma
         overheads = dataclasses.replace(
             overheads,
-            exec_noise_sigma=overheads.exec_noise_sigma if other is None else other,
+            exec_noise_sigma=measured.exec_noise_sigma if other is None else other,
             gpu_exec_noise_sigma=gpu,
         )
     noisy = overheads.exec_noise_sigma > 0 or (overheads.gpu_exec_noise_sigma or 0.0) > 0
@@ -369,7 +370,8 @@ def _require_replayable_spread(
         used["all actions"] = measured.exec_noise_sigma
     elif durations == "curve":
         used["GPU calls"] = measured.gpu_exec_noise_sigma
-        used["other actions"] = measured.other_exec_noise_sigma
+        other = measured.other_exec_noise_sigma
+        used["other actions"] = measured.exec_noise_sigma if other is None else other
     elif durations == "gpu-curve":
         used["GPU calls"] = measured.gpu_exec_noise_sigma
     for what, sigma in used.items():

@@ -106,3 +106,23 @@ def test_an_empty_policy_flag_is_refused_not_replaced_by_the_headers(tmp_path, c
     path = live_trace(tmp_path)
     assert main(["replay", path, "--cluster", "local", "--policy", ""]) == 2
     assert "--policy is empty" in capsys.readouterr().err
+
+
+def test_per_resource_noise_is_not_refused_for_the_pooled_spread(tmp_path) -> None:
+    # GPU calls ran 50x their curves and commands 1/50x, each group without spread: the pooled
+    # sigma is 3.9 (the two groups' offsets), each group's 0. --noise per-resource draws only
+    # the groups' spreads; the pooled one, which it never draws, was refused as
+    # 'overheads.exec_noise_sigma must be <= 3', a setting the user never gave.
+    from tangram.sim.replay_cli import replay
+
+    gpu = {"resource": "gpu", "service": "m", "service_size_gb": 1.0, "kind": "m"}
+    rows = []
+    for i in range(4):
+        rows.append({**ROW, "action_id": f"c{i}", "trajectory": f"c{i}", "obs_exec_s": 0.02})
+        rows.append({**ROW, **gpu, "action_id": f"g{i}", "trajectory": f"g{i}", "obs_exec_s": 50.0})
+    path = tmp_path / "groups.jsonl"
+    head = {"tangram_trace": 1, "policy": "tangram"}
+    path.write_text("\n".join(json.dumps(x) for x in (head, *rows)) + "\n")
+    with pytest.raises(ValueError, match=rf"{path}: the observed execution times of all"):
+        replay(path, cluster="local", durations="curve")
+    replay(path, cluster="local", durations="curve", noise="per-resource", runs=1)
