@@ -300,7 +300,7 @@ def run(args: argparse.Namespace) -> int:
         from tangram.exec.ray.cli import serve_on_ray
 
         return serve_on_ray(args, token)
-    if args.cluster:
+    if args.cluster is not None:  # ('' is refused as empty, not taken as absent)
         cluster = load_cluster(args.cluster)
     else:
         cluster, _ = discover_cluster(gpus=not args.no_gpu, cpu=not args.no_cpu)

@@ -338,7 +338,7 @@ def main(args: argparse.Namespace) -> int:
     trace = load_source(args, params)
     cluster = resize(
         load_cluster(args.cluster)
-        if args.cluster
+        if args.cluster is not None  # ('' is refused as empty, not taken as absent)
         else trace_cluster(trace) or load_cluster("paper"),
         gpus=args.gpus,
         cpu_nodes=args.cpu_nodes,

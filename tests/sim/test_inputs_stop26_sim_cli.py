@@ -232,3 +232,11 @@ def test_a_training_phase_with_open_loop_is_refused(tmp_path, capsys):
     args = ["sim", "--trace", str(path), "--open-loop", "--train-s", "100", "--quiet"]
     assert main(args) == 2
     assert "rollout.train_s (--train-s)" in capsys.readouterr().err
+
+
+def test_an_empty_cluster_flag_is_refused_not_taken_as_absent(capsys):
+    # `tangram sim --cluster ''` read the empty flag as no flag: it ran on the trace's (or the
+    # paper) cluster without a word, while `tangram replay --cluster ''` was refused.
+    args = ["sim", "--workload", "coding", "--batch", "2", "--quiet", "--cluster", ""]
+    assert main(args) == 2
+    assert "empty; give a path or a bundled cluster" in capsys.readouterr().err

@@ -34,7 +34,7 @@ def serve_on_ray(args: argparse.Namespace, token: str | None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     # A cluster file maps Ray nodes (by their tangram-name label) to its nodes; without one
     # the cluster is the Ray nodes alive at the start.
-    cluster = load_cluster(args.cluster) if args.cluster else None
+    cluster = load_cluster(args.cluster) if args.cluster is not None else None
     apis = cluster.apis if cluster is not None else default_apis()
     endpoints = api_endpoints(args.api)
     scratch = contextlib.ExitStack()
