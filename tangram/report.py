@@ -6,7 +6,7 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
 
@@ -18,6 +18,36 @@ def _int_at_least(text: str, minimum: int) -> int:
     if value < minimum:
         raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
     return value
+
+
+def int_in(low: int, high: int, why: str) -> Callable[[str], int]:
+    """An argparse type: an integer in [low, high], refused naming the range and ``why`` the
+    bound (a count past it runs for hours or exhausts memory without a word)."""
+
+    def parse(text: str) -> int:
+        value = _int_at_least(text, low)
+        if value > high:
+            raise argparse.ArgumentTypeError(f"must be at most {high:,} ({why}), got {value:,}")
+        return value
+
+    return parse
+
+
+def seconds_in(low: float, high: float) -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds, above ``low`` and at most ``high``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not (math.isfinite(value) and low < value <= high):
+            raise argparse.ArgumentTypeError(
+                f"must be a finite number of seconds above {low:g} and at most {high:g}, got {text}"
+            )
+        return value
+
+    return parse
 
 
 def positive_int(text: str) -> int:

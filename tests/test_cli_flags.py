@@ -13,6 +13,21 @@ CASES = [
     (["profile-cpu", "--memory-gb", "1e6", "--", "true"], "--memory-gb"),
     (["profile-cpu", "--memory-gb", "0.001", "--", "true"], "--memory-gb"),
     (["profile-cpu", "--out", "/nonexistent-dir/o.json", "--", "true"], "--out"),
+    (["profile-cpu", "--out", "/tmp", "--", "true"], "--out"),  # a directory: a traceback then
+    # Counts and times past any use ran silently for hours (or overflowed in the container's
+    # time-out, naming no flag); each is now refused naming its bound (stop 31).
+    (["profile-cpu", "--repeat", "1000000", "--", "true"], "--repeat"),
+    (["profile-cpu", "--warmup", "1000000", "--", "true"], "--warmup"),
+    (["profile-cpu", "--timeout", "nan", "--", "true"], "--timeout"),
+    (["profile-cpu", "--timeout", "1e300", "--", "true"], "--timeout"),
+    (["profile-cpu", "--max-cores", "0", "--", "true"], "--max-cores"),
+    (["calibrate", "gpu", "--example", "tiny", "--batch", "1000000000", "-o", "c.json"], "--batch"),
+    (["calibrate", "gpu", "--example", "tiny", "--reps", "1000000000", "-o", "c.json"], "--reps"),
+    (["calibrate", "gpu", "--example", "tiny", "--devices", "100000", "-o", "c.json"], "--devices"),
+    (
+        ["calibrate", "gpu", "--example", "tiny", "--seq-len", "10000000", "-o", "c.json"],
+        "--seq-len",
+    ),
     (["calibrate", "gpu", "--example", "tiny", "--batch", "0", "-o", "c.json"], "--batch"),
     (["calibrate", "gpu", "--example", "tiny", "--seq-len", "-1", "-o", "c.json"], "--seq-len"),
     (["calibrate", "gpu", "--example", "tiny", "--reps", "0", "-o", "c.json"], "--reps"),

@@ -9,7 +9,13 @@ import os
 import sys
 from pathlib import Path
 
-from tangram.report import add_json_flag, emit
+from tangram.report import add_json_flag, emit, int_in, positive_int, seconds_in
+
+#: Runs per core count, timed or warm-up: a median of 5-10 settles; 100 at 16 core counts of a
+#: minute-long program is already a day.
+RUNS_PER_COUNT_MAX = 100
+#: One run's time-out: a day (a profile of longer runs is no profile).
+RUN_TIMEOUT_MAX_S = 86_400.0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,16 +31,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--image", default=None, help="image (default: tangram-python)")
     parser.add_argument(
-        "--max-cores", type=int, default=None, help="largest core count (default: all)"
+        "--max-cores", type=positive_int, default=None, help="largest core count (default: all)"
     )
     parser.add_argument(
-        "--repeat", type=int, default=3, help="timed runs per core count (default 3)"
+        "--repeat",
+        type=int_in(1, RUNS_PER_COUNT_MAX, "a median of more runs moves no further"),
+        default=3,
+        help=f"timed runs per core count (default 3, at most {RUNS_PER_COUNT_MAX})",
     )
     parser.add_argument(
-        "--warmup", type=int, default=1, help="untimed runs per core count (default 1)"
+        "--warmup",
+        type=int_in(0, RUNS_PER_COUNT_MAX, "warm-up runs past a few only add time"),
+        default=1,
+        help=f"untimed runs per core count (default 1, at most {RUNS_PER_COUNT_MAX})",
     )
     parser.add_argument(
-        "--timeout", type=float, default=600.0, help="seconds per run (default 600)"
+        "--timeout",
+        type=seconds_in(0.0, RUN_TIMEOUT_MAX_S),
+        default=600.0,
+        help="seconds per run (default 600, at most a day)",
     )
     parser.add_argument(
         "--memory-gb",
@@ -89,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
     cmd: str | list[str] = command[0] if len(command) == 1 else command
     if args.out is not None and not args.out.parent.is_dir():
         raise ValueError(f"--out {str(args.out)!r}: no directory {str(args.out.parent)!r}")
+    if args.out is not None and args.out.is_dir():
+        raise ValueError(f"--out {str(args.out)!r}: a directory, not a file to write")
     config = AoeConfig(
         image=args.image or PYTHON_IMAGE, sandbox=SandboxConfig(network=args.network)
     )

@@ -18,7 +18,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tangram.report import add_json_flag, emit, positive_int
+from tangram.report import add_json_flag, emit, int_in
+
+#: Bounds on the measurement's sizes (each past it ran silently for minutes, or asked the
+#: allocator for hundreds of GB, before failing): devices on one node, sequences per call,
+#: tokens per sequence, calls per measured point.
+DEVICES_MAX = 64
+BATCH_MAX = 4096
+SEQ_LEN_MAX = 32_768
+REPS_MAX = 1000
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,13 +48,29 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--example", metavar="SIZE", help="the example reward model (tiny, small, ...)"
     )
     g.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
-    g.add_argument("--devices", type=positive_int, default=2, help="devices to use (default 2)")
-    g.add_argument("--batch", type=positive_int, default=8, help="sequences per call (default 8)")
     g.add_argument(
-        "--seq-len", type=positive_int, default=64, help="tokens per sequence (default 64)"
+        "--devices",
+        type=int_in(1, DEVICES_MAX, "no GPU node has more"),
+        default=2,
+        help=f"devices to use (default 2, at most {DEVICES_MAX})",
     )
     g.add_argument(
-        "--reps", type=positive_int, default=5, help="calls per measured point (default 5)"
+        "--batch",
+        type=int_in(1, BATCH_MAX, "one call's inputs must fit a device"),
+        default=8,
+        help=f"sequences per call (default 8, at most {BATCH_MAX})",
+    )
+    g.add_argument(
+        "--seq-len",
+        type=int_in(1, SEQ_LEN_MAX, "longer than the contexts served here"),
+        default=64,
+        help=f"tokens per sequence (default 64, at most {SEQ_LEN_MAX})",
+    )
+    g.add_argument(
+        "--reps",
+        type=int_in(1, REPS_MAX, "a median of more calls moves no further"),
+        default=5,
+        help=f"calls per measured point (default 5, at most {REPS_MAX})",
     )
     g.add_argument(
         "--busy",
