@@ -349,22 +349,38 @@ def test_a_host_without_nsenter_fails_each_reset_and_says_why_once(
     def missing(*args: Any, **kwargs: Any) -> None:
         raise FileNotFoundError(2, "No such file or directory", "nsenter")
 
-    real_stat = reset.os.stat
-    monkeypatch.setattr(reset.subprocess, "run", missing)
-    monkeypatch.setattr(  # this process's namespace seen as another's (a container's)
-        reset.os,
-        "stat",
-        lambda p, *a, **k: SimpleNamespace(st_ino=-1) if p == "/proc/self/ns/ipc" else real_stat(p),
-    )
+    # Only this test's stand-in container sees the stand-ins, and only through ``reset``'s own
+    # names: patching ``os.stat``, ``subprocess.run`` or ``processes`` for the whole process
+    # once let a reset still running in the background (an earlier test's pool) list this
+    # process as its container's and SIGKILL the test run.
+    stand_in = SimpleNamespace(name="stand-in")
+    real_processes = reset.processes
     mine = {os.getpid()}
-    monkeypatch.setattr(reset, "processes", lambda container: mine)
+
+    class HostOs:
+        """``os`` with this process's namespace seen as another's (a container's)."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(os, name)
+
+        @staticmethod
+        def stat(path: str, *args: Any, **kwargs: Any) -> Any:
+            if path == "/proc/self/ns/ipc":
+                return SimpleNamespace(st_ino=-1)
+            return os.stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(reset, "os", HostOs())
+    monkeypatch.setattr(
+        reset, "subprocess", SimpleNamespace(run=missing, SubprocessError=Exception)
+    )
+    monkeypatch.setattr(reset, "processes", lambda c: mine if c is stand_in else real_processes(c))
     reset._warn_once.cache_clear()
     caplog.set_level(logging.WARNING, logger="tangram.exec.aoe.reset")
     for _ in range(3):
-        why = reset._clear_sysv_ipc(os.getpid(), None)
+        why = reset._clear_sysv_ipc(os.getpid(), stand_in)
         assert why is not None and "could not be removed" in why and "nsenter" in why
     warned = [r.getMessage() for r in caplog.records if "every reset fails" in r.getMessage()]
     assert len(warned) == 1 and "nsenter and ipcrm" in warned[0]
     # A pid no longer the container's (its init gone, the pid reused) is never entered.
     mine.clear()
-    assert "init is gone" in (reset._clear_sysv_ipc(os.getpid(), None) or "")
+    assert "init is gone" in (reset._clear_sysv_ipc(os.getpid(), stand_in) or "")
