@@ -189,13 +189,14 @@ def test_gpu_calls_restore_once_then_hit_the_resident_copy():
 def test_residency_model_evicts_least_recently_used():
     events = []
     model = ResidencyModel(
-        {"g": 10.0}, lambda node, cell, svc, res: events.append((svc, cell, res))
+        {"g": 10.0}, lambda node, cell, svc, res, size: events.append((svc, cell, res, size))
     )
     model.restore("g", (0,), "a", 4.0)
     model.restore("g", (0,), "b", 4.0)
     model.touch("g", (0,), "a")  # b is now least recently used
     assert model.restore("g", (0,), "c", 4.0) == 1
-    assert ("b", (0,), False) in events and ("a", (0,), False) not in events
+    assert ("b", (0,), False, None) in events and ("a", (0,), False, None) not in events
+    assert ("c", (0,), True, 4.0) in events  # a restore tells the model's size
     assert model.used_gb("g", 0) == pytest.approx(8.0)
 
 
