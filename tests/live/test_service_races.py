@@ -218,6 +218,17 @@ def test_an_answer_that_says_done_carries_the_outcome() -> None:
             assert doc["outcome"]["status"] == "timeout", doc
 
 
+def _refused_naming(url: str, raw: bytes, field: str) -> dict:
+    """POST ``raw`` as JSON to ``url``: a 400 ``bad_request`` whose message names ``field``;
+    the error document."""
+    headers = {"Content-Type": "application/json"}
+    r = httpx.post(url, content=raw, headers=headers, timeout=30)
+    assert r.status_code == 400, r.text[:300]
+    error = r.json()["error"]
+    assert error["code"] == "bad_request" and field in error["message"], error
+    return error
+
+
 #: Bodies holding a lone surrogate ('\ud800': valid JSON, no Unicode character, cannot be
 #: written as UTF-8) where text is run or written, and the field a refusal must name.
 NOT_TEXT = [
@@ -241,11 +252,7 @@ def test_text_that_cannot_be_utf8_is_refused_naming_the_field(
     ``SandboxError`` for its file names. It is the client's error: a 400 naming the field."""
     with ServiceThread(fake_cpu_runtime, ServeOptions(port=0)) as svc:
         assert httpx.post(f"{svc.url}/v1/trajectories", json={"id": "t"}).status_code == 201
-        headers = {"Content-Type": "application/json"}
-        r = httpx.post(f"{svc.url}{path}?wait=5", content=raw, headers=headers, timeout=30)
-        assert r.status_code == 400, r.text
-        error = r.json()["error"]
-        assert error["code"] == "bad_request" and field in error["message"], error
+        error = _refused_naming(f"{svc.url}{path}?wait=5", raw, field)
         assert "surrogate" in error["message"], error
 
 
@@ -272,11 +279,7 @@ def test_integers_too_large_for_a_float_are_refused_naming_the_field(
     """Each was a 500 (OverflowError: int too large to convert to float) from a check that
     converts the number to a float (``math.isfinite``, ``float()``)."""
     with ServiceThread(fake_cpu_runtime, ServeOptions(port=0)) as svc:
-        headers = {"Content-Type": "application/json"}
-        r = httpx.post(f"{svc.url}{path}", content=raw.encode(), headers=headers, timeout=30)
-        assert r.status_code == 400, r.text[:300]
-        error = r.json()["error"]
-        assert error["code"] == "bad_request" and field in error["message"], error
+        _refused_naming(f"{svc.url}{path}", raw.encode(), field)
 
 
 @pytest.mark.parametrize(("method", "path", "allowed"), [("PUT", "/v1/actions", "POST")])
