@@ -8,6 +8,7 @@ import pytest
 
 from tangram.cli import main
 from tangram.sim.config import Overheads, RolloutConfig
+from tests.sim.test_inputs_hc2_replay import ROW as LIVE_ROW
 
 STALLING = [
     "sim",
@@ -138,22 +139,7 @@ def test_a_time_past_a_traces_longest_is_refused_naming_the_setting(capsys, sett
 @pytest.mark.parametrize("policy", [5, ["tangram"], {"name": "tangram"}])
 def test_a_header_policy_that_is_not_a_name_is_refused_naming_it(tmp_path, capsys, policy):
     # The policy parser called .partition on it: an AttributeError traceback.
-    row = {
-        "action_id": "a0",
-        "trajectory": "t0",
-        "step": 0,
-        "position": 0,
-        "task": "live",
-        "kind": "command",
-        "gen_before_s": 0.0,
-        "resource": "cpu",
-        "t1_s": 1.0,
-        "max_units": 1,
-        "arrival_s": 0.0,
-        "obs_units": 1,
-        "obs_exec_s": 1.0,
-        "obs_outcome": "result",
-    }
+    row = LIVE_ROW  # one recorded command, as the replay tests'
     path = tmp_path / "live.jsonl"
     header = {"tangram_trace": 1, "policy": policy}
     path.write_text(json.dumps(header) + "\n" + json.dumps(row) + "\n")
