@@ -193,6 +193,15 @@ def test_robustness_smoke_reports_both_policies_per_family(tmp_path):
         assert runs[f"{key}_over5"].between(0, 1).all()
         # At least as many instances are beaten by 5% as by 20%.
         assert (runs[f"{key}_over5"] >= runs[f"{key}_over20"]).all()
+    # Every baseline in the default's place, per family and seed set, with its shares.
+    in_place = pd.read_csv(tmp_path / "robustness_in_place.csv")
+    assert set(in_place.family) == {"cpu", "gpu", "mixed"}
+    assert in_place.groupby("family").baseline.nunique().min() == 18
+    for key in ("act_mean_s", "step_s"):
+        shares = in_place[f"{key}_over5"].dropna()
+        assert shares.between(0, 1).all()
+        assert (shares >= in_place.loc[shares.index, f"{key}_over20"]).all()
+    assert "## Each baseline in the default's place" in (tmp_path / "robustness.md").read_text()
     claims = pd.read_csv(tmp_path / "robustness.claims.csv", keep_default_na=False)
     assert len(claims) == 3 * 2 * 2 and (claims.default != "").all()
     assert (tmp_path / "robustness.png").stat().st_size > 0

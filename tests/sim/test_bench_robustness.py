@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from tangram.bench.robustness import BASELINES, METRICS, dominated, figures
+from tangram.bench.robustness import BASELINES, METRICS, dominated, figures, in_place_shares
 from tangram.cli import main
 from tangram.core.resources import ClusterSpec, CpuNodeSpec
 from tangram.trace import Trace, TraceRow
@@ -54,6 +54,47 @@ def test_each_instance_carries_every_policys_figures_and_its_best_baseline(bench
             top = min(r["runs"][p][key] for p in ran)
             assert best["margin"] == pytest.approx(r["runs"]["tangram"][key] / top - 1)
         assert r["bound"]["act_mean_s"] <= r["runs"]["tangram"]["act_mean_s"] * (1 + 1e-9)
+
+
+def _run(mean: float, step: float, rejected: int = 0) -> dict:
+    return {"act_mean_s": mean, "act_p99_s": mean, "step_s": step, "rejected": rejected}
+
+
+def test_a_baseline_in_the_defaults_place_is_beaten_by_the_others_best():
+    # Instance 1: a's mean 1.10 over b's 1.00 (+10%, beaten >5%, not >20%); a's step 1.0 is the
+    # best. Instance 2: a's mean 1.30 over c's 1.00 (+30%, beaten >20%); b, rejected, is no
+    # rival. Instance 3: a rejected, so a compares on two instances; b's rivals there are a
+    # (rejected) and c: b's 2.0 over c's 1.0 is +100%.
+    records = [
+        {"runs": {"a": _run(1.10, 1.0), "b": _run(1.00, 2.0), "c": _run(1.20, 1.5)}},
+        {"runs": {"a": _run(1.30, 1.0), "b": _run(0.50, 1.0, rejected=1), "c": _run(1.0, 1.0)}},
+        {"runs": {"a": _run(9.00, 9.0, rejected=2), "b": _run(2.0, 1.0), "c": _run(1.0, 1.0)}},
+    ]
+    shares = in_place_shares(records, ["a", "b", "c"])
+    assert shares["a"]["compared"] == 2
+    assert shares["a"]["beaten"]["act_mean_s"] == {">5%": 1.0, ">20%": 0.5}
+    assert shares["a"]["beaten"]["step_s"] == {">5%": 0.0, ">20%": 0.0}
+    assert shares["b"]["compared"] == 2  # instance 1: +0% on mean (best); instance 3: +100%
+    assert shares["b"]["beaten"]["act_mean_s"] == {">5%": 0.5, ">20%": 0.5}
+    # c: instance 1 mean 1.20 / 1.00 = +20% (not above 20%), step 1.5 / 1.0; 2 and 3 the best.
+    assert shares["c"]["beaten"]["act_mean_s"] == {">5%": pytest.approx(1 / 3), ">20%": 0.0}
+    assert shares["c"]["beaten"]["step_s"][">20%"] == pytest.approx(1 / 3)
+
+
+def test_the_document_says_how_each_baseline_fares_in_the_defaults_place(bench):
+    doc, _ = bench
+    for family, s in doc["families"].items():
+        assert set(s["baselines_in_place"]) == set(BASELINES), family
+        for p, v in s["baselines_in_place"].items():
+            ran = [
+                r
+                for r in doc["instances"]
+                if r["family"] == family and not r["runs"][p]["rejected"]
+            ]
+            assert v["compared"] == len(ran)
+            for shares in v["beaten"].values():
+                # None: no instance with a rival (JSON writes NaN as null).
+                assert shares[">5%"] is None or 0 <= shares[">20%"] <= shares[">5%"] <= 1
 
 
 def test_the_worst_instances_are_written_and_replay_to_the_same_figures(bench, capsys):
