@@ -170,6 +170,28 @@ def test_a_long_wide_call_does_not_reserve_a_cell_before_it_has_waited_its_own_r
     assert np.mean(list(default.values())) <= np.mean(list(paper.values())) + 1e-9
 
 
+def test_short_calls_backfill_beside_a_head_reservation_rather_than_wait_for_its_cells():
+    # Two GPUs. At t = 0 a 100-s call (L) and a 1-s call (S0) to a 7.6B model (15.2 GB)
+    # restore one copy each (0.658 s): L on GPU 0 until 100.658, S0 leaves a copy on GPU 1,
+    # free from 1.658. At t = 0.1 a call W to a 72.7B model (145.4 GB: both GPUs; t1 = 20 s,
+    # serial fraction 0.25: 12.5 s on two) finds no 2-GPU cell; once it has waited its run
+    # (12.5 s, ``HEAD_PATIENCE``), the next pass (t = 15) reserves (0, 1) for it, ready when
+    # L ends (100.658): W restores (2.958 s) and runs, done at 116.146 (ACT 116.046).
+    # At t = 15, 20 and 25 three 1-s calls to the 7.6B model arrive. GPU 1 is free, holds the
+    # model, and a 1-s call there is done long before W needs it (backfill). Before, ``hold``
+    # counted L's busy GPU 0 as a cell the calls could wait for, though it is reserved for W
+    # when it frees: each waited "~85 s for a cell holding m7" rather than an unplaceable
+    # restore, then for W's run as well: ACT 102.8 / 97.8 / 93.8 s. Now the reserved busy
+    # cell is not theirs to count on: each backfills on GPU 1 at once, ACT 1.0 s (as
+    # tangram-paper, which reserves nothing); W is unchanged.
+    case, wide = "backfill_beside_head", "s0-t00002-a000"
+    default, paper = acts(case, "tangram"), acts(case, "tangram-paper")
+    short = ("s0-t00003-a000", "s0-t00004-a000", "s0-t00005-a000")
+    assert all(default[a] == pytest.approx(1.0, abs=1e-6) for a in short)
+    assert default[wide] == pytest.approx(116.046, abs=1e-2)
+    assert default[wide] == pytest.approx(paper[wide], abs=1e-6)
+
+
 def test_a_busy_services_copies_grow_with_its_load():
     # One 8-GPU node; a 32.8-GB model warm on one GPU; t1 = 0.6 s, serial fraction 0.25:
     # d(4) = 0.6 x (0.25 + 0.75/4) = 0.2625 s; a restore onto 4 GPUs 32.8 / 100 + 0.05 =

@@ -599,6 +599,11 @@ def _holding_cells(
         start = running.start
         if start.in_slot or not start.gpus:
             continue
+        # A busy cell whose GPUs are reserved for a waiting call goes to that call when it
+        # frees: no other call can count on it.
+        held = reserved.get(start.node) if reserved else None
+        if held and held.intersection(start.gpus):
+            continue
         if ctx.state.gpu[start.node].is_resident(service, start.gpus):
             cells.append([max(now, running.est_finish), float(len(start.gpus))])
     return cells
