@@ -192,6 +192,24 @@ def test_short_calls_backfill_beside_a_head_reservation_rather_than_wait_for_its
     assert default[wide] == pytest.approx(paper[wide], abs=1e-6)
 
 
+def test_a_call_waits_for_a_copy_of_its_width_not_a_free_copy_of_another():
+    # Eight GPUs, a 32.8B model (65.6 GB; restore 65.6 / 25 + 0.05 = 2.674 s on one GPU,
+    # 65.6 / 100 + 0.05 = 0.706 s on four). At t = 0 call A (t1 = 4 s, serial fraction 0.25,
+    # up to 4 GPUs: 1.75 s on four) restores a 4-GPU sharded copy on (0-3), done at 2.456;
+    # call C (0.5 s, one GPU) restores a 1-GPU copy on GPU 4, done at 3.174. At t = 2.8
+    # call B (1 s, one GPU) arrives: the free 4-GPU copy cannot serve a 1-GPU call (a sharded
+    # copy serves its own cell), C's copy frees in 0.374 s. Before, ``hold`` matched B to the
+    # free 4-GPU copy (any width up to the copy's), so B neither waited for C's copy nor
+    # weighed a restore against it; priced as a restore by the round, it restored one on
+    # GPU 5: ACT 2.674 + 1 = 3.674 s (as tangram-paper). Now B waits 0.374 s for GPU 4 and
+    # runs there: ACT 1.374 s.
+    default, paper = acts("copy_width", "tangram"), acts("copy_width", "tangram-paper")
+    call = "s0-t00002-a000"
+    assert paper[call] == pytest.approx(3.674, abs=1e-3)
+    assert default[call] == pytest.approx(1.374, abs=1e-3)
+    assert all(default[a] == pytest.approx(paper[a]) for a in default if a != call)
+
+
 def test_a_busy_services_copies_grow_with_its_load():
     # One 8-GPU node; a 32.8-GB model warm on one GPU; t1 = 0.6 s, serial fraction 0.25:
     # d(4) = 0.6 x (0.25 + 0.75/4) = 0.2625 s; a restore onto 4 GPUs 32.8 / 100 + 0.05 =

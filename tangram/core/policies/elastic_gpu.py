@@ -382,7 +382,13 @@ class _RobustPass:
         self._seen[service] = self._seen.get(service, 0) + 1
         now, best = ctx.now, None
         for cell in self.servers(service):
-            k = opts.best_within(int(cell[1]))
+            # A sharded copy serves a call on its own cell alone (whole replicas: any cell
+            # within it): a call that cannot run at that width would restore there anyway.
+            size = int(cell[1])
+            if action.service_replicas:
+                k = opts.best_within(size)
+            else:
+                k = opts.units.index(size) if size in opts.units else -1
             if k < 0:
                 continue
             end = max(cell[0], now) + opts.durations[k]
