@@ -210,6 +210,27 @@ def test_a_call_waits_for_a_copy_of_its_width_not_a_free_copy_of_another():
     assert all(default[a] == pytest.approx(paper[a]) for a in default if a != call)
 
 
+def test_an_overloaded_pass_weighs_the_restore_it_can_do_now():
+    # Two GPUs: a 32.8B model "big" (65.6 GB) warm on GPU 0, a 7.6B "small" (15.2 GB) on
+    # GPU 1; the two do not fit on one 80-GB GPU. At t = 0 call A (big, 2 s, one GPU) takes
+    # GPU 0 and a 0.3-s small call GPU 1. At 0.1 call B (big, t1 = 1 s, serial fraction
+    # 0.25, up to 2 GPUs) arrives, at 0.2 ten 0.3-s small calls: 11 queued on 2 GPUs, more
+    # than ``OVERLOADED`` (4) per GPU, so the pass is the paper's. At 0.3 GPU 1 frees and B
+    # heads the queue; its copy (GPU 0) frees in 1.7 s. Before, the wait was compared with
+    # the restore at B's widest size (2 GPUs: 65.6 / 50 + 0.05 = 1.362 s), though only a
+    # 1-GPU cell is free: B restored there (2.674 s) over small's only copy, ACT 3.884 s, and
+    # the small calls waited for GPU 0 (free at 2.0) to restore their model: mean ACT 3.60 s
+    # (as tangram-paper, whose rule this stays). Now the restore it can do now is the 1-GPU
+    # one (2.674 s > 1.7 s): B waits and runs on GPU 0 at 2.0 (ACT 2.9 s), the small calls
+    # run back to back on GPU 1 (ACT 0.4 ... 3.1 s): mean ACT 1.75 s.
+    case, b = "overloaded_restore_size", "s0-t00001-a000"
+    default, paper = acts(case, "tangram"), acts(case, "tangram-paper")
+    assert paper[b] == pytest.approx(3.884, abs=1e-3)
+    assert default[b] == pytest.approx(2.9, abs=1e-3)
+    assert np.mean(list(default.values())) == pytest.approx(22.7 / 13, abs=1e-3)
+    assert np.mean(list(paper.values())) > 3.5
+
+
 def test_a_busy_services_copies_grow_with_its_load():
     # One 8-GPU node; a 32.8-GB model warm on one GPU; t1 = 0.6 s, serial fraction 0.25:
     # d(4) = 0.6 x (0.25 + 0.75/4) = 0.2625 s; a restore onto 4 GPUs 32.8 / 100 + 0.05 =

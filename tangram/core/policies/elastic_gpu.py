@@ -95,7 +95,16 @@ class ElasticGpu(DomainRule):
             if resident_sizes(service):
                 return None
             wait = busy_until[service] - ctx.now
-            cost = restore_cost(action, ctx.options(action).units[-1])
+            units = ctx.options(action).units
+            if self.tuning.gpu_robust:
+                # The default's overloaded pass: the restore it would do now is at the widest
+                # of its sizes that has a free cell (a wider one's cheaper restore cannot
+                # happen now; with none free it cannot restore at all).
+                widest = _widest_free_cell(ctx)
+                fits = [u for u in units if u <= widest]
+                cost = restore_cost(action, fits[-1]) if fits else math.inf
+            else:
+                cost = restore_cost(action, units[-1])
             if wait >= cost:
                 return None
             return f"tangram: waits ~{wait:.3f}s for a busy cell holding {service} rather than a {cost:.3f}s restore"
@@ -553,6 +562,19 @@ class _RobustPass:
             self._charge.clear()
             return
         ctx.defer(action, "tangram: no aligned free cell of its smallest size after placement")
+
+
+def _widest_free_cell(ctx: Context) -> int:
+    """The largest free aligned cell over the pool (0 when every GPU is busy)."""
+    widest = 0
+    for node in ctx.state.gpu.values():
+        for size in reversed(cell_sizes(node.spec.gpus)):
+            if size <= widest:
+                break
+            if any(True for _ in node.free_cells(size)):
+                widest = size
+                break
+    return widest
 
 
 def _any(ctx: Context) -> str:
