@@ -185,3 +185,51 @@ def test_keep_bounds_are_checked() -> None:
         with pytest.raises(ValueError, match=next(iter(bad))):
             RuntimeConfig(**bad)  # type: ignore[arg-type]
     assert RuntimeConfig().keep_outcomes_s < math.inf
+
+
+def test_a_failed_append_keeps_its_rows_for_the_next_and_tears_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream append that failed part-way (a full disk: half the bytes written, then
+    ENOSPC) lost its rows although the runtime's ``_persist`` promises they stay buffered for
+    the next one; its positions were taken, and its torn bytes, not counted in the stream's
+    size, glued to the next row: the file no longer loaded and a copy cut its last row."""
+    import dataclasses
+    import os
+
+    from tangram.exec.runtime import recorder as recorder_module
+    from tangram.exec.runtime.records import Outcome, Timings
+
+    def ended(i: int) -> RecordedAction:
+        t = float(i)
+        out = Outcome(f"e{i}", "lab", "api", "result", None, None, Timings(0, 0, 0.1, 0.1), t, t, t)
+        out = dataclasses.replace(out, end_s=t + 0.1, units=1)
+        return RecordedAction(echo(i, trajectory="lab"), "lab", out, 1, 0.0, 0.0, i + 1)
+
+    path = tmp_path / "t.jsonl"
+    recorder = TraceRecorder(path)
+    recorder.start({"source": "test"})
+    recorder.add(ended(0))
+    recorder.flush()
+    full, real_write = [True], os.write
+
+    def write(fd: int, data: Any) -> int:
+        if full[0]:
+            full[0] = False
+            real_write(fd, bytes(data[: len(data) // 2]))
+            raise OSError(28, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(recorder_module.os, "write", write)
+    recorder.add(ended(1))
+    with pytest.raises(OSError):
+        recorder.flush()
+    recorder.add(ended(2))
+    recorder.flush()  # the disk has room again
+    monkeypatch.undo()
+    assert len(recorder) == 3
+    rows = load_trace(path).trajectories()[(0, "lab")]
+    assert [(r.action_id, r.position) for r in rows] == [("e0", 0), ("e1", 1), ("e2", 2)]
+    copy = recorder.write(tmp_path / "copy.jsonl")
+    assert [r.action_id for r in load_trace(copy).rows] == ["e0", "e1", "e2"]
+    recorder.close()

@@ -27,6 +27,7 @@ per trajectory label, its next position and the end of its last action.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -116,7 +117,10 @@ class TraceRecorder:
     def close(self) -> None:
         """Append what is buffered and close the stream (a temporary spool is removed)."""
         with self._lock:
-            self._flush_locked()
+            try:
+                self._flush_locked()
+            except Exception:  # noqa: BLE001 - the stream is closed all the same
+                log.exception("the trace's last %d rows could not be appended", len(self._pending))
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
@@ -213,21 +217,37 @@ class TraceRecorder:
         self._size = os.fstat(self._fd).st_size
 
     def _flush_locked(self) -> None:
+        """Append the buffered rows in one write. One that fails (a full disk) is undone: the
+        bytes it wrote part-way are cut off the stream, the positions it took are given back
+        and its rows stay buffered for the next flush; the error is raised."""
         if not self._pending or self._fd is None:
             return
         entries, self._pending = self._pending, []
+        taken: dict[str, list[Any] | None] = {}
         lines = []
         for entry in entries:
-            line = self._line(entry)
+            line = self._line(entry, taken)
             if line is not None:
                 lines.append(line)
         data = "".join(lines).encode()
-        _write_all(self._fd, data)
+        try:
+            _write_all(self._fd, data)
+        except BaseException:
+            with contextlib.suppress(OSError):  # (the stream is appended to: cut the torn part)
+                os.ftruncate(self._fd, self._size)
+            for label, state in taken.items():
+                if state is None:
+                    self._trajs.pop(label, None)
+                else:
+                    self._trajs[label] = state
+            self._pending = entries + self._pending
+            raise
         self._size += len(data)
         self._rows += len(lines)
 
-    def _line(self, e: RecordedAction) -> str | None:
-        """The JSONL line of ``e``, its trajectory's position taken (None: left out)."""
+    def _line(self, e: RecordedAction, taken: dict[str, list[Any] | None]) -> str | None:
+        """The JSONL line of ``e``, its trajectory's position taken (None: left out);
+        ``taken`` gets each trajectory's state before its first position was taken."""
         label = e.trajectory
         single = label == "~" + e.outcome.action_id  # GPU/API work without a trajectory
         state = None if single else self._trajs.get(label)
@@ -238,6 +258,8 @@ class TraceRecorder:
             log.exception("action %s could not be recorded in the trace", e.outcome.action_id)
             return None
         if not single:
+            if label not in taken:
+                taken[label] = state
             self._trajs[label] = [position + 1, e.outcome.end_s]
         return json.dumps(row_to_mapping(row, drop_defaults=True), separators=(",", ":")) + "\n"
 
