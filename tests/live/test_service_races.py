@@ -384,3 +384,47 @@ def test_a_close_racing_a_recreate_answers_the_recreate_404() -> None:
         assert r.json()["error"]["code"] == "unknown_trajectory", r.text
         assert "closed" in r.json()["error"]["message"], r.text
         assert httpx.get(f"{base}/v1/trajectories").json()["trajectories"] == []
+
+
+class _GatedOpen(FakeAoe):
+    """A stand-in AOE whose ``open_trajectory`` waits for ``go``; it counts its closes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = threading.Event()
+        self.closes: list[str] = []
+
+    def open_trajectory(self, traj: str, memory_gb: float, *, image: str | None = None) -> Any:
+        self.go.wait(30)
+        return super().open_trajectory(traj, memory_gb, image=image)
+
+    def close_trajectory(self, traj: str) -> None:
+        self.closes.append(traj)
+        super().close_trajectory(traj)
+
+
+def test_two_closes_of_an_opening_trajectory_close_it_once() -> None:
+    """Two closes sent while the container was still being made both waited for it, then
+    both closed it: two 200s, AOE asked twice to remove the one container (the second failed,
+    logged) and ``trajectories_closed`` counted 2. The second close is the 404 a close of a
+    closed trajectory gets."""
+    aoe = _GatedOpen()
+
+    async def main() -> tuple[list[Any], int]:
+        async with Runtime(CLUSTER, RuntimeConfig(), cpu=CpuExecutor(aoe, NODE)) as rt:
+            opening = asyncio.create_task(rt.open_trajectory("t"))
+            while "t" not in rt.trajs.by_id:  # (bounded by the open's own progress)
+                await asyncio.sleep(0)
+            closes = [asyncio.create_task(rt.close_trajectory("t")) for _ in range(2)]
+            await asyncio.sleep(0)
+            aoe.go.set()
+            await opening
+            done = await asyncio.gather(*closes, return_exceptions=True)
+            return done, rt.counters["trajectories_closed"]
+
+    try:
+        done, counted_closes = asyncio.run(main())
+    finally:
+        aoe.go.set()
+    assert [type(d).__name__ for d in done] == ["TrajectoryInfo", "UnknownTrajectory"], done
+    assert aoe.closes == ["t"] and counted_closes == 1

@@ -223,6 +223,8 @@ class Trajectories:
             raise UnknownTrajectory(f"trajectory {trajectory!r} is not open")
         if traj.state is TrajState.OPENING and traj.ready is not None:
             await asyncio.shield(traj.ready)
+            if self._closed_since(traj):  # another close took it while it opened
+                raise UnknownTrajectory(f"trajectory {trajectory!r} is not open")
         traj.state = TrajState.CLOSING
         host = self.host
         closed = ErrorInfo(
