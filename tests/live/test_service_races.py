@@ -13,8 +13,9 @@ import httpx
 import pytest
 
 from tangram.core.resources import ApiEndpointSpec, ClusterSpec, CpuNodeSpec
+from tangram.exec.aoe.errors import AoeError
 from tangram.exec.aoe.errors import UnknownTrajectory as AoeUnknownTrajectory
-from tangram.exec.runtime import ApiExecutor, CpuExecutor, Runtime, RuntimeConfig
+from tangram.exec.runtime import ApiExecutor, Conflict, CpuExecutor, Runtime, RuntimeConfig
 from tangram.exec.service import ServeOptions, ServiceThread
 from tests.live.test_service_ids import FakeAoe, fake_cpu_runtime
 
@@ -428,3 +429,49 @@ def test_two_closes_of_an_opening_trajectory_close_it_once() -> None:
         aoe.go.set()
     assert [type(d).__name__ for d in done] == ["TrajectoryInfo", "UnknownTrajectory"], done
     assert aoe.closes == ["t"] and counted_closes == 1
+
+
+class _GatedClose(FakeAoe):
+    """A stand-in AOE whose ``close_trajectory`` waits for ``go`` once it started (a slow
+    ``docker rm``), and which refuses a container for an id that still has one, as AOE does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = threading.Event()
+        self.go = threading.Event()
+
+    def open_trajectory(self, traj: str, memory_gb: float, *, image: str | None = None) -> Any:
+        with self.lock:
+            if traj in self.containers:
+                raise AoeError(f"trajectory {traj!r} already has a container")
+        return super().open_trajectory(traj, memory_gb, image=image)
+
+    def close_trajectory(self, traj: str) -> None:
+        self.started.set()
+        self.go.wait(30)
+        super().close_trajectory(traj)
+
+
+def test_an_open_of_an_id_whose_container_is_being_removed_is_a_conflict() -> None:
+    """The close forgot the trajectory before its container was removed: an open of the same
+    id meanwhile passed the runtime's checks and reached AOE, which still had the container,
+    and the client got a 500 'could not create the container'. While its container is being
+    removed the trajectory is closing: the open is a 409 saying so."""
+    aoe = _GatedClose()
+
+    async def main() -> None:
+        async with Runtime(CLUSTER, RuntimeConfig(), cpu=CpuExecutor(aoe, NODE)) as rt:
+            await rt.open_trajectory("t")
+            closing = asyncio.create_task(rt.close_trajectory("t"))
+            loop = asyncio.get_running_loop()
+            assert await loop.run_in_executor(None, aoe.started.wait, 10)
+            with pytest.raises(Conflict, match="closing"):
+                await rt.open_trajectory("t")
+            aoe.go.set()
+            await closing
+            assert (await rt.open_trajectory("t")).id == "t", "once closed, it opens again"
+
+    try:
+        asyncio.run(main())
+    finally:
+        aoe.go.set()

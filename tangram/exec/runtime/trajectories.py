@@ -152,8 +152,7 @@ class Trajectories:
             if trajectory is not None
             else f"t-{uuid.uuid4().hex[:12]}"
         )
-        if traj_id in self.by_id:
-            raise Conflict(f"trajectory {traj_id!r} is already open")
+        self._check_free(traj_id)
         memory = check_memory_gb(
             "memory_gb", self.default_memory_gb if memory_gb is None else memory_gb
         )
@@ -188,8 +187,7 @@ class Trajectories:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._capacity.wait(), timeout=left)
             self._check_running()
-            if traj_id in self.by_id:
-                raise Conflict(f"trajectory {traj_id!r} is already open")
+            self._check_free(traj_id)
         traj = Trajectory(traj_id, node, float(memory), image, self.host.now(), ephemeral)
         traj.ready = loop.create_future()
         self.by_id[traj_id] = traj
@@ -238,13 +236,16 @@ class Trajectories:
             await asyncio.wait(running)
         host.flush()  # its finishes reach the core before the trajectory goes
         host.close_trajectory(trajectory)
-        self.by_id.pop(trajectory, None)
         try:
             assert self.cpu is not None
             await self.cpu.close(trajectory)
         except Exception as exc:
             log.warning("removing the container of %s failed: %s", trajectory, exc)
         finally:
+            # Closing until its container is gone: an open of the id meanwhile is a 409, not
+            # AOE's 'already has a container' (a 500), and a tenant's place stays held.
+            if self.by_id.get(trajectory) is traj:
+                del self.by_id[trajectory]
             self.counters["trajectories_closed"] += 1
             await self._notify_capacity()
         return traj.info()
@@ -275,6 +276,18 @@ class Trajectories:
         that failed because a close removed its container raced that close, and its answer
         is the closed trajectory's 404, not a failure of the service (it was a 500)."""
         return traj.state is TrajState.CLOSING or self.by_id.get(traj.id) is not traj
+
+    def _check_free(self, traj_id: str) -> None:
+        """``Conflict`` when ``traj_id`` is open, or closing (its container not yet removed)."""
+        traj = self.by_id.get(traj_id)
+        if traj is None:
+            return
+        if traj.state is TrajState.CLOSING:
+            raise Conflict(
+                f"trajectory {traj_id!r} is closing (its container is being removed); open "
+                "it again once its close has returned"
+            )
+        raise Conflict(f"trajectory {traj_id!r} is already open")
 
     def _check_running(self) -> None:
         if self.stopping:
