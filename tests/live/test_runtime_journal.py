@@ -327,3 +327,37 @@ def test_an_action_that_cannot_be_journaled_does_not_run(tmp_path: Path) -> None
     assert out.status == "error" and out.error is not None
     assert out.error.code == "journal_failed" and out.error.retryable
     assert log.calls["never"] == 0
+
+
+def test_a_value_that_cannot_be_encoded_costs_only_its_own_value(tmp_path: Path) -> None:
+    """An endpoint's value that JSON encoding fails on with other than a TypeError or
+    ValueError (nested 5,000 deep: a RecursionError, in the value and in its repr too) was
+    re-encoded at every later flush and raised each time: nothing was committed after it,
+    any other action's outcome included, and the runtime's close raised out of its persist
+    step before the journal was closed or the trace written. Its outcome is kept without
+    its value, as one JSON cannot hold."""
+    path = tmp_path / "j.sqlite"
+
+    async def body(rt: Runtime, log: CallLog) -> list[Outcome]:
+        async def deep(payload: Any) -> Any:
+            value: list[Any] = []
+            for _ in range(5000):
+                value = [value]
+            return value
+
+        rt.api.register("counted", deep)
+        outs = [await rt.run(counted("deep", id="deep"))]
+        outs.append(await rt.run(ActionSpec(ApiWork("echo", "x"), id="other")))
+        assert rt.journal is not None
+        rt.journal.commit()
+        return outs
+
+    outs = run_on(path, body)
+    assert [o.status for o in outs] == ["result", "result"]
+
+    async def restarted(rt: Runtime, log: CallLog) -> list[Outcome | None]:
+        return [await rt.result("deep"), await rt.result("other")]
+
+    deep, other = run_on(path, restarted)
+    assert other is not None and other.value == "x" and other.status == "result"
+    assert deep is not None and deep.status == "result" and isinstance(deep.value, str)

@@ -335,9 +335,15 @@ def _write_all(fd: int, data: bytes) -> None:
 def _encode(outcome: Outcome) -> str:
     try:
         return outcome_to_json(outcome)
-    except (TypeError, ValueError) as exc:  # a value JSON cannot hold: keep the rest
-        log.warning("outcome of %s kept without its value: %s", outcome.action_id, exc)
-        return outcome_to_json(replace(outcome, value=repr(outcome.value)[:1000]))
+    except Exception as exc:  # noqa: BLE001 - a value JSON cannot hold: keep the rest
+        # (Any error: one raised here is raised again at every later flush, and nothing after
+        # it would be committed; a value nested too deep is a RecursionError, in its repr too.)
+        log.warning("outcome of %s kept without its value: %r", outcome.action_id, exc)
+        try:
+            shown = repr(outcome.value)[:1000]
+        except Exception:  # noqa: BLE001
+            shown = f"<a {type(outcome.value).__name__} that could not be stored>"
+        return outcome_to_json(replace(outcome, value=shown))
 
 
 def _decode(text: str | None) -> Outcome | None:
