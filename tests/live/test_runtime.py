@@ -311,3 +311,30 @@ def test_the_python_api_refuses_what_http_refuses_never_rewriting_it(kwargs, wor
                 await rt.open_trajectory(**kwargs)
 
     asyncio.run(go())
+
+
+def test_the_search_stand_in_bounds_what_a_payload_asks_of_it() -> None:
+    """``search`` (a built-in endpoint of ``tangram serve``'s default cluster) made ``k``
+    hits, each titled with the query, in one synchronous loop on the event loop: a payload
+    with k = 10**9 (or a 64 MiB query) stalled every client's work and took the service's
+    memory. k is at most ``SEARCH_K_MAX`` and the query ``SEARCH_QUERY_MAX`` characters; a
+    payload past either is the action's error, naming the field."""
+    from tangram.exec.runtime.api import SEARCH_K_MAX, SEARCH_QUERY_MAX, search
+
+    cluster = ClusterSpec(name="search", apis=(ApiEndpointSpec("search", concurrency=4),))
+
+    async def main() -> list[Any]:
+        rt = Runtime(cluster, api=ApiExecutor({"search": search}))
+        async with rt:
+            payloads = [
+                {"query": "q", "k": SEARCH_K_MAX, "latency_s": 0},
+                {"query": "q", "k": SEARCH_K_MAX + 1, "latency_s": 0},
+                {"query": "q" * (SEARCH_QUERY_MAX + 1), "latency_s": 0},
+            ]
+            return [await rt.run(ActionSpec(ApiWork("search", p))) for p in payloads]
+
+    fine, many, long = asyncio.run(main())
+    assert fine.ok and len(fine.value["hits"]) == SEARCH_K_MAX
+    for out, field in ((many, "k"), (long, "query")):
+        assert out.status == "error" and out.error is not None, out
+        assert out.error.code == "endpoint_failed" and f"{field} must" in out.error.message

@@ -117,6 +117,13 @@ async def echo(payload: Any) -> Any:
     return payload
 
 
+#: The most hits ``search`` returns, and the longest query it takes (characters): it makes
+#: its hits on the event loop, each titled with the query, so a payload's k = 10**9 (or a
+#: 64 MiB query) stalled every client's work and took the service's memory.
+SEARCH_K_MAX = 1000
+SEARCH_QUERY_MAX = 4096
+
+
 async def search(payload: Any) -> Any:
     """A stand-in for a web-search API: waits ``latency_s`` (default 50 ms) and returns
     ``k`` fake hits for ``query``. Lets the API quota path run without a network."""
@@ -124,9 +131,13 @@ async def search(payload: Any) -> Any:
     latency = float(body.get("latency_s", 0.05))
     if not 0 <= latency <= 60:
         raise ValueError(f"latency_s must be in [0, 60], got {latency}")
-    await asyncio.sleep(latency)
     query = str(body.get("query", ""))
+    if len(query) > SEARCH_QUERY_MAX:
+        raise ValueError(f"query must be at most {SEARCH_QUERY_MAX} characters, got {len(query)}")
     k = int(body.get("k", 3))
+    if not 0 <= k <= SEARCH_K_MAX:
+        raise ValueError(f"k must be in [0, {SEARCH_K_MAX}], got {k}")
+    await asyncio.sleep(latency)
     rng = random.Random(query)
     return {
         "query": query,
