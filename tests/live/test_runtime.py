@@ -338,3 +338,41 @@ def test_the_search_stand_in_bounds_what_a_payload_asks_of_it() -> None:
     for out, field in ((many, "k"), (long, "query")):
         assert out.status == "error" and out.error is not None, out
         assert out.error.code == "endpoint_failed" and f"{field} must" in out.error.message
+
+
+def test_an_api_call_that_ignores_its_cancel_still_ends_at_its_time_out() -> None:
+    """An endpoint that swallows the ``CancelledError`` of its deadline (a retry loop around
+    an await, say) kept running, and its action ended when it returned, after its time-out,
+    as a ``result``. The deadline holds: a value that comes after the cancel is discarded
+    (``timeout``), and one that does not come within ``timeout_grace_s`` is not waited for
+    (its API slot stays held until the call returns)."""
+    returned: list[str] = []
+
+    async def stubborn(payload: Any) -> Any:
+        for _ in range(3):
+            try:
+                await asyncio.sleep(payload)
+                break
+            except asyncio.CancelledError:
+                continue
+        returned.append("returned")
+        return "late"
+
+    cluster = ClusterSpec(name="stubborn", apis=(ApiEndpointSpec("stubborn", concurrency=1),))
+
+    async def main(grace_s: float, sleep_s: float) -> Any:
+        config = RuntimeConfig(timeout_grace_s=grace_s)
+        async with Runtime(cluster, config, api=ApiExecutor({"stubborn": stubborn})) as rt:
+            out = await rt.run(ActionSpec(ApiWork("stubborn", sleep_s), timeout_s=0.05))
+            seen = list(returned)
+            await rt.close(grace_s=5.0)  # (waits for the call: bounded by its 3 sleeps)
+            return out, seen
+
+    late, seen = asyncio.run(main(grace_s=30.0, sleep_s=0.1))
+    assert seen == ["returned"], "it ended once the call returned"
+    returned.clear()
+    never, seen = asyncio.run(main(grace_s=0.05, sleep_s=1.0))
+    assert seen == [], "it ended at its time-out and grace, before the call returned"
+    for out in (late, never):
+        assert out.status == "timeout" and out.value is None, out
+        assert out.error is not None and out.error.code == "timeout"

@@ -22,7 +22,8 @@ class RuntimeConfig:
     - ``default_timeout_s``: the time limit of an action that gives none (queueing included).
     - ``default_memory_gb``: a trajectory container's memory when the open gives none.
     - ``timeout_grace_s``: how long after its deadline a running CPU action (which AOE kills at
-      the deadline) may take to report before the runtime declares the time-out itself.
+      the deadline), or an API call (cancelled at the deadline), may take to report before the
+      runtime declares the time-out itself.
     - ``close_grace_s``: at shutdown, how long running actions may take to end.
     - ``keep_outcomes``, ``keep_outcomes_s``: finished outcomes kept in memory for polling, at
       most this many and this long after they ended (oldest dropped first; a journal answers

@@ -284,6 +284,10 @@ class LiveHost:
         except Exception as exc:
             log.exception("executor failed on %s", rec.id)
             result = failed("executor_error", f"the executor raised {type(exc).__name__}: {exc}")
+        else:
+            if rec.interrupt is not None:  # the call swallowed its cancel: the cancel stands
+                status, error = rec.interrupt
+                result = ExecResult(status, error=error, exec_s=result.exec_s, wait_s=result.wait_s)  # type: ignore[arg-type]
         if result.detail and "held_units" in result.detail:
             rec.held_units = result.detail["held_units"]
         self.finish(rec)
@@ -328,6 +332,12 @@ class LiveHost:
 
     def _cancel_at_deadline(self, rec: LiveAction, message: str) -> None:
         self._interrupt(rec, "timeout", ErrorInfo("timeout", message + rec.executor.deadline_note))
+        # A call that swallows its cancel is not waited for past the grace (its units stay
+        # held until it returns: ``finish`` comes with its task's end).
+        assert self._aio is not None
+        grace = self.config.timeout_grace_s
+        note = f"; the call was cancelled and had not returned {grace:g} s later"
+        rec.timers.append(self._aio.call_later(grace, self._end_running, rec, message + note))
 
     def _end_at_deadline(self, rec: LiveAction, message: str) -> None:
         self._end_running(rec, message + rec.executor.deadline_note)
