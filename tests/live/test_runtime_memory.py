@@ -17,6 +17,8 @@ import pytest
 from tangram.exec.runtime import (
     ActionSpec,
     ApiWork,
+    CpuExecutor,
+    CpuWork,
     Outcome,
     Runtime,
     RuntimeConfig,
@@ -233,3 +235,33 @@ def test_a_failed_append_keeps_its_rows_for_the_next_and_tears_nothing(
     copy = recorder.write(tmp_path / "copy.jsonl")
     assert [r.action_id for r in load_trace(copy).rows] == ["e0", "e1", "e2"]
     recorder.close()
+
+
+def test_a_closed_run_code_container_leaves_nothing_in_the_recorder(tmp_path: Path) -> None:
+    """The recorder kept each trajectory label's next position and last end for the life of
+    the process, so every ``/run_code`` request (an ephemeral trajectory of a fresh id, never
+    opened again) grew its memory: 1,000 requests, 1,000 entries. An ephemeral trajectory's
+    entry goes once it is closed and its rows are written; its rows are as before."""
+    from tests.live.test_service_ids import CLUSTER, NODE, FakeAoe
+
+    path = tmp_path / "t.jsonl"
+
+    async def main() -> int:
+        config = RuntimeConfig(trace_path=path)
+        async with Runtime(CLUSTER, config, cpu=CpuExecutor(FakeAoe(), NODE)) as rt:
+            for i in range(50):
+                traj = f"run-code-{i}"
+                await rt.open_trajectory(traj, memory_gb=0.5, ephemeral=True)
+                for _ in range(2):
+                    await rt.run(ActionSpec(CpuWork("true"), trajectory=traj))
+                await rt.close_trajectory(traj)
+            await rt.open_trajectory("kept", memory_gb=0.5)
+            await rt.run(ActionSpec(CpuWork("true"), trajectory="kept"))
+            await asyncio.sleep(0.05)  # (the last rows' persist)
+            return len(rt.recorder._trajs)
+
+    assert asyncio.run(main()) == 1, "only the open, non-ephemeral trajectory's"
+    trace = load_trace(path)
+    assert len(trace) == 101
+    positions = {key[1]: [r.position for r in rows] for key, rows in trace.trajectories().items()}
+    assert positions["run-code-7"] == [0, 1] and positions["kept"] == [0]

@@ -94,6 +94,8 @@ class TraceRecorder:
         #: Per trajectory label: [its next position, the end of its last action (or open)].
         self._trajs: dict[str, list[Any]] = {}
         self._rows = 0
+        #: Labels whose entry in ``_trajs`` goes once the rows buffered now are written.
+        self._forget: set[str] = set()
         self.skipped_unknown = 0
         self._lock = threading.Lock()
         #: One ``write`` at a time: a rewrite of the stream moves the rows another would copy.
@@ -145,6 +147,16 @@ class TraceRecorder:
         positions and last end)."""
         with self._lock:
             self._trajs.setdefault(trajectory, [0, at_s])
+
+    def forget(self, trajectory: str) -> None:
+        """``trajectory`` will have no more actions (an ephemeral one, closed: its id is never
+        opened again): its entry goes once its buffered rows are written. Why: each
+        ``/run_code`` request is a trajectory of its own, and keeping every label's entry made
+        the service's memory grow with the count of requests."""
+        with self._lock:
+            self._forget.add(trajectory)
+            if not self._pending:
+                self._drop_forgotten()
 
     def add(self, entry: RecordedAction) -> None:
         """Buffer a finished action (``flush`` appends its row)."""
@@ -244,6 +256,12 @@ class TraceRecorder:
             raise
         self._size += len(data)
         self._rows += len(lines)
+        self._drop_forgotten()
+
+    def _drop_forgotten(self) -> None:
+        for label in self._forget:
+            self._trajs.pop(label, None)
+        self._forget.clear()
 
     def _line(self, e: RecordedAction, taken: dict[str, list[Any] | None]) -> str | None:
         """The JSONL line of ``e``, its trajectory's position taken (None: left out);

@@ -300,7 +300,11 @@ class Runtime:
     async def close_trajectory(self, trajectory: str) -> TrajectoryInfo:
         """End a trajectory: its queued actions end with an error, running ones finish, then
         its container is removed and its memory returns to the node."""
-        return await self.trajs.close(trajectory)
+        ephemeral = self.private(trajectory)
+        info = await self.trajs.close(trajectory)
+        if ephemeral:  # (a fresh id per request, never opened again: its trace entry goes)
+            self.recorder.forget(trajectory)
+        return info
 
     async def recreate_trajectory(self, trajectory: str) -> TrajectoryInfo:
         """Replace the trajectory's container with a fresh one (same image and memory), e.g.
