@@ -247,6 +247,14 @@ def check_flags(args: argparse.Namespace) -> None:
         check_trace_path(args.trace)
     if args.journal is not None and args.journal.is_dir():
         raise ValueError(f"--journal {str(args.journal)!r} is a directory; give a file path")
+    from tangram.exec.runtime.config import shared_file
+
+    clash = shared_file(None if args.no_journal else args.journal, args.trace)
+    if clash is not None:
+        raise ValueError(
+            f"--journal {str(args.journal)!r} and --trace {str(args.trace)!r} would share the "
+            f"file {str(clash)!r}: each would overwrite the other's; give them different paths"
+        )
     if args.gpu_backend == "cuda" and not args.no_gpu:
         import torch
 

@@ -76,6 +76,8 @@ def test_bench_service_json(capsys: pytest.CaptureFixture[str]) -> None:
         (["--trace", "run.txt"], "unknown trace file type"),
         (["--trace", "."], "--trace"),
         (["--journal", "."], "--journal"),
+        (["--trace", "run.jsonl", "--journal", "run.jsonl"], "would share the file"),
+        (["--trace", "run.parquet", "--journal", "run.parquet.partial.jsonl"], "would share"),
         (["--policy", "lower-bound"], "ignores capacity"),
         (["--default-timeout-s", "1e12"], "default_timeout_s"),
         (["--default-timeout-s", "inf"], "default_timeout_s"),

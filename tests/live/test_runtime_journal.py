@@ -361,3 +361,24 @@ def test_a_value_that_cannot_be_encoded_costs_only_its_own_value(tmp_path: Path)
     deep, other = run_on(path, restarted)
     assert other is not None and other.value == "x" and other.status == "result"
     assert deep is not None and deep.status == "result" and isinstance(deep.value, str)
+
+
+@pytest.mark.parametrize(
+    ("journal", "trace"),
+    [
+        ("x.jsonl", "x.jsonl"),
+        ("x.parquet.partial.jsonl", "x.parquet"),
+        ("j", "j.accepts.0"),
+        ("sub/../x.jsonl", "x.jsonl"),
+    ],
+)
+def test_the_journal_and_the_trace_cannot_share_a_file(
+    tmp_path: Path, journal: str, trace: str
+) -> None:
+    """One path for both was accepted: the trace's header overwrote the journal's database
+    and SQLite's checkpoints the trace's rows, silently while the service ran; after it,
+    neither could be read back ('file is not a database'; 'line 2: not valid JSON')."""
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(ValueError, match="would share the file"):
+        RuntimeConfig(journal_path=tmp_path / journal, trace_path=tmp_path / trace)
+    RuntimeConfig(journal_path=tmp_path / "x.journal", trace_path=tmp_path / "x.jsonl")

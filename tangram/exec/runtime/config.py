@@ -95,3 +95,40 @@ class RuntimeConfig:
         for name in ("keep_outcomes_s", "journal_keep_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        clash = shared_file(self.journal_path, self.trace_path)
+        if clash is not None:
+            raise ValueError(
+                f"journal_path {str(self.journal_path)!r} and trace_path "
+                f"{str(self.trace_path)!r} would share the file {str(clash)!r}: each would "
+                "overwrite the other's (give them different paths)"
+            )
+
+
+def shared_file(journal: Path | None, trace: Path | None) -> Path | None:
+    """A file both the journal at ``journal`` (its database, write-ahead logs, lock and
+    SQLite's side files) and the trace at ``trace`` (the file, and the stream it is written
+    from) would write, or None. Why: with one path for both, the trace's header overwrote
+    the database and SQLite's checkpoints the trace's rows, silently, and neither could be
+    read back."""
+    if journal is None or trace is None:
+        return None
+    from tangram.exec.runtime.recorder import stream_path
+
+    name = journal.name
+    journal_files = {
+        journal.with_name(name + suffix)
+        for suffix in ("", ".accepts.0", ".accepts.1", ".lock", "-wal", "-shm", "-journal")
+    }
+    trace_files = {trace, stream_path(trace) or trace}
+    resolved = {_resolved(p): p for p in trace_files}
+    for path in journal_files:
+        if _resolved(path) in resolved:
+            return path
+    return None
+
+
+def _resolved(path: Path) -> Path:
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):
+        return path.absolute()
