@@ -382,3 +382,18 @@ def test_the_journal_and_the_trace_cannot_share_a_file(
     with pytest.raises(ValueError, match="would share the file"):
         RuntimeConfig(journal_path=tmp_path / journal, trace_path=tmp_path / trace)
     RuntimeConfig(journal_path=tmp_path / "x.journal", trace_path=tmp_path / "x.jsonl")
+
+
+def test_a_journal_path_holding_another_file_is_refused_naming_it(tmp_path: Path) -> None:
+    """A --journal naming a file that is not a journal (a text file, a trace) failed with
+    sqlite3's bare 'file is not a database' traceback, naming neither the file nor the flag;
+    the file is left as it was."""
+    path = tmp_path / "notes.txt"
+    path.write_text("hello\n" * 100)
+    with pytest.raises(ValueError, match=r"notes\.txt.*not a journal.*--journal"):
+        Journal(path).open()
+    assert path.read_text() == "hello\n" * 100
+    Journal(path.with_name("fresh.sqlite")).open()  # (the lock of the refused one is free)
+    again = Journal(path)
+    with pytest.raises(ValueError, match="not a journal"):
+        again.open()

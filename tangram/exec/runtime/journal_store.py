@@ -51,7 +51,13 @@ def connect(path: Path, *, fsync: bool) -> sqlite3.Connection:
     no automatic checkpoints (the writer thread runs them), the schema."""
     db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     try:
-        version = db.execute("PRAGMA user_version").fetchone()[0]
+        try:
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.DatabaseError as exc:  # (sqlite3's own words name neither)
+            raise ValueError(
+                f"journal {path} is not a journal ({exc}): it holds another file; give "
+                "another --journal path"
+            ) from None
         if version > FORMAT:
             raise ValueError(
                 f"journal {path} is format {version}, newer than this Tangram reads "
