@@ -77,6 +77,7 @@ def test_bench_service_json(capsys: pytest.CaptureFixture[str]) -> None:
         (["--trace", "."], "--trace"),
         (["--journal", "."], "--journal"),
         (["--trace", "run.jsonl", "--journal", "run.jsonl"], "would share the file"),
+        (["--journal", f"{__file__}/j.sqlite"], "give another --journal path"),
         (["--trace", "run.parquet", "--journal", "run.parquet.partial.jsonl"], "would share"),
         (["--policy", "lower-bound"], "ignores capacity"),
         (["--default-timeout-s", "1e12"], "default_timeout_s"),

@@ -397,3 +397,11 @@ def test_a_journal_path_holding_another_file_is_refused_naming_it(tmp_path: Path
     again = Journal(path)
     with pytest.raises(ValueError, match="not a journal"):
         again.open()
+
+
+def test_a_journal_that_cannot_be_made_is_refused_naming_it(tmp_path: Path) -> None:
+    """A journal path below a file raised FileExistsError, which tangram serve reported as
+    'cannot listen on 127.0.0.1:0: File exists', blaming the address."""
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match=r"journal .*file/j\.sqlite: cannot open it"):
+        Journal(tmp_path / "file" / "j.sqlite").open()

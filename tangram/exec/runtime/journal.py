@@ -123,10 +123,10 @@ class Journal:
     def open(self) -> int:
         """Lock and open the file (created if missing), replay the logs of a previous run,
         mark every entry it left unfinished ``unknown``; returns how many were."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = _lock(self.path)
         db = None
         try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._lock = _lock(self.path)
             db = store.connect(self.path, fsync=self.fsync)
             for path in self.log_paths:
                 store.transaction(db, (store.REPLAY, _logged(path)))
@@ -136,10 +136,17 @@ class Journal:
             self._logs = [os.open(path, flags, 0o644) for path in self.log_paths]
             self._reader = store.reader(self.path)
             self._writer = Writer(db, keep=self.keep, keep_s=self.keep_s, clock=self.clock)
-        except BaseException:
+        except BaseException as exc:
             if db is not None and self._writer is None:
                 db.close()
             self.close()
+            if isinstance(exc, OSError | sqlite3.OperationalError):
+                # (An OSError reached tangram serve as 'cannot listen on HOST:PORT: File
+                # exists', blaming the address for a journal path below a file.)
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+                raise ValueError(
+                    f"journal {self.path}: cannot open it ({why}); give another --journal path"
+                ) from exc
             raise
         return marked
 
