@@ -29,7 +29,7 @@ from tangram.exec.runtime.outcomes import unknown_outcome
 from tangram.exec.runtime.recorder import RecordedAction, TraceRecorder
 from tangram.trace import load_trace
 from tests.live.conftest import CallLog
-from tests.live.test_runtime import counted, with_runtime
+from tests.live.test_runtime import api_cluster, counted, with_runtime
 
 
 def echo(i: int, **kw: Any) -> ActionSpec:
@@ -265,3 +265,19 @@ def test_a_closed_run_code_container_leaves_nothing_in_the_recorder(tmp_path: Pa
     assert len(trace) == 101
     positions = {key[1]: [r.position for r in rows] for key, rows in trace.trajectories().items()}
     assert positions["run-code-7"] == [0, 1] and positions["kept"] == [0]
+
+
+def test_a_trace_stream_that_cannot_be_written_is_refused_naming_it(tmp_path: Path) -> None:
+    """A Parquet trace's stream (``PATH.partial.jsonl``) that is a directory raised
+    IsADirectoryError from the start, which tangram serve reported as 'cannot listen on
+    HOST:PORT: Is a directory', blaming the address."""
+    (tmp_path / "run.parquet.partial.jsonl").mkdir()
+    config = RuntimeConfig(trace_path=tmp_path / "run.parquet")
+
+    async def main() -> None:
+        async with Runtime(api_cluster()):  # (one without a trace path starts)
+            pass
+        with pytest.raises(ValueError, match=r"run\.parquet\.partial\.jsonl: cannot write it"):
+            await Runtime(api_cluster(), config).start()
+
+    asyncio.run(main())

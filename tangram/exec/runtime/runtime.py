@@ -186,10 +186,16 @@ class Runtime:
         self._closed = asyncio.Event()
         try:
             self.recorder.start(self.trace_meta())
-        except BaseException:
+        except BaseException as exc:
             if self.journal is not None:
                 self.journal.close()
             self._loop = None
+            if isinstance(exc, OSError):  # (tangram serve blamed its listening address)
+                stream = stream_path(self.config.trace_path)
+                raise ValueError(
+                    f"the trace stream {stream}: cannot write it "
+                    f"({exc.strerror or exc}); give another --trace path"
+                ) from exc
             raise
         return self
 
