@@ -475,3 +475,27 @@ def test_an_open_of_an_id_whose_container_is_being_removed_is_a_conflict() -> No
         asyncio.run(main())
     finally:
         aoe.go.set()
+
+
+def test_a_service_that_cannot_listen_leaves_its_runtime_closed(tmp_path: Any) -> None:
+    """The runtime started before the site: when the address was taken, the start failed
+    and the runtime stayed started, its journal locked by this very process, so a second
+    start on another port was refused 'journal ... is in use by pid <this one>'."""
+    import socket
+
+    journal = tmp_path / "j.sqlite"
+
+    def make() -> Runtime:
+        return Runtime(CLUSTER, RuntimeConfig(journal_path=journal), api=ApiExecutor({}))
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        failed = ServiceThread(make, ServeOptions(port=port))
+        with pytest.raises(RuntimeError, match="address already in use"):
+            failed.start()
+    assert failed.runtime is not None and failed.runtime.journal is not None
+    assert not failed.runtime.journal.is_open, "closed: its lock is free"
+    with ServiceThread(make, ServeOptions(port=0)) as svc:
+        assert httpx.get(f"{svc.url}/healthz").json() == {"ok": True}

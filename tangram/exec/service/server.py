@@ -83,22 +83,32 @@ async def start_site(runtime: Runtime, opts: ServeOptions) -> tuple[web.AppRunne
     """Start the runtime and an HTTP site for it; returns the runner and the base URL."""
     check_binding(opts.host, bool(opts.token or opts.clients))
     await runtime.start()
-    app = ServiceApp(
-        runtime,
-        token=opts.token,
-        clients=dict(opts.clients),
-        tenant_max_pending=opts.tenant_max_pending,
-        tenant_max_trajectories=opts.tenant_max_trajectories,
-        trace_path=opts.trace_path,
-        run_code_settings=opts.run_code,
-        max_wait_s=opts.max_wait_s,
-        max_output_bytes=opts.max_output_bytes,
-        body_timeout_s=opts.limits.body_timeout_s,
-    ).build()
-    runner = web.AppRunner(app, shutdown_timeout=5.0, **opts.limits.handler_kwargs())
-    await runner.setup()
-    site = GuardedSite(runner, opts.host, opts.port, opts.limits)
-    await site.start()
+    runner: web.AppRunner | None = None
+    try:
+        app = ServiceApp(
+            runtime,
+            token=opts.token,
+            clients=dict(opts.clients),
+            tenant_max_pending=opts.tenant_max_pending,
+            tenant_max_trajectories=opts.tenant_max_trajectories,
+            trace_path=opts.trace_path,
+            run_code_settings=opts.run_code,
+            max_wait_s=opts.max_wait_s,
+            max_output_bytes=opts.max_output_bytes,
+            body_timeout_s=opts.limits.body_timeout_s,
+        ).build()
+        runner = web.AppRunner(app, shutdown_timeout=5.0, **opts.limits.handler_kwargs())
+        await runner.setup()
+        site = GuardedSite(runner, opts.host, opts.port, opts.limits)
+        await site.start()
+    except BaseException:
+        # (The address taken, say: the runtime it started is closed, its journal's lock
+        # released; it stayed started, and a second start was refused the journal.)
+        if runner is not None:
+            with contextlib.suppress(Exception):
+                await runner.cleanup()
+        await runtime.close(grace_s=0.0)
+        raise
     return runner, site.name
 
 
