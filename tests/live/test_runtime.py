@@ -376,3 +376,15 @@ def test_an_api_call_that_ignores_its_cancel_still_ends_at_its_time_out() -> Non
     for out in (late, never):
         assert out.status == "timeout" and out.value is None, out
         assert out.error is not None and out.error.code == "timeout"
+
+
+def test_an_api_actions_inelastic_curve_is_checked_and_taken() -> None:
+    """An API action's curve was read for its kind only: ``{"kind": "inelastic", "t1": -5}``
+    was accepted (202), as was one missing its ``t1`` (a typo, ``t1_s``), and ``t1`` 5 was
+    replaced by the default 1 s without a word, in the scheduler's estimate and the trace.
+    It is checked and taken as a CPU or GPU action's curve is."""
+    for bad in ({"kind": "inelastic", "t1": -5}, {"kind": "inelastic", "t1_s": 5}):
+        with pytest.raises(BadRequest, match="bad elasticity"):
+            ActionSpec(ApiWork("echo"), curve=bad)
+    spec = ActionSpec(ApiWork("echo"), curve={"kind": "inelastic", "t1": 5})
+    assert spec.elasticity().t1 == 5.0

@@ -235,6 +235,8 @@ class ActionSpec:
                     self.curve is not None and self.curve.get("kind") != "inelastic"
                 ):
                     raise BadRequest("an api action is inelastic: leave serial_fraction/curve out")
+                if self.curve is not None:  # (its t1_s, checked: it was ignored, -5 taken)
+                    return curve_from_dict(self.curve)
                 return Inelastic(self.t1_s)
             if self.serial_fraction is not None:
                 return Amdahl(self.t1_s, self.serial_fraction)
