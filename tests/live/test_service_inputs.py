@@ -352,3 +352,21 @@ def test_a_missing_image_is_a_400_and_leaves_no_container(service: Any) -> None:
     )
     assert not left, "a container was left behind"
     assert json.loads(httpx.get(f"{service.url}/healthz").text) == {"ok": True}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"command": "x", "t1_s": 40, "curve": {"kind": "amdahl", "t1": 2, "serial_fraction": 0.1}},
+        {"endpoint": "echo", "t1_s": 40, "curve": {"kind": "inelastic", "t1": 2}},
+    ],
+    ids=["cpu", "api"],
+)
+def test_a_t1_s_that_its_curve_contradicts_is_refused_naming_both(body: dict[str, Any]) -> None:
+    """A ``t1_s`` sent with a curve whose ``t1`` differs was dropped without a word (the
+    curve's is the action's, in the scheduler and the trace), against the rule that a sent
+    field is never replaced. The same value in both is accepted."""
+    with pytest.raises(BadRequest, match=r"'t1_s' \(40\) differs from its curve's t1 \(2"):
+        parse_action({**body, "trajectory": "t"}, max_output_bytes=1 << 20)
+    spec, _ = parse_action({**body, "t1_s": 2, "trajectory": "t"}, max_output_bytes=1 << 20)
+    assert spec.elasticity().t1 == 2

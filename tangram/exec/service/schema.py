@@ -119,6 +119,15 @@ def parse_action(body: Any, *, max_output_bytes: int) -> tuple[ActionSpec, float
         "malleable": _typed(body, "malleable", bool, "true or false"),
     }
     spec = ActionSpec(work=work, **{k: v for k, v in given.items() if v is not None})
+    if given["t1_s"] is not None and given["curve"] is not None:
+        # The curve's t1 is the action's time on one unit (the scheduler's, the trace's
+        # t1_s): a different t1_s sent with it was dropped without a word.
+        t1 = spec.elasticity().t1
+        if not math.isclose(t1, given["t1_s"], rel_tol=1e-9):
+            raise BadRequest(
+                f"field 't1_s' ({given['t1_s']!r}) differs from its curve's t1 ({t1!r}): the "
+                "curve's time on one unit is the action's; send one of them, or the same"
+            )
     return spec, parse_wait(body.get("wait"))
 
 
