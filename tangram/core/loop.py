@@ -184,8 +184,15 @@ class DriverLoop:
         self.apply(self.scheduler.add_node(node, now), now)
 
     def withdraw(self, action_id: str, now: float) -> bool:
-        """Take back a waiting action: buffered or queued in the core (False: not waiting)."""
-        return self.retract(action_id) or self.scheduler.withdraw(action_id, now)
+        """Take back a waiting action: buffered or queued in the core (False: not waiting).
+        Taken from the core's queue, the actions it held back may start now (a pass)."""
+        if self.retract(action_id):
+            return True
+        if not self.scheduler.withdraw(action_id, now):
+            return False
+        if self.host is not None:
+            self.apply(self.scheduler.after_withdrawals(now), now)
+        return True
 
     def detach(self) -> None:
         """Forget the host (the driver is done): the host holds the loop, so this breaks the

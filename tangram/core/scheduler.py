@@ -92,6 +92,8 @@ class Scheduler:
         #: The driver said no action arrives until it says otherwise (``submissions_done``):
         #: a rollout step whose trajectories have all sent their last action.
         self.no_more_arrivals = False
+        #: Domains a withdrawal left since their last pass (``withdraw``, ``after_withdrawals``).
+        self._vacated: dict[Domain, None] = {}
         #: Shortcuts in force: the switch and what the policy promises (``tangram.core.fastpaths``).
         self._skip_idle = caps.queue_driven and fast.idle_finish
         self._alone = caps.alone if fast.lone_arrival else None
@@ -243,7 +245,19 @@ class Scheduler:
         action = self.backlog.queues[domain].live[action_id]
         self.backlog.remove(action)
         self._left_queue(action)
+        self._vacated[domain] = None
         return True
+
+    def after_withdrawals(self, now: float) -> list[Decision]:
+        """A pass over the domains withdrawals left since (none: no pass). A withdrawn action
+        may have held the others back (a FCFS head waiting for more units than are free, a
+        call a cell was kept for): without it they may start now, not at the next event."""
+        vacated, self._vacated = self._vacated, {}
+        if not vacated:
+            return []
+        ctx = self._begin(now)
+        ctx.dirty.update(vacated)
+        return self._pass(ctx)
 
     def _left_queue(self, action: Action) -> None:
         """A queued action left without a decision of the policy's (withdrawn, or rejected as

@@ -21,6 +21,7 @@ from tangram.core import (
     make_policy,
 )
 from tangram.core.capabilities import Capabilities
+from tangram.core.loop import DriverLoop
 from tangram.core.policies.base import BasePolicy
 from tangram.core.state import CapacityError
 
@@ -277,6 +278,48 @@ def test_a_queued_action_can_be_withdrawn_and_never_starts():
     assert sched.withdraw("c1", 0.5) is False  # not waiting any more
     assert sched.withdraw("c0", 0.5) is False  # running: too late
     assert sched.finish("c0", 1.0) == [] and sched.queued == 0
+
+
+def test_actions_a_withdrawn_head_held_back_start_at_the_withdrawal():
+    # fixed:2 on 3 cores: c0 runs on 2; the FCFS head c1 needs 2 and waits, and c2 (one
+    # core, which is free) waits behind it. Withdrawn at 0.5, c1 no longer holds c2 back: c2
+    # starts at 0.5, not at c0's end (the next event, 2 s later without a pass here).
+    sched = Scheduler(ClusterSpec("one", (CpuNodeSpec("n", 3, 1, 64.0),)), make_policy("fixed:2"))
+    [c0] = sched.submit(cpu(0, traj="A"), 0.0)
+    assert c0.units == 2
+    assert sched.submit(cpu(1, traj="B"), 0.0) == []
+    assert sched.submit(cpu(2, traj="C", max_units=1), 0.0) == []
+    assert sched.withdraw("c1", 0.5) is True
+    [c2] = sched.after_withdrawals(0.5)
+    assert isinstance(c2, Start) and c2.action.id == "c2" and c2.time == 0.5
+    assert sched.after_withdrawals(0.6) == []  # each withdrawal's pass runs once
+
+
+def test_the_driver_loop_runs_the_pass_a_withdrawal_calls_for():
+    started: list[tuple[str, float]] = []
+
+    class Host:
+        request_flush = handed = settled = None
+
+        def start(self, start: Start) -> None:
+            started.append((start.action.id, start.time))
+
+        def reject(self, reject: object) -> None:
+            raise AssertionError(f"nothing is rejected here: {reject}")
+
+        defer = resize = pass_failed = reject
+
+        def arm_wakeup(self, when: float) -> None:
+            pass
+
+    sched = Scheduler(ClusterSpec("one", (CpuNodeSpec("n", 3, 1, 64.0),)), make_policy("fixed:2"))
+    loop = DriverLoop(sched, Host())  # type: ignore[arg-type]
+    for action in (cpu(0, traj="A"), cpu(1, traj="B"), cpu(2, traj="C", max_units=1)):
+        loop.arrive(action)
+    loop.flush(0.0)
+    assert started == [("c0", 0.0)]
+    assert loop.withdraw("c1", 0.5) is True
+    assert started == [("c0", 0.0), ("c2", 0.5)]
 
 
 class CountingPolicy(BasePolicy):
