@@ -8,11 +8,65 @@ message, because a green run without Docker would say nothing about AOE.
 from __future__ import annotations
 
 import os
+import threading
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+
+#: Every warm pool made in this run, to check none is left working past its test.
+_POOLS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _pool_jobs(pool: Any) -> tuple[int, int]:
+    """A warm pool's resets and fills in flight (its worker threads' jobs)."""
+    with pool._lock:
+        return sum(pool._resetting.values()), sum(pool._filling.values())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _register_warm_pools() -> Iterator[None]:
+    """Note each ``WarmPool`` made; at the session's end no pool worker may be left (a
+    manager or pool someone never closed: ``WarmPool.close`` joins its workers)."""
+    from tangram.exec.aoe.pool import WarmPool
+
+    real_init = WarmPool.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        _POOLS.add(self)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(WarmPool, "__init__", init)
+        yield
+    left = [t.name for t in threading.enumerate() if t.name.startswith("tangram-pool")]
+    assert not left, f"warm pool workers outlived the run (a pool never closed): {left}"
+
+
+@pytest.fixture(autouse=True)
+def _no_pool_job_outlives_its_test() -> Iterator[None]:
+    """Fail a test that ends with a warm pool's reset or fill still running: it would run on
+    into the next test (a reset SIGKILLs the processes it lists as its container's, and once
+    killed the test run when a later test patched that listing). Waits for them first, so
+    the next test starts clean either way."""
+    yield
+    left = []
+    for pool in list(_POOLS):
+        if pool._closed:
+            continue
+        jobs = _pool_jobs(pool)
+        if any(jobs):
+            left.append(jobs)
+            deadline = time.monotonic() + 60
+            while any(_pool_jobs(pool)) and time.monotonic() < deadline:
+                time.sleep(0.02)
+    assert not left, (
+        f"warm pool jobs (resets, fills) still running at the test's end: {left}; "
+        "wait for them (tests/exec/test_aoe_pool.py's idle) before the test returns"
+    )
 
 
 @pytest.fixture(scope="session")

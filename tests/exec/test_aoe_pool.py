@@ -171,6 +171,7 @@ def test_a_dirty_container_is_reset_before_the_next_trajectory_gets_it(
         assert (canary_dir / "keep.txt").read_text() == "host file"
     finally:
         pooled.close_trajectory("clean")
+        idle(pooled)
 
 
 #: Leaves a SysV shared-memory segment (4 MiB, charged to the container's memory), a SysV
@@ -225,12 +226,19 @@ def test_a_reset_removes_the_ipc_objects_the_last_user_left(pooled: Any) -> None
         parked_ids(pooled)  # the resets done: the next test finds them parked
 
 
-def parked_ids(manager: Any) -> set[str]:
-    """Container ids the manager's pool holds parked, once no reset is running."""
+def idle(manager: Any) -> None:
+    """Wait until the manager's pool runs no reset and no fill: a test returns only then
+    (conftest fails one that leaves them running on into the next test)."""
+    pool = manager._containers.pool
     deadline = time.monotonic() + 30
-    while manager.pool_stats().resetting:
+    while pool.stats().resetting or any(pool._filling.values()):
         assert time.monotonic() < deadline, f"resets did not end: {manager.pool_stats()}"
         time.sleep(0.02)
+
+
+def parked_ids(manager: Any) -> set[str]:
+    """Container ids the manager's pool holds parked, once no reset or fill is running."""
+    idle(manager)
     pool = manager._containers.pool
     with pool._lock:
         return {c.handle.container_id for cs in pool._parked.values() for c in cs}
@@ -256,6 +264,7 @@ def test_prewarmed_containers_serve_opens_without_a_create(pooled: Any) -> None:
         assert pooled.run_action("warm", "python3 -c 'print(6*7)'").stdout == b"42\n"
     finally:
         pooled.close_trajectory("warm")
+        idle(pooled)
 
 
 def test_a_relaxed_sandbox_is_never_pooled(pooled: Any) -> None:
@@ -321,6 +330,7 @@ def test_an_action_making_its_stdout_non_blocking_leaves_later_actions_alone(
         assert out.status == "ok" and len(out.stdout) == 3_000_000, (out.status, out.stderr)
     finally:
         pooled.close_trajectory("nonblock")
+        idle(pooled)
 
 
 def test_a_container_removed_during_a_listing_does_not_fail_it() -> None:
