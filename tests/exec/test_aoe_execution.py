@@ -139,6 +139,16 @@ def test_a_bad_argument_raises_naming_it(kw: dict[str, Any], message: str) -> No
         plan((0, 1), **kw)
 
 
+@pytest.mark.parametrize("timeout_s", [float("nan"), float("inf"), 1e300, 31 * 86400.0])
+def test_a_time_out_that_is_no_finite_time_is_refused_naming_it(timeout_s: float) -> None:
+    """NaN passed '<= 0' and inf had no end: the action went to the runner, whose socket
+    refused the time-out (ValueError / OverflowError), and it came back as a 'container
+    failure' after its runner was closed, naming neither the argument nor the caller."""
+    with pytest.raises(AoeError, match="timeout_s must be"):
+        plan((0, 1), timeout_s=timeout_s)
+    assert plan((0, 1), timeout_s=30 * 86400.0).timeout_s == 30 * 86400.0
+
+
 def test_an_empty_command_raises() -> None:
     with pytest.raises(AoeError, match="command is empty"):
         plan_action(AoeConfig(), "  ", 1, None, None, None)

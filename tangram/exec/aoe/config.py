@@ -24,6 +24,9 @@ COMPILERS_IMAGE = "tangram-compilers"
 
 #: The unprivileged account both images carry (``sandbox``, uid/gid 1000).
 SANDBOX_USER = "1000:1000"
+#: The longest time-out an action may have (30 days, the runtime's bound on an action's
+#: ``timeout_s``): a time-out is a finite number of seconds, else the action has no end.
+MAX_TIMEOUT_S = 30 * 86400.0
 
 _ROOT_USERS = {"0", "root", "0:0", "root:root"}
 _CAPABILITY = re.compile(r"^(CAP_)?[A-Z_]+$")

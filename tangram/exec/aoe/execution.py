@@ -14,7 +14,7 @@ from typing import Any
 
 from tangram.exec.aoe import environment, judge
 from tangram.exec.aoe.cgroups import CgroupGone
-from tangram.exec.aoe.config import AoeConfig
+from tangram.exec.aoe.config import MAX_TIMEOUT_S, AoeConfig
 from tangram.exec.aoe.errors import AoeError
 from tangram.exec.aoe.kill import kill_action
 from tangram.exec.aoe.ledger import CoreLedger
@@ -89,8 +89,11 @@ def plan_action(
     if threads and threads < n:
         raise AoeError(f"threads must be 0 or at least the {n} granted core(s), got {threads}")
     timeout = config.default_timeout_s if timeout_s is None else timeout_s
-    if timeout <= 0:
-        raise AoeError(f"timeout_s must be positive, got {timeout_s}")
+    if not 0 < timeout <= MAX_TIMEOUT_S:  # NaN fails it too
+        raise AoeError(
+            f"timeout_s must be positive and at most {MAX_TIMEOUT_S:g} s (30 days), "
+            f"got {timeout_s}"
+        )
     limit = config.max_output_bytes if max_output_bytes is None else max_output_bytes
     if limit < 1:
         raise AoeError(f"max_output_bytes must be positive, got {max_output_bytes}")
