@@ -131,7 +131,7 @@ def test_a_plan_fills_in_the_defaults_and_joins_an_argv() -> None:
         ({"quota_cores": 3}, r"quota_cores must be in \(0, 2\]"),
         ({"quota_cores": 0}, r"quota_cores must be in \(0, 2\]"),
         ({"timeout_s": 0}, "timeout_s must be positive"),
-        ({"max_output_bytes": 0}, "max_output_bytes must be positive"),
+        ({"max_output_bytes": 0}, "max_output_bytes must be a positive"),
     ],
 )
 def test_a_bad_argument_raises_naming_it(kw: dict[str, Any], message: str) -> None:
@@ -147,6 +147,17 @@ def test_a_time_out_that_is_no_finite_time_is_refused_naming_it(timeout_s: float
     with pytest.raises(AoeError, match="timeout_s must be"):
         plan((0, 1), timeout_s=timeout_s)
     assert plan((0, 1), timeout_s=30 * 86400.0).timeout_s == 30 * 86400.0
+
+
+@pytest.mark.parametrize("limit", [2.5, float("nan"), 100.0, True, "100"])
+def test_an_output_limit_that_is_no_whole_number_of_bytes_is_refused_naming_it(
+    limit: Any,
+) -> None:
+    """A float (NaN included) passed '< 1' and the action ran: its output was cut with a
+    float slice index (TypeError), reported as a 'container failure' with the runner
+    closed and the output lost."""
+    with pytest.raises(AoeError, match="max_output_bytes must be"):
+        plan((0, 1), max_output_bytes=limit)
 
 
 def test_an_empty_command_raises() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import numbers
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -95,8 +96,11 @@ def plan_action(
             f"got {timeout_s}"
         )
     limit = config.max_output_bytes if max_output_bytes is None else max_output_bytes
-    if limit < 1:
-        raise AoeError(f"max_output_bytes must be positive, got {max_output_bytes}")
+    if isinstance(limit, bool) or not isinstance(limit, numbers.Integral) or limit < 1:
+        raise AoeError(
+            f"max_output_bytes must be a positive whole number of bytes, got {max_output_bytes!r}"
+        )
+    limit = int(limit)
     script = environment.command_text(command)
     if not script.strip():
         raise AoeError("command is empty")
