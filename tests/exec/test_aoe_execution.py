@@ -160,6 +160,15 @@ def test_an_output_limit_that_is_no_whole_number_of_bytes_is_refused_naming_it(
         plan((0, 1), max_output_bytes=limit)
 
 
+@pytest.mark.parametrize("threads", [2.5, True, float("nan"), "4"])
+def test_a_thread_count_that_is_no_whole_number_is_refused_naming_it(threads: Any) -> None:
+    """threads=2.5 ran with OMP_NUM_THREADS=2.5 and threads=True with TANGRAM_CORES=True
+    (str of what was given), which no program reads as a count."""
+    with pytest.raises(AoeError, match="threads must be"):
+        plan((0, 1), threads=threads)
+    assert plan((0, 1), threads=4).threads == 4
+
+
 def test_an_empty_command_raises() -> None:
     with pytest.raises(AoeError, match="command is empty"):
         plan_action(AoeConfig(), "  ", 1, None, None, None)

@@ -87,6 +87,9 @@ def plan_action(
         raise AoeError(
             f"quota_cores must be in (0, {n}] for {n} granted core(s), got {quota_cores}"
         )
+    if isinstance(threads, bool) or not isinstance(threads, numbers.Integral):
+        raise AoeError(f"threads must be a whole number (0: the granted cores), got {threads!r}")
+    threads = int(threads)
     if threads and threads < n:
         raise AoeError(f"threads must be 0 or at least the {n} granted core(s), got {threads}")
     timeout = config.default_timeout_s if timeout_s is None else timeout_s
