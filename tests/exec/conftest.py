@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-
 #: Every warm pool made in this run, to check none is left working past its test.
 _POOLS: weakref.WeakSet[Any] = weakref.WeakSet()
 

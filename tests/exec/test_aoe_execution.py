@@ -325,8 +325,18 @@ def test_a_blueprint_takes_the_managers_defaults_and_refuses_no_memory() -> None
     assert made == Blueprint("t", config.image, config.memory_gb, config.sandbox, 1)
     own = SandboxConfig(network=True)
     assert lifecycle.blueprint("t", 0.5, "other", own) == Blueprint("t", "other", 0.5, own, 1)
-    with pytest.raises(AoeError, match="memory_gb of trajectory 't' must be positive, got 0"):
+    with pytest.raises(AoeError, match="memory_gb of trajectory 't' must be a positive.*, got 0"):
         lifecycle.blueprint("t", 0, None, None)
+
+
+@pytest.mark.parametrize("memory_gb", [float("nan"), float("inf"), True, "1"])
+def test_a_memory_size_that_is_no_finite_number_is_refused_naming_it(memory_gb: Any) -> None:
+    """NaN and inf passed '<= 0' and failed at the container's create as a bare ValueError
+    or OverflowError (int() of them); True opened a trajectory of 'True' GB; a string raised a
+    bare TypeError."""
+    lifecycle = Lifecycle(AoeConfig(), None, TOPOLOGY, "s1")
+    with pytest.raises(AoeError, match="memory_gb of trajectory 't' must be a positive"):
+        lifecycle.blueprint("t", memory_gb, None, None)
 
 
 def test_a_live_container_is_parked_and_a_dead_one_thawed_instead() -> None:

@@ -95,8 +95,7 @@ def plan_action(
     timeout = config.default_timeout_s if timeout_s is None else timeout_s
     if not 0 < timeout <= MAX_TIMEOUT_S:  # NaN fails it too
         raise AoeError(
-            f"timeout_s must be positive and at most {MAX_TIMEOUT_S:g} s (30 days), "
-            f"got {timeout_s}"
+            f"timeout_s must be positive and at most {MAX_TIMEOUT_S:g} s (30 days), got {timeout_s}"
         )
     limit = config.max_output_bytes if max_output_bytes is None else max_output_bytes
     if isinstance(limit, bool) or not isinstance(limit, numbers.Integral) or limit < 1:

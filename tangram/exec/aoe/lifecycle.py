@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import math
+import numbers
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -186,8 +188,14 @@ class Lifecycle:
                 "sandbox of trajectory %s relaxed: %s", traj_id, "; ".join(sandbox.relaxations())
             )
         mem = self.config.memory_gb if memory_gb is None else memory_gb
-        if mem <= 0:
-            raise AoeError(f"memory_gb of trajectory {traj_id!r} must be positive, got {mem}")
+        if (
+            isinstance(mem, bool)
+            or not isinstance(mem, numbers.Real)
+            or not (mem > 0 and math.isfinite(mem))  # NaN fails it too
+        ):
+            raise AoeError(
+                f"memory_gb of trajectory {traj_id!r} must be a positive finite number, got {mem!r}"
+            )
         return Blueprint(traj_id, image or self.config.image, mem, sandbox or self.config.sandbox)
 
     def pool_key(self, blueprint: Blueprint) -> PoolKey | None:
