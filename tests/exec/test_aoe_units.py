@@ -382,6 +382,22 @@ def test_bad_configuration_is_refused_with_the_field_named() -> None:
         AoeConfig(transport="ssh")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("user", ["0:1000", "root:1000", "00", "+0", "0000:0", "", ":1000"])
+def test_every_spelling_of_root_is_a_relaxation_and_never_pooled(user: str) -> None:
+    """Docker runs each of these as uid 0 (``docker run --user 0:1000 ... id``: uid=0(root);
+    an empty user is the image's, root in ours), but only the exact spellings 0, root, 0:0 and
+    root:root were seen as root: the sandbox counted as strict, no relaxation was logged, and
+    the warm pool took its containers."""
+    from tangram.exec.aoe.pool import WarmPool
+
+    sandbox = SandboxConfig(user=user)
+    assert sandbox.runs_as_root
+    assert any("runs as root" in r for r in sandbox.relaxations())
+    assert not WarmPool.poolable(sandbox)
+    assert not SandboxConfig(user="1000:0").runs_as_root  # gid 0 alone is no root
+    assert not SandboxConfig(user="10:1000").runs_as_root
+
+
 def test_owner_label_tells_live_from_dead_processes() -> None:
     assert owner_alive(owner_label()) is True
     host, pid, start = owner_label().split("/")

@@ -28,7 +28,6 @@ SANDBOX_USER = "1000:1000"
 #: ``timeout_s``): a time-out is a finite number of seconds, else the action has no end.
 MAX_TIMEOUT_S = 30 * 86400.0
 
-_ROOT_USERS = {"0", "root", "0:0", "root:root"}
 _CAPABILITY = re.compile(r"^(CAP_)?[A-Z_]+$")
 #: A docker volume name (no '/': a path would be bind-mounted from the host, read-write).
 _VOLUME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,200}\Z")
@@ -95,7 +94,13 @@ class SandboxConfig:
 
     @property
     def runs_as_root(self) -> bool:
-        return self.user.strip() in _ROOT_USERS
+        """Whether actions run as uid 0: any spelling docker reads as it (its uid part 0, 00,
+        +0 or root, whatever the group; an empty one is the image's user, root in ours)."""
+        uid = self.user.strip().partition(":")[0].strip()
+        if uid in ("", "root"):
+            return True
+        digits = uid[1:] if uid[:1] in "+-" else uid
+        return digits.isdigit() and int(digits) == 0
 
     def relaxations(self) -> tuple[str, ...]:
         """Human-readable names of every way this sandbox is looser than the default one."""
