@@ -14,7 +14,7 @@ import pytest
 
 from tangram.core.resources import CpuNodeSpec
 from tangram.exec.aoe.cgroups import CgroupV1, CgroupV2, direct_control, find_cgroup_dirs
-from tangram.exec.aoe.config import AoeConfig, SandboxConfig
+from tangram.exec.aoe.config import AoeConfig, SandboxConfig, WarmPoolConfig
 from tangram.exec.aoe.containers import ContainerSpec, create_kwargs, owner_alive, owner_label
 from tangram.exec.aoe.errors import AoeError, GrantError
 from tangram.exec.aoe.ledger import CoreLedger
@@ -396,6 +396,20 @@ def test_every_spelling_of_root_is_a_relaxation_and_never_pooled(user: str) -> N
     assert not WarmPool.poolable(sandbox)
     assert not SandboxConfig(user="1000:0").runs_as_root  # gid 0 alone is no root
     assert not SandboxConfig(user="10:1000").runs_as_root
+
+
+@pytest.mark.parametrize("name", ["memory_gb", "default_timeout_s", "kill_grace_s"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_configured_time_or_size_that_is_no_finite_number_is_refused(
+    name: str, value: float
+) -> None:
+    """NaN and inf passed '<= 0': kill_grace_s=inf left an action that outlives its kill
+    waited on for ever (never 'stuck'), a NaN default time-out failed each action later."""
+    with pytest.raises(AoeError, match=f"AoeConfig.{name} must be"):
+        AoeConfig(**{name: value})
+    for pool_name in ("window_s", "prewarm_s"):
+        with pytest.raises(AoeError, match=f"WarmPoolConfig.{pool_name} must be"):
+            WarmPoolConfig(**{pool_name: value})
 
 
 def test_owner_label_tells_live_from_dead_processes() -> None:

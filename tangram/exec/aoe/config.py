@@ -7,6 +7,7 @@ is. The sandbox is strict by default; every field that loosens it is named by
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, fields
 from typing import Literal
@@ -154,8 +155,9 @@ class WarmPoolConfig:
         if not isinstance(self.workers, int) or self.workers < 1:
             raise AoeError(f"WarmPoolConfig.workers must be >= 1, got {self.workers!r}")
         for name in ("window_s", "prewarm_s"):
-            if getattr(self, name) <= 0:
-                raise AoeError(f"WarmPoolConfig.{name} must be positive, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):  # NaN fails it too
+                raise AoeError(f"WarmPoolConfig.{name} must be positive and finite, got {value}")
 
     @property
     def enabled(self) -> bool:
@@ -227,8 +229,14 @@ class AoeConfig:
                 f"(the kernel's minimum quota is 1000 us), got {self.park_quota_us}"
             )
         for name in ("memory_gb", "default_timeout_s", "kill_grace_s"):
-            if getattr(self, name) <= 0:
-                raise AoeError(f"AoeConfig.{name} must be positive, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):  # NaN fails it too
+                raise AoeError(f"AoeConfig.{name} must be positive and finite, got {value!r}")
+        if self.default_timeout_s > MAX_TIMEOUT_S:
+            raise AoeError(
+                f"AoeConfig.default_timeout_s must be at most {MAX_TIMEOUT_S:g} s (30 days), "
+                f"got {self.default_timeout_s!r}"
+            )
         if self.max_output_bytes < 1:
             raise AoeError(
                 f"AoeConfig.max_output_bytes must be positive, got {self.max_output_bytes}"
