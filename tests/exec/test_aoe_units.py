@@ -123,6 +123,42 @@ def test_ledger_waits_for_busy_cores_in_arrival_order() -> None:
     assert ledger.free_cores() == (0, 1)
 
 
+def test_ledger_refuses_an_action_id_that_is_already_waiting() -> None:
+    """Two requests of one action id (a caller's action_id, in two trajectories) that both
+    waited were both granted: the first release freed both's cores while the second still
+    ran (a third action was then granted a core it was running on), and the second release
+    raised 'holds no cores' instead of giving an outcome."""
+    ledger = CoreLedger(NumaTopology(((0, 1, 2),)))
+    ledger.acquire("blocker", (0, 1))
+    errors: list[Exception] = []
+
+    def want(cores: tuple[int, ...]) -> None:
+        try:
+            ledger.acquire("same", cores)
+        except AoeError as exc:
+            errors.append(exc)
+
+    first = threading.Thread(target=want, args=((0,),))
+    first.start()
+    deadline = time.monotonic() + 10
+    while len(ledger._waiting) < 1:
+        assert time.monotonic() < deadline, "the first request never waited"
+        time.sleep(0.005)
+    second = threading.Thread(target=want, args=((1,),))
+    second.start()
+    try:
+        second.join(5)
+        assert not second.is_alive(), "the second request of the same id waited"
+        assert errors and "'same'" in str(errors[0]) and "already" in str(errors[0])
+        ledger.release("blocker", "t", 2.0)
+        first.join(5)
+        assert ledger.busy() == {0: "same"}
+    finally:
+        ledger.close("the test is over")  # wakes any request still waiting
+        first.join(5)
+        second.join(5)
+
+
 def test_ledger_never_grants_a_core_twice_under_threads() -> None:
     topo = NumaTopology(((0, 1), (2, 3)))
     ledger = CoreLedger(topo)

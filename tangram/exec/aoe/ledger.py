@@ -68,6 +68,9 @@ class CoreLedger:
         with self._cond:
             if action_id in self._since:
                 raise AoeError(f"action id {action_id!r} already holds cores")
+            if any(w.action_id == action_id for w in self._waiting):
+                # Both would be granted, and one's release would free the other's cores.
+                raise AoeError(f"action id {action_id!r} already waits for cores")
             self._waiting.append(req)
             try:
                 while True:
