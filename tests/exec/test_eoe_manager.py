@@ -405,6 +405,41 @@ def test_call_function_that_raises(managers) -> None:
     assert m.stats().errors_by_type == {"CallFailedError": 1}
 
 
+BAD_TOKENS = {
+    "an id past the vocabulary": (torch.full((2, 8), 512), "vocabulary [0, 512)"),
+    "a negative id": (torch.full((2, 8), -1), "vocabulary [0, 512)"),
+    "float ids": (torch.ones((2, 8)), "integer token ids"),
+    "bool ids": (torch.ones((2, 8), dtype=torch.bool), "integer token ids"),
+    "one dimension": (torch.ones(8, dtype=torch.long), "2-D"),
+    "three dimensions": (torch.ones((1, 2, 8), dtype=torch.long), "2-D"),
+    "a list": ([[1, 2, 3]], "2-D"),
+    "no tokens": (torch.ones((2, 0), dtype=torch.long), "at least"),
+}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_TOKENS))
+def test_the_example_services_refuse_ill_formed_tokens_naming_the_problem(
+    managers, bad: str
+) -> None:
+    """The example services (``tangram serve`` registers them) looked any ids up: one past
+    the vocabulary was 'index out of range in self' here, and on a CUDA device an
+    out-of-range embedding lookup is a device-side assert, after which every call of the
+    process fails; other shapes failed with whatever torch said ('tuple index out of range',
+    'The size of tensor a (16) must match ...'). The model-directory services check theirs
+    (b09c03c); these now do too, and the next call gets the same result as before."""
+    tokens, says = BAD_TOKENS[bad]
+    m = managers(config(devices=1, units=8 * MIB / UNIT))
+    m.register(reward_model_spec("reward", "tiny"))
+    m.register(teacher_spec("teacher", "tiny"))
+    good = example_tokens(batch=2, seq_len=8)
+    before = {s: m.call(s, good).value for s in ("reward", "teacher")}
+    for service in ("reward", "teacher"):
+        out = m.call(service, tokens)
+        assert isinstance(out.error, CallFailedError), out
+        assert "raised ValueError" in out.message and says in out.message, out.message
+        assert torch.equal(m.call(service, good).value, before[service])
+
+
 def test_out_of_memory_during_restore_from_memory_used_elsewhere(managers) -> None:
     m = managers(config(devices=1, units=4))
     m.register(blob_spec("a", units=2))

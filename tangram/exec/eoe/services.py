@@ -175,15 +175,40 @@ def build_model(kind: str, size: str | TransformerSize = "tiny", seed: int = 0) 
     return model
 
 
+def check_tokens(module: torch.nn.Module, tokens: Any) -> torch.Tensor:
+    """``tokens`` when they are token ids the example model can take, else ``ValueError``
+    naming what is wrong: a 2-D integer tensor (batch, tokens) of at least one token, every
+    id within the vocabulary. A call's inputs come as the client sent them: an id past the
+    vocabulary was looked up anyway ('index out of range in self' on a CPU-backed device; on
+    a CUDA device a device-side assert, after which every call of the process fails)."""
+    import torch
+
+    if not isinstance(tokens, torch.Tensor) or tokens.ndim != 2:
+        shape = getattr(tokens, "shape", None)
+        got = type(tokens).__name__ + ("" if shape is None else f" {tuple(shape)}")
+        raise ValueError(f"tokens must be a 2-D tensor of token ids (batch, tokens), got {got}")
+    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+        raise ValueError(f"tokens must be integer token ids, got dtype {tokens.dtype}")
+    if tokens.shape[1] < 1:
+        raise ValueError(
+            f"tokens must hold at least one token per sequence, got {tuple(tokens.shape)}"
+        )
+    vocab = module.trunk.embed.num_embeddings
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+        raise ValueError(f"tokens hold ids outside the model's vocabulary [0, {vocab})")
+    return tokens
+
+
 def score(module: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     """Call function of the reward model: scores (B,) for token ids (B, T)."""
-    return module(tokens)
+    return module(check_tokens(module, tokens))
 
 
 def token_logprobs(module: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     """Call function of the teacher: log-prob of each next token, (B, T-1), in float32."""
     import torch
 
+    tokens = check_tokens(module, tokens)
     logits = module(tokens[:, :-1]).float()
     logp = torch.log_softmax(logits, dim=-1)
     return logp.gather(-1, tokens[:, 1:].unsqueeze(-1)).squeeze(-1)
