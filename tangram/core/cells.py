@@ -8,6 +8,7 @@ rather than restating the rule. Pure Python.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -95,8 +96,12 @@ def validate_cell(
     gpus: Iterable[Any], n_gpus: int, dop: int | None = None, *, error: type[Exception] = CellError
 ) -> Cell:
     """``gpus`` as a sorted cell, or ``error`` saying what is wrong with it."""
+    # Whole numbers only (numpy's too): int() read 0.9 as GPU 0, '1' as GPU 1 and True as 1.
     try:
-        cell = tuple(sorted(int(g) for g in gpus))
+        given = tuple(gpus) if not isinstance(gpus, str | bytes) else (gpus,)
+        if any(isinstance(g, bool) for g in given):
+            raise TypeError
+        cell = tuple(sorted(operator.index(g) for g in given))
     except (TypeError, ValueError):
         raise error(f"gpus must be a tuple of GPU indices, got {gpus!r}") from None
     if not cell:

@@ -493,6 +493,32 @@ def test_dop_and_cell_errors(managers) -> None:
     assert isinstance(split.error, InputSplitError) and "batch sizes" in split.message
 
 
+@pytest.mark.parametrize(
+    ("kw", "error", "words"),
+    [
+        ({"dop": 2.0}, DopNotSupportedError, "not 2.0"),
+        ({"dop": True}, DopNotSupportedError, "not True"),
+        ({"dop": "1"}, DopNotSupportedError, "not '1'"),
+        ({"gpus": 0}, InvalidCellError, "tuple of GPU indices"),
+        ({"gpus": (0.9,)}, InvalidCellError, "tuple of GPU indices"),
+        ({"gpus": (True,)}, InvalidCellError, "tuple of GPU indices"),
+        ({"gpus": ("1",)}, InvalidCellError, "tuple of GPU indices"),
+    ],
+)
+def test_a_dop_or_cell_of_the_wrong_type_is_refused_naming_it(
+    managers, kw: dict, error: type, words: str
+) -> None:
+    """dop=2.0 and gpus=0 came back as 'unexpected TypeError in the executor' (our bug, by
+    its words), dop=True ran at DoP 1 with the outcome's dop True, gpus=(0.9,) ran on GPU 0
+    (int() truncated it) and gpus=('1',) on GPU 1."""
+    m = managers(config(devices=2, units=4))
+    m.register(blob_spec("any", dops=(1, 2)))
+    out = m.call("any", X, **kw)
+    assert isinstance(out.error, error), out
+    assert words in out.message, out.message
+    assert m.stats().errors_by_type.get("ExecutorError") is None
+
+
 def test_registration_errors(managers) -> None:
     m = managers(config(devices=1, units=4, host_memory_bytes=2 * UNIT + 1024))
     m.register(blob_spec("a"))

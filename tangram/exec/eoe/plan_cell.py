@@ -8,6 +8,7 @@ free yet".
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -35,15 +36,18 @@ def check_request(
     holds the service (``DopNotSupportedError``, ``InvalidCellError``, ``ServiceTooLargeError``).
     """
     n = len(budgets)
+    cell = validate_cell(gpus, n) if gpus is not None else None
     if dop is None:
-        dop = len(tuple(gpus)) if gpus is not None else info.shards
-    if dop not in info.dops:
+        dop = len(cell) if cell is not None else info.shards
+    # A whole number (numpy's too): 2.0 reached range() as 'unexpected TypeError', True ran as 1.
+    if isinstance(dop, bool) or not isinstance(dop, numbers.Integral) or dop not in info.dops:
         raise DopNotSupportedError(f"service {info.name!r} supports DoPs {info.dops}, not {dop!r}")
     if dop > n:
         raise DopNotSupportedError(
             f"DoP {dop} needs a cell of {dop} GPUs but this executor has {n}"
         )
-    cell = validate_cell(gpus, n, dop) if gpus is not None else None
+    if cell is not None:
+        cell = validate_cell(cell, n, dop)
     if info.home is not None and (info.home >= n or cell not in (None, (info.home,))):
         raise InvalidCellError(
             f"service {info.name!r} runs on GPU {info.home} only (its engine lives there), "
