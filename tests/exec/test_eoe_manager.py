@@ -17,6 +17,7 @@ from torch import nn
 from tangram.exec.eoe.config import EoeConfig
 from tangram.exec.eoe.devices import CpuDevice
 from tangram.exec.eoe.errors import (
+    CallArgumentError,
     CallFailedError,
     DeviceOutOfMemoryError,
     DopNotSupportedError,
@@ -210,6 +211,34 @@ def test_a_callback_may_call_back_into_the_manager(managers) -> None:
 
 
 # --- in-use replicas are never evicted --------------------------------------------------------
+
+
+@pytest.mark.parametrize("timeout_s", [float("nan"), "1", True])
+def test_a_time_out_that_is_no_number_of_seconds_is_refused_naming_it(
+    managers, timeout_s: object
+) -> None:
+    """timeout_s=NaN passed every deadline check ('left <= 0' is false) and the call waited
+    for the busy service's memory for ever; '1' came back as 'unexpected TypeError in the
+    executor' (our bug, by its words)."""
+    started, release = threading.Event(), threading.Event()
+    m = managers(config(devices=1, units=1.02))
+    m.register(blob_spec("busy", call=_blocking_call(started, release)))
+    m.register(blob_spec("other", seed=3))
+    t = threading.Thread(target=lambda: m.call("busy", X))
+    t.start()
+    assert started.wait(10)
+    outs: list = []
+    waiter = threading.Thread(target=lambda: outs.append(m.call("other", X, timeout_s=timeout_s)))
+    try:
+        waiter.start()
+        waiter.join(3)
+        assert outs, "the call waited on with its time-out"
+        assert isinstance(outs[0].error, CallArgumentError), outs[0]
+        assert "timeout_s" in outs[0].message and outs[0].queue_s < 1
+    finally:
+        release.set()
+        t.join(10)
+        waiter.join(10)
 
 
 def _blocking_call(started: threading.Event, release: threading.Event) -> Callable:

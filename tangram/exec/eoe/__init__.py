@@ -60,6 +60,7 @@ _EXPORTS = {
     "ManagerClosedError": "errors",
     "ExecutorError": "errors",
     "QueueTimeoutError": "errors",
+    "CallArgumentError": "errors",
 }
 
 __all__ = sorted(_EXPORTS)

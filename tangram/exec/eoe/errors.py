@@ -67,6 +67,11 @@ class InputSplitError(EoeError, ValueError):
     """The inputs of a call at DoP > 1 could not be split across the cell's replicas."""
 
 
+class CallArgumentError(EoeError, ValueError):
+    """An argument of the call is not one it can take (its ``timeout_s``: a number of
+    seconds, not NaN); it never ran."""
+
+
 class QueueTimeoutError(EoeError):
     """The call waited longer than its ``timeout_s`` for its GPUs or for memory; it never ran."""
 

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
+import numbers
 import threading
 import time
 from collections.abc import Iterable
@@ -45,6 +47,7 @@ from tangram.exec.eoe.config import EoeConfig
 from tangram.exec.eoe.copying import drop_weights, start_restore, wait_for_copies
 from tangram.exec.eoe.devices import Device, open_devices
 from tangram.exec.eoe.errors import (
+    CallArgumentError,
     EoeError,
     ExecutorError,
     HostMemoryError,
@@ -208,6 +211,14 @@ class EoeManager:
             svc = self._service(service)
             request = check_request(svc.info, dop, gpus, self._budgets)
             dop = request.dop
+            if timeout_s is not None and (
+                isinstance(timeout_s, bool)
+                or not isinstance(timeout_s, numbers.Real)
+                or math.isnan(timeout_s)
+            ):  # NaN passed every deadline check: the call waited for ever
+                raise CallArgumentError(
+                    f"timeout_s must be a number of seconds or None, got {timeout_s!r}"
+                )
             deadline = None if timeout_s is None else start + timeout_s
             state = CallState(svc, deadline=deadline)
             value = self._run(state, request, inputs)
