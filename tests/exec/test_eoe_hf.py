@@ -233,6 +233,24 @@ def test_the_teacher_gives_the_top_k_tokens_when_asked(dirs: dict[str, Path]) ->
     assert torch.all(out["top_logprobs"][..., :-1] >= out["top_logprobs"][..., 1:])
 
 
+@pytest.mark.parametrize("kind", ["teacher", "reward"])
+def test_a_sequence_longer_than_the_model_takes_is_refused(
+    dirs: dict[str, Path], kind: str
+) -> None:
+    """A raw call's ids past the model's max_position_embeddings ran (a Llama extrapolates
+    its positions silently; a model with learned positions looks one up past its table: on a
+    CUDA device a device-side assert). The OpenAI-style routes refuse such a prompt; the raw
+    path now does too, naming both lengths."""
+    svc = hf_service(kind, dirs[kind], kind)
+    ids = torch.ones((1, svc.max_len + 1), dtype=torch.long)
+    with manager(devices=1) as m:
+        m.register(svc.spec)
+        out = m.call(kind, ids)
+        assert not out.ok and "ValueError" in out.message, out
+        assert f"{svc.max_len + 1} tokens" in out.message and str(svc.max_len) in out.message
+        assert m.call(kind, ids[:, : svc.max_len]).ok
+
+
 def _best_cut(sizes: list[int], parts: int) -> int:
     """The smallest largest run over every way to cut (brute force)."""
     n = len(sizes)

@@ -56,6 +56,14 @@ def _as_batch(module: torch.nn.Module, inputs: Any) -> tuple[torch.Tensor, torch
             "'input_ids' must be a 2-D array of integer token ids (batch, tokens), got "
             f"{_described(ids)}"
         )
+    longest = getattr(getattr(module, "config", None), "max_position_embeddings", None)
+    if isinstance(longest, int) and ids.shape[1] > longest:
+        # A Llama extrapolated its positions silently; learned positions were looked up past
+        # their table (on a CUDA device, a device-side assert).
+        raise ValueError(
+            f"'input_ids' holds {ids.shape[1]} tokens per sequence; the model takes at most "
+            f"{longest} (max_position_embeddings)"
+        )
     vocab = module.get_input_embeddings().num_embeddings
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
         raise ValueError(f"'input_ids' has token ids outside the model's vocabulary [0, {vocab})")
