@@ -251,6 +251,23 @@ def test_a_sequence_longer_than_the_model_takes_is_refused(
         assert m.call(kind, ids[:, : svc.max_len]).ok
 
 
+@pytest.mark.parametrize(
+    "top_k", [5, torch.tensor([-3, -3]), torch.tensor([1.5, 1.5]), torch.full((2,), 10_000)]
+)
+def test_a_top_k_that_is_no_count_within_the_vocabulary_is_refused(
+    dirs: dict[str, Path], top_k: Any
+) -> None:
+    """top_k=5 (no tensor) was 'AttributeError: int object has no attribute max', one past
+    the vocabulary 'selected index k out of range', a negative k gave no top tokens without a
+    word and 1.5 gave one."""
+    svc = hf_service("teacher", dirs["teacher"], "teacher")
+    inputs = {**batch(svc.tokenizer, n=2), "top_k": top_k}
+    with manager(devices=1) as m:
+        m.register(svc.spec)
+        out = m.call("teacher", inputs)
+    assert not out.ok and "ValueError" in out.message and "'top_k'" in out.message, out
+
+
 def _best_cut(sizes: list[int], parts: int) -> int:
     """The smallest largest run over every way to cut (brute force)."""
     n = len(sizes)

@@ -90,7 +90,20 @@ def teacher_logprobs(module: torch.nn.Module, inputs: Any) -> dict[str, torch.Te
     logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
     out = {"token_logprobs": logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)}
     top_k = inputs.get("top_k") if isinstance(inputs, dict) else None
-    if top_k is not None and int(top_k.max()) > 0:
+    if top_k is not None:
+        vocab = logp.shape[-1]
+        if (
+            not isinstance(top_k, torch.Tensor)
+            or top_k.is_floating_point()
+            or top_k.is_complex()
+            or top_k.dtype == torch.bool
+        ):
+            raise ValueError(
+                f"'top_k' must be a tensor of integer counts (B,), got {_described(top_k)}"
+            )
+        if top_k.numel() and (int(top_k.min()) < 0 or int(top_k.max()) > vocab):
+            raise ValueError(f"'top_k' must be counts in [0, {vocab}] (the vocabulary)")
+    if top_k is not None and top_k.numel() and int(top_k.max()) > 0:
         values, indices = logp.topk(int(top_k.max()), dim=-1)
         out["top_logprobs"], out["top_ids"] = values, indices
     return out
