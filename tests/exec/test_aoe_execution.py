@@ -169,6 +169,15 @@ def test_a_thread_count_that_is_no_whole_number_is_refused_naming_it(threads: An
     assert plan((0, 1), threads=4).threads == 4
 
 
+@pytest.mark.parametrize("command", ["echo one\x00echo two", ["echo", "x\x00y"]])
+def test_a_command_with_a_nul_byte_is_refused_naming_it(command: Any) -> None:
+    """No shell text or argument can hold NUL: the runner's shell dropped it and ran another
+    command than the one given ('echo one\\0echo two' printed 'oneecho two', the argv
+    ['echo', 'x\\0y'] printed 'xy'), where an env value with NUL was refused."""
+    with pytest.raises(AoeError, match="command contains a NUL byte"):
+        plan_action(AoeConfig(), command, 1, None, None, None)
+
+
 def test_an_empty_command_raises() -> None:
     with pytest.raises(AoeError, match="command is empty"):
         plan_action(AoeConfig(), "  ", 1, None, None, None)

@@ -109,6 +109,8 @@ def command_problem(command: str | tuple[str, ...] | list[str]) -> str | None:
         problem = text_problem("command", part)
         if problem is not None:
             return problem
+        if "\x00" in part:  # the shell drops it and runs another command than the one given
+            return f"command contains a NUL byte (at character {part.index(chr(0))})"
     size = sum(len(p.encode("utf-8", "surrogatepass")) + 1 for p in parts)
     if size > MAX_COMMAND_BYTES:
         return (
