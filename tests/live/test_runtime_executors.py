@@ -71,6 +71,31 @@ def gpu_executor(gpus: int = 8, dops: tuple[int, ...] = (1, 2, 4)) -> GpuExecuto
     return GpuExecutor(eoe, node, threads=1)
 
 
+def test_a_gpu_call_waits_in_eoe_no_longer_than_its_action_has_left() -> None:
+    """The executor called EOE with no time-out: a call still waiting in EOE's queue (for a
+    GPU or for memory another call holds) when its action's deadline passed started anyway,
+    after its time-out, and held its GPUs and its slot in the core until it returned. EOE now
+    drops it from its queue at the deadline (``QueueTimeoutError``: it never ran)."""
+    calls: list[dict[str, Any]] = []
+    executor = gpu_executor()
+
+    def call(service: str, inputs: Any, **kw: Any) -> Any:
+        calls.append(kw)
+        return SimpleNamespace(
+            ok=True, value=1, exec_s=0.0, queue_s=0.0, restored_gpus=(), evicted=(), hit=True
+        )
+
+    executor.eoe.call = call
+    start = SimpleNamespace(gpus=(0,))
+    try:
+        asyncio.run(
+            executor.execute(GpuWork("model", None), start, trajectory="t", time_left_s=2.5)
+        )
+    finally:
+        executor._pool.shutdown(wait=True)
+    assert calls == [{"gpus": (0,), "timeout_s": 2.5}]
+
+
 # ------------------------------------------------------------------ the registry
 
 

@@ -124,18 +124,36 @@ class GpuExecutor:
     async def execute(
         self, work: GpuWork, start: Start, *, trajectory: str, time_left_s: float
     ) -> ExecResult:
-        """Call the service on the granted cell (EOE restores it there if needed)."""
-        return await self.run(work.service, work.inputs, start.gpus)
+        """Call the service on the granted cell (EOE restores it there if needed). It waits in
+        EOE's queue no longer than the action has left: a call that had not started by its
+        deadline would start after it, holding its GPUs and its slot until it returned."""
+        return await self.run(work.service, work.inputs, start.gpus, timeout_s=time_left_s)
 
-    async def run(self, service: str, inputs: Any, gpus: tuple[int, ...]) -> ExecResult:
+    async def run(
+        self,
+        service: str,
+        inputs: Any,
+        gpus: tuple[int, ...],
+        *,
+        timeout_s: float | None = None,
+    ) -> ExecResult:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
-            self._pool, lambda: self.call_blocking(service, inputs, gpus)
+            self._pool, lambda: self.call_blocking(service, inputs, gpus, timeout_s=timeout_s)
         )
 
-    def call_blocking(self, service: str, inputs: Any, gpus: tuple[int, ...]) -> ExecResult:
-        """``run`` on the calling thread (the node agents of ``tangram.exec.ray``)."""
-        out = self.eoe.call(service, inputs, gpus=tuple(gpus))
+    def call_blocking(
+        self,
+        service: str,
+        inputs: Any,
+        gpus: tuple[int, ...],
+        *,
+        timeout_s: float | None = None,
+    ) -> ExecResult:
+        """``run`` on the calling thread (the node agents of ``tangram.exec.ray``);
+        ``timeout_s`` bounds its wait in EOE's queue (None: none)."""
+        kw = {} if timeout_s is None else {"timeout_s": timeout_s}
+        out = self.eoe.call(service, inputs, gpus=tuple(gpus), **kw)
         detail = {"restored": list(out.restored_gpus), "evicted": len(out.evicted), "hit": out.hit}
         if out.ok:
             return ExecResult(
