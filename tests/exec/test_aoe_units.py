@@ -91,6 +91,16 @@ def test_ledger_validates_requests() -> None:
         ledger.acquire("a", ())
 
 
+@pytest.mark.parametrize("cores", [(True,), (1.0,), (0, "1")])
+def test_ledger_refuses_core_ids_that_are_no_whole_numbers(cores: tuple) -> None:
+    """(True,) and (1.0,) passed as core 1 (equal to 1 in a set): the cpuset was written as
+    'True' / '1.0', which the kernel refused, and the action came back as a 'container
+    failure: the grant could not be written'."""
+    ledger = CoreLedger(NumaTopology(((0, 1),)))
+    with pytest.raises(GrantError, match="core ids"):
+        ledger.validate(cores)
+
+
 def test_ledger_waits_for_busy_cores_in_arrival_order() -> None:
     ledger = CoreLedger(NumaTopology(((0, 1),)))
     assert ledger.acquire("first", (0,)) == (0,)

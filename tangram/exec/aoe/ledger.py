@@ -8,6 +8,7 @@ arrival order, and the wait is reported as the action's queueing time.
 
 from __future__ import annotations
 
+import numbers
 import threading
 import time
 from collections import deque
@@ -49,6 +50,9 @@ class CoreLedger:
             return
         if not cores:
             raise GrantError("a grant needs at least one core, got an empty tuple")
+        if any(isinstance(c, bool) or not isinstance(c, numbers.Integral) for c in cores):
+            # True and 1.0 equal core 1 here, but the cpuset was written 'True' / '1.0'.
+            raise GrantError(f"cores must be whole-number core ids, got {cores!r}")
         if len(set(cores)) != len(cores):
             raise GrantError(f"core list {cores} names a core twice")
         unknown = sorted(set(cores) - self._all)
