@@ -268,6 +268,36 @@ def test_a_top_k_that_is_no_count_within_the_vocabulary_is_refused(
     assert not out.ok and "ValueError" in out.message and "'top_k'" in out.message, out
 
 
+ILL_FORMED = {
+    "no tokens": (torch.ones((2, 0), dtype=torch.long), None, "at least one"),
+    "no sequences": (torch.ones((0, 4), dtype=torch.long), None, "at least one"),
+    "a mask of halves": (torch.ones((2, 4), dtype=torch.long), torch.full((2, 4), 0.5), "0 or 1"),
+    "a negative mask": (torch.ones((2, 4), dtype=torch.long), torch.full((2, 4), -5), "0 or 1"),
+    "an empty sequence": (
+        torch.ones((2, 4), dtype=torch.long),
+        torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0]]),
+        "no real token",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", ["teacher", "reward"])
+@pytest.mark.parametrize("case", sorted(ILL_FORMED))
+def test_ill_formed_ids_and_masks_are_refused_naming_the_problem(
+    dirs: dict[str, Path], kind: str, case: str
+) -> None:
+    """Empty ids failed with torch's words ('index -1 is out of bounds for dimension 1 with
+    size 0', 'cannot reshape tensor of 0 elements'); a mask of 0.5 or -5, or a sequence with
+    no real token, gave a result computed on it without a word."""
+    ids, mask, says = ILL_FORMED[case]
+    inputs: Any = ids if mask is None else {"input_ids": ids, "attention_mask": mask}
+    svc = hf_service(kind, dirs[kind], kind)
+    with manager(devices=1) as m:
+        m.register(svc.spec)
+        out = m.call(kind, inputs)
+    assert not out.ok and "ValueError" in out.message and says in out.message, out
+
+
 def _best_cut(sizes: list[int], parts: int) -> int:
     """The smallest largest run over every way to cut (brute force)."""
     n = len(sizes)

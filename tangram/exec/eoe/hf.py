@@ -56,6 +56,11 @@ def _as_batch(module: torch.nn.Module, inputs: Any) -> tuple[torch.Tensor, torch
             "'input_ids' must be a 2-D array of integer token ids (batch, tokens), got "
             f"{_described(ids)}"
         )
+    if not ids.shape[0] or not ids.shape[1]:  # torch's words were 'cannot reshape ...'
+        raise ValueError(
+            "'input_ids' must hold at least one sequence of at least one token, got shape "
+            f"{tuple(ids.shape)}"
+        )
     longest = getattr(getattr(module, "config", None), "max_position_embeddings", None)
     if isinstance(longest, int) and ids.shape[1] > longest:
         # A Llama extrapolated its positions silently; learned positions were looked up past
@@ -72,6 +77,12 @@ def _as_batch(module: torch.nn.Module, inputs: Any) -> tuple[torch.Tensor, torch
             f"'attention_mask' must have the shape of 'input_ids' {tuple(ids.shape)}, got "
             f"{_described(mask)}"
         )
+    if mask is not None:  # else a result computed on such a mask came back without a word
+        if not bool(((mask == 0) | (mask == 1)).all()):
+            raise ValueError("'attention_mask' must hold 0 or 1 for each token")
+        empty = (~(mask != 0).any(dim=1)).nonzero().flatten().tolist()
+        if empty:
+            raise ValueError(f"'attention_mask' marks no real token in sequence(s) {empty[:8]}")
     return ids, mask
 
 
