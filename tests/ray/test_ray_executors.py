@@ -91,3 +91,33 @@ def test_inputs_that_cannot_be_cut_are_refused_when_the_call_may_get_two_gpus() 
             assert executor.admit(ActionSpec(GpuWork("reward", mode), max_units=2), None, CLUSTER)
     finally:
         local.shutdown()
+
+
+def test_a_gpu_call_on_ray_waits_in_eoe_no_longer_than_its_action_has_left() -> None:
+    """The node agent called EOE with no time-out (as the single-node executor did): a call
+    still queued there at its action's deadline started after it. The agent now gets the
+    time the action has left, and EOE drops the call at it."""
+    import asyncio
+
+    sent: list[tuple] = []
+
+    class Calls:
+        async def call(self, node: str, method: str, *args: object) -> object:
+            sent.append((node, method, *args))
+            return "done", {}
+
+    local = single_node()
+    try:
+        ray_gpu = RayGpuExecutor(Calls(), CLUSTER, NodeAgent.catalog(SimpleNamespace(gpu=local)))
+        ray_gpu.report = lambda node, residency: None  # type: ignore[method-assign]
+        start = SimpleNamespace(node="g", gpus=(0,))
+        work = GpuWork("reward", [1])
+        assert asyncio.run(ray_gpu.execute(work, start, trajectory="t", time_left_s=4.0)) == "done"
+    finally:
+        local.shutdown()
+    assert sent == [("g", "call_gpu", "reward", [1], (0,), 4.0)]
+    agent = SimpleNamespace(gpu=SimpleNamespace(eoe=SimpleNamespace(residency=dict)))
+    seen: list[object] = []
+    agent.gpu.call_blocking = lambda s, i, g, timeout_s=None: seen.append(timeout_s) or "r"
+    assert NodeAgent.call_gpu(agent, "reward", [1], (0,), 4.0) == ("r", {})  # type: ignore[arg-type]
+    assert seen == [4.0]

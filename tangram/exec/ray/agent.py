@@ -209,13 +209,18 @@ class NodeAgent:
         )
 
     def call_gpu(
-        self, service: str, inputs: Any, gpus: tuple[int, ...]
+        self,
+        service: str,
+        inputs: Any,
+        gpus: tuple[int, ...],
+        timeout_s: float | None = None,
     ) -> tuple[ExecResult, dict[str, tuple[int, ...]]]:
-        """Call a service on the cell ``gpus``; the result and the node's residency after it."""
+        """Call a service on the cell ``gpus``, waiting in EOE's queue at most ``timeout_s``
+        (what its action has left); the result and the node's residency after it."""
         gpu = self.gpu
         if gpu is None:
             raise RuntimeError(f"node {self.report.name} runs no GPU executor")
-        result = gpu.call_blocking(service, inputs, gpus)
+        result = gpu.call_blocking(service, inputs, gpus, timeout_s=timeout_s)
         return result, dict(gpu.eoe.residency())
 
     def stats(self) -> dict[str, Any]:

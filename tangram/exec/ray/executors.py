@@ -178,7 +178,7 @@ class RayGpuExecutor:
     ) -> ExecResult:
         try:
             result, residency = await self.fleet.call(
-                start.node, "call_gpu", work.service, work.inputs, start.gpus
+                start.node, "call_gpu", work.service, work.inputs, start.gpus, time_left_s
             )
         except NodeLost as err:
             return lost_result(err)
