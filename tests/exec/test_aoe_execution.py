@@ -245,6 +245,28 @@ def test_a_grant_that_cannot_be_written_fails_the_action_without_a_look() -> Non
     assert ledger.free_cores() == TOPOLOGY.cores
 
 
+def test_a_park_that_fails_still_frees_the_cores_and_gives_the_outcome() -> None:
+    """The revoke's park raised (a docker pause or cgroup write refused: AoeError) in the
+    same ``finally`` that releases the cores: the ledger kept them for ever (every later
+    action asking for them waited without end, in any trajectory) and the action got no
+    outcome (the AoeError instead). Now the cores go back, the action has its outcome, and
+    the container, left running unparked, takes no more actions (recreate or close it)."""
+    runner, container, ledger, log = setup()
+
+    def refuse() -> None:
+        log.append("park")
+        raise AoeError("docker pause of cccccccccccc failed: 500 Server Error")
+
+    container.control.park = refuse  # type: ignore[method-assign]
+    out = runner.run(container, "a1", plan(), None, 0.0)
+    assert out.status == "ok" and out.stdout == b"out", out
+    assert ledger.free_cores() == TOPOLOGY.cores
+    assert container.dead is not None and "could not be parked" in container.dead
+    again = runner.run(container, "a2", plan(), None, 0.0)
+    assert again.status == "error" and "could not be parked" in (again.error or "")
+    assert ledger.free_cores() == TOPOLOGY.cores
+
+
 def test_a_transport_error_closes_the_transport_and_names_the_error() -> None:
     def broken(request: ActionRequest) -> RawResult:
         raise ConnectionError("socket closed")

@@ -4,7 +4,6 @@ judge. The caller holds the container's lock; one call, one ``ActionOutcome``.""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import numbers
 import re
@@ -193,10 +192,22 @@ class ActionRunner:
         finally:
             running.end()  # before the park: no resize writes into a parked container
             t_revoke = time.perf_counter()
-            with contextlib.suppress(CgroupGone):
+            try:
                 park(container)
-            times["revoke_s"] = time.perf_counter() - t_revoke
-            self.ledger.release(aid, traj_id, plan.quota)
+            except CgroupGone:
+                pass
+            except AoeError as exc:
+                # The cores go back all the same (kept, every later action asking for them
+                # waited for ever); the container, left running unparked, takes no more
+                # actions: a recreate or a close removes it.
+                log.warning("action %s: %s could not be parked: %s", aid, traj_id, exc)
+                container.dead = container.dead or (
+                    f"container {container.handle.short_id} could not be parked after action "
+                    f"{aid}: {exc}"
+                )
+            finally:
+                times["revoke_s"] = time.perf_counter() - t_revoke
+                self.ledger.release(aid, traj_id, plan.quota)
         if isinstance(raw, judge.Verdict):
             return outcome(raw, granted)  # the command never ran
         death = self._probe(container, judge.probe(raw))
