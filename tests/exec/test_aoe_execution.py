@@ -267,6 +267,22 @@ def test_a_park_that_fails_still_frees_the_cores_and_gives_the_outcome() -> None
     assert ledger.free_cores() == TOPOLOGY.cores
 
 
+def test_an_oom_counter_that_cannot_be_read_costs_neither_the_cores_nor_the_outcome() -> None:
+    """Reading the OOM-kill counter raised anything but CgroupGone (an OSError such as
+    ENODEV from a cgroup being removed) between the cores' grant and the ``try`` that frees
+    them: the ledger kept them for ever and the action got no outcome. The counter is now
+    unknown then (None), as without a memory controller."""
+    runner, container, ledger, log = setup()
+
+    def unreadable() -> int | None:
+        raise OSError(19, "No such device")
+
+    container.control.oom_kills = unreadable  # type: ignore[method-assign]
+    out = runner.run(container, "a1", plan(), None, 0.0)
+    assert out.status == "ok", out
+    assert ledger.free_cores() == TOPOLOGY.cores
+
+
 def test_a_transport_error_closes_the_transport_and_names_the_error() -> None:
     def broken(request: ActionRequest) -> RawResult:
         raise ConnectionError("socket closed")

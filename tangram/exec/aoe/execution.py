@@ -136,6 +136,17 @@ def action_env(
     }
 
 
+def _oom_kills(container: Container) -> int | None:
+    """The container's OOM-kill counter, None when it cannot be read (as without a memory
+    controller): read between the grant and the ``try`` that frees the cores, an error here
+    kept them for ever and cost the action its outcome."""
+    try:
+        return container.control.oom_kills()
+    except (OSError, AoeError, ValueError) as exc:
+        log.warning("the OOM-kill counter of %s cannot be read: %s", container.handle.short_id, exc)
+        return None
+
+
 class ActionRunner:
     """Carries actions through cores, grant, run and revoke; the judge decides the outcome."""
 
@@ -184,7 +195,7 @@ class ActionRunner:
         times["queue_s"] = time.perf_counter() - t0
         env_all = action_env(granted, plan.quota, env, plan.threads, plan.pool)
         request = ActionRequest(aid, plan.script, env_all, plan.timeout_s, plan.max_output_bytes)
-        oom_before = container.control.oom_kills()
+        oom_before = _oom_kills(container)
         kills: list[KillReport] = []
         running = RunningGrant(container, self.ledger, aid, granted, plan.quota, plan.pool)
         try:
@@ -211,7 +222,7 @@ class ActionRunner:
         if isinstance(raw, judge.Verdict):
             return outcome(raw, granted)  # the command never ran
         death = self._probe(container, judge.probe(raw))
-        after = container.control.oom_kills() if judge.wants_oom_count(raw, oom_before) else None
+        after = _oom_kills(container) if judge.wants_oom_count(raw, oom_before) else None
         facts = judge.Facts(
             max_output_bytes=plan.max_output_bytes,
             timeout_s=plan.timeout_s,
