@@ -294,6 +294,27 @@ def test_a_transport_error_closes_the_transport_and_names_the_error() -> None:
     assert ledger.free_cores() == TOPOLOGY.cores
 
 
+@pytest.mark.parametrize("answer", ["transport error", "signal"])
+def test_a_look_at_the_container_that_fails_still_gives_the_outcome(answer: str) -> None:
+    """After a transport error or a SIGKILL the runner asks the engine whether the container
+    died; an engine error there (docker's APIError: a 500, the socket gone) came out of
+    run_action instead of the action's outcome. The death is then unknown, as when the
+    engine says the container runs."""
+
+    def broken(request: ActionRequest) -> RawResult:
+        raise ConnectionError("socket closed")
+
+    runner, container, ledger, log = setup(broken if answer == "transport error" else exited(137))
+
+    def engine_down(container: Container, suspect: bool = False) -> str | None:
+        raise RuntimeError("500 Server Error: Internal Server Error")
+
+    runner.lifecycle.mark_dead = engine_down  # type: ignore[method-assign]
+    out = runner.run(container, "a1", plan(), None, 0.0)
+    assert out.status == "error", out
+    assert ledger.free_cores() == TOPOLOGY.cores
+
+
 def test_a_signal_looks_at_the_container_once_after_the_revoke_then_reads_the_oom_counter() -> None:
     runner, container, _, log = setup(exited(137))
     container.control.oom = 0  # type: ignore[attr-defined]

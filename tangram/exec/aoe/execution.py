@@ -235,8 +235,15 @@ class ActionRunner:
         return outcome(judge.judge(raw, facts), granted)
 
     def _probe(self, container: Container, probe: judge.Probe | None) -> str | None:
-        """Why the container died, when the judge asked to look and it did."""
-        return None if probe is None else self.lifecycle.mark_dead(container, probe.suspect)
+        """Why the container died, when the judge asked to look and it did; None too when the
+        engine could not be asked (its error came out of run_action instead of the outcome)."""
+        if probe is None:
+            return None
+        try:
+            return self.lifecycle.mark_dead(container, probe.suspect)
+        except Exception as exc:  # noqa: BLE001 - the engine's errors (docker's APIError, ...)
+            log.warning("could not look at %s: %s", container.handle.short_id, exc)
+            return None
 
     def _unrun(self, container: Container, failure: judge.Unrun) -> judge.Verdict:
         """The verdict on a command that never ran, the container looked at if the rule asks."""
