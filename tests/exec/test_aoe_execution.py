@@ -245,7 +245,14 @@ def test_a_grant_that_cannot_be_written_fails_the_action_without_a_look() -> Non
     assert ledger.free_cores() == TOPOLOGY.cores
 
 
-def test_a_park_that_fails_still_frees_the_cores_and_gives_the_outcome() -> None:
+@pytest.mark.parametrize(
+    "error",
+    [
+        AoeError("docker pause of cccccccccccc failed: 500 Server Error"),
+        PermissionError(13, "Permission denied"),  # a cgroup file's open, not its write
+    ],
+)
+def test_a_park_that_fails_still_frees_the_cores_and_gives_the_outcome(error: Exception) -> None:
     """The revoke's park raised (a docker pause or cgroup write refused: AoeError) in the
     same ``finally`` that releases the cores: the ledger kept them for ever (every later
     action asking for them waited without end, in any trajectory) and the action got no
@@ -255,7 +262,7 @@ def test_a_park_that_fails_still_frees_the_cores_and_gives_the_outcome() -> None
 
     def refuse() -> None:
         log.append("park")
-        raise AoeError("docker pause of cccccccccccc failed: 500 Server Error")
+        raise error
 
     container.control.park = refuse  # type: ignore[method-assign]
     out = runner.run(container, "a1", plan(), None, 0.0)

@@ -207,7 +207,7 @@ class ActionRunner:
                 park(container)
             except CgroupGone:
                 pass
-            except AoeError as exc:
+            except (AoeError, OSError) as exc:
                 # The cores go back all the same (kept, every later action asking for them
                 # waited for ever); the container, left running unparked, takes no more
                 # actions: a recreate or a close removes it.
