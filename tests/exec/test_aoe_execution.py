@@ -290,6 +290,15 @@ def test_an_oom_counter_that_cannot_be_read_costs_neither_the_cores_nor_the_outc
     assert ledger.free_cores() == TOPOLOGY.cores
 
 
+def test_a_grant_whose_cgroup_file_cannot_be_opened_fails_the_action_with_its_outcome() -> None:
+    """Only a cgroup write's error became AoeError; one opening the file (EACCES, ENODEV) came
+    out of run_action as a bare OSError instead of the action's outcome."""
+    runner, container, ledger, log = setup(grant_error=PermissionError(13, "Permission denied"))
+    out = runner.run(container, "a1", plan(), None, 0.0)
+    assert out.status == "error" and "Permission denied" in (out.error or ""), out
+    assert ledger.free_cores() == TOPOLOGY.cores
+
+
 def test_a_transport_error_closes_the_transport_and_names_the_error() -> None:
     def broken(request: ActionRequest) -> RawResult:
         raise ConnectionError("socket closed")

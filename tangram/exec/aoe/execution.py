@@ -269,7 +269,7 @@ class ActionRunner:
                 container.control.grant(running.cores, running.quota)
         except CgroupGone:
             return self._unrun(container, judge.Unrun("cgroup_vanished"))
-        except AoeError as exc:
+        except (AoeError, OSError) as exc:  # OSError: a cgroup file's open (its write: AoeError)
             return self._unrun(container, judge.Unrun("grant_failed", str(exc)))
         finally:
             times["grant_s"] = time.perf_counter() - t_grant
