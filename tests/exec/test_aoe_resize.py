@@ -213,6 +213,23 @@ def test_a_failed_write_leaves_the_action_on_its_old_cores() -> None:
     assert grant.resize((0, 1)).status == "ended" and ledger.busy() == {0: "a"}
 
 
+def test_a_write_whose_cgroup_file_cannot_be_opened_fails_the_resize_as_a_write_error() -> None:
+    """Only a cgroup write's error became AoeError: one opening the file (EACCES, ENODEV)
+    came out of resize as a bare OSError, with the cores it would have gained kept."""
+    ledger = ledger_of()
+    grant = grant_on(ledger, (0,), 1.0)
+    control = grant.container.control
+
+    def unopenable(cores: tuple[int, ...], quota: float) -> None:
+        control.resize = Control.resize.__get__(control)  # the write back works
+        raise PermissionError(13, "Permission denied")
+
+    control.resize = unopenable
+    failed = grant.resize((0, 1, 2))
+    assert failed.status == "failed" and "Permission denied" in (failed.error or "")
+    assert failed.cores == grant.cores == (0,) and ledger.busy() == {0: "a"}
+
+
 def test_resizes_in_any_order_never_put_two_actions_on_one_core() -> None:
     from hypothesis import given, settings
     from hypothesis import strategies as st

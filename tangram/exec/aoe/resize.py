@@ -123,8 +123,9 @@ class RunningGrant:
             t_write = time.perf_counter()
             try:
                 self._write(new)
-            except AoeError as exc:  # (CgroupGone included: the container died under it)
-                with contextlib.suppress(AoeError):  # the cpuset may be written, the quota not
+            # (CgroupGone included: the container died under it; OSError: a file's open)
+            except (AoeError, OSError) as exc:
+                with contextlib.suppress(AoeError, OSError):  # cpuset written, quota not?
                     self._write(old)
                 ledger.give_back(self.action_id, added)
                 return ResizeResult("failed", old, total_s=time.perf_counter() - t0, error=str(exc))
