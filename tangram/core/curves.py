@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,6 +75,9 @@ def _check_positive(name: str, value: float) -> float:
         raise CurveError(f"{name} must be a number, got {value!r}")
     if not math.isfinite(value) or value <= 0:
         raise CurveError(f"{name} must be a positive finite number of seconds, got {value!r}")
+    if value < sys.float_info.min:
+        # A subnormal time: an Amdahl curve's parallel part over m units underflows to 0 s.
+        raise CurveError(f"{name} must be at least {sys.float_info.min:g} s, got {value!r}")
     return float(value)
 
 
@@ -185,7 +189,14 @@ class Tabulated(ElasticityCurve):
         # Knots of the interpolation (speedup against log2 units), computed once.
         xs = [math.log2(u) for u in units]
         ys = [pts[0][1] / t for _, t in pts]
-        object.__setattr__(self, "_knots", (xs, ys, _pchip_slopes(xs, ys)))
+        slopes = _pchip_slopes(xs, ys)
+        if not all(map(math.isfinite, ys + slopes)):
+            # The interpolation would give NaN durations (even on one unit).
+            raise CurveError(
+                f"tabulated curve's speed-ups overflow a float: {pts[0][1]:g}s at 1 unit "
+                f"against {min(t for _, t in pts):g}s"
+            )
+        object.__setattr__(self, "_knots", (xs, ys, slopes))
 
     def duration(self, units: int) -> float:
         _check_units(units)

@@ -96,3 +96,23 @@ def test_convexity_check():
     assert Amdahl(4.0, 0.3).is_convex_on(range(1, 9))
     # A table with a late jump in speedup is not convex: marginal gain rises.
     assert not Tabulated(((1, 10.0), (2, 9.5), (4, 3.0))).is_convex_on(range(1, 5))
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        # t1 / t overflows a float: the interpolation gave NaN, even on one unit, and an action
+        # on it started with est_duration NaN (the trace row's t1 check compared NaN, passed).
+        lambda: Tabulated(((1, 1.0), (2, 1e-320))),
+        lambda: Tabulated(((1, 1e300), (4, 1e-300))),
+        # A subnormal time: 5e-324 s on one unit is 0.0 on two (Amdahl's t1 (1 - s) / m
+        # underflows), and T1 / T(2) divides by zero.
+        lambda: Amdahl(5e-324, 0.0),
+        lambda: Inelastic(1e-320),
+    ],
+)
+def test_curves_whose_times_leave_the_float_range_are_refused(build):
+    """Found fuzzing odd tabulated shapes: a curve the constructor accepted gave durations of
+    NaN or 0, which every policy then started (``est_duration`` must be positive, finite)."""
+    with pytest.raises(CurveError):
+        build()
