@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tangram.core.cells import smallest_cell_for
+from tangram.core.cells import unit_options
 from tangram.core.demand import ServiceDemand
 from tangram.core.resources import ClusterSpec
 from tangram.trace import Trace, row_to_action
@@ -10,14 +10,17 @@ from tangram.trace import Trace, row_to_action
 
 def expected_demand(trace: Trace, cluster: ClusterSpec) -> tuple[ServiceDemand, ...]:
     """Per GPU service: the GPUs of one replica (the smallest cell its memory fits on the
-    cluster's GPU nodes) and the GPU-seconds of all its calls at that cell.
+    cluster's GPU nodes, by the core's own rule, ``OptionBuilder.gpu_units``: a service of
+    whole replicas needs one GPU to hold all of it) and the GPU-seconds of all its calls at
+    that cell.
 
     This is the operator's foreknowledge (popularity x call cost over the run); a service
     that fits on no node is left out (its calls are rejected whatever the sizing).
     """
     if not cluster.gpu_nodes:
         return ()
-    node = max(cluster.gpu_nodes, key=lambda n: (n.gpus, n.gpu_memory_gb))
+    memory = max(n.gpu_memory_gb for n in cluster.gpu_nodes)
+    gpus = max(n.gpus for n in cluster.gpu_nodes)
     seconds: dict[str, float] = {}
     cells: dict[str, int] = {}
     for row in trace.rows:
@@ -25,9 +28,12 @@ def expected_demand(trace: Trace, cluster: ClusterSpec) -> tuple[ServiceDemand, 
             continue
         k = cells.get(row.service)
         if k is None:
-            k = smallest_cell_for(row.service_size_gb, node.gpu_memory_gb, node.gpus)
-            if k is None:
+            fits = unit_options(
+                row.service_size_gb, memory, gpus, 1, replicas=row.service_replicas
+            )
+            if not fits:
                 continue
+            k = fits[0]
             cells[row.service] = k
         curve = row_to_action(row, row.trajectory, 0.0).curve
         seconds[row.service] = seconds.get(row.service, 0.0) + curve.duration(k) * k

@@ -30,3 +30,51 @@ def test_replicas_follow_the_load_and_sum_to_the_gpus_given():
         if lo.replica_gpus == hi.replica_gpus:
             assert replicas[lo.service] <= replicas[hi.service]
     assert set(acts["outcome"]) == {"result"}
+
+
+def test_a_replicated_model_no_gpu_holds_gets_no_replicas_and_no_warm_copy():
+    """A service run as whole replicas (``service_replicas``) needs one GPU to hold all of it.
+    The declared demand sized it as shards (60 GB on 40-GB GPUs: 2-GPU replicas), so
+    ``sglang-sized`` held half the pool for a service whose calls the core rejects, and
+    ``--warm-gpus plan`` restored it as replicas: 60 GB resident on each 40-GB GPU."""
+    from tangram.core import ClusterSpec, CpuNodeSpec, GpuNodeSpec
+    from tangram.trace import Trace, TraceRow
+
+    def row(i: int, service: str, size: float, replicas: bool) -> TraceRow:
+        return TraceRow(
+            action_id=f"{service}{i}",
+            trajectory=f"{service}{i}",
+            step=0,
+            position=0,
+            task="t",
+            kind="k",
+            gen_before_s=0.0,
+            resource="gpu",
+            t1_s=1.0,
+            serial_fraction=0.3,
+            max_units=4,
+            service=service,
+            service_size_gb=size,
+            service_replicas=replicas,
+        )
+
+    trace = Trace([row(i, "big", 60.0, True) for i in range(3)] + [row(i, "small", 10.0, False) for i in range(3)])
+    cluster = ClusterSpec(
+        "c", (CpuNodeSpec("c0", 4, 1, 64.0),), (GpuNodeSpec("g0", 4, 40.0, 500.0),)
+    )
+    assert [d.service for d in expected_demand(trace, cluster)] == ["small"]
+    for policy in ("sglang-sized", "tangram"):
+        sim = Simulation(trace, cluster, SimConfig(policy=policy, warm_gpus="plan"))
+        acts = actions_frame(sim.run()).set_index("action_id")
+        assert all(
+            sim.residency.used_gb(node, gpu) <= 40.0 for node, gpu in sim.residency.resident
+        )
+        assert set(acts.loc[["big0", "big1", "big2"], "outcome"]) == {"rejected"}
+        assert set(acts.loc[["small0", "small1", "small2"], "outcome"]) == {"result"}
+    assert "big" not in sim_rule_replicas(trace, cluster)
+
+
+def sim_rule_replicas(trace, cluster) -> dict:
+    sim = Simulation(trace, cluster, SimConfig(policy="sglang-sized"))
+    sim.run()
+    return sim.scheduler.policy.rules["gpu"].replicas
