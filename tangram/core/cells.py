@@ -128,6 +128,31 @@ def smallest_cell_for(size_gb: float, gpu_memory_gb: float, n_gpus: int) -> int 
     return None
 
 
+def holds(size_gb: float, gpu_memory_gb: float, k: int, *, replicas: bool = False) -> bool:
+    """Whether a cell of ``k`` GPUs of ``gpu_memory_gb`` each holds a model of ``size_gb``:
+    split in k shards, or all of it on every GPU for a service run as ``replicas``."""
+    return size_gb <= (1 if replicas else k) * gpu_memory_gb
+
+
+def unit_options_on(
+    size_gb: float,
+    shapes: Iterable[tuple[int, float]],
+    max_units: int,
+    *,
+    replicas: bool = False,
+) -> Cell:
+    """``unit_options`` on a cluster of GPU nodes of these (GPUs, GB per GPU) shapes: the
+    sizes some node has a cell of that holds the model (a node's GPU count and another's
+    memory do not make a cell together)."""
+    fits = sorted(
+        {k for n, mem in shapes for k in CELL_SIZES if k <= n and holds(size_gb, mem, k, replicas=replicas)}
+    )
+    if not fits:
+        return ()
+    top = max(fits[0], max_units)
+    return tuple(k for k in fits if k <= top)
+
+
 def unit_options(
     size_gb: float, gpu_memory_gb: float, n_gpus: int, max_units: int, *, replicas: bool = False
 ) -> Cell:

@@ -23,6 +23,10 @@ class ServiceDemand:
     replica_gpus: int
     #: Expected calls x GPU-seconds per call at ``replica_gpus``.
     gpu_seconds: float
+    #: The model's size and whether it runs as whole replicas (``Action``'s fields): a replica
+    #: goes only on a node whose GPUs hold it (0: not told, any node).
+    size_gb: float = 0.0
+    replicas: bool = False
 
     def __post_init__(self) -> None:
         if not self.service:

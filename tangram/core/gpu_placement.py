@@ -8,14 +8,20 @@ whole nodes free for large DoPs, the buddy allocator's rule; then node and cell 
 
 from __future__ import annotations
 
+from tangram.core.cells import holds
 from tangram.core.state import ClusterState
 
 
-def place_cell(state: ClusterState, size: int, service: str) -> tuple[str, tuple[int, ...]] | None:
-    """The best free aligned cell of ``size`` GPUs for ``service``, or None if there is none."""
+def place_cell(
+    state: ClusterState, size: int, service: str, size_gb: float = 0.0, replicas: bool = False
+) -> tuple[str, tuple[int, ...]] | None:
+    """The best free aligned cell of ``size`` GPUs for ``service`` (a model of ``size_gb``,
+    which the cell's GPUs must hold: ``cells.holds``), or None if there is none."""
     best: tuple[tuple[int, ...], str, tuple[int, ...]] | None = None
     for order, (name, node) in enumerate(state.gpu.items()):
-        if size > node.spec.gpus:
+        if size > node.spec.gpus or not holds(
+            size_gb, node.spec.gpu_memory_gb, size, replicas=replicas
+        ):
             continue
         free = node.free_gpus
         if free < size:

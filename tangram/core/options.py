@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from tangram.core.action import Action
-from tangram.core.cells import unit_options
+from tangram.core.cells import unit_options_on
 from tangram.core.resources import ClusterSpec, CpuNodeSpec, GpuNodeSpec, ResourceKind
 from tangram.core.state import CapacityError
 
@@ -97,7 +97,7 @@ class OptionsBuilder:
     """
 
     __slots__ = ("respects_capacity", "_node_cores", "_max_node_cores", "_max_node_gpus")
-    __slots__ += ("_max_gpu_mem", "_unit_ranges")
+    __slots__ += ("_max_gpu_mem", "_unit_ranges", "_gpu_shapes")
 
     def __init__(self, cluster: ClusterSpec, *, respects_capacity: bool = True) -> None:
         self.respects_capacity = respects_capacity
@@ -105,14 +105,15 @@ class OptionsBuilder:
         self._max_node_cores = max((n.cores for n in cluster.cpu_nodes), default=0)
         self._max_node_gpus = max((n.gpus for n in cluster.gpu_nodes), default=0)
         self._max_gpu_mem = max((n.gpu_memory_gb for n in cluster.gpu_nodes), default=0.0)
+        #: The GPU nodes' distinct (GPUs, GB per GPU): a cell is one node's.
+        self._gpu_shapes = tuple(sorted({(n.gpus, n.gpu_memory_gb) for n in cluster.gpu_nodes}))
         self._unit_ranges: dict[int, tuple[int, ...]] = {}  # top -> (1, ..., top), shared
 
     def gpu_units(self, action: Action) -> tuple[int, ...]:
         """The cell sizes a GPU call may use on this cluster (empty: none holds its model)."""
-        return unit_options(
+        return unit_options_on(
             action.service_size_gb,
-            self._max_gpu_mem,
-            self._max_node_gpus,
+            self._gpu_shapes,
             action.max_units,
             replicas=action.service_replicas,
         )
@@ -143,6 +144,7 @@ class OptionsBuilder:
         else:
             self._max_node_gpus = max(self._max_node_gpus, node.gpus)
             self._max_gpu_mem = max(self._max_gpu_mem, node.gpu_memory_gb)
+            self._gpu_shapes = tuple(sorted({*self._gpu_shapes, (node.gpus, node.gpu_memory_gb)}))
 
     def widened(self, action: Action, opts: Options) -> Options:
         """A queued GPU call's options after a GPU node joined: the cells it had and those it

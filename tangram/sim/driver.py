@@ -27,7 +27,7 @@ import simpy
 from simpy.core import EmptySchedule
 
 from tangram.core.action import Action
-from tangram.core.cells import aligned_cells, smallest_cell_for
+from tangram.core.cells import aligned_cells, holds, smallest_cell_for
 from tangram.core.curves import ElasticityCurve
 from tangram.core.decision import Defer, Reject, Resize, Start
 from tangram.core.demand import size_replicas
@@ -308,6 +308,11 @@ class Simulation:
         for d in sorted(demands, key=lambda d: (-d.replica_gpus, d.service)):
             left = plan[d.service]
             for node in self.cluster.gpu_nodes:
+                if not holds(
+                    size_gb[d.service], node.gpu_memory_gb, d.replica_gpus,
+                    replicas=replicas[d.service],
+                ):
+                    continue  # (its GPUs do not hold the model: as ``sglang-sized`` places)
                 for cell in aligned_cells(node.gpus, d.replica_gpus):
                     if left and not any((node.name, g) in taken for g in cell):
                         taken.update((node.name, g) for g in cell)

@@ -78,3 +78,29 @@ def sim_rule_replicas(trace, cluster) -> dict:
     sim = Simulation(trace, cluster, SimConfig(policy="sglang-sized"))
     sim.run()
     return sim.scheduler.policy.rules["gpu"].replicas
+
+
+def test_replicas_go_only_on_nodes_whose_gpus_hold_the_model():
+    """GPU nodes of different memory: the plan's 1-GPU replicas of a 30-GB model were placed
+    (``--warm-gpus plan``, and ``sglang-sized``'s deployment) on the first node's 16-GB GPUs."""
+    from tangram.core import ClusterSpec, CpuNodeSpec, GpuNodeSpec
+    from tangram.trace import Trace, TraceRow
+
+    rows = [
+        TraceRow(f"a{i}", f"t{i}", 0, 0, "t", "k", 0.0, "gpu", 1.0, 4, serial_fraction=0.3,
+                 service="m", service_size_gb=30.0)  # fmt: skip
+        for i in range(4)
+    ]
+    cluster = ClusterSpec(
+        "mixed",
+        (CpuNodeSpec("c0", 4, 1, 64.0),),
+        (GpuNodeSpec("small", 4, 16.0, 500.0), GpuNodeSpec("large", 2, 80.0, 500.0)),
+    )
+    for policy in ("sglang-sized", "tangram", "fixed:1"):
+        sim = Simulation(Trace(tuple(rows), {}), cluster, SimConfig(policy=policy, warm_gpus="plan"))
+        acts = actions_frame(sim.run())
+        cap = {"small": 16.0, "large": 80.0}
+        assert all(sim.residency.used_gb(n, g) <= cap[n] for n, g in sim.residency.resident)
+        assert set(acts["outcome"]) == {"result"}
+        # (2 of the 16-GB GPUs hold it too: a call may run there, never on one)
+        assert all(30.0 / u <= cap[n] for n, u in zip(acts["node"], acts["units"], strict=True))

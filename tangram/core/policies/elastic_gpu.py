@@ -137,7 +137,13 @@ class ElasticGpu(DomainRule):
             action, units = rnd.kept[i], rnd.units[i]
             opts = ctx.options(action)
             for size in reversed(opts.units[: opts.units.index(units) + 1]):
-                spot = place_cell(ctx.state, size, action.service or "")
+                spot = place_cell(
+                    ctx.state,
+                    size,
+                    action.service or "",
+                    action.service_size_gb,
+                    action.service_replicas,
+                )
                 if spot is not None:
                     node, cell = spot
                     resident = ctx.state.gpu[node].is_resident(action.service or "", cell)

@@ -42,7 +42,13 @@ class FixedGpu(DomainRule):
     def schedule_domain(self, ctx: Context, domain: Domain) -> None:
         for action in ctx.queue(domain):
             units = _fixed_units(ctx.options(action), self.dop)
-            spot = place_cell(ctx.state, units, action.service or "")
+            spot = place_cell(
+                ctx.state,
+                units,
+                action.service or "",
+                action.service_size_gb,
+                action.service_replicas,
+            )
             if spot is None:
                 return
             ctx.start(action, spot[0], units, f"fixed:{self.dop}: {units} GPU cell", gpus=spot[1])

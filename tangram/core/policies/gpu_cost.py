@@ -36,6 +36,7 @@ from collections.abc import Iterator
 
 from tangram.core.action import Action
 from tangram.core.backlog import GPU_DOMAIN
+from tangram.core.cells import holds
 from tangram.core.context import Context
 from tangram.core.resources import ResourceKind
 from tangram.core.state import GpuNodeState
@@ -290,6 +291,13 @@ def place_charged(
     for order, (name, node) in enumerate(ctx.state.gpu.items()):
         free = node.free_gpus
         if size > node.spec.gpus or free < size:
+            continue
+        if not holds(
+            action.service_size_gb,
+            node.spec.gpu_memory_gb,
+            size,
+            replicas=action.service_replicas,
+        ):
             continue
         held = reserved.get(name) if reserved else None
         for cell in node.free_cells(size):

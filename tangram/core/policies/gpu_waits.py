@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 from tangram.core.action import Action
 from tangram.core.backlog import GPU_DOMAIN
-from tangram.core.cells import aligned_cells
+from tangram.core.cells import aligned_cells, holds
 from tangram.core.context import Context
 from tangram.core.policies.gpu_cost import AGING_CAP_S
 
@@ -161,7 +161,7 @@ class CellWaits:
         until, held = _busy_until(ctx), self.reserved()
         best: tuple[float, float, str, tuple[int, ...]] | None = None
         for name, node in ctx.state.gpu.items():
-            if size > node.spec.gpus:
+            if size > node.spec.gpus or not _holds(action, node.spec.gpu_memory_gb, size):
                 continue
             mine = held.get(name, set())
             for cell in aligned_cells(node.spec.gpus, size):
@@ -221,6 +221,8 @@ class CellWaits:
                 u = opts.units[j]
                 if u > node.spec.gpus or u > pool * MAX_POOL_SHARE:
                     break
+                if not _holds(action, node.spec.gpu_memory_gb, u):
+                    continue
                 for cell in aligned_cells(node.spec.gpus, u):
                     if mine.intersection(cell) or any(
                         node.owner[g] is not None and (name, g) not in until for g in cell
@@ -343,3 +345,10 @@ def filled(free_at: list[float], work: float) -> float:
         total += i * (at - level)
         level = at
     return level + (work - total) / len(free_at)
+
+
+def _holds(action: Action, gpu_memory_gb: float, size: int) -> bool:
+    """Whether a cell of ``size`` GPUs of ``gpu_memory_gb`` each holds ``action``'s model."""
+    return holds(
+        action.service_size_gb, gpu_memory_gb, size, replicas=action.service_replicas
+    )

@@ -139,13 +139,18 @@ class BurstablePods(StaticPods):
 
 
 def _hold_replicas(
-    ctx: Context, service: str, tp: int, count: int
+    ctx: Context,
+    service: str,
+    tp: int,
+    count: int,
+    size_gb: float = 0.0,
+    replicas: bool = False,
 ) -> list[tuple[str, tuple[int, ...]]]:
     """Place and hold up to ``count`` replicas of ``tp`` GPUs for ``service`` (fewer when the
     pool runs out); the (node, cell) of each."""
     cells = []
     for _ in range(count):
-        spot = place_cell(ctx.state, tp, f"dedicated:{service}")
+        spot = place_cell(ctx.state, tp, f"dedicated:{service}", size_gb, replicas)
         if spot is None:
             break
         ctx.hold_cell(spot[0], spot[1], f"dedicated:{service}")
@@ -166,7 +171,14 @@ class DedicatedGpus(DomainRule):
     def _dedicate(self, ctx: Context, action: Action) -> None:
         service = action.service or ""
         tp = ctx.options(action).units[0]
-        cells = _hold_replicas(ctx, service, tp, max(1, self.gpus_per_service // tp))
+        cells = _hold_replicas(
+            ctx,
+            service,
+            tp,
+            max(1, self.gpus_per_service // tp),
+            action.service_size_gb,
+            action.service_replicas,
+        )
         if cells:
             self.replicas[service] = cells
         else:
@@ -251,7 +263,9 @@ class SizedGpus(DedicatedGpus):
         budget = total if self.total_gpus is None else min(self.total_gpus, total)
         self.plan = size_replicas(self.demands.values(), budget)
         for d in sorted(self.demands.values(), key=lambda d: (-d.replica_gpus, d.service)):
-            cells = _hold_replicas(ctx, d.service, d.replica_gpus, self.plan[d.service])
+            cells = _hold_replicas(
+                ctx, d.service, d.replica_gpus, self.plan[d.service], d.size_gb, d.replicas
+            )
             if cells:
                 self.replicas[d.service] = cells
             else:
