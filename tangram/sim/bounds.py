@@ -57,7 +57,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tangram.core.cells import unit_options
+from tangram.core.cells import unit_options_on
 from tangram.core.resources import ClusterSpec
 from tangram.sim.config import RolloutConfig
 from tangram.trace import Trace, TraceRow
@@ -98,11 +98,11 @@ def action_need(row: TraceRow, cluster: ClusterSpec) -> ActionNeed | None:
         units: Sequence[int] = range(1, top + 1)
         domain: Domain = ("cpu", "")
     elif row.resource == "gpu":
-        units = unit_options(
+        units = unit_options_on(  # the core's options (``OptionBuilder.gpu_units``)
             row.service_size_gb,
-            max((n.gpu_memory_gb for n in cluster.gpu_nodes), default=0.0),
-            max((n.gpus for n in cluster.gpu_nodes), default=0),
+            {(n.gpus, n.gpu_memory_gb) for n in cluster.gpu_nodes},
             row.max_units,
+            replicas=row.service_replicas,
         )
         domain = ("gpu", "")
     else:

@@ -173,3 +173,25 @@ def test_no_policy_that_respects_capacity_is_ever_below_the_bound(instance):
         assert act >= bound.act_mean_s * (1 - 1e-9) - 1e-9, policy
         assert step >= bound.step_mean_s * (1 - 1e-9) - 1e-9, policy
     assert compared >= 1  # the default at least runs every action
+
+
+def test_a_gpu_call_no_node_holds_is_unrunnable_in_the_bound():
+    """The bound took a model as shards over the most GPUs of any node at the most memory of
+    any node: a replicated 60-GB model on 40-GB GPUs, and an 8-GPU cell of 80-GB GPUs where
+    the 80-GB node has 2, counted as runnable while every policy rejects them."""
+    from tangram.core.resources import GpuNodeSpec
+    from tangram.sim.bounds import action_need
+
+    cluster = ClusterSpec(
+        "mixed",
+        cpu_nodes=(CpuNodeSpec("cpu0", 2, 1, 64.0),),
+        gpu_nodes=(GpuNodeSpec("small", 8, 16.0, 500.0), GpuNodeSpec("large", 2, 40.0, 500.0)),
+    )
+
+    def gpu(size: float, replicas: bool = False) -> TraceRow:
+        return TraceRow("g", "t", 0, 0, "hand", "judge", 0.0, "gpu", 1.0, 8, serial_fraction=0.2,
+                        service="m", service_size_gb=size, service_replicas=replicas)  # fmt: skip
+
+    assert action_need(gpu(60.0, replicas=True), cluster) is None
+    assert action_need(gpu(200.0), cluster) is None
+    assert action_need(gpu(60.0), cluster) is not None  # 2 x 40 GB on "large", 4 x 16 on "small"
