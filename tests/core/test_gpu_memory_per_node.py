@@ -59,3 +59,39 @@ def test_a_model_no_node_holds_is_rejected(policy):
     out = run(CLUSTER, policy, [call(0, 200.0), call(1, 90.0, replicas=True)])
     assert set(out.rejected) == {"a0", "a1"}
     assert "does not fit any cell" in out.rejected["a0"].reason
+
+
+def test_a_call_only_the_large_memory_node_holds_is_not_passed_forever():
+    """The default's head reservation (a call wider than every free cell reserves one after
+    waiting) compared the call's smallest size with the widest free cell of the pool: free
+    8-GPU cells of 16-GB GPUs, which a 150-GB model cannot use, kept it from reserving, and
+    1-GPU calls (best fit: the 2-GPU node first) took the 80-GB node's GPUs in turn while it
+    waited for the whole 100-s stream (found with the per-node placement above)."""
+    actions = [
+        Action(
+            "big",
+            "tb",
+            ResourceKind.GPU,
+            Amdahl(1.0, 1.0),
+            arrival=0.3,
+            max_units=2,
+            service="huge",
+            service_size_gb=150.0,
+        )
+    ]
+    actions += [
+        Action(
+            f"s{i}",
+            f"t{i}",
+            ResourceKind.GPU,
+            Amdahl(1.0, 1.0),
+            arrival=0.25 * i,
+            max_units=1,
+            service="tiny",
+            service_size_gb=5.0,
+        )
+        for i in range(400)
+    ]
+    out = run(CLUSTER, "tangram", actions)
+    assert out.started["big"].node == "large"
+    assert out.started["big"].time < 10.0

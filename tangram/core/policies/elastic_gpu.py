@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from tangram.core.action import Action
 from tangram.core.backlog import GPU_DOMAIN, Domain
-from tangram.core.cells import aligned_cells, cell_sizes
+from tangram.core.cells import aligned_cells, cell_sizes, holds
 from tangram.core.context import Context
 from tangram.core.gpu_placement import place_cell
 from tangram.core.options import Options
@@ -182,6 +182,8 @@ class _RobustPass:
         self.pool_gb = sum(n.spec.gpus * n.spec.gpu_memory_gb for n in ctx.state.gpu.values())
         self.pool_gpus = sum(n.spec.gpus for n in ctx.state.gpu.values())
         self._widest: int | None = None
+        #: ``widest_free(action)`` per (model size, replicas), this pass.
+        self._widest_for: dict[tuple[float, bool], int] = {}
         self._backlog: Backlog | None = None
         self._resident: dict[str, set[int]] | None = None
         self._held: dict[str, set[int]] | None = None
@@ -309,20 +311,31 @@ class _RobustPass:
             self._backlog = Backlog(gpu_free_times(ctx), work, ctx.queue_len(self.domain))
         return self._backlog
 
-    def widest_free(self) -> int:
-        """The largest free cell no waiting call holds, over the pool."""
-        if self._widest is None:
+    def widest_free(self, action: Action | None = None) -> int:
+        """The largest free cell no waiting call holds, over the pool; with ``action``, the
+        largest of those whose GPUs hold its model (GPU nodes of different memory: a wide
+        free cell where the model does not fit does not serve it)."""
+        model = None if action is None else (action.service_size_gb, action.service_replicas)
+        widest = self._widest if model is None else self._widest_for.get(model)
+        if widest is None:
             widest = 0
             for name, node in self.ctx.state.gpu.items():
                 held = self.reserved.get(name)
                 for size in reversed(cell_sizes(node.spec.gpus)):
                     if size <= widest:
                         break
+                    if model is not None and not holds(
+                        model[0], node.spec.gpu_memory_gb, size, replicas=model[1]
+                    ):
+                        break  # (a narrower cell of this node holds less)
                     if any(not held or not held.intersection(c) for c in node.free_cells(size)):
                         widest = size
                         break
-            self._widest = widest
-        return self._widest
+            if model is None:
+                self._widest = widest
+            else:
+                self._widest_for[model] = widest
+        return widest
 
     def options(self, action: Action) -> Options:
         opts = self.ctx.options(action)
@@ -378,7 +391,8 @@ class _RobustPass:
         opts = ctx.options(action)
         if (
             self.waits.head is None
-            and 0 < self.widest_free() < opts.units[0]
+            and 0 < self.widest_free()
+            and self.widest_free(action) < opts.units[0]
             and ctx.now - action.arrival >= head_patience(opts.durations[opts.fastest])
         ):
             calls = self.calls(service, opts.units[0])
@@ -393,6 +407,7 @@ class _RobustPass:
             if reason is not None:
                 self.reserved = self.waits.reserved()
                 self._widest = self._resident = None
+                self._widest_for.clear()
                 return reason
         self._seen[service] = self._seen.get(service, 0) + 1
         now, best = ctx.now, None
