@@ -6,6 +6,7 @@ one journal in turn, as a service restarted on it would be."""
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import time
 from pathlib import Path
@@ -28,6 +29,7 @@ from tangram.exec.runtime.journal import Journal, JournalBusy
 from tangram.exec.runtime.journal_codec import outcome_from_json, outcome_to_json
 from tangram.exec.runtime.outcomes import UNKNOWN_CODE, unknown_outcome
 from tangram.exec.runtime.records import STATUSES, ErrorInfo, Timings
+from tangram.exec.service.schema import outcome_doc
 from tests.live.conftest import CallLog, faulty_endpoints
 from tests.live.test_runtime import api_cluster, counted
 
@@ -354,13 +356,16 @@ def test_a_value_that_cannot_be_encoded_costs_only_its_own_value(tmp_path: Path)
 
     outs = run_on(path, body)
     assert [o.status for o in outs] == ["result", "result"]
+    # The client's own answer encodes too (its GET was a 500, RecursionError), saying why.
+    answer = json.loads(json.dumps(outcome_doc(outs[0])))
+    assert answer["status"] == "result" and "nested too deep" in answer["result"]
 
     async def restarted(rt: Runtime, log: CallLog) -> list[Outcome | None]:
         return [await rt.result("deep"), await rt.result("other")]
 
     deep, other = run_on(path, restarted)
     assert other is not None and other.value == "x" and other.status == "result"
-    assert deep is not None and deep.status == "result" and isinstance(deep.value, str)
+    assert deep is not None and deep.status == "result" and deep.value == answer["result"]
 
 
 @pytest.mark.parametrize(
