@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import bisect
 import math
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,14 +69,19 @@ class ElasticityCurve:
         raise NotImplementedError
 
 
+#: The smallest normal float, ``sys.float_info.min`` written out (the core imports only what
+#: tests/test_layering.py allows).
+MIN_NORMAL_S = 2.0**-1022
+
+
 def _check_positive(name: str, value: float) -> float:
     if not isinstance(value, int | float) or isinstance(value, bool):
         raise CurveError(f"{name} must be a number, got {value!r}")
     if not math.isfinite(value) or value <= 0:
         raise CurveError(f"{name} must be a positive finite number of seconds, got {value!r}")
-    if value < sys.float_info.min:
+    if value < MIN_NORMAL_S:
         # A subnormal time: an Amdahl curve's parallel part over m units underflows to 0 s.
-        raise CurveError(f"{name} must be at least {sys.float_info.min:g} s, got {value!r}")
+        raise CurveError(f"{name} must be at least {MIN_NORMAL_S:g} s, got {value!r}")
     return float(value)
 
 
