@@ -246,13 +246,22 @@ class Simulation:
         unfinished = [r for r in self.records.values() if r.outcome == "pending"]
         held = sum(len(w) for b in self._barriers for w in b.waiting.values())
         if unfinished or held:
+            # What the waiting trajectories hold: the node memory others' containers wait for
+            # (named, so the message does not blame pods where containers are the cause), else
+            # e.g. a static pod each.
+            for_memory = len(self.scheduler.admission.waiting_for_memory)
+            holds = (
+                f"their containers hold the node memory that {for_memory} actions' containers "
+                "wait for"
+                if for_memory
+                else "e.g. a pod per trajectory with fewer pods than trajectories in the step"
+            )
             raise SimulationStalled(
                 f"simulation stalled: {len(unfinished)} actions never ended"
                 + (f" (e.g. {unfinished[0].row.action_id})" if unfinished else "")
                 + (
                     f" while {held} trajectories waited at a step barrier (sync actions): they "
-                    "hold what the others wait for (e.g. a pod per trajectory with fewer pods "
-                    "than trajectories in the step)"
+                    f"hold what the others wait for ({holds})"
                     if held
                     else ""
                 )
@@ -309,7 +318,9 @@ class Simulation:
             left = plan[d.service]
             for node in self.cluster.gpu_nodes:
                 if not holds(
-                    size_gb[d.service], node.gpu_memory_gb, d.replica_gpus,
+                    size_gb[d.service],
+                    node.gpu_memory_gb,
+                    d.replica_gpus,
                     replicas=replicas[d.service],
                 ):
                     continue  # (its GPUs do not hold the model: as ``sglang-sized`` places)

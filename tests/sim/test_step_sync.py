@@ -89,3 +89,23 @@ def test_a_sync_reward_with_fewer_pods_than_trajectories_stalls_with_a_clear_err
         simulate(Trace(tuple(rows), {}), small, SimConfig(policy="k8s-static:4", overheads=ov))
     # AOE holds no cores between actions: the same trace runs under tangram.
     simulate(Trace(tuple(rows), {}), small, SimConfig(policy="tangram", overheads=ov))
+
+
+def test_a_sync_reward_whose_containers_fill_the_node_stalls_naming_memory_not_pods():
+    # 64 GB of node memory, containers of 40 GB: A's container holds 40 GB while A waits at
+    # the barrier for B, whose container waits for memory that never frees (any policy).
+    from tangram.sim.driver import SimulationStalled
+
+    rows = [
+        row("A", 0, 1.0, 1.0, memory_gb=40.0),
+        row("A", 1, 0.5, 1.0, "step", memory_gb=40.0),
+        row("B", 0, 1.0, 1.0, memory_gb=40.0),
+        row("B", 1, 0.5, 1.0, "step", memory_gb=40.0),
+    ]
+    small = ClusterSpec("one-node", cpu_nodes=(CpuNodeSpec("n", 4, 1, 64.0),))
+    ov = Overheads(aoe_grant_s=0.0, container_start_s=0.0, pod_start_s=0.0)
+    with pytest.raises(
+        SimulationStalled, match="hold the node memory that 1 actions' containers"
+    ) as stalled:
+        simulate(Trace(tuple(rows), {}), small, SimConfig(policy="tangram", overheads=ov))
+    assert "pod" not in str(stalled.value)
