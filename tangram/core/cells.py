@@ -145,11 +145,16 @@ def unit_options_on(
     sizes some node has a cell of that holds the model (a node's GPU count and another's
     memory do not make a cell together)."""
     fits = sorted(
-        {k for n, mem in shapes for k in CELL_SIZES if k <= n and holds(size_gb, mem, k, replicas=replicas)}
+        {
+            k
+            for n, mem in shapes
+            for k in CELL_SIZES
+            if k <= n and holds(size_gb, mem, k, replicas=replicas)
+        }
     )
     if not fits:
         return ()
-    top = max(fits[0], max_units)
+    top = max(fits[0], max_units)  # fits[0]: ``smallest_cell_for``
     return tuple(k for k in fits if k <= top)
 
 
@@ -159,10 +164,4 @@ def unit_options(
     """The cell sizes a call of a ``size_gb`` model may run on: from the smallest that holds
     it up to ``max_units`` (at least the smallest), within ``n_gpus``. Empty when none fits.
     A model run as ``replicas`` puts all of it on every GPU, so one GPU must hold it."""
-    fits = [
-        k for k in CELL_SIZES if k <= n_gpus and size_gb <= (1 if replicas else k) * gpu_memory_gb
-    ]
-    if not fits:
-        return ()
-    top = max(fits[0], max_units)  # fits[0]: ``smallest_cell_for``
-    return tuple(k for k in fits if k <= top)
+    return unit_options_on(size_gb, ((n_gpus, gpu_memory_gb),), max_units, replicas=replicas)

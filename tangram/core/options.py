@@ -96,15 +96,13 @@ class OptionsBuilder:
     every unit it asks for.
     """
 
-    __slots__ = ("respects_capacity", "_node_cores", "_max_node_cores", "_max_node_gpus")
-    __slots__ += ("_max_gpu_mem", "_unit_ranges", "_gpu_shapes")
+    __slots__ = ("respects_capacity", "_node_cores", "_max_node_cores")
+    __slots__ += ("_unit_ranges", "_gpu_shapes")
 
     def __init__(self, cluster: ClusterSpec, *, respects_capacity: bool = True) -> None:
         self.respects_capacity = respects_capacity
         self._node_cores: dict[str | None, int] = {n.name: n.cores for n in cluster.cpu_nodes}
         self._max_node_cores = max((n.cores for n in cluster.cpu_nodes), default=0)
-        self._max_node_gpus = max((n.gpus for n in cluster.gpu_nodes), default=0)
-        self._max_gpu_mem = max((n.gpu_memory_gb for n in cluster.gpu_nodes), default=0.0)
         #: The GPU nodes' distinct (GPUs, GB per GPU): a cell is one node's.
         self._gpu_shapes = tuple(sorted({(n.gpus, n.gpu_memory_gb) for n in cluster.gpu_nodes}))
         self._unit_ranges: dict[int, tuple[int, ...]] = {}  # top -> (1, ..., top), shared
@@ -142,8 +140,6 @@ class OptionsBuilder:
             self._node_cores[node.name] = node.cores
             self._max_node_cores = max(self._max_node_cores, node.cores)
         else:
-            self._max_node_gpus = max(self._max_node_gpus, node.gpus)
-            self._max_gpu_mem = max(self._max_gpu_mem, node.gpu_memory_gb)
             self._gpu_shapes = tuple(sorted({*self._gpu_shapes, (node.gpus, node.gpu_memory_gb)}))
 
     def widened(self, action: Action, opts: Options) -> Options:

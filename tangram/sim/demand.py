@@ -28,9 +28,7 @@ def expected_demand(trace: Trace, cluster: ClusterSpec) -> tuple[ServiceDemand, 
             continue
         k = cells.get(row.service)
         if k is None:
-            fits = unit_options_on(
-                row.service_size_gb, shapes, 1, replicas=row.service_replicas
-            )
+            fits = unit_options_on(row.service_size_gb, shapes, 1, replicas=row.service_replicas)
             if not fits:
                 continue
             k = fits[0]

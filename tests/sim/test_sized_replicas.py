@@ -58,7 +58,10 @@ def test_a_replicated_model_no_gpu_holds_gets_no_replicas_and_no_warm_copy():
             service_replicas=replicas,
         )
 
-    trace = Trace([row(i, "big", 60.0, True) for i in range(3)] + [row(i, "small", 10.0, False) for i in range(3)])
+    trace = Trace(
+        [row(i, "big", 60.0, True) for i in range(3)]
+        + [row(i, "small", 10.0, False) for i in range(3)]
+    )
     cluster = ClusterSpec(
         "c", (CpuNodeSpec("c0", 4, 1, 64.0),), (GpuNodeSpec("g0", 4, 40.0, 500.0),)
     )
@@ -66,9 +69,7 @@ def test_a_replicated_model_no_gpu_holds_gets_no_replicas_and_no_warm_copy():
     for policy in ("sglang-sized", "tangram"):
         sim = Simulation(trace, cluster, SimConfig(policy=policy, warm_gpus="plan"))
         acts = actions_frame(sim.run()).set_index("action_id")
-        assert all(
-            sim.residency.used_gb(node, gpu) <= 40.0 for node, gpu in sim.residency.resident
-        )
+        assert all(sim.residency.used_gb(node, gpu) <= 40.0 for node, gpu in sim.residency.resident)
         assert set(acts.loc[["big0", "big1", "big2"], "outcome"]) == {"rejected"}
         assert set(acts.loc[["small0", "small1", "small2"], "outcome"]) == {"result"}
     assert "big" not in sim_rule_replicas(trace, cluster)
@@ -87,8 +88,21 @@ def test_replicas_go_only_on_nodes_whose_gpus_hold_the_model():
     from tangram.trace import Trace, TraceRow
 
     rows = [
-        TraceRow(f"a{i}", f"t{i}", 0, 0, "t", "k", 0.0, "gpu", 1.0, 4, serial_fraction=0.3,
-                 service="m", service_size_gb=30.0)  # fmt: skip
+        TraceRow(
+            f"a{i}",
+            f"t{i}",
+            0,
+            0,
+            "t",
+            "k",
+            0.0,
+            "gpu",
+            1.0,
+            4,
+            serial_fraction=0.3,
+            service="m",
+            service_size_gb=30.0,
+        )  # fmt: skip
         for i in range(4)
     ]
     cluster = ClusterSpec(
@@ -97,7 +111,9 @@ def test_replicas_go_only_on_nodes_whose_gpus_hold_the_model():
         (GpuNodeSpec("small", 4, 16.0, 500.0), GpuNodeSpec("large", 2, 80.0, 500.0)),
     )
     for policy in ("sglang-sized", "tangram", "fixed:1"):
-        sim = Simulation(Trace(tuple(rows), {}), cluster, SimConfig(policy=policy, warm_gpus="plan"))
+        sim = Simulation(
+            Trace(tuple(rows), {}), cluster, SimConfig(policy=policy, warm_gpus="plan")
+        )
         acts = actions_frame(sim.run())
         cap = {"small": 16.0, "large": 80.0}
         assert all(sim.residency.used_gb(n, g) <= cap[n] for n, g in sim.residency.resident)

@@ -78,6 +78,7 @@ class ElasticGpu(DomainRule):
             return
         # Computed on first use, once per pass: no start happens before the round is decided.
         resident: dict[str, set[int]] | None = None
+        widest: int | None = None
         restore_cost = _first_restore_cost(ctx)
         busy_until = _resident_busy_until(ctx)
 
@@ -100,7 +101,9 @@ class ElasticGpu(DomainRule):
                 # The default's overloaded pass: the restore it would do now is at the widest
                 # of its sizes that has a free cell (a wider one's cheaper restore cannot
                 # happen now; with none free it cannot restore at all).
-                widest = _widest_free_cell(ctx)
+                nonlocal widest
+                if widest is None:
+                    widest = _widest_free_cell(ctx)
                 fits = [u for u in units if u <= widest]
                 cost = restore_cost(action, fits[-1]) if fits else math.inf
             else:
@@ -318,19 +321,7 @@ class _RobustPass:
         model = None if action is None else (action.service_size_gb, action.service_replicas)
         widest = self._widest if model is None else self._widest_for.get(model)
         if widest is None:
-            widest = 0
-            for name, node in self.ctx.state.gpu.items():
-                held = self.reserved.get(name)
-                for size in reversed(cell_sizes(node.spec.gpus)):
-                    if size <= widest:
-                        break
-                    if model is not None and not holds(
-                        model[0], node.spec.gpu_memory_gb, size, replicas=model[1]
-                    ):
-                        break  # (a narrower cell of this node holds less)
-                    if any(not held or not held.intersection(c) for c in node.free_cells(size)):
-                        widest = size
-                        break
+            widest = _widest_free_cell(self.ctx, self.reserved, model)
             if model is None:
                 self._widest = widest
             else:
@@ -391,7 +382,7 @@ class _RobustPass:
         opts = ctx.options(action)
         if (
             self.waits.head is None
-            and 0 < self.widest_free()
+            and self.widest_free() > 0
             and self.widest_free(action) < opts.units[0]
             and ctx.now - action.arrival >= head_patience(opts.durations[opts.fastest])
         ):
@@ -585,14 +576,24 @@ class _RobustPass:
         ctx.defer(action, "tangram: no aligned free cell of its smallest size after placement")
 
 
-def _widest_free_cell(ctx: Context) -> int:
-    """The largest free aligned cell over the pool (0 when every GPU is busy)."""
+def _widest_free_cell(
+    ctx: Context,
+    reserved: dict[str, set[int]] | None = None,
+    model: tuple[float, bool] | None = None,
+) -> int:
+    """The largest free aligned cell over the pool (0 when every GPU is busy); none of whose
+    GPUs is ``reserved``; with ``model`` (size in GB, whole replicas), whose GPUs hold it."""
     widest = 0
-    for node in ctx.state.gpu.values():
+    for name, node in ctx.state.gpu.items():
+        held = reserved.get(name) if reserved else None
         for size in reversed(cell_sizes(node.spec.gpus)):
             if size <= widest:
                 break
-            if any(True for _ in node.free_cells(size)):
+            if model is not None and not holds(
+                model[0], node.spec.gpu_memory_gb, size, replicas=model[1]
+            ):
+                break  # (a narrower cell of this node holds less)
+            if any(not held or not held.intersection(c) for c in node.free_cells(size)):
                 widest = size
                 break
     return widest

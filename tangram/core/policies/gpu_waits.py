@@ -349,6 +349,4 @@ def filled(free_at: list[float], work: float) -> float:
 
 def _holds(action: Action, gpu_memory_gb: float, size: int) -> bool:
     """Whether a cell of ``size`` GPUs of ``gpu_memory_gb`` each holds ``action``'s model."""
-    return holds(
-        action.service_size_gb, gpu_memory_gb, size, replicas=action.service_replicas
-    )
+    return holds(action.service_size_gb, gpu_memory_gb, size, replicas=action.service_replicas)

@@ -152,8 +152,7 @@ class GpuExecutor:
     ) -> ExecResult:
         """``run`` on the calling thread (the node agents of ``tangram.exec.ray``);
         ``timeout_s`` bounds its wait in EOE's queue (None: none)."""
-        kw = {} if timeout_s is None else {"timeout_s": timeout_s}
-        out = self.eoe.call(service, inputs, gpus=tuple(gpus), **kw)
+        out = self.eoe.call(service, inputs, gpus=tuple(gpus), timeout_s=timeout_s)
         detail = {"restored": list(out.restored_gpus), "evicted": len(out.evicted), "hit": out.hit}
         if out.ok:
             return ExecResult(
