@@ -112,16 +112,12 @@ def shared_file(journal: Path | None, trace: Path | None) -> Path | None:
     read back."""
     if journal is None or trace is None:
         return None
+    from tangram.exec.runtime.journal import journal_files
     from tangram.exec.runtime.recorder import stream_path
 
-    name = journal.name
-    journal_files = {
-        journal.with_name(name + suffix)
-        for suffix in ("", ".accepts.0", ".accepts.1", ".lock", "-wal", "-shm", "-journal")
-    }
     trace_files = {trace, stream_path(trace) or trace}
     resolved = {_resolved(p): p for p in trace_files}
-    for path in journal_files:
+    for path in journal_files(journal):
         if _resolved(path) in resolved:
             return path
     return None

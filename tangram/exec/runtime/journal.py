@@ -96,7 +96,7 @@ class Journal:
         #: Wall-clock seconds (entries' ages; a test passes its own).
         self.clock = clock
         #: The two write-ahead logs, used in turn (``PATH.accepts.0``, ``.1``).
-        self.log_paths = tuple(self.path.with_name(f"{self.path.name}.accepts.{i}") for i in (0, 1))
+        self.log_paths = tuple(self.path.with_name(self.path.name + s) for s in LOG_SUFFIXES)
         self._lock: IO[str] | None = None
         self._reader: sqlite3.Connection | None = None
         self._writer: Writer | None = None
@@ -357,9 +357,22 @@ def _decode(text: str | None) -> Outcome | None:
     return None if text is None else outcome_from_json(text)
 
 
+#: The files a journal at PATH writes besides PATH: its two write-ahead logs, used in turn,
+#: its lock, and SQLite's own (WAL mode; ``-journal`` while it recovers).
+LOG_SUFFIXES = (".accepts.0", ".accepts.1")
+LOCK_SUFFIX = ".lock"
+SQLITE_SUFFIXES = ("-wal", "-shm", "-journal")
+
+
+def journal_files(path: Path) -> tuple[Path, ...]:
+    """Every file a journal at ``path`` may write (the database first)."""
+    suffixes = ("", *LOG_SUFFIXES, LOCK_SUFFIX, *SQLITE_SUFFIXES)
+    return tuple(path.with_name(path.name + suffix) for suffix in suffixes)
+
+
 def _lock(path: Path) -> IO[str]:
     """Hold ``PATH.lock`` exclusively (``JournalBusy`` if another process does)."""
-    handle = open(path.with_name(path.name + ".lock"), "a+")  # noqa: SIM115 - held while open
+    handle = open(path.with_name(path.name + LOCK_SUFFIX), "a+")  # noqa: SIM115 - held while open
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
