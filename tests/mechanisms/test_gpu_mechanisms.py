@@ -322,3 +322,22 @@ def test_long_calls_do_not_take_the_pool_from_the_short_calls_that_follow():
     sized = np.mean(list(acts(case, "sglang-sized").values()))
     assert default <= 1.05 * sized
     assert step_s(case, "tangram") <= 1.05 * step_s(case, "fixed:16")
+
+
+def test_a_call_waits_for_its_copy_inside_a_reserved_cell_when_done_before_it_is_needed():
+    # Four 80-GB GPUs, warm: a 120-GB model "m60" on (0, 1), a 32.8B "m32" (65.6 GB) on
+    # GPU 2, a 7.6B "m7" (15.2 GB) on GPU 3. At t = 0 a 6-s m32 call A runs on GPU 2, a 50-s
+    # m7 call on GPU 3, a 100-s m7 call restores m7 on GPU 0 (beside m60's shard). At 0.1 a
+    # 2-GPU m60 call W (2 s) finds no free pair; at t = 3 (a 0.1-s m7 call restores on
+    # GPU 1) it has waited its run and reserves (2, 3), ready when the 50-s call ends.
+    # At t = 5 call B (m32, 1 s) arrives. Its copy, GPU 2, frees at 6 and is in W's cell:
+    # run there, B is done at 7, long before W needs it (backfill). Before, ``hold`` left a
+    # busy reserved cell out of the copies a call may wait for, so B restored m32 on GPU 1
+    # (2.674 s; evicting m60's shard and m7, charged 4.242 s): ACT 3.694 s. Now B waits
+    # 1 s and runs on its copy: ACT 2.0 s. tangram-paper waits for a copy outside any
+    # reservation: until 50, then restores: 48.694 s. The others are unchanged.
+    case, b = "wait_on_reserved_copy", "s0-t00005-a000"
+    default, paper = acts(case, "tangram"), acts(case, "tangram-paper")
+    assert default[b] == pytest.approx(2.0, abs=1e-6)
+    assert paper[b] == pytest.approx(48.694, abs=1e-3)
+    assert all(default[a] == pytest.approx(paper[a]) for a in default if a != b)

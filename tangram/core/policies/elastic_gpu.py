@@ -8,7 +8,7 @@ resident cell when that is sooner than a restore, and places the cells.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from tangram.core.action import Action
 from tangram.core.backlog import GPU_DOMAIN, Domain
@@ -21,6 +21,7 @@ from tangram.core.policies.elastic import defer_evicted, elastic_round
 from tangram.core.policies.gpu_cost import (
     ROOM_SHARE,
     ServiceLoad,
+    evicted_by,
     eviction_charge,
     place_charged,
     resident_copies,
@@ -198,6 +199,8 @@ class _RobustPass:
         self._seen: dict[str, int] = {}
         self._restores: set[str] = set()
         self._claimed: dict[str, int] = {}
+        #: Calls that claimed a free copy on GPUs held for a waiting call (``hold``).
+        self._backfills: set[str] = set()
         self._charge: dict[tuple[str, int], float | None] = {}
         self.waits = rule.waits
         self.reserved: dict[str, set[int]] = {}
@@ -338,6 +341,10 @@ class _RobustPass:
         claimed = self._claimed.get(action.id, 0)
         if action.id in self._restores:
             sizes: set[int] | frozenset[int] = _NO_SIZES
+        elif action.id in self._backfills:
+            # Claimed a free copy on GPUs held for a waiting call that it is done before
+            # (``hold``): resident there, though ``resident_sizes`` leaves held GPUs out.
+            sizes = {claimed}
         elif action.service_replicas:
             sizes = {u for u in self.resident_sizes(action.service or "") if u <= claimed}
         else:
@@ -368,8 +375,41 @@ class _RobustPass:
         """
         heap = self._servers.get(service)
         if heap is None:
-            heap = self._servers[service] = _holding_cells(self.ctx, service, self.reserved)
+            if self.reserved:
+                heap = _holding_cells(
+                    self.ctx, service, self.waits.ready_at(), self._released(service)
+                )
+            else:
+                heap = _holding_cells(self.ctx, service)
+            self._servers[service] = heap
         return heap
+
+    def _released(self, service: str) -> dict[tuple[str, int], float]:
+        """(node, GPU) -> when the call waiting for it is expected done, where its restore
+        (if any) leaves ``service``'s copy there; ``inf`` where it evicts it."""
+        ctx, at = self.ctx, {}
+        for r in self.waits.by_action.values():
+            node = ctx.state.gpu[r.node]
+            holder = r.action.service or ""
+            opts = ctx.options(r.action)
+            size = len(r.cell)
+            run = opts.durations[opts.units.index(size)] if size in opts.units else math.inf
+            if node.is_resident(holder, r.cell):
+                keeps = True
+            else:
+                run += ctx.restore_cost(r.action, r.node, size)
+                keeps = service == holder or service not in evicted_by(
+                    node,
+                    r.cell,
+                    holder,
+                    r.action.service_size_gb,
+                    self.load,
+                    r.action.service_replicas,
+                )
+            done = max(r.ready, ctx.now) + run if keeps else math.inf
+            for g in r.cell:
+                at[(r.node, g)] = max(at.get((r.node, g), 0.0), done)
+        return at
 
     def hold(self, action: Action) -> str | None:
         """Wait for a cell that holds the service when that is sooner than what a restore
@@ -413,6 +453,10 @@ class _RobustPass:
             if k < 0:
                 continue
             end = max(cell[0], now) + opts.durations[k]
+            if end > cell[2] + 1e-9:
+                # Its GPUs go to a waiting call before it would be done: after that call,
+                # if its restore leaves the copy (``released``), else never.
+                end = max(cell[3], now) + opts.durations[k]
             if best is None or end < best[0]:
                 best = (end, cell, k)
         # The restore that ends the call soonest (its share of the restore plus the call):
@@ -428,12 +472,16 @@ class _RobustPass:
         restore = extra + d_new
         if best is None or best[0] - now > restore:
             self._restores.add(action.id)
-            self.servers(service).append([now + restore, float(opts.units[-1])])
+            self.servers(service).append([now + restore, float(opts.units[-1]), math.inf, 0.0])
             return None
         end, cell, k = best
+        if end > cell[2] + 1e-9:  # after the waiting call: the cell is the service's again
+            cell[0], cell[2] = cell[3], math.inf
         at, cell[0] = cell[0], end
         if at <= now + 1e-9:
             self._claimed[action.id] = int(cell[1])
+            if cell[2] < math.inf:
+                self._backfills.add(action.id)
             return None
         return (
             f"tangram: waits ~{at - now:.3f}s for a cell holding {service} (then "
@@ -632,30 +680,48 @@ def _resident_sizes(
 
 
 def _holding_cells(
-    ctx: Context, service: str, reserved: dict[str, set[int]] | None = None
+    ctx: Context,
+    service: str,
+    ready: dict[tuple[str, int], float] | None = None,
+    after: dict[tuple[str, int], float] | None = None,
 ) -> list[list[float]]:
-    """[when it is next free, its size] for each cell holding ``service``: free cells (now,
-    not reserved), largest first and not overlapping, and the cells running actions hold with
-    it resident."""
+    """[when it is next free, its size, by when a call on it must be done] for each cell
+    holding ``service``: free cells (now), largest first and not overlapping, and the cells
+    running actions hold with it resident.
+
+    A cell whose GPUs are reserved for a waiting call (``ready``: when each such GPU is
+    expected by its call) goes to that call: another call may use it only if done by then,
+    as placement backfills it (``place_charged``); others are done by ``inf``.
+    """
     now, cells = ctx.now, []
+    ready, after = ready or {}, after or {}
+
+    def deadline(name: str, cell: Iterable[int]) -> float:
+        return min((ready.get((name, g), math.inf) for g in cell), default=math.inf)
+
+    def released(name: str, cell: Iterable[int]) -> float:
+        return max((after.get((name, g), 0.0) for g in cell), default=0.0)
+
     for name, node in ctx.state.gpu.items():
-        taken: set[int] = set(reserved.get(name, ())) if reserved else set()
+        taken: set[int] = set()
         for size in reversed(cell_sizes(node.spec.gpus)):
             for cell in node.free_cells(size):
                 if not taken.intersection(cell) and node.is_resident(service, cell):
                     taken.update(cell)
-                    cells.append([now, float(size)])
+                    cells.append([now, float(size), deadline(name, cell), released(name, cell)])
     for running in ctx.running_in(GPU_DOMAIN):
         start = running.start
         if start.in_slot or not start.gpus:
             continue
-        # A busy cell whose GPUs are reserved for a waiting call goes to that call when it
-        # frees: no other call can count on it.
-        held = reserved.get(start.node) if reserved else None
-        if held and held.intersection(start.gpus):
-            continue
         if ctx.state.gpu[start.node].is_resident(service, start.gpus):
-            cells.append([max(now, running.est_finish), float(len(start.gpus))])
+            cells.append(
+                [
+                    max(now, running.est_finish),
+                    float(len(start.gpus)),
+                    deadline(start.node, start.gpus),
+                    released(start.node, start.gpus),
+                ]
+            )
     return cells
 
 
