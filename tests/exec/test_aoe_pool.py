@@ -267,6 +267,31 @@ def test_prewarmed_containers_serve_opens_without_a_create(pooled: Any) -> None:
         idle(pooled)
 
 
+def test_a_parked_container_that_died_is_never_handed_out(pooled: Any, docker_client: Any) -> None:
+    """A parked container killed while it waited (an operator, the OOM killer, a sweep) was
+    handed to the next trajectory as it was: its first action failed with "container ...
+    died; call recreate()", blamed on a client that had done nothing but open it."""
+    from tangram.exec.aoe import containers
+
+    assert pooled.prewarm(1)
+    wait_parked(pooled)
+    victims = parked_ids(pooled)
+    for victim in victims:  # thawed first: a frozen init would not die (cgroup v1)
+        containers.thaw(docker_client, victim)
+        docker_client.api.kill(victim)
+        docker_client.api.wait(victim, timeout=30)
+    died = pooled.pool_stats().counters.get("died_parked", 0)
+    handle = pooled.open_trajectory("after-a-death")
+    try:
+        out = pooled.run_action("after-a-death", "echo alive")
+        assert out.ok and out.text == "alive\n", out
+        assert handle.container_id not in victims, "a dead parked container was handed out"
+        assert pooled.pool_stats().counters["died_parked"] > died
+    finally:
+        pooled.close_trajectory("after-a-death")
+        idle(pooled)
+
+
 def test_a_relaxed_sandbox_is_never_pooled(pooled: Any) -> None:
     assert not pooled.prewarm(1, sandbox=SandboxConfig(user="0:0"))
     assert not pooled.prewarm(1, sandbox=SandboxConfig(read_only_root=False))

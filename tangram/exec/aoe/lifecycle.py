@@ -171,7 +171,11 @@ class Lifecycle:
         if config.warm_pool.enabled and config.transport == "runner":
             cores = tuple(topology.cores)
             self.pool = WarmPool(
-                config.warm_pool, self._create_pooled, lambda c: reset(c, cores), self._remove
+                config.warm_pool,
+                self._create_pooled,
+                lambda c: reset(c, cores),
+                self._remove,
+                alive=self._alive,
             )
 
     def blueprint(
@@ -244,6 +248,19 @@ class Lifecycle:
 
     def pool_stats(self) -> PoolStats | None:
         return None if self.pool is None else self.pool.stats()
+
+    def _alive(self, container: Container) -> bool:
+        """Whether a parked container still runs: its init in this machine's /proc when the
+        engine is local (microseconds), else the engine's word."""
+        if container.dead is not None:
+            return False
+        if container.init_pid is not None:
+            return containers.pid_running(container.init_pid)
+        try:
+            st = containers.state(self.client, container.handle.container_id)
+        except Exception:  # noqa: BLE001 - an engine that cannot tell: not handed out
+            return False
+        return st is not None and bool(st.get("Running"))
 
     def _create_pooled(self, key: PoolKey) -> Container:
         """A new container that belongs to the warm pool (named and labelled as the pool's)."""

@@ -88,8 +88,8 @@ class WarmPool:
     """The parked containers of one manager, with their resets and fills on worker threads.
 
     ``create(key)`` makes a new parked container of a key, ``reset(c)`` returns None when a
-    container is clean again (else why not) and ``remove(c)`` removes one; the lifecycle
-    provides all three."""
+    container is clean again (else why not), ``remove(c)`` removes one and ``alive(c)`` says
+    whether a parked one still runs; the lifecycle provides all four."""
 
     def __init__(
         self,
@@ -98,9 +98,11 @@ class WarmPool:
         reset: Callable[[Container], str | None],
         remove: Callable[[Container], None],
         clock: Callable[[], float] = time.monotonic,
+        alive: Callable[[Container], bool] = lambda c: True,
     ) -> None:
         self.config = config
         self._create, self._reset, self._remove = create, reset, remove
+        self._alive = alive
         self._clock = clock
         self._lock = threading.Lock()
         self._parked: dict[PoolKey, list[Container]] = {}
@@ -135,12 +137,26 @@ class WarmPool:
     # -- the trajectories' side -----------------------------------------------------------
 
     def take(self, key: PoolKey) -> Container | None:
-        """A clean parked container of ``key`` (counted busy), or None (counted busy anyway:
-        the caller creates one, which comes back here at its end)."""
+        """A clean parked container of ``key`` that still runs (counted busy), or None
+        (counted busy anyway: the caller creates one, which comes back here at its end).
+
+        A parked container that died while it waited (killed, removed by someone else) is
+        removed, never handed out: its trajectory's first action would fail, blamed on a
+        client that had only opened it."""
         with self._lock:
             self._demand.change(key, +1, self._clock())
-            parked = self._parked.get(key)
-            found = parked.pop() if parked else None
+        while True:
+            with self._lock:
+                parked = self._parked.get(key)
+                found = parked.pop() if parked else None
+            # Looked at outside the lock: the engine may be asked (milliseconds).
+            if found is None or self._alive(found):
+                break
+            log.warning("warm pool: parked container %s died; removed", found.handle.short_id)
+            with self._lock:
+                self.counters["died_parked"] += 1
+            self._submit(self._remove_job, key, found)
+        with self._lock:
             self.counters["hits" if found else "misses"] += 1
         self._refill(key)
         return found

@@ -20,7 +20,16 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 #: The pool's counters shown as events (the sum of reset times is left to the benchmark).
-EVENTS = ("hits", "misses", "resets", "reset_failed", "created", "create_failed", "removed_surplus")
+EVENTS = (
+    "hits",
+    "misses",
+    "resets",
+    "reset_failed",
+    "created",
+    "create_failed",
+    "removed_surplus",
+    "died_parked",
+)
 
 
 class PoolCollector(Collector):
