@@ -165,6 +165,31 @@ def test_cpu_work_is_admitted_on_its_open_trajectory_s_node() -> None:
         cpu.shutdown()
 
 
+@pytest.mark.parametrize("cores", [(-1,), (0, -2), (2,), (True,)])
+def test_a_core_not_on_the_node_is_refused_naming_it_never_mapped_to_another(
+    cores: tuple[int, ...],
+) -> None:
+    """The executor maps the core's numbering onto host cores by index: core -1 became the
+    node's last core (a silent wrong grant, on another action's core) and core 2 of a 2-core
+    node an ``IndexError`` that said nothing of cores."""
+    asked: list[tuple[int, ...]] = []
+
+    def run_action(traj: str, command: str, host_cores: tuple[int, ...], **kw: Any) -> None:
+        asked.append(host_cores)
+        raise AssertionError("AOE was asked to run it")
+
+    cpu = cpu_executor()
+    cpu.aoe.run_action = run_action
+    try:
+        got = cpu.run_blocking("t", "true", cores, timeout_s=1.0)
+        assert got.status == "error" and not asked, (got, asked)
+        assert got.error is not None and f"cores {cores}" in got.error.message
+        resized = cpu.resize_blocking("a", cores)
+        assert resized.status == "failed" and f"cores {cores}" in (resized.error or "")
+    finally:
+        cpu.shutdown()
+
+
 @pytest.mark.parametrize(
     ("gpus", "dops", "asked", "granted"),
     [

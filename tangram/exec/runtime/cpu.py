@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import numbers
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -157,10 +158,14 @@ class CpuExecutor:
                 "timeout", error=ErrorInfo("timeout", "the time-out passed at its start")
             )
         key = start.action.id
+        try:
+            host_cores = self._host_cores(start.cores)
+        except ValueError as exc:
+            return failed("executor_error", str(exc))
         # Known before the first await: a resize decided with (or just after) the start finds
         # it, and waits for the grant if AOE has not made it yet.
         with self._grants_lock:
-            self._grants[key] = _Grant(self._host_cores(start.cores))
+            self._grants[key] = _Grant(host_cores)
         try:
             result = await self.run(
                 trajectory,
@@ -226,7 +231,10 @@ class CpuExecutor:
         """``run`` on the calling thread, for a caller with threads of its own (the node
         agents of ``tangram.exec.ray``, whose calls arrive on Ray's threads). ``weighted``:
         a weighted grant over ``core_map`` (None: this executor's ``weighted``)."""
-        host_cores = self._host_cores(cores)
+        try:
+            host_cores = self._host_cores(cores)
+        except ValueError as exc:
+            return failed("executor_error", str(exc))
         on_grant = None
         if key is not None:
             with self._grants_lock:
@@ -251,7 +259,17 @@ class CpuExecutor:
         )
 
     def _host_cores(self, cores: tuple[int, ...]) -> tuple[int, ...]:
-        """The scheduler's core numbers as host core ids."""
+        """The scheduler's core numbers as host core ids; ``ValueError`` naming them when one
+        is not a core of this node (0..n-1). Checked, not indexed blindly: core -1 was the
+        node's last core (a silent wrong grant, maybe another action's core), True core 1."""
+        n = len(self.core_map)
+        if any(
+            isinstance(c, bool) or not isinstance(c, numbers.Integral) or not 0 <= c < n
+            for c in cores
+        ):
+            raise ValueError(
+                f"cores {cores} are not on CPU node {self.node.name!r} (its cores are 0..{n - 1})"
+            )
         return tuple(self.core_map[c] for c in cores)
 
     # -- resizes ----------------------------------------------------------------------------
@@ -282,8 +300,8 @@ class CpuExecutor:
         """``resize`` on the calling thread."""
         try:
             host = self._host_cores(cores)
-        except IndexError:
-            return ResizeResult("failed", (), error=f"cores {cores} are not on this node")
+        except ValueError as exc:
+            return ResizeResult("failed", (), error=str(exc))
         with self._grants_lock:
             entry = self._grants.get(action_id)
             if entry is None:
