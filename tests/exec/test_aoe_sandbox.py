@@ -159,6 +159,33 @@ def test_orphans_of_dead_managers_are_removed_on_start(docker_client: Any) -> No
             pass
 
 
+def test_two_managers_on_one_work_volume_never_share_a_trajectorys_files(
+    manager: Any, docker_client: Any
+) -> None:
+    """Volume names are ``work_volume``-<digest of the trajectory id>, with no session in them
+    (so a restarted service finds its trajectories' files): two live managers (two services
+    on one host) with one ``work_volume`` gave their trajectories of the same id (RL workers
+    number them from 0) one /work, each reading and overwriting the other's files. The
+    second open is refused, naming the volume and its holder; the first one's files stay."""
+    name = f"tangram-test-shared-{os.getpid()}"
+    sandbox = SandboxConfig(work_volume=name)
+    manager.open_trajectory("0", sandbox=sandbox)
+    try:
+        assert manager.run_action("0", "echo mine > /work/f.txt", 1).ok
+        with AoeManager(AoeConfig(reaper=False), client=docker_client) as other:
+            with pytest.raises(AoeError, match=f"work volume {name}-.* is in use by container"):
+                other.open_trajectory("0", sandbox=sandbox)
+                other.run_action("0", "echo theirs > /work/f.txt", 1)  # (what it could do)
+            assert other.trajectories() == ()
+        assert manager.run_action("0", "cat /work/f.txt", 1).text == "mine\n"
+    finally:
+        manager.close_trajectory("0")
+        for vol in docker_client.volumes.list():  # (whatever a failure left)
+            if vol.name.startswith(name):
+                with contextlib.suppress(Exception):
+                    vol.remove(force=True)
+
+
 def test_a_work_volume_is_each_trajectorys_own_and_never_a_host_path(
     manager: Any, trajectory: Any, docker_client: Any
 ) -> None:

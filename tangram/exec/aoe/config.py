@@ -46,7 +46,7 @@ class SandboxConfig:
       owned by the sandbox user (counts against the memory limit), or the named docker volume
       ``work_volume`` when given: each trajectory gets its own (``work_volume``-<digest>),
       which survives its ``recreate`` and a restart of the service, and is removed when the
-      trajectory closes.
+      trajectory closes; another live manager's trajectory on it is refused (never shared).
     - ``memory_limit``: False lifts the per-trajectory memory limit; ``pids_limit`` None lifts
       the process-count limit.
     - ``no_new_privileges`` and ``drop_all_capabilities``; ``cap_add`` gives some back.

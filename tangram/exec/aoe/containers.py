@@ -235,6 +235,24 @@ def describe_owner(labels: dict[str, str]) -> str:
     )
 
 
+def foreign_volume_user(client: Any, volume: str, session: str) -> dict[str, Any] | None:
+    """A container that mounts ``volume`` and is not ``session``'s, unless it is an orphan (an
+    AOE container whose owner on this host is dead: a restarted service takes its volume
+    over); None when there is none. Its labels say whose it is (``describe_owner``)."""
+    try:
+        users = client.api.containers(all=True, filters={"volume": volume})
+    except Exception as exc:  # noqa: BLE001 - the engine's refusal or a lost connection alike
+        raise AoeError(f"could not list the containers of work volume {volume}: {exc}") from exc
+    for user in users:
+        tags = user.get("Labels") or {}
+        if tags.get(LABEL_SESSION) == session:
+            continue
+        if tags.get(LABEL) == "1" and owner_alive(tags.get(LABEL_OWNER, "")) is False:
+            continue
+        return user
+    return None
+
+
 def remove_volume(client: Any, name: str) -> bool:
     """Remove the named docker volume; False when it was already gone (a container still
     using it is an ``AoeError``: the caller removes the container first)."""

@@ -303,6 +303,8 @@ class Lifecycle:
         )
         made = containers.create(self.client, spec)
         try:
+            if volume is not None:  # looked at once ours is made: two opens at once see each other
+                self._refuse_shared(volume)
             pid = int(made.attrs["State"]["Pid"])
             control = self._control(made.id, pid)
             handle = ContainerHandle(
@@ -335,6 +337,21 @@ class Lifecycle:
             init_pid,
             guarded_runner=shell is not None and isinstance(transport, RunnerTransport),
         )
+
+    def _refuse_shared(self, volume: str) -> None:
+        """``AoeError`` when another live manager's container mounts the trajectory's work
+        volume. Its name has no session in it (a restarted service finds its files), so two
+        services on one host with one ``work_volume`` would give their trajectories of the
+        same id one /work: each would read and overwrite the other's files."""
+        holder = containers.foreign_volume_user(self.client, volume, self.session)
+        if holder is not None:
+            names = ",".join(n.lstrip("/") for n in holder.get("Names") or ()) or "?"
+            raise AoeError(
+                f"work volume {volume} is in use by container {names} "
+                f"({containers.describe_owner(holder.get('Labels') or {})}): another manager "
+                "has a trajectory of this id on the same work_volume; give each service a "
+                "work_volume of its own"
+            )
 
     def _control(self, container_id: str, pid: int) -> CpuControl:
         """Direct cgroup writes when possible; ``docker update`` as asked, or as the fallback."""
