@@ -477,6 +477,61 @@ def test_an_open_of_an_id_whose_container_is_being_removed_is_a_conflict() -> No
         aoe.go.set()
 
 
+class _GatedOpenOnce(_GatedClose):
+    """A stand-in AOE whose first ``open_trajectory`` says it started, then waits for
+    ``open_go`` (a slow container start), and which says when it closed a container."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.open_started = threading.Event()
+        self.closed = threading.Event()
+        self.go.set()  # (closes do not wait here)
+        self.open_go = threading.Event()
+
+    def open_trajectory(self, traj: str, memory_gb: float, *, image: str | None = None) -> Any:
+        if not self.open_started.is_set():
+            self.open_started.set()
+            self.open_go.wait(30)
+        return super().open_trajectory(traj, memory_gb, image=image)
+
+    def close_trajectory(self, traj: str) -> None:
+        super().close_trajectory(traj)
+        self.closed.set()
+
+
+def test_a_cancelled_open_leaves_no_container_and_the_id_opens_again() -> None:
+    """An open cancelled while AOE made the container (a caller's ``wait_for`` ran out) forgot
+    the id at once, but AOE's thread went on and made the container: it stayed until the
+    service stopped, and the next open of the id was refused by AOE ('already has a
+    container'), a 500 to the client. Now the id stays closing until the container AOE made
+    is removed, then opens again."""
+    aoe = _GatedOpenOnce()
+
+    async def main() -> None:
+        async with Runtime(CLUSTER, RuntimeConfig(), cpu=CpuExecutor(aoe, NODE)) as rt:
+            loop = asyncio.get_running_loop()
+            opening = asyncio.create_task(rt.open_trajectory("t"))
+            assert await loop.run_in_executor(None, aoe.open_started.wait, 10)
+            opening.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await opening
+            with pytest.raises(Conflict, match="closing"):  # its container is still coming
+                await rt.open_trajectory("t")
+            aoe.open_go.set()
+            assert await loop.run_in_executor(None, aoe.closed.wait, 10), "container left"
+            for _ in range(1000):  # (the close's last step, on this loop)
+                if "t" not in rt.trajs.by_id:
+                    break
+                await asyncio.sleep(0)
+            assert (await rt.open_trajectory("t")).id == "t", "once removed, it opens again"
+            assert list(aoe.containers) == ["t"]
+
+    try:
+        asyncio.run(main())
+    finally:
+        aoe.open_go.set()
+
+
 def test_a_service_that_cannot_listen_leaves_its_runtime_closed(tmp_path: Any) -> None:
     """The runtime started before the site: when the address was taken, the start failed
     and the runtime stayed started, its journal locked by this very process, so a second

@@ -102,6 +102,8 @@ class Trajectories:
         #: Set when the runtime stops: a trajectory waiting for memory gives up.
         self.stopping = False
         self._capacity = asyncio.Condition()
+        #: Removals of containers whose open was cancelled (``_abandon``), held until done.
+        self._abandoned: set[asyncio.Task[None]] = set()
 
     def __len__(self) -> int:
         return len(self.by_id)
@@ -191,8 +193,14 @@ class Trajectories:
         traj = Trajectory(traj_id, node, float(memory), image, self.host.now(), ephemeral)
         traj.ready = loop.create_future()
         self.by_id[traj_id] = traj
+        # Shielded: a cancelled open cannot stop the executor's thread, which makes the
+        # container all the same; ``_abandon`` waits for it and removes it.
+        making = asyncio.ensure_future(cpu.open(traj_id, float(memory), image))
         try:
-            handle = await cpu.open(traj_id, float(memory), image)
+            handle = await asyncio.shield(making)
+        except asyncio.CancelledError:
+            self._abandon(traj, making)
+            raise
         except BaseException as exc:
             self.by_id.pop(traj_id, None)
             traj.ready.set_exception(
@@ -212,6 +220,37 @@ class Trajectories:
         traj.ready.set_result(None)
         self.counters["trajectories_opened"] += 1
         return traj
+
+    def _abandon(self, traj: Trajectory, making: asyncio.Future[object]) -> None:
+        """An open cancelled while its container was being made (a caller's ``wait_for`` ran
+        out): the id stays closing (an open of it meanwhile is a 409, where AOE, which
+        would still have made the container, refused it with a 500) until the container the
+        executor makes is removed; then the core forgets it. Forgetting it at once left
+        that container in AOE, unknown to the runtime, until the service stopped."""
+        traj.state = TrajState.CLOSING
+        assert traj.ready is not None
+        traj.ready.set_exception(UnknownTrajectory(f"the open of {traj.id!r} was cancelled"))
+        traj.ready.exception()  # retrieved: no "never retrieved" warning
+        task = asyncio.get_running_loop().create_task(self._remove_abandoned(traj, making))
+        self._abandoned.add(task)
+        task.add_done_callback(self._abandoned.discard)
+
+    async def _remove_abandoned(self, traj: Trajectory, making: asyncio.Future[object]) -> None:
+        try:
+            await making
+        except BaseException:  # noqa: BLE001 - not made: nothing to remove
+            pass
+        else:
+            try:
+                assert self.cpu is not None
+                await self.cpu.close(traj.id)
+            except Exception as exc:  # noqa: BLE001 - logged; the id is freed either way
+                log.warning("removing the container of cancelled open %s failed: %s", traj.id, exc)
+        finally:
+            if self.by_id.get(traj.id) is traj:
+                del self.by_id[traj.id]
+            self.host.close_trajectory(traj.id, opened=False)
+            await self._notify_capacity()
 
     async def close(self, trajectory: str) -> TrajectoryInfo:
         """Its waiting actions end with ``trajectory_closed``, its running ones finish, then
