@@ -76,6 +76,16 @@ def test_topology_rejects_a_core_in_two_domains() -> None:
         NumaTopology(((0, 1), (1, 2)))
 
 
+@pytest.mark.parametrize("domains", [((-1, 0),), ((0, 1), (-2,)), ((0, True),), ((0, 1.0),)])
+def test_topology_rejects_a_core_id_that_is_not_a_whole_number_from_0(domains: object) -> None:
+    """A negative core id was accepted: the ledger granted core -1 and the container's cpuset
+    was written as '-1-0' (``format_cpulist``), refused by the engine only at the first
+    container's create, far from the topology that caused it; True and 1.0 equal core 1
+    in the ledger but were written 'True' and '1.0'."""
+    with pytest.raises(GrantError, match="core ids must be whole numbers from 0"):
+        NumaTopology(domains)
+
+
 # --- ledger -------------------------------------------------------------------------------
 
 

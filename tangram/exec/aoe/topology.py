@@ -7,6 +7,7 @@ same rule a scheduler would: keep a grant inside one NUMA domain when any domain
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -65,6 +66,12 @@ class NumaTopology:
                 f"a topology needs at least one non-empty NUMA domain, got {self.domains!r}"
             )
         seen = [c for d in self.domains for c in d]
+        # Checked here, where the topology is made: a negative id became a cpuset like '-1-0'
+        # that only the engine refused, at the first container's create; True and 1.0 equal
+        # core 1 in the ledger but are written 'True' and '1.0'.
+        odd = [c for c in seen if isinstance(c, bool) or not isinstance(c, numbers.Integral)]
+        if odd or any(c < 0 for c in seen):
+            raise GrantError(f"core ids must be whole numbers from 0, got {self.domains!r}")
         if len(seen) != len(set(seen)):
             raise GrantError(f"a core appears in two NUMA domains: {self.domains!r}")
 
