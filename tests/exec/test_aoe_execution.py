@@ -399,7 +399,7 @@ def test_ids_that_read_alike_get_distinct_docker_legal_names(ids: tuple[str, str
 def test_a_container_is_labelled_with_its_session_owner_and_trajectory() -> None:
     found = labels("s1", Blueprint("traj/7", "img", 1.0, SandboxConfig()))
     assert found[LABEL] == "1" and found[LABEL_SESSION] == "s1" and found[LABEL_TRAJ] == "traj/7"
-    assert found[LABEL_OWNER].count("/") == 2
+    assert found[LABEL_OWNER].count("/") == 3  # host/pid/start time/PID namespace
 
 
 def test_a_blueprint_takes_the_managers_defaults_and_refuses_no_memory() -> None:

@@ -136,8 +136,8 @@ def test_nothing_is_left_behind_when_the_process_ends(docker_client: Any, ending
 
 
 def test_orphans_of_dead_managers_are_removed_on_start(docker_client: Any) -> None:
-    host, pid, start = owner_label().split("/")
-    dead_owner = f"{host}/{pid}/{start}0"  # this pid, but not this process: a dead manager
+    host, pid, start, namespace = owner_label().split("/")
+    dead_owner = f"{host}/{pid}/{start}0/{namespace}"  # this pid, not this process: dead
     orphan = docker_client.containers.create(
         "tangram-busybox",
         ["sleep", "infinity"],
@@ -157,6 +157,50 @@ def test_orphans_of_dead_managers_are_removed_on_start(docker_client: Any) -> No
         live.remove(force=True)
         if os.environ.get("TANGRAM_KEEP"):
             pass
+
+
+#: A manager's owner label as a process in a PID namespace of its own sees it (a service in a
+#: container with the host's network, so the host's name, and the engine's socket).
+OTHER_NAMESPACE_OWNER = (
+    "import sys\n"
+    "from tangram.exec.aoe.containers import owner_label\n"
+    "print(owner_label(), flush=True)\n"
+    "sys.stdin.read()\n"
+)
+
+
+def test_a_live_manager_in_another_pid_namespace_keeps_its_containers(docker_client: Any) -> None:
+    """The orphan sweep read a container's owner (host/pid/start time) in this PID namespace:
+    a live manager on the same host name in another one (a container with the host's network
+    and the engine's socket) looked dead, its pid absent here or another process's, and a
+    second service's start removed its containers under its running actions."""
+    import docker.errors
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c"]
+    other = subprocess.Popen(
+        [*cmd, OTHER_NAMESPACE_OWNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
+    )
+    assert other.stdin is not None and other.stdout is not None
+    try:
+        owner = other.stdout.readline().decode().strip()
+        assert owner.split("/")[:2] == [owner_label().split("/")[0], "1"], owner
+        theirs = docker_client.containers.create(
+            "tangram-busybox",
+            ["sleep", "infinity"],
+            labels={LABEL: "1", LABEL_SESSION: "other-namespace", LABEL_OWNER: owner},
+        )
+        try:
+            with AoeManager(AoeConfig(reaper=False), client=docker_client):
+                pass  # (its start sweeps the orphans, synchronously)
+            left = {c.id for c in docker_client.containers.list(all=True)}
+            assert theirs.id in left, "a live manager's container was removed as an orphan's"
+        finally:
+            with contextlib.suppress(docker.errors.NotFound):
+                theirs.remove(force=True)
+    finally:
+        other.stdin.close()
+        other.wait(30)
 
 
 def test_two_managers_on_one_work_volume_never_share_a_trajectorys_files(

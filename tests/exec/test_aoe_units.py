@@ -470,9 +470,11 @@ def test_a_configured_time_or_size_that_is_no_finite_number_is_refused(
 
 def test_owner_label_tells_live_from_dead_processes() -> None:
     assert owner_alive(owner_label()) is True
-    host, pid, start = owner_label().split("/")
-    assert owner_alive(f"{host}/{pid}/not-{start}") is False  # same pid, another process
-    assert owner_alive(f"other-host-xyz/{pid}/{start}") is None
+    host, pid, start, namespace = owner_label().split("/")
+    assert owner_alive(f"{host}/{pid}/not-{start}/{namespace}") is False  # another process
+    assert owner_alive(f"other-host-xyz/{pid}/{start}/{namespace}") is None
+    assert owner_alive(f"{host}/{pid}/not-{start}/1{namespace}") is None  # another namespace
+    assert owner_alive(f"{host}/{pid}/not-{start}") is False  # an older label: read here
 
 
 def test_package_imports_without_touching_docker() -> None:

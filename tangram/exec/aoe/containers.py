@@ -1,9 +1,9 @@
 """Container lifecycle through the docker SDK: create (sandboxed, parked), inspect, remove.
 
 Every container carries labels naming the manager session and the owning process
-(``host/pid/start-time``), so containers of a manager that died can be told from those of a
-live one and removed (``remove_orphans``), and a watchdog can remove a session's containers
-when its process disappears (``reaper.py``).
+(``host/pid/start-time/pid-namespace``), so containers of a manager that died can be told
+from those of a live one and removed (``remove_orphans``), and a watchdog can remove a
+session's containers when its process disappears (``reaper.py``).
 """
 
 from __future__ import annotations
@@ -66,17 +66,37 @@ def pid_running(pid: int) -> bool:
     return fields[0] not in ("Z", "X") and not int(fields[6]) & PF_EXITING
 
 
+def pid_namespace(pid: int | None = None) -> str:
+    """The PID namespace of ``pid`` (this process by default) as the kernel numbers it, '?'
+    when it cannot be read."""
+    try:
+        link = os.readlink(f"/proc/{'self' if pid is None else pid}/ns/pid")
+    except OSError:
+        return "?"
+    return link.removeprefix("pid:[").removesuffix("]")
+
+
 def owner_label(pid: int | None = None) -> str:
-    """``host/pid/start-time`` of the current (or given) process."""
+    """``host/pid/start-time/pid-namespace`` of the current (or given) process."""
     pid = os.getpid() if pid is None else pid
-    return f"{socket.gethostname()}/{pid}/{process_start_time(pid) or '?'}"
+    return (
+        f"{socket.gethostname()}/{pid}/{process_start_time(pid) or '?'}/"
+        f"{pid_namespace(None if pid == os.getpid() else pid)}"
+    )
 
 
 def owner_alive(owner: str) -> bool | None:
-    """True/False for an owner on this host; None when the owner is on another host."""
+    """True/False for an owner on this host and in this PID namespace; None when the owner is
+    on another host or in another PID namespace (a service in a container with the host's
+    network has the host's name, but its pids mean nothing here: read here, a live one
+    looked dead and its containers were swept as orphans). A label without a namespace (an
+    older manager's) is read in this one."""
     host, _, rest = owner.partition("/")
-    pid_s, _, start = rest.partition("/")
+    pid_s, _, rest = rest.partition("/")
+    start, _, namespace = rest.partition("/")
     if host != socket.gethostname() or not pid_s.isdigit():
+        return None
+    if namespace and namespace != pid_namespace():
         return None
     now = process_start_time(int(pid_s))
     return now is not None and (start == "?" or now == start)
