@@ -91,6 +91,38 @@ def test_a_failed_reset_retires_the_container_and_a_clean_one_is_handed_out_agai
         pool.close()
 
 
+def test_containers_parked_for_keys_no_longer_in_demand_make_room_for_one_that_is() -> None:
+    """Parked containers were removed only when one came back: keys nobody asks for any more
+    (a client's /run_code requests with memory limits of their own, one key each) kept the
+    pool's total full for ever, and every other key's container coming back was removed as
+    surplus: the warm pool served no one again. Past its window such a key's parked containers
+    are surplus and go when another key needs the room."""
+    now = [0.0]
+    fakes = Fakes()
+    cfg = WarmPoolConfig(max_per_key=4, max_total=2, window_s=60.0, workers=1)
+    pool = WarmPool(cfg, fakes.create, fakes.reset, fakes.remove, clock=lambda: now[0])
+    odd = [PoolKey("img", 0.25 + i, SandboxConfig()) for i in range(2)]
+    try:
+        for key in odd:  # one request each, then never again
+            assert pool.take(key) is None
+            pool.give_back(key, fakes.create(key))
+        settle(pool)
+        assert sum(pool.stats().parked.values()) == 2  # the total, all of it stale soon
+        now[0] += 61.0
+        assert pool.take(KEY) is None
+        mine = fakes.create(KEY)
+        pool.give_back(KEY, mine)
+        settle(pool)
+        assert pool.take(KEY) is mine, pool.stats()
+        stats = pool.stats()  # as few stale ones went as made the room, the oldest first
+        assert stats.counters["removed_stale"] == 1 and "removed_surplus" not in stats.counters
+        assert stats.parked[odd[0].describe()] == 0 and stats.parked[odd[1].describe()] == 1
+        pool.close()  # (joins the worker: the stale one's removal is done)
+        assert fakes.removed[0].n == 0
+    finally:
+        pool.close()
+
+
 @given(st.lists(st.sampled_from(["take", "back"]), max_size=40), st.integers(1, 3))
 def test_the_pool_never_holds_more_than_its_bounds(ops: list[str], max_total: int) -> None:
     fakes = Fakes()

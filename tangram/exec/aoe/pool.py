@@ -170,12 +170,14 @@ class WarmPool:
         """A container that served a trajectory: reset it in the background, then park it if
         the key still wants it, else remove it."""
         with self._lock:
+            stale = [] if self._closed else self._make_room(key, returning=True)
             keep = not self._closed and self._room(key, returning=True)
             if keep:
                 self._resetting[key] += 1  # still busy until its reset ends
             else:
                 self._demand.change(key, -1, self._clock())
                 self.counters["removed_surplus"] += 1
+        self._remove_all(stale)
         self._submit(self._reset_job if keep else self._remove_job, key, container)
 
     def prewarm(self, key: PoolKey, count: int) -> None:
@@ -203,15 +205,52 @@ class WarmPool:
     def _room(self, key: PoolKey, returning: bool = False) -> bool:
         """Whether one more container of ``key`` fits its target (counting the busy ones,
         which come back) and the pool's total; ``returning``: the one asking is busy now."""
+        return self._wants(key, returning) and self._held() < self.config.max_total
+
+    def _wants(self, key: PoolKey, returning: bool = False) -> bool:
+        """Whether ``key`` is below its target (counting the busy ones, which come back)."""
         mine = len(self._parked.get(key, ())) + self._filling[key] + self._demand.busy[key]
-        return mine - returning < self.target(key) and self._held() < self.config.max_total
+        return mine - returning < self.target(key)
+
+    def _make_room(self, key: PoolKey, returning: bool = False) -> list[tuple[PoolKey, Container]]:
+        """When ``key`` wants one more container and the pool's total is full, take out parked
+        containers of other keys beyond their own target (no demand for them within the
+        window), oldest first, for the caller to remove. Caller holds the lock.
+
+        Parked containers went only when one came back: keys nobody asked for any more (one
+        per memory limit a client's /run_code requests gave) kept the total full for ever,
+        and every other key's containers were removed as surplus."""
+        stale: list[tuple[PoolKey, Container]] = []
+        for other, parked in self._parked.items():
+            if self._held() < self.config.max_total or not self._wants(key, returning):
+                break
+            if other == key:
+                continue
+            busy = self._filling[other] + self._demand.busy[other]
+            surplus = min(len(parked), len(parked) + busy - self.target(other))
+            for _ in range(surplus):
+                if self._held() < self.config.max_total:
+                    break
+                stale.append((other, parked.pop(0)))
+                self.counters["removed_stale"] += 1
+        return stale
+
+    def _remove_all(self, stale: list[tuple[PoolKey, Container]]) -> None:
+        for key, container in stale:
+            self._submit(self._remove_job, key, container)
 
     def _refill(self, key: PoolKey) -> None:
         while True:
             with self._lock:
-                if self._closed or not self._room(key):
+                if self._closed:
                     return
-                self._filling[key] += 1
+                stale = self._make_room(key)
+                room = self._room(key)
+                if room:
+                    self._filling[key] += 1
+            self._remove_all(stale)
+            if not room:
+                return
             self._submit(self._fill_job, key, None)
 
     # -- jobs (worker threads) ------------------------------------------------------------

@@ -28,6 +28,7 @@ EVENTS = (
     "created",
     "create_failed",
     "removed_surplus",
+    "removed_stale",
     "died_parked",
 )
 
