@@ -532,6 +532,67 @@ def test_a_cancelled_open_leaves_no_container_and_the_id_opens_again() -> None:
         aoe.open_go.set()
 
 
+class _GatedAction(FakeAoe):
+    """A stand-in AOE whose actions say they started, then wait for ``go``; it counts its
+    closes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.running = threading.Event()
+        self.go = threading.Event()
+        self.closed = threading.Event()
+        self.closes: list[str] = []
+
+    def run_action(self, traj: str, command: Any, cores: tuple[int, ...], **kw: Any) -> Any:
+        self.running.set()
+        self.go.wait(30)
+        return super().run_action(traj, command, cores, **kw)
+
+    def close_trajectory(self, traj: str) -> None:
+        self.closes.append(traj)
+        super().close_trajectory(traj)
+        self.closed.set()
+
+
+def test_a_cancelled_close_still_closes_the_trajectory() -> None:
+    """A close cancelled while it waited for the trajectory's running action (a caller's
+    ``wait_for`` ran out) left it closing for ever: its container was never removed, its
+    memory never returned to the node, and every open of the id was a 409 'closing'. A
+    close once begun now completes."""
+    from tangram.exec.runtime import ActionSpec, CpuWork
+
+    aoe = _GatedAction()
+
+    async def main() -> None:
+        async with Runtime(CLUSTER, RuntimeConfig(), cpu=CpuExecutor(aoe, NODE)) as rt:
+            loop = asyncio.get_running_loop()
+            await rt.open_trajectory("t")
+            action = await rt.submit(ActionSpec(CpuWork("work"), trajectory="t"))
+            assert await loop.run_in_executor(None, aoe.running.wait, 10)
+            closing = asyncio.create_task(rt.close_trajectory("t"))
+            for _ in range(1000):  # (until the close waits for the running action)
+                if rt.trajs.closing("t"):
+                    break
+                await asyncio.sleep(0)
+            closing.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await closing
+            aoe.go.set()
+            assert (await rt.result(action)).status == "result"
+            assert await loop.run_in_executor(None, aoe.closed.wait, 10), "never closed"
+            for _ in range(1000):  # (the close's last step, on this loop)
+                if "t" not in rt.trajs.by_id:
+                    break
+                await asyncio.sleep(0)
+            assert aoe.closes == ["t"] and "t" not in rt.trajs.by_id
+            assert (await rt.open_trajectory("t")).id == "t", "once closed, it opens again"
+
+    try:
+        asyncio.run(main())
+    finally:
+        aoe.go.set()
+
+
 def test_a_service_that_cannot_listen_leaves_its_runtime_closed(tmp_path: Any) -> None:
     """The runtime started before the site: when the address was taken, the start failed
     and the runtime stayed started, its journal locked by this very process, so a second

@@ -104,6 +104,8 @@ class Trajectories:
         self._capacity = asyncio.Condition()
         #: Removals of containers whose open was cancelled (``_abandon``), held until done.
         self._abandoned: set[asyncio.Task[None]] = set()
+        #: Closes under way (``close``), held until done.
+        self._closing_tasks: set[asyncio.Task[TrajectoryInfo]] = set()
 
     def __len__(self) -> int:
         return len(self.by_id)
@@ -263,13 +265,25 @@ class Trajectories:
             if self._closed_since(traj):  # another close took it while it opened
                 raise UnknownTrajectory(f"trajectory {trajectory!r} is not open")
         traj.state = TrajState.CLOSING
-        host = self.host
         closed = ErrorInfo(
             "trajectory_closed", f"trajectory {trajectory!r} was closed while the action was queued"
         )
         for rec in list(traj.active.values()):
             if rec.outcome is None and rec.phase in WAITING:
-                host.end_waiting(rec, "error", closed)
+                self.host.end_waiting(rec, "error", closed)
+        # The rest runs as a task of its own: a close once begun completes even when its caller
+        # is cancelled (a ``wait_for`` that ran out while a running action finished); cut
+        # short, the trajectory stayed closing for ever, its container and memory held.
+        task = asyncio.get_running_loop().create_task(self._finish_close(traj))
+        self._closing_tasks.add(task)
+        task.add_done_callback(self._closing_tasks.discard)
+        return await asyncio.shield(task)
+
+    async def _finish_close(self, traj: Trajectory) -> TrajectoryInfo:
+        """The close of a trajectory now closing, its waiting actions ended: its running ones
+        finish, the core forgets it and its container is removed."""
+        trajectory = traj.id
+        host = self.host
         running = [r.task for r in traj.active.values() if r.task is not None and not r.task.done()]
         if running:
             await asyncio.wait(running)
