@@ -236,6 +236,45 @@ def test_a_lost_connection_is_retried_only_for_idempotent_calls() -> None:
     assert got == (httpx.ConnectError, "lost")
 
 
+class LoseFirstOpenAnswer(httpx.HTTPTransport):
+    """Sends every request; the answer to the first trajectory open is lost on the way back
+    (a read time-out, a connection reset after the service acted)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opens: list[bytes] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        if request.method == "POST" and request.url.path == "/v1/trajectories":
+            self.opens.append(request.content)
+            if len(self.opens) == 1:
+                response.close()
+                raise httpx.ReadError("the answer was lost", request=request)
+        return response
+
+
+def test_an_open_without_an_id_retried_after_a_lost_answer_opens_one_trajectory() -> None:
+    """The client retries a lost answer for an open, but sent no id when the caller gave
+    none: the service made a fresh id for each attempt, two containers were opened, and the
+    first one, whose id no one knew, held its memory on the node until the service stopped.
+    The client makes the id up, as it does for actions: the retry is the same open."""
+    from tests.live.test_service_ids import fake_cpu_runtime
+
+    transport = LoseFirstOpenAnswer()
+    with (
+        ServiceThread(fake_cpu_runtime, ServeOptions(port=0)) as svc,
+        Client(svc.url, transport=transport) as c,
+    ):
+        try:
+            c.open_trajectory(memory_gb=1)
+        except ServiceError as exc:  # the retry's 409 names the id the first attempt opened
+            assert exc.code == "conflict" and "already open" in exc.message, exc
+        opened = c.trajectories()
+        assert len(transport.opens) == 2 and len(set(transport.opens)) == 1, transport.opens
+        assert len(opened) == 1, opened
+
+
 def test_run_polls_until_the_outcome_comes() -> None:
     outcome = {
         "id": "r1",

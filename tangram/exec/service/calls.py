@@ -109,7 +109,13 @@ def open_trajectory(
     image: str | None = None,
     wait_s: float | None = None,
 ) -> Operation[dict[str, Any]]:
-    """Open a trajectory (a container); ``wait_s`` waits for memory instead of a 503."""
+    """Open a trajectory (a container); ``wait_s`` waits for memory instead of a 503.
+
+    An id is made up when none is given, as for actions: the open is retried after a lost
+    answer, and without an id each attempt opened a container of its own (the first, whose
+    id no one knew, held its memory until the service stopped). A retry whose first attempt
+    did open it is answered 409 ``conflict`` naming the id."""
+    id = f"t-{uuid.uuid4().hex}" if id is None else id
     body = {"id": id, "memory_gb": memory_gb, "image": image, "wait_s": wait_s}
     call = Call("POST", "/v1/trajectories", {k: v for k, v in body.items() if v is not None})
     return (yield call).json()

@@ -6,9 +6,10 @@ They are two thin transports over one implementation: ``calls`` builds every req
 reads every answer, ``retry`` decides what is retried and when; a client only sends calls
 and sleeps pauses, with ``httpx.AsyncClient`` or ``httpx.Client``.
 
-Retries are safe by construction: the client gives every action an id before sending it, so
-a submission repeated after a lost answer or a 429 is the same action to the service (never
-a second run). Requests refused by admission control (429) or while the node is full (503,
+Retries are safe by construction: the client gives every action (and every trajectory it
+opens) an id before sending it, so a submission repeated after a lost answer or a 429 is the
+same action to the service (never a second run), an open the same trajectory (never a
+second container). Requests refused by admission control (429) or while the node is full (503,
 retryable) are retried after the service's ``Retry-After`` hint, ``retries`` times; other
 errors raise ``ServiceError`` carrying the service's ``code`` and message.
 """
