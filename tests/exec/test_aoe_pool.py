@@ -206,6 +206,33 @@ def test_a_dirty_container_is_reset_before_the_next_trajectory_gets_it(
         idle(pooled)
 
 
+@pytest.mark.parametrize("user", ["65534:65534", "65534", "nobody"])
+def test_a_sandbox_whose_actions_run_as_the_keepers_uid_is_never_pooled(
+    pooled: Any, user: str
+) -> None:
+    """A reset spares the processes of the keeper's uid (65534, ``nobody``), and a sandbox
+    may name that uid for its actions: every process the last user left then survived the
+    reset, and the next trajectory, another client's, got the container with them running
+    in it (and its actions could signal and ptrace the keeper and init). Such a sandbox is
+    not pooled: its containers are its trajectory's alone."""
+    sandbox = SandboxConfig(user=user)
+    pooled.open_trajectory("as-keeper", sandbox=sandbox)
+    try:
+        out = pooled.run_action("as-keeper", DIRTY)
+        assert out.status == "ok", out
+    finally:
+        pooled.close_trajectory("as-keeper")
+    idle(pooled)
+    pooled.open_trajectory("after-keeper", sandbox=sandbox)
+    try:
+        after = pooled.run_action("after-keeper", CHECK)
+        assert after.stdout.decode().split() == ["files=", "procs=0", "evil=none"], after
+    finally:
+        pooled.close_trajectory("after-keeper")
+        idle(pooled)
+    assert not pooled.prewarm(1, sandbox=sandbox)
+
+
 #: Leaves a SysV shared-memory segment (4 MiB, charged to the container's memory), a SysV
 #: message queue, a semaphore set and a POSIX message queue, each holding a secret; they
 #: outlive the process that made them.

@@ -94,6 +94,14 @@ class SandboxConfig:
                 raise AoeError(f"SandboxConfig.cap_add: {cap!r} is not a capability name")
 
     @property
+    def numeric_uid(self) -> int | None:
+        """The uid actions run as when ``user`` gives it as a number (None for a name, which
+        the image resolves: only it knows the uid)."""
+        uid = self.user.strip().partition(":")[0].strip()
+        digits = uid[1:] if uid[:1] == "+" else uid
+        return int(digits) if digits.isdigit() else None
+
+    @property
     def runs_as_root(self) -> bool:
         """Whether actions run as uid 0: any spelling docker reads as it (its uid part 0, 00,
         +0 or root, whatever the group; an empty one is the image's user, root in ours)."""

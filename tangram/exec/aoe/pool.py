@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from tangram.exec.aoe.config import SandboxConfig, WarmPoolConfig
 from tangram.exec.aoe.errors import AoeError
+from tangram.exec.aoe.reset import KEEPER_UID
 
 if TYPE_CHECKING:
     from tangram.exec.aoe.lifecycle import Container
@@ -120,9 +121,13 @@ class WarmPool:
     def poolable(sandbox: SandboxConfig) -> bool:
         """Only a strict sandbox is pooled: its actions can write nothing but the dirs a reset
         empties and cannot reach the keeper (no root, no capabilities, read-only root). A
-        container on a named work volume is its trajectory's: never pooled."""
+        container on a named work volume is its trajectory's: never pooled. Nor one whose
+        actions run as a name (the image says its uid) or as the keeper's uid: a reset spares
+        the keeper's uid, so the last user's processes survived it into the next trajectory
+        (another client's), and its actions could signal and ptrace the keeper and init."""
         return (
             sandbox.work_volume is None
+            and sandbox.numeric_uid not in (None, KEEPER_UID)
             and not sandbox.runs_as_root
             and sandbox.read_only_root
             and sandbox.drop_all_capabilities
