@@ -116,9 +116,33 @@ def test_containers_parked_for_keys_no_longer_in_demand_make_room_for_one_that_i
         assert pool.take(KEY) is mine, pool.stats()
         stats = pool.stats()  # as few stale ones went as made the room, the oldest first
         assert stats.counters["removed_stale"] == 1 and "removed_surplus" not in stats.counters
-        assert stats.parked[odd[0].describe()] == 0 and stats.parked[odd[1].describe()] == 1
+        assert stats.parked.get(odd[0].describe(), 0) == 0
+        assert stats.parked[odd[1].describe()] == 1
         pool.close()  # (joins the worker: the stale one's removal is done)
         assert fakes.removed[0].n == 0
+    finally:
+        pool.close()
+
+
+def test_a_key_idle_past_its_window_is_forgotten() -> None:
+    """Every key the pool ever saw stayed in its tables and in /metrics' gauges (one label
+    each): a client's /run_code requests with memory limits of their own, one key each,
+    grew the service's memory and every scrape without bound. A key with nothing parked,
+    busy or being made, and no demand within its window, is forgotten."""
+    now = [0.0]
+    fakes = Fakes()
+    cfg = WarmPoolConfig(max_per_key=4, max_total=2, window_s=60.0, workers=1)
+    pool = WarmPool(cfg, fakes.create, fakes.reset, fakes.remove, clock=lambda: now[0])
+    try:
+        for i in range(50):  # one request each, then never again
+            key = PoolKey("img", 0.25 + i, SandboxConfig())
+            assert pool.take(key) is None
+            pool.give_back(key, fakes.create(key))
+            settle(pool)
+        assert len(pool.stats().target) == 50
+        now[0] += 61.0
+        pool.take(KEY)
+        assert len(pool.stats().target) <= 1 + cfg.max_total, pool.stats()
     finally:
         pool.close()
 

@@ -80,6 +80,11 @@ class Demand:
         self._trim(marks, now)
         return max([self.busy[key], *(n for _, n in marks)])
 
+    def forget(self, key: PoolKey) -> None:
+        """Drop an idle key's count and marks."""
+        self.busy.pop(key, None)
+        self._peaks.pop(key, None)
+
     def _trim(self, marks: deque[tuple[float, int]], now: float) -> None:
         while marks and marks[0][0] < now - self.window_s:
             marks.popleft()
@@ -149,6 +154,7 @@ class WarmPool:
         removed, never handed out: its trajectory's first action would fail, blamed on a
         client that had only opened it."""
         with self._lock:
+            self._forget_idle()
             self._demand.change(key, +1, self._clock())
         while True:
             with self._lock:
@@ -328,8 +334,29 @@ class WarmPool:
 
     # -- reporting and shutdown -----------------------------------------------------------
 
+    def _forget_idle(self) -> None:
+        """Forget the keys with nothing parked, busy, being made or reset, no demand within
+        the window and no prewarm floor. Caller holds the lock. Every key ever seen stayed
+        in these tables and in /metrics' gauges: a client's /run_code memory limits, one key
+        each, grew the service's memory and every scrape without bound."""
+        now = self._clock()
+        for key in set(self._parked) | set(self._demand.busy) | set(self._floor):
+            _, until = self._floor.get(key, (0, 0.0))
+            if (
+                self._parked.get(key)
+                or self._filling[key]
+                or self._resetting[key]
+                or self._demand.peak(key, now)
+                or now < until
+            ):
+                continue
+            for table in (self._parked, self._filling, self._resetting, self._floor):
+                table.pop(key, None)
+            self._demand.forget(key)
+
     def stats(self) -> PoolStats:
         with self._lock:
+            self._forget_idle()
             keys = set(self._parked) | set(self._demand.busy)
             return PoolStats(
                 parked={k.describe(): len(self._parked.get(k, ())) for k in keys},
