@@ -258,7 +258,8 @@ def test_an_open_without_an_id_retried_after_a_lost_answer_opens_one_trajectory(
     """The client retries a lost answer for an open, but sent no id when the caller gave
     none: the service made a fresh id for each attempt, two containers were opened, and the
     first one, whose id no one knew, held its memory on the node until the service stopped.
-    The client makes the id up, as it does for actions: the retry is the same open."""
+    The client makes the id up, as it does for actions: the retry is the same open, and
+    its 409 (the first attempt did open it) is read as that open's answer."""
     from tests.live.test_service_ids import fake_cpu_runtime
 
     transport = LoseFirstOpenAnswer()
@@ -266,13 +267,15 @@ def test_an_open_without_an_id_retried_after_a_lost_answer_opens_one_trajectory(
         ServiceThread(fake_cpu_runtime, ServeOptions(port=0)) as svc,
         Client(svc.url, transport=transport) as c,
     ):
-        try:
-            c.open_trajectory(memory_gb=1)
-        except ServiceError as exc:  # the retry's 409 names the id the first attempt opened
-            assert exc.code == "conflict" and "already open" in exc.message, exc
+        info = c.open_trajectory(memory_gb=1)
         opened = c.trajectories()
         assert len(transport.opens) == 2 and len(set(transport.opens)) == 1, transport.opens
         assert len(opened) == 1, opened
+        assert info["id"] == opened[0]["id"], (info, opened)
+        # A caller's own id may be another client's: its 409 is raised, never taken over.
+        with pytest.raises(ServiceError) as refused:
+            c.open_trajectory(info["id"], memory_gb=1)
+        assert refused.value.status == 409
 
 
 def test_run_polls_until_the_outcome_comes() -> None:

@@ -114,11 +114,22 @@ def open_trajectory(
     An id is made up when none is given, as for actions: the open is retried after a lost
     answer, and without an id each attempt opened a container of its own (the first, whose
     id no one knew, held its memory until the service stopped). A retry whose first attempt
-    did open it is answered 409 ``conflict`` naming the id."""
+    did open it is answered 409 ``conflict``: with an id made up here that can only be the
+    first attempt, so the trajectory is read and returned (a caller's own id may be another
+    client's: its 409 is raised)."""
+    made_up = id is None
     id = f"t-{uuid.uuid4().hex}" if id is None else id
     body = {"id": id, "memory_gb": memory_gb, "image": image, "wait_s": wait_s}
-    call = Call("POST", "/v1/trajectories", {k: v for k, v in body.items() if v is not None})
-    return (yield call).json()
+    call = Call(
+        "POST",
+        "/v1/trajectories",
+        {k: v for k, v in body.items() if v is not None},
+        done_before=frozenset({409}) if made_up else frozenset(),
+    )
+    response = yield call
+    if response.status_code == 409:
+        response = yield Call("GET", f"/v1/trajectories/{segment(id)}")
+    return response.json()
 
 
 def close_trajectory(id: str) -> Operation[dict[str, Any]]:

@@ -59,6 +59,10 @@ class Call:
     body: Any = None
     params: Mapping[str, str] | None = None
     idempotent: bool = True
+    #: Error statuses that, answered to a resent call, say an earlier attempt did it (an
+    #: open with an id the client made up, answered 409 after its first answer was lost):
+    #: returned to the operation, which reads what was done, rather than raised.
+    done_before: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,9 @@ def attempts(call: Call, retries: int) -> Attempts:
             yield Pause(backoff(None, attempt))
             continue
         assert response is not None
-        if response.status_code in OK_STATUSES:
+        if response.status_code in OK_STATUSES or (
+            attempt > 0 and response.status_code in call.done_before
+        ):
             return response
         error = error_of(response)
         if not retry_worthy(response.status_code, error) or attempt == retries:
