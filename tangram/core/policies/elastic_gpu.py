@@ -195,7 +195,12 @@ class _RobustPass:
         self._busy: dict[str, float] | None = None
         self._calls: dict[str, float] = {}
         self._resident_gb: float | None = None
-        self._servers: dict[str, list[list[float]]] = {}
+        self._servers: dict[str, list[_Server]] = {}
+        #: The free copy (node, GPUs) each call that claimed one in ``hold`` runs on: no other
+        #: call of the pass is placed over it (``_cell``).
+        self._claimed_at: dict[str, tuple[str, tuple[int, ...]]] = {}
+        #: The round's kept calls not yet placed (``run``).
+        self._to_place: set[str] = set()
         self._seen: dict[str, int] = {}
         self._restores: set[str] = set()
         self._claimed: dict[str, int] = {}
@@ -367,7 +372,7 @@ class _RobustPass:
         )
         return Options(opts.units, durations, False)
 
-    def servers(self, service: str) -> list[list[float]]:
+    def servers(self, service: str) -> list[_Server]:
         """When each cell holding the service is next free (a heap; free cells: now).
 
         The pass's calls of the service are queued on these cells in order (``hold``), so a
@@ -445,18 +450,18 @@ class _RobustPass:
         for cell in self.servers(service):
             # A sharded copy serves a call on its own cell alone (whole replicas: any cell
             # within it): a call that cannot run at that width would restore there anyway.
-            size = int(cell[1])
+            size = cell.size
             if action.service_replicas:
                 k = opts.best_within(size)
             else:
                 k = opts.units.index(size) if size in opts.units else -1
             if k < 0:
                 continue
-            end = max(cell[0], now) + opts.durations[k]
-            if end > cell[2] + 1e-9:
+            end = max(cell.at, now) + opts.durations[k]
+            if end > cell.deadline + 1e-9:
                 # Its GPUs go to a waiting call before it would be done: after that call,
                 # if its restore leaves the copy (``released``), else never.
-                end = max(cell[3], now) + opts.durations[k]
+                end = max(cell.released, now) + opts.durations[k]
             if best is None or end < best[0]:
                 best = (end, cell, k)
         # The restore that ends the call soonest (its share of the restore plus the call):
@@ -472,15 +477,17 @@ class _RobustPass:
         restore = extra + d_new
         if best is None or best[0] - now > restore:
             self._restores.add(action.id)
-            self.servers(service).append([now + restore, float(opts.units[-1]), math.inf, 0.0])
+            self.servers(service).append(_Server(now + restore, opts.units[-1]))
             return None
         end, cell, k = best
-        if end > cell[2] + 1e-9:  # after the waiting call: the cell is the service's again
-            cell[0], cell[2] = cell[3], math.inf
-        at, cell[0] = cell[0], end
+        if end > cell.deadline + 1e-9:  # after the waiting call: the cell is the service's again
+            cell.at, cell.deadline = cell.released, math.inf
+        at, cell.at = cell.at, end
         if at <= now + 1e-9:
-            self._claimed[action.id] = int(cell[1])
-            if cell[2] < math.inf:
+            self._claimed[action.id] = cell.size
+            if cell.where is not None:
+                self._claimed_at[action.id] = cell.where
+            if cell.deadline < math.inf:
                 self._backfills.add(action.id)
             return None
         return (
@@ -508,6 +515,7 @@ class _RobustPass:
         )
         if rnd is None:
             return
+        self._to_place = {action.id for action in rnd.kept}
         order = sorted(range(len(rnd.kept)), key=lambda i: (-rnd.units[i], i))
         # The call that outlasts the others is placed last (its cell kept for it meanwhile):
         # whether it waits for a larger cell (``CellWaits.consider``) depends on the cells the
@@ -562,20 +570,46 @@ class _RobustPass:
         self, action: Action, opts: Options, size: int
     ) -> tuple[str, tuple[int, ...], float] | None:
         """The free cell of ``size`` to start ``action`` on (``place_charged``), the GPUs
-        held for waiting calls (``reserved``) and for the call placed last (``_kept``) out."""
+        held for waiting calls (``reserved``), for the call placed last (``_kept``) and the
+        free copies other calls of the pass claimed (``hold``) out; where only a claimed
+        copy's GPUs leave a cell of ``size``, the cell is taken (the round counted GPUs, not
+        cells: the call is not narrowed for another's claim)."""
+        spot = self._cell_held(action, opts, size, claims=True)
+        if spot is None and self._claimed_at:
+            spot = self._cell_held(action, opts, size, claims=False)
+        return spot
+
+    def _cell_held(
+        self, action: Action, opts: Options, size: int, claims: bool
+    ) -> tuple[str, tuple[int, ...], float] | None:
         ctx = self.ctx
         reserved, backfill = self.reserved, None
-        if self._kept:
+        # Held for a call that starts this pass: the cell kept for the call placed last, and
+        # the free copy each call still to place claimed in ``hold``, which the round priced
+        # free. Placed over it, a wider call of the same service dropped it (a copy of another
+        # shape goes) and the claimant restored (``tests/mechanisms/gpu/claimed_copy_kept``:
+        # a 0.5-s call restored a 1-GPU copy, 0.658 s; random GPU seed 3000 at t = 0, a
+        # 0.44-s call 1.23 s).
+        held = dict(self._kept or {})
+        for aid, (n, gpus) in self._claimed_at.items():
+            if claims and aid != action.id and aid in self._to_place:
+                if ctx.state.gpu[n].is_resident(action.service or "", gpus) and len(gpus) == size:
+                    continue  # (it would run there on the copy: the two calls trade places)
+                held[n] = held.get(n, set()) | set(gpus)
+        if held:
             reserved = {n: set(g) for n, g in self.reserved.items()}
-            for n, gpus in self._kept.items():
+            for n, gpus in held.items():
                 reserved.setdefault(n, set()).update(gpus)
         if reserved:
             k = opts.units.index(size)
-            done = ctx.now + opts.durations[k] + ctx.restore_cost(action, _any(ctx), size)
+            # (``place_charged`` adds the restore on a cell that does not hold the service:
+            # counted everywhere, a call whose copy sat on a reserved GPU was kept off it by
+            # a restore it would not do; ``tests/mechanisms/gpu/backfill_on_resident_copy``.)
+            done = ctx.now + opts.durations[k]
             ready = self.waits.ready_at()
-            if self._kept:  # no backfill on a kept cell: its call starts this pass
+            if held:  # no backfill there: its call starts this pass
                 ready = dict(ready)
-                for n, gpus in self._kept.items():
+                for n, gpus in held.items():
                     ready.update({(n, g): -math.inf for g in gpus})
             backfill = (ready, done)
         return place_charged(
@@ -591,6 +625,7 @@ class _RobustPass:
 
     def _place(self, action: Action, units: int, method: str) -> None:
         ctx, service = self.ctx, action.service or ""
+        self._to_place.discard(action.id)
         opts = ctx.options(action)
         for size in reversed(opts.units[: opts.units.index(units) + 1]):
             spot = self._cell(action, opts, size)
@@ -647,10 +682,6 @@ def _widest_free_cell(
     return widest
 
 
-def _any(ctx: Context) -> str:
-    return next(iter(ctx.state.gpu))
-
-
 def _resident_free_sizes(ctx: Context) -> dict[str, set[int]]:
     """For each service, the cell sizes at which a free cell already holds it.
 
@@ -679,15 +710,35 @@ def _resident_sizes(
     return sizes
 
 
+class _Server:
+    """A cell holding a service, as ``hold`` queues the pass's calls on it: when it is next
+    free, its size, where it is when it is free now (``where``: node, GPUs), by when a call
+    on it must be done (its GPUs reserved for a waiting call then; else ``inf``) and when
+    that call is done with it where its restore leaves the copy (``inf`` where it evicts it).
+    """
+
+    __slots__ = ("at", "size", "where", "deadline", "released")
+
+    def __init__(
+        self,
+        at: float,
+        size: int,
+        where: tuple[str, tuple[int, ...]] | None = None,
+        deadline: float = math.inf,
+        released: float = 0.0,
+    ) -> None:
+        self.at, self.size, self.where = at, size, where
+        self.deadline, self.released = deadline, released
+
+
 def _holding_cells(
     ctx: Context,
     service: str,
     ready: dict[tuple[str, int], float] | None = None,
     after: dict[tuple[str, int], float] | None = None,
-) -> list[list[float]]:
-    """[when it is next free, its size, by when a call on it must be done] for each cell
-    holding ``service``: free cells (now), largest first and not overlapping, and the cells
-    running actions hold with it resident.
+) -> list[_Server]:
+    """Each cell holding ``service``: free cells (now), largest first and not overlapping,
+    and the cells running actions hold with it resident.
 
     A cell whose GPUs are reserved for a waiting call (``ready``: when each such GPU is
     expected by its call) goes to that call: another call may use it only if done by then,
@@ -708,19 +759,28 @@ def _holding_cells(
             for cell in node.free_cells(size):
                 if not taken.intersection(cell) and node.is_resident(service, cell):
                     taken.update(cell)
-                    cells.append([now, float(size), deadline(name, cell), released(name, cell)])
+                    cells.append(
+                        _Server(
+                            now,
+                            size,
+                            (name, tuple(cell)),
+                            deadline(name, cell),
+                            released(name, cell),
+                        )
+                    )
     for running in ctx.running_in(GPU_DOMAIN):
         start = running.start
         if start.in_slot or not start.gpus:
             continue
         if ctx.state.gpu[start.node].is_resident(service, start.gpus):
             cells.append(
-                [
+                _Server(
                     max(now, running.est_finish),
-                    float(len(start.gpus)),
+                    len(start.gpus),
+                    None,
                     deadline(start.node, start.gpus),
                     released(start.node, start.gpus),
-                ]
+                )
             )
     return cells
 

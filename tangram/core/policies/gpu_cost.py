@@ -284,7 +284,8 @@ def place_charged(
     ``gpu_placement``'s order (best fit, node and cell order).
     ``reserved``: GPUs held for calls waiting for them (``gpu_waits``), per node: not used,
     unless ``backfill`` = (when each held GPU is expected by its call, when this call would
-    be done) says it is done by then.
+    be done on a cell that holds its service) says it is done by then, with the restore on a
+    cell that does not.
     """
     service = action.service or ""
     best: tuple[tuple[float, ...], str, tuple[int, ...], float] | None = None
@@ -305,6 +306,12 @@ def place_charged(
                 if backfill is None:
                     continue
                 at, done = backfill
+                if not node.is_resident(service, cell):
+                    # (A copy of the service there starts the call at once: its restore
+                    # counts only where there is none.)
+                    done += node.spec.restore_s(
+                        action.service_size_gb, size, replicas=action.service_replicas
+                    )
                 if any(done > at.get((name, g), math.inf) + 1e-9 for g in cell if g in held):
                     continue
             loose = _buddy_free(node, cell)
