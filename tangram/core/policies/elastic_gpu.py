@@ -403,14 +403,19 @@ class _RobustPass:
                 keeps = True
             else:
                 run += ctx.restore_cost(r.action, r.node, size)
-                keeps = service == holder or service not in evicted_by(
-                    node,
-                    r.cell,
-                    holder,
-                    r.action.service_size_gb,
-                    self.load,
-                    r.action.service_replicas,
-                )
+                if service == holder:
+                    # Its restore is a copy of its own cell: a sharded copy of another shape
+                    # there serves no longer (``cells.copy_serves``); whole ones do.
+                    keeps = r.action.service_replicas or size == 1
+                else:
+                    keeps = service not in evicted_by(
+                        node,
+                        r.cell,
+                        holder,
+                        r.action.service_size_gb,
+                        self.load,
+                        r.action.service_replicas,
+                    )
             done = max(r.ready, ctx.now) + run if keeps else math.inf
             for g in r.cell:
                 at[(r.node, g)] = max(at.get((r.node, g), 0.0), done)
