@@ -454,6 +454,21 @@ def test_every_spelling_of_root_is_a_relaxation_and_never_pooled(user: str) -> N
     assert not SandboxConfig(user="10:1000").runs_as_root
 
 
+@pytest.mark.parametrize("user", ["\u00b2", "\u00b2:1000", "\u0661\u0660\u0660\u0660"])
+def test_a_user_of_non_ascii_digits_is_a_name_never_a_crash(user: str) -> None:
+    """``str.isdigit`` takes '²' and other non-ASCII digits, which ``int`` refuses (a
+    ValueError out of ``runs_as_root``, ``numeric_uid`` and so ``WarmPool.poolable`` at an
+    open) or reads as a uid docker would not ('١٠٠٠' as 1000): docker reads them as a name,
+    so a uid unknown here, never pooled."""
+    from tangram.exec.aoe.pool import WarmPool
+
+    sandbox = SandboxConfig(user=user)
+    assert sandbox.numeric_uid is None and not sandbox.runs_as_root
+    assert not WarmPool.poolable(sandbox)
+    assert SandboxConfig(user="1000:1000").numeric_uid == 1000
+    assert WarmPool.poolable(SandboxConfig(user="1000:1000"))
+
+
 @pytest.mark.parametrize("name", ["memory_gb", "default_timeout_s", "kill_grace_s"])
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_a_configured_time_or_size_that_is_no_finite_number_is_refused(

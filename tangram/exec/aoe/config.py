@@ -34,6 +34,12 @@ _CAPABILITY = re.compile(r"^(CAP_)?[A-Z_]+$")
 _VOLUME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,200}\Z")
 
 
+def _whole_number(digits: str) -> int | None:
+    """``digits`` as a number when they are ASCII digits (docker reads no other), else None:
+    ``str.isdigit`` also takes '²', which ``int`` then refuses with a ValueError."""
+    return int(digits) if digits.isascii() and digits.isdigit() else None
+
+
 @dataclass(frozen=True)
 class SandboxConfig:
     """How one trajectory's container is confined. The defaults are the strict sandbox.
@@ -98,8 +104,7 @@ class SandboxConfig:
         """The uid actions run as when ``user`` gives it as a number (None for a name, which
         the image resolves: only it knows the uid)."""
         uid = self.user.strip().partition(":")[0].strip()
-        digits = uid[1:] if uid[:1] == "+" else uid
-        return int(digits) if digits.isdigit() else None
+        return _whole_number(uid[1:] if uid[:1] == "+" else uid)
 
     @property
     def runs_as_root(self) -> bool:
@@ -108,8 +113,7 @@ class SandboxConfig:
         uid = self.user.strip().partition(":")[0].strip()
         if uid in ("", "root"):
             return True
-        digits = uid[1:] if uid[:1] in "+-" else uid
-        return digits.isdigit() and int(digits) == 0
+        return _whole_number(uid[1:] if uid[:1] in "+-" else uid) == 0
 
     def relaxations(self) -> tuple[str, ...]:
         """Human-readable names of every way this sandbox is looser than the default one."""
