@@ -15,7 +15,15 @@ from typing import Any
 import pytest
 
 from tangram.exec.aoe import AoeConfig, AoeError, AoeManager, SandboxConfig
-from tangram.exec.aoe.containers import LABEL, LABEL_OWNER, LABEL_SESSION, owner_label
+from tangram.exec.aoe.containers import (
+    INIT_PID_NAMESPACE,
+    LABEL,
+    LABEL_OWNER,
+    LABEL_SESSION,
+    owner_alive,
+    owner_label,
+    pid_namespace,
+)
 
 pytestmark = pytest.mark.docker
 
@@ -201,6 +209,40 @@ def test_a_live_manager_in_another_pid_namespace_keeps_its_containers(docker_cli
     finally:
         other.stdin.close()
         other.wait(30)
+
+
+def test_a_dead_manager_in_another_pid_namespace_has_its_containers_swept(
+    docker_client: Any,
+) -> None:
+    """A service restarted in a new container is in a new PID namespace: its last run's
+    containers (their reaper died with that run) were left for ever once an owner in another
+    namespace was never read as dead, their memory and cores held, their work volumes
+    refused to the restarted service. Read from the host's namespace, an owner whose
+    namespace has no process left is dead, and the next start sweeps its containers."""
+    import docker.errors
+
+    assert pid_namespace() == INIT_PID_NAMESPACE, "the suite runs in the host's PID namespace"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c"]
+    other = subprocess.run(
+        [*cmd, OTHER_NAMESPACE_OWNER], input=b"", capture_output=True, env=env, timeout=60
+    )
+    owner = other.stdout.decode().strip()
+    assert other.returncode == 0 and owner.count("/") == 3, (owner, other.stderr)
+    assert owner_alive(owner) is False  # its namespace ended with it
+    theirs = docker_client.containers.create(
+        "tangram-busybox",
+        ["sleep", "infinity"],
+        labels={LABEL: "1", LABEL_SESSION: "dead-namespace", LABEL_OWNER: owner},
+    )
+    try:
+        with AoeManager(AoeConfig(reaper=False), client=docker_client):
+            pass  # (its start sweeps the orphans, synchronously)
+        left = {c.id for c in docker_client.containers.list(all=True)}
+        assert theirs.id not in left, "a dead manager's container was left behind"
+    finally:
+        with contextlib.suppress(docker.errors.NotFound):
+            theirs.remove(force=True)
 
 
 def test_two_managers_on_one_work_volume_never_share_a_trajectorys_files(

@@ -85,21 +85,51 @@ def owner_label(pid: int | None = None) -> str:
     )
 
 
+#: The kernel's number for the host's (initial) PID namespace (``PROC_PID_INIT_INO``).
+INIT_PID_NAMESPACE = "4026531836"
+
+
 def owner_alive(owner: str) -> bool | None:
-    """True/False for an owner on this host and in this PID namespace; None when the owner is
-    on another host or in another PID namespace (a service in a container with the host's
-    network has the host's name, but its pids mean nothing here: read here, a live one
-    looked dead and its containers were swept as orphans). A label without a namespace (an
-    older manager's) is read in this one."""
+    """True/False for an owner on this host; None when it cannot be told (another host).
+
+    An owner in another PID namespace (a service in a container with the host's network has
+    the host's name, but its pids mean nothing here: read here, a live one looked dead and
+    its containers were swept as orphans) is alive while its namespace is, as seen from the
+    host's namespace, which sees every process (``namespace_alive``); from inside another
+    one it cannot be told (None: left alone). Told dead, a service restarted in a new
+    container sweeps its last run's containers, which nothing else removes (their reaper
+    died with them). A label without a namespace (an older manager's) is read in this one.
+    """
     host, _, rest = owner.partition("/")
     pid_s, _, rest = rest.partition("/")
     start, _, namespace = rest.partition("/")
     if host != socket.gethostname() or not pid_s.isdigit():
         return None
-    if namespace and namespace != pid_namespace():
-        return None
+    here = pid_namespace()
+    if namespace and namespace != here:
+        return namespace_alive(namespace) if here == INIT_PID_NAMESPACE else None
     now = process_start_time(int(pid_s))
     return now is not None and (start == "?" or now == start)
+
+
+def namespace_alive(namespace: str) -> bool | None:
+    """Whether any process on this machine is in PID namespace ``namespace`` (read from the
+    host's namespace, where /proc lists every process); None when some process's namespace
+    could not be read and none found was in it."""
+    unread = False
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or entry.name == "1":
+            continue  # (pid 1 here is this namespace's init: never in another one)
+        try:
+            link = os.readlink(f"/proc/{entry.name}/ns/pid")
+        except FileNotFoundError:
+            continue  # (the process ended meanwhile)
+        except OSError:
+            unread = True
+            continue
+        if link.removeprefix("pid:[").removesuffix("]") == namespace:
+            return True
+    return None if unread else False
 
 
 @dataclass(frozen=True)
