@@ -593,6 +593,61 @@ def test_a_cancelled_close_still_closes_the_trajectory() -> None:
         aoe.go.set()
 
 
+class _GatedClose(_GatedAction):
+    """``_GatedAction`` whose container removals wait for ``removal``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.removal = threading.Event()
+
+    def close_trajectory(self, traj: str) -> None:
+        self.removal.wait(30)
+        super().close_trajectory(traj)
+
+
+def test_a_runtime_closes_only_once_a_close_under_way_is_done() -> None:
+    """A close cancelled by its caller goes on as a task of its own; the runtime's shutdown
+    did not wait for it, so it closed the trajectory on a host and executor already shut
+    (its exception never retrieved) or never removed the container. Shutdown now waits for
+    it (within the grace)."""
+    from tangram.exec.runtime import ActionSpec, CpuWork
+
+    aoe = _GatedClose()
+
+    async def main() -> None:
+        async with Runtime(CLUSTER, RuntimeConfig(), cpu=CpuExecutor(aoe, NODE)) as rt:
+            loop = asyncio.get_running_loop()
+            # The container's removal ends a moment into the shutdown (within its grace).
+            rt_close = rt.close
+
+            async def close(grace_s: float | None = None) -> None:
+                loop.call_later(0.2, aoe.removal.set)
+                await rt_close(grace_s)
+
+            rt.close = close  # type: ignore[method-assign]
+            await rt.open_trajectory("t")
+            await rt.submit(ActionSpec(CpuWork("work"), trajectory="t"))
+            assert await loop.run_in_executor(None, aoe.running.wait, 10)
+            closing = asyncio.create_task(rt.close_trajectory("t"))
+            for _ in range(1000):  # (until the close waits for the running action)
+                if rt.trajs.closing("t"):
+                    break
+                await asyncio.sleep(0)
+            assert rt.trajs.closing("t")
+            closing.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await closing
+            aoe.go.set()
+        assert aoe.closes == ["t"], "the close under way was cut by the shutdown"
+        assert not rt.trajs._closing_tasks
+
+    try:
+        asyncio.run(main())
+    finally:
+        aoe.go.set()
+        aoe.removal.set()
+
+
 def test_a_service_that_cannot_listen_leaves_its_runtime_closed(tmp_path: Any) -> None:
     """The runtime started before the site: when the address was taken, the start failed
     and the runtime stayed started, its journal locked by this very process, so a second

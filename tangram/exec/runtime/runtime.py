@@ -259,6 +259,7 @@ class Runtime:
                     host.end(rec, "error", error=cut)
             for task in late:
                 task.cancel()
+        await self.trajs.settle(grace)
         host.close()
         self._persist()
         if self.journal is not None:

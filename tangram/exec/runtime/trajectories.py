@@ -254,6 +254,18 @@ class Trajectories:
             self.host.close_trajectory(traj.id, opened=False)
             await self._notify_capacity()
 
+    async def settle(self, timeout_s: float) -> None:
+        """Wait (up to ``timeout_s``) for the closes under way and the removals of cancelled
+        opens, at shutdown: left running, they closed trajectories on a host and executors
+        already shut (exceptions never retrieved); the rest is cancelled."""
+        pending = self._abandoned | self._closing_tasks
+        if not pending:
+            return
+        _, late = await asyncio.wait(pending, timeout=timeout_s)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
     async def close(self, trajectory: str) -> TrajectoryInfo:
         """Its waiting actions end with ``trajectory_closed``, its running ones finish, then
         the core forgets it and its container is removed."""
