@@ -593,7 +593,7 @@ def test_a_cancelled_close_still_closes_the_trajectory() -> None:
         aoe.go.set()
 
 
-class _GatedClose(_GatedAction):
+class _GatedActionAndRemoval(_GatedAction):
     """``_GatedAction`` whose container removals wait for ``removal``."""
 
     def __init__(self) -> None:
@@ -612,7 +612,7 @@ def test_a_runtime_closes_only_once_a_close_under_way_is_done() -> None:
     it (within the grace)."""
     from tangram.exec.runtime import ActionSpec, CpuWork
 
-    aoe = _GatedClose()
+    aoe = _GatedActionAndRemoval()
 
     async def main() -> None:
         async with Runtime(CLUSTER, RuntimeConfig(), cpu=CpuExecutor(aoe, NODE)) as rt:
