@@ -488,7 +488,8 @@ def test_owner_label_tells_live_from_dead_processes() -> None:
     host, pid, start, namespace = owner_label().split("/")
     assert owner_alive(f"{host}/{pid}/not-{start}/{namespace}") is False  # another process
     assert owner_alive(f"other-host-xyz/{pid}/{start}/{namespace}") is None
-    assert owner_alive(f"{host}/{pid}/not-{start}/1{namespace}") is None  # another namespace
+    # Another namespace, with no process left in it (read from the host's namespace): dead.
+    assert owner_alive(f"{host}/{pid}/not-{start}/1{namespace}") is False
     assert owner_alive(f"{host}/{pid}/not-{start}") is False  # an older label: read here
 
 
