@@ -168,6 +168,8 @@ class Lifecycle:
         #: the node's cores, at the lowest weight). ``ledger`` is accepted for callers that
         #: pass it; resets hold no core in it.
         self.pool: WarmPool | None = None
+        #: Sandboxes whose containers were said not to be pooled (``pool_key``), once each.
+        self._unpooled_told: set[SandboxConfig] = set()
         if config.warm_pool.enabled and config.transport == "runner":
             cores = tuple(topology.cores)
             self.pool = WarmPool(
@@ -204,7 +206,13 @@ class Lifecycle:
 
     def pool_key(self, blueprint: Blueprint) -> PoolKey | None:
         """The blueprint's key in the warm pool, None when it is not pooled."""
-        if self.pool is None or not WarmPool.poolable(blueprint.sandbox):
+        if self.pool is None:
+            return None
+        why = WarmPool.unpooled_because(blueprint.sandbox)
+        if why is not None:
+            if blueprint.sandbox not in self._unpooled_told:  # (once per sandbox)
+                self._unpooled_told.add(blueprint.sandbox)
+                log.warning("warm pool: containers of this sandbox are not pooled: %s", why)
             return None
         return PoolKey(blueprint.image, blueprint.memory_gb, blueprint.sandbox)
 

@@ -124,21 +124,32 @@ class WarmPool:
 
     @staticmethod
     def poolable(sandbox: SandboxConfig) -> bool:
-        """Only a strict sandbox is pooled: its actions can write nothing but the dirs a reset
-        empties and cannot reach the keeper (no root, no capabilities, read-only root). A
-        container on a named work volume is its trajectory's: never pooled. Nor one whose
-        actions run as a name (the image says its uid) or as the keeper's uid: a reset spares
-        the keeper's uid, so the last user's processes survived it into the next trajectory
-        (another client's), and its actions could signal and ptrace the keeper and init."""
-        return (
-            sandbox.work_volume is None
-            and sandbox.numeric_uid not in (None, KEEPER_UID)
-            and not sandbox.runs_as_root
-            and sandbox.read_only_root
-            and sandbox.drop_all_capabilities
-            and sandbox.no_new_privileges
-            and not sandbox.cap_add
+        """Whether containers of ``sandbox`` are pooled (``unpooled_because`` says why not)."""
+        return WarmPool.unpooled_because(sandbox) is None
+
+    @staticmethod
+    def unpooled_because(sandbox: SandboxConfig) -> str | None:
+        """Why containers of ``sandbox`` are not pooled, None when they are. Only a strict
+        sandbox is pooled: its actions can write nothing but the dirs a reset empties and
+        cannot reach the keeper (no root, no capabilities, read-only root). A container on a
+        named work volume is its trajectory's. Nor one whose actions run as a name (the image
+        says its uid) or as the keeper's uid: a reset spares the keeper's uid, so the last
+        user's processes survived it into the next trajectory (another client's), and its
+        actions could signal and ptrace the keeper and init."""
+        rules = (
+            (sandbox.work_volume is None, "a named work_volume is its trajectory's"),
+            (
+                sandbox.numeric_uid is not None,
+                f"user {sandbox.user!r} is a name (give the uid, e.g. '1000:1000')",
+            ),
+            (sandbox.numeric_uid != KEEPER_UID, f"user runs as the keeper's uid {KEEPER_UID}"),
+            (not sandbox.runs_as_root, "actions run as root"),
+            (sandbox.read_only_root, "the root filesystem is writable"),
+            (sandbox.drop_all_capabilities, "capabilities are kept"),
+            (sandbox.no_new_privileges, "new privileges are allowed"),
+            (not sandbox.cap_add, "cap_add gives capabilities back"),
         )
+        return next((why for ok, why in rules if not ok), None)
 
     def next_name(self) -> str:
         """A unique suffix for a pool container's name."""
