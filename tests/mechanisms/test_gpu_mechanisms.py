@@ -383,3 +383,23 @@ def test_a_call_waits_for_its_copy_inside_a_reserved_cell_when_done_before_it_is
     assert default[b] == pytest.approx(2.0, abs=1e-6)
     assert paper[b] == pytest.approx(48.694, abs=1e-3)
     assert all(default[a] == pytest.approx(paper[a]) for a in default if a != b)
+
+
+def test_a_reservation_made_mid_pass_moves_the_deadlines_of_the_copies_queued_on():
+    # Four 80-GB GPUs; warm: a 32.8B "m32" (65.6 GB) on GPU 2, a 7.6B "m7" on GPU 3 (the
+    # 72.7B "m72", 145.4 GB, restores where it runs). At t = 0 a 4-s m32 call A runs on GPU 2, a 6-s
+    # m7 call on GPU 3, and a 2.5-s and a 100-s call of a third model restore on GPUs 0 and
+    # 1 (0.668 s). At 0.05 a 0.5-s m32 call B0 finds no free GPU; at 0.1 a 2-GPU m72 call W
+    # (2 s) finds no free pair; at 2.4 a 3-s m32 call B2. At 3.168 GPU 0 frees and one pass
+    # runs B0, W, B2 in that order: B0 queues on A's copy (free at 4, done 4.5); W, patient,
+    # reserves (2, 3), ready at 6; B2 weighs its copy after B0 (4.5 + 3 = 7.5) against a
+    # restore on GPU 0 (2.674 + 3 s, evictions charged). Before, B2 read its copy's cell as
+    # the pass had found it before W's reservation (no deadline), waited "~1.332 s", could
+    # not run there (done after 6), and restored on GPU 0 only at 4.0: ACT 7.284 s (as
+    # tangram-paper). Now the reservation moves the deadlines of the copies the pass queued
+    # on: B2 restores at 3.168, ACT 6.452 s; B0 and W unchanged.
+    case, b2 = "reserved_mid_pass", "s0-t00006-a000"
+    default, paper = acts(case, "tangram"), acts(case, "tangram-paper")
+    assert default[b2] == pytest.approx(6.452, abs=1e-3)
+    assert paper[b2] == pytest.approx(7.284, abs=1e-3)
+    assert all(default[a] == pytest.approx(paper[a]) for a in default if a != b2)

@@ -8,7 +8,7 @@ resident cell when that is sooner than a restore, and places the cells.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from tangram.core.action import Action
 from tangram.core.backlog import GPU_DOMAIN, Domain
@@ -449,6 +449,11 @@ class _RobustPass:
                 self.reserved = self.waits.reserved()
                 self._widest = self._resident = None
                 self._widest_for.clear()
+                # The cells the pass queued calls on: the new reservation's GPUs go to its
+                # call (the calls' places on them kept: only their deadlines move).
+                ready = self.waits.ready_at()
+                for other, heap in self._servers.items():
+                    mark_reserved(heap, ready, self._released(other))
                 return reason
         self._seen[service] = self._seen.get(service, 0) + 1
         now, best = ctx.now, None
@@ -722,7 +727,7 @@ class _Server:
     that call is done with it where its restore leaves the copy (``inf`` where it evicts it).
     """
 
-    __slots__ = ("at", "size", "where", "deadline", "released")
+    __slots__ = ("at", "size", "where", "deadline", "released", "cell")
 
     def __init__(
         self,
@@ -731,9 +736,12 @@ class _Server:
         where: tuple[str, tuple[int, ...]] | None = None,
         deadline: float = math.inf,
         released: float = 0.0,
+        cell: tuple[str, tuple[int, ...]] | None = None,
     ) -> None:
         self.at, self.size, self.where = at, size, where
         self.deadline, self.released = deadline, released
+        #: Its node and GPUs, free or busy (None: a restore ``hold`` queued).
+        self.cell = cell if cell is not None else where
 
 
 def _holding_cells(
@@ -750,29 +758,13 @@ def _holding_cells(
     as placement backfills it (``place_charged``); others are done by ``inf``.
     """
     now, cells = ctx.now, []
-    ready, after = ready or {}, after or {}
-
-    def deadline(name: str, cell: Iterable[int]) -> float:
-        return min((ready.get((name, g), math.inf) for g in cell), default=math.inf)
-
-    def released(name: str, cell: Iterable[int]) -> float:
-        return max((after.get((name, g), 0.0) for g in cell), default=0.0)
-
     for name, node in ctx.state.gpu.items():
         taken: set[int] = set()
         for size in reversed(cell_sizes(node.spec.gpus)):
             for cell in node.free_cells(size):
                 if not taken.intersection(cell) and node.is_resident(service, cell):
                     taken.update(cell)
-                    cells.append(
-                        _Server(
-                            now,
-                            size,
-                            (name, tuple(cell)),
-                            deadline(name, cell),
-                            released(name, cell),
-                        )
-                    )
+                    cells.append(_Server(now, size, (name, tuple(cell))))
     for running in ctx.running_in(GPU_DOMAIN):
         start = running.start
         if start.in_slot or not start.gpus:
@@ -782,12 +774,28 @@ def _holding_cells(
                 _Server(
                     max(now, running.est_finish),
                     len(start.gpus),
-                    None,
-                    deadline(start.node, start.gpus),
-                    released(start.node, start.gpus),
+                    cell=(start.node, tuple(start.gpus)),
                 )
             )
+    mark_reserved(cells, ready or {}, after or {})
     return cells
+
+
+def mark_reserved(
+    cells: list[_Server],
+    ready: dict[tuple[str, int], float],
+    after: dict[tuple[str, int], float],
+) -> None:
+    """Set each cell's ``deadline`` (when the first of its GPUs is expected by a waiting
+    call) and ``released`` (when that call is done with it, where it leaves the copy)."""
+    for c in cells:
+        if c.cell is None:
+            continue
+        name, gpus = c.cell
+        c.deadline = min(
+            c.deadline, min((ready.get((name, g), math.inf) for g in gpus), default=math.inf)
+        )
+        c.released = max(c.released, max((after.get((name, g), 0.0) for g in gpus), default=0.0))
 
 
 def _resident_busy_until(ctx: Context) -> dict[str, float]:
