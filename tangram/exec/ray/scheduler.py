@@ -28,7 +28,7 @@ from tangram.exec.ray.executors import RayCpuExecutor, RayGpuExecutor
 from tangram.exec.ray.membership import Membership
 from tangram.exec.ray.nodes import cluster_spec
 from tangram.exec.runtime.api import ApiExecutor, builtin_endpoints
-from tangram.exec.runtime.errors import LiveError, UnknownTrajectory
+from tangram.exec.runtime.errors import BadRequest, LiveError, UnknownTrajectory
 from tangram.exec.runtime.records import ActionSpec
 from tangram.exec.runtime.runtime import Runtime
 from tangram.exec.service.limits import DEFAULT_MAX_OUTPUT_BYTES
@@ -36,6 +36,7 @@ from tangram.exec.service.schema import (
     outcome_doc,
     parse_action,
     parse_trajectory,
+    require_object,
     state_doc,
     trajectory_doc,
 )
@@ -53,6 +54,26 @@ def error_reply(exc: LiveError) -> dict[str, Any]:
             "retry_after_s": exc.retry_after_s,
         }
     }
+
+
+def _object(body: Any, what: str) -> dict[str, Any]:
+    """A document the actor's caller sent, as a dict; a ``BadRequest`` naming ``what`` when
+    it is no object (``dict()`` of a string or a list raised a bare ``ValueError``)."""
+    return dict(require_object(body, what))
+
+
+def _trajectory_of(body: Any) -> Any:
+    return body.get("trajectory") if isinstance(body, Mapping) else None
+
+
+def _check_id(action_id: Any) -> None:
+    if not isinstance(action_id, str):
+        raise BadRequest(f"action id: expected a string, got {type(action_id).__name__}")
+
+
+def _is_seconds(value: Any) -> bool:
+    """A number (not a bool, not NaN); inf allowed (wait until the outcome)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == value
 
 
 def settle_heap() -> None:
@@ -160,7 +181,7 @@ class SchedulerActor:
     # ------------------------------------------------------------------ the Ray-native API
     async def open_trajectory(self, body: Mapping[str, Any]) -> dict[str, Any]:
         try:
-            fields = parse_trajectory(dict(body))
+            fields = parse_trajectory(None if body is None else _object(body, "a trajectory"))
             info = await self._rt().open_trajectory(**fields)
         except LiveError as exc:
             return error_reply(exc)
@@ -188,22 +209,22 @@ class SchedulerActor:
 
     async def submit(self, body: Mapping[str, Any]) -> dict[str, Any]:
         try:
-            spec, _ = parse_action(dict(body), max_output_bytes=self._max_output())
+            spec, _ = parse_action(_object(body, "an action"), max_output_bytes=self._max_output())
             rt = self._rt()
             rt.public_trajectory(spec.trajectory)
             return {"value": await rt.submit(spec)}
         except LiveError as exc:
-            return error_reply(self._explain(exc, body.get("trajectory")))
+            return error_reply(self._explain(exc, _trajectory_of(body)))
 
     async def run(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """Submit and wait: the outcome as the HTTP API's document (the same fields)."""
         try:
-            spec, _ = parse_action(dict(body), max_output_bytes=self._max_output())
+            spec, _ = parse_action(_object(body, "an action"), max_output_bytes=self._max_output())
             rt = self._rt()
             rt.public_trajectory(spec.trajectory)
             outcome = await rt.result(await rt.submit(spec))
         except LiveError as exc:
-            return error_reply(self._explain(exc, body.get("trajectory")))
+            return error_reply(self._explain(exc, _trajectory_of(body)))
         assert outcome is not None
         return {"value": outcome_doc(outcome)}
 
@@ -232,6 +253,9 @@ class SchedulerActor:
     async def result(self, action_id: str, wait_s: float | None = 0.0) -> dict[str, Any]:
         try:
             rt = self._rt()
+            _check_id(action_id)
+            if wait_s is not None and not (_is_seconds(wait_s) and wait_s >= 0):
+                raise BadRequest(f"wait_s: expected seconds >= 0 or None, got {wait_s!r}"[:300])
             outcome = await rt.result(rt.public_action(action_id), wait_s)
             return {"value": state_doc(action_id, rt.state(action_id), outcome)}
         except LiveError as exc:
@@ -240,6 +264,7 @@ class SchedulerActor:
     async def cancel(self, action_id: str) -> dict[str, Any]:
         try:
             rt = self._rt()
+            _check_id(action_id)
             return {"value": outcome_doc(await rt.cancel(rt.public_action(action_id)))}
         except LiveError as exc:
             return error_reply(exc)

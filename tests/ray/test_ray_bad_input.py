@@ -1,0 +1,63 @@
+"""The scheduler actor's Ray-native API (its handle's methods, as drivers call them) answers a
+malformed argument with a ``bad_request`` reply naming what is wrong, and never lets one bad
+document of a ``run_many`` hide the outcomes of the others it accepted."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+#: Seconds any one actor call here may take (each is answered at once or by a 1-s action).
+CALL_S = 60.0
+
+
+def _get(ref: Any) -> Any:
+    import ray
+
+    return ray.get(ref, timeout=CALL_S)
+
+
+@pytest.mark.parametrize("body", ["junk", None, 5, ["command", "true"]])
+def test_a_non_object_body_is_a_bad_request_naming_it(ray_cluster: Any, body: Any) -> None:
+    h = ray_cluster.handle
+    methods = ("submit", "run") if body is None else ("submit", "run", "open_trajectory")
+    for method in methods:  # (no body opens a trajectory: its fields are optional)
+        reply = _get(getattr(h, method).remote(body))
+        assert reply["error"]["code"] == "bad_request", (method, reply)
+        assert "JSON object" in reply["error"]["message"]
+
+
+def test_one_bad_body_in_run_many_leaves_the_others_outcomes(ray_cluster: Any) -> None:
+    h = ray_cluster.handle
+    good = {"id": "bad-input-good", "endpoint": "echo", "payload": {"n": 1}}
+    replies = _get(h.run_many.remote([good, "junk"]))
+    assert replies[0]["value"]["status"] == "result", replies
+    assert replies[0]["value"]["result"] == {"n": 1}
+    assert replies[1]["error"]["code"] == "bad_request"
+    assert json.dumps(replies)  # (plain documents)
+
+
+@pytest.mark.parametrize("wait_s", ["soon", float("nan"), -1.0, [1]])
+def test_a_bad_wait_is_a_bad_request_naming_it(
+    ray_cluster: Any, wait_s: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # An action still running (a wait is read only then): 10 s on the "counted" endpoint,
+    # one action for every case (the same id and content: submitted once).
+    h = ray_cluster.handle
+    log = tmp_path_factory.getbasetemp() / "bad-input-wait.log"
+    payload = {"file": str(log), "key": "w", "s": 10.0}
+    _get(h.submit.remote({"id": "bad-input-wait", "endpoint": "counted", "payload": payload}))
+    reply = _get(h.result.remote("bad-input-wait", wait_s))
+    assert reply["error"]["code"] == "bad_request", reply
+    assert "wait_s" in reply["error"]["message"]
+
+
+@pytest.mark.parametrize("action_id", [5, None, ["a"]])
+def test_a_bad_action_id_is_refused(ray_cluster: Any, action_id: Any) -> None:
+    h = ray_cluster.handle
+    for method in ("result", "cancel"):
+        reply = _get(getattr(h, method).remote(action_id))
+        assert "error" in reply, (method, reply)
+        assert reply["error"]["code"] in {"bad_request", "unknown_action"}, reply
