@@ -10,6 +10,7 @@ each GPU call is reported to the core per node.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -25,6 +26,9 @@ from tangram.exec.runtime.executor import OnDeadline
 from tangram.exec.runtime.gpu import GpuExecutor
 from tangram.exec.runtime.records import CpuWork, ErrorInfo, GpuWork
 from tangram.exec.runtime.result import ExecResult
+
+#: The clock an action's time on an agent is read with (a node lost mid-call: how long it ran).
+clock = time.monotonic
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,7 @@ class RayCpuExecutor:
             return ExecResult(
                 "timeout", error=ErrorInfo("timeout", "the time-out passed at its start")
             )
+        t0 = clock()
         try:
             return await self.fleet.call(
                 start.node,
@@ -114,7 +119,7 @@ class RayCpuExecutor:
                 self.weighted,
             )
         except NodeLost as err:
-            return lost_result(err)
+            return lost_result(err, clock() - t0)
 
     def shutdown(self) -> None:
         """Nothing here: the scheduler actor shuts its agents down."""
@@ -176,12 +181,13 @@ class RayGpuExecutor:
     async def execute(
         self, work: GpuWork, start: Start, *, trajectory: str, time_left_s: float
     ) -> ExecResult:
+        t0 = clock()
         try:
             result, residency = await self.fleet.call(
                 start.node, "call_gpu", work.service, work.inputs, start.gpus, time_left_s
             )
         except NodeLost as err:
-            return lost_result(err)
+            return lost_result(err, clock() - t0)
         self.report(start.node, residency)
         return result
 

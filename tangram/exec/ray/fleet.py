@@ -32,10 +32,14 @@ class NodeLost(Exception):
         self.node, self.why = node, why
 
 
-def lost_result(err: NodeLost) -> ExecResult:
-    """The outcome of an action whose node was lost: a retryable ``node_lost`` error."""
+def lost_result(err: NodeLost, exec_s: float = 0.0) -> ExecResult:
+    """The outcome of an action whose node was lost: a retryable ``node_lost`` error; its
+    ``exec_s`` the time its call was out on the node (it ran there, as far as anyone knows:
+    not the runtime's overhead)."""
     message = f"{err}; the action may not have finished there: submit it again (a new id)"
-    return ExecResult("error", error=ErrorInfo(NODE_LOST, message, retryable=True))
+    return ExecResult(
+        "error", error=ErrorInfo(NODE_LOST, message, retryable=True), exec_s=max(0.0, exec_s)
+    )
 
 
 @dataclass(eq=False)
