@@ -61,3 +61,17 @@ def test_a_bad_action_id_is_refused(ray_cluster: Any, action_id: Any) -> None:
         reply = _get(getattr(h, method).remote(action_id))
         assert "error" in reply, (method, reply)
         assert reply["error"]["code"] in {"bad_request", "unknown_action"}, reply
+
+
+def test_a_body_with_a_field_name_not_a_string_is_a_bad_request(ray_cluster: Any) -> None:
+    # (JSON's names are strings; a Ray caller's dict may have any key: sorting the unknown
+    # ones to name the first raised TypeError when they mixed ints and strings)
+    h = ray_cluster.handle
+    for method, body in (
+        ("submit", {1: "a", "x": 2, "command": "true"}),
+        ("run", {1: "a", "x": 2, "command": "true"}),
+        ("open_trajectory", {1: "a", "x": 2}),
+    ):
+        reply = _get(getattr(h, method).remote(body))
+        assert reply["error"]["code"] == "bad_request", (method, reply)
+        assert "1" in reply["error"]["message"], reply

@@ -56,6 +56,9 @@ TRAJECTORY_FIELDS = {"id", "memory_gb", "image", "wait_s"}
 def require_object(body: Any, what: str) -> Mapping[str, Any]:
     if not isinstance(body, Mapping):
         raise BadRequest(f"{what} must be a JSON object, got {type(body).__name__}")
+    for name in body:  # (JSON's are; a Ray caller's dict may hold any key)
+        if not isinstance(name, str):
+            raise BadRequest(f"{what}: field names must be strings, got {name!r}"[:300])
     return body
 
 
