@@ -755,7 +755,8 @@ def _holding_cells(
 
     A cell whose GPUs are reserved for a waiting call (``ready``: when each such GPU is
     expected by its call) goes to that call: another call may use it only if done by then,
-    as placement backfills it (``place_charged``); others are done by ``inf``.
+    as placement backfills it (``place_charged``), or once that call is done with it where
+    its restore leaves the copy (``after``); see ``mark_reserved``. Others: by ``inf``.
     """
     now, cells = ctx.now, []
     for name, node in ctx.state.gpu.items():
