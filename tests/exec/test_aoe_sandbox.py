@@ -177,35 +177,45 @@ OTHER_NAMESPACE_OWNER = (
 )
 
 
+def _swept_by_a_start(docker_client: Any, owner: str) -> bool:
+    """Whether a manager's start removes a container labelled as ``owner``'s (its start
+    sweeps the orphans, synchronously); the container is removed either way."""
+    import docker.errors
+
+    theirs = docker_client.containers.create(
+        "tangram-busybox",
+        ["sleep", "infinity"],
+        labels={LABEL: "1", LABEL_SESSION: "another-session", LABEL_OWNER: owner},
+    )
+    try:
+        with AoeManager(AoeConfig(reaper=False), client=docker_client):
+            pass
+        return theirs.id not in {c.id for c in docker_client.containers.list(all=True)}
+    finally:
+        with contextlib.suppress(docker.errors.NotFound):
+            theirs.remove(force=True)
+
+
+def _other_namespace_cmd() -> tuple[list[str], dict[str, str]]:
+    """A Python child in a PID namespace of its own (``unshare``), and its environment."""
+    cmd = ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c"]
+    return [*cmd, OTHER_NAMESPACE_OWNER], {**os.environ, "PYTHONPATH": str(REPO)}
+
+
 def test_a_live_manager_in_another_pid_namespace_keeps_its_containers(docker_client: Any) -> None:
     """The orphan sweep read a container's owner (host/pid/start time) in this PID namespace:
     a live manager on the same host name in another one (a container with the host's network
     and the engine's socket) looked dead, its pid absent here or another process's, and a
     second service's start removed its containers under its running actions."""
-    import docker.errors
-
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c"]
-    other = subprocess.Popen(
-        [*cmd, OTHER_NAMESPACE_OWNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
-    )
+    cmd, env = _other_namespace_cmd()
+    other = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
     assert other.stdin is not None and other.stdout is not None
     try:
         owner = other.stdout.readline().decode().strip()
         assert owner.split("/")[:2] == [owner_label().split("/")[0], "1"], owner
-        theirs = docker_client.containers.create(
-            "tangram-busybox",
-            ["sleep", "infinity"],
-            labels={LABEL: "1", LABEL_SESSION: "other-namespace", LABEL_OWNER: owner},
+        assert not _swept_by_a_start(docker_client, owner), (
+            "a live manager's container was removed as an orphan's"
         )
-        try:
-            with AoeManager(AoeConfig(reaper=False), client=docker_client):
-                pass  # (its start sweeps the orphans, synchronously)
-            left = {c.id for c in docker_client.containers.list(all=True)}
-            assert theirs.id in left, "a live manager's container was removed as an orphan's"
-        finally:
-            with contextlib.suppress(docker.errors.NotFound):
-                theirs.remove(force=True)
     finally:
         other.stdin.close()
         other.wait(30)
@@ -219,30 +229,13 @@ def test_a_dead_manager_in_another_pid_namespace_has_its_containers_swept(
     namespace was never read as dead, their memory and cores held, their work volumes
     refused to the restarted service. Read from the host's namespace, an owner whose
     namespace has no process left is dead, and the next start sweeps its containers."""
-    import docker.errors
-
     assert pid_namespace() == INIT_PID_NAMESPACE, "the suite runs in the host's PID namespace"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c"]
-    other = subprocess.run(
-        [*cmd, OTHER_NAMESPACE_OWNER], input=b"", capture_output=True, env=env, timeout=60
-    )
+    cmd, env = _other_namespace_cmd()
+    other = subprocess.run(cmd, input=b"", capture_output=True, env=env, timeout=60)
     owner = other.stdout.decode().strip()
     assert other.returncode == 0 and owner.count("/") == 3, (owner, other.stderr)
     assert owner_alive(owner) is False  # its namespace ended with it
-    theirs = docker_client.containers.create(
-        "tangram-busybox",
-        ["sleep", "infinity"],
-        labels={LABEL: "1", LABEL_SESSION: "dead-namespace", LABEL_OWNER: owner},
-    )
-    try:
-        with AoeManager(AoeConfig(reaper=False), client=docker_client):
-            pass  # (its start sweeps the orphans, synchronously)
-        left = {c.id for c in docker_client.containers.list(all=True)}
-        assert theirs.id not in left, "a dead manager's container was left behind"
-    finally:
-        with contextlib.suppress(docker.errors.NotFound):
-            theirs.remove(force=True)
+    assert _swept_by_a_start(docker_client, owner), "a dead manager's container was left behind"
 
 
 def test_two_managers_on_one_work_volume_never_share_a_trajectorys_files(

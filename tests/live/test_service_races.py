@@ -554,29 +554,38 @@ class _GatedAction(FakeAoe):
         self.closed.set()
 
 
+async def _cancel_a_close_under_way(rt: Runtime, aoe: _GatedAction) -> str:
+    """Open trajectory "t", start an action (held running by ``aoe``), begin its close and
+    cancel the close once it waits for that action; the action's id."""
+    from tangram.exec.runtime import ActionSpec, CpuWork
+
+    loop = asyncio.get_running_loop()
+    await rt.open_trajectory("t")
+    action = await rt.submit(ActionSpec(CpuWork("work"), trajectory="t"))
+    assert await loop.run_in_executor(None, aoe.running.wait, 10)
+    closing = asyncio.create_task(rt.close_trajectory("t"))
+    for _ in range(1000):  # (until the close waits for the running action)
+        if rt.trajs.closing("t"):
+            break
+        await asyncio.sleep(0)
+    assert rt.trajs.closing("t")
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    return action
+
+
 def test_a_cancelled_close_still_closes_the_trajectory() -> None:
     """A close cancelled while it waited for the trajectory's running action (a caller's
     ``wait_for`` ran out) left it closing for ever: its container was never removed, its
     memory never returned to the node, and every open of the id was a 409 'closing'. A
     close once begun now completes."""
-    from tangram.exec.runtime import ActionSpec, CpuWork
-
     aoe = _GatedAction()
 
     async def main() -> None:
         async with Runtime(CLUSTER, RuntimeConfig(), cpu=CpuExecutor(aoe, NODE)) as rt:
             loop = asyncio.get_running_loop()
-            await rt.open_trajectory("t")
-            action = await rt.submit(ActionSpec(CpuWork("work"), trajectory="t"))
-            assert await loop.run_in_executor(None, aoe.running.wait, 10)
-            closing = asyncio.create_task(rt.close_trajectory("t"))
-            for _ in range(1000):  # (until the close waits for the running action)
-                if rt.trajs.closing("t"):
-                    break
-                await asyncio.sleep(0)
-            closing.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await closing
+            action = await _cancel_a_close_under_way(rt, aoe)
             aoe.go.set()
             assert (await rt.result(action)).status == "result"
             assert await loop.run_in_executor(None, aoe.closed.wait, 10), "never closed"
@@ -610,8 +619,6 @@ def test_a_runtime_closes_only_once_a_close_under_way_is_done() -> None:
     did not wait for it, so it closed the trajectory on a host and executor already shut
     (its exception never retrieved) or never removed the container. Shutdown now waits for
     it (within the grace)."""
-    from tangram.exec.runtime import ActionSpec, CpuWork
-
     aoe = _GatedActionAndRemoval()
 
     async def main() -> None:
@@ -625,18 +632,7 @@ def test_a_runtime_closes_only_once_a_close_under_way_is_done() -> None:
                 await rt_close(grace_s)
 
             rt.close = close  # type: ignore[method-assign]
-            await rt.open_trajectory("t")
-            await rt.submit(ActionSpec(CpuWork("work"), trajectory="t"))
-            assert await loop.run_in_executor(None, aoe.running.wait, 10)
-            closing = asyncio.create_task(rt.close_trajectory("t"))
-            for _ in range(1000):  # (until the close waits for the running action)
-                if rt.trajs.closing("t"):
-                    break
-                await asyncio.sleep(0)
-            assert rt.trajs.closing("t")
-            closing.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await closing
+            await _cancel_a_close_under_way(rt, aoe)
             aoe.go.set()
         assert aoe.closes == ["t"], "the close under way was cut by the shutdown"
         assert not rt.trajs._closing_tasks

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from tangram.core.action import Action
 from tangram.core.backlog import GPU_DOMAIN, Domain
@@ -380,13 +381,9 @@ class _RobustPass:
         """
         heap = self._servers.get(service)
         if heap is None:
-            if self.reserved:
-                heap = _holding_cells(
-                    self.ctx, service, self.waits.ready_at(), self._released(service)
-                )
-            else:
-                heap = _holding_cells(self.ctx, service)
-            self._servers[service] = heap
+            heap = self._servers[service] = _holding_cells(
+                self.ctx, service, self.waits.ready_at(), self._released(service)
+            )
         return heap
 
     def _released(self, service: str) -> dict[tuple[str, int], float]:
@@ -453,7 +450,7 @@ class _RobustPass:
                 # call (the calls' places on them kept: only their deadlines move).
                 ready = self.waits.ready_at()
                 for other, heap in self._servers.items():
-                    mark_reserved(heap, ready, self._released(other))
+                    _mark_reserved(heap, ready, self._released(other))
                 return reason
         self._seen[service] = self._seen.get(service, 0) + 1
         now, best = ctx.now, None
@@ -495,8 +492,8 @@ class _RobustPass:
         at, cell.at = cell.at, end
         if at <= now + 1e-9:
             self._claimed[action.id] = cell.size
-            if cell.where is not None:
-                self._claimed_at[action.id] = cell.where
+            if cell.free and cell.cell is not None:
+                self._claimed_at[action.id] = cell.cell
             if cell.deadline < math.inf:
                 self._backfills.add(action.id)
             return None
@@ -601,11 +598,12 @@ class _RobustPass:
         # a 0.5-s call restored a 1-GPU copy, 0.658 s; random GPU seed 3000 at t = 0, a
         # 0.44-s call 1.23 s).
         held = dict(self._kept or {})
-        for aid, (n, gpus) in self._claimed_at.items():
-            if claims and aid != action.id and aid in self._to_place:
-                if ctx.state.gpu[n].is_resident(action.service or "", gpus) and len(gpus) == size:
-                    continue  # (it would run there on the copy: the two calls trade places)
-                held[n] = held.get(n, set()) | set(gpus)
+        for aid, (n, gpus) in self._claimed_at.items() if claims else ():
+            if aid == action.id or aid not in self._to_place:
+                continue
+            if ctx.state.gpu[n].is_resident(action.service or "", gpus) and len(gpus) == size:
+                continue  # (it would run there on the copy: the two calls trade places)
+            held[n] = held.get(n, set()) | set(gpus)
         if held:
             reserved = {n: set(g) for n, g in self.reserved.items()}
             for n, gpus in held.items():
@@ -720,28 +718,20 @@ def _resident_sizes(
     return sizes
 
 
+@dataclass(slots=True)
 class _Server:
     """A cell holding a service, as ``hold`` queues the pass's calls on it: when it is next
-    free, its size, where it is when it is free now (``where``: node, GPUs), by when a call
-    on it must be done (its GPUs reserved for a waiting call then; else ``inf``) and when
-    that call is done with it where its restore leaves the copy (``inf`` where it evicts it).
-    """
+    free, its size, its node and GPUs (None: a restore ``hold`` queued), whether it was free
+    when the pass began, by when a call on it must be done (its GPUs reserved for a waiting
+    call then; else ``inf``) and when that call is done with it where its restore leaves the
+    copy (``inf`` where it evicts it)."""
 
-    __slots__ = ("at", "size", "where", "deadline", "released", "cell")
-
-    def __init__(
-        self,
-        at: float,
-        size: int,
-        where: tuple[str, tuple[int, ...]] | None = None,
-        deadline: float = math.inf,
-        released: float = 0.0,
-        cell: tuple[str, tuple[int, ...]] | None = None,
-    ) -> None:
-        self.at, self.size, self.where = at, size, where
-        self.deadline, self.released = deadline, released
-        #: Its node and GPUs, free or busy (None: a restore ``hold`` queued).
-        self.cell = cell if cell is not None else where
+    at: float
+    size: int
+    cell: tuple[str, tuple[int, ...]] | None = None
+    free: bool = False
+    deadline: float = math.inf
+    released: float = 0.0
 
 
 def _holding_cells(
@@ -756,7 +746,7 @@ def _holding_cells(
     A cell whose GPUs are reserved for a waiting call (``ready``: when each such GPU is
     expected by its call) goes to that call: another call may use it only if done by then,
     as placement backfills it (``place_charged``), or once that call is done with it where
-    its restore leaves the copy (``after``); see ``mark_reserved``. Others: by ``inf``.
+    its restore leaves the copy (``after``); see ``_mark_reserved``. Others: by ``inf``.
     """
     now, cells = ctx.now, []
     for name, node in ctx.state.gpu.items():
@@ -765,24 +755,20 @@ def _holding_cells(
             for cell in node.free_cells(size):
                 if not taken.intersection(cell) and node.is_resident(service, cell):
                     taken.update(cell)
-                    cells.append(_Server(now, size, (name, tuple(cell))))
+                    cells.append(_Server(now, size, (name, tuple(cell)), free=True))
     for running in ctx.running_in(GPU_DOMAIN):
         start = running.start
         if start.in_slot or not start.gpus:
             continue
         if ctx.state.gpu[start.node].is_resident(service, start.gpus):
             cells.append(
-                _Server(
-                    max(now, running.est_finish),
-                    len(start.gpus),
-                    cell=(start.node, tuple(start.gpus)),
-                )
+                _Server(max(now, running.est_finish), len(start.gpus), (start.node, start.gpus))
             )
-    mark_reserved(cells, ready or {}, after or {})
+    _mark_reserved(cells, ready or {}, after or {})
     return cells
 
 
-def mark_reserved(
+def _mark_reserved(
     cells: list[_Server],
     ready: dict[tuple[str, int], float],
     after: dict[tuple[str, int], float],

@@ -70,10 +70,14 @@ def pid_namespace(pid: int | None = None) -> str:
     """The PID namespace of ``pid`` (this process by default) as the kernel numbers it, '?'
     when it cannot be read."""
     try:
-        link = os.readlink(f"/proc/{'self' if pid is None else pid}/ns/pid")
+        return _namespace_read(str(pid) if pid is not None else "self")
     except OSError:
         return "?"
-    return link.removeprefix("pid:[").removesuffix("]")
+
+
+def _namespace_read(pid: str) -> str:
+    """The kernel's number of ``/proc/<pid>``'s PID namespace (``OSError`` when unreadable)."""
+    return os.readlink(f"/proc/{pid}/ns/pid").removeprefix("pid:[").removesuffix("]")
 
 
 def owner_label(pid: int | None = None) -> str:
@@ -121,14 +125,12 @@ def namespace_alive(namespace: str) -> bool | None:
         if not entry.name.isdigit() or entry.name == "1":
             continue  # (pid 1 here is this namespace's init: never in another one)
         try:
-            link = os.readlink(f"/proc/{entry.name}/ns/pid")
+            if _namespace_read(entry.name) == namespace:
+                return True
         except FileNotFoundError:
             continue  # (the process ended meanwhile)
         except OSError:
             unread = True
-            continue
-        if link.removeprefix("pid:[").removesuffix("]") == namespace:
-            return True
     return None if unread else False
 
 

@@ -237,7 +237,7 @@ class WarmPool:
     def _make_room(self, key: PoolKey, returning: bool = False) -> list[tuple[PoolKey, Container]]:
         """When ``key`` wants one more container and the pool's total is full, take out parked
         containers of other keys beyond their own target (no demand for them within the
-        window), oldest first, for the caller to remove. Caller holds the lock.
+        window), each key's oldest first, for the caller to remove. Caller holds the lock.
 
         Parked containers went only when one came back: keys nobody asked for any more (one
         per memory limit a client's /run_code requests gave) kept the total full for ever,

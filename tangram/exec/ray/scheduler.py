@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import math
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -29,7 +30,7 @@ from tangram.exec.ray.membership import Membership
 from tangram.exec.ray.nodes import cluster_spec
 from tangram.exec.runtime.api import ApiExecutor, builtin_endpoints
 from tangram.exec.runtime.errors import BadRequest, LiveError, UnknownTrajectory
-from tangram.exec.runtime.records import ActionSpec
+from tangram.exec.runtime.records import ActionSpec, is_finite_number
 from tangram.exec.runtime.runtime import Runtime
 from tangram.exec.service.limits import DEFAULT_MAX_OUTPUT_BYTES
 from tangram.exec.service.schema import (
@@ -69,11 +70,6 @@ def _trajectory_of(body: Any) -> Any:
 def _check_id(action_id: Any) -> None:
     if not isinstance(action_id, str):
         raise BadRequest(f"action id: expected a string, got {type(action_id).__name__}")
-
-
-def _is_seconds(value: Any) -> bool:
-    """A number (not a bool, not NaN); inf allowed (wait until the outcome)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and value == value
 
 
 def settle_heap() -> None:
@@ -254,7 +250,9 @@ class SchedulerActor:
         try:
             rt = self._rt()
             _check_id(action_id)
-            if wait_s is not None and not (_is_seconds(wait_s) and wait_s >= 0):
+            if wait_s is not None and not (
+                wait_s == math.inf or (is_finite_number(wait_s) and wait_s >= 0)
+            ):  # (inf: until the outcome)
                 raise BadRequest(f"wait_s: expected seconds >= 0 or None, got {wait_s!r}"[:300])
             outcome = await rt.result(rt.public_action(action_id), wait_s)
             return {"value": state_doc(action_id, rt.state(action_id), outcome)}
