@@ -403,3 +403,25 @@ def test_a_reservation_made_mid_pass_moves_the_deadlines_of_the_copies_queued_on
     assert default[b2] == pytest.approx(6.452, abs=1e-3)
     assert paper[b2] == pytest.approx(7.284, abs=1e-3)
     assert all(default[a] == pytest.approx(paper[a]) for a in default if a != b2)
+
+
+def test_a_reservation_is_charged_the_restore_it_forces_on_a_queued_copy():
+    # Eight 80-GB GPUs; warm: a 32.8B "q" (65.6 GB) on GPU 0, a 7.6B "m7" on GPU 1 and a
+    # 7.6B "w" on GPU 2. At t = 0 a 4-s q call runs on GPU 0 and six 1-GPU m7 calls run on
+    # GPU 1 (3.5 s), GPUs 3-4 (3.5 s) and 5-7 (3.8 s), the five restoring m7 first (0.658 s):
+    # cell (0-3) is free at 4.158, cell (4-7) at 4.458.
+    # At 3.0 a 0.5-s q call Q waits for q's copy (free at 4.0) rather than a 2.674-s restore,
+    # and a w call W (4 s on 1 GPU, perfectly parallel, up to 4) could start on GPU 2 now
+    # (done at 7.0). Before, W reserved cell (0-3) (4.158 + 0.202 restore + 1.0 = 5.36, ACT
+    # 2.36): Q lost GPU 0 to the reservation and restored q on GPU 4 at 4.158 (ACT 4.342).
+    # Now holding (0-3) is also charged q's restore (Q queued, no other copy: 2.674 s),
+    # which W's saving (7.0 - 5.36 = 1.64 s) does not pay; cell (4-7) displaces no queued
+    # call: W reserves it (done 5.66, ACT 2.66) and Q runs on its copy at 4.0 (ACT 1.5).
+    # tangram-paper never waits: W runs 4.0 s on GPU 2, Q 1.5 s.
+    case, q, w = "reservation_displaces_queued_copy", "s0-t00007-a000", "s0-t00008-a000"
+    default, paper = acts(case, "tangram"), acts(case, "tangram-paper")
+    assert default[q] == pytest.approx(1.5, abs=1e-6)
+    assert default[w] == pytest.approx(2.66, abs=1e-3)
+    assert paper[q] == pytest.approx(1.5, abs=1e-6)
+    assert paper[w] == pytest.approx(4.0, abs=1e-6)
+    assert all(default[a] == pytest.approx(paper[a]) for a in default if a != w)

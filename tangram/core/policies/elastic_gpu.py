@@ -24,6 +24,7 @@ from tangram.core.policies.gpu_cost import (
     ServiceLoad,
     evicted_by,
     eviction_charge,
+    model_gb,
     place_charged,
     resident_copies,
     resident_gb,
@@ -307,6 +308,27 @@ class _RobustPass:
             # waiting for the service's own cells.
             return UNPLACEABLE_S
         return self.restore_cost(action, size) / self.calls(action.service or "", size) + charge
+
+    def displaced(self, action: Action, name: str, cell: tuple[int, ...]) -> float:
+        """Restore seconds that holding ``cell`` on ``name`` for ``action`` forces on the other
+        services with a copy there and calls queued: each one's restore, weighted by how much
+        it needs that copy (none elsewhere: 1; else its busy GPUs over the copies left). Only
+        queued calls are priced: a guess at arrivals moved MOPD's 16-GPU runs the wrong way."""
+        node = self.ctx.state.gpu[name]
+        now, load, copies = self.ctx.now, self.load, self.copies()
+        total = 0.0
+        for other in set().union(*(node.resident[g] for g in cell)) - {action.service or ""}:
+            if self.queued(other) == 0:
+                continue
+            left = copies.get(other, 0) - sum(1 for g in cell if other in node.resident[g])
+            need = 1.0 if left <= 0 else min(1.0, load.busy_gpus(other, now) / left)
+            if need <= 0.0:
+                continue
+            width = max(
+                len(node.shape[g].get(other, ())) for g in cell if other in node.resident[g]
+            )
+            total += need * node.spec.restore_s(model_gb(other, load, node), width or 1)
+        return total
 
     def backlog(self) -> Backlog:
         """When each GPU of the pool is next free (now, or its running call's expected end),
@@ -641,7 +663,10 @@ class _RobustPass:
                 continue
             node, cell, charge = spot
             restored = not ctx.state.gpu[node].is_resident(service, cell)
-            wait = self.waits.consider(ctx, action, node, size, restored, self.backlog)
+            wait = self.waits.consider(
+                ctx, action, node, size, restored, self.backlog,
+                lambda name, cell: self.displaced(action, name, cell),
+            )  # fmt: skip
             if wait is not None:
                 self.reserved = self.waits.reserved()
                 ctx.defer(action, wait)

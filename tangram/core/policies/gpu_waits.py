@@ -193,6 +193,7 @@ class CellWaits:
         size: int,
         restored: bool,
         backlog: Callable[[], Backlog],
+        displaced: Callable[[str, tuple[int, ...]], float] | None = None,
     ) -> str | None:
         """Reserve a larger cell for ``action`` (about to start on ``size`` GPUs) when waiting
         for it finishes the call sooner (see the module); the reason, or None to start now."""
@@ -244,6 +245,10 @@ class CellWaits:
                     busy = min(1.0, max(0.0, drained - ready) / run) if run > 0 else 0.0
                     cost = (max(0.0, u * run - size * run_now) * busy + idle) * weight
                     finish = ready + run
+                    if displaced is not None and now + run_now - finish >= cost:
+                        # ... and the restores the hold forces on the services whose copy
+                        # sits on the cell (their queued calls restore elsewhere or wait).
+                        cost += displaced(name, cell)
                     if now + run_now - finish < cost or (best is not None and finish >= best[0]):
                         continue
                     # ... and at least what the others lose when it holds the cell: the queued
