@@ -25,6 +25,7 @@ from tangram.core.policies.gpu_cost import (
     evicted_by,
     eviction_charge,
     model_gb,
+    own_drop,
     place_charged,
     resident_copies,
     resident_gb,
@@ -316,7 +317,7 @@ class _RobustPass:
         queued calls are priced: a guess at arrivals moved MOPD's 16-GPU runs the wrong way."""
         node = self.ctx.state.gpu[name]
         now, load, copies = self.ctx.now, self.load, self.copies()
-        total = 0.0
+        total = own_drop(self.ctx, name, cell, action, load)
         for other in set().union(*(node.resident[g] for g in cell)) - {action.service or ""}:
             if self.queued(other) == 0:
                 continue

@@ -209,7 +209,9 @@ def eviction_charge(
     """
     node = ctx.state.gpu[node_name]
     service = action.service or ""
-    charge = _crowding(ctx, node, cell, service, action) / calls
+    charge = _crowding(ctx, node, cell, service, action) / calls + own_drop(
+        ctx, node_name, cell, action, load
+    )
     victims = evicted_by(node, cell, service, action.service_size_gb, load, action.service_replicas)
     if not victims:
         return charge
@@ -236,6 +238,44 @@ def eviction_charge(
             cost *= 2.0
         charge += cost
     return charge
+
+
+def own_drop(
+    ctx: Context, node_name: str, cell: tuple[int, ...], action: Action, load: ServiceLoad
+) -> float:
+    """Restore seconds a restore of the action's service onto ``cell`` costs its own calls by
+    dropping its copy of a narrower shape there: the share of its calls that copy served and
+    the new one cannot (``share_at``), unless a copy as narrow is left elsewhere. (Random GPU
+    family: a 4-GPU restore over a service's 1-GPU copy, then a 1-GPU call restoring it back.)"""
+    if action.service_replicas:
+        return 0.0
+    node = ctx.state.gpu[node_name]
+    service = action.service or ""
+    dropped = {node.shape[g][service] for g in cell if service in node.resident[g]} - {cell}
+    if not dropped:
+        return 0.0
+    now, width = ctx.now, len(cell)
+    total = 0.0
+    for shape in dropped:
+        k = len(shape)
+        lost = load.share_at(service, k) - load.share_at(service, width)
+        if lost <= 0.0:
+            continue
+        left = sum(
+            1
+            for name, other in ctx.state.gpu.items()
+            for held in _shapes(other, service)
+            if len(held) <= k and not (name == node_name and held in dropped)
+        )
+        need = 1.0 if left == 0 else min(1.0, load.busy_gpus(service, now) / (left * k))
+        recent = min(1.0, load.recent(service, now))
+        total += need * lost * recent * node.spec.restore_s(model_gb(service, load, node), k)
+    return total
+
+
+def _shapes(node: GpuNodeState, service: str) -> set[tuple[int, ...]]:
+    """The cells ``service``'s copies on ``node`` were restored as."""
+    return {node.shape[g][service] for g in range(node.spec.gpus) if service in node.resident[g]}
 
 
 def _crowding(
