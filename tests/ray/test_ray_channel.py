@@ -121,3 +121,42 @@ def test_a_connection_that_closes_fails_the_calls_in_flight_and_tells_its_owner(
     finally:
         server.close()
     assert len(closed) == 1 and "closed" in closed[0]
+
+
+def test_closing_the_server_closes_its_connections_and_stops_listening() -> None:
+    """An agent's ``shutdown`` closes its server: the scheduler's channel to it learns at
+    once that it is closed (a call sent later fails instead of going unanswered), no peer
+    can connect and authenticate any more, and none of its threads is left serving."""
+    key, handler = new_key(), Handler()
+    server = AgentServer(handler, "127.0.0.1", key, threads=4)
+    closed: list[str] = []
+
+    async def go() -> None:
+        told = asyncio.Event()
+
+        def on_closed(why: str) -> None:
+            closed.append(why)
+            told.set()
+
+        ch = await Channel.open(server.address, key, on_closed)
+        assert await ch.send("run_cpu", (0.0, "up")) == {"echo": "up"}
+        server.close()
+        await asyncio.wait_for(told.wait(), 10.0)  # (it waited for a next frame before)
+        assert ch.closed is not None
+        with pytest.raises(ChannelClosed):
+            await asyncio.wait_for(ch.send("run_cpu", (0.0, "after")), 10.0)
+        with pytest.raises(OSError):  # (the listener accepted one more peer before)
+            await Channel.open(server.address, key, lambda why: None)
+
+    try:
+        asyncio.run(go())
+    finally:
+        server.close()
+    assert len(closed) == 1
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline and any(
+        t.name.startswith("tangram-direct") for t in threading.enumerate()
+    ):
+        time.sleep(0.02)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("tangram-direct")]
+    assert [m for m, _ in handler.calls] == ["run_cpu"]

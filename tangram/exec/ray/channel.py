@@ -84,10 +84,22 @@ class AgentServer:
         self.address: tuple[str, int] = (host, self._listener.getsockname()[1])
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="tangram-direct")
         self._closed = False
+        #: The connections being served (``close`` shuts them: their threads then end).
+        self._conns: set[socket.socket] = set()
+        self._conns_lock = threading.Lock()
         threading.Thread(target=self._accept, name="tangram-direct-accept", daemon=True).start()
 
     def close(self) -> None:
-        self._closed = True
+        """Stop listening and close every connection (the scheduler's channel learns it at
+        once); calls not yet started are dropped, running ones' answers go nowhere. A bare
+        ``close`` of the listener woke neither the thread blocked in ``accept`` (it took one
+        more peer) nor those reading their connections (left open until a next frame)."""
+        with self._conns_lock:
+            self._closed = True
+            conns = list(self._conns)
+        for sock in (self._listener, *conns):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._listener.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -98,12 +110,24 @@ class AgentServer:
                 conn, _ = self._listener.accept()
             except OSError:
                 return
+            with self._conns_lock:
+                if self._closed:
+                    conn.close()
+                    return
+                self._conns.add(conn)
             threading.Thread(
                 target=self._serve, args=(conn,), name="tangram-direct-conn", daemon=True
             ).start()
 
     def _serve(self, conn: socket.socket) -> None:
-        """One connection: the handshake, then requests until it closes."""
+        """One connection: the handshake, then requests until it closes (or the server)."""
+        try:
+            self._serve_one(conn)
+        finally:
+            with self._conns_lock:
+                self._conns.discard(conn)
+
+    def _serve_one(self, conn: socket.socket) -> None:
         with conn:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             stream = conn.makefile("rb")
@@ -126,7 +150,10 @@ class AgentServer:
                     payload = _read_exactly(stream, size)
                 except (OSError, EOFError):
                     return
-                self._pool.submit(self._answer, conn, send_lock, rid, payload)
+                try:
+                    self._pool.submit(self._answer, conn, send_lock, rid, payload)
+                except RuntimeError:  # the pool is shut: the server closed
+                    return
 
     def _answer(self, conn: socket.socket, lock: threading.Lock, rid: int, payload: bytes) -> None:
         ok = False
