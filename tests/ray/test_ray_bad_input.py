@@ -75,3 +75,25 @@ def test_a_body_with_a_field_name_not_a_string_is_a_bad_request(ray_cluster: Any
         reply = _get(getattr(h, method).remote(body))
         assert reply["error"]["code"] == "bad_request", (method, reply)
         assert "1" in reply["error"]["message"], reply
+
+
+def test_a_body_the_actor_fails_on_in_run_many_leaves_the_others_outcomes(
+    ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # A body whose handling raises (here: GPU inputs nested 600 deep, which the inputs'
+    # decoder recursed into) failed the whole run_many: the client raised, the other
+    # actions ran with their outcomes lost, and a caller resending the batch (new ids) ran
+    # them twice. That body's own reply is an error; the others' outcomes come back.
+    from tangram.exec.ray import RayClient
+    from tangram.exec.runtime.records import Outcome
+    from tangram.exec.service import ServiceError
+
+    log = tmp_path_factory.getbasetemp() / "bad-input-batch.log"
+    deep: Any = 1.0
+    for _ in range(600):
+        deep = [deep]
+    good = {"endpoint": "counted", "payload": {"file": str(log), "key": "batch"}}
+    results = RayClient(ray_cluster.handle).run_many([good, {"service": "x", "inputs": deep}])
+    assert isinstance(results[0], Outcome) and results[0].status == "result", results
+    assert isinstance(results[1], ServiceError) and not results[1].retryable, results
+    assert [line.split()[0] for line in log.read_text().splitlines()] == ["batch"]

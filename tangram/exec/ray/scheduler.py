@@ -57,6 +57,20 @@ def error_reply(exc: LiveError) -> dict[str, Any]:
     }
 
 
+def _reply_of(reply: dict[str, Any] | BaseException) -> dict[str, Any]:
+    """One ``run`` of a ``run_many``: its reply, or the exception it raised as an ``internal``
+    error (as the HTTP API's 500; not retryable: the action may have been accepted)."""
+    if not isinstance(reply, BaseException):
+        return reply
+    if not isinstance(reply, Exception):
+        raise reply
+    log.error("a run of run_many failed", exc_info=reply)
+    message = f"internal error: {type(reply).__name__}: {reply}"[:1000]
+    return {
+        "error": {"code": "internal", "message": message, "retryable": False, "retry_after_s": None}
+    }
+
+
 def _object(body: Any, what: str) -> dict[str, Any]:
     """A document the actor's caller sent, as a dict; a ``BadRequest`` naming ``what`` when
     it is no object (``dict()`` of a string or a list raised a bare ``ValueError``)."""
@@ -225,8 +239,12 @@ class SchedulerActor:
         return {"value": outcome_doc(outcome)}
 
     async def run_many(self, bodies: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """``run`` for each document, in one actor call; the replies in order, once all ended."""
-        return list(await asyncio.gather(*(self.run(body) for body in bodies)))
+        """``run`` for each document, in one actor call; the replies in order, once all ended.
+        A document whose ``run`` raises gets an ``internal`` error reply of its own: raising
+        failed the whole call, the others' outcomes lost while they ran (and a caller
+        resending the batch with new ids ran them twice)."""
+        replies = await asyncio.gather(*(self.run(body) for body in bodies), return_exceptions=True)
+        return [_reply_of(r) for r in replies]
 
     async def run_spec(self, spec: ActionSpec) -> dict[str, Any]:
         """Submit an ``ActionSpec`` (Python objects: tensors as inputs) and wait: the
