@@ -22,3 +22,15 @@ def test_inputs_at_the_bound_are_tensors_and_other_members_stay() -> None:
     got = decode_inputs({"input_ids": ids, "mode": "x"})
     assert got["input_ids"].shape == (MAX_INPUT_NUMBERS // 256, 256) and got["mode"] == "x"
     assert got["input_ids"].dtype == torch.long
+
+
+@pytest.mark.parametrize("leaf", [1, 1.0])
+def test_inputs_nested_too_deep_are_refused_naming_the_field(leaf: float) -> None:
+    # (the float check recursed into them: a RecursionError, an HTTP 500 and a failed Ray
+    # call instead of a bad request)
+    deep: object = leaf
+    for _ in range(3000):
+        deep = [deep]
+    for inputs in (deep, {"input_ids": deep}):
+        with pytest.raises(BadRequest, match="'inputs'"):
+            decode_inputs(inputs)

@@ -72,6 +72,13 @@ def _tensor(value: list[Any]) -> Any:
 
 
 def _has_float(value: Any) -> bool:
-    if isinstance(value, list):
-        return any(_has_float(v) for v in value)
-    return isinstance(value, float)
+    """Whether a float is among the nested lists' leaves (a loop: recursing, lists nested a
+    few hundred deep raised ``RecursionError``, a 500 instead of a bad request)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, float):
+            return True
+    return False
