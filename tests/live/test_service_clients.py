@@ -4,7 +4,9 @@ from the same service, the same requests and retries against the same scripted a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from tangram.exec.service import (
     ServiceError,
     ServiceThread,
 )
+from tests.live.test_service_ids import FakeAoe, fake_cpu_runtime
 
 LIFECYCLE = {"__init__", "close", "aclose", "__enter__", "__exit__", "__aenter__", "__aexit__"}
 
@@ -276,6 +279,79 @@ def test_an_open_without_an_id_retried_after_a_lost_answer_opens_one_trajectory(
         with pytest.raises(ServiceError) as refused:
             c.open_trajectory(info["id"], memory_gb=1)
         assert refused.value.status == 409
+
+
+class GatedAoe(FakeAoe):
+    """``FakeAoe`` whose container takes until ``gate`` is set to make (``entered`` set when
+    its making began), and then fails if ``fails``."""
+
+    def __init__(self, fails: bool) -> None:
+        super().__init__()
+        self.entered, self.gate, self.fails = threading.Event(), threading.Event(), fails
+
+    def open_trajectory(self, traj: str, memory_gb: float, *, image: str | None = None) -> Any:
+        self.entered.set()
+        assert self.gate.wait(30.0), "the test never let the container be made"
+        if self.fails:
+            raise RuntimeError("the image would not start")
+        return super().open_trajectory(traj, memory_gb, image=image)
+
+
+class LoseOpenWhileMaking(httpx.HTTPTransport):
+    """The first trajectory open's answer is lost while the service still makes its container
+    (the request is sent on a thread of its own; the client sees a read error once the making
+    began). The container is let be made 0.5 s after the client's next read of the trajectory
+    was sent (a read that answers at once sees it still being made)."""
+
+    def __init__(self, aoe: GatedAoe) -> None:
+        super().__init__()
+        self.aoe, self.opens, self.reads = aoe, 0, 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "POST" and request.url.path == "/v1/trajectories":
+            self.opens += 1
+            if self.opens == 1:
+                threading.Thread(target=self._send_and_drop, args=(request,), daemon=True).start()
+                assert self.aoe.entered.wait(30.0), "the open never reached the executor"
+                raise httpx.ReadError("the answer was lost", request=request)
+        if request.method == "GET" and request.url.path.startswith("/v1/trajectories/"):
+            self.reads += 1
+            threading.Timer(0.5, self.aoe.gate.set).start()
+        return super().handle_request(request)
+
+    def _send_and_drop(self, request: httpx.Request) -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            super().handle_request(request).close()
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["made", "fails"])
+def test_an_open_retried_while_its_container_is_made_returns_once_it_is_open(
+    fails: bool,
+) -> None:
+    """A retried open whose first attempt is still making the container is answered 409; the
+    client then read the trajectory and returned it at once, still opening (no container) and
+    maybe never to open: the caller was told it opened when its container then failed. The
+    read waits for the open: the client returns the trajectory open, with its container, or
+    raises the open's failure; the caller's first action runs in it once."""
+    aoe = GatedAoe(fails)
+    transport = LoseOpenWhileMaking(aoe)
+    with (
+        ServiceThread(lambda: fake_cpu_runtime(aoe), ServeOptions(port=0)) as svc,
+        Client(svc.url, transport=transport) as c,
+    ):
+        if fails:
+            with pytest.raises(ServiceError) as failed:
+                c.open_trajectory(memory_gb=1)
+            assert failed.value.status == 404 and "failed to open" in failed.value.message
+            assert c.trajectories() == []
+            return
+        info = c.open_trajectory(memory_gb=1)
+        assert transport.opens == 2 and transport.reads == 1
+        assert info["container"] is not None, info
+        assert c.trajectories() == [info]
+        outcome = c.run(command="echo first", trajectory=info["id"])
+        assert outcome.status == "result", outcome
+        assert [(t, cmd) for t, cmd, _ in aoe.runs] == [(info["id"], "echo first")]
 
 
 def test_run_polls_until_the_outcome_comes() -> None:

@@ -322,6 +322,11 @@ class Runtime:
     def trajectory(self, trajectory: str) -> TrajectoryInfo:
         return self.trajs.get(trajectory).info()
 
+    async def opened_trajectory(self, trajectory: str) -> TrajectoryInfo:
+        """``trajectory`` once open: one whose container is being made is waited for;
+        ``UnknownTrajectory`` if that fails."""
+        return (await self.trajs.opened(trajectory)).info()
+
     def trajectories(self) -> list[TrajectoryInfo]:
         return [t.info() for t in self.trajs.by_id.values()]
 

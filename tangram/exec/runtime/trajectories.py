@@ -121,6 +121,15 @@ class Trajectories:
         traj = self.by_id.get(name) if name is not None else None
         return traj is not None and traj.state is TrajState.CLOSING
 
+    async def opened(self, trajectory: str) -> Trajectory:
+        """``trajectory`` once its open has ended: a container being made is waited for (a
+        client retrying a lost open answer reads it so); ``UnknownTrajectory`` if that open
+        failed or was cancelled."""
+        traj = self.get(trajectory)
+        if traj.state is TrajState.OPENING and traj.ready is not None:
+            await asyncio.shield(traj.ready)
+        return traj
+
     async def of(self, name: str | None) -> Trajectory | None:
         """A submission's trajectory once its container runs; None if ``name`` is None, not
         open, or closing."""

@@ -340,7 +340,10 @@ class ServiceApp:
         return self.runtime.public_trajectory(named)
 
     async def get_trajectory(self, request: web.Request) -> web.Response:
-        info = self.runtime.trajectory(self._public_trajectory(request))
+        """One trajectory; one still opening is answered once open (or 404 if its open
+        fails): a client that retried a lost open answer reads it here, and returned it still
+        without its container, maybe never to open."""
+        info = await self.runtime.opened_trajectory(self._public_trajectory(request))
         return web.json_response(_trajectory_doc(request, info))
 
     async def close_trajectory(self, request: web.Request) -> web.Response:
