@@ -97,3 +97,17 @@ def test_a_body_the_actor_fails_on_in_run_many_leaves_the_others_outcomes(
     assert isinstance(results[0], Outcome) and results[0].status == "result", results
     assert isinstance(results[1], ServiceError) and not results[1].retryable, results
     assert [line.split()[0] for line in log.read_text().splitlines()] == ["batch"]
+
+
+def test_a_body_nested_too_deep_is_a_bad_request_naming_it(ray_cluster: Any) -> None:
+    # (the HTTP API bounds a body's depth as it reads the JSON; a Ray caller's dict never
+    # passed that bound: a payload nested 600 deep raised RecursionError in the actor)
+    h = ray_cluster.handle
+    for container in (list, tuple):
+        deep: Any = 1.0
+        for _ in range(600):
+            deep = container([deep])
+        for method in ("submit", "run"):
+            reply = _get(getattr(h, method).remote({"endpoint": "echo", "payload": deep}))
+            assert reply["error"]["code"] == "bad_request", (method, reply)
+            assert "deeper than 64 levels" in reply["error"]["message"], reply

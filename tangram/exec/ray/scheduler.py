@@ -32,6 +32,7 @@ from tangram.exec.runtime.api import ApiExecutor, builtin_endpoints
 from tangram.exec.runtime.errors import BadRequest, LiveError, UnknownTrajectory
 from tangram.exec.runtime.records import ActionSpec, is_finite_number
 from tangram.exec.runtime.runtime import Runtime
+from tangram.exec.service.body import depth_problem
 from tangram.exec.service.limits import DEFAULT_MAX_OUTPUT_BYTES
 from tangram.exec.service.schema import (
     outcome_doc,
@@ -73,8 +74,14 @@ def _reply_of(reply: dict[str, Any] | BaseException) -> dict[str, Any]:
 
 def _object(body: Any, what: str) -> dict[str, Any]:
     """A document the actor's caller sent, as a dict; a ``BadRequest`` naming ``what`` when
-    it is no object (``dict()`` of a string or a list raised a bare ``ValueError``)."""
-    return dict(require_object(body, what))
+    it is no object (``dict()`` of a string or a list raised a bare ``ValueError``), or when
+    it nests deeper than an HTTP body may (a Ray caller's dict never passed the JSON reader's
+    bound: a payload nested a few hundred deep raised ``RecursionError`` here)."""
+    doc = dict(require_object(body, what))
+    problem = depth_problem(doc)
+    if problem is not None:
+        raise BadRequest(problem)
+    return doc
 
 
 def _trajectory_of(body: Any) -> Any:
