@@ -4,6 +4,7 @@ document of a ``run_many`` hide the outcomes of the others it accepted."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -80,10 +81,11 @@ def test_a_body_with_a_field_name_not_a_string_is_a_bad_request(ray_cluster: Any
 def test_a_body_the_actor_fails_on_in_run_many_leaves_the_others_outcomes(
     ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    # A body whose handling raises (here: GPU inputs nested 600 deep, which the inputs'
-    # decoder recursed into) failed the whole run_many: the client raised, the other
-    # actions ran with their outcomes lost, and a caller resending the batch (new ids) ran
-    # them twice. That body's own reply is an error; the others' outcomes come back.
+    # A body whose handling raised (GPU inputs nested 600 deep: the inputs' decoder recursed
+    # into them, before the depth bound refused them) failed the whole run_many: the client
+    # raised, the other actions ran with their outcomes lost, and a caller resending the
+    # batch (new ids) ran them twice. That body's own reply is an error; the others'
+    # outcomes come back. (The exception path itself: the next test.)
     from tangram.exec.ray import RayClient
     from tangram.exec.runtime.records import Outcome
     from tangram.exec.service import ServiceError
@@ -111,3 +113,38 @@ def test_a_body_nested_too_deep_is_a_bad_request_naming_it(ray_cluster: Any) -> 
             reply = _get(getattr(h, method).remote({"endpoint": "echo", "payload": deep}))
             assert reply["error"]["code"] == "bad_request", (method, reply)
             assert "deeper than 64 levels" in reply["error"]["message"], reply
+
+
+def test_run_many_answers_a_run_that_raises_with_an_internal_error_of_its_own() -> None:
+    # No input is known to make ``run`` raise any more (bad documents are bad_request
+    # replies); whatever still does ends as that document's own ``internal`` error reply,
+    # never the whole call's. (The actor's class on a plain runtime: no cluster needed.)
+    from tangram.core.resources import ApiEndpointSpec, ClusterSpec
+    from tangram.exec.ray.config import RayConfig
+    from tangram.exec.ray.scheduler import SchedulerActor
+    from tangram.exec.runtime.api import ApiExecutor, echo
+    from tangram.exec.runtime.runtime import Runtime
+
+    class Flawed(SchedulerActor):
+        async def run(self, body: Any) -> dict[str, Any]:
+            if body.get("id") == "flawed":
+                raise RuntimeError("a flaw in the actor")
+            return await super().run(body)
+
+    async def main() -> list[dict[str, Any]]:
+        cluster = ClusterSpec(name="batch", apis=(ApiEndpointSpec("echo", concurrency=4),))
+        async with Runtime(cluster, api=ApiExecutor({"echo": echo})) as rt:
+            actor = Flawed(RayConfig())
+            actor.runtime = rt
+            bodies = [
+                {"id": "before", "endpoint": "echo", "payload": 1},
+                {"id": "flawed", "endpoint": "echo", "payload": 2},
+                {"id": "after", "endpoint": "echo", "payload": 3},
+            ]
+            return await asyncio.wait_for(actor.run_many(bodies), CALL_S)
+
+    replies = asyncio.run(main())
+    assert [r.get("value", {}).get("result") for r in replies] == [1, None, 3], replies
+    err = replies[1]["error"]
+    assert err["code"] == "internal" and not err["retryable"], err
+    assert "RuntimeError: a flaw in the actor" in err["message"]
