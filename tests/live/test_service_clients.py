@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -373,3 +374,27 @@ def test_run_polls_until_the_outcome_comes() -> None:
         ("GET", "/v1/actions/r1", b"wait=300"),
         ("GET", "/v1/actions/r1", b"wait=300"),
     ]
+
+
+def test_run_asks_the_service_to_wait_no_longer_than_it_reads() -> None:
+    """``run`` sent ``wait: true`` (until the outcome, as long as the service's --max-wait-s
+    lets a request wait) while it reads an answer for its own ``max_wait_s`` + 60 s: behind a
+    service whose cap is longer, an action running past that read time-out had its POST
+    time out and sent again (the same id: never a second run) until the retries ran out,
+    and the caller got ``ReadTimeout`` instead of the outcome. It asks the service to wait
+    its own ``max_wait_s`` (300 s here), and polls after that as it always did."""
+    outcome = {
+        "id": "r2",
+        "resource": "api",
+        "status": "result",
+        "result": 8,
+        "error": None,
+        "timings": {"act_s": 0.1, "queue_s": 0.0, "overhead_s": 0.0, "exec_s": 0.1},
+        "arrival_s": 0.0,
+        "end_s": 0.1,
+    }
+    done = httpx.Response(200, json={"id": "r2", "state": "done", "outcome": outcome})
+    got, requests = both([done], lambda c: c.run(endpoint="e", id="r2"))
+    method, path, _, body = requests[0]
+    assert (method, path) == ("POST", "/v1/actions") and json.loads(body)["wait"] == 300, body
+    assert got.value == 8

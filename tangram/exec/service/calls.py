@@ -8,6 +8,7 @@ send a call, sleep a pause. ``AsyncClient`` and ``Client`` are those two transpo
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Generator, Mapping
 from pathlib import Path
@@ -157,8 +158,11 @@ def submit(action: Mapping[str, Any]) -> Operation[str]:
 
 
 def run(action: Mapping[str, Any], max_wait_s: float) -> Operation[Outcome]:
-    """Submit and wait for the outcome (polling past the service's ``max_wait_s``)."""
-    body = action_body(**{**action, "wait": True})
+    """Submit and wait for the outcome (polling past the service's ``max_wait_s``). The
+    submission asks the service to wait ``max_wait_s``, the client's read time-out less its
+    margin (``wait: true`` waited as long as the service's cap, which may be longer: the
+    POST then timed out, and was resent, until the retries ran out)."""
+    body = action_body(**{**action, "wait": max_wait_s if math.isfinite(max_wait_s) else True})
     doc = (yield Call("POST", "/v1/actions", body)).json()
     while doc["outcome"] is None:
         doc = (yield poll(body["id"], max_wait_s)).json()
