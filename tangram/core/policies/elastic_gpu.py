@@ -318,7 +318,9 @@ class _RobustPass:
         node = self.ctx.state.gpu[name]
         now, load, copies = self.ctx.now, self.load, self.copies()
         total = own_drop(self.ctx, name, cell, action, load)
-        for other in set().union(*(node.resident[g] for g in cell)) - {action.service or ""}:
+        for other in sorted(
+            set().union(*(node.resident[g] for g in cell)) - {action.service or ""}
+        ):
             if self.queued(other) == 0:
                 continue
             left = copies.get(other, 0) - sum(1 for g in cell if other in node.resident[g])
