@@ -1,6 +1,6 @@
 """What a GPU start costs beyond its call under the default ``tangram`` policy (issue 11).
 
-Three pieces the GPU rule (``elastic_gpu``) uses when ``ElasticTuning.gpu_robust`` is on:
+The pieces the GPU rule (``elastic_gpu``) uses when ``ElasticTuning.gpu_robust`` is on:
 
 - ``ServiceLoad``: each service's recent calls (arrivals counted with an exponential decay over
   ``HORIZON_S``, on the pass's clock ``ctx.now``), its model size, when it was last called and
@@ -16,6 +16,10 @@ Three pieces the GPU rule (``elastic_gpu``) uses when ``ElasticTuning.gpu_robust
   services while calls are queued, the restore's GPU time (each GPU-second delays each queued
   call by 1/pool s), shared by the calls it serves: under load restores thrash, so calls
   queue on the copies that exist (an empty cell costs nobody: a first copy there is free).
+- ``own_drop``: what a restore costs the service's own calls when it drops the service's copy
+  of a narrower shape on the cell (the share of its calls that copy served and the new one
+  cannot, times that copy's restore, unless a copy as narrow is left): no widening over the
+  1-GPU copy that narrow calls then restore back.
 - ``robust_order``: the GPU queue merged from the per-service queues, earliest
   ``arrival + min(AGING x expected duration, AGING_CAP_S)`` first: in a burst short calls
   pass long ones, and no call is passed by one that arrived more than ``AGING`` times its
