@@ -16,6 +16,7 @@ from tangram.core.resources import ApiEndpointSpec, ClusterSpec, CpuNodeSpec
 from tangram.exec.aoe.errors import AoeError
 from tangram.exec.aoe.errors import UnknownTrajectory as AoeUnknownTrajectory
 from tangram.exec.runtime import ApiExecutor, Conflict, CpuExecutor, Runtime, RuntimeConfig
+from tangram.exec.runtime.errors import UnknownTrajectory
 from tangram.exec.service import ServeOptions, ServiceThread
 from tests.live.test_service_ids import FakeAoe, fake_cpu_runtime
 
@@ -666,3 +667,34 @@ def test_a_service_that_cannot_listen_leaves_its_runtime_closed(tmp_path: Any) -
     assert not failed.runtime.journal.is_open, "closed: its lock is free"
     with ServiceThread(make, ServeOptions(port=0)) as svc:
         assert httpx.get(f"{svc.url}/healthz").json() == {"ok": True}
+
+
+def test_a_read_of_a_trajectory_whose_open_was_cancelled_is_not_found() -> None:
+    """``opened_trajectory`` (``GET /v1/trajectories/{id}``) says an open that was cancelled
+    is not found, whether the read came while the container was made or after the cancel:
+    read after it (the id closing until the container AOE still makes is removed), it
+    answered the trajectory, no container, as if open: a client whose retried open got 409
+    (the id closing) was told it opened a trajectory whose container was being removed."""
+    aoe = _GatedOpenOnce()
+
+    async def main() -> None:
+        async with Runtime(CLUSTER, RuntimeConfig(), cpu=CpuExecutor(aoe, NODE)) as rt:
+            loop = asyncio.get_running_loop()
+            opening = asyncio.create_task(rt.open_trajectory("t"))
+            assert await loop.run_in_executor(None, aoe.open_started.wait, 10)
+            during = asyncio.create_task(rt.opened_trajectory("t"))
+            await asyncio.sleep(0)
+            opening.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await opening
+            with pytest.raises(UnknownTrajectory, match="cancelled"):
+                await during
+            with pytest.raises(UnknownTrajectory, match="cancelled"):
+                await rt.opened_trajectory("t")
+            aoe.open_go.set()
+            assert await loop.run_in_executor(None, aoe.closed.wait, 10), "container left"
+
+    try:
+        asyncio.run(main())
+    finally:
+        aoe.open_go.set()

@@ -124,10 +124,12 @@ class Trajectories:
     async def opened(self, trajectory: str) -> Trajectory:
         """``trajectory`` once its open has ended: a container being made is waited for (a
         client retrying a lost open answer reads it so); ``UnknownTrajectory`` if that open
-        failed or was cancelled."""
+        failed or was cancelled. (Not only while opening: a cancelled open leaves the id closing
+        until the container AOE still makes is removed, its ``ready`` holding the error; read
+        then, it was answered as if open, no container.)"""
         traj = self.get(trajectory)
-        if traj.state is TrajState.OPENING and traj.ready is not None:
-            await asyncio.shield(traj.ready)
+        if traj.ready is not None:
+            await asyncio.shield(traj.ready)  # (at once when done)
         return traj
 
     async def of(self, name: str | None) -> Trajectory | None:
