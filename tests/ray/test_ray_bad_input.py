@@ -148,3 +148,53 @@ def test_run_many_answers_a_run_that_raises_with_an_internal_error_of_its_own() 
     err = replies[1]["error"]
     assert err["code"] == "internal" and not err["retryable"], err
     assert "RuntimeError: a flaw in the actor" in err["message"]
+
+
+def test_a_body_nested_too_deep_in_dict_or_list_subclasses_is_a_bad_request() -> None:
+    # A Ray caller's documents are Python objects: an OrderedDict, a defaultdict, a namedtuple
+    # or a list subclass nests like a dict or list, but the depth bound looked for the exact
+    # types among a container's children and stepped over them; the actor's handling then
+    # raised RecursionError (a failed Ray call, an internal error in run_many). (The actor's
+    # class on a plain runtime: no cluster needed.)
+    from collections import OrderedDict, defaultdict, namedtuple
+
+    from tangram.core.resources import ApiEndpointSpec, ClusterSpec
+    from tangram.exec.ray.config import RayConfig
+    from tangram.exec.ray.scheduler import SchedulerActor
+    from tangram.exec.runtime.api import ApiExecutor, echo
+    from tangram.exec.runtime.runtime import Runtime
+
+    class Rows(list):  # type: ignore[type-arg]
+        pass
+
+    pair = namedtuple("pair", "value")
+
+    def deep(wrap: Any) -> Any:
+        value: Any = 1.0
+        for _ in range(600):
+            value = wrap(value)
+        return value
+
+    wraps = {
+        "OrderedDict": lambda v: OrderedDict(a=v),
+        "defaultdict": lambda v: defaultdict(int, a=v),
+        "namedtuple": lambda v: pair(v),
+        "list subclass": lambda v: Rows([v]),
+    }
+
+    async def main() -> list[tuple[str, str, dict[str, Any]]]:
+        cluster = ClusterSpec(name="deep", apis=(ApiEndpointSpec("echo", concurrency=4),))
+        async with Runtime(cluster, api=ApiExecutor({"echo": echo})) as rt:
+            actor = SchedulerActor(RayConfig())
+            actor.runtime = rt
+            got = []
+            for name, wrap in wraps.items():
+                body = {"endpoint": "echo", "payload": deep(wrap)}
+                for method in ("submit", "run"):
+                    reply = await asyncio.wait_for(getattr(actor, method)(body), CALL_S)
+                    got.append((name, method, reply))
+            return got
+
+    for name, method, reply in asyncio.run(main()):
+        assert reply["error"]["code"] == "bad_request", (name, method, reply)
+        assert "deeper than 64 levels" in reply["error"]["message"], (name, method, reply)
