@@ -22,6 +22,7 @@ from tangram.core.policies.elastic import defer_evicted, elastic_round
 from tangram.core.policies.gpu_cost import (
     ROOM_SHARE,
     ServiceLoad,
+    copy_widths,
     evicted_by,
     eviction_charge,
     model_gb,
@@ -195,6 +196,7 @@ class _RobustPass:
         self._resident: dict[str, set[int]] | None = None
         self._held: dict[str, set[int]] | None = None
         self._copies: dict[str, int] | None = None
+        self._widths: dict[str, list[int]] | None = None
         self._busy: dict[str, float] | None = None
         self._calls: dict[str, float] = {}
         self._resident_gb: float | None = None
@@ -234,6 +236,12 @@ class _RobustPass:
         if self._copies is None:
             self._copies = resident_copies(self.ctx)
         return self._copies
+
+    def widths(self) -> dict[str, list[int]]:
+        """``copy_widths``, once per pass (anew, with ``copies``, after a call starts)."""
+        if self._widths is None:
+            self._widths = copy_widths(self.ctx)
+        return self._widths
 
     def queued(self, service: str) -> int:
         queue = self.ctx.scheduler.backlog.gpu_by_service.get(service)
@@ -291,6 +299,7 @@ class _RobustPass:
                 self.copies(),
                 self.reserved,
                 calls=self.calls(action.service or "", size),
+                widths=self.widths,
             )
             self._charge[key] = None if spot is None else spot[2]
         return self._charge[key]
@@ -314,13 +323,14 @@ class _RobustPass:
         """Restore seconds that holding ``cell`` on ``name`` for ``action`` forces on the other
         services with a copy there and calls queued: each one's restore, weighted by how much
         it needs that copy (none elsewhere: 1; else its busy GPUs over the copies left). Only
-        queued calls are priced: a guess at arrivals moved MOPD's 16-GPU runs the wrong way."""
+        queued calls are priced: a guess at arrivals moved MOPD's 16-GPU runs the wrong way.
+        The services are summed in name order: a set's order of strings varies with
+        ``PYTHONHASHSEED``, and with it the float's last bit."""
         node = self.ctx.state.gpu[name]
         now, load, copies = self.ctx.now, self.load, self.copies()
-        total = own_drop(self.ctx, name, cell, action, load)
-        for other in sorted(
-            set().union(*(node.resident[g] for g in cell)) - {action.service or ""}
-        ):
+        total = own_drop(self.ctx, name, cell, action, load, self.widths)
+        others = set().union(*(node.resident[g] for g in cell)) - {action.service or ""}
+        for other in sorted(others):
             if self.queued(other) == 0:
                 continue
             left = copies.get(other, 0) - sum(1 for g in cell if other in node.resident[g])
@@ -463,7 +473,7 @@ class _RobustPass:
             def restore(node: str, cell: tuple[int, ...]) -> float:
                 cost = ctx.restore_cost(action, node, len(cell))
                 return cost + eviction_charge(
-                    ctx, node, cell, action, self.load, self.copies(), calls
+                    ctx, node, cell, action, self.load, self.copies(), calls, self.widths
                 )
 
             reason = self.waits.reserve_head(ctx, action, restore)
@@ -654,6 +664,7 @@ class _RobustPass:
             reserved,
             backfill,
             self.calls(action.service or "", size),
+            self.widths,
         )
 
     def _place(self, action: Action, units: int, method: str) -> None:
@@ -689,7 +700,7 @@ class _RobustPass:
                 gpus=cell,
             )
             self.load.started(service, ctx.now, restored)
-            self._copies = None
+            self._copies = self._widths = None
             self._charge.clear()
             return
         ctx.defer(action, "tangram: no aligned free cell of its smallest size after placement")

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from tangram.core.action import Action
 from tangram.core.backlog import GPU_DOMAIN
@@ -203,18 +203,20 @@ def eviction_charge(
     load: ServiceLoad,
     copies: dict[str, int],
     calls: float = 1.0,
+    widths: Callable[[], dict[str, list[int]]] | None = None,
 ) -> float:
     """Expected restore seconds the evictions of a restore onto ``cell`` cost later, and
     what its GPU time costs the queued calls (``_crowding``, shared by the ``calls`` it
-    serves).
+    serves), and the service's own copy it drops (``own_drop``).
 
     ``copies``: GPUs holding each service across the pool; a victim with a copy outside the
-    cell costs nothing (its calls go to that copy).
+    cell costs nothing (its calls go to that copy). ``widths``: ``copy_widths`` of the pass,
+    asked only when needed (None: ``own_drop`` scans the pool itself).
     """
     node = ctx.state.gpu[node_name]
     service = action.service or ""
     charge = _crowding(ctx, node, cell, service, action) / calls + own_drop(
-        ctx, node_name, cell, action, load
+        ctx, node_name, cell, action, load, widths
     )
     victims = evicted_by(node, cell, service, action.service_size_gb, load, action.service_replicas)
     if not victims:
@@ -245,12 +247,20 @@ def eviction_charge(
 
 
 def own_drop(
-    ctx: Context, node_name: str, cell: tuple[int, ...], action: Action, load: ServiceLoad
+    ctx: Context,
+    node_name: str,
+    cell: tuple[int, ...],
+    action: Action,
+    load: ServiceLoad,
+    widths: Callable[[], dict[str, list[int]]] | None = None,
 ) -> float:
     """Restore seconds a restore of the action's service onto ``cell`` costs its own calls by
     dropping its copy of a narrower shape there: the share of its calls that copy served and
     the new one cannot (``share_at``), unless a copy as narrow is left elsewhere. (Random GPU
-    family: a 4-GPU restore over a service's 1-GPU copy, then a 1-GPU call restoring it back.)"""
+    family: a 4-GPU restore over a service's 1-GPU copy, then a 1-GPU call restoring it back.)
+    ``widths``: ``copy_widths`` of the pass, asked only when needed (None: the pool is scanned
+    here, per call: placement asks once per free cell, so a pass scanned every GPU of the
+    pool once per cell)."""
     if action.service_replicas:
         return 0.0
     node = ctx.state.gpu[node_name]
@@ -260,21 +270,38 @@ def own_drop(
         return 0.0
     now, width = ctx.now, len(cell)
     total = 0.0
+    mine: list[int] | None = None
     for shape in dropped:
         k = len(shape)
         lost = load.share_at(service, k) - load.share_at(service, width)
         if lost <= 0.0:
             continue
-        left = sum(
-            1
-            for name, other in ctx.state.gpu.items()
-            for held in _shapes(other, service)
-            if len(held) <= k and not (name == node_name and held in dropped)
-        )
+        if mine is None and widths is not None:
+            mine = widths().get(service, [])
+        elif mine is None:
+            mine = [
+                len(held) for other in ctx.state.gpu.values() for held in _shapes(other, service)
+            ]
+        # Its copies as narrow, but those the restore drops (all on this node, all its own).
+        left = sum(1 for w in mine if w <= k) - sum(1 for held in dropped if len(held) <= k)
         need = 1.0 if left == 0 else min(1.0, load.busy_gpus(service, now) / (left * k))
         recent = min(1.0, load.recent(service, now))
         total += need * lost * recent * node.spec.restore_s(model_gb(service, load, node), k)
     return total
+
+
+def copy_widths(ctx: Context) -> dict[str, list[int]]:
+    """For each service, the width of each of its copies in the pool (each cell it was
+    restored as, once per node: ``own_drop``'s copies left, counted once per pass)."""
+    widths: dict[str, list[int]] = {}
+    for node in ctx.state.gpu.values():
+        shapes: set[tuple[str, tuple[int, ...]]] = set()
+        for g in range(node.spec.gpus):
+            held = node.shape[g]
+            shapes.update((service, held[service]) for service in node.resident[g])
+        for service, shape in shapes:
+            widths.setdefault(service, []).append(len(shape))
+    return widths
 
 
 def _shapes(node: GpuNodeState, service: str) -> set[tuple[int, ...]]:
@@ -320,6 +347,7 @@ def place_charged(
     reserved: dict[str, set[int]] | None = None,
     backfill: tuple[dict[tuple[str, int], float], float] | None = None,
     calls: float = 1.0,
+    widths: Callable[[], dict[str, list[int]]] | None = None,
 ) -> tuple[str, tuple[int, ...], float] | None:
     """The free aligned cell of ``size`` GPUs to start ``action`` on, and its eviction charge.
 
@@ -363,7 +391,7 @@ def place_charged(
                 key: tuple[float, ...] = (0, 0.0, 0, loose, free, order, cell[0])
                 charge = 0.0
             else:
-                charge = eviction_charge(ctx, name, cell, action, load, copies, calls)
+                charge = eviction_charge(ctx, name, cell, action, load, copies, calls, widths)
                 others = len(set().union(*(node.resident[g] for g in cell)) - {service})
                 key = (1, charge, others, loose, free, order, cell[0])
             if best is None or key < best[0]:
