@@ -245,12 +245,15 @@ class CellWaits:
                     busy = min(1.0, max(0.0, drained - ready) / run) if run > 0 else 0.0
                     cost = (max(0.0, u * run - size * run_now) * busy + idle) * weight
                     finish = ready + run
-                    if displaced is not None and now + run_now - finish >= cost:
-                        # ... and the restores the hold forces on the services whose copy
-                        # sits on the cell (their queued calls restore elsewhere or wait).
-                        cost += displaced(name, cell)
                     if now + run_now - finish < cost or (best is not None and finish >= best[0]):
                         continue
+                    # ... and the restores the hold forces on the services whose copy sits on
+                    # the cell (their queued calls restore elsewhere or wait). (Asked only for
+                    # a cell that would otherwise be taken: it prices each service there.)
+                    if displaced is not None:
+                        cost += displaced(name, cell)
+                        if now + run_now - finish < cost:
+                            continue
                     # ... and at least what the others lose when it holds the cell: the queued
                     # calls behind it are served when the GPUs free; the GPUs it holds
                     # (``size`` from now, or the cell from ``ready``) shift when that is.
