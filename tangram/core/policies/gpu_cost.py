@@ -256,8 +256,10 @@ def own_drop(
 ) -> float:
     """Restore seconds a restore of the action's service onto ``cell`` costs its own calls by
     dropping its copy of a narrower shape there: the share of its calls that copy served and
-    the new one cannot (``share_at``), unless a copy as narrow is left elsewhere. (Random GPU
-    family: a 4-GPU restore over a service's 1-GPU copy, then a 1-GPU call restoring it back.)
+    the new one cannot (``share_at``) x that copy's restore x how much it needs the copy (1
+    with none as narrow left; else its busy GPUs over the copies left, each counted as wide
+    as the dropped one) x its recent calls (at most 1). (Random GPU family: a 4-GPU restore
+    over a service's 1-GPU copy, then a 1-GPU call restoring it back.)
     ``widths``: ``copy_widths`` of the pass, asked only when needed (None: the pool is scanned
     here, per call: placement asks once per free cell, so a pass scanned every GPU of the
     pool once per cell)."""
