@@ -268,13 +268,14 @@ def own_drop(
     node = ctx.state.gpu[node_name]
     service = action.service or ""
     dropped = {node.shape[g][service] for g in cell if service in node.resident[g]} - {cell}
-    if not dropped:
-        return 0.0
+    if not dropped or node.is_resident(service, cell):
+        return 0.0  # (1-GPU copies on each of its GPUs serve the cell: no restore, no drop)
     now, width = ctx.now, len(cell)
     total = 0.0
     mine: list[int] | None = None
-    for shape in dropped:
-        k = len(shape)
+    # One charge per width dropped, as one per service evicted (``eviction_charge``): the
+    # calls that lose a copy of that width restore one back.
+    for k in sorted({len(shape) for shape in dropped}):
         lost = load.share_at(service, k) - load.share_at(service, width)
         if lost <= 0.0:
             continue
