@@ -398,3 +398,34 @@ def test_run_asks_the_service_to_wait_no_longer_than_it_reads() -> None:
     method, path, _, body = requests[0]
     assert (method, path) == ("POST", "/v1/actions") and json.loads(body)["wait"] == 300, body
     assert got.value == 8
+
+
+def test_a_tiny_max_wait_still_polls_at_most_once_a_second() -> None:
+    """With ``max_wait_s=0.01`` each poll asked the service to wait 0.01 s and the client
+    polled in a near-tight loop until the outcome (with 0: a tight one). The submission asks
+    for the client's own wait; each poll after it waits at least ``POLL_FLOOR_S`` (1 s)."""
+    outcome = {
+        "id": "r3",
+        "resource": "api",
+        "status": "result",
+        "result": 9,
+        "error": None,
+        "timings": {"act_s": 0.1, "queue_s": 0.0, "overhead_s": 0.0, "exec_s": 0.1},
+        "arrival_s": 0.0,
+        "end_s": 0.1,
+    }
+    pending = httpx.Response(200, json={"id": "r3", "state": "running", "outcome": None})
+    done = httpx.Response(200, json={"id": "r3", "state": "done", "outcome": outcome})
+    script = Script([pending, pending, done])
+    with Client("http://mock", transport=httpx.MockTransport(script), max_wait_s=0.01) as c:
+        assert c.run(endpoint="e", id="r3").value == 9
+    assert json.loads(script.requests[0][3])["wait"] == 0.01
+    assert [r[2] for r in script.requests[1:]] == [b"wait=1", b"wait=1"]
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), True, "300"])
+def test_a_client_refuses_a_max_wait_that_is_not_seconds_above_zero(bad: object) -> None:
+    # 0 polled in a tight loop; a negative wait got a 400 on every submission.
+    for make in (Client, AsyncClient):
+        with pytest.raises(ValueError, match="max_wait_s"):
+            make("http://mock", max_wait_s=bad)  # type: ignore[arg-type]

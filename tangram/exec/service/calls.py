@@ -157,6 +157,11 @@ def submit(action: Mapping[str, Any]) -> Operation[str]:
     return (yield Call("POST", "/v1/actions", body)).json()["id"]
 
 
+#: ``run``'s polls wait at least this long at the service: with a tiny ``max_wait_s`` (say 0)
+#: each poll came back at once, and the client polled in a tight loop until the outcome.
+POLL_FLOOR_S = 1.0
+
+
 def run(action: Mapping[str, Any], max_wait_s: float) -> Operation[Outcome]:
     """Submit and wait for the outcome (polling past the service's ``max_wait_s``). The
     submission asks the service to wait ``max_wait_s``, the client's read time-out less its
@@ -165,7 +170,7 @@ def run(action: Mapping[str, Any], max_wait_s: float) -> Operation[Outcome]:
     body = action_body(**{**action, "wait": max_wait_s if math.isfinite(max_wait_s) else True})
     doc = (yield Call("POST", "/v1/actions", body)).json()
     while doc["outcome"] is None:
-        doc = (yield poll(body["id"], max_wait_s)).json()
+        doc = (yield poll(body["id"], max(max_wait_s, POLL_FLOOR_S))).json()
     return outcome_from_doc(doc["outcome"])
 
 

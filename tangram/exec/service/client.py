@@ -17,6 +17,7 @@ errors raise ``ServiceError`` carrying the service's ``code`` and message.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,7 +39,17 @@ def _headers(token: str | None) -> dict[str, str]:
 
 
 def _timeout(max_wait_s: float) -> httpx.Timeout:
-    return httpx.Timeout(connect=30.0, read=max_wait_s + 60.0, write=60.0, pool=None)
+    """The read time-out: ``max_wait_s`` (seconds > 0; ``math.inf``: no limit) plus a margin
+    for the answer."""
+    if (
+        isinstance(max_wait_s, bool)
+        or not isinstance(max_wait_s, (int, float))
+        or math.isnan(max_wait_s)
+        or max_wait_s <= 0
+    ):
+        raise ValueError(f"max_wait_s must be a number of seconds > 0, not {max_wait_s!r}")
+    read = max_wait_s + 60.0 if math.isfinite(max_wait_s) else None
+    return httpx.Timeout(connect=30.0, read=read, write=60.0, pool=None)
 
 
 def _documented(cls: type[T]) -> type[T]:
