@@ -78,14 +78,15 @@ def test_a_body_with_a_field_name_not_a_string_is_a_bad_request(ray_cluster: Any
         assert "1" in reply["error"]["message"], reply
 
 
-def test_a_body_the_actor_fails_on_in_run_many_leaves_the_others_outcomes(
+def test_one_bad_body_in_run_many_leaves_the_others_outcomes(
     ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     # A body whose handling raised (GPU inputs nested 600 deep: the inputs' decoder recursed
     # into them, before the depth bound refused them) failed the whole run_many: the client
     # raised, the other actions ran with their outcomes lost, and a caller resending the
-    # batch (new ids) ran them twice. That body's own reply is an error; the others'
-    # outcomes come back. (The exception path itself: the next test.)
+    # batch (new ids) ran them twice. That body is now refused as a bad request before it
+    # runs; its own reply is an error and the others' outcomes come back. (A run that
+    # raises, whatever the cause: the next test.)
     from tangram.exec.ray import RayClient
     from tangram.exec.runtime.records import Outcome
     from tangram.exec.service import ServiceError
