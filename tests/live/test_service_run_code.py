@@ -219,3 +219,13 @@ def test_an_oversized_body_answers_in_both_shapes(service: Any) -> None:
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
+
+
+def test_a_file_whose_content_is_null_is_skipped_as_sandbox_fusion_does(service: Any) -> None:
+    """SandboxFusion's ``files`` is ``Dict[str, Optional[str]]`` and it skips an entry whose
+    content is null (``restore_files``); it was refused with a 400 here."""
+    code = "import os; print(os.path.exists('skip.txt'), open('keep.txt').read())"
+    r = run_code(service, code=code, files={"skip.txt": None, "keep.txt": b64(b"kept")})
+    assert r.status_code == 200, r.text[:300]
+    doc = r.json()
+    assert doc["status"] == "Success" and doc["run_result"]["stdout"] == "False kept\n", doc

@@ -18,7 +18,7 @@ Request fields (JSON object; null is the same as absent):
 | ``compile_timeout`` | number | yes (default 10) | seconds the compile step may take (compiled languages) |
 | ``memory_limit_MB`` | number | yes (-1 or absent: the service default; 16 .. the node's) | the container's memory limit (the compiler's too) |
 | ``stdin`` | string or null | yes | the program's standard input |
-| ``files`` | object name -> base64 | yes | written under the working directory first |
+| ``files`` | object name -> base64 or null | yes | written under the working directory first (null: skipped) |
 | ``fetch_files`` | list of paths | yes (at most 256) | read back after the run, base64, into ``files`` |
 | ``max_units`` | integer | Tangram extension | cores the run may use (default 1; more makes it elastic) |
 | others | | ignored | SandboxFusion's ``extra`` etc. |
@@ -195,6 +195,8 @@ def parse_run_code(
     if not isinstance(raw_files, Mapping):
         raise BadRequest("field 'files': expected an object of path -> base64 content")
     for name, content in raw_files.items():
+        if content is None:
+            continue  # SandboxFusion's ``Dict[str, Optional[str]]``: a null content is skipped
         path = _safe_path(name, "files")
         if path in files:
             raise BadRequest(f"field 'files': {name!r} names the same file as another entry")
