@@ -229,3 +229,20 @@ def test_a_file_whose_content_is_null_is_skipped_as_sandbox_fusion_does(service:
     assert r.status_code == 200, r.text[:300]
     doc = r.json()
     assert doc["status"] == "Success" and doc["run_result"]["stdout"] == "False kept\n", doc
+
+
+def test_fetched_files_are_keyed_by_the_paths_as_asked(
+    service: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SandboxFusion answers ``files[filename]`` with each name as the request wrote it; the
+    answer's keys were the normalised paths ('./out.txt' came back as 'out.txt'). A file
+    asked under two names counts against the answer's bound under each."""
+    code = "import os; os.makedirs('d', exist_ok=True); open('d/out.txt', 'w').write('hi')"
+    asked = ["./d/out.txt", "d//out.txt", "d/out.txt"]
+    doc = run_code(service, code=code, fetch_files=asked).json()
+    assert doc["status"] == "Success", doc
+    assert doc["files"] == dict.fromkeys(asked, b64(b"hi")), doc
+    monkeypatch.setattr(sandbox_fusion, "MAX_FETCH_BYTES", 3)
+    doc = run_code(service, code=code, fetch_files=asked[:2]).json()
+    assert doc["files"] == {asked[0]: b64(b"hi")}, doc
+    assert f"{asked[1]!r} (2 bytes) was not returned" in doc["message"], doc

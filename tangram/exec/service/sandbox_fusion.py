@@ -139,6 +139,8 @@ class RunCodeRequest:
     memory_gb: float
     stdin: str | None
     files: dict[str, bytes]
+    #: The paths as the request wrote them (checked by ``_safe_path``): the answer's ``files``
+    #: is keyed by them, as SandboxFusion's is ('./out.txt' stays './out.txt').
     fetch_files: tuple[str, ...]
     max_units: int
 
@@ -216,6 +218,8 @@ def parse_run_code(
         raise BadRequest(
             f"field 'fetch_files': at most {MAX_FETCH_PATHS} paths per request, got {len(fetch)}"
         )
+    for path in fetch:
+        _safe_path(path, "fetch_files")
     units = body.get("max_units")
     units = 1 if units is None else units
     if isinstance(units, bool) or not isinstance(units, int) or units < 1:
@@ -232,7 +236,7 @@ def parse_run_code(
         memory_gb=float(memory_gb),
         stdin=stdin,
         files=files,
-        fetch_files=tuple(_safe_path(p, "fetch_files") for p in fetch),
+        fetch_files=tuple(fetch),
         max_units=units,
     )
 
@@ -573,13 +577,25 @@ def _run_answer(status: str, message: str, outcome: Outcome, run_status: str) ->
 async def _fetch(
     runtime: Runtime, traj: str, paths: tuple[str, ...], patience_s: float, notes: list[str]
 ) -> dict[str, str]:
-    """Read files back (base64); a missing file is left out, as SandboxFusion does. A file is
-    read in ``FETCH_CHUNK`` pieces (one action's output is capped); files past
-    ``MAX_FETCH_BYTES`` in all are left out, each named in ``notes``."""
+    """Read files back (base64), each keyed by its name as asked; a missing file is left out,
+    as SandboxFusion does. A file is read in ``FETCH_CHUNK`` pieces (one action's output is
+    capped); files past ``MAX_FETCH_BYTES`` in all are left out, each named in ``notes``."""
     found: dict[str, str] = {}
+    #: Each file read (by normalised path), its size and base64: one asked under two names is
+    #: read once (and counted against the budget under each, as it is answered under each).
+    read: dict[str, tuple[int, str]] = {}
     budget = MAX_FETCH_BYTES
-    for path in paths:
-        if path in found:
+    for name in paths:
+        if name in found:
+            continue
+        path = posixpath.normpath(name)
+        if path in read:
+            n, data = read[path]
+            if n > budget:
+                notes.append(_too_big(name, n))
+            else:
+                found[name] = data
+                budget -= n
             continue
         quoted = _arg(path)
         # Its size and first piece in one round trip: most files need no other.
@@ -594,10 +610,7 @@ async def _fetch(
             continue  # not there (or not a regular file)
         n = int(size)
         if n > budget:
-            notes.append(
-                f"{path!r} ({n:,} bytes) was not returned: an answer carries at most "
-                f"{MAX_FETCH_BYTES:,} bytes of files"
-            )
+            notes.append(_too_big(name, n))
             continue
         pieces = [first.strip()]
         for offset in range(FETCH_CHUNK, n, FETCH_CHUNK):
@@ -612,11 +625,19 @@ async def _fetch(
             pieces.append(piece.strip())
         data = "".join(pieces)
         if len(data) != 4 * ((n + 2) // 3):
-            notes.append(f"{path!r} could not be read back whole ({n:,} bytes)")
+            notes.append(f"{name!r} could not be read back whole ({n:,} bytes)")
             continue
-        found[path] = data
+        found[name] = data
+        read[path] = (n, data)
         budget -= n
     return found
+
+
+def _too_big(name: str, size: int) -> str:
+    return (
+        f"{name!r} ({size:,} bytes) was not returned: an answer carries at most "
+        f"{MAX_FETCH_BYTES:,} bytes of files"
+    )
 
 
 async def _read(runtime: Runtime, traj: str, command: str, patience_s: float) -> str | None:
