@@ -65,3 +65,17 @@ def test_a_prompt_longer_than_the_model_takes_is_refused_not_truncated() -> None
     with pytest.raises(OpenAiError, match="at most 16") as info:
         prompts([5] * 17, "prompt", FRONTEND)
     assert info.value.param == "prompt"
+
+
+def test_an_id_the_tokenizer_has_no_token_for_is_refused_naming_the_prompt() -> None:
+    """A model's vocabulary is often padded past its tokenizer's (Qwen2.5: 151,936 rows for
+    151,665 tokens): an id in that gap passed the range check, then had no token, and
+    ``prompts`` raised a TypeError (a 500) or answered ``null`` tokens. vLLM refuses it."""
+    padded_frontend = SimpleNamespace(**{**vars(FRONTEND), "vocab_size": SHAPE.vocab + 8})
+    for batch in ([[5, SHAPE.vocab + 1, 6]], [[5, SHAPE.vocab + 1]]):
+        with pytest.raises(OpenAiError, match="no token") as info:
+            prompts(batch, "prompt", padded_frontend)
+        assert info.value.param == "prompt" and info.value.status == 400
+        assert str(SHAPE.vocab + 1) in info.value.message
+    (item,) = prompts([[5, 6]], "prompt", padded_frontend)
+    assert item.ids == (5, 6)

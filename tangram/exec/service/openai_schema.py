@@ -170,10 +170,19 @@ def _prompt(item: Any, where: str, param: str, frontend: Any) -> Prompt:
                 param=param,
             )
         ids = tuple(item)
+        pieces = tok.convert_ids_to_tokens(list(ids))
+        # A model's vocabulary is often padded past its tokenizer's: an id in the gap has no
+        # token (None), no text and no offset; vLLM refuses it as out of vocabulary too.
+        unknown = [x for x, t in zip(ids, pieces, strict=True) if t is None]
+        if unknown:
+            raise OpenAiError(
+                f"'{where}' has token ids {unknown[:5]} that the model's tokenizer has no token "
+                "for (outside the tokenizer's vocabulary)",
+                param=param,
+            )
         text = tok.decode(list(ids))
         again, offsets = _encode(tok, text, where, param)
         if again != ids:  # the text does not tokenise back to these ids: offsets by piece
-            pieces = tok.convert_ids_to_tokens(list(ids))
             offsets = (0, *itertools.accumulate(len(t) for t in pieces[:-1]))
     else:
         raise OpenAiError(
