@@ -212,6 +212,43 @@ def test_stdin_and_files_reach_a_compiled_program(service: Any) -> None:
     assert base64.b64decode(doc["files"]["out.txt"]) == b"42"
 
 
+def test_a_jar_among_the_files_is_on_javas_class_path(service: Any) -> None:
+    """SandboxFusion puts each ``.jar`` of ``files`` on javac's and java's class path
+    (``run_java``); here the class path was '.' alone, so a program using a library sent as a
+    jar failed to compile ("package lib does not exist")."""
+    import base64
+    import io
+    import zipfile
+
+    lib = 'package lib; public class Greet { public static String hi() { return "hi"; } }'
+    main = (
+        "public class Main { public static void main(String[] a) "
+        "{ System.out.println(lib.Greet.hi()); } }"
+    )
+    built = httpx.post(  # javac builds lib/Greet.class from the source Main uses
+        f"{service.url}/run_code",
+        json={
+            "code": main,
+            "language": "java",
+            "files": {"lib/Greet.java": base64.b64encode(lib.encode()).decode()},
+            "fetch_files": ["lib/Greet.class"],
+        },
+        timeout=180,
+    ).json()
+    assert "lib/Greet.class" in built["files"], built
+    jar = io.BytesIO()
+    with zipfile.ZipFile(jar, "w") as z:
+        z.writestr("lib/Greet.class", base64.b64decode(built["files"]["lib/Greet.class"]))
+    body = {
+        "code": main,
+        "language": "java",
+        "files": {"deps/greet.jar": base64.b64encode(jar.getvalue()).decode()},
+    }
+    doc = httpx.post(f"{service.url}/run_code", json=body, timeout=180).json()
+    assert doc["status"] == "Success", doc["compile_result"]
+    assert doc["run_result"]["stdout"] == "hi\n"
+
+
 def test_the_warm_pool_served_runs_and_shows_in_metrics(service: Any) -> None:
     for _ in range(3):
         assert run(service, "python", "correct")["status"] == "Success"

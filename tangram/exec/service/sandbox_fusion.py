@@ -18,7 +18,7 @@ Request fields (JSON object; null is the same as absent):
 | ``compile_timeout`` | number | yes (default 10) | seconds the compile step may take (compiled languages) |
 | ``memory_limit_MB`` | number | yes (-1 or absent: the service default; 16 .. the node's) | the container's memory limit (the compiler's too) |
 | ``stdin`` | string or null | yes | the program's standard input |
-| ``files`` | object name -> base64 or null | yes | written under the working directory first (null: skipped) |
+| ``files`` | object name -> base64 or null | yes | written under the working directory first (null: skipped; java: each ``.jar`` joins the class path) |
 | ``fetch_files`` | list of paths | yes (at most 256) | read back after the run, base64, into ``files`` |
 | ``max_units`` | integer | Tangram extension | cores the run may use (default 1; more makes it elastic) |
 | others | | ignored | SandboxFusion's ``extra`` etc. |
@@ -389,8 +389,9 @@ async def run_code(
                 return sandbox_error(f"writing the files failed: {_why(setup)}")
         last_upload = uploads[-1] if uploads else None
         compiled: dict[str, Any] | None = None
-        if lang.compile is not None:
-            step = f"timeout -k 1 {req.compile_timeout_s:g} sh -c {shlex.quote(lang.compile)}"
+        compile_command, run_command = _commands(req)
+        if compile_command is not None:
+            step = f"timeout -k 1 {req.compile_timeout_s:g} sh -c {shlex.quote(compile_command)}"
             outcome, unwritten = await _step(
                 runtime, traj, req, settings, last_upload, step, "compile", max_output_bytes
             )
@@ -406,7 +407,7 @@ async def run_code(
                 answer["message"] = answer["message"] or "compile error"
         if compiled is None or compiled["status"] == "Success":
             t = req.run_timeout_s
-            run = f"timeout -k 1 {t:g} {lang.run} < {redirect}"
+            run = f"timeout -k 1 {t:g} {run_command} < {redirect}"
             outcome, unwritten = await _step(
                 runtime, traj, req, settings, last_upload, run, "run", max_output_bytes
             )
@@ -431,6 +432,17 @@ async def run_code(
             await runtime.close_trajectory(traj)
         except LiveError as exc:  # the answer stands (the service is stopping, say)
             log.warning("closing /run_code's container %s failed: %s", traj, exc)
+
+
+def _commands(req: RunCodeRequest) -> tuple[str | None, str]:
+    """The language's compile and run commands; for Java, each ``.jar`` of ``files`` joins
+    the class path ('.') of both, as SandboxFusion's ``run_java`` does."""
+    lang = LANGUAGES[req.language]
+    jars = [p for p in req.files if p.endswith(".jar")] if req.language == "java" else []
+    if not jars or lang.compile is None:
+        return lang.compile, lang.run
+    cp = f"-cp {shlex.quote(':'.join(['.', *jars]))} "
+    return lang.compile.replace("-cp . ", cp), lang.run.replace("-cp . ", cp)
 
 
 async def _step(
