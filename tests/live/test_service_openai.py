@@ -115,6 +115,20 @@ def test_top_logprobs_hold_the_most_likely_tokens_and_the_prompts_own(served: An
         assert max(entry.values()) >= lp["token_logprobs"][t] - 1e-6
 
 
+def test_logprobs_0_still_gives_each_positions_entry_with_the_prompts_own_token(
+    served: Any,
+) -> None:
+    """vLLM answers ``logprobs`` k (0 included) with ``top_logprobs`` a list: None, then per
+    position a dict of up to k + 1 entries holding the prompt's own token. With 0 the answer's
+    ``top_logprobs`` was null, so a client indexing it (written for vLLM) failed."""
+    body = {"model": "teacher", "prompt": words(6, seed=5), "echo": True, "max_tokens": 0}
+    lp = post(served, "/v1/completions", {**body, "logprobs": 0}).json()["choices"][0]["logprobs"]
+    assert lp["top_logprobs"] is not None, lp
+    assert lp["top_logprobs"][0] is None and len(lp["top_logprobs"]) == len(lp["tokens"])
+    for t, entry in enumerate(lp["top_logprobs"][1:], start=1):
+        assert entry == {lp["tokens"][t]: lp["token_logprobs"][t]}, entry
+
+
 def test_the_reward_endpoints_give_transformers_scores(served: Any) -> None:
     texts = [words(9, seed=7), words(3, seed=8)]
     model = load_model(served.dirs["reward"], "reward")

@@ -327,12 +327,15 @@ def completion_doc(
         n = len(p.ids)
         logps = value["token_logprobs"][i, : n - 1].tolist()
         tokens = tok.convert_ids_to_tokens(list(p.ids))
-        top: list[dict[str, float] | None] | None = None
+        # As vLLM's, for any ``logprobs`` (0 too): None, then per position the top entries
+        # and the prompt's own token (with 0, that token alone).
+        top: list[dict[str, float] | None] = [None]
         if req.top:
-            top = [None]
             ids_k = value["top_ids"][i, : n - 1].tolist()
             lps_k = value["top_logprobs"][i, : n - 1].tolist()
-            for t in range(n - 1):
+        for t in range(n - 1):
+            entry: dict[str, float] = {}
+            if req.top:
                 entry = dict(
                     zip(
                         tok.convert_ids_to_tokens(ids_k[t][: req.top]),
@@ -340,8 +343,8 @@ def completion_doc(
                         strict=True,
                     )
                 )
-                entry.setdefault(tokens[t + 1], logps[t])
-                top.append(entry)
+            entry.setdefault(tokens[t + 1], logps[t])
+            top.append(entry)
         choices.append(
             {
                 "index": i,
