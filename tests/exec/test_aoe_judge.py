@@ -122,6 +122,14 @@ CASES = [
         "signal",
     ),
     (
+        "an exit past 128 + the last signal (64) is a plain exit code ('exit(-1)' is 255)",
+        raw(255),
+        FACTS,
+        "error",
+        "exit code 255",
+        "exit_code",
+    ),
+    (
         "exit 128 itself is a plain exit code",
         raw(128),
         FACTS,

@@ -71,6 +71,11 @@ class Probe:
     reason: str
 
 
+#: Linux's highest signal number (SIGRTMAX): a shell reports a death by signal N as exit
+#: 128 + N, so an exit past 128 + 64 (255: a program's ``exit(-1)``) is the program's own.
+LAST_SIGNAL = 64
+
+
 def probe(raw: RawResult) -> Probe | None:
     """Whether the container may have ended the action (None: the command ended on its own)."""
     if raw.ended in _RUNNER_LOST:
@@ -203,7 +208,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "signal",
         "error",
-        lambda raw, facts: raw.exit_code is not None and raw.exit_code > 128,
+        lambda raw, facts: raw.exit_code is not None and 128 < raw.exit_code <= 128 + LAST_SIGNAL,
         lambda raw, facts: (
             f"killed by signal {raw.exit_code - 128} (exit {raw.exit_code}){_detail(raw)}"
         ),
