@@ -79,3 +79,41 @@ def test_an_id_the_tokenizer_has_no_token_for_is_refused_naming_the_prompt() -> 
         assert str(SHAPE.vocab + 1) in info.value.message
     (item,) = prompts([[5, 6]], "prompt", padded_frontend)
     assert item.ids == (5, 6)
+
+
+def test_tokens_and_top_logprobs_keys_are_text_not_byte_level_pieces() -> None:
+    """vLLM (as OpenAI) answers each token as its text (' world'); with a byte-level BPE
+    tokenizer (Llama 3's, Qwen's) the answer carried the vocabulary's pieces ('Ġworld',
+    'hÃ©llo' for 'héllo'), so a client joining or matching tokens got mojibake."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from tangram.exec.service.openai_schema import CompletionRequest, completion_doc
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=["<pad>"],
+    )
+    bpe.train_from_iterator(["hello world, the world says héllo"] * 10, trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>")
+    frontend = SimpleNamespace(tokenizer=tok, vocab_size=len(tok), max_len=64, pad_token_id=0)
+    text = "hello world héllo"
+    for prompt in (text, list(tok(text, add_special_tokens=False)["input_ids"])):
+        (item,) = prompts(prompt, "prompt", frontend)
+        n = len(item.ids)
+        value = {
+            "token_logprobs": torch.zeros(1, n - 1),
+            "top_ids": torch.tensor([[[item.ids[2]]] * (n - 1)]),
+            "top_logprobs": torch.full((1, n - 1, 1), -1.0),
+        }
+        doc = completion_doc(CompletionRequest("m", (item,), 1), value, frontend)
+        lp = doc["choices"][0]["logprobs"]
+        assert "".join(lp["tokens"]) == text, lp["tokens"]
+        assert lp["tokens"][1] == " world", lp["tokens"]
+        assert lp["top_logprobs"][1] == {" héllo": -1.0, " world": 0.0}, lp["top_logprobs"]
+        assert lp["text_offset"] == [text.index(t) if t.strip() else 11 for t in lp["tokens"]]

@@ -322,23 +322,30 @@ def completion_doc(
     their log-probs (None for the first, which has no context), the top ``logprobs`` at each
     position (with the prompt's own token) and each token's offset in the text."""
     tok = frontend.tokenizer
+    top_ids = None
+    if req.top:  # each prompt's own positions (never the batch's padding)
+        top_ids = [
+            value["top_ids"][i, : len(p.ids) - 1, : req.top].tolist()
+            for i, p in enumerate(req.prompts)
+        ]
+    text_of = _token_texts(tok, req, top_ids)
     choices = []
     for i, p in enumerate(req.prompts):
         n = len(p.ids)
         logps = value["token_logprobs"][i, : n - 1].tolist()
-        tokens = tok.convert_ids_to_tokens(list(p.ids))
+        tokens = [text_of[x] for x in p.ids]
         # As vLLM's, for any ``logprobs`` (0 too): None, then per position the top entries
         # and the prompt's own token (with 0, that token alone).
         top: list[dict[str, float] | None] = [None]
-        if req.top:
-            ids_k = value["top_ids"][i, : n - 1].tolist()
+        if top_ids is not None:
+            ids_k = top_ids[i]
             lps_k = value["top_logprobs"][i, : n - 1].tolist()
         for t in range(n - 1):
             entry: dict[str, float] = {}
-            if req.top:
+            if top_ids is not None:
                 entry = dict(
                     zip(
-                        tok.convert_ids_to_tokens(ids_k[t][: req.top]),
+                        (text_of[x] for x in ids_k[t]),
                         lps_k[t][: req.top],
                         strict=True,
                     )
@@ -368,6 +375,23 @@ def completion_doc(
         "choices": choices,
         "usage": {"prompt_tokens": used, "completion_tokens": 0, "total_tokens": used},
     }
+
+
+def _token_texts(
+    tok: Any, req: CompletionRequest, top_ids: list[list[list[int]]] | None
+) -> dict[int, str]:
+    """Each token id of the answer -> its text, as vLLM (and OpenAI) answer tokens: ' world',
+    not a byte-level vocabulary's piece 'Ġworld'. Each distinct id is decoded once, in one
+    batch (an answer has up to ``MAX_REQUEST_TOKENS`` x (``MAX_LOGPROBS`` + 1) of them)."""
+    ids = {x for p in req.prompts for x in p.ids}
+    for rows in top_ids or ():
+        for row in rows:
+            ids.update(row)
+    ordered = sorted(ids)
+    texts = tok.batch_decode(
+        [[x] for x in ordered], skip_special_tokens=False, clean_up_tokenization_spaces=False
+    )
+    return dict(zip(ordered, texts, strict=True))
 
 
 def pooling_doc(model: str, items: Sequence[Prompt], scores: Sequence[float]) -> dict[str, Any]:
