@@ -117,3 +117,29 @@ def test_tokens_and_top_logprobs_keys_are_text_not_byte_level_pieces() -> None:
         assert lp["tokens"][1] == " world", lp["tokens"]
         assert lp["top_logprobs"][1] == {" héllo": -1.0, " world": 0.0}, lp["top_logprobs"]
         assert lp["text_offset"] == [text.index(t) if t.strip() else 11 for t in lp["tokens"]]
+
+
+def test_ids_decoding_to_one_text_keep_the_highest_log_prob_in_top_logprobs() -> None:
+    """``top_logprobs`` is keyed by token text, and distinct ids can share one (a byte-level
+    tokenizer's lone bytes all decode to '\\ufffd'): the entry kept the last, lowest log-prob
+    of them and dropped the prompt's own token's, so it ranked a text below what the model
+    gave it and below the position's own ``token_logprobs``."""
+    import torch
+
+    from tangram.exec.service.openai_schema import CompletionRequest, Prompt, completion_doc
+
+    texts = {4: "a", 5: "\ufffd", 6: "\ufffd", 7: "\ufffd"}
+    tok = SimpleNamespace(batch_decode=lambda rows, **_: [texts[r[0]] for r in rows])
+    frontend = SimpleNamespace(tokenizer=tok)
+    item = Prompt((4, 7), "a\ufffd", (0, 1))
+    value = {
+        "token_logprobs": torch.tensor([[-3.0]]),
+        "top_ids": torch.tensor([[[5, 6]]]),
+        "top_logprobs": torch.tensor([[[-1.0, -2.0]]]),
+    }
+    for top in (2, 0):  # with 0, the prompt's own token alone
+        doc = completion_doc(CompletionRequest("m", (item,), top), value, frontend)
+        lp = doc["choices"][0]["logprobs"]
+        assert lp["tokens"] == ["a", "\ufffd"]
+        want = -1.0 if top else -3.0
+        assert lp["top_logprobs"] == [None, {"\ufffd": want}], lp["top_logprobs"]

@@ -341,16 +341,15 @@ def completion_doc(
             ids_k = top_ids[i]
             lps_k = value["top_logprobs"][i, : n - 1].tolist()
         for t in range(n - 1):
-            entry: dict[str, float] = {}
+            pairs: list[tuple[str, float]] = []
             if top_ids is not None:
-                entry = dict(
-                    zip(
-                        (text_of[x] for x in ids_k[t]),
-                        lps_k[t][: req.top],
-                        strict=True,
-                    )
-                )
-            entry.setdefault(tokens[t + 1], logps[t])
+                pairs = list(zip((text_of[x] for x in ids_k[t]), lps_k[t][: req.top], strict=True))
+            pairs.append((tokens[t + 1], logps[t]))
+            # Keyed by text, and distinct ids can share one (a byte-level tokenizer's lone
+            # bytes all decode to '\ufffd'): a text keeps the highest log-prob of its ids.
+            entry: dict[str, float] = {}
+            for text, lp in pairs:
+                entry[text] = max(entry.get(text, lp), lp)
             top.append(entry)
         choices.append(
             {
