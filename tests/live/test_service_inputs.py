@@ -370,3 +370,15 @@ def test_a_t1_s_that_its_curve_contradicts_is_refused_naming_both(body: dict[str
         parse_action({**body, "trajectory": "t"}, max_output_bytes=1 << 20)
     spec, _ = parse_action({**body, "t1_s": 2, "trajectory": "t"}, max_output_bytes=1 << 20)
     assert spec.elasticity().t1 == 2
+
+
+def test_a_java_jar_whose_name_holds_the_class_path_separator_is_refused() -> None:
+    """Each ``.jar`` of a Java request joins the class path, whose entries ':' separates:
+    'lib:v1.jar' was split into 'lib' and 'v1.jar', so the jar was silently not on it and
+    the program failed to compile ("package ... does not exist")."""
+    body = {"code": "class Main {}", "language": "java", "files": {"lib:v1.jar": ""}}
+    with pytest.raises(BadRequest, match="class path") as info:
+        parse_run_code(body, RunCodeSettings(), 16.0)
+    assert "'files'" in str(info.value)
+    for ok in ({**body, "language": "python"}, {**body, "files": {"lib:v1.txt": ""}}):
+        assert "lib:v1" in next(iter(parse_run_code(ok, RunCodeSettings(), 16.0).files))

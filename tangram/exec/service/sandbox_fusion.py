@@ -210,6 +210,8 @@ def parse_run_code(
             raise BadRequest(f"field 'files': content of {name!r} is not valid base64") from None
     _check_layout(files)
     _check_source_free(files, LANGUAGES[language].source)
+    if language == "java":
+        _check_class_path(files)
     fetch = body.get("fetch_files")
     fetch = [] if fetch is None else fetch
     if not isinstance(fetch, list) or not all(isinstance(p, str) for p in fetch):
@@ -309,6 +311,17 @@ def _check_source_free(paths: Collection[str], source: str) -> None:
             raise BadRequest(
                 f"field 'files': {path!r} would make {source!r}, the file the code is written "
                 "to, a directory"
+            )
+
+
+def _check_class_path(paths: Collection[str]) -> None:
+    """``BadRequest`` when a ``.jar`` of a Java request has ':' in its path: each jar joins
+    the class path, whose entries ':' separates, so it would silently not be on it."""
+    for path in paths:
+        if path.endswith(".jar") and ":" in path:
+            raise BadRequest(
+                f"field 'files': {path!r} would join java's class path, where ':' separates "
+                "entries; name the jar without ':'"
             )
 
 
