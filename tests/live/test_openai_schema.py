@@ -119,6 +119,38 @@ def test_tokens_and_top_logprobs_keys_are_text_not_byte_level_pieces() -> None:
         assert lp["text_offset"] == [text.index(t) if t.strip() else 11 for t in lp["tokens"]]
 
 
+def test_offsets_of_ids_that_do_not_tokenise_back_count_the_token_texts() -> None:
+    """Ids whose text tokenises to other ids (' héllo', 'h', 'e': the text gives ' héllo',
+    'he') had their offsets counted by vocabulary piece: 'ĠhÃ©llo' is 7 characters, ' héllo'
+    6, so the offsets were (0, 7, 8), the last past the 8-character text. They count the
+    tokens' texts, as the answer's tokens and vLLM's offsets do: (0, 6, 7)."""
+    tok = _byte_level_tokenizer()
+    frontend = SimpleNamespace(tokenizer=tok, vocab_size=len(tok), max_len=64, pad_token_id=0)
+    vocab = tok.get_vocab()
+    ids = [vocab["ĠhÃ©llo"], vocab["h"], vocab["e"]]
+    (item,) = prompts(ids, "prompt", frontend)
+    assert item.text == " héllohe"
+    assert tok(item.text, add_special_tokens=False)["input_ids"] != ids
+    assert item.offsets == (0, 6, 7)
+
+
+def _byte_level_tokenizer():  # type: ignore[no-untyped-def]
+    """A small byte-level BPE tokenizer (as Llama 3's and Qwen's are), trained here."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=["<pad>"],
+    )
+    bpe.train_from_iterator(["hello world, the world says héllo"] * 10, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>")
+
+
 def test_ids_decoding_to_one_text_keep_the_highest_log_prob_in_top_logprobs() -> None:
     """``top_logprobs`` is keyed by token text, and distinct ids can share one (a byte-level
     tokenizer's lone bytes all decode to '\\ufffd'): the entry kept the last, lowest log-prob

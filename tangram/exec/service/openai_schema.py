@@ -182,8 +182,13 @@ def _prompt(item: Any, where: str, param: str, frontend: Any) -> Prompt:
             )
         text = tok.decode(list(ids))
         again, offsets = _encode(tok, text, where, param)
-        if again != ids:  # the text does not tokenise back to these ids: offsets by piece
-            offsets = (0, *itertools.accumulate(len(t) for t in pieces[:-1]))
+        if again != ids:  # the text does not tokenise back to these ids: offsets by token
+            # text, as the answer's tokens are (``_token_texts``) and as vLLM counts them; by
+            # piece ('ĠhÃ©llo', 7 characters for ' héllo') they ran past the text.
+            texts = tok.batch_decode(
+                [[x] for x in ids], skip_special_tokens=False, clean_up_tokenization_spaces=False
+            )
+            offsets = (0, *itertools.accumulate(len(t) for t in texts[:-1]))
     else:
         raise OpenAiError(
             f"'{where}' must be a non-empty string or a non-empty list of token ids", param=param
