@@ -86,21 +86,10 @@ def test_tokens_and_top_logprobs_keys_are_text_not_byte_level_pieces() -> None:
     tokenizer (Llama 3's, Qwen's) the answer carried the vocabulary's pieces ('Ġworld',
     'hÃ©llo' for 'héllo'), so a client joining or matching tokens got mojibake."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     from tangram.exec.service.openai_schema import CompletionRequest, completion_doc
 
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=["<pad>"],
-    )
-    bpe.train_from_iterator(["hello world, the world says héllo"] * 10, trainer)
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>")
+    tok = _byte_level_tokenizer()
     frontend = SimpleNamespace(tokenizer=tok, vocab_size=len(tok), max_len=64, pad_token_id=0)
     text = "hello world héllo"
     for prompt in (text, list(tok(text, add_special_tokens=False)["input_ids"])):

@@ -355,17 +355,22 @@ def test_an_open_retried_while_its_container_is_made_returns_once_it_is_open(
         assert [(t, cmd) for t, cmd, _ in aoe.runs] == [(info["id"], "echo first")]
 
 
-def test_run_polls_until_the_outcome_comes() -> None:
-    outcome = {
-        "id": "r1",
+def _api_result(id: str, value: int) -> dict[str, Any]:
+    """A finished API action's outcome document, as the service answers it."""
+    return {
+        "id": id,
         "resource": "api",
         "status": "result",
-        "result": 7,
+        "result": value,
         "error": None,
         "timings": {"act_s": 0.1, "queue_s": 0.0, "overhead_s": 0.0, "exec_s": 0.1},
         "arrival_s": 0.0,
         "end_s": 0.1,
     }
+
+
+def test_run_polls_until_the_outcome_comes() -> None:
+    outcome = _api_result("r1", 7)
     pending = httpx.Response(202, json={"id": "r1", "state": "running", "outcome": None})
     done = httpx.Response(200, json={"id": "r1", "state": "done", "outcome": outcome})
     got, requests = both([pending, pending, done], lambda c: c.run(endpoint="e", id="r1"))
@@ -383,16 +388,7 @@ def test_run_asks_the_service_to_wait_no_longer_than_it_reads() -> None:
     time out and sent again (the same id: never a second run) until the retries ran out,
     and the caller got ``ReadTimeout`` instead of the outcome. It asks the service to wait
     its own ``max_wait_s`` (300 s here), and polls after that as it always did."""
-    outcome = {
-        "id": "r2",
-        "resource": "api",
-        "status": "result",
-        "result": 8,
-        "error": None,
-        "timings": {"act_s": 0.1, "queue_s": 0.0, "overhead_s": 0.0, "exec_s": 0.1},
-        "arrival_s": 0.0,
-        "end_s": 0.1,
-    }
+    outcome = _api_result("r2", 8)
     done = httpx.Response(200, json={"id": "r2", "state": "done", "outcome": outcome})
     got, requests = both([done], lambda c: c.run(endpoint="e", id="r2"))
     method, path, _, body = requests[0]
@@ -404,16 +400,7 @@ def test_a_tiny_max_wait_still_polls_at_most_once_a_second() -> None:
     """With ``max_wait_s=0.01`` each poll asked the service to wait 0.01 s and the client
     polled in a near-tight loop until the outcome (with 0: a tight one). The submission asks
     for the client's own wait; each poll after it waits at least ``POLL_FLOOR_S`` (1 s)."""
-    outcome = {
-        "id": "r3",
-        "resource": "api",
-        "status": "result",
-        "result": 9,
-        "error": None,
-        "timings": {"act_s": 0.1, "queue_s": 0.0, "overhead_s": 0.0, "exec_s": 0.1},
-        "arrival_s": 0.0,
-        "end_s": 0.1,
-    }
+    outcome = _api_result("r3", 9)
     pending = httpx.Response(200, json={"id": "r3", "state": "running", "outcome": None})
     done = httpx.Response(200, json={"id": "r3", "state": "done", "outcome": outcome})
     script = Script([pending, pending, done])
