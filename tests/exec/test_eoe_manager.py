@@ -345,6 +345,25 @@ def test_queue_timeout_for_gpus_and_for_memory(managers) -> None:
     assert m.stats().devices[0].claimed_bytes == UNIT
 
 
+def test_a_call_timed_out_waiting_for_its_gpus_reports_that_wait(managers) -> None:
+    """The time a call waited for a busy cell before its time-out is its queue_s (it was
+    added only once the wait ended with a cell: a timed-out call reported 0)."""
+    started, release = threading.Event(), threading.Event()
+    m = managers(config(devices=1, units=4))
+    m.register(blob_spec("busy", call=_blocking_call(started, release)))
+    m.register(blob_spec("other"))
+    t = threading.Thread(target=lambda: m.call("busy", X))
+    t.start()
+    try:
+        assert started.wait(10)
+        out = m.call("other", X, gpus=(0,), timeout_s=0.3)
+    finally:
+        release.set()
+        t.join(10)
+    assert isinstance(out.error, QueueTimeoutError) and "free GPUs" in out.message
+    assert 0.25 <= out.queue_s <= out.total_s
+
+
 def test_workspace_is_claimed_only_while_a_call_runs(managers) -> None:
     started, release = threading.Event(), threading.Event()
     m = managers(config(devices=1, units=4))

@@ -260,17 +260,19 @@ class EoeManager:
         cells = cells_for(info, request, self._budgets)
         limit = self.config.calls_per_gpu
         t0 = time.perf_counter()
-        with self._cond:
-            while True:
-                self._check_open()
-                load = self._ledger.load(self._budgets, limit)
-                held = () if given else self._ledger.held(info.name)
-                choice = choose_cell(cells, load, held=held, need=info.need_bytes, given=given)
-                if choice is not None:
-                    break
-                self._cond.wait(state.wait_s("free GPUs"))
-            self._ledger.take_slots(state, choice.cell)
-        state.queue_s += time.perf_counter() - t0
+        try:
+            with self._cond:
+                while True:
+                    self._check_open()
+                    load = self._ledger.load(self._budgets, limit)
+                    held = () if given else self._ledger.held(info.name)
+                    choice = choose_cell(cells, load, held=held, need=info.need_bytes, given=given)
+                    if choice is not None:
+                        break
+                    self._cond.wait(state.wait_s("free GPUs"))
+                self._ledger.take_slots(state, choice.cell)
+        finally:  # a time-out (or a close) ends the wait too: it still counts as queueing
+            state.queue_s += time.perf_counter() - t0
 
     def _prepare(self, state: CallState) -> list[Replica]:
         """Make the service resident on every GPU of the cell and pin it there."""
@@ -291,9 +293,11 @@ class EoeManager:
             if not rep.settled.is_set():
                 state.waited_for_restore = True
                 t0 = time.perf_counter()
-                while not rep.settled.wait(state.wait_s("a concurrent restore")):
-                    pass
-                state.queue_s += time.perf_counter() - t0
+                try:
+                    while not rep.settled.wait(state.wait_s("a concurrent restore")):
+                        pass
+                finally:  # a time-out ends the wait too: it still counts as queueing
+                    state.queue_s += time.perf_counter() - t0
             if rep.error is not None:
                 raise RestoreError(
                     f"service {rep.service!r}: a concurrent restore on GPU {rep.gpu} failed: "
@@ -327,8 +331,10 @@ class EoeManager:
                 if plan.verdict is Verdict.WAIT:
                     t0 = time.perf_counter()
                     stack.close()  # release the device locks before waiting
-                    self._cond.wait(state.wait_s("memory"))
-                    state.queue_s += time.perf_counter() - t0
+                    try:
+                        self._cond.wait(state.wait_s("memory"))
+                    finally:
+                        state.queue_s += time.perf_counter() - t0
                     return False
                 victims, placeholders = self._ledger.book(state, plan)
             self._carry_out(state, victims, placeholders)
