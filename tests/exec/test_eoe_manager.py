@@ -599,6 +599,45 @@ def test_unregister(managers) -> None:
     assert torch.allclose(m.call("a", X).unwrap(), reference(1, 7, X))
 
 
+def test_a_call_waiting_while_its_service_is_unregistered_restores_nothing(
+    managers, monkeypatch
+) -> None:
+    """A call that waited for its GPUs while its service was unregistered (and another spec
+    registered under the name) ends with UnknownServiceError: it restored the old weights,
+    left them resident, and the new service's calls then ran on them."""
+    import tangram.exec.eoe.manager as manager_module
+
+    started, release, waiting = threading.Event(), threading.Event(), threading.Event()
+    choose = manager_module.choose_cell
+
+    def choose_and_tell(*args: object, **kw: object):
+        choice = choose(*args, **kw)
+        if choice is None and threading.current_thread().name == "waiter":
+            waiting.set()  # (under the manager's condition: it waits before anyone else runs)
+        return choice
+
+    monkeypatch.setattr(manager_module, "choose_cell", choose_and_tell)
+    m = managers(config(devices=1, units=4))
+    m.register(blob_spec("busy", call=_blocking_call(started, release)))
+    m.register(blob_spec("a", seed=0))
+    results: list = []
+    t = threading.Thread(target=lambda: m.call("busy", X))
+    waiter = threading.Thread(target=lambda: results.append(m.call("a", X)), name="waiter")
+    t.start()
+    try:
+        assert started.wait(10)
+        waiter.start()
+        assert waiting.wait(10)
+        m.unregister("a")
+        m.register(blob_spec("a", seed=7))
+    finally:
+        release.set()
+        t.join(10)
+        waiter.join(10)
+    assert isinstance(results[0].error, UnknownServiceError), results[0]
+    assert torch.allclose(m.call("a", X).unwrap(), reference(1, 7, X))
+
+
 def test_closed_manager(managers) -> None:
     m = managers(config())
     m.register(blob_spec("a"))

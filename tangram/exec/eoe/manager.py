@@ -253,6 +253,15 @@ class EoeManager:
         if self._closed:
             raise ManagerClosedError("the EOE manager is closed")
 
+    def _check_registered(self, svc: Service) -> None:
+        """(Under the condition.) ``UnknownServiceError`` when ``svc`` is no longer the
+        registered service of its name: unregistered (maybe replaced) while the call waited,
+        so nothing of it may be restored or pinned."""
+        if self._services.get(svc.info.name) is not svc:
+            raise UnknownServiceError(
+                f"service {svc.info.name!r} was unregistered while the call waited"
+            )
+
     def _admit(self, state: CallState, request: Request) -> None:
         """Wait until the cell (given, or the best one free) has a free call slot on each GPU."""
         info = state.service.info
@@ -264,6 +273,7 @@ class EoeManager:
             with self._cond:
                 while True:
                     self._check_open()
+                    self._check_registered(state.service)
                     load = self._ledger.load(self._budgets, limit)
                     held = () if given else self._ledger.held(info.name)
                     choice = choose_cell(cells, load, held=held, need=info.need_bytes, given=given)
@@ -280,6 +290,7 @@ class EoeManager:
         while True:
             with self._cond:
                 self._check_open()
+                self._check_registered(state.service)
                 if pin_only(info.name, state.cell, self._ledger.replicas, info.workspace_bytes):
                     self._ledger.pin(state)  # resident (or being restored) everywhere
                     break
@@ -318,6 +329,7 @@ class EoeManager:
                 stack.enter_context(self._device_locks[g])
             with self._cond:
                 self._check_open()
+                self._check_registered(state.service)
                 plan = plan_room(
                     info.name,
                     state.cell,
