@@ -45,6 +45,31 @@ def test_spinning_processes_are_killed_and_reaped() -> None:
     assert all(p.returncode is not None for p in procs)
 
 
+def test_a_spin_that_fails_part_way_kills_the_processes_it_started(monkeypatch) -> None:
+    """The processes spin started before one failed to start are killed and reaped: they
+    were lost to the caller (spin raised before returning them) and spun for ever."""
+    import subprocess
+
+    from tangram.exec.eoe import calibrate
+
+    real = subprocess.Popen
+    started: list[subprocess.Popen] = []
+
+    def popen(*args: object, **kw: object) -> subprocess.Popen:
+        if started:
+            raise OSError("no more processes")
+        started.append(real(*args, **kw))
+        return started[-1]
+
+    monkeypatch.setattr(calibrate.subprocess, "Popen", popen)
+    try:
+        with pytest.raises(OSError, match="no more processes"):
+            spin(2)
+        assert started and started[0].returncode is not None
+    finally:
+        stop(started)
+
+
 def test_the_restore_fit_separates_bandwidth_from_the_fixed_cost() -> None:
     gbps, fixed = fit_restore([(1.0, 0.6), (2.0, 1.1), (4.0, 2.1)])  # 0.1 s + GB / 2
     assert gbps == pytest.approx(2.0) and fixed == pytest.approx(0.1)

@@ -41,9 +41,17 @@ SETTLE_S = 0.2
 
 
 def spin(n: int) -> list[subprocess.Popen]:
-    """``n`` processes that keep one core busy each until killed."""
+    """``n`` processes that keep one core busy each until killed; if one fails to start,
+    those started before it are killed (they would spin for ever) and the error raised."""
     code = "while True: pass"
-    return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
+    procs: list[subprocess.Popen] = []
+    try:
+        for _ in range(n):
+            procs.append(subprocess.Popen([sys.executable, "-c", code]))
+    except BaseException:
+        stop(procs)
+        raise
+    return procs
 
 
 def stop(procs: Sequence[subprocess.Popen]) -> None:
