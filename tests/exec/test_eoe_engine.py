@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tangram.exec.eoe import EoeConfig, EoeManager, ServiceSpec, ServiceSpecError
+from tangram.exec.eoe.devices import CpuDevice
 from tangram.exec.eoe.engine import ModuleEngine, engine_spec
 from tangram.exec.eoe.errors import InvalidCellError
 from tangram.exec.eoe.hf import load_model, teacher_logprobs
@@ -114,6 +115,56 @@ def test_engine_specs_are_checked(model_dir: Path) -> None:
     not_an_engine = engine_spec("m", lambda: torch.nn.Linear(2, 2), home=0, memory_bytes=MIB)
     with manager() as m, pytest.raises(ServiceSpecError, match="lacks wake_up"):
         m.register(not_an_engine)
+
+
+class AllocatorDevice(CpuDevice):
+    """A CPU device whose allocator figure also counts what engines allocate on it
+    themselves, as ``torch.cuda.memory_allocated`` counts an engine's tensors on a GPU."""
+
+    def __init__(self, index: int, budget_bytes: int) -> None:
+        super().__init__(index, budget_bytes)
+        self.engines = 0
+
+    def allocated_bytes(self) -> int:
+        return super().allocated_bytes() + self.engines
+
+
+class CountedEngine:
+    """An engine of ``weight_bytes`` that allocates them on ``device`` while awake."""
+
+    def __init__(self, device: AllocatorDevice, weight_bytes: int) -> None:
+        self.device, self.weight_bytes = device, weight_bytes
+
+    def wake_up(self) -> None:
+        self.device.engines += self.weight_bytes
+
+    def sleep(self) -> None:
+        self.device.engines -= self.weight_bytes
+
+    def __call__(self, inputs: Any) -> Any:
+        return inputs
+
+
+def test_an_awake_engines_memory_is_counted_once_not_also_as_foreign() -> None:
+    """An engine's memory is claimed (its memory_bytes) and the allocator shows it too: it
+    counted as foreign memory beside its claim, so a second engine that fits beside it put
+    the first to sleep (on a GPU, each wake-up copies its weights again)."""
+    device = AllocatorDevice(0, 4 * MIB)
+    with EoeManager(devices=[device]) as m:
+        for name in "ab":
+            m.register(
+                engine_spec(
+                    name, lambda: CountedEngine(device, 2 * MIB), home=0, memory_bytes=2 * MIB
+                )
+            )
+        assert m.call("a", 1).ok
+        out = m.call("b", 2)
+        assert out.ok and out.evicted == (), out
+        assert m.residency() == {"a": (0,), "b": (0,)}
+        m.evict("a")
+        assert device.engines == 2 * MIB and m.stats().devices[0].claimed_bytes == 2 * MIB
+        assert m.call("a", 3).evicted == ()  # awake again beside b
+    assert device.engines == 0
 
 
 NO_VLLM = importlib.util.find_spec("vllm") is None or not torch.cuda.is_available()

@@ -52,12 +52,15 @@ class Replica:
         "storage",
         "settled",
         "error",
+        "engine",
     )
 
-    def __init__(self, service: str, gpu: int, claim: int) -> None:
+    def __init__(self, service: str, gpu: int, claim: int, *, engine: bool = False) -> None:
         self.service = service
         self.gpu = gpu
         self.claim = claim
+        #: An engine's replica: the engine allocates its memory itself (the claim covers it).
+        self.engine = engine
         self.ready = False
         self.pins = 0
         self.last_used = 0

@@ -36,6 +36,9 @@ class Ledger:
         self.claimed = [0] * n_gpus
         #: Bytes of the manager's own live device buffers per GPU (the rest is foreign).
         self.live = [0] * n_gpus
+        #: Bytes claimed per GPU by awake engines: memory the engine allocates itself, which
+        #: the allocator counts beyond the manager's buffers, and is not foreign.
+        self.engines = [0] * n_gpus
         #: Calls running per GPU.
         self.busy = [0] * n_gpus
         self.counters = Counters()
@@ -55,12 +58,12 @@ class Ledger:
         self, cell: Cell, devices: Sequence[Device], budgets: Sequence[int]
     ) -> dict[int, GpuMemory]:
         """Each GPU of ``cell``: budget, bytes claimed, and bytes the allocator holds beyond
-        the manager's own buffers (foreign)."""
+        the manager's own buffers and its awake engines' claims (foreign)."""
         return {
             g: GpuMemory(
                 budget=budgets[g],
                 claimed=self.claimed[g],
-                foreign=max(0, devices[g].allocated_bytes() - self.live[g]),
+                foreign=max(0, devices[g].allocated_bytes() - self.live[g] - self.engines[g]),
             )
             for g in cell
         }
@@ -93,8 +96,9 @@ class Ledger:
             self._feed.push(victim.service, (victim.gpu,), False)
             state.evicted.append(key)
         placeholders = []
+        engine = state.service.spec.backend == "engine"
         for g in plan.restore:
-            rep = Replica(info.name, g, info.resident_bytes)
+            rep = Replica(info.name, g, info.resident_bytes, engine=engine)
             self.replicas[(info.name, g)] = rep
             self.claimed[g] += rep.claim
             placeholders.append(rep)
@@ -137,6 +141,8 @@ class Ledger:
             if failure is None:
                 rep.module, rep.storage, rep.ready = module, storage, True
                 rep.last_used = next(self._tick)
+                if rep.engine:
+                    self.engines[rep.gpu] += rep.claim
                 self.counters.restores += 1
                 self.counters.bytes_restored += size
             else:
@@ -180,6 +186,8 @@ class Ledger:
         """An evicted replica's ``size`` bytes were dropped, ``freed`` of them seen freed."""
         self.claimed[victim.gpu] -= victim.claim
         self.live[victim.gpu] -= size
+        if victim.engine:
+            self.engines[victim.gpu] -= victim.claim
         c = self.counters
         c.evictions += 1
         c.bytes_evicted += size
