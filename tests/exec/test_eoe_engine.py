@@ -167,6 +167,39 @@ def test_an_awake_engines_memory_is_counted_once_not_also_as_foreign() -> None:
     assert device.engines == 0
 
 
+class FailingSleepEngine(CountedEngine):
+    """Its ``sleep`` frees its memory, then raises (an engine's error on the way down)."""
+
+    def sleep(self) -> None:
+        super().sleep()
+        raise RuntimeError("engine error while going to sleep")
+
+
+def test_an_eviction_whose_drop_raises_still_gives_back_its_claim() -> None:
+    """An evicted replica whose weights' drop raised (the engine's sleep) leaves the books:
+    its claim stayed booked for ever, the call that evicted it failed, and every later call
+    that needed those bytes waited for memory nothing would free."""
+    device = AllocatorDevice(0, 4 * MIB)
+    with EoeManager(devices=[device]) as m:
+        m.register(
+            engine_spec(
+                "a", lambda: FailingSleepEngine(device, 3 * MIB), home=0, memory_bytes=3 * MIB
+            )
+        )
+        m.register(
+            engine_spec("b", lambda: CountedEngine(device, 3 * MIB), home=0, memory_bytes=3 * MIB)
+        )
+        assert m.call("a", 1).ok
+        out = m.call("b", 2, timeout_s=2)
+        assert out.ok and out.evicted == (("a", 0),), out
+        assert m.residency() == {"b": (0,)}
+        assert m.stats().devices[0].claimed_bytes == 3 * MIB
+        m.evict("b")
+        assert m.call("a", 3, timeout_s=2).ok
+        m.evict("a")  # the drop raises: the claim goes all the same
+        assert m.stats().devices[0].claimed_bytes == 0 and m.residency() == {}
+
+
 NO_VLLM = importlib.util.find_spec("vllm") is None or not torch.cuda.is_available()
 
 

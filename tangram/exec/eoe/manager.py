@@ -410,7 +410,15 @@ class EoeManager:
         t0 = time.perf_counter()
         svc = self._services.get(victim.service)
         backup = None if svc is None else svc.backup
-        size, freed = drop_weights(victim, self.devices[victim.gpu], backup)
+        try:
+            size, freed = drop_weights(victim, self.devices[victim.gpu], backup)
+        except Exception:
+            # (An engine's sleep that raised.) The replica has left the books: its claim must
+            # go too, or it stays booked for ever and calls wait for bytes nothing frees.
+            # Whatever the drop left allocated shows up as foreign memory in later plans.
+            log.exception("dropping %r from GPU %d raised", victim.service, victim.gpu)
+            size, freed = victim.nbytes, 0
+            victim.module = victim.storage = None
         elapsed = time.perf_counter() - t0
         with self._cond:
             self._ledger.freed(victim, size, freed, elapsed)
