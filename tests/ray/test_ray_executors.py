@@ -104,12 +104,12 @@ def test_a_gpu_call_on_ray_waits_in_eoe_no_longer_than_its_action_has_left() -> 
     class Calls:
         async def call(self, node: str, method: str, *args: object) -> object:
             sent.append((node, method, *args))
-            return "done", {}
+            return "done", {}, 1
 
     local = single_node()
     try:
         ray_gpu = RayGpuExecutor(Calls(), CLUSTER, NodeAgent.catalog(SimpleNamespace(gpu=local)))
-        ray_gpu.report = lambda node, residency: None  # type: ignore[method-assign]
+        ray_gpu.report = lambda node, residency, stamp=None: None  # type: ignore[method-assign]
         start = SimpleNamespace(node="g", gpus=(0,))
         work = GpuWork("reward", [1])
         assert asyncio.run(ray_gpu.execute(work, start, trajectory="t", time_left_s=4.0)) == "done"
@@ -119,5 +119,48 @@ def test_a_gpu_call_on_ray_waits_in_eoe_no_longer_than_its_action_has_left() -> 
     agent = SimpleNamespace(gpu=SimpleNamespace(eoe=SimpleNamespace(residency=dict)))
     seen: list[object] = []
     agent.gpu.call_blocking = lambda s, i, g, timeout_s=None: seen.append(timeout_s) or "r"
-    assert NodeAgent.call_gpu(agent, "reward", [1], (0,), 4.0) == ("r", {})  # type: ignore[arg-type]
+    assert NodeAgent.call_gpu(agent, "reward", [1], (0,), 4.0)[:2] == ("r", {})  # type: ignore[arg-type]
     assert seen == [4.0]
+
+
+def test_a_gpu_nodes_residency_taken_in_out_of_order_keeps_the_later_one() -> None:
+    """Each GPU call's answer carries the node's residency after it; two calls' answers may be
+    taken in the other order (one thread each on the agent). The earlier residency, taken in
+    last, replaced the later one: the core was told a service evicted since was resident."""
+    import asyncio
+
+    state = {"reward": (0,)}
+    agent = SimpleNamespace(
+        gpu=SimpleNamespace(
+            eoe=SimpleNamespace(residency=lambda: dict(state)),
+            call_blocking=lambda s, i, g, timeout_s=None: "r",
+        )
+    )
+    first = NodeAgent.call_gpu(agent, "reward", [1], (0,), 4.0)  # type: ignore[arg-type]
+    state.clear()  # evicted by the next call's restore, say
+    second = NodeAgent.call_gpu(agent, "reward", [1], (1,), 4.0)  # type: ignore[arg-type]
+    replies = [second, first]  # the later answer is taken in first
+
+    class Calls:
+        async def call(self, node: str, method: str, *args: object) -> object:
+            return replies.pop(0)
+
+    told: list[tuple] = []
+    scheduler = SimpleNamespace(report_residency=lambda *a: told.append(a[:4]))
+    local = single_node()
+    try:
+        ray_gpu = RayGpuExecutor(Calls(), CLUSTER, NodeAgent.catalog(SimpleNamespace(gpu=local)))
+        ray_gpu.scheduler = scheduler  # type: ignore[assignment]
+
+        async def both() -> list[object]:
+            start = SimpleNamespace(node="g1", gpus=(0,))
+            work = GpuWork("reward", [1])
+            return [
+                await ray_gpu.execute(work, start, trajectory="t", time_left_s=4.0)
+                for _ in range(2)
+            ]
+
+        assert asyncio.run(both()) == ["r", "r"]
+    finally:
+        local.shutdown()
+    assert ray_gpu.residency["g1"] == {} and told == []

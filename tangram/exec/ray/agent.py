@@ -19,6 +19,7 @@ carries the rest (describe, ping, stats, shutdown).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -42,6 +43,11 @@ log = logging.getLogger(__name__)
 WATCH_EVERY_S = 1.0
 #: Threads for the direct channel's calls (each running CPU action or GPU call holds one).
 DIRECT_THREADS = 256
+
+#: Stamps of the residency readings GPU calls' answers carry (one agent per process): a larger
+#: stamp is a later reading, so the scheduler keeps the latest in whatever order answers come.
+_readings = threading.Lock()
+_stamps = itertools.count(1)
 
 
 class NodeAgent:
@@ -214,14 +220,16 @@ class NodeAgent:
         inputs: Any,
         gpus: tuple[int, ...],
         timeout_s: float | None = None,
-    ) -> tuple[ExecResult, dict[str, tuple[int, ...]]]:
+    ) -> tuple[ExecResult, dict[str, tuple[int, ...]], int]:
         """Call a service on the cell ``gpus``, waiting in EOE's queue at most ``timeout_s``
-        (what its action has left); the result and the node's residency after it."""
+        (what its action has left); the result, the node's residency after it, and the
+        reading's stamp (larger: read later; calls end, and are answered, in any order)."""
         gpu = self.gpu
         if gpu is None:
             raise RuntimeError(f"node {self.report.name} runs no GPU executor")
         result = gpu.call_blocking(service, inputs, gpus, timeout_s=timeout_s)
-        return result, dict(gpu.eoe.residency())
+        with _readings:
+            return result, dict(gpu.eoe.residency()), next(_stamps)
 
     def stats(self) -> dict[str, Any]:
         """EOE's counters here (restores, evictions), for the status and the trace header."""

@@ -150,6 +150,8 @@ class RayGpuExecutor:
         self.residency: dict[str, dict[str, tuple[int, ...]]] = {
             n.name: {} for n in cluster.gpu_nodes
         }
+        #: Each node's stamp of that reading (0: none from its agent yet).
+        self.stamps: dict[str, int] = {n.name: 0 for n in cluster.gpu_nodes}
         self.eoe = EoeView(self)
 
     def add_node(self, cluster: ClusterSpec, name: str) -> None:
@@ -183,17 +185,26 @@ class RayGpuExecutor:
     ) -> ExecResult:
         t0 = clock()
         try:
-            result, residency = await self.fleet.call(
+            result, residency, stamp = await self.fleet.call(
                 start.node, "call_gpu", work.service, work.inputs, start.gpus, time_left_s
             )
         except NodeLost as err:
             return lost_result(err, clock() - t0)
-        self.report(start.node, residency)
+        self.report(start.node, residency, stamp)
         return result
 
-    def report(self, node: str, residency: Mapping[str, tuple[int, ...]]) -> None:
-        """Tell the core what changed in ``node``'s residency since its last report."""
+    def report(
+        self, node: str, residency: Mapping[str, tuple[int, ...]], stamp: int | None = None
+    ) -> None:
+        """Tell the core what changed in ``node``'s residency since its last report.
+
+        ``stamp``: the agent's stamp of the reading; one no later than the last taken in is
+        older news (its call's answer came in after a later one's) and is dropped. None: a
+        new agent (or none): taken as is, and its agent's stamps count afresh."""
         assert self.scheduler is not None
+        if stamp is not None and stamp <= self.stamps.get(node, 0):
+            return
+        self.stamps[node] = 0 if stamp is None else stamp
         before = self.residency.get(node, {})
         for service, gpus in before.items():
             if residency.get(service) != gpus:
