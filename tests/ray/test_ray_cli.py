@@ -52,3 +52,35 @@ def test_serve_on_ray_attaches_serves_and_stops(ray_cluster: Any, tmp_path: Any)
             proc.kill()
     with pytest.raises(ValueError):
         ray.get_actor("tangram-scheduler", namespace="tangram")
+
+
+def test_serve_on_ray_passes_the_tenant_bounds_to_the_service(monkeypatch: Any) -> None:
+    """``--tenant-max-trajectories`` reaches the HTTP service in the scheduler actor, as it
+    does without ``--ray``: it was checked, then dropped, so one tenant could open as many
+    trajectories (containers) as the cluster holds, and the others' opens were refused."""
+    import ray
+
+    from tangram.cli import build_parser
+    from tangram.exec.ray import service
+
+    seen: list[Any] = []
+
+    class Started(Exception):
+        pass
+
+    def start(config: Any) -> Any:
+        seen.append(config)
+        raise Started
+
+    monkeypatch.setattr(ray, "init", lambda *a, **kw: None)
+    monkeypatch.setattr(signal, "signal", lambda *a: None)  # (this process keeps its own)
+    monkeypatch.setattr(service, "start", start)
+    argv = ["serve", "--ray", "auto", "--no-journal", "--port", "0"]
+    argv += ["--client", "a=" + "x" * 32, "--client", "b=" + "y" * 32]
+    argv += ["--tenant-max-pending", "5", "--tenant-max-trajectories", "3"]
+    args = build_parser().parse_args(argv)
+    with pytest.raises(Started):
+        args.func(args)
+    (config,) = seen
+    assert config.http.tenant_max_pending == 5 and config.http.tenant_max_trajectories == 3
+    assert sorted(config.http.clients) == ["a", "b"]

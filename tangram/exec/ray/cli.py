@@ -46,6 +46,7 @@ def serve_on_ray(args: argparse.Namespace, token: str | None) -> int:
             token=token,
             clients=getattr(args, "clients", {}),
             tenant_max_pending=getattr(args, "tenant_max_pending", None),
+            tenant_max_trajectories=getattr(args, "tenant_max_trajectories", None),
             trace_path=args.trace,
             max_output_bytes=args.max_output_bytes,
             limits=ConnectionLimits(
