@@ -46,6 +46,12 @@ CASES = [
         "--tenant-max-trajectories",
     ),
     (["bench", "robustness", "--instances", "1", "--warm-gpus", "hot"], "--warm-gpus"),
+    # The scheduler actor's agents run what their nodes report: with --ray these were
+    # accepted and silently dropped (a model never served, an executor kept).
+    (["serve", "--ray", "auto", "--model", "judge=reward:/models/rm"], "--model"),
+    (["serve", "--ray", "auto", "--no-gpu"], "--no-gpu"),
+    (["serve", "--ray", "auto", "--no-cpu"], "--no-cpu"),
+    (["serve", "--ray", "auto", "--gpu-backend", "cpu"], "--gpu-backend"),
 ]
 
 

@@ -215,6 +215,21 @@ def check_flags(args: argparse.Namespace) -> None:
             "--journal-fsync needs a journal: drop --no-journal",
         ),
         (args.ray_fixed_nodes and not args.ray, "--ray-fixed-nodes applies only with --ray"),
+        # On Ray each node's agent registers the services and runs the executors its node
+        # reports (RayConfig.services, the tangram-gpus label): these flags would be dropped.
+        (
+            bool(args.ray) and bool(args.model),
+            "--model is not served with --ray: give the agents RayConfig.services",
+        ),
+        (
+            bool(args.ray) and (args.no_cpu or args.no_gpu),
+            "--no-cpu and --no-gpu do not apply with --ray: each node runs what it reports "
+            "(its tangram-cores and tangram-gpus labels)",
+        ),
+        (
+            bool(args.ray) and args.gpu_backend != "auto",
+            "--gpu-backend does not apply with --ray: each node's tangram-gpus label says it",
+        ),
         (args.no_gpu and bool(args.model), "--model serves a GPU service: drop --no-gpu"),
         (
             args.tenant_max_pending is not None and not args.clients,
