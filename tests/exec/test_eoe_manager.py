@@ -647,6 +647,29 @@ def test_closed_manager(managers) -> None:
     assert m.residency() == {} and m.devices[0].allocated_bytes() == 0 or BACKEND == "cuda"
 
 
+def test_a_call_running_at_close_frees_its_replicas_when_it_ends(managers) -> None:
+    """close evicts the idle replicas; one a call was using then is evicted when that call
+    ends: it stayed resident, its device memory held for as long as the process lived."""
+    started, release = threading.Event(), threading.Event()
+    m = managers(config(devices=1, units=4))
+    m.register(blob_spec("busy", call=_blocking_call(started, release)))
+    m.register(blob_spec("idle"))
+    assert m.call("idle", X).ok
+    results: list = []
+    t = threading.Thread(target=lambda: results.append(m.call("busy", X)))
+    t.start()
+    try:
+        assert started.wait(10)
+        m.close()
+        assert m.residency() == {"busy": (0,)}  # in use: it stays while the call runs
+    finally:
+        release.set()
+        t.join(10)
+    assert results[0].ok  # a call that has started running is never interrupted
+    assert m.residency() == {} and m.stats().devices[0].claimed_bytes == 0
+    assert m.devices[0].allocated_bytes() == 0 or BACKEND == "cuda"
+
+
 def test_stats_count_hits_misses_and_errors(managers) -> None:
     m = managers(config(devices=1, units=4))
     m.register(blob_spec("a"))

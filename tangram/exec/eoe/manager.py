@@ -248,6 +248,10 @@ class EoeManager:
             with self._cond:
                 self._ledger.release(state)
                 self._cond.notify_all()
+                closed = self._closed
+            if closed:  # close() evicted the idle replicas, not this call's: they go now
+                with contextlib.suppress(EoeError):  # (another call still uses them)
+                    self.evict(state.service.info.name)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -459,7 +463,8 @@ class EoeManager:
             return self._ledger.stats(figures)
 
     def close(self) -> None:
-        """Stop serving: evict every idle replica and stop the replica threads."""
+        """Stop serving: evict every idle replica (those calls still use go as the calls
+        end) and stop the replica threads."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
