@@ -61,6 +61,26 @@ def build_runtime(
                 len(cluster.cpu_nodes),
                 cluster.cpu_nodes[0].name,
             )
+    try:
+        gpu_exec, holder = _gpu_executor(cluster, gpu, gpu_backend, services)
+    except BaseException:
+        if cpu_exec is not None:  # (its AOE manager holds Docker and a watchdog)
+            cpu_exec.aoe.shutdown()
+        raise
+    declared = {a.name for a in cluster.apis}
+    calls = {k: v for k, v in builtin_endpoints().items() if k in declared}
+    calls.update(endpoints or {})
+    runtime = Runtime(cluster, config, cpu=cpu_exec, gpu=gpu_exec, api=ApiExecutor(calls))
+    holder["runtime"] = runtime
+    return runtime
+
+
+def _gpu_executor(
+    cluster: ClusterSpec, gpu: bool, gpu_backend: str, services: Sequence[Any] | None
+) -> tuple[GpuExecutor | None, dict[str, Runtime]]:
+    """The GPU executor for the cluster's GPU node (None: none asked for), and the holder its
+    residency relay reads the runtime from; a service that fails to register closes the EOE
+    manager (its devices) before the error goes on."""
     gpu_exec = None
     holder: dict[str, Runtime] = {}
     if gpu and cluster.gpu_nodes:
@@ -84,12 +104,11 @@ def build_runtime(
                 rt.residency_changed(service, gpus, resident)
 
         eoe = EoeManager(eoe_config, on_residency_change=relay)
-        for spec in default_services() if services is None else services:
-            eoe.register(spec)
-        gpu_exec = GpuExecutor(eoe, node)
-    declared = {a.name for a in cluster.apis}
-    calls = {k: v for k, v in builtin_endpoints().items() if k in declared}
-    calls.update(endpoints or {})
-    runtime = Runtime(cluster, config, cpu=cpu_exec, gpu=gpu_exec, api=ApiExecutor(calls))
-    holder["runtime"] = runtime
-    return runtime
+        try:
+            for spec in default_services() if services is None else services:
+                eoe.register(spec)
+            gpu_exec = GpuExecutor(eoe, node)
+        except BaseException:
+            eoe.close()
+            raise
+    return gpu_exec, holder
