@@ -237,3 +237,34 @@ def test_an_answer_that_came_while_the_watch_was_blocked_counts(monkeypatch) -> 
             await w.rt.close()
 
     asyncio.run(go())
+
+
+def test_agents_made_for_a_spawn_that_fails_are_killed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A spawn whose agents do not all start (one's describe raised, or the start timed out)
+    kills the agents it made before the error goes on: they are detached, so they stayed
+    (each with its AOE and EOE managers, the models' host backups) for as long as the
+    scheduler actor lived, and the watch made another one at each join it tried again."""
+    import ray
+
+    killed: list[str] = []
+
+    async def answer(name: str) -> NodeReport:
+        if name == "b":
+            raise RuntimeError("agent b failed to start")
+        return report(f"id-{name}", name, 1, 8.0)
+
+    class Handle:
+        def __init__(self, node: str, labels: dict[str, str], *args: Any) -> None:
+            self.name = labels["tangram-name"]
+            self.describe = SimpleNamespace(remote=lambda owner: answer(self.name))
+
+    class Actor:
+        def options(self, **kw: Any) -> Any:
+            return SimpleNamespace(remote=Handle)
+
+    monkeypatch.setattr(ray, "remote", lambda cls: Actor())
+    monkeypatch.setattr(ray, "kill", lambda handle: killed.append(handle.name))
+    nodes = [ray_node("a" * 56, "a"), ray_node("b" * 56, "b")]  # (Ray checks the ids' form)
+    with pytest.raises(RuntimeError, match="agent b failed to start"):
+        asyncio.run(agents.spawn(nodes, RayConfig(), owner=None))
+    assert sorted(killed) == ["a", "b"]

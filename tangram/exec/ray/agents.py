@@ -7,6 +7,7 @@ file's nodes; ``all_nodes``/``alive_nodes`` read Ray's node table off the event 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -63,9 +64,17 @@ async def spawn(
             declared(config.cluster, name),
         )
         handles.append(handle)
-    reports = await asyncio.wait_for(
-        asyncio.gather(*(h.describe.remote(owner) for h in handles)), AGENT_START_S
-    )
+    try:
+        reports = await asyncio.wait_for(
+            asyncio.gather(*(h.describe.remote(owner) for h in handles)), AGENT_START_S
+        )
+    except BaseException:
+        # Detached: an agent not killed here outlives this spawn (its AOE and EOE managers,
+        # its models' host backups) for as long as the scheduler actor lives.
+        for handle in handles:
+            with contextlib.suppress(Exception):
+                ray.kill(handle)
+        raise
     out = []
     for report, handle in zip(reports, handles, strict=True):
         if report.cpu_spec() is None and report.gpu_spec() is None:
