@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -84,3 +85,34 @@ def test_serve_on_ray_passes_the_tenant_bounds_to_the_service(monkeypatch: Any) 
     (config,) = seen
     assert config.http.tenant_max_pending == 5 and config.http.tenant_max_trajectories == 3
     assert sorted(config.http.clients) == ["a", "b"]
+
+
+def test_a_scheduler_actor_whose_start_fails_is_stopped_and_killed(monkeypatch: Any) -> None:
+    """``start`` kills the named, detached scheduler actor when its start fails (stopping its
+    agents first): it stayed, its failed start kept as its answer, so every later ``start``
+    (``tangram serve --ray``) got the same error back from it until someone killed it."""
+    import ray
+
+    from tangram.exec.ray import service
+
+    done: list[str] = []
+
+    class Handle:
+        start = SimpleNamespace(remote=lambda: RuntimeError("no Ray node runs a Tangram agent"))
+        stop = SimpleNamespace(remote=lambda: done.append("stop"))
+
+    def get(ref: Any, timeout: float | None = None) -> Any:
+        if isinstance(ref, Exception):
+            raise ref
+        return ref
+
+    context = SimpleNamespace(get_node_id=lambda: "c" * 56)
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: context)
+    actor = SimpleNamespace(options=lambda **kw: SimpleNamespace(remote=lambda cfg: Handle()))
+    monkeypatch.setattr(ray, "remote", lambda cls: actor)
+    monkeypatch.setattr(ray, "get", get)
+    monkeypatch.setattr(ray, "kill", lambda handle: done.append("kill"))
+    with pytest.raises(RuntimeError, match="no Ray node runs a Tangram agent"):
+        service.start()
+    assert done == ["stop", "kill"]

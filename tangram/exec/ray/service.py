@@ -3,11 +3,13 @@
 ``start(config)`` (inside a framework's Ray driver, after ``ray.init``) gets or creates the
 named, detached scheduler actor on this driver's node, starts it (agents on every node, the
 cluster spec from them, the HTTP service if ``config.http``) and returns its handle and info.
-``stop(config)`` shuts it down (containers removed) and kills it.
+``stop(config)`` shuts it down (containers removed) and kills it; so does a ``start`` that
+fails (its agents stopped, the actor gone: a next ``start`` makes a fresh one).
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from tangram.exec.ray.config import RayConfig
@@ -39,7 +41,14 @@ def start(config: RayConfig | None = None) -> tuple[Any, dict[str, Any]]:
         )
         .remote(cfg)
     )
-    info = ray.get(handle.start.remote(), timeout=START_TIMEOUT_S)
+    try:
+        info = ray.get(handle.start.remote(), timeout=START_TIMEOUT_S)
+    except BaseException:
+        # The actor is named and detached, and keeps its failed start as its answer: left
+        # alive, it (and the agents it made) stayed, and every later start got that error.
+        with contextlib.suppress(Exception):
+            stop(cfg, handle)
+        raise
     return handle, info
 
 
