@@ -453,6 +453,21 @@ def test_call_function_that_raises(managers) -> None:
     assert m.stats().errors_by_type == {"CallFailedError": 1}
 
 
+def test_a_call_that_raises_reports_the_time_it_ran(managers) -> None:
+    """A call whose function raised ran: its exec_s is that time (it was set only once the
+    call returned, so a failed call said exec_s 0, and so did its action's outcome)."""
+
+    def slow_then_bad(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.1)
+        raise ValueError("bad input shape")
+
+    m = managers(config(devices=1, units=4))
+    m.register(blob_spec("bad", call=slow_then_bad))
+    out = m.call("bad", X)
+    assert isinstance(out.error, CallFailedError)
+    assert 0.1 <= out.exec_s <= out.total_s
+
+
 BAD_TOKENS = {
     "an id past the vocabulary": (torch.full((2, 8), 512), "vocabulary [0, 512)"),
     "a negative id": (torch.full((2, 8), -1), "vocabulary [0, 512)"),

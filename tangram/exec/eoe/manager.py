@@ -241,9 +241,10 @@ class EoeManager:
         try:
             replicas = self._prepare(state)
             t0 = time.perf_counter()
-            value = self._runner.run(state.service, replicas, inputs)
-            state.exec_s = time.perf_counter() - t0
-            return value
+            try:
+                return self._runner.run(state.service, replicas, inputs)
+            finally:  # a call that raised ran too: its time is its exec_s
+                state.exec_s = time.perf_counter() - t0
         finally:
             with self._cond:
                 self._ledger.release(state)
