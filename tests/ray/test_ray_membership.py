@@ -268,3 +268,37 @@ def test_agents_made_for_a_spawn_that_fails_are_killed(monkeypatch: pytest.Monke
     with pytest.raises(RuntimeError, match="agent b failed to start"):
         asyncio.run(agents.spawn(nodes, RayConfig(), owner=None))
     assert sorted(killed) == ["a", "b"]
+
+
+def test_a_node_joining_again_does_not_hold_up_the_watch(monkeypatch) -> None:
+    """A lost node that comes back is joined in the background: its agent's start (up to
+    AGENT_START_S: torch, Docker, the models) ran inside the check, and meanwhile no ping
+    went out and no other node's silence was seen. It is joined once, not at every check."""
+
+    async def go() -> None:
+        w = Watch(monkeypatch, RayConfig(), lambda nodes: [])
+        started, release = asyncio.Event(), asyncio.Event()
+
+        async def slow_spawn(nodes, cfg, owner, *, undeclared=False):  # noqa: ANN001, ANN202
+            w.spawned += [n["NodeID"] for n in nodes]
+            started.set()
+            await release.wait()
+            return [(report("id-a2", "a", 1, 8.0, gpus=2), Agent())], {}
+
+        monkeypatch.setattr(agents, "spawn", slow_spawn)
+        w.table = [ray_node("id-a2", "a")]  # node a's Ray node is gone; a new one is up
+        await w.rt.start()
+        try:
+            w.members.fleet.lose("a", "its agent died")
+            await asyncio.wait_for(w.members.check(), 2)  # not held up by the join
+            await asyncio.wait_for(started.wait(), 2)
+            await asyncio.wait_for(w.members.check(), 2)  # the join under way: not twice
+            assert w.spawned == ["id-a2"]
+            release.set()
+            await asyncio.wait_for(asyncio.gather(*w.members._tasks), 5)
+            assert w.members.fleet.alive("a") and w.spawned == ["id-a2"]
+        finally:
+            release.set()
+            await w.rt.close()
+
+    asyncio.run(go())

@@ -55,6 +55,8 @@ class Membership:
         self.unplaced: dict[str, str] = {}
         #: Ray nodes being adopted now, and those tried: nothing to run there, or failed.
         self.adopting: set[str] = set()
+        #: Ray nodes where a node of the cluster is joining now (its agent starting).
+        self.joining: set[str] = set()
         self.tried: set[str] = set()
         #: Nodes of the cluster file with no Ray node yet (fenced until one joins).
         self.absent: set[str] = set()
@@ -161,7 +163,8 @@ class Membership:
             node = by_id.get(member.report.ray_node)
             if member.alive and node is not None and not node.get("Alive", True):
                 self.fleet.lose(member.report.name, "Ray reports its node dead")
-        known = {m.report.ray_node for m in self.fleet.members()} | self.adopting | self.tried
+        known = {m.report.ray_node for m in self.fleet.members()}
+        known |= self.adopting | self.tried | self.joining
         if not cfg.join_new_nodes:
             known |= set(self.unplaced)
         for node in nodes:
@@ -170,12 +173,26 @@ class Membership:
             name = node_name(node["NodeID"], node.get("Labels") or {})
             member = self.fleet.by_name.get(name)
             if (member is not None and not member.alive) or name in self.absent:
-                await self.join(node)
+                # In the background, as an adoption: an agent's start (torch, Docker, the
+                # models) may take minutes, and the watch's pings must go on meanwhile.
+                self.joining.add(node["NodeID"])
+                self._background(self._join(node))
             elif member is None:
                 self.unplaced[node["NodeID"]] = name
                 if cfg.join_new_nodes:
                     self.adopting.add(node["NodeID"])  # (now: the next check skips it)
                     self._background(self.adopt(node))
+
+    async def _join(self, node: dict[str, Any]) -> None:
+        """``join`` from the watch: a failure is logged, and a later check tries again."""
+        try:
+            await self.join(node)
+        except Exception:  # noqa: BLE001 - the watch goes on; the next check tries again
+            log.exception(
+                "node %s could not join", node_name(node["NodeID"], node.get("Labels") or {})
+            )
+        finally:
+            self.joining.discard(node["NodeID"])
 
     async def join(self, node: dict[str, Any]) -> None:
         """A node of the cluster (lost, or declared and absent) is up on a Ray node: a new
