@@ -268,6 +268,22 @@ def test_a_top_k_that_is_no_count_within_the_vocabulary_is_refused(
     assert not out.ok and "ValueError" in out.message and "'top_k'" in out.message, out
 
 
+@pytest.mark.parametrize("top_k", [torch.tensor([0, 3]), torch.tensor([1, 2]), torch.full((3,), 3)])
+def test_a_top_k_that_is_not_one_k_per_sequence_is_refused(
+    dirs: dict[str, Path], top_k: torch.Tensor
+) -> None:
+    """top_k repeats one k for each sequence of the batch. Different counts ran on one GPU
+    (each sequence got the largest k) but not on two: cut with the batch, [0, 3] gave one
+    piece no top tokens and the merge kept the first piece's keys (none for anyone), [1, 2]
+    failed to merge; a length other than the batch's failed only at DoP 2."""
+    svc = hf_service("teacher", dirs["teacher"], "teacher")
+    inputs = {**batch(svc.tokenizer, n=2), "top_k": top_k}
+    with manager(devices=1) as m:
+        m.register(svc.spec)
+        out = m.call("teacher", inputs)
+    assert not out.ok and "ValueError" in out.message and "'top_k'" in out.message, out
+
+
 ILL_FORMED = {
     "no tokens": (torch.ones((2, 0), dtype=torch.long), None, "at least one"),
     "no sequences": (torch.ones((0, 4), dtype=torch.long), None, "at least one"),

@@ -97,12 +97,8 @@ def teacher_logprobs(module: torch.nn.Module, inputs: Any) -> dict[str, torch.Te
     import torch
 
     ids, mask = _as_batch(module, inputs)
-    logits = module(input_ids=ids, attention_mask=mask, use_cache=False).logits
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    out = {"token_logprobs": logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)}
     top_k = inputs.get("top_k") if isinstance(inputs, dict) else None
     if top_k is not None:
-        vocab = logp.shape[-1]
         if (
             not isinstance(top_k, torch.Tensor)
             or top_k.is_floating_point()
@@ -112,6 +108,23 @@ def teacher_logprobs(module: torch.nn.Module, inputs: Any) -> dict[str, torch.Te
             raise ValueError(
                 f"'top_k' must be a tensor of integer counts (B,), got {_described(top_k)}"
             )
+        # One k for the batch: cut with it across replicas, different counts (or a length
+        # other than the batch's) gave pieces that do not merge, or merged without the top.
+        batch = ids.shape[0]
+        if (
+            top_k.ndim > 1
+            or (top_k.ndim == 1 and top_k.shape[0] != batch)
+            or (top_k.numel() and bool((top_k != top_k.reshape(-1)[0]).any()))
+        ):
+            raise ValueError(
+                f"'top_k' must repeat one k for each of the {batch} sequences, shape "
+                f"({batch},); got {_described(top_k)} of counts {sorted(set(top_k.flatten().tolist()))[:8]}"
+            )
+    logits = module(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    out = {"token_logprobs": logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)}
+    if top_k is not None:
+        vocab = logp.shape[-1]
         if top_k.numel() and (int(top_k.min()) < 0 or int(top_k.max()) > vocab):
             raise ValueError(f"'top_k' must be counts in [0, {vocab}] (the vocabulary)")
     if top_k is not None and top_k.numel() and int(top_k.max()) > 0:
