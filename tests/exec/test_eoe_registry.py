@@ -124,6 +124,19 @@ def test_split_errors_name_the_problem() -> None:
         merge_batch([1, 2])
 
 
+def test_merging_results_of_different_structures_is_refused_naming_them() -> None:
+    """Replicas' results that are not alike are an error: dicts were merged over the first
+    one's keys and tuples over its length, so a key or member only a later replica returned
+    was dropped without a word (and one the first had and a later lacked: KeyError)."""
+    t = torch.zeros(2)
+    with pytest.raises(TypeError, match="different keys"):
+        merge_batch([{"a": t}, {"a": t, "top": t}])
+    with pytest.raises(TypeError, match="different lengths"):
+        merge_batch([(t,), (t, t)])
+    with pytest.raises(TypeError, match="different types"):
+        merge_batch([t, [1, 2]])
+
+
 # --- host backup ------------------------------------------------------------------------------
 
 

@@ -271,6 +271,18 @@ def merge_batch(outputs: list[Any]) -> Any:
     if len(outputs) == 1:
         return outputs[0]
     first = outputs[0]
+    # The pieces' results must be alike: merged over the first's keys (or length), what only
+    # a later piece returned was dropped without a word.
+    kinds = {type(o).__name__ for o in outputs}
+    if len(kinds) > 1 and not all(isinstance(o, torch.Tensor) for o in outputs):
+        raise TypeError(f"the replicas' results have different types {sorted(kinds)}")
+    if isinstance(first, dict) and any(o.keys() != first.keys() for o in outputs):
+        keys = sorted({repr(k) for o in outputs for k in o.keys() ^ first.keys()})
+        raise TypeError(f"the replicas' results have different keys (not in all: {keys[:8]})")
+    if isinstance(first, tuple) and len({len(o) for o in outputs}) > 1:
+        raise TypeError(
+            f"the replicas' results have different lengths {sorted({len(o) for o in outputs})}"
+        )
     if isinstance(first, torch.Tensor):
         if first.dim() == 0:
             raise TypeError("cannot merge 0-dimensional results of data-parallel replicas")
