@@ -27,6 +27,7 @@ from tangram.exec.eoe.errors import (
     InvalidCellError,
     ManagerClosedError,
     QueueTimeoutError,
+    RestoreError,
     RestoreOutOfMemoryError,
     ServiceInUseError,
     ServiceSpecError,
@@ -540,6 +541,27 @@ def test_out_of_memory_raised_by_the_allocator(managers, monkeypatch) -> None:
     monkeypatch.setattr(dev, "alloc", real)
     again = m.call("a", X, dop=2)
     assert again.ok and again.restored_gpus == (0, 1)
+
+
+def test_a_restore_whose_copies_fail_leaves_no_bytes_booked(managers, monkeypatch) -> None:
+    """Waiting for the copies raised (a CUDA error surfaces at the synchronize): the call
+    ends with RestoreError and the books let go of what the restore had allocated. The
+    allocation stayed counted as the manager's own (live) for good, hiding as much foreign
+    memory from every later plan on that GPU."""
+    import tangram.exec.eoe.manager as manager_module
+
+    def broken(fences: object) -> None:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    m = managers(config(devices=1, units=4))
+    m.register(blob_spec("a"))
+    monkeypatch.setattr(manager_module, "wait_for_copies", broken)
+    out = m.call("a", X)
+    assert isinstance(out.error, RestoreError) and "illegal memory access" in out.message, out
+    assert m._ledger.live == [0] and m.stats().devices[0].claimed_bytes == 0
+    assert m.residency() == {}
+    monkeypatch.undo()
+    assert m.call("a", X).ok and m._ledger.live == [UNIT] or BACKEND == "cuda"
 
 
 def test_dop_and_cell_errors(managers) -> None:

@@ -399,7 +399,13 @@ class EoeManager:
             with self._cond:
                 self._ledger.copy_started(rep.gpu, int(storage.numel()))
             del module, storage
-        wait_for_copies(fence for *_, fence in started)  # the copies ran concurrently
+        try:
+            wait_for_copies(fence for *_, fence in started)  # the copies ran concurrently
+        except Exception as exc:  # (a CUDA error surfaces at the synchronize)
+            failure = failure or RestoreError(
+                f"service {svc.spec.name!r}: waiting for its copies failed: "
+                f"{type(exc).__name__}: {exc}"
+            )
         with self._cond:
             self._ledger.restores_done(reps, started, failure)
             self._cond.notify_all()
