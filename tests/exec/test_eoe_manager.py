@@ -718,3 +718,25 @@ def test_stats_count_hits_misses_and_errors(managers) -> None:
     assert s.restores == 1 and s.bytes_restored == UNIT
     assert s.devices[0].resident == ("a",) and s.devices[0].claimed_bytes == UNIT
     assert s.as_dict()["devices"][0]["budget_bytes"] == m.devices[0].budget_bytes
+
+
+def test_the_replica_threads_of_a_call_running_past_close_do_not_outlive_it() -> None:
+    """A call at DoP 2 that was running when the manager closed runs its second part on a
+    thread of its own, not on a new pool: the pool made after close was never shut down (and
+    one shut down between a call's look-up and its submit failed the call)."""
+    from types import SimpleNamespace
+
+    from tangram.exec.eoe.bookkeeping import Replica, Service
+    from tangram.exec.eoe.execution import ReplicaRunner
+
+    devices = [CpuDevice(0, UNIT), CpuDevice(1, UNIT)]
+    runner = ReplicaRunner(devices, 2)
+    spec = ServiceSpec("double", factory=nn.Identity, call=lambda module, x: x * 2)
+    service = Service(spec, None, SimpleNamespace(shards=1))  # type: ignore[arg-type]
+    replicas = [Replica("double", g, 0) for g in (0, 1)]
+    assert torch.equal(runner.run(service, replicas, X), X * 2)
+    assert runner._pool is not None
+    runner.close()
+    before = threading.active_count()
+    assert torch.equal(runner.run(service, replicas, X), X * 2)
+    assert runner._pool is None and threading.active_count() == before

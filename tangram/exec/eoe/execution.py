@@ -25,6 +25,7 @@ class ReplicaRunner:
         self._workers = max(1, workers)
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
+        self._closed = False
 
     def run(self, service: Service, replicas: Sequence[Replica], inputs: Any) -> Any:
         """The call's result: ``inputs`` split across ``replicas``, results merged; for a
@@ -52,9 +53,12 @@ class ReplicaRunner:
                     f"{len(replicas)} replicas"
                 )
         jobs = list(zip(replicas, parts, strict=False))
-        futures = [
-            self._executor().submit(self._run_part, spec, rep, part) for rep, part in jobs[1:]
-        ]
+        own: ThreadPoolExecutor | None = None
+        with self._lock:  # (so close cannot shut the pool between its look-up and the submits)
+            if len(jobs) > 1 and self._closed:  # a call running past close: threads of its own
+                own = ThreadPoolExecutor(len(jobs) - 1, thread_name_prefix="eoe-replica")
+            pool = own or (self._executor() if len(jobs) > 1 else None)
+            futures = [pool.submit(self._run_part, spec, rep, part) for rep, part in jobs[1:]]  # type: ignore[union-attr]
         results: list[Any] = []
         errors: list[BaseException] = []
         try:
@@ -66,6 +70,8 @@ class ReplicaRunner:
                 results.append(fut.result())
             except BaseException as exc:
                 errors.append(exc)
+        if own is not None:
+            own.shutdown(wait=True)
         if errors:
             raise errors[0]
         if len(results) == 1:
@@ -104,14 +110,17 @@ class ReplicaRunner:
             ) from exc
 
     def _executor(self) -> ThreadPoolExecutor:
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="eoe-replica")
-            return self._pool
+        """The pool (made on first use); the caller holds ``_lock``."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="eoe-replica")
+        return self._pool
 
     def close(self) -> None:
-        """Stop the replica threads (after the parts they run)."""
+        """Stop the replica threads (after the parts they run). A call still running then
+        runs its other parts on threads of its own, gone when it returns: a pool made after
+        close was never shut down."""
         with self._lock:
             pool, self._pool = self._pool, None
+            self._closed = True
         if pool is not None:
             pool.shutdown(wait=True)
