@@ -411,3 +411,34 @@ def test_a_reward_prompt_ending_in_the_pad_id_is_scored_at_its_own_last_token(
         short = model(input_ids=ids[1:, :2]).logits[0, 0].float()
     assert torch.allclose(got, torch.stack([whole, short]), atol=ATOL)
     assert not torch.allclose(got[0], got[1], atol=ATOL)  # the pad-id token counts
+
+
+def test_building_without_weights_touches_no_other_thread_and_always_undoes_itself() -> None:
+    """A model built without weights (``load_lazy``) moves its parameters to meta by patching
+    ``nn.Module.register_parameter`` for as long as it builds. Another thread's modules built
+    meanwhile got meta parameters too (an example service registered at the same time failed:
+    no data), and two builds that overlapped left the patch in place for good: every module
+    the process made after had no weights."""
+    import threading
+
+    from torch import nn
+
+    from tangram.exec.eoe.hf import _parameters_on_meta
+
+    original = nn.Module.register_parameter
+    first, second = _parameters_on_meta(), _parameters_on_meta()
+    first.__enter__()
+    second.__enter__()  # (another thread's build, as far as the patch can tell)
+    try:
+        assert nn.Linear(2, 2).weight.device.type == "meta"  # this build: no weights
+        built: list[nn.Module] = []
+        other = threading.Thread(target=lambda: built.append(nn.Linear(2, 2)))
+        other.start()
+        other.join(10)
+        assert built[0].weight.device.type == "cpu"  # another thread's module keeps its own
+    finally:
+        first.__exit__(None, None, None)  # the first to start ends first
+        second.__exit__(None, None, None)
+        left = nn.Module.register_parameter
+        nn.Module.register_parameter = original  # type: ignore[method-assign]  # (the suite's)
+    assert left is original

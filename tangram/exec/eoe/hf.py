@@ -21,6 +21,7 @@ float32; plus ``top_ids``/``top_logprobs`` (B, T-1, k) when asked), the reward m
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -214,25 +215,50 @@ def load_model(path: str | Path, kind: str, dtype: str | None = None) -> torch.n
     return model
 
 
-@contextmanager
-def _parameters_on_meta() -> Iterator[None]:
-    """Modules built inside get their parameters on the ``meta`` device (no data), buffers
-    as usual: each parameter is moved there as it is registered."""
+#: ``_parameters_on_meta``'s patch of ``nn.Module.register_parameter``: installed while any
+#: thread builds without weights, acting only in those threads.
+_meta_lock = threading.Lock()
+_meta_users = 0
+_meta_here = threading.local()
+_register: Any = None
+
+
+def _register_on_meta(module: torch.nn.Module, name: str, param: Any) -> None:
     import torch
 
-    register = torch.nn.Module.register_parameter
+    _register(module, name, param)
+    if (
+        getattr(_meta_here, "depth", 0)
+        and param is not None
+        and param.device.type != "meta"  # a tied one is kept as it is
+    ):
+        kept = module._parameters[name]
+        module._parameters[name] = torch.nn.Parameter(kept.to("meta"), requires_grad=False)
 
-    def on_meta(module: torch.nn.Module, name: str, param: Any) -> None:
-        register(module, name, param)
-        if param is not None and param.device.type != "meta":  # a tied one is kept as it is
-            kept = module._parameters[name]
-            module._parameters[name] = torch.nn.Parameter(kept.to("meta"), requires_grad=False)
 
-    torch.nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
+@contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Modules built inside, in this thread, get their parameters on the ``meta`` device (no
+    data), buffers as usual: each parameter is moved there as it is registered. (The patch is
+    the process's: other threads' modules are left alone, and it goes once the last build
+    that needs it ends, in whatever order builds end.)"""
+    import torch
+
+    global _meta_users, _register
+    with _meta_lock:
+        if _meta_users == 0:
+            _register = torch.nn.Module.register_parameter
+            torch.nn.Module.register_parameter = _register_on_meta  # type: ignore[method-assign]
+        _meta_users += 1
+    _meta_here.depth = getattr(_meta_here, "depth", 0) + 1
     try:
         yield
     finally:
-        torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
+        _meta_here.depth -= 1
+        with _meta_lock:
+            _meta_users -= 1
+            if _meta_users == 0:
+                torch.nn.Module.register_parameter = _register  # type: ignore[method-assign]
 
 
 def load_lazy(path: str | Path, kind: str, dtype: str | None = None) -> LazyWeights | None:
