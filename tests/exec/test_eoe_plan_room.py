@@ -157,6 +157,14 @@ def test_eviction_targets() -> None:
         eviction_targets([3], 3)
 
 
+@pytest.mark.parametrize("gpus", [["0"], [0, "1"], [1.0], [True], 0])
+def test_eviction_targets_that_are_no_gpu_indices_are_refused_naming_them(gpus: object) -> None:
+    """A GPU that is no index was a bare TypeError from sorting or comparing ('<' not
+    supported...), or taken as an index (True as GPU 1, 1.0 as GPU 1)."""
+    with pytest.raises(ValueError, match="GPU indices"):
+        eviction_targets(gpus, 3)  # type: ignore[arg-type]
+
+
 # --- properties ----------------------------------------------------------------------------------
 
 replica_sets = st.lists(

@@ -9,6 +9,7 @@ and the cell's device locks, then carries the plan out (evict, restore) as it sa
 from __future__ import annotations
 
 import enum
+import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -207,7 +208,17 @@ def plan_room(
 
 def eviction_targets(gpus: Iterable[int] | None, n_gpus: int) -> tuple[int, ...]:
     """The GPUs an explicit eviction names (None: every GPU), sorted; ``ValueError`` for GPUs
-    the node does not have."""
+    the node does not have, or values that are no GPU indices."""
+    if gpus is not None:
+        named = list(gpus) if isinstance(gpus, Iterable) and not isinstance(gpus, str) else None
+        odd = (
+            [gpus]
+            if named is None
+            else [g for g in named if isinstance(g, bool) or not isinstance(g, numbers.Integral)]
+        )
+        if odd:
+            raise ValueError(f"gpus must be GPU indices (ints), got {odd[:8]!r}"[:300])
+        gpus = [int(g) for g in named]  # type: ignore[union-attr]
     targets = tuple(sorted(set(range(n_gpus) if gpus is None else gpus)))
     bad = [g for g in targets if not 0 <= g < n_gpus]
     if bad:
