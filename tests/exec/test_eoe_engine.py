@@ -200,6 +200,39 @@ def test_an_eviction_whose_drop_raises_still_gives_back_its_claim() -> None:
         assert m.stats().devices[0].claimed_bytes == 0 and m.residency() == {}
 
 
+def test_a_running_calls_workspace_is_counted_once_not_also_as_foreign() -> None:
+    """A running call's activations are what its workspace claim reserves; the allocator
+    (CUDA's) shows them too, and they counted as foreign beside the claim: another call on
+    the GPU (calls_per_gpu > 1) that fits waited for the first to end."""
+    import threading
+
+    from tangram.exec.eoe.testing import blob_spec
+
+    device = AllocatorDevice(0, 4 * UNIT)
+    started, release = threading.Event(), threading.Event()
+
+    def working(module: Any, x: torch.Tensor) -> torch.Tensor:
+        device.engines += UNIT  # its activations, within its workspace
+        started.set()
+        release.wait(10)
+        device.engines -= UNIT
+        return module(x)
+
+    x = torch.ones(2)
+    with EoeManager(EoeConfig(calls_per_gpu=2), devices=[device]) as m:
+        m.register(blob_spec("a", call=working, workspace_bytes=UNIT))
+        m.register(blob_spec("b", units=2))
+        t = threading.Thread(target=lambda: m.call("a", x))
+        t.start()
+        try:
+            assert started.wait(10)
+            out = m.call("b", x, timeout_s=1)  # 1 + 1 claimed by a: 2 left for b
+            assert out.ok, out.message
+        finally:
+            release.set()
+            t.join(10)
+
+
 NO_VLLM = importlib.util.find_spec("vllm") is None or not torch.cuda.is_available()
 
 

@@ -39,6 +39,9 @@ class Ledger:
         #: Bytes claimed per GPU by awake engines: memory the engine allocates itself, which
         #: the allocator counts beyond the manager's buffers, and is not foreign.
         self.engines = [0] * n_gpus
+        #: Bytes of running calls' workspaces per GPU: their activations, which the allocator
+        #: counts too, are within them (not foreign).
+        self.workspaces = [0] * n_gpus
         #: Calls running per GPU.
         self.busy = [0] * n_gpus
         self.counters = Counters()
@@ -58,12 +61,19 @@ class Ledger:
         self, cell: Cell, devices: Sequence[Device], budgets: Sequence[int]
     ) -> dict[int, GpuMemory]:
         """Each GPU of ``cell``: budget, bytes claimed, and bytes the allocator holds beyond
-        the manager's own buffers and its awake engines' claims (foreign)."""
+        the manager's own buffers, its awake engines' claims and its running calls'
+        workspaces (foreign)."""
         return {
             g: GpuMemory(
                 budget=budgets[g],
                 claimed=self.claimed[g],
-                foreign=max(0, devices[g].allocated_bytes() - self.live[g] - self.engines[g]),
+                foreign=max(
+                    0,
+                    devices[g].allocated_bytes()
+                    - self.live[g]
+                    - self.engines[g]
+                    - self.workspaces[g],
+                ),
             )
             for g in cell
         }
@@ -106,6 +116,7 @@ class Ledger:
         if info.workspace_bytes:
             for g in state.cell:
                 self.claimed[g] += info.workspace_bytes
+                self.workspaces[g] += info.workspace_bytes
                 state.workspace_gpus.append(g)
         return victims, placeholders
 
@@ -117,6 +128,7 @@ class Ledger:
             rep.last_used = tick
         for g in state.workspace_gpus:
             self.claimed[g] -= state.service.info.workspace_bytes
+            self.workspaces[g] -= state.service.info.workspace_bytes
         for g in state.cell:
             self.busy[g] -= 1
         state.pinned.clear()

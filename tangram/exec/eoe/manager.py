@@ -22,10 +22,11 @@ GPUs and waits; that wait counts as queueing.
 
 Memory accounting, per device: ``claimed`` = resident replicas + replicas being evicted (until
 really freed) + workspaces of running calls. Room for a restore is ``budget - claimed -
-foreign``, where ``foreign`` is what the allocator reports beyond the manager's own live buffers
-and its awake engines' claims (other processes' tensors on CUDA, a test's allocations on CPU). After each eviction the
-allocator's figure must drop by the replica's size before the restore goes on; an eviction
-that does not show up there is counted in ``stats().unverified_evictions``.
+foreign``, where ``foreign`` is what the allocator reports beyond the manager's own live buffers,
+its awake engines' claims and its running calls' workspaces (other processes' tensors on CUDA,
+a test's allocations on CPU). After each eviction the allocator's figure must drop by the
+replica's size before the restore goes on; an eviction that does not show up there is counted
+in ``stats().unverified_evictions``.
 
 Residency is reported through ``residency()`` and the optional ``on_residency_change(service,
 gpus, resident)`` callback, called in the order the changes happened, outside the manager's lock.
