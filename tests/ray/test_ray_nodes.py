@@ -40,6 +40,11 @@ def test_labels_shape_a_node() -> None:
         ({"tangram-gpus": "tpu-2"}, "tangram-gpus"),
         ({"tangram-gpus": "many"}, "tangram-gpus"),
         ({"tangram-memory-gb": "-1"}, "tangram-memory-gb"),
+        # A bare "could not convert string to float", and an infinite node (refused later
+        # by the core's spec, which named no label).
+        ({"tangram-memory-gb": "lots"}, "tangram-memory-gb"),
+        ({"tangram-memory-gb": "inf"}, "tangram-memory-gb"),
+        ({"tangram-memory-gb": "nan"}, "tangram-memory-gb"),
     ],
 )
 def test_bad_labels_are_refused_naming_the_label(labels: dict[str, str], names: str) -> None:

@@ -11,6 +11,7 @@ file's nodes are the spec instead, matched to Ray nodes by their ``tangram-name`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -138,9 +139,12 @@ def memory_gb(labels: Mapping[str, str], ray_memory_bytes: float) -> float:
     """Container memory: the ``tangram-memory-gb`` label, else the Ray node's memory."""
     text = labels.get(LABEL_MEMORY)
     if text is not None:
-        value = float(text)
-        if not value > 0:
-            raise ValueError(f"label {LABEL_MEMORY}={text!r} must be positive")
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (value > 0 and math.isfinite(value)):
+            raise ValueError(f"label {LABEL_MEMORY}={text!r} must be a positive number of GB")
         return value
     return round(ray_memory_bytes / (1 << 30), 3)
 
