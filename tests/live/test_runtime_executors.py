@@ -237,6 +237,36 @@ def test_a_layer_sharded_service_is_admitted_on_its_k_gpus_when_it_needs_them_al
         small.shutdown()
 
 
+def test_an_engine_service_is_refused_on_a_node_of_several_gpus() -> None:
+    """An engine service runs on its home GPU only, which the core does not know: on a node
+    of several GPUs it was admitted, and failed with InvalidCellError whenever the core
+    granted another GPU (on 2 GPUs, about one call in two). Refused at admission, saying so;
+    on a 1-GPU node its home is the node's GPU."""
+
+    def executor(gpus: int) -> GpuExecutor:
+        info = SimpleNamespace(
+            dops=(1,), resident_bytes=1 << 30, shards=1, parallelism="replicas", home=0
+        )
+        eoe = SimpleNamespace(
+            devices=list(range(gpus)),
+            config=SimpleNamespace(calls_per_gpu=1),
+            services=lambda: ("vllm",),
+            info=lambda name: info,
+            close=lambda: None,
+        )
+        node = GpuNodeSpec("gpu", gpus=gpus, gpu_memory_gb=16.0, host_memory_gb=64.0)
+        return GpuExecutor(eoe, node)
+
+    two, one = executor(2), executor(1)
+    try:
+        with pytest.raises(BadRequest, match="engine on GPU 0"):
+            two.admit(ActionSpec(GpuWork("vllm", [1])), None, CLUSTER)
+        assert one.admit(ActionSpec(GpuWork("vllm", [1])), None, CLUSTER).max_units == 1
+    finally:
+        two.shutdown()
+        one.shutdown()
+
+
 def test_gpu_work_is_refused_for_an_unknown_service_or_one_without_dop_1() -> None:
     gpu = gpu_executor(dops=(2, 4))
     try:

@@ -82,6 +82,14 @@ class GpuExecutor:
         services = self.services()
         if work.service not in services:
             raise BadRequest(f"unknown GPU service {work.service!r}; registered: {list(services)}")
+        home = getattr(self.eoe.info(work.service), "home", None)
+        if home is not None and (self.node.gpus > 1 or home != 0):
+            # The core grants any GPU of the node; EOE runs an engine on its home only.
+            raise BadRequest(
+                f"GPU service {work.service!r} is an engine on GPU {home} only; the scheduler "
+                f"may grant any of node {self.node.name!r}'s {self.node.gpus} GPUs, so it runs "
+                "through the runtime only on a node of one GPU, its home"
+            )
         if not self.replicas(work.service):
             return self._admit_shards(work.service)
         dops = set(self.dops(work.service))
