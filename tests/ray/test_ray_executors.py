@@ -164,3 +164,23 @@ def test_a_gpu_nodes_residency_taken_in_out_of_order_keeps_the_later_one() -> No
     finally:
         local.shutdown()
     assert ray_gpu.residency["g1"] == {} and told == []
+
+
+def test_a_container_whose_open_fails_leaves_nothing_placed() -> None:
+    """An open that failed on its node (a bad image, the node lost) forgets where it was to
+    be: each failed open with a fresh id left an entry in ``placed`` for good."""
+    import asyncio
+
+    from tangram.core.resources import CpuNodeSpec
+    from tangram.exec.ray.executors import RayCpuExecutor
+
+    class Failing:
+        async def call(self, node: str, method: str, *args: object) -> object:
+            raise RuntimeError("image 'nope' not found")
+
+    cluster = ClusterSpec("c", cpu_nodes=(CpuNodeSpec("c1", 1, 1, 8.0),))
+    cpu = RayCpuExecutor(Failing(), cluster)  # type: ignore[arg-type]
+    cpu.scheduler = SimpleNamespace(trajectories={"t": SimpleNamespace(node="c1")})  # type: ignore[assignment]
+    with pytest.raises(RuntimeError, match="not found"):
+        asyncio.run(cpu.open("t", 1.0, "nope"))
+    assert cpu.placed == {} and cpu.containers == {}

@@ -80,7 +80,12 @@ class RayCpuExecutor:
         node = self.scheduler.trajectories[traj].node
         assert node is not None, "the core places a container before it is created"
         self.placed[traj] = node
-        cid = await self.fleet.call(node, "open", traj, memory_gb, image)
+        try:
+            cid = await self.fleet.call(node, "open", traj, memory_gb, image)
+        except BaseException:
+            if self.placed.get(traj) == node:  # (nothing made: the runtime forgets the id)
+                del self.placed[traj]
+            raise
         self.containers[traj] = cid
         return Handle(cid)
 
