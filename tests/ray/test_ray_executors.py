@@ -184,3 +184,22 @@ def test_a_container_whose_open_fails_leaves_nothing_placed() -> None:
     with pytest.raises(RuntimeError, match="not found"):
         asyncio.run(cpu.open("t", 1.0, "nope"))
     assert cpu.placed == {} and cpu.containers == {}
+
+
+def test_a_call_that_ray_refuses_to_send_leaves_nothing_in_flight() -> None:
+    """A Ray actor call whose sending raised (arguments Ray cannot serialize) left its future
+    among the node's calls in flight for good: status counted it, and a loss of the node
+    later failed it with no one waiting (an exception never retrieved)."""
+    import asyncio
+
+    from tangram.exec.ray.nodes import NodeReport
+
+    def refuse(*args: object) -> object:
+        raise TypeError("cannot serialize a lock")
+
+    handle = SimpleNamespace(call_gpu=SimpleNamespace(remote=refuse))
+    fleet = Fleet()
+    member = fleet.add(NodeReport("id-g", "g", (), 8.0, None), handle)
+    with pytest.raises(TypeError, match="cannot serialize"):
+        asyncio.run(fleet.call("g", "call_gpu", "reward", [1], (0,), 4.0))
+    assert member.pending == set()

@@ -97,13 +97,13 @@ class Fleet:
 
         loop = asyncio.get_running_loop()
         out: asyncio.Future[Any] = loop.create_future()
-        member.pending.add(out)
         channel = member.channel
         if channel is not None and channel.closed is None and method in DIRECT_METHODS:
             inner = channel.send(method, args)
-        else:
+        else:  # (sending may raise: arguments Ray cannot serialize; nothing is in flight then)
             ref = getattr(member.handle, method).remote(*args)
             inner = asyncio.wrap_future(ref.future(), loop=loop)
+        member.pending.add(out)
 
         def relay(done: asyncio.Future[Any]) -> None:
             if out.done():
