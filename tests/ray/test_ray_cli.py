@@ -116,3 +116,73 @@ def test_a_scheduler_actor_whose_start_fails_is_stopped_and_killed(monkeypatch: 
     with pytest.raises(RuntimeError, match="no Ray node runs a Tangram agent"):
         service.start()
     assert done == ["stop", "kill"]
+
+
+def test_serve_on_ray_passes_the_warm_pool_and_prewarm_to_the_agents(monkeypatch: Any) -> None:
+    """``--warm-pool``, ``--warm-pool-total`` and ``--prewarm`` reach each agent's AOE under
+    ``--ray``: they were accepted and dropped, so the agents ran with no warm pool and no
+    container was prewarmed."""
+    import ray
+
+    from tangram.cli import build_parser
+    from tangram.exec.aoe.config import WarmPoolConfig
+    from tangram.exec.ray import service
+
+    seen: list[Any] = []
+
+    class Started(Exception):
+        pass
+
+    def start(config: Any) -> Any:
+        seen.append(config)
+        raise Started
+
+    monkeypatch.setattr(ray, "init", lambda *a, **kw: None)
+    monkeypatch.setattr(signal, "signal", lambda *a: None)
+    monkeypatch.setattr(service, "start", start)
+    argv = ["serve", "--ray", "auto", "--no-journal", "--port", "0"]
+    argv += ["--warm-pool", "3", "--warm-pool-total", "7", "--prewarm", "5"]
+    args = build_parser().parse_args(argv)
+    with pytest.raises(Started):
+        args.func(args)
+    (config,) = seen
+    assert config.aoe["warm_pool"] == WarmPoolConfig(max_per_key=3, max_total=7)
+    assert config.prewarm == 5
+
+
+def test_a_cpu_agent_prewarms_run_code_containers_in_its_warm_pool(monkeypatch: Any) -> None:
+    """A node agent given ``prewarm`` asks its AOE for that many ``/run_code`` containers,
+    with the warm pool of its settings (as ``tangram serve --prewarm`` does on one node)."""
+    from tangram.exec.aoe.config import WarmPoolConfig
+    from tangram.exec.ray import agent
+    from tangram.exec.service.sandbox_fusion import RunCodeSettings
+
+    made: list[Any] = []
+
+    class Aoe:
+        def __init__(self, config: Any) -> None:
+            self.config = config
+            self.topology = config.topology
+            self.prewarmed: list[Any] = []
+
+        def prewarm(self, count: int, **kw: Any) -> bool:
+            self.prewarmed.append((count, kw))
+            return True
+
+        def shutdown(self) -> None:
+            pass
+
+    def start_aoe(manager: Any, config: Any) -> Any:
+        made.append(Aoe(config))
+        return made[-1]
+
+    monkeypatch.setattr(agent, "_start_aoe", start_aoe)
+    labels = {"tangram-cores": "0-1", "tangram-gpus": "0", "tangram-name": "n1"}
+    pool = WarmPoolConfig(max_per_key=3, max_total=7)
+    settings = {"aoe": {"warm_pool": pool}, "prewarm": 2}
+    a = agent.NodeAgent("r" * 56, labels, 4 * 2**30, settings)
+    (aoe,) = made
+    assert aoe.config.warm_pool == pool
+    rc = RunCodeSettings()
+    assert aoe.prewarmed == [(2, {"image": rc.image, "memory_gb": rc.memory_gb})]
+    a.cpu.shutdown()

@@ -85,6 +85,12 @@ class NodeAgent:
 
             config = AoeConfig(topology=NumaTopology(domains), **dict(settings.get("aoe", {})))
             self.cpu = CpuExecutor(_start_aoe(AoeManager, config), cpu_spec)
+            prewarm = int(settings.get("prewarm", 0))
+            if prewarm > 0:  # made in the background by the warm pool's workers
+                from tangram.exec.service.sandbox_fusion import RunCodeSettings
+
+                rc = RunCodeSettings()
+                self.cpu.aoe.prewarm(prewarm, image=rc.image, memory_gb=rc.memory_gb)
         if gpu_spec is not None and gpus is not None:
             from tangram.exec.eoe import EoeConfig, EoeManager
             from tangram.exec.runtime.builder import default_services

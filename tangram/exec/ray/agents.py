@@ -36,6 +36,7 @@ async def spawn(
     settings = {
         "gpu_memory_gb": config.gpu_memory_gb,
         "aoe": dict(config.aoe),
+        "prewarm": config.prewarm,
         "services": config.services,
         "torch_threads": config.torch_threads,
     }

@@ -24,6 +24,7 @@ def serve_on_ray(args: argparse.Namespace, token: str | None) -> int:
     import ray
 
     from tangram.core.cluster_file import load_cluster
+    from tangram.exec.aoe.config import WarmPoolConfig
     from tangram.exec.ray.config import RayConfig
     from tangram.exec.ray.service import start, stop
     from tangram.exec.runtime.discovery import default_apis
@@ -55,6 +56,9 @@ def serve_on_ray(args: argparse.Namespace, token: str | None) -> int:
                 max_connections=args.max_connections,
             ),
         )
+        # Each node's agent runs its own AOE: the warm pool's bounds are per node, and each
+        # CPU agent prewarms ``--prewarm`` /run_code containers (as ``tangram serve`` does).
+        pool = WarmPoolConfig(max_per_key=args.warm_pool, max_total=args.warm_pool_total)
         config = RayConfig(
             namespace=NAMESPACE,
             runtime=runtime,
@@ -63,6 +67,8 @@ def serve_on_ray(args: argparse.Namespace, token: str | None) -> int:
             http=http,
             cluster=cluster,
             join_new_nodes=not args.ray_fixed_nodes,
+            aoe={"warm_pool": pool},
+            prewarm=args.prewarm or 0,
         )
         ray.init(address=args.ray, namespace=NAMESPACE, log_to_driver=False)
         done = threading.Event()

@@ -32,7 +32,10 @@ class RayConfig:
     - ``ping_every_s``, ``lost_after_s``: the scheduler pings every agent this often; one that
       leaves a ping unanswered for ``lost_after_s`` after it was sent is lost (its node too):
       its running actions end with ``node_lost``. An agent whose process died is lost at once (Ray says so).
-    - ``aoe``: keyword arguments of each agent's ``AoeConfig`` (e.g. ``kill_grace_s``).
+    - ``aoe``: keyword arguments of each agent's ``AoeConfig`` (e.g. ``kill_grace_s``,
+      ``warm_pool``).
+    - ``prewarm``: ``/run_code`` python containers each CPU agent has made for its warm pool
+      at its start (``tangram serve --prewarm``; needs ``aoe["warm_pool"]`` on; 0: none).
     - ``torch_threads``: threads of torch in each GPU agent (CPU-backed devices share the
       node's cores: 1 keeps a call on one core); None leaves torch's default.
     - ``http``: ``ServeOptions`` of an HTTP service in the scheduler actor (None: Ray only).
@@ -63,6 +66,7 @@ class RayConfig:
     ping_every_s: float = 0.5
     lost_after_s: float = 3.0
     aoe: Mapping[str, Any] = field(default_factory=dict)
+    prewarm: int = 0
     torch_threads: int | None = None
     http: Any = None
     cluster: ClusterSpec | None = None
@@ -78,3 +82,5 @@ class RayConfig:
                 f"lost_after_s ({self.lost_after_s:g}) must be at least two pings "
                 f"({2 * self.ping_every_s:g} s)"
             )
+        if isinstance(self.prewarm, bool) or not isinstance(self.prewarm, int) or self.prewarm < 0:
+            raise ValueError(f"prewarm must be an integer >= 0, got {self.prewarm!r}")
