@@ -6,6 +6,7 @@ Runs on budgeted CPU devices here; with TANGRAM_EOE_BACKEND=cuda the same tests 
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -623,6 +624,34 @@ def test_registration_errors(managers) -> None:
     with pytest.raises(HostMemoryError, match="over the host budget"):
         m.register(blob_spec("c"))
     assert m.services() == ("a", "b")
+
+
+def test_an_over_budget_model_is_refused_before_its_weights_are_read(managers) -> None:
+    """The host budget is checked from the backup's size before the backup is allocated and
+    its weights read: an over-budget model was read whole into host memory, then refused.
+    The refusal leaves the budget as it was."""
+    from tangram.exec.eoe.backup import LazyWeights
+
+    reads: list[tuple[str, ...]] = []
+    side = math.isqrt(UNIT) + 1
+
+    def lazy() -> LazyWeights:
+        with torch.device("meta"):
+            module = nn.Linear(side, side)  # about 4 UNITs of weights
+
+        def read(names: tuple[str, ...]) -> torch.Tensor:
+            reads.append(names)
+            return torch.zeros(dict(module.named_parameters())[names[0]].shape)
+
+        return LazyWeights(module, read)
+
+    m = managers(config(devices=1, units=8, host_memory_bytes=2 * UNIT + 1024))
+    spec = ServiceSpec("big", factory=lazy, call=lambda mod, x: mod(x))
+    with pytest.raises(HostMemoryError, match="'big'.*over the host budget"):
+        m.register(spec)
+    assert reads == [] and m.services() == ()
+    m.register(blob_spec("a"))  # nothing of 'big' is left counted
+    assert m.services() == ("a",)
 
 
 def test_unregister(managers) -> None:

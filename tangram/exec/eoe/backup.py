@@ -67,10 +67,13 @@ class HostBackup:
         pin: bool,
         shards: int = 1,
         read: Callable[[tuple[str, ...]], torch.Tensor] | None = None,
+        admit: Callable[[int], None] | None = None,
     ) -> None:
         """``read(names)``, when given, returns the data of a tensor that is on the ``meta``
         device in ``module`` (a model built without weights), read straight into the backup
-        (``names``: every name it has); the module then never holds its weights twice."""
+        (``names``: every name it has); the module then never holds its weights twice.
+        ``admit(nbytes)``, when given, is called with the backup's size once it is laid out,
+        before its buffer is allocated or any weight read: it may raise to refuse it."""
         import torch
 
         if not isinstance(module, torch.nn.Module):
@@ -114,6 +117,8 @@ class HostBackup:
             layout.append((offset, nbytes))
             offset = round_up(offset + nbytes, ALIGN)
         self.nbytes: int = round_up(max(offset, 1))
+        if admit is not None:
+            admit(self.nbytes)
         self.pinned: bool = pin
         self.buffer: torch.Tensor = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=pin)
         for tensor, (off, nbytes), tensor_names, is_param in zip(

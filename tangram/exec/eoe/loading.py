@@ -5,6 +5,7 @@ and refuse what no GPU of the node could hold.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from tangram.exec.eoe.backup import HostBackup, LazyWeights
 from tangram.exec.eoe.bookkeeping import Service
@@ -14,12 +15,20 @@ from tangram.exec.eoe.records import ServiceInfo
 from tangram.exec.eoe.registry import ServiceSpec
 
 
-def build_service(spec: ServiceSpec, *, pin: bool, largest_budget: int) -> Service:
+def build_service(
+    spec: ServiceSpec,
+    *,
+    pin: bool,
+    largest_budget: int,
+    admit: Callable[[int], None] | None = None,
+) -> Service:
     """``spec`` built and backed up, with its figures.
 
     ``ServiceSpecError`` if the factory raised or ``memory_bytes`` is below the measured size;
     ``ServiceTooLargeError`` if one replica plus workspace exceeds ``largest_budget`` (every
-    GPU of a cell holds a whole data-parallel replica).
+    GPU of a cell holds a whole data-parallel replica). ``admit(nbytes)`` is called with the
+    host backup's size as soon as it is known: before the backup's buffer is allocated and
+    its weights copied (or read from their files), so that it may refuse the service first.
     """
     start = time.perf_counter()
     try:
@@ -30,10 +39,14 @@ def build_service(spec: ServiceSpec, *, pin: bool, largest_budget: int) -> Servi
         ) from exc
     if spec.backend == "engine":
         backup = EngineBackup(module, spec.home)
+        if admit is not None:
+            admit(backup.nbytes)
     elif isinstance(module, LazyWeights):  # weights read straight from their files
-        backup = HostBackup(module.module, pin=pin, shards=spec.shards, read=module.read)
+        backup = HostBackup(
+            module.module, pin=pin, shards=spec.shards, read=module.read, admit=admit
+        )
     else:
-        backup = HostBackup(module, pin=pin, shards=spec.shards)
+        backup = HostBackup(module, pin=pin, shards=spec.shards, admit=admit)
     del module
     per_gpu = max(backup.shard_bytes)  # the whole replica unless sharded
     if spec.memory_bytes is not None and spec.memory_bytes < min(per_gpu, backup.tensor_bytes):

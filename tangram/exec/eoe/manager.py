@@ -126,19 +126,35 @@ class EoeManager:
         self._check_open()
         if spec.name in self._registry:
             self._registry.add(spec)  # raises DuplicateServiceError with the message
-        svc = build_service(spec, pin=self._pin_host, largest_budget=max(self._budgets))
-        size = svc.backup.nbytes
-        with self._cond:
-            limit = self.config.host_memory_bytes
-            if limit is not None and self._host_bytes + size > limit:
-                raise HostMemoryError(
-                    f"service {spec.name!r}: its host backup of {size} bytes would bring "
-                    f"the backups to {self._host_bytes + size} bytes, over the host "
-                    f"budget of {limit} bytes"
-                )
-            self._registry.add(spec)
-            self._services[spec.name] = svc
-            self._host_bytes += size
+        reserved = 0
+
+        def admit(size: int) -> None:
+            # Checked (and the bytes reserved) once the backup's size is known, before its
+            # buffer is allocated and its weights copied or read: an over-budget model is
+            # refused without being loaded into host memory.
+            nonlocal reserved
+            with self._cond:
+                limit = self.config.host_memory_bytes
+                if limit is not None and self._host_bytes + size > limit:
+                    raise HostMemoryError(
+                        f"service {spec.name!r}: its host backup of {size} bytes would bring "
+                        f"the backups to {self._host_bytes + size} bytes, over the host "
+                        f"budget of {limit} bytes"
+                    )
+                self._host_bytes += size
+                reserved = size
+
+        try:
+            svc = build_service(
+                spec, pin=self._pin_host, largest_budget=max(self._budgets), admit=admit
+            )
+            with self._cond:
+                self._registry.add(spec)  # DuplicateServiceError if registered meanwhile
+                self._services[spec.name] = svc
+        except BaseException:
+            with self._cond:
+                self._host_bytes -= reserved
+            raise
         return svc.info
 
     def unregister(self, service: str) -> None:
