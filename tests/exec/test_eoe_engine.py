@@ -17,7 +17,7 @@ import torch
 from tangram.exec.eoe import EoeConfig, EoeManager, ServiceSpec, ServiceSpecError
 from tangram.exec.eoe.devices import CpuDevice
 from tangram.exec.eoe.engine import ModuleEngine, engine_spec
-from tangram.exec.eoe.errors import InvalidCellError
+from tangram.exec.eoe.errors import InvalidCellError, ServiceTooLargeError
 from tangram.exec.eoe.hf import load_model, teacher_logprobs
 from tangram.exec.eoe.hf_tiny import HfShape, save_model_dir
 from tangram.exec.eoe.testing import BACKEND, UNIT, make_config, missing_devices
@@ -98,6 +98,26 @@ def test_an_engine_runs_on_its_home_gpu_only(model_dir: Path) -> None:
         assert isinstance(wrong.error, InvalidCellError) and "GPU 1 only" in wrong.message
         m.register(engine_spec("far", teacher_engine(model_dir), home=5, memory_bytes=2 * MIB))
         assert isinstance(m.call("far", ids()).error, InvalidCellError)
+
+
+def test_an_engine_too_large_for_its_home_gpu_is_refused_before_it_is_built() -> None:
+    """An engine service runs on its home GPU only: its size is checked against that GPU's
+    budget, from its declared memory_bytes, before its factory runs. It was checked against
+    the largest GPU's budget after the engine was built, so an engine that fit another GPU
+    but not its home was registered and every call of it failed."""
+    built: list[int] = []
+
+    def make() -> Any:
+        built.append(1)
+        return ModuleEngine(torch.nn.Linear(4, 4), "cpu", lambda mod, x: mod(x))
+
+    devices = [CpuDevice(0, 64 * MIB), CpuDevice(1, 4 * MIB)]
+    with EoeManager(EoeConfig(backend="cpu"), devices=devices) as m:
+        with pytest.raises(ServiceTooLargeError, match=r"home GPU 1 has a budget of 4194304"):
+            m.register(engine_spec("t", make, home=1, memory_bytes=8 * MIB))
+        assert built == [] and m.services() == ()
+        m.register(engine_spec("t0", make, home=0, memory_bytes=8 * MIB))  # fits GPU 0
+        assert built == [1]
 
 
 def test_engine_specs_are_checked(model_dir: Path) -> None:

@@ -5,7 +5,7 @@ and refuse what no GPU of the node could hold.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from tangram.exec.eoe.backup import HostBackup, LazyWeights
 from tangram.exec.eoe.bookkeeping import Service
@@ -19,17 +19,34 @@ def build_service(
     spec: ServiceSpec,
     *,
     pin: bool,
-    largest_budget: int,
+    budgets: Sequence[int],
     admit: Callable[[int], None] | None = None,
 ) -> Service:
     """``spec`` built and backed up, with its figures.
 
     ``ServiceSpecError`` if the factory raised or ``memory_bytes`` is below the measured size;
-    ``ServiceTooLargeError`` if one replica plus workspace exceeds ``largest_budget`` (every
-    GPU of a cell holds a whole data-parallel replica). ``admit(nbytes)`` is called with the
+    ``ServiceTooLargeError`` if one replica plus workspace exceeds the largest of the GPUs'
+    ``budgets`` (every GPU of a cell holds a whole data-parallel replica), or, for an engine
+    service, its home GPU's budget (checked from its declared ``memory_bytes`` before the
+    engine is built: it runs there only). ``admit(nbytes)`` is called with the
     host backup's size as soon as it is known: before the backup's buffer is allocated and
     its weights copied (or read from their files), so that it may refuse the service first.
     """
+    home = spec.home if spec.home is not None and 0 <= spec.home < len(budgets) else None
+    # An engine runs on its home GPU only; a home this executor lacks is refused at each call.
+    budget = budgets[home] if home is not None else max(budgets)
+    where = (
+        f"its home GPU {home} has a budget of {budget} bytes (its engine runs there only)"
+        if home is not None
+        else f"the largest GPU budget is {budget} bytes"
+    )
+    if spec.backend == "engine":  # its size is declared: checked before the engine is built
+        need = (spec.memory_bytes or 0) + spec.workspace_bytes
+        if need > budget:
+            raise ServiceTooLargeError(
+                f"service {spec.name!r} needs {need} bytes per GPU ({spec.memory_bytes} "
+                f"declared + {spec.workspace_bytes} workspace) but {where}"
+            )
     start = time.perf_counter()
     try:
         module = spec.factory()
@@ -66,7 +83,7 @@ def build_service(
         shards=backup.shards,
         home=spec.home,
     )
-    if info.need_bytes > largest_budget:
+    if info.need_bytes > budget:
         held = (
             f"one of {info.shards} layer shards"
             if info.shards > 1
@@ -74,8 +91,7 @@ def build_service(
         )
         raise ServiceTooLargeError(
             f"service {spec.name!r} needs {info.need_bytes} bytes per GPU "
-            f"({info.resident_bytes} resident + {info.workspace_bytes} workspace) but the "
-            f"largest GPU budget is {largest_budget} bytes; every GPU of a cell holds "
-            f"{held}, so no cell can run it"
+            f"({info.resident_bytes} resident + {info.workspace_bytes} workspace) but "
+            f"{where}; every GPU of a cell holds {held}, so no cell can run it"
         )
     return Service(spec, backup, info)

@@ -145,9 +145,7 @@ class EoeManager:
                 reserved = size
 
         try:
-            svc = build_service(
-                spec, pin=self._pin_host, largest_budget=max(self._budgets), admit=admit
-            )
+            svc = build_service(spec, pin=self._pin_host, budgets=self._budgets, admit=admit)
             with self._cond:
                 self._registry.add(spec)  # DuplicateServiceError if registered meanwhile
                 self._services[spec.name] = svc
