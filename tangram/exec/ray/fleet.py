@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 
 #: The error code of an action whose node was lost while it ran (retryable).
 NODE_LOST = "node_lost"
+#: Seconds an agent has to say where its direct channel listens (``Fleet.connect``).
+DIRECT_START_S = 30.0
 
 
 class NodeLost(Exception):
@@ -80,7 +82,14 @@ class Fleet:
         calls stay on Ray (slower, the same answers)."""
         name = member.report.name
         try:
-            address = await member.handle.serve_direct.remote(key)
+            try:
+                address = await asyncio.wait_for(
+                    member.handle.serve_direct.remote(key), DIRECT_START_S
+                )
+            except TimeoutError:
+                raise TimeoutError(
+                    f"its agent did not say where its channel listens within {DIRECT_START_S:g} s"
+                ) from None
             member.channel = await Channel.open(
                 tuple(address), key, lambda why: self.lose(name, f"its agent's {why}")
             )

@@ -101,6 +101,22 @@ def settle_heap() -> None:
     gc.freeze()
 
 
+#: Seconds a GPU node's agent has to list its services at the scheduler's start.
+CATALOG_S = 60.0
+
+
+async def catalog_of(member: Any) -> dict[str, Any]:
+    """The GPU services of ``member``'s agent (``NodeAgent.catalog``); ``RuntimeError`` naming
+    the node when it does not answer within ``CATALOG_S`` (the start would wait for ever)."""
+    try:
+        return await asyncio.wait_for(member.handle.catalog.remote(), CATALOG_S)
+    except TimeoutError:
+        raise RuntimeError(
+            f"the agent of GPU node {member.report.name!r} did not list its services within "
+            f"{CATALOG_S:g} s: the scheduler cannot start without them"
+        ) from None
+
+
 class SchedulerActor:
     """The scheduler of the cluster and its agents (wrapped by ``ray.remote`` in ``service``)."""
 
@@ -144,7 +160,7 @@ class SchedulerActor:
             holder = next((m for m in self.fleet.members() if m.report.gpus is not None), None)
             if holder is None:
                 raise RuntimeError("no GPU node of the cluster is up: the services are unknown")
-            gpu = RayGpuExecutor(self.fleet, cluster, await holder.handle.catalog.remote())
+            gpu = RayGpuExecutor(self.fleet, cluster, await catalog_of(holder))
         runtime = Runtime(cluster, cfg.runtime, cpu=cpu, gpu=gpu, api=ApiExecutor(calls))
         for executor in (cpu, gpu):
             if executor is not None:

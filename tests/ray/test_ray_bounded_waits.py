@@ -1,0 +1,72 @@
+"""The scheduler actor's waits on its agents at start are bounded in time, with no Ray
+cluster: the agents' handles are stand-ins whose answer never comes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tangram.exec.ray import agents, fleet, scheduler
+from tangram.exec.ray.config import RayConfig
+from tangram.exec.ray.nodes import GpuPlan, NodeReport
+
+
+def silent() -> Any:
+    """A call whose answer never comes (an agent that hangs)."""
+    return SimpleNamespace(remote=lambda *a: asyncio.get_running_loop().create_future())
+
+
+def gpu_report(name: str) -> NodeReport:
+    return NodeReport(f"id-{name}", name, (), 8.0, GpuPlan(2, "cpu", 2.0))
+
+
+def test_a_direct_channel_whose_agent_never_answers_is_given_up_naming_why(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``Fleet.connect`` waited for ever for the agent's channel address: an agent that hung
+    held up the scheduler's start (or a node's joining). It gives up after
+    ``DIRECT_START_S``, says why, and the node's calls stay on Ray."""
+    monkeypatch.setattr(fleet, "DIRECT_START_S", 0.05, raising=False)
+    f = fleet.Fleet()
+    member = f.add(gpu_report("a"), SimpleNamespace(serve_direct=silent()))
+
+    async def go() -> None:
+        await asyncio.wait_for(f.connect(member, b"k" * 32), 3.0)
+
+    with caplog.at_level(logging.WARNING, logger=fleet.__name__):
+        asyncio.run(go())
+    assert member.channel is None and member.alive
+    assert "did not say where its channel listens within 0.05 s" in caplog.text
+
+
+def test_a_start_whose_gpu_agent_never_lists_its_services_fails_naming_the_node(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The scheduler's start waited for ever for a GPU agent's catalog: ``start`` (and
+    ``tangram serve --ray``) hung. It fails after ``CATALOG_S``, naming the node."""
+    import ray
+
+    monkeypatch.setattr(scheduler, "CATALOG_S", 0.05, raising=False)
+    actor = scheduler.SchedulerActor(RayConfig())
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: SimpleNamespace(current_actor=None))
+
+    async def alive_nodes() -> list[dict[str, Any]]:
+        return []
+
+    async def spawn(nodes: Any, **kw: Any) -> list[NodeReport]:
+        report = gpu_report("g1")
+        actor.fleet.add(report, SimpleNamespace(catalog=silent()))
+        return [report]
+
+    monkeypatch.setattr(agents, "alive_nodes", alive_nodes)
+    monkeypatch.setattr(actor.members, "spawn", spawn)
+
+    async def go() -> None:
+        await asyncio.wait_for(actor._start(), 3.0)
+
+    with pytest.raises(RuntimeError, match=r"GPU node 'g1' did not list its services within"):
+        asyncio.run(go())
