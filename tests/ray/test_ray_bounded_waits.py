@@ -1,5 +1,6 @@
-"""The scheduler actor's waits on its agents at start are bounded in time, with no Ray
-cluster: the agents' handles are stand-ins whose answer never comes."""
+"""The scheduler actor's start and stop with its agents, with no Ray cluster (the agents'
+handles are stand-ins): its waits on them at start are bounded in time, and its stop shuts
+them down on every path."""
 
 from __future__ import annotations
 
@@ -70,3 +71,35 @@ def test_a_start_whose_gpu_agent_never_lists_its_services_fails_naming_the_node(
 
     with pytest.raises(RuntimeError, match=r"GPU node 'g1' did not list its services within"):
         asyncio.run(go())
+
+
+def test_stop_shuts_the_agents_down_when_closing_the_runtime_raises(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``stop`` shuts every agent down (and kills it) on every path: when the runtime's close
+    raised, the agents were left, detached, with their containers, after the actor's kill.
+    The close's error is logged and still raised to the caller."""
+    import ray
+
+    done: list[str] = []
+
+    async def shutdown() -> None:
+        done.append("shutdown")
+
+    class Runtime:
+        closing = False
+
+        async def close(self) -> None:
+            raise OSError("the trace's disk is full")
+
+    monkeypatch.setattr(ray, "kill", lambda handle: done.append("kill"))
+    actor = scheduler.SchedulerActor(RayConfig())
+    actor.runtime = Runtime()  # type: ignore[assignment]
+    actor.fleet.add(gpu_report("a"), SimpleNamespace(shutdown=SimpleNamespace(remote=shutdown)))
+    with (
+        caplog.at_level(logging.ERROR, logger=scheduler.__name__),
+        pytest.raises(OSError, match="disk is full"),
+    ):
+        asyncio.run(actor.stop())
+    assert done == ["shutdown", "kill"]
+    assert "closing the runtime failed; stopping the agents anyway" in caplog.text

@@ -183,10 +183,23 @@ class SchedulerActor:
         if self._monitor is not None:
             self._monitor.cancel()
         self.members.cancel_background()  # pings in flight would "lose" the agents it stops
-        if self.runtime is not None and not self.runtime.closing:
-            await self.runtime.close()
-        if self.runner is not None:
-            await self.runner.cleanup()
+        try:
+            try:
+                if self.runtime is not None and not self.runtime.closing:
+                    await self.runtime.close()
+            finally:
+                if self.runner is not None:
+                    await self.runner.cleanup()
+        except BaseException:
+            # The agents (their containers, their models' host backups) go regardless: they
+            # are detached, and would otherwise outlive the actor's kill.
+            log.exception("closing the runtime failed; stopping the agents anyway")
+            raise
+        finally:
+            await self._stop_agents()
+
+    async def _stop_agents(self) -> None:
+        """Close the direct channels; shut every live agent down and kill it."""
         self.fleet.close_channels()
         import ray
 
