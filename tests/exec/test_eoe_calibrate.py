@@ -83,3 +83,31 @@ def test_the_command_writes_a_record_the_replay_reads(tmp_path, capsys) -> None:
     record = load_gpu_calibration(out)
     assert json.loads(capsys.readouterr().out) == record.to_dict()
     assert record.dops == (1, 2) and record.host_cores >= 1
+
+
+@pytest.mark.parametrize(
+    ("devices", "service_dops", "dops", "match"),
+    [
+        (1, (2,), None, r"no DoP can be measured: the service runs at DoPs \(2,\).* 1 device$"),
+        (2, (1, 2), [], r"no DoP can be measured: .*DoPs \(1, 2\).* 2 devices"),
+        (2, (1, 2), [1, 4], r"DoPs \[4\] cannot be measured: .*DoPs \(1, 2\).* 2 devices"),
+    ],
+)
+def test_a_calibration_with_no_dop_that_fits_names_the_dops_and_the_devices(
+    devices: int, service_dops: tuple[int, ...], dops: list[int] | None, match: str
+) -> None:
+    """It failed with 'no restore ... was measured' (no DoP left to measure) or a failed call
+    at DoP 1, naming neither the service's DoPs nor the devices."""
+    with EoeManager(EoeConfig(backend="cpu", devices=devices, device_memory_bytes=1 << 28)) as m:
+        m.register(reward_model_spec("judge", "tiny", dops=service_dops))
+        with pytest.raises(ValueError, match=match):
+            calibrate_gpu(m, "judge", example_tokens(2, 8), dops=dops, busy_levels=[0], reps=1)
+
+
+def test_a_service_without_dop_1_is_calibrated_at_its_own_dops() -> None:
+    """The overhead was measured with calls at DoP 1, which a service of DoPs (2,) refuses:
+    its calibration failed although its DoP fitted the devices."""
+    with EoeManager(EoeConfig(backend="cpu", devices=2, device_memory_bytes=1 << 28)) as m:
+        m.register(reward_model_spec("judge", "tiny", dops=(2,)))
+        record = calibrate_gpu(m, "judge", example_tokens(2, 8), busy_levels=[0], reps=1)
+    assert [p.dop for p in record.call_times] == [2] and record.call_overhead_s > 0

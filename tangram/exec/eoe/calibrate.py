@@ -70,8 +70,9 @@ def _call(manager: Any, service: str, inputs: Any, dop: int) -> Any:
     return out
 
 
-def measure_overhead(manager: Any, service: str, inputs: Any, reps: int) -> float:
-    """Median of (round trip from an asyncio loop through a worker thread) - execution."""
+def measure_overhead(manager: Any, service: str, inputs: Any, reps: int, dop: int = 1) -> float:
+    """Median of (round trip from an asyncio loop through a worker thread) - execution, of
+    calls at DoP ``dop``."""
     pool = ThreadPoolExecutor(1, thread_name_prefix="tangram-calibrate")
 
     async def trips() -> list[float]:
@@ -79,12 +80,12 @@ def measure_overhead(manager: Any, service: str, inputs: Any, reps: int) -> floa
         out = []
         for _ in range(reps):
             t0 = time.perf_counter()
-            res = await loop.run_in_executor(pool, _call, manager, service, inputs, 1)
+            res = await loop.run_in_executor(pool, _call, manager, service, inputs, dop)
             out.append(time.perf_counter() - t0 - res.exec_s)
         return out
 
     try:
-        _call(manager, service, inputs, 1)  # resident first
+        _call(manager, service, inputs, dop)  # resident first
         return statistics.median(asyncio.run(trips()))
     finally:
         pool.shutdown()
@@ -162,12 +163,23 @@ def calibrate_gpu(
     ``dops``: cell sizes to measure (default: the service's, up to the manager's devices);
     ``busy_levels``: host cores kept busy (default 0..the host's cores); ``host_cpu_node`` /
     ``gpu_node``: the cluster nodes the record applies to (with a CPU-backed device: the CPU
-    node whose cores the calls share)."""
+    node whose cores the calls share). ``ValueError`` when no DoP (or a given one) can run
+    on the manager's devices, naming the service's DoPs and the devices."""
     info = manager.info(service)
+    devices = len(manager.devices)
     if dops is None:
-        dops = [d for d in info.dops if d <= len(manager.devices)]
+        dops = [d for d in info.dops if d <= devices]
     if info.shards > 1:
         dops = [info.shards]
+    dops = list(dops)
+    bad = [d for d in dops if d not in info.dops or d > devices]
+    if not dops or bad:
+        what = f"DoPs {bad} cannot be measured" if bad else "no DoP can be measured"
+        raise ValueError(
+            f"calibrating {service!r}: {what}: the service runs at DoPs {info.dops} "
+            f"(a call at DoP k needs a cell of k devices) and the manager has {devices} "
+            f"device{'s' if devices != 1 else ''}"
+        )
     cores = os.cpu_count() or 1
     # A CPU-backed device computes each GPU's share of a call on one host thread.
     per_gpu = 1.0 if manager.backend == "cpu" and host_cpu_node is not None else 0.0
@@ -175,7 +187,7 @@ def calibrate_gpu(
     levels = list(range(top + 1)) if busy_levels is None else list(busy_levels)
     if 0 not in levels:
         levels.insert(0, 0)
-    overhead = measure_overhead(manager, service, inputs, reps)
+    overhead = measure_overhead(manager, service, inputs, reps, min(dops))
     gbps, fixed = measure_restores(manager, service, inputs, dops, max(1, reps // 2))
     times = measure_call_times(manager, service, inputs, dops, levels, reps)
     return GpuCalibration(
