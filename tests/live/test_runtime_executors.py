@@ -96,6 +96,48 @@ def test_a_gpu_call_waits_in_eoe_no_longer_than_its_action_has_left() -> None:
     assert calls == [{"gpus": (0,), "timeout_s": 2.5}]
 
 
+def failed_call(executor: GpuExecutor, error: Exception) -> Any:
+    """The executor's result for an EOE call that ended with ``error`` (it never ran)."""
+
+    def call(service: str, inputs: Any, **kw: Any) -> Any:
+        message = f"{type(error).__name__}: {error}"
+        return SimpleNamespace(
+            ok=False, error=error, message=message, exec_s=0.0, queue_s=0.5,
+            restored_gpus=(), evicted=(), hit=False,
+        )  # fmt: skip
+
+    executor.eoe.call = call
+    try:
+        return executor.call_blocking("model", None, (0,), timeout_s=0.5)
+    finally:
+        executor._pool.shutdown(wait=True)
+
+
+def test_a_gpu_call_whose_wait_in_eoe_ran_out_ends_with_a_time_out() -> None:
+    """EOE's queue time-out is the action's own (its wait is bounded by what the action has
+    left): it ended as an error ``queue_timeout`` when it came before the runtime's deadline
+    timer, and as ``timeout`` when the timer came first. It is a ``timeout`` either way."""
+    from tangram.exec.eoe.errors import QueueTimeoutError
+
+    result = failed_call(gpu_executor(), QueueTimeoutError("waited longer than its timeout"))
+    assert result.status == "timeout" and result.error.code == "timeout"
+    assert not result.error.retryable and "before the call started" in result.error.message
+    assert result.wait_s == 0.5
+
+
+def test_a_gpu_call_whose_restore_ran_out_of_memory_is_retryable() -> None:
+    """A restore that ran out of device memory ends the call before it ran (memory held
+    outside EOE, or a real CUDA OOM): a retryable error, as the other outcomes of actions
+    that did not run are; it was not retryable."""
+    from tangram.exec.eoe.errors import CallFailedError, RestoreOutOfMemoryError
+
+    oom = failed_call(gpu_executor(), RestoreOutOfMemoryError("out of memory on GPU 0"))
+    assert oom.status == "error" and oom.error.code == "restore_out_of_memory"
+    assert oom.error.retryable
+    raised = failed_call(gpu_executor(), CallFailedError("the model raised"))
+    assert raised.error.code == "call_failed" and not raised.error.retryable
+
+
 # ------------------------------------------------------------------ the registry
 
 

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 from tangram.core.cells import cell_sizes, smallest_cell_for
 from tangram.core.decision import Start
 from tangram.core.resources import ClusterSpec, GpuNodeSpec, ResourceKind
+from tangram.exec.eoe.errors import QueueTimeoutError, RestoreOutOfMemoryError
 from tangram.exec.eoe.registry import batch_problem
 from tangram.exec.runtime.errors import BadRequest
 from tangram.exec.runtime.executor import Admission, OnDeadline
@@ -166,11 +167,26 @@ class GpuExecutor:
             return ExecResult(
                 "result", out.value, None, exec_s=out.exec_s, wait_s=out.queue_s, detail=detail
             )
+        if isinstance(out.error, QueueTimeoutError):
+            # Its wait was bounded by what its action had left: the action's time-out passed
+            # before the call started, as the runtime's own deadline says (whichever of the
+            # two comes first, the client sees the same outcome).
+            return ExecResult(
+                "timeout",
+                None,
+                ErrorInfo("timeout", f"the time-out passed before the call started: {out.message}"),
+                exec_s=out.exec_s,
+                wait_s=out.queue_s,
+                detail=detail,
+            )
         code = _snake(type(out.error).__name__) if out.error is not None else "exec_failed"
+        # A restore that ran out of memory (held outside EOE, or a real CUDA OOM) ends the
+        # call before it ran: the same action may succeed under a new id once memory frees.
+        retryable = isinstance(out.error, RestoreOutOfMemoryError)
         return ExecResult(
             "error",
             None,
-            ErrorInfo(code, out.message or "the call failed"),
+            ErrorInfo(code, out.message or "the call failed", retryable),
             exec_s=out.exec_s,
             wait_s=out.queue_s,
             detail=detail,
