@@ -96,6 +96,31 @@ def test_a_gpu_call_waits_in_eoe_no_longer_than_its_action_has_left() -> None:
     assert calls == [{"gpus": (0,), "timeout_s": 2.5}]
 
 
+@pytest.mark.parametrize("left", [0.0, -0.25])
+def test_a_gpu_call_started_at_or_after_its_deadline_ends_at_once_without_calling_eoe(
+    left: float,
+) -> None:
+    """A start that came at (or after) its action's deadline (the start and the deadline's
+    timer in one event-loop iteration) called EOE anyway: with a free cell the call ran,
+    holding its GPUs, though the runtime had ended the action with a time-out and discarded
+    its result. It now ends at once with the time-out, as the CPU executor's does."""
+    calls: list[dict[str, Any]] = []
+    executor = gpu_executor()
+    executor.eoe.call = lambda service, inputs, **kw: calls.append(kw)
+    start = SimpleNamespace(gpus=(0,))
+    try:
+        result = asyncio.run(
+            executor.execute(GpuWork("model", None), start, trajectory="t", time_left_s=left)
+        )
+        ran = executor.call_blocking("model", None, (0,), timeout_s=left)
+    finally:
+        executor._pool.shutdown(wait=True)
+    assert calls == []
+    for out in (result, ran):
+        assert out.status == "timeout" and out.error.code == "timeout"
+        assert out.exec_s == 0.0
+
+
 def failed_call(executor: GpuExecutor, error: Exception) -> Any:
     """The executor's result for an EOE call that ended with ``error`` (it never ran)."""
 

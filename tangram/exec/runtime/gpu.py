@@ -135,7 +135,11 @@ class GpuExecutor:
     ) -> ExecResult:
         """Call the service on the granted cell (EOE restores it there if needed). It waits in
         EOE's queue no longer than the action has left: a call that had not started by its
-        deadline would start after it, holding its GPUs and its slot until it returned."""
+        deadline would start after it, holding its GPUs and its slot until it returned.
+        One started with no time left (its start and its deadline in one event-loop
+        iteration) ends at once with the time-out, without calling EOE."""
+        if time_left_s <= 0:
+            return _late()
         return await self.run(work.service, work.inputs, start.gpus, timeout_s=time_left_s)
 
     async def run(
@@ -160,7 +164,10 @@ class GpuExecutor:
         timeout_s: float | None = None,
     ) -> ExecResult:
         """``run`` on the calling thread (the node agents of ``tangram.exec.ray``);
-        ``timeout_s`` bounds its wait in EOE's queue (None: none)."""
+        ``timeout_s`` bounds its wait in EOE's queue (None: none); one of 0 or less ends
+        at once with the time-out: EOE would start it on a free cell after its deadline."""
+        if timeout_s is not None and timeout_s <= 0:
+            return _late()
         out = self.eoe.call(service, inputs, gpus=tuple(gpus), timeout_s=timeout_s)
         detail = {"restored": list(out.restored_gpus), "evicted": len(out.evicted), "hit": out.hit}
         if out.ok:
@@ -195,6 +202,11 @@ class GpuExecutor:
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.eoe.close()
+
+
+def _late() -> ExecResult:
+    """The outcome of a call whose action had no time left at its start: it never ran."""
+    return ExecResult("timeout", error=ErrorInfo("timeout", "the time-out passed at its start"))
 
 
 def _snake(name: str) -> str:
