@@ -121,6 +121,23 @@ def test_a_gpu_call_started_at_or_after_its_deadline_ends_at_once_without_callin
         assert out.exec_s == 0.0
 
 
+def test_an_api_call_started_with_no_time_left_ends_at_once_without_calling_it() -> None:
+    """The API executor called the endpoint with no time left: its task's first step runs
+    before the deadline's timer in the same event-loop iteration, so a plain callable ran
+    on a worker thread (a request sent after the action's time-out) that the timer's cancel
+    could not stop. It now ends at once with the time-out, as the CPU executor's does."""
+    calls: list[Any] = []
+    executor = ApiExecutor({"quiet": calls.append})
+    try:
+        result = asyncio.run(
+            executor.execute(ApiWork("quiet", 1), None, trajectory="t", time_left_s=0.0)
+        )
+    finally:
+        executor.shutdown()
+    assert calls == []
+    assert result.status == "timeout" and result.error.code == "timeout"
+
+
 def failed_call(executor: GpuExecutor, error: Exception) -> Any:
     """The executor's result for an EOE call that ended with ``error`` (it never ran)."""
 

@@ -73,7 +73,13 @@ class ApiExecutor:
     async def execute(
         self, work: ApiWork, start: Start, *, trajectory: str, time_left_s: float
     ) -> ExecResult:
-        """Call the endpoint with the payload (the core granted one of its slots)."""
+        """Call the endpoint with the payload (the core granted one of its slots). One started
+        with no time left ends at once with the time-out, uncalled: the deadline's cancel
+        cannot stop a plain callable once it runs on a worker thread."""
+        if time_left_s <= 0:
+            return ExecResult(
+                "timeout", error=ErrorInfo("timeout", "the time-out passed at its start")
+            )
         return await self.run(work.endpoint, work.payload)
 
     async def run(self, endpoint: str, payload: Any) -> ExecResult:
