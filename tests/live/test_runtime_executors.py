@@ -512,3 +512,42 @@ def test_build_runtime_stops_the_executors_it_made_when_a_gpu_service_fails(
     with pytest.raises(ServiceSpecError, match="checkpoint missing"):
         builder.build_runtime(cluster, gpu_backend="cpu", services=[bad])
     assert sorted(stopped) == ["aoe", "eoe"]
+
+
+def test_build_runtime_stops_the_executors_it_made_when_the_runtime_refuses_the_cluster(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cluster the runtime refuses (here two GPU nodes: a live runtime drives one) ended
+    build_runtime with the runtime's error after both managers were made, and neither was
+    shut down: the AOE manager's Docker client and watchdog, the EOE manager's devices and
+    the executors' threads were left running with nothing holding them."""
+    import tangram.exec.aoe as aoe_package
+    import tangram.exec.eoe as eoe_package
+    from tangram.exec.eoe.manager import EoeManager
+    from tangram.exec.runtime import builder
+
+    stopped: list[str] = []
+
+    class Aoe:
+        def __init__(self, config: Any, client: Any = None) -> None:
+            self.topology = SimpleNamespace(cores=(0, 1))
+
+        def shutdown(self) -> None:
+            stopped.append("aoe")
+
+    class Eoe(EoeManager):
+        def close(self) -> None:
+            stopped.append("eoe")
+            super().close()
+
+    monkeypatch.setattr(aoe_package, "AoeManager", Aoe)
+    monkeypatch.setattr(eoe_package, "EoeManager", Eoe)
+    gpu = GpuNodeSpec("g", gpus=1, gpu_memory_gb=1.0, host_memory_gb=4.0)
+    cluster = ClusterSpec(
+        name="two-gpu-nodes",
+        cpu_nodes=(CpuNodeSpec("c", cores=1, numa_domains=1, memory_gb=4.0),),
+        gpu_nodes=(gpu, GpuNodeSpec("g2", gpus=1, gpu_memory_gb=1.0, host_memory_gb=4.0)),
+    )
+    with pytest.raises(ValueError, match="drives one GPU node"):
+        builder.build_runtime(cluster, gpu_backend="cpu", services=[])
+    assert sorted(stopped) == ["aoe", "eoe"]

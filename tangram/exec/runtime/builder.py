@@ -70,7 +70,19 @@ def build_runtime(
     declared = {a.name for a in cluster.apis}
     calls = {k: v for k, v in builtin_endpoints().items() if k in declared}
     calls.update(endpoints or {})
-    runtime = Runtime(cluster, config, cpu=cpu_exec, gpu=gpu_exec, api=ApiExecutor(calls))
+    api_exec = ApiExecutor(calls)
+    try:
+        runtime = Runtime(cluster, config, cpu=cpu_exec, gpu=gpu_exec, api=api_exec)
+    except BaseException:
+        # (A cluster the runtime refuses, e.g. two GPU nodes: the executors made above hold
+        # Docker, a watchdog, devices and threads that nothing else would stop.)
+        for executor in (cpu_exec, gpu_exec, api_exec):
+            if executor is not None:
+                try:
+                    executor.shutdown()
+                except Exception:
+                    log.exception("shutting down %s failed", type(executor).__name__)
+        raise
     holder["runtime"] = runtime
     return runtime
 
