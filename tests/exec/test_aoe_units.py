@@ -240,6 +240,32 @@ def test_frame_reader_reassembles_split_frames() -> None:
     assert reader.next_frame(1) is None and reader.eof
 
 
+def test_frame_reader_drain_is_bounded_when_output_never_stops() -> None:
+    """``drain`` (the runner's output printed between actions, discarded before the next
+    one is sent) read until the socket was empty: a background process an earlier action
+    left printing faster than it is read kept it reading for ever, and the next action was
+    never sent, its time-out never armed, its cores and its trajectory's lock held. It now
+    stops after ``DRAIN_MAX_BYTES``; the rest is read with the action's output."""
+    from tangram.exec.aoe.transport import DRAIN_MAX_BYTES
+
+    chunk = _frame(1, b"spam\n" * 1000)
+    calls = 0
+
+    class Endless:
+        def settimeout(self, timeout: float | None) -> None:
+            pass
+
+        def recv(self, n: int) -> bytes:
+            nonlocal calls
+            calls += 1
+            if calls > 100_000:
+                raise AssertionError("drain never stopped reading")
+            return chunk
+
+    dropped = FrameReader(Endless()).drain()  # type: ignore[arg-type]
+    assert DRAIN_MAX_BYTES <= dropped < DRAIN_MAX_BYTES + len(chunk)
+
+
 def test_capture_finds_the_end_marker_across_chunks_and_keeps_memory_bounded() -> None:
     cap = Capture(limit=10, marker=b"\n@@end ", with_code=True)
     for chunk in (b"0123456789" * 1000, b"abc\n@@e", b"nd 3", b"7\nafter"):

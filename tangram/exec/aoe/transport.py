@@ -76,6 +76,11 @@ tangram_load() {
 }
 """
 
+#: The most a runner's ``drain`` discards before an action (what background processes of
+#: earlier actions printed between actions): one printing faster than it is read would keep
+#: it reading for ever, the action never sent. The rest is read with the action's output.
+DRAIN_MAX_BYTES = 8 << 20
+
 #: Scripts up to this many bytes start as one argument (``sh -c SCRIPT``: the kernel limits
 #: one to 128 KiB). A longer one starts as several arguments of at most ``CHUNK_CHARS``
 #: characters (4 bytes each at most), which its shell joins and evals (``_JOIN``). The loop
@@ -294,13 +299,15 @@ class FrameReader:
                 return None
 
     def drain(self) -> int:
-        """Discard whatever is already waiting (output of background processes); bytes dropped."""
+        """Discard whatever is already waiting (output of background processes), at most
+        about ``DRAIN_MAX_BYTES``; bytes dropped."""
         dropped = 0
-        while True:
+        while dropped < DRAIN_MAX_BYTES:
             frame = self.next_frame(0.0)
             if frame is None:
-                return dropped
+                break
             dropped += len(frame[1])
+        return dropped
 
 
 class Capture:
