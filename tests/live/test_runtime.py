@@ -378,6 +378,41 @@ def test_an_api_call_that_ignores_its_cancel_still_ends_at_its_time_out() -> Non
         assert out.error is not None and out.error.code == "timeout"
 
 
+def test_a_client_s_cancel_of_an_api_call_that_ignores_it_ends_within_the_grace() -> None:
+    """A client's cancel of a running API call whose endpoint swallows the ``CancelledError``
+    waited for the call to return, with no bound but the action's time-out: the cancel (an
+    HTTP DELETE) hung that long, and the action then ended as a ``timeout``, not cancelled.
+    As at a deadline, a call that has not returned ``timeout_grace_s`` after its cancel is no
+    longer waited for: it ends ``cancelled`` (its API slot stays held until it returns)."""
+    release = asyncio.Event()
+
+    async def stubborn(payload: Any) -> Any:
+        while not release.is_set():
+            try:
+                await release.wait()
+            except asyncio.CancelledError:
+                continue
+        return "late"
+
+    cluster = ClusterSpec(name="stubborn", apis=(ApiEndpointSpec("stubborn", concurrency=1),))
+
+    async def main() -> Any:
+        config = RuntimeConfig(timeout_grace_s=0.05)
+        async with Runtime(cluster, config, api=ApiExecutor({"stubborn": stubborn})) as rt:
+            aid = await rt.submit(ActionSpec(ApiWork("stubborn", None), timeout_s=3600))
+            while rt.state(aid) != "running":
+                await asyncio.sleep(0)
+            try:
+                out = await asyncio.wait_for(rt.cancel(aid), timeout=5)
+            finally:
+                release.set()
+            return out
+
+    out = asyncio.run(main())
+    assert out.status == "error" and out.error is not None, out
+    assert out.error.code == "cancelled" and "cancelled by the client" in out.error.message
+
+
 def test_an_api_actions_inelastic_curve_is_checked_and_taken() -> None:
     """An API action's curve was read for its kind only: ``{"kind": "inelastic", "t1": -5}``
     was accepted (202), as was one missing its ``t1`` (a typo, ``t1_s``), and ``t1`` 5 was

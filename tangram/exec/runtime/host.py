@@ -359,6 +359,12 @@ class LiveHost:
             ran = self.now() - (rec.started_at or self.now())
             self.end(rec, "timeout", error=ErrorInfo("timeout", message), exec_s=ran)
 
+    def _end_cancelled(self, rec: LiveAction, error: ErrorInfo) -> None:
+        """End a running action its client cancelled now, whatever its executor still does."""
+        if rec.outcome is None:
+            ran = self.now() - (rec.started_at or self.now())
+            self.end(rec, "error", error=error, exec_s=ran)
+
     def _interrupt(self, rec: LiveAction, status: str, error: ErrorInfo) -> None:
         """Cancel the executor's task; ``rec`` ends with ``status`` and ``error`` as it unwinds."""
         rec.interrupt = (status, error)
@@ -374,6 +380,13 @@ class LiveHost:
                 self.end_waiting(rec, "error", error)
             elif rec.executor.cancellable and rec.task is not None:
                 self._interrupt(rec, "error", error)
+                # As at a deadline, a call that swallows its cancel is not waited for past
+                # the grace (its units stay held until it returns).
+                assert self._aio is not None
+                grace = self.config.timeout_grace_s
+                note = f"; the call had not returned {grace:g} s later"
+                late = ErrorInfo("cancelled", error.message + note)
+                rec.timers.append(self._aio.call_later(grace, self._end_cancelled, rec, late))
                 await asyncio.shield(rec.future)
             else:
                 left = max(0.0, rec.deadline - self.now())
