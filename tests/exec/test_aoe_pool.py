@@ -375,6 +375,42 @@ def test_a_parked_container_that_died_is_never_handed_out(pooled: Any, docker_cl
         idle(pooled)
 
 
+def test_a_trajectory_whose_recreate_failed_never_runs_in_the_container_it_gave_back(
+    pooled: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``recreate`` retires the old container (a pooled one goes back to the pool, which
+    resets it and hands it to the next trajectory) and then starts a new one. When the start
+    failed, the trajectory kept the old container: its next action ran in it, by then parked
+    in the pool or another trajectory's (that one's files, its processes), and its close gave
+    it back to the pool a second time. Now the trajectory has no container until a recreate
+    succeeds: its actions are refused, naming why, and its close gives back nothing."""
+    from tangram.exec.aoe.errors import AoeError
+
+    pooled.open_trajectory("recreate-fails")
+    real_start = pooled._containers.start
+
+    def broken(blueprint: Any) -> Any:
+        raise AoeError("the engine refused the create")
+
+    monkeypatch.setattr(pooled._containers, "start", broken)
+    with pytest.raises(AoeError, match="refused the create"):
+        pooled.recreate("recreate-fails")
+    monkeypatch.setattr(pooled._containers, "start", real_start)
+    idle(pooled)  # the old container is reset and parked, ready for the next trajectory
+    other = pooled.open_trajectory("gets-it-next")
+    try:
+        pooled.run_action("gets-it-next", "echo mine > secret.txt")
+        with pytest.raises(AoeError, match="recreate"):
+            pooled.run_action("recreate-fails", "cat secret.txt; echo ran")
+        pooled.close_trajectory("recreate-fails")  # gives back nothing: it holds nothing
+        out = pooled.run_action("gets-it-next", "cat secret.txt")
+        assert out.ok and out.text == "mine\n", out
+        assert pooled.handle("gets-it-next").container_id == other.container_id
+    finally:
+        pooled.close_trajectory("gets-it-next")
+        idle(pooled)
+
+
 def test_a_relaxed_sandbox_is_never_pooled(pooled: Any) -> None:
     assert not pooled.prewarm(1, sandbox=SandboxConfig(user="0:0"))
     assert not pooled.prewarm(1, sandbox=SandboxConfig(read_only_root=False))

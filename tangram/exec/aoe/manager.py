@@ -53,6 +53,10 @@ class Trajectory:
     container: Container
     lock: threading.Lock = field(default_factory=threading.Lock)
     closed: bool = False
+    #: Why the trajectory has no container: a ``recreate`` retired ``container`` (a pooled
+    #: one is then the pool's, soon another trajectory's) and could not start a new one. Its
+    #: actions are refused and its close retires nothing until a recreate succeeds.
+    retired: str | None = None
 
 
 class AoeManager:
@@ -158,7 +162,8 @@ class AoeManager:
             self._check_open(traj)
             traj.closed = True
             try:
-                self._containers.retire(traj.container)
+                if traj.retired is None:  # (else a failed recreate retired it already)
+                    self._containers.retire(traj.container)
             finally:
                 # Before the id is free again: a trajectory reopened under it would mount the
                 # same volume (its name is the id's), with the closed one's files in it. Tried
@@ -182,10 +187,20 @@ class AoeManager:
         traj = self._get(traj_id)
         with traj.lock:
             self._check_open(traj)
-            self._containers.retire(traj.container)
+            if traj.retired is None:
+                self._containers.retire(traj.container)
+                # From here the old container is not the trajectory's (a pooled one is reset
+                # and handed to the next trajectory): never used again, even when no new one
+                # can be started below.
+                traj.retired = (
+                    f"trajectory {traj_id!r} has no container: a recreate retired container "
+                    f"{traj.container.handle.short_id} and could not start a new one; call "
+                    "recreate() again"
+                )
             # Same trajectory, same lock: actions waiting on it now run in the new container.
             fresh = self._containers.start(traj.container.blueprint.next_generation())
             traj.container = fresh
+            traj.retired = None
         return fresh.handle
 
     def prewarm(
@@ -311,6 +326,8 @@ class AoeManager:
             aid = action_id or f"{containers.safe_name(traj_id)}.{self._action_seq}"
         with traj.lock:
             self._check_open(traj)  # a close may have come first
+            if traj.retired is not None:
+                raise AoeError(traj.retired)
             return self._actions.run(traj.container, aid, plan, env, t0, on_grant)
 
     # -- shutdown -------------------------------------------------------------------------
@@ -326,6 +343,8 @@ class AoeManager:
             trajs = list(self._trajs.values())
             self._trajs.clear()
         for traj in trajs:
+            if traj.retired is not None:
+                continue  # (a failed recreate retired it already)
             try:
                 self._containers.retire(traj.container)
             except AoeError as exc:
