@@ -288,3 +288,28 @@ def test_a_resize_between_aoe_call_and_grant_is_applied_at_the_grant() -> None:
         assert (await task).status == "result"
 
     asyncio.run(main())
+
+
+def test_a_resize_that_fails_at_the_grant_is_not_counted_in_the_cores_held() -> None:
+    """A resize decided before AOE's grant is applied at the grant; when that failed (the
+    action runs on, on its old cores), the grant history recorded the resized count all the
+    same, and the trace's observed units (``held_units``) of the action were the cores it
+    never had. It records the cores the action runs on."""
+    from tangram.exec.aoe.resize import ResizeResult
+    from tangram.exec.runtime.cpu import _Grant
+
+    class Refuses:
+        action_id = "m1"
+        cores = (0, 1)
+
+        def resize(self, cores: tuple[int, ...]) -> Any:
+            return ResizeResult("failed", self.cores, error="cgroup write refused")
+
+    cpu = CpuExecutor(GatedAoe(), NODE, threads=1, lifecycle_threads=1)
+    try:
+        entry = _Grant((0, 1))
+        entry.cores = (0,)  # the pending resize, decided before the grant
+        cpu._granted(entry, Refuses())  # type: ignore[arg-type]
+        assert [units for _, units in entry.history] == [2], "it runs on its 2 old cores"
+    finally:
+        cpu.shutdown()

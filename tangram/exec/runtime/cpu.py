@@ -279,13 +279,15 @@ class CpuExecutor:
         decided since the request was made is applied at once."""
         with self._grants_lock:
             entry.running = running
-            entry.history.append((time.perf_counter(), len(entry.cores)))
             if entry.cores != running.cores:
                 result = running.resize(entry.cores)
                 if result.status == "failed":
                     log.warning(
                         "resize of %s at its grant failed: %s", running.action_id, result.error
                     )
+                    entry.cores = running.cores  # it runs on, on the cores it was granted
+            # The cores it runs on now (a failed resize's never counted as held).
+            entry.history.append((time.perf_counter(), len(running.cores)))
 
     async def resize(self, action_id: str, cores: tuple[int, ...]) -> ResizeResult:
         """Move a running action onto ``cores`` (scheduler numbering, its whole new set).
