@@ -119,6 +119,28 @@ def test_the_table_keeps_ended_actions_up_to_its_bound_but_never_one_the_core_ho
         table.add(record("a3"))
 
 
+def test_one_action_the_core_holds_for_ever_does_not_keep_every_later_outcome() -> None:
+    """An ended action the core still holds (its call never returns: an EOE call that hangs,
+    an endpoint that swallows its cancel) stopped the table from dropping anything after it:
+    every later outcome was kept, its record in memory (and its id in the core's set), for
+    as long as that one call hung: memory grew with every action. The others are dropped
+    past the bounds as usual; the held one is kept until it is out, then dropped."""
+    table = ActionTable(keep=2)
+    held = record("held", phase=F)
+    table.add(held)
+    table.retire(held)
+    for i in range(100):
+        rec = record(f"a{i}", phase=OUT)
+        table.add(rec)
+        table.retire(rec)
+    assert len(table) <= 3 and "held" in table and "a99" in table and "a0" not in table
+    move(held, OUT)
+    last = record("last", phase=OUT)
+    table.add(last)
+    table.retire(last)
+    assert "held" not in table and len(table) == 2
+
+
 def test_waiting_counts_actions_without_an_outcome_by_phase_name() -> None:
     table = ActionTable(keep=10)
     for i, phase in enumerate([A, A, Q, R, F]):

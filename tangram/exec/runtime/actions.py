@@ -109,11 +109,12 @@ def move(rec: LiveAction, to: Phase) -> None:
 class ActionTable:
     """Accepted actions by id. Ended ones are kept for polling, at most ``keep`` of them and
     for ``keep_s`` seconds after they ended (on the runtime's clock): oldest dropped first,
-    never while the core still holds them. Both bounds, because the count alone let a busy
+    never while the core still holds them (such a one is kept until it is out, and the
+    others are dropped meanwhile). Both bounds, because the count alone let a busy
     service hold every outcome of the last ``keep`` actions and an idle one hold old ones
     forever (issue 16); a journal answers for the ones dropped."""
 
-    __slots__ = ("keep", "keep_s", "forget", "_by_id", "_ended")
+    __slots__ = ("keep", "keep_s", "forget", "_by_id", "_ended", "_held")
 
     def __init__(self, keep: int, keep_s: float = math.inf) -> None:
         self.keep, self.keep_s = keep, keep_s
@@ -122,6 +123,9 @@ class ActionTable:
         self._by_id: dict[str, LiveAction] = {}
         #: Ended actions, oldest first, with when they ended.
         self._ended: deque[tuple[LiveAction, float]] = deque()
+        #: Ended actions past the bounds that the core still held when they came due (a
+        #: call that never returns): dropped once out, never blocking the others' drop.
+        self._held: list[LiveAction] = []
 
     def __contains__(self, action_id: object) -> bool:
         return action_id in self._by_id
@@ -147,19 +151,32 @@ class ActionTable:
     def retire(self, rec: LiveAction) -> None:
         """``rec`` has its outcome: remember it, and forget the oldest beyond ``keep`` or
         ended more than ``keep_s`` before it."""
-        ended, by_id = self._ended, self._by_id
+        ended = self._ended
         now = rec.outcome.end_s if rec.outcome is not None else 0.0
         ended.append((rec, now))
+        if self._held:  # (few: actions whose executor never returned)
+            out = [old for old in self._held if old.phase is Phase.OUT]
+            if out:
+                self._held = [old for old in self._held if old.phase is not Phase.OUT]
+                for old in out:
+                    self._drop(old)
         cutoff = now - self.keep_s
         while ended and (len(ended) > self.keep or ended[0][1] < cutoff):
-            old = ended[0][0]
+            old, _ = ended.popleft()
             if old.phase is not Phase.OUT:
-                break  # the core still holds it: keep it until it is out
-            ended.popleft()
-            if by_id.get(old.id) is old:  # (a later action may reuse a forgotten id)
-                del by_id[old.id]
-                if self.forget is not None:
-                    self.forget(old.id)
+                # The core still holds it: kept until it is out, set aside so that the
+                # actions after it are dropped all the same (one call that never returned
+                # kept every later outcome in memory).
+                self._held.append(old)
+                continue
+            self._drop(old)
+
+    def _drop(self, old: LiveAction) -> None:
+        """Forget the ended, out action ``old``."""
+        if self._by_id.get(old.id) is old:  # (a later action may reuse a forgotten id)
+            del self._by_id[old.id]
+            if self.forget is not None:
+                self.forget(old.id)
 
     def waiting(self) -> dict[str, int]:
         """Actions without an outcome, counted by phase name (for status)."""
