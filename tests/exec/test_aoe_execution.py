@@ -178,6 +178,21 @@ def test_a_command_with_a_nul_byte_is_refused_naming_it(command: Any) -> None:
         plan_action(AoeConfig(), command, 1, None, None, None)
 
 
+@pytest.mark.parametrize("command", [["echo", 1], None, b"echo hi", 42, ("echo", None)])
+def test_a_command_that_is_no_text_or_list_of_texts_is_refused_naming_it(command: Any) -> None:
+    """A command of bytes, a number, None or an argv with a non-string in it raised
+    AttributeError or TypeError out of run_action ('int' object has no attribute 'encode'),
+    naming neither the argument nor what is wrong with it."""
+    with pytest.raises(AoeError, match="command must be a string or a list of strings"):
+        plan_action(AoeConfig(), command, 1, None, None, None)
+
+
+@pytest.mark.parametrize("env", [[("A", "b")], "A=b", 3])
+def test_an_env_that_is_no_mapping_is_refused_naming_it(env: Any) -> None:
+    with pytest.raises(AoeError, match="env must be a mapping of strings"):
+        plan_action(AoeConfig(), "true", 1, None, None, None, env=env)
+
+
 def test_an_empty_command_raises() -> None:
     with pytest.raises(AoeError, match="command is empty"):
         plan_action(AoeConfig(), "  ", 1, None, None, None)

@@ -50,6 +50,8 @@ def is_reserved(key: str) -> bool:
 
 def env_problem(env: Mapping[Any, Any]) -> str | None:
     """Why ``env`` cannot be an action's environment (None when it can)."""
+    if not isinstance(env, Mapping):
+        return f"env must be a mapping of strings to strings, got {type(env).__name__}"
     if len(env) > MAX_ENV_VARS:
         return f"env has {len(env)} variables; at most {MAX_ENV_VARS}"
     for key, value in env.items():
@@ -104,7 +106,16 @@ def script_problem(command: str | Sequence[str], env: Mapping[str, str]) -> str 
 
 def command_problem(command: str | tuple[str, ...] | list[str]) -> str | None:
     """Why ``command`` is too long to run, or not text (None when it is neither)."""
-    parts = [command] if isinstance(command, str) else list(command)
+    if isinstance(command, str):
+        parts = [command]
+    elif isinstance(command, list | tuple) and all(isinstance(p, str) for p in command):
+        parts = list(command)
+    else:
+        what = type(command).__name__
+        if isinstance(command, list | tuple):
+            odd = next(p for p in command if not isinstance(p, str))
+            what += f" holding a {type(odd).__name__}"
+        return f"command must be a string or a list of strings, got {what}"
     for part in parts:
         problem = text_problem("command", part)
         if problem is not None:
