@@ -231,6 +231,28 @@ def test_an_action_is_granted_run_revoked_then_its_cores_are_free() -> None:
     )
 
 
+def test_an_action_whose_deadline_passed_while_it_waited_ends_with_a_time_out_unrun() -> None:
+    """The time-out counted from the command's start, whatever the call had waited for its
+    trajectory's previous action (the lock) or its cores: the live runtime's action, ended
+    with a time-out at its deadline, then ran in full after it, up to its whole time-out,
+    its cores held. With a ``deadline`` (monotonic), one that passed runs nothing."""
+    runner, container, ledger, log = setup()
+    past = time.monotonic() - 1.0
+    out = runner.run(container, "a1", plan((2, 3), timeout_s=5.0), None, 0.0, deadline=past)
+    assert out.status == "timeout" and "before it started" in (out.error or ""), out
+    assert "run" not in log and not any(e.startswith("grant") for e in log)
+    assert ledger.free_cores() == TOPOLOGY.cores and out.cores == ()
+
+
+def test_an_action_runs_no_longer_than_its_deadline_leaves_it() -> None:
+    runner, container, ledger, log = setup()
+    soon = time.monotonic() + 2.0
+    out = runner.run(container, "a1", plan((2, 3), timeout_s=5.0), None, 0.0, deadline=soon)
+    assert out.ok
+    request = container.transport.requests[0]  # type: ignore[attr-defined]
+    assert 0 < request.timeout_s <= 2.0
+
+
 def test_a_dead_container_runs_nothing_and_takes_no_cores() -> None:
     runner, container, ledger, log = setup()
     container.dead = DIED

@@ -163,10 +163,13 @@ class ActionRunner:
         env: Mapping[str, str] | None,
         t0: float,
         on_grant: OnGrant | None = None,
+        deadline: float | None = None,
     ) -> ActionOutcome:
         """Run ``plan`` as action ``aid`` in ``container`` (whose lock the caller holds); ``t0``
         is when the call began (``perf_counter``), for the timings. ``on_grant`` gets the
-        ``RunningGrant`` once the grant is written, before the command runs (to resize it)."""
+        ``RunningGrant`` once the grant is written, before the command runs (to resize it).
+        ``deadline`` (``time.monotonic``): the command's time-out is cut to what is left of
+        it when the command starts, and one with nothing left ends ``timeout`` unrun."""
         traj_id = container.handle.traj_id
         times: dict[str, float] = {}
 
@@ -191,10 +194,19 @@ class ActionRunner:
         if container.dead:
             times["queue_s"] = time.perf_counter() - t0
             return outcome(judge.refused(container.handle.short_id, container.dead), ())
+        if deadline is not None and deadline <= time.monotonic():  # (waited for the lock)
+            times["queue_s"] = time.perf_counter() - t0
+            return outcome(judge.late(times["queue_s"]), ())
         granted = self.ledger.acquire(aid, plan.cores)
         times["queue_s"] = time.perf_counter() - t0
+        timeout_s = plan.timeout_s
+        if deadline is not None:
+            timeout_s = min(timeout_s, deadline - time.monotonic())
+            if timeout_s <= 0:  # it passed while the cores were waited for: never granted
+                self.ledger.release(aid, traj_id, plan.quota)
+                return outcome(judge.late(times["queue_s"]), ())
         env_all = action_env(granted, plan.quota, env, plan.threads, plan.pool)
-        request = ActionRequest(aid, plan.script, env_all, plan.timeout_s, plan.max_output_bytes)
+        request = ActionRequest(aid, plan.script, env_all, timeout_s, plan.max_output_bytes)
         oom_before = _oom_kills(container)
         kills: list[KillReport] = []
         running = RunningGrant(container, self.ledger, aid, granted, plan.quota, plan.pool)
@@ -225,7 +237,7 @@ class ActionRunner:
         after = _oom_kills(container) if judge.wants_oom_count(raw, oom_before) else None
         facts = judge.Facts(
             max_output_bytes=plan.max_output_bytes,
-            timeout_s=plan.timeout_s,
+            timeout_s=timeout_s,
             memory_gb=container.handle.memory_gb,
             oom_kills_before=oom_before,
             oom_kills_after=after,

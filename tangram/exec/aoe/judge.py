@@ -38,8 +38,8 @@ class Verdict:
     stdout: bytes
     stderr: bytes
     error: str | None
-    #: The rule that decided: a ``Rule.reason``, an ``UNRUN`` key, ``container_died`` or
-    #: ``container_dead``.
+    #: The rule that decided: a ``Rule.reason``, an ``UNRUN`` key, ``container_died``,
+    #: ``container_dead`` or ``late`` (its deadline passed before it started).
     reason: str
 
 
@@ -269,6 +269,16 @@ def unrun(failure: Unrun, death: str | None = None) -> Verdict:
     why = death or UNRUN[failure.reason].error(failure.detail)
     reason = "container_died" if death else failure.reason
     return Verdict("error", None, b"", b"", f"{CONTAINER_FAILURE}{why}", reason)
+
+
+def late(waited_s: float) -> Verdict:
+    """The verdict on an action whose deadline passed before its command could start (it
+    waited ``waited_s`` for its trajectory's previous action or its cores): run nothing."""
+    error = (
+        f"timed out before it started: its deadline passed while it waited {waited_s:.3f} s "
+        "for its trajectory's previous action or its cores; nothing ran"
+    )
+    return Verdict("timeout", None, b"", b"", error, "late")
 
 
 def refused(short_id: str, dead: str) -> Verdict:

@@ -281,6 +281,7 @@ class AoeManager:
         threads: int = 0,
         weighted: bool = False,
         pool: tuple[int, ...] | None = None,
+        deadline: float | None = None,
     ) -> ActionOutcome:
         """Run ``command`` in the trajectory's container on ``cores`` and return its outcome.
 
@@ -300,6 +301,11 @@ class AoeManager:
         container runs on every core of ``pool`` (default: all the manager's cores) with no
         quota, at a CPU weight of ``quota_cores`` (default: its cores) cores; a resize
         rewrites only the weight. ``TANGRAM_CPUSET`` is then the pool.
+
+        ``deadline`` (``time.monotonic``): when the action's whole time is up, however long it
+        waits for the trajectory's previous action or its cores: the command's time-out is cut
+        to what is left when it starts, and one with nothing left then ends ``timeout``
+        without running (the live runtime's action has ended at its deadline by then).
         """
         t0 = time.perf_counter()
         traj = self._get(traj_id)
@@ -328,7 +334,7 @@ class AoeManager:
             self._check_open(traj)  # a close may have come first
             if traj.retired is not None:
                 raise AoeError(traj.retired)
-            return self._actions.run(traj.container, aid, plan, env, t0, on_grant)
+            return self._actions.run(traj.container, aid, plan, env, t0, on_grant, deadline)
 
     # -- shutdown -------------------------------------------------------------------------
 

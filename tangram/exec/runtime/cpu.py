@@ -201,6 +201,7 @@ class CpuExecutor:
         ``key``: the started action's id, under which ``execute`` registered it for resizes;
         ``threads``: the thread count it is told when more than its cores (``Start.threads``)."""
         loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + timeout_s  # (before the wait for a thread)
         return await loop.run_in_executor(
             self._actions,
             lambda: self.run_blocking(
@@ -212,6 +213,7 @@ class CpuExecutor:
                 max_output_bytes=max_output_bytes,
                 key=key,
                 threads=threads,
+                deadline=deadline,
             ),
         )
 
@@ -227,10 +229,15 @@ class CpuExecutor:
         key: str | None = None,
         threads: int = 0,
         weighted: bool | None = None,
+        deadline: float | None = None,
     ) -> ExecResult:
         """``run`` on the calling thread, for a caller with threads of its own (the node
         agents of ``tangram.exec.ray``, whose calls arrive on Ray's threads). ``weighted``:
-        a weighted grant over ``core_map`` (None: this executor's ``weighted``)."""
+        a weighted grant over ``core_map`` (None: this executor's ``weighted``).
+        ``deadline`` (``time.monotonic``; None: ``timeout_s`` from now): the action's whole
+        time, waits for its trajectory's previous action and its cores included."""
+        if deadline is None:
+            deadline = time.monotonic() + timeout_s
         try:
             host_cores = self._host_cores(cores)
         except ValueError as exc:
@@ -256,6 +263,7 @@ class CpuExecutor:
             on_grant,
             threads,
             self.core_map if weigh else None,
+            deadline,
         )
 
     def _host_cores(self, cores: tuple[int, ...]) -> tuple[int, ...]:
@@ -328,6 +336,7 @@ class CpuExecutor:
         on_grant: Callable[[RunningGrant], None] | None = None,
         threads: int = 0,
         pool: tuple[int, ...] | None = None,
+        deadline: float | None = None,
     ) -> ExecResult:
         try:
             out = self.aoe.run_action(
@@ -341,6 +350,7 @@ class CpuExecutor:
                 **({} if on_grant is None else {"on_grant": on_grant}),
                 **({"threads": threads} if threads else {}),
                 **({} if pool is None else {"weighted": True, "pool": pool}),
+                **({} if deadline is None else {"deadline": deadline}),
             )
         except Exception as exc:  # noqa: BLE001 - AOE raises for bad arguments / unknown trajectory
             return failed("executor_error", f"AOE refused the action: {type(exc).__name__}: {exc}")
