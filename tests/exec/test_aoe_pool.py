@@ -402,6 +402,9 @@ def test_a_trajectory_whose_recreate_failed_never_runs_in_the_container_it_gave_
         pooled.run_action("gets-it-next", "echo mine > secret.txt")
         with pytest.raises(AoeError, match="recreate"):
             pooled.run_action("recreate-fails", "cat secret.txt; echo ran")
+        for look in (pooled.handle, pooled.cpu_usage_s, pooled.control):  # not its container
+            with pytest.raises(AoeError, match="has no container"):
+                look("recreate-fails")
         pooled.close_trajectory("recreate-fails")  # gives back nothing: it holds nothing
         out = pooled.run_action("gets-it-next", "cat secret.txt")
         assert out.ok and out.text == "mine\n", out

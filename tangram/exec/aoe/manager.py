@@ -222,7 +222,7 @@ class AoeManager:
         return self._containers.pool_stats()
 
     def handle(self, traj_id: str) -> ContainerHandle:
-        return self._get(traj_id).container.handle
+        return self._container(traj_id).handle
 
     def trajectories(self) -> tuple[str, ...]:
         with self._lock:
@@ -230,11 +230,11 @@ class AoeManager:
 
     def cpu_usage_s(self, traj_id: str) -> float:
         """CPU seconds the trajectory's container has used (from its cgroup)."""
-        return self._get(traj_id).container.control.usage_ns() / 1e9
+        return self._container(traj_id).control.usage_ns() / 1e9
 
     def control(self, traj_id: str) -> CpuControl:
         """The container's grant mechanism (the benchmark times it directly)."""
-        return self._get(traj_id).container.control
+        return self._container(traj_id).control
 
     def free_cores(self) -> tuple[int, ...]:
         return self.ledger.free_cores()
@@ -254,6 +254,14 @@ class AoeManager:
     def _check_open(traj: Trajectory) -> None:
         if traj.closed:
             raise UnknownTrajectory(f"trajectory {traj.container.handle.traj_id!r} was closed")
+
+    def _container(self, traj_id: str) -> Container:
+        """The trajectory's container; ``AoeError`` when a failed recreate left it none (the
+        one it had may be another trajectory's now)."""
+        traj = self._get(traj_id)
+        if traj.retired is not None:
+            raise AoeError(traj.retired)
+        return traj.container
 
     def _get(self, traj_id: str) -> Trajectory:
         with self._lock:
