@@ -123,6 +123,34 @@ def test_a_gpu_call_on_ray_waits_in_eoe_no_longer_than_its_action_has_left() -> 
     assert seen == [4.0]
 
 
+def test_a_gpu_call_on_ray_started_with_no_time_left_ends_at_once_unsent() -> None:
+    """A GPU start with no time left (its start and its deadline in one event-loop
+    iteration) was sent to its node's agent all the same (a round trip, and before the
+    agent's EOE refused a wait past it, a call on a free cell after its deadline), where
+    the CPU executor ends such a start at once. It ends at once with the time-out."""
+    import asyncio
+
+    sent: list[tuple] = []
+
+    class Calls:
+        async def call(self, node: str, method: str, *args: object) -> object:
+            sent.append((node, method, *args))
+            return "done", {}, 1
+
+    local = single_node()
+    try:
+        ray_gpu = RayGpuExecutor(Calls(), CLUSTER, NodeAgent.catalog(SimpleNamespace(gpu=local)))
+        ray_gpu.report = lambda node, residency, stamp=None: None  # type: ignore[method-assign]
+        start = SimpleNamespace(node="g", gpus=(0,))
+        out = asyncio.run(
+            ray_gpu.execute(GpuWork("reward", [1]), start, trajectory="t", time_left_s=0.0)
+        )
+    finally:
+        local.shutdown()
+    assert sent == []
+    assert out.status == "timeout" and out.error.code == "timeout"
+
+
 def test_a_gpu_nodes_residency_taken_in_out_of_order_keeps_the_later_one() -> None:
     """Each GPU call's answer carries the node's residency after it; two calls' answers may be
     taken in the other order (one thread each on the agent). The earlier residency, taken in

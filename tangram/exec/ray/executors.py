@@ -188,6 +188,10 @@ class RayGpuExecutor:
     async def execute(
         self, work: GpuWork, start: Start, *, trajectory: str, time_left_s: float
     ) -> ExecResult:
+        if time_left_s <= 0:  # (as the CPU executor's: never sent, never started late)
+            return ExecResult(
+                "timeout", error=ErrorInfo("timeout", "the time-out passed at its start")
+            )
         t0 = clock()
         try:
             result, residency, stamp = await self.fleet.call(
