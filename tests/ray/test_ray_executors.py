@@ -93,6 +93,20 @@ def test_inputs_that_cannot_be_cut_are_refused_when_the_call_may_get_two_gpus() 
         local.shutdown()
 
 
+def _recording_ray_gpu(local: object, sent: list[tuple]) -> RayGpuExecutor:
+    """A Ray GPU executor over ``local``'s catalog whose node calls are recorded in ``sent``
+    (each answered "done") and whose residency reports are dropped."""
+
+    class Calls:
+        async def call(self, node: str, method: str, *args: object) -> object:
+            sent.append((node, method, *args))
+            return "done", {}, 1
+
+    ray_gpu = RayGpuExecutor(Calls(), CLUSTER, NodeAgent.catalog(SimpleNamespace(gpu=local)))
+    ray_gpu.report = lambda node, residency, stamp=None: None  # type: ignore[method-assign]
+    return ray_gpu
+
+
 def test_a_gpu_call_on_ray_waits_in_eoe_no_longer_than_its_action_has_left() -> None:
     """The node agent called EOE with no time-out (as the single-node executor did): a call
     still queued there at its action's deadline started after it. The agent now gets the
@@ -100,16 +114,9 @@ def test_a_gpu_call_on_ray_waits_in_eoe_no_longer_than_its_action_has_left() -> 
     import asyncio
 
     sent: list[tuple] = []
-
-    class Calls:
-        async def call(self, node: str, method: str, *args: object) -> object:
-            sent.append((node, method, *args))
-            return "done", {}, 1
-
     local = single_node()
     try:
-        ray_gpu = RayGpuExecutor(Calls(), CLUSTER, NodeAgent.catalog(SimpleNamespace(gpu=local)))
-        ray_gpu.report = lambda node, residency, stamp=None: None  # type: ignore[method-assign]
+        ray_gpu = _recording_ray_gpu(local, sent)
         start = SimpleNamespace(node="g", gpus=(0,))
         work = GpuWork("reward", [1])
         assert asyncio.run(ray_gpu.execute(work, start, trajectory="t", time_left_s=4.0)) == "done"
@@ -131,16 +138,9 @@ def test_a_gpu_call_on_ray_started_with_no_time_left_ends_at_once_unsent() -> No
     import asyncio
 
     sent: list[tuple] = []
-
-    class Calls:
-        async def call(self, node: str, method: str, *args: object) -> object:
-            sent.append((node, method, *args))
-            return "done", {}, 1
-
     local = single_node()
     try:
-        ray_gpu = RayGpuExecutor(Calls(), CLUSTER, NodeAgent.catalog(SimpleNamespace(gpu=local)))
-        ray_gpu.report = lambda node, residency, stamp=None: None  # type: ignore[method-assign]
+        ray_gpu = _recording_ray_gpu(local, sent)
         start = SimpleNamespace(node="g", gpus=(0,))
         out = asyncio.run(
             ray_gpu.execute(GpuWork("reward", [1]), start, trajectory="t", time_left_s=0.0)
