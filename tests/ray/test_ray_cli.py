@@ -27,6 +27,25 @@ def first_line(proc: subprocess.Popen[str], timeout_s: float) -> str:
     return proc.stdout.readline()
 
 
+class _Started(Exception):
+    """Raised by the faked ``service.start``: the command got as far as starting."""
+
+
+def _stop_at_start(monkeypatch: pytest.MonkeyPatch, ray: Any, service: Any) -> list[Any]:
+    """Fake Ray's init and the service's start (which records its config and raises
+    ``_Started``); this process keeps its own signal handlers. Returns the configs seen."""
+    seen: list[Any] = []
+
+    def start(config: Any) -> Any:
+        seen.append(config)
+        raise _Started
+
+    monkeypatch.setattr(ray, "init", lambda *a, **kw: None)
+    monkeypatch.setattr(signal, "signal", lambda *a: None)
+    monkeypatch.setattr(service, "start", start)
+    return seen
+
+
 def test_serve_on_ray_attaches_serves_and_stops(ray_cluster: Any, tmp_path: Any) -> None:
     import ray
 
@@ -64,23 +83,12 @@ def test_serve_on_ray_passes_the_tenant_bounds_to_the_service(monkeypatch: Any) 
     from tangram.cli import build_parser
     from tangram.exec.ray import service
 
-    seen: list[Any] = []
-
-    class Started(Exception):
-        pass
-
-    def start(config: Any) -> Any:
-        seen.append(config)
-        raise Started
-
-    monkeypatch.setattr(ray, "init", lambda *a, **kw: None)
-    monkeypatch.setattr(signal, "signal", lambda *a: None)  # (this process keeps its own)
-    monkeypatch.setattr(service, "start", start)
+    seen = _stop_at_start(monkeypatch, ray, service)
     argv = ["serve", "--ray", "auto", "--no-journal", "--port", "0"]
     argv += ["--client", "a=" + "x" * 32, "--client", "b=" + "y" * 32]
     argv += ["--tenant-max-pending", "5", "--tenant-max-trajectories", "3"]
     args = build_parser().parse_args(argv)
-    with pytest.raises(Started):
+    with pytest.raises(_Started):
         args.func(args)
     (config,) = seen
     assert config.http.tenant_max_pending == 5 and config.http.tenant_max_trajectories == 3
@@ -128,22 +136,11 @@ def test_serve_on_ray_passes_the_warm_pool_and_prewarm_to_the_agents(monkeypatch
     from tangram.exec.aoe.config import WarmPoolConfig
     from tangram.exec.ray import service
 
-    seen: list[Any] = []
-
-    class Started(Exception):
-        pass
-
-    def start(config: Any) -> Any:
-        seen.append(config)
-        raise Started
-
-    monkeypatch.setattr(ray, "init", lambda *a, **kw: None)
-    monkeypatch.setattr(signal, "signal", lambda *a: None)
-    monkeypatch.setattr(service, "start", start)
+    seen = _stop_at_start(monkeypatch, ray, service)
     argv = ["serve", "--ray", "auto", "--no-journal", "--port", "0"]
     argv += ["--warm-pool", "3", "--warm-pool-total", "7", "--prewarm", "5"]
     args = build_parser().parse_args(argv)
-    with pytest.raises(Started):
+    with pytest.raises(_Started):
         args.func(args)
     (config,) = seen
     assert config.aoe["warm_pool"] == WarmPoolConfig(max_per_key=3, max_total=7)
