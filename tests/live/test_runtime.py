@@ -423,3 +423,88 @@ def test_an_api_actions_inelastic_curve_is_checked_and_taken() -> None:
             ActionSpec(ApiWork("echo"), curve=bad)
     spec = ActionSpec(ApiWork("echo"), curve={"kind": "inelastic", "t1": 5})
     assert spec.elasticity().t1 == 5.0
+
+
+def _stubborn_until(release: asyncio.Event) -> Callable[[Any], Awaitable[Any]]:
+    """An endpoint that swallows every ``CancelledError`` until ``release`` is set."""
+
+    async def stubborn(payload: Any) -> Any:
+        while not release.is_set():
+            try:
+                await release.wait()
+            except asyncio.CancelledError:
+                continue
+        return "late"
+
+    return stubborn
+
+
+async def _running(rt: Runtime, aid: str) -> None:
+    """Wait (at most 5 s, 10,000 hops) for ``aid`` to run."""
+    for _ in range(10_000):
+        if rt.state(aid) == "running":
+            return
+        await asyncio.sleep(0.0005)
+    raise AssertionError(f"{aid} never ran")
+
+
+def test_a_client_s_cancel_after_the_deadline_does_not_rewrite_the_time_out() -> None:
+    """A client's cancel of an API call that had passed its deadline (the call swallowed the
+    deadline's cancel and ran in its grace) replaced the pending time-out by its own
+    ``cancelled``: the action that timed out ended as cancelled by the client. The first
+    interruption stands: it ends ``timeout``, and the cancel answers with that outcome."""
+    release = asyncio.Event()
+    cluster = ClusterSpec(name="stubborn", apis=(ApiEndpointSpec("stubborn", concurrency=1),))
+
+    async def main() -> Any:
+        config = RuntimeConfig(timeout_grace_s=30.0)
+        api = ApiExecutor({"stubborn": _stubborn_until(release)})
+        async with Runtime(cluster, config, api=api) as rt:
+            aid = await rt.submit(ActionSpec(ApiWork("stubborn", None), timeout_s=0.05))
+            rec = rt.host.table.get(aid)
+            assert rec is not None
+            for _ in range(10_000):  # (5 s at most) the deadline passes; the call runs on
+                if rec.interrupt is not None:
+                    break
+                await asyncio.sleep(0.0005)
+            assert rec.interrupt is not None and rec.outcome is None
+            cancel = asyncio.ensure_future(rt.cancel(aid))
+            await asyncio.sleep(0)
+            release.set()
+            out = await asyncio.wait_for(cancel, timeout=5)
+            return out, await rt.result(aid)
+
+    out, result = asyncio.run(main())
+    assert out is result
+    assert out.status == "timeout" and out.error is not None, out
+    assert out.error.code == "timeout" and "timed out after" in out.error.message
+
+
+def test_a_deadline_in_a_client_s_cancel_grace_does_not_rewrite_the_cancel() -> None:
+    """A deadline that passed while a client's cancel waited for a call that swallowed it
+    replaced the cancel by a ``timeout``: the client asked to cancel, its cancel returned a
+    time-out. The first interruption stands: it ends ``cancelled`` by the client."""
+    release = asyncio.Event()
+    cluster = ClusterSpec(name="stubborn", apis=(ApiEndpointSpec("stubborn", concurrency=1),))
+
+    async def main() -> Any:
+        config = RuntimeConfig(timeout_grace_s=30.0)
+        api = ApiExecutor({"stubborn": _stubborn_until(release)})
+        async with Runtime(cluster, config, api=api) as rt:
+            aid = await rt.submit(ActionSpec(ApiWork("stubborn", None), timeout_s=3600))
+            await _running(rt, aid)
+            rec = rt.host.table.get(aid)
+            assert rec is not None
+            cancel = asyncio.ensure_future(rt.cancel(aid))
+            await asyncio.sleep(0)
+            assert rec.interrupt is not None and rec.outcome is None
+            rt.host.on_deadline(rec)  # (its deadline's timer, firing in the cancel's grace)
+            await asyncio.sleep(0)
+            release.set()
+            out = await asyncio.wait_for(cancel, timeout=5)
+            return out, rt.counters["outcome_timeout"]
+
+    out, timeouts = asyncio.run(main())
+    assert out.status == "error" and out.error is not None, out
+    assert out.error.code == "cancelled" and "cancelled by the client" in out.error.message
+    assert timeouts == 0

@@ -331,7 +331,10 @@ class LiveHost:
         self._deadline_rules[rec.executor.on_deadline](rec, message)
 
     def _cancel_at_deadline(self, rec: LiveAction, message: str) -> None:
-        self._interrupt(rec, "timeout", ErrorInfo("timeout", message + rec.executor.deadline_note))
+        if not self._interrupt(
+            rec, "timeout", ErrorInfo("timeout", message + rec.executor.deadline_note)
+        ):
+            return  # a client's cancel came first: it stands, bounded by its own grace
         # A call that swallows its cancel is not waited for past the grace (its units stay
         # held until it returns: ``finish`` comes with its task's end).
         assert self._aio is not None
@@ -365,11 +368,17 @@ class LiveHost:
             ran = self.now() - (rec.started_at or self.now())
             self.end(rec, "error", error=error, exec_s=ran)
 
-    def _interrupt(self, rec: LiveAction, status: str, error: ErrorInfo) -> None:
-        """Cancel the executor's task; ``rec`` ends with ``status`` and ``error`` as it unwinds."""
+    def _interrupt(self, rec: LiveAction, status: str, error: ErrorInfo) -> bool:
+        """Cancel the executor's task; ``rec`` ends with ``status`` and ``error`` as it unwinds.
+
+        The first interruption (a deadline or a client's cancel) stands: a later one in its
+        grace neither rewrites how the action ends nor arms another end, so False."""
+        if rec.interrupt is not None:
+            return False
         rec.interrupt = (status, error)
         if rec.task is not None:
             rec.task.cancel()
+        return True
 
     async def cancel(self, rec: LiveAction) -> Outcome:
         """The client cancels ``rec``: a waiting one ends at once, a running one if its
@@ -379,14 +388,16 @@ class LiveHost:
             if rec.phase in WAITING:
                 self.end_waiting(rec, "error", error)
             elif rec.executor.cancellable and rec.task is not None:
-                self._interrupt(rec, "error", error)
-                # As at a deadline, a call that swallows its cancel is not waited for past
-                # the grace (its units stay held until it returns).
-                assert self._aio is not None
-                grace = self.config.timeout_grace_s
-                note = f"; the call had not returned {grace:g} s later"
-                late = ErrorInfo("cancelled", error.message + note)
-                rec.timers.append(self._aio.call_later(grace, self._end_cancelled, rec, late))
+                if self._interrupt(rec, "error", error):
+                    # As at a deadline, a call that swallows its cancel is not waited for
+                    # past the grace (its units stay held until it returns).
+                    assert self._aio is not None
+                    grace = self.config.timeout_grace_s
+                    note = f"; the call had not returned {grace:g} s later"
+                    late = ErrorInfo("cancelled", error.message + note)
+                    rec.timers.append(self._aio.call_later(grace, self._end_cancelled, rec, late))
+                # (else its deadline, or an earlier cancel, interrupted it first: that one
+                # stands and its grace bounds this wait)
                 await asyncio.shield(rec.future)
             else:
                 left = max(0.0, rec.deadline - self.now())
