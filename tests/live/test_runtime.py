@@ -5,6 +5,7 @@ cancellation, quotas enforced by the core, the recorded trace."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -508,3 +509,60 @@ def test_a_deadline_in_a_client_s_cancel_grace_does_not_rewrite_the_cancel() -> 
     assert out.status == "error" and out.error is not None, out
     assert out.error.code == "cancelled" and "cancelled by the client" in out.error.message
     assert timeouts == 0
+
+
+async def _json_server(closed: asyncio.Event) -> asyncio.Server:
+    """A loopback HTTP/1.1 server answering every POST with ``{"ok": true}`` on kept-alive
+    connections; ``closed`` is set when a client closes its connection."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            for _ in range(100):  # (requests on one connection)
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.decode("latin-1").split("\r\n"):
+                    name, _, value = line.partition(":")
+                    if name.strip().lower() == "content-length":
+                        length = int(value)
+                await reader.readexactly(length)
+                body = b'{"ok": true}'
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            closed.set()
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(serve, "127.0.0.1", 0)
+
+
+def test_an_http_endpoint_s_connections_close_with_the_runtime() -> None:
+    """``http_endpoint``'s ``httpx.AsyncClient`` was never closed: its kept-alive connections
+    to the endpoint stayed open after the runtime closed (until the process exited). The
+    runtime's close closes them."""
+    from tangram.exec.runtime import http_endpoint
+
+    cluster = ClusterSpec(name="http", apis=(ApiEndpointSpec("remote", concurrency=1),))
+
+    async def main() -> tuple[Any, bool]:
+        closed = asyncio.Event()
+        server = await _json_server(closed)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            endpoint = http_endpoint(f"http://127.0.0.1:{port}/call")
+            async with Runtime(cluster, api=ApiExecutor({"remote": endpoint})) as rt:
+                out = await rt.run(ActionSpec(ApiWork("remote", {"x": 1})))
+                assert not closed.is_set()  # (kept alive while the runtime runs)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(closed.wait(), timeout=5)
+            return out, closed.is_set()
+        finally:
+            server.close()
+
+    out, closed = asyncio.run(main())
+    assert out.ok and out.value == {"ok": True}, out
+    assert closed, "the endpoint's connection was still open after the runtime closed"

@@ -277,12 +277,26 @@ class Runtime:
         self.recorder.close()
         loop = self._require_loop()
         for executor in self.executors.values():
+            await self._aclose(executor)
             try:
                 await loop.run_in_executor(None, executor.shutdown)
             except Exception:
                 log.exception("shutting down %s failed", type(executor).__name__)
         self.trajs.by_id.clear()
         self._closed.set()
+
+    @staticmethod
+    async def _aclose(executor: object) -> None:
+        """Close what ``executor`` holds open on the loop (the API executor's HTTP
+        connections), before its blocking ``shutdown`` on a worker thread; a failure is
+        logged, so the other executors still stop."""
+        aclose = getattr(executor, "aclose", None)
+        if aclose is None:
+            return
+        try:
+            await aclose()
+        except Exception:
+            log.exception("closing %s failed", type(executor).__name__)
 
     # ------------------------------------------------------------------ trajectories
     async def open_trajectory(
