@@ -470,61 +470,14 @@ def test_a_running_action_of_a_non_cancellable_executor_is_not_cancelled() -> No
     with_executor(RunsOn(), body)
 
 
-def test_build_runtime_stops_the_executors_it_made_when_a_gpu_service_fails(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A GPU service that fails to register ends build_runtime with its error, and the AOE
-    manager and the EOE manager made before it are shut down: they were left running (AOE's
-    Docker client and watchdog, EOE's devices) with nothing holding them."""
-    import tangram.exec.aoe as aoe_package
-    import tangram.exec.eoe as eoe_package
-    from tangram.exec.eoe import ServiceSpec, ServiceSpecError
-    from tangram.exec.eoe.manager import EoeManager
-    from tangram.exec.runtime import builder
-
-    stopped: list[str] = []
-
-    class Aoe:
-        def __init__(self, config: Any, client: Any = None) -> None:
-            pass
-
-        def shutdown(self) -> None:
-            stopped.append("aoe")
-
-    class Eoe(EoeManager):
-        def close(self) -> None:
-            stopped.append("eoe")
-            super().close()
-
-    monkeypatch.setattr(aoe_package, "AoeManager", Aoe)
-    monkeypatch.setattr(builder, "CpuExecutor", lambda aoe, node: SimpleNamespace(aoe=aoe))
-    monkeypatch.setattr(eoe_package, "EoeManager", Eoe)
-
-    def broken() -> Any:
-        raise OSError("checkpoint missing")
-
-    cluster = ClusterSpec(
-        name="one",
-        cpu_nodes=(CpuNodeSpec("c", cores=1, numa_domains=1, memory_gb=4.0),),
-        gpu_nodes=(GpuNodeSpec("g", gpus=1, gpu_memory_gb=1.0, host_memory_gb=4.0),),
-    )
-    bad = ServiceSpec("bad", factory=broken, call=lambda module, x: x)
-    with pytest.raises(ServiceSpecError, match="checkpoint missing"):
-        builder.build_runtime(cluster, gpu_backend="cpu", services=[bad])
-    assert sorted(stopped) == ["aoe", "eoe"]
-
-
-def test_build_runtime_stops_the_executors_it_made_when_the_runtime_refuses_the_cluster(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A cluster the runtime refuses (here two GPU nodes: a live runtime drives one) ended
-    build_runtime with the runtime's error after both managers were made, and neither was
-    shut down: the AOE manager's Docker client and watchdog, the EOE manager's devices and
-    the executors' threads were left running with nothing holding them."""
+@pytest.fixture
+def stopped_managers(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Fake AOE and EOE managers for ``build_runtime``: the AOE one stands in for Docker (on
+    two cores), the EOE one is real on CPU-backed devices; each records its stop ("aoe",
+    "eoe") in the list returned."""
     import tangram.exec.aoe as aoe_package
     import tangram.exec.eoe as eoe_package
     from tangram.exec.eoe.manager import EoeManager
-    from tangram.exec.runtime import builder
 
     stopped: list[str] = []
 
@@ -542,6 +495,43 @@ def test_build_runtime_stops_the_executors_it_made_when_the_runtime_refuses_the_
 
     monkeypatch.setattr(aoe_package, "AoeManager", Aoe)
     monkeypatch.setattr(eoe_package, "EoeManager", Eoe)
+    return stopped
+
+
+def test_build_runtime_stops_the_executors_it_made_when_a_gpu_service_fails(
+    monkeypatch: pytest.MonkeyPatch, stopped_managers: list[str]
+) -> None:
+    """A GPU service that fails to register ends build_runtime with its error, and the AOE
+    manager and the EOE manager made before it are shut down: they were left running (AOE's
+    Docker client and watchdog, EOE's devices) with nothing holding them."""
+    from tangram.exec.eoe import ServiceSpec, ServiceSpecError
+    from tangram.exec.runtime import builder
+
+    monkeypatch.setattr(builder, "CpuExecutor", lambda aoe, node: SimpleNamespace(aoe=aoe))
+
+    def broken() -> Any:
+        raise OSError("checkpoint missing")
+
+    cluster = ClusterSpec(
+        name="one",
+        cpu_nodes=(CpuNodeSpec("c", cores=1, numa_domains=1, memory_gb=4.0),),
+        gpu_nodes=(GpuNodeSpec("g", gpus=1, gpu_memory_gb=1.0, host_memory_gb=4.0),),
+    )
+    bad = ServiceSpec("bad", factory=broken, call=lambda module, x: x)
+    with pytest.raises(ServiceSpecError, match="checkpoint missing"):
+        builder.build_runtime(cluster, gpu_backend="cpu", services=[bad])
+    assert sorted(stopped_managers) == ["aoe", "eoe"]
+
+
+def test_build_runtime_stops_the_executors_it_made_when_the_runtime_refuses_the_cluster(
+    stopped_managers: list[str],
+) -> None:
+    """A cluster the runtime refuses (here two GPU nodes: a live runtime drives one) ended
+    build_runtime with the runtime's error after both managers were made, and neither was
+    shut down: the AOE manager's Docker client and watchdog, the EOE manager's devices and
+    the executors' threads were left running with nothing holding them."""
+    from tangram.exec.runtime import builder
+
     gpu = GpuNodeSpec("g", gpus=1, gpu_memory_gb=1.0, host_memory_gb=4.0)
     cluster = ClusterSpec(
         name="two-gpu-nodes",
@@ -550,4 +540,4 @@ def test_build_runtime_stops_the_executors_it_made_when_the_runtime_refuses_the_
     )
     with pytest.raises(ValueError, match="drives one GPU node"):
         builder.build_runtime(cluster, gpu_backend="cpu", services=[])
-    assert sorted(stopped) == ["aoe", "eoe"]
+    assert sorted(stopped_managers) == ["aoe", "eoe"]
