@@ -189,3 +189,30 @@ def test_the_trainer_says_when_a_steps_submissions_are_done() -> None:
             r = httpx.post(f"{svc.url}/v1/submissions", json=body)
             assert r.status_code == 400 and field in r.json()["error"]["message"], r.text
         assert httpx.post(f"{svc.url}/v1/submissions").json() == {"done": True}
+
+
+def test_a_service_whose_runtime_fails_to_start_stops_its_executors(tmp_path: Path) -> None:
+    """A runtime that failed to start (its trace or journal path unusable, a journal held by
+    another service) left its executors running: ``start_site`` closed only a runtime that
+    had started, so the executors ``build_runtime`` made (AOE's Docker client, watchdog and
+    warm containers; EOE's devices; the API endpoints' pool and connections) were never
+    stopped. They are stopped, and the start's error goes on."""
+    stopped: list[str] = []
+
+    class Recording(ApiExecutor):
+        def shutdown(self) -> None:
+            stopped.append("api")
+            super().shutdown()
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    config = RuntimeConfig(trace_path=blocker / "trace.jsonl")  # (below a file: unwritable)
+
+    def make() -> Runtime:
+        return Runtime(CLUSTER, config, api=Recording({"echo": echo}))
+
+    svc = ServiceThread(make, ServeOptions(port=0))
+    with pytest.raises(RuntimeError, match="trace stream"):
+        svc.start(timeout_s=60)
+    svc.stop()
+    assert stopped == ["api"]

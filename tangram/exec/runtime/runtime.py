@@ -170,6 +170,7 @@ class Runtime:
         self._closed: asyncio.Event | None = None
         self._persist_armed = False
         self._commit_armed = False
+        self._executors_stopped = False
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> Runtime:
@@ -234,8 +235,12 @@ class Runtime:
 
     async def close(self, grace_s: float | None = None) -> None:
         """Stop: refuse new work, end queued actions, let running ones finish (``grace_s``),
-        write the trace if configured, remove the containers and stop the executors."""
-        self._require_loop()
+        write the trace if configured, remove the containers and stop the executors. A runtime
+        that never started (its start failed) only stops its executors: they were made for it
+        and nothing else stops them."""
+        if self._loop is None:
+            await self._stop_executors()
+            return
         assert self._closed is not None
         if self._closing:
             await self._closed.wait()
@@ -275,15 +280,23 @@ class Runtime:
             except Exception:
                 log.exception("could not write the trace to %s", trace_path)
         self.recorder.close()
-        loop = self._require_loop()
+        await self._stop_executors()
+        self.trajs.by_id.clear()
+        self._closed.set()
+
+    async def _stop_executors(self) -> None:
+        """Close and shut down every executor, once (a second call does nothing); a failure
+        is logged, so the other executors still stop."""
+        if self._executors_stopped:
+            return
+        self._executors_stopped = True
+        loop = asyncio.get_running_loop()
         for executor in self.executors.values():
             await self._aclose(executor)
             try:
                 await loop.run_in_executor(None, executor.shutdown)
             except Exception:
                 log.exception("shutting down %s failed", type(executor).__name__)
-        self.trajs.by_id.clear()
-        self._closed.set()
 
     @staticmethod
     async def _aclose(executor: object) -> None:

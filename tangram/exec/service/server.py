@@ -81,10 +81,10 @@ class ServeOptions:
 
 async def start_site(runtime: Runtime, opts: ServeOptions) -> tuple[web.AppRunner, str]:
     """Start the runtime and an HTTP site for it; returns the runner and the base URL."""
-    check_binding(opts.host, bool(opts.token or opts.clients))
-    await runtime.start()
     runner: web.AppRunner | None = None
     try:
+        check_binding(opts.host, bool(opts.token or opts.clients))
+        await runtime.start()
         app = ServiceApp(
             runtime,
             token=opts.token,
@@ -103,7 +103,8 @@ async def start_site(runtime: Runtime, opts: ServeOptions) -> tuple[web.AppRunne
         await site.start()
     except BaseException:
         # (The address taken, say: the runtime it started is closed, its journal's lock
-        # released; it stayed started, and a second start was refused the journal.)
+        # released; it stayed started, and a second start was refused the journal. A runtime
+        # whose own start failed stops its executors: they were left running.)
         if runner is not None:
             with contextlib.suppress(Exception):
                 await runner.cleanup()
