@@ -216,3 +216,21 @@ def test_a_service_whose_runtime_fails_to_start_stops_its_executors(tmp_path: Pa
         svc.start(timeout_s=60)
     svc.stop()
     assert stopped == ["api"]
+
+
+def test_a_stopped_service_leaves_no_openai_worker_thread() -> None:
+    """The OpenAI-style routes parse and tokenise on a worker thread of their own, which was
+    never shut down: every service that answered one such request left its thread behind
+    when it stopped (one per service, for the life of the process). It stops with the
+    service."""
+    import threading
+
+    def openai_threads() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name.startswith("tangram-openai")}
+
+    before = openai_threads()
+    with api_service(CallLog()) as svc:
+        r = httpx.post(f"{svc.url}/v1/completions", json={"model": "m", "prompt": "hi"})
+        assert r.status_code == 404, r.text  # (no model here; parsed on the worker thread)
+        assert openai_threads() - before, "the request ran on no worker thread"
+    assert not openai_threads() - before

@@ -203,7 +203,7 @@ class ServiceApp:
         r.add_post("/v1/trace", self.save_trace)
         r.add_post("/v1/submissions", self.submissions)
         r.add_post("/run_code", self.run_code)
-        OpenAiRoutes(self.runtime, body_timeout_s=self.body_timeout_s).add_to(r)
+        OpenAiRoutes(self.runtime, body_timeout_s=self.body_timeout_s).add_to(app)
         return app
 
     # -- middlewares ----------------------------------------------------------------------

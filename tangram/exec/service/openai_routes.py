@@ -75,12 +75,20 @@ class OpenAiRoutes:
     async def _off_loop(self, fn: Callable[[], Any]) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._work, fn)
 
-    def add_to(self, router: web.UrlDispatcher) -> None:
+    def add_to(self, app: web.Application) -> None:
+        """Its routes on ``app``, and its worker thread's end with the app's cleanup."""
+        router = app.router
+        app.on_cleanup.append(self.close)
         router.add_get("/v1/models", self.models)
         router.add_post("/v1/completions", self.completions)
         router.add_post("/pooling", self.pooling)
         router.add_post("/v1/pooling", self.pooling)
         router.add_post("/get_reward", self.get_reward)
+
+    async def close(self, app: web.Application | None = None) -> None:
+        """Stop the worker thread once its work is done (the service stops): left running, it
+        outlived every service that had answered one of these requests."""
+        await asyncio.to_thread(self._work.shutdown, wait=True, cancel_futures=True)
 
     # -- the services ---------------------------------------------------------------------
 
