@@ -566,3 +566,43 @@ def test_an_http_endpoint_s_connections_close_with_the_runtime() -> None:
     out, closed = asyncio.run(main())
     assert out.ok and out.value == {"ok": True}, out
     assert closed, "the endpoint's connection was still open after the runtime closed"
+
+
+def test_a_plain_endpoint_past_its_deadline_keeps_its_slot_until_its_thread_returns() -> None:
+    """A plain (blocking) endpoint runs on a worker thread that a deadline cannot stop; its
+    action's task ended at the cancel all the same, so the core gave its slot to the next
+    call while the first still ran: two calls at once on an endpoint of concurrency 1 (an
+    API's quota broken for every client). The action still ends at its time-out and grace;
+    its slot is held until its thread returns, as for a call that swallows its cancel."""
+    import threading
+
+    release = threading.Event()
+    log = CallLog()
+
+    def blocking(payload: Any) -> Any:
+        log.enter(str(payload))
+        try:
+            release.wait(10)  # (bounded: the test sets it)
+        finally:
+            log.leave()
+        return payload
+
+    cluster = ClusterSpec(name="plain", apis=(ApiEndpointSpec("plain", concurrency=1),))
+
+    async def main() -> Any:
+        config = RuntimeConfig(timeout_grace_s=0.05)
+        async with Runtime(cluster, config, api=ApiExecutor({"plain": blocking})) as rt:
+            first = await rt.submit(ActionSpec(ApiWork("plain", "first"), timeout_s=0.05))
+            second = await rt.submit(ActionSpec(ApiWork("plain", "second"), timeout_s=60))
+            timed_out = await asyncio.wait_for(rt.result(first), timeout=5)
+            await asyncio.sleep(0.05)  # (passes run: a freed slot would start the second)
+            state = rt.state(second)
+            release.set()
+            done = await asyncio.wait_for(rt.result(second), timeout=5)
+            return timed_out, state, done
+
+    timed_out, state, done = asyncio.run(main())
+    assert timed_out.status == "timeout", timed_out
+    assert state == "queued", "the second call started while the first one's thread ran"
+    assert done.ok and done.value == "second", done
+    assert log.peak == 1

@@ -12,6 +12,7 @@ or a client's cancel cancels it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import random
@@ -94,10 +95,7 @@ class ApiExecutor:
             ):
                 value = await fn(payload)
             else:
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(16, thread_name_prefix="tangram-api")
-                loop = asyncio.get_running_loop()
-                value = await loop.run_in_executor(self._pool, fn, payload)
+                value = await self._on_thread(fn, payload)
                 if inspect.isawaitable(value):
                     value = await value
         except asyncio.CancelledError:
@@ -124,6 +122,22 @@ class ApiExecutor:
                 await aclose()
             except Exception:
                 log.exception("closing API endpoint %r failed", name)
+
+    async def _on_thread(self, fn: Callable[[Any], Any], payload: Any) -> Any:
+        """``fn(payload)`` on the pool. A cancel (a deadline, a client's cancel) cannot stop
+        the thread, so it is waited for before the cancel goes on: the action's task, and
+        with it its slot of the endpoint's quota, lasts until the call returns (the runtime
+        ends the action at its grace meanwhile). A second cancel (the runtime's shutdown)
+        stops the wait."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(16, thread_name_prefix="tangram-api")
+        call = asyncio.get_running_loop().run_in_executor(self._pool, fn, payload)
+        try:
+            return await asyncio.shield(call)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):  # (its value or error is discarded)
+                await call
+            raise
 
     def shutdown(self) -> None:
         if self._pool is not None:
