@@ -606,3 +606,24 @@ def test_a_plain_endpoint_past_its_deadline_keeps_its_slot_until_its_thread_retu
     assert state == "queued", "the second call started while the first one's thread ran"
     assert done.ok and done.value == "second", done
     assert log.peak == 1
+
+
+def test_an_action_cut_at_shutdown_keeps_the_time_it_ran() -> None:
+    """A running action the shutdown cut after its grace ended with an execution time of 0:
+    the whole time it ran was counted as overhead in its outcome and the trace (a deadline's
+    or a cancel's end counts it as execution). It counts as execution, start to cut."""
+
+    async def main() -> Any:
+        rt = Runtime(api_cluster(), api=ApiExecutor(faulty_endpoints(CallLog())))
+        await rt.start()
+        aid = await rt.submit(ActionSpec(ApiWork("slow", {"s": 30.0}), timeout_s=60))
+        await _running(rt, aid)
+        await rt.close(grace_s=0.05)
+        return await rt.result(aid)
+
+    out = asyncio.run(main())
+    assert out.status == "error" and out.error is not None, out
+    assert out.error.code == "shutting_down"
+    assert out.start_s is not None
+    # It ran at least the grace (the cut came after it), and no longer than start to end.
+    assert 0.05 <= out.timings.exec_s <= out.end_s - out.start_s, out.timings

@@ -356,17 +356,20 @@ class LiveHost:
             )
         )
 
+    def ran(self, rec: LiveAction) -> float:
+        """Seconds ``rec`` has run since its start (0 if it never started): the execution
+        time of an action ended while its executor still runs it."""
+        return 0.0 if rec.started_at is None else max(0.0, self.now() - rec.started_at)
+
     def _end_running(self, rec: LiveAction, message: str) -> None:
         """End a running action with a time-out now, whatever its executor still does."""
         if rec.outcome is None:
-            ran = self.now() - (rec.started_at or self.now())
-            self.end(rec, "timeout", error=ErrorInfo("timeout", message), exec_s=ran)
+            self.end(rec, "timeout", error=ErrorInfo("timeout", message), exec_s=self.ran(rec))
 
     def _end_cancelled(self, rec: LiveAction, error: ErrorInfo) -> None:
         """End a running action its client cancelled now, whatever its executor still does."""
         if rec.outcome is None:
-            ran = self.now() - (rec.started_at or self.now())
-            self.end(rec, "error", error=error, exec_s=ran)
+            self.end(rec, "error", error=error, exec_s=self.ran(rec))
 
     def _interrupt(self, rec: LiveAction, status: str, error: ErrorInfo) -> bool:
         """Cancel the executor's task; ``rec`` ends with ``status`` and ``error`` as it unwinds.

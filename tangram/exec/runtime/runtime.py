@@ -260,8 +260,8 @@ class Runtime:
                 ShuttingDown.code, f"the runtime shut down while the action ran ({grace:g} s grace)"
             )
             for rec in host.table.records():
-                if rec.outcome is None:
-                    host.end(rec, "error", error=cut)
+                if rec.outcome is None:  # (it ran until now: execution, not overhead)
+                    host.end(rec, "error", error=cut, exec_s=host.ran(rec))
             for task in late:
                 task.cancel()
         await self.trajs.settle(grace)
