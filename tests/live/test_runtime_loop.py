@@ -130,3 +130,115 @@ def test_close_ends_what_waits_lets_what_runs_finish_and_detaches_the_loop() -> 
         assert rt.host.loop.host is None and rt.pending == 0
 
     asyncio.run(main())
+
+
+class _HeldAoe:
+    """AOE's calls for ``CpuExecutor`` without containers (two cores): an action whose
+    command is ``hold`` runs until ``release`` is set (10 s at most); every run is logged."""
+
+    def __init__(self) -> None:
+        import threading
+
+        from tangram.exec.aoe.records import ContainerHandle
+
+        self.topology = type("Topology", (), {"cores": (0, 1)})()
+        self.release = threading.Event()
+        self.ran: list[Any] = []
+        self._handle = ContainerHandle
+
+    def open_trajectory(self, traj: str, memory_gb: float, *, image: str | None = None) -> Any:
+        return self._handle(traj, f"c-{traj}", f"fake-{traj}", image or "fake", memory_gb)
+
+    def close_trajectory(self, traj: str) -> None:
+        pass
+
+    def run_action(self, traj: str, command: Any, cores: tuple[int, ...], **kw: Any) -> Any:
+        from tangram.exec.aoe.records import ActionOutcome
+
+        self.ran.append(command)
+        if command == "hold":
+            self.release.wait(10)
+        return ActionOutcome(traj, kw["action_id"], "ok", 0, b"", b"", None, cores, len(cores))
+
+    def shutdown(self) -> None:
+        self.release.set()
+
+
+def _fcfs_cpu_runtime(aoe: _HeldAoe) -> Runtime:
+    """A runtime on a 2-core CPU node under strict FCFS (``fixed:2``): an action of 2 cores
+    at the head of the queue holds back one of 1 core behind it."""
+    from tangram.core.resources import CpuNodeSpec
+    from tangram.exec.runtime import CpuExecutor
+
+    node = CpuNodeSpec("local", cores=2, numa_domains=1, memory_gb=16.0)
+    cluster = ClusterSpec(name="fcfs", cpu_nodes=(node,))
+    return Runtime(cluster, RuntimeConfig(policy="fixed:2"), cpu=CpuExecutor(aoe, node))
+
+
+async def _held_back(rt: Runtime, traj: str) -> tuple[str, str]:
+    """One core held by a running action (in ``hold``), then a 2-core head that cannot
+    start and a 1-core action behind it, both of ``traj``, both queued: (head, behind)."""
+    from tangram.exec.runtime import CpuWork
+
+    await rt.open_trajectory("holder", memory_gb=1.0)
+    holder = await rt.submit(ActionSpec(CpuWork("hold"), trajectory="holder"))
+    for _ in range(10_000):  # (5 s at most)
+        if rt.state(holder) == "running":
+            break
+        await asyncio.sleep(0.0005)
+    spec = {"trajectory": traj, "timeout_s": 60}
+    head = await rt.submit(ActionSpec(CpuWork("head"), max_units=2, serial_fraction=0.0, **spec))
+    behind = await rt.submit(ActionSpec(CpuWork("behind"), **spec))
+    for _ in range(100):  # (their pass)
+        await asyncio.sleep(0)
+    assert (rt.state(holder), rt.state(head), rt.state(behind)) == ("running", "queued", "queued")
+    return head, behind
+
+
+def test_a_shutdown_refuses_every_queued_action_and_starts_none() -> None:
+    """The shutdown ended the queued actions one by one, and the withdrawal of a queue's
+    head let the core start the action it held back: that one ran during the shutdown
+    instead of being refused (``shutting_down``, retryable: nothing ran). Every waiting
+    action now has its outcome before any is withdrawn."""
+    aoe = _HeldAoe()
+
+    async def main() -> Any:
+        rt = _fcfs_cpu_runtime(aoe)
+        await rt.start()
+        await rt.open_trajectory("t", memory_gb=1.0)
+        head, behind = await _held_back(rt, "t")
+        closing = asyncio.ensure_future(rt.close(grace_s=5.0))
+        await asyncio.sleep(0)
+        aoe.release.set()
+        await asyncio.wait_for(closing, timeout=30)
+        return await rt.result(head), await rt.result(behind)
+
+    head, behind = asyncio.run(main())
+    for out in (head, behind):
+        assert out.status == "error" and out.error is not None, out
+        assert out.error.code == "shutting_down" and out.error.retryable, out
+        assert out.start_s is None, out
+    assert aoe.ran == ["hold"]
+
+
+def test_closing_a_trajectory_ends_every_queued_action_of_it_and_starts_none() -> None:
+    """Closing a trajectory ended its queued actions one by one, and the withdrawal of a
+    queue's head let the core start the action of the same trajectory it held back: that one
+    ran in the closing container instead of ending ``trajectory_closed``."""
+    aoe = _HeldAoe()
+
+    async def main() -> Any:
+        async with _fcfs_cpu_runtime(aoe) as rt:
+            await rt.open_trajectory("t", memory_gb=1.0)
+            head, behind = await _held_back(rt, "t")
+            await asyncio.wait_for(rt.close_trajectory("t"), timeout=30)
+            outs = await rt.result(head), await rt.result(behind)
+            aoe.release.set()
+            return outs
+
+    head, behind = asyncio.run(main())
+    for out in (head, behind):
+        assert out.status == "error" and out.error is not None, out
+        assert out.error.code == "trajectory_closed", out
+        assert out.start_s is None, out
+    assert aoe.ran == ["hold"]

@@ -420,6 +420,18 @@ class LiveHost:
             move(rec, Phase.OUT)
         self.end(rec, status, error=error)
 
+    def end_all_waiting(self, recs: Sequence[LiveAction], status: str, error: ErrorInfo) -> None:
+        """End every action of ``recs`` the core has not started (a shutdown, a trajectory's
+        close): all get their outcome before any is withdrawn. A withdrawal's pass may start
+        the actions a queue's head held back; ended one by one, such an action started and
+        ran instead of ending (``start`` now gives its units back unrun)."""
+        waiting = [r for r in recs if r.outcome is None and r.phase in WAITING]
+        for rec in waiting:
+            self.end(rec, status, error=error)
+        for rec in waiting:
+            if rec.phase in WAITING and self.loop.withdraw(rec.id, self.now()):
+                move(rec, Phase.OUT)
+
     def end(
         self,
         rec: LiveAction,

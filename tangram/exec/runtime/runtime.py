@@ -45,7 +45,7 @@ from tangram.core.policies import make_policy
 from tangram.core.resources import ClusterSpec
 from tangram.core.scheduler import Scheduler
 from tangram.exec.runtime import reporting
-from tangram.exec.runtime.actions import STARTED, WAITING, LiveAction
+from tangram.exec.runtime.actions import STARTED, LiveAction
 from tangram.exec.runtime.api import ApiExecutor
 from tangram.exec.runtime.config import RuntimeConfig
 from tangram.exec.runtime.cpu import CpuExecutor
@@ -250,9 +250,7 @@ class Runtime:
         grace = self.config.close_grace_s if grace_s is None else grace_s
         host = self.host
         refused = ErrorInfo(ShuttingDown.code, ShuttingDown().message, retryable=True)
-        for rec in host.table.records():
-            if rec.outcome is None and rec.phase in WAITING:
-                host.end_waiting(rec, "error", refused)
+        host.end_all_waiting(host.table.records(), "error", refused)
         running = [r.task for r in host.table if r.task is not None and not r.task.done()]
         if running:
             _, late = await asyncio.wait(running, timeout=grace)

@@ -19,7 +19,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from tangram.core.scheduler import Scheduler
-from tangram.exec.runtime.actions import WAITING, LiveAction
+from tangram.exec.runtime.actions import LiveAction
 from tangram.exec.runtime.errors import (
     BadRequest,
     CapacityShort,
@@ -291,9 +291,7 @@ class Trajectories:
         closed = ErrorInfo(
             "trajectory_closed", f"trajectory {trajectory!r} was closed while the action was queued"
         )
-        for rec in list(traj.active.values()):
-            if rec.outcome is None and rec.phase in WAITING:
-                self.host.end_waiting(rec, "error", closed)
+        self.host.end_all_waiting(list(traj.active.values()), "error", closed)
         # The rest runs as a task of its own: a close once begun completes even when its caller
         # is cancelled (a ``wait_for`` that ran out while a running action finished); cut
         # short, the trajectory stayed closing for ever, its container and memory held.
