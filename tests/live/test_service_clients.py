@@ -416,3 +416,15 @@ def test_a_client_refuses_a_max_wait_that_is_not_seconds_above_zero(bad: object)
     for make in (Client, AsyncClient):
         with pytest.raises(ValueError, match="max_wait_s"):
             make("http://mock", max_wait_s=bad)  # type: ignore[arg-type]
+
+
+def test_a_retry_after_that_is_a_date_or_garbage_is_still_retried() -> None:
+    """A proxy's ``Retry-After`` may be an HTTP date (RFC 9110, section 10.2.3), and a broken
+    one anything: the client read it with ``float`` and raised ``ValueError`` out of its retry
+    loop, so a 429 it should have waited out ended the call. A date is waited for (one in the
+    past: no wait), a value that is neither a number nor a date is no hint."""
+    done = httpx.Response(200, json={"id": "x1", "state": "queued", "outcome": None})
+    for hint in ("Wed, 21 Oct 2015 07:28:00 GMT", "soon"):
+        busy = httpx.Response(429, text="<html>slow down</html>", headers={"Retry-After": hint})
+        got, requests = both([busy, done], lambda c: c.submit(endpoint="e", id="x1"))
+        assert got == "x1" and len(requests) == 2, (hint, got)

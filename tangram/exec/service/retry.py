@@ -9,6 +9,9 @@ and a 429 from anyone.
 
 from __future__ import annotations
 
+import datetime
+import email.utils
+import math
 import random
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
@@ -84,9 +87,29 @@ def error_of(response: httpx.Response) -> ServiceError:
     except Exception:  # noqa: BLE001 - not our JSON (a proxy's page)
         code, message, retryable = f"http_{response.status_code}", response.text[:500], False
     hint = response.headers.get("X-Retry-After-S") or response.headers.get("Retry-After")
-    retry_after = float(hint) if hint else None
+    retry_after = retry_after_s(hint)
     cls = OverloadedError if response.status_code == Overloaded.http_status else ServiceError
     return cls(response.status_code, code, message, retryable, retry_after)
+
+
+def retry_after_s(hint: str | None) -> float | None:
+    """Seconds to wait that a ``Retry-After`` (or ``X-Retry-After-S``) value says: a number
+    of seconds, or an HTTP date (RFC 9110, section 10.2.3: a proxy may send one; its wait is
+    from now, none once past); None for no value or one that is neither. Read with ``float``
+    alone, a date raised ``ValueError`` out of the client's retry loop."""
+    if not hint:
+        return None
+    try:
+        seconds = float(hint)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(hint)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:  # (RFC 9110 dates are GMT)
+            when = when.replace(tzinfo=datetime.UTC)
+        seconds = (when - datetime.datetime.now(datetime.UTC)).total_seconds()
+    return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
 def retry_worthy(status: int, error: ServiceError) -> bool:
