@@ -101,3 +101,20 @@ def test_a_bad_call_is_answered_not_raised(tool: BaseTool) -> None:
 
     missing, language = asyncio.run(calls())
     assert "'code'" in missing and "cobol" in language
+
+
+def test_a_tool_works_from_one_event_loop_to_the_next() -> None:
+    """The tool made its HTTP client once, on the event loop of its first call, and kept it:
+    used from a later loop (an ``asyncio.run`` per rollout step, a worker's new loop) every
+    call failed with ``RuntimeError: Event loop is closed``. Each loop gets a client of its
+    own; the last loop's is closed when a new one is made, if its loop still runs."""
+    from tangram.exec.integrations.verl_tool import TangramSandboxTool
+    from tangram.exec.service import ServeOptions, ServiceThread
+    from tests.live.test_service_ids import fake_cpu_runtime
+
+    with ServiceThread(fake_cpu_runtime, ServeOptions(port=0)) as svc:
+        tool = TangramSandboxTool({"tangram_url": svc.url, "image": "fake"})
+        traj, _ = asyncio.run(tool.create("t-loops"))
+        response, _, metrics = asyncio.run(tool.execute(traj, {"code": "print(1)"}))
+        asyncio.run(tool.release(traj))
+    assert metrics["status"] == "result" and metrics["exit_code"] == 0, (metrics, response)

@@ -21,6 +21,7 @@ tensordict besides).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import shlex
 import uuid
@@ -83,14 +84,30 @@ class TangramSandboxTool(BaseTool):
         super().__init__(config, schema)
         self.settings = ToolSettings.from_config(config)
         self._client: AsyncClient | None = None
+        #: The event loop ``_client`` was made on (its connections belong to it).
+        self._client_loop: asyncio.AbstractEventLoop | None = None
         self._calls: dict[str, int] = {}
 
     @property
     def client(self) -> AsyncClient:
-        """One HTTP client per tool, made on first use (inside verl's event loop)."""
-        if self._client is None:
+        """The HTTP client of the running event loop, made on its first use there. One made
+        on an earlier loop cannot be used on this one (its connections belong to that loop:
+        every call failed with 'Event loop is closed'), so each loop gets its own; the
+        previous one is closed on its loop if that still runs, else dropped with it."""
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._client_loop is not loop:
+            self._retire_client()
             self._client = AsyncClient(self.settings.tangram_url, token=self.settings.token)
+            self._client_loop = loop
         return self._client
+
+    def _retire_client(self) -> None:
+        """Let go of the previous loop's client: closed there when that loop still runs (on
+        another thread), else nothing is left to close (its loop closed its sockets)."""
+        old, old_loop = self._client, self._client_loop
+        self._client = self._client_loop = None
+        if old is not None and old_loop is not None and old_loop.is_running():
+            asyncio.run_coroutine_threadsafe(old.aclose(), old_loop)
 
     async def create(
         self, instance_id: str | None = None, **kwargs: Any
