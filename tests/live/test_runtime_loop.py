@@ -242,3 +242,29 @@ def test_closing_a_trajectory_ends_every_queued_action_of_it_and_starts_none() -
         assert out.error.code == "trajectory_closed", out
         assert out.start_s is None, out
     assert aoe.ran == ["hold"]
+
+
+def test_an_open_waiting_for_memory_is_refused_at_once_when_the_runtime_closes() -> None:
+    """An open waiting for a node's memory (``wait_s``) was not woken by the shutdown: it
+    waited out the rest of its ``wait_s`` (``/run_code``'s is 300 s) after the runtime had
+    closed, its client without an answer. It is refused with ``shutting_down`` at once."""
+    from tangram.exec.runtime import ShuttingDown
+
+    aoe = _HeldAoe()
+
+    async def main() -> None:
+        rt = _fcfs_cpu_runtime(aoe)  # (its node has 16 GB)
+        await rt.start()
+        await rt.open_trajectory("full", memory_gb=16.0)
+        waiting = asyncio.ensure_future(rt.open_trajectory("next", memory_gb=1.0, wait_s=600))
+        for _ in range(100):
+            await asyncio.sleep(0)
+        assert not waiting.done()
+        await rt.close(grace_s=1.0)
+        try:
+            await asyncio.wait_for(waiting, timeout=10)
+        except ShuttingDown:
+            return
+        raise AssertionError("the open succeeded after the shutdown")
+
+    asyncio.run(main())

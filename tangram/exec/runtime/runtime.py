@@ -246,7 +246,7 @@ class Runtime:
             await self._closed.wait()
             return
         self._closing = True
-        self.trajs.stopping = True
+        await self.trajs.stop()
         grace = self.config.close_grace_s if grace_s is None else grace_s
         host = self.host
         refused = ErrorInfo(ShuttingDown.code, ShuttingDown().message, retryable=True)

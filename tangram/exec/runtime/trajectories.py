@@ -265,6 +265,12 @@ class Trajectories:
             self.host.close_trajectory(traj.id, opened=False)
             await self._notify_capacity()
 
+    async def stop(self) -> None:
+        """The runtime stops: opens give up. One waiting for memory is woken to be refused
+        (``ShuttingDown``) now; it waited out the rest of its ``wait_s`` after the shutdown."""
+        self.stopping = True
+        await self._notify_capacity()
+
     async def settle(self, timeout_s: float) -> None:
         """Wait (up to ``timeout_s``) for the closes under way and the removals of cancelled
         opens, at shutdown: left running, they closed trajectories on a host and executors
