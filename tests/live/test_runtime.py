@@ -627,3 +627,37 @@ def test_an_action_cut_at_shutdown_keeps_the_time_it_ran() -> None:
     assert out.start_s is not None
     # It ran at least the grace (the cut came after it), and no longer than start to end.
     assert 0.05 <= out.timings.exec_s <= out.end_s - out.start_s, out.timings
+
+
+def test_a_plain_endpoint_still_running_at_close_leaves_no_task_waiting_for_it() -> None:
+    """The action of a plain endpoint still on its thread when the runtime closes is cut
+    after the grace; its task, which waits for the thread to keep the endpoint's slot, stops
+    waiting as the API executor closes (it outlived the runtime, pending when the loop
+    closed, until the thread returned)."""
+    import threading
+
+    release = threading.Event()
+
+    def blocking(payload: Any) -> Any:
+        release.wait(10)  # (bounded: the test sets it)
+        return payload
+
+    cluster = ClusterSpec(name="plain", apis=(ApiEndpointSpec("plain", concurrency=1),))
+
+    async def main() -> Any:
+        rt = Runtime(cluster, api=ApiExecutor({"plain": blocking}))
+        await rt.start()
+        aid = await rt.submit(ActionSpec(ApiWork("plain", 1), timeout_s=60))
+        await _running(rt, aid)
+        rec = rt.host.table.get(aid)
+        assert rec is not None and rec.task is not None
+        await rt.close(grace_s=0.05)
+        for _ in range(10):  # (the task's last steps)
+            await asyncio.sleep(0)
+        done = rec.task.done()
+        release.set()
+        return done, await rt.result(aid)
+
+    done, out = asyncio.run(main())
+    assert out.status == "error" and out.error is not None and out.error.code == "shutting_down"
+    assert done, "the action's task still waited for its thread after the close"

@@ -45,6 +45,10 @@ class ApiExecutor:
     def __init__(self, endpoints: Mapping[str, ApiCallable] | None = None) -> None:
         self._endpoints: dict[str, ApiCallable] = dict(endpoints or {})
         self._pool: ThreadPoolExecutor | None = None
+        #: Calls of cancelled actions whose threads are still waited for (``_on_thread``).
+        self._outliving: set[asyncio.Future[Any]] = set()
+        #: Set by ``aclose``: a cancelled call's thread is no longer waited for.
+        self._closing = False
 
     def register(self, name: str, fn: ApiCallable) -> None:
         if not callable(fn):
@@ -112,8 +116,13 @@ class ApiExecutor:
         return ExecResult("result", value, None, exec_s=time.perf_counter() - t0)
 
     async def aclose(self) -> None:
-        """Close what the endpoints hold open (an ``HttpEndpoint``'s connections): each
-        callable with an ``aclose`` coroutine method, on the loop, before ``shutdown``."""
+        """Stop waiting for the threads of cancelled calls (their tasks end: nothing waits
+        for them past the runtime), and close what the endpoints hold open (an
+        ``HttpEndpoint``'s connections): each callable with an ``aclose`` coroutine method,
+        on the loop, before ``shutdown``."""
+        self._closing = True  # (a task cancelled by the shutdown may not have seen it yet)
+        for call in list(self._outliving):
+            call.cancel()  # (the thread runs on; only the wait ends)
         for name, fn in self._endpoints.items():
             aclose = getattr(fn, "aclose", None)
             if aclose is None or not inspect.iscoroutinefunction(aclose):
@@ -127,16 +136,22 @@ class ApiExecutor:
         """``fn(payload)`` on the pool. A cancel (a deadline, a client's cancel) cannot stop
         the thread, so it is waited for before the cancel goes on: the action's task, and
         with it its slot of the endpoint's quota, lasts until the call returns (the runtime
-        ends the action at its grace meanwhile). A second cancel (the runtime's shutdown)
-        stops the wait."""
+        ends the action at its grace meanwhile). A second cancel, or ``aclose`` (the
+        runtime's shutdown), stops the wait."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(16, thread_name_prefix="tangram-api")
         call = asyncio.get_running_loop().run_in_executor(self._pool, fn, payload)
         try:
             return await asyncio.shield(call)
         except asyncio.CancelledError:
-            with contextlib.suppress(Exception):  # (its value or error is discarded)
-                await call
+            if self._closing:
+                raise
+            self._outliving.add(call)
+            try:
+                with contextlib.suppress(Exception):  # (its value or error is discarded)
+                    await call
+            finally:
+                self._outliving.discard(call)
             raise
 
     def shutdown(self) -> None:
