@@ -527,3 +527,34 @@ def test_a_second_open_of_an_opening_id_keeps_the_place_after_the_first_gives_up
         names = {t["id"] for t in op.trajectories()}
     gate.set()
     assert len(names) <= 1, (names, statuses)
+
+
+def test_a_tenants_refusals_are_counted_in_the_metrics() -> None:
+    """The refusals of a tenant's bounds (429 ``overloaded``, as the runtime's own bound's)
+    were missing from ``tangram_actions_refused_total``, which counted only the runtime's
+    bound: a tenant refused all day showed none. Each bound is a reason of its own."""
+    gate = threading.Event()
+    opts = ServeOptions(
+        port=0,
+        token=OPERATOR,
+        clients={"alice": ALICE},
+        tenant_max_pending=1,
+        tenant_max_trajectories=1,
+    )
+    try:
+        with (
+            ServiceThread(_with_containers(gate), opts) as thread,
+            Client(thread.url, token=ALICE, retries=0) as alice,
+        ):
+            alice.open_trajectory("t0", memory_gb=0.25)
+            with pytest.raises(OverloadedError):
+                alice.open_trajectory("t1", memory_gb=0.25)
+            alice.submit(endpoint="gate", payload=0, id="g0")
+            with pytest.raises(OverloadedError):
+                alice.submit(endpoint="gate", payload=1, id="g1")
+            with Client(thread.url, token=OPERATOR) as op:
+                text = op.metrics()
+    finally:
+        gate.set()
+    assert 'tangram_actions_refused_total{reason="tenant"} 1.0' in text, text
+    assert 'tangram_actions_refused_total{reason="tenant_trajectories"} 1.0' in text, text

@@ -7,7 +7,7 @@ from the runtime when scraped; the per-action time histograms are fed by an outc
 |---|---|---|---|
 | ``tangram_actions_submitted_total`` | counter | resource | actions accepted |
 | ``tangram_actions_completed_total`` | counter | status | outcomes given (``STATUSES``) |
-| ``tangram_actions_refused_total`` | counter | reason | submissions refused by admission control |
+| ``tangram_actions_refused_total`` | counter | reason | requests refused by an admission bound (``REFUSALS``) |
 | ``tangram_actions_pending`` | gauge | | accepted and not yet ended |
 | ``tangram_actions_queued`` / ``_running`` | gauge | | in the core's queues / running |
 | ``tangram_max_pending`` | gauge | | the admission bound |
@@ -33,6 +33,14 @@ from tangram.exec.runtime.records import STATUSES
 from tangram.exec.service.pool_metrics import PoolCollector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: The refusals of each admission bound (429 ``overloaded``): the runtime's ``max_pending``,
+#: and a tenant's ``tenant_max_pending`` and ``tenant_max_trajectories``, by the runtime's
+#: counter of each. (Only the first was counted: a tenant refused all day showed none.)
+REFUSALS = {
+    "overloaded": "refused_overloaded",
+    "tenant": "refused_tenant",
+    "tenant_trajectories": "refused_tenant_trajectories",
+}
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
 
@@ -58,7 +66,8 @@ class _RuntimeCollector(Collector):
         refused = CounterMetricFamily(
             "tangram_actions_refused", "Submissions refused by admission.", labels=["reason"]
         )
-        refused.add_metric(["overloaded"], c["refused_overloaded"])
+        for reason, counter in REFUSALS.items():
+            refused.add_metric([reason], c[counter])
         yield refused
         yield CounterMetricFamily(
             "tangram_scheduler_passes", "Scheduling passes (advance calls).", value=rt.passes
