@@ -208,7 +208,10 @@ def test_a_shutdown_refuses_every_queued_action_and_starts_none() -> None:
         await rt.open_trajectory("t", memory_gb=1.0)
         head, behind = await _held_back(rt, "t")
         closing = asyncio.ensure_future(rt.close(grace_s=5.0))
-        await asyncio.sleep(0)
+        for _ in range(1000):  # (the close ends what waits before it waits for what runs)
+            if rt.host.pending == 1:
+                break
+            await asyncio.sleep(0)
         aoe.release.set()
         await asyncio.wait_for(closing, timeout=30)
         return await rt.result(head), await rt.result(behind)
