@@ -338,7 +338,6 @@ def run(args: argparse.Namespace) -> int:
         services = [*default_services(), *(service_from_arg(m).spec for m in args.model)]
     from tangram.exec.aoe import AoeConfig
     from tangram.exec.aoe.config import WarmPoolConfig
-    from tangram.exec.service.sandbox_fusion import RunCodeSettings
 
     pool = WarmPoolConfig(max_per_key=args.warm_pool, max_total=args.warm_pool_total)
     runtime = build_runtime(
@@ -351,14 +350,13 @@ def run(args: argparse.Namespace) -> int:
         services=services,
         endpoints=endpoints,
     )
-    if runtime.cpu is not None and config.default_memory_gb > runtime.cpu.node.memory_gb:
-        raise ValueError(
-            f"--memory-gb {args.memory_gb:g}: more than the CPU node {runtime.cpu.node.name!r} "
-            f"has for containers ({runtime.cpu.node.memory_gb:g} GB): no trajectory could open"
-        )
-    if runtime.cpu is not None and args.prewarm > 0:
-        rc = RunCodeSettings()
-        runtime.cpu.aoe.prewarm(args.prewarm, image=rc.image, memory_gb=rc.memory_gb)
+    try:
+        prepare(runtime, config, args)
+    except BaseException:
+        # (The runtime never started: its close stops the executors build_runtime made,
+        # which were left running, AOE's warm containers with them.)
+        asyncio.run(runtime.close(grace_s=0.0))
+        raise
     limits = ConnectionLimits(
         header_timeout_s=args.header_timeout_s,
         body_timeout_s=args.body_timeout_s,
@@ -402,6 +400,21 @@ def run(args: argparse.Namespace) -> int:
         ) from None
     print("tangram serve: stopped", file=sys.stderr)
     return 0
+
+
+def prepare(runtime: Any, config: Any, args: argparse.Namespace) -> None:
+    """What ``tangram serve`` checks and does once its runtime is built: ``--memory-gb``
+    within the CPU node, then ``--prewarm``'s warm containers."""
+    from tangram.exec.service.sandbox_fusion import RunCodeSettings
+
+    if runtime.cpu is not None and config.default_memory_gb > runtime.cpu.node.memory_gb:
+        raise ValueError(
+            f"--memory-gb {args.memory_gb:g}: more than the CPU node {runtime.cpu.node.name!r} "
+            f"has for containers ({runtime.cpu.node.memory_gb:g} GB): no trajectory could open"
+        )
+    if runtime.cpu is not None and args.prewarm > 0:
+        rc = RunCodeSettings()
+        runtime.cpu.aoe.prewarm(args.prewarm, image=rc.image, memory_gb=rc.memory_gb)
 
 
 def api_endpoints(items: list[str], declared: set[str] | None = None) -> dict[str, Any]:

@@ -114,3 +114,36 @@ def test_serve_names_an_address_it_cannot_listen_on(capsys: pytest.CaptureFixtur
     assert code == 2
     err = capsys.readouterr().err
     assert f"cannot listen on 127.0.0.1:{port}" in err and "Traceback" not in err, err
+
+
+def test_serve_that_fails_after_its_executors_are_made_stops_them(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``tangram serve`` refused a setting checked once the runtime was built (here
+    ``--memory-gb`` beyond the CPU node) and exited, its executors never stopped: AOE's
+    warm containers (``--prewarm``), watchdog and Docker client, EOE's devices. They are
+    stopped before the refusal."""
+    import tangram.exec.runtime as runtime_package
+    from tangram.core.resources import ClusterSpec, CpuNodeSpec
+    from tangram.exec.runtime import CpuExecutor, Runtime
+    from tests.live.test_service_ids import FakeAoe
+
+    stopped: list[str] = []
+
+    class Recording(FakeAoe):
+        def shutdown(self) -> None:
+            stopped.append("aoe")
+            super().shutdown()
+
+    node = CpuNodeSpec("local", cores=2, numa_domains=1, memory_gb=4.0)
+
+    def build(cluster: object, config: object, **kw: object) -> Runtime:
+        cpu = CpuExecutor(Recording(), node)
+        return Runtime(ClusterSpec(name="c", cpu_nodes=(node,)), config, cpu=cpu)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runtime_package, "build_runtime", build)
+    code = cli_main(["serve", "--no-gpu", "--no-journal", "--port", "0", "--memory-gb", "100"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "--memory-gb 100" in err and "Traceback" not in err, err
+    assert stopped == ["aoe"]
