@@ -511,9 +511,9 @@ def test_a_deadline_in_a_client_s_cancel_grace_does_not_rewrite_the_cancel() -> 
     assert timeouts == 0
 
 
-async def _json_server(closed: asyncio.Event) -> asyncio.Server:
-    """A loopback HTTP/1.1 server answering every POST with ``{"ok": true}`` on kept-alive
-    connections; ``closed`` is set when a client closes its connection."""
+async def _json_server(closed: asyncio.Event, status: bytes = b"200 OK") -> asyncio.Server:
+    """A loopback HTTP/1.1 server answering every POST with ``{"ok": true}`` (at ``status``)
+    on kept-alive connections; ``closed`` is set when a client closes its connection."""
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -527,7 +527,9 @@ async def _json_server(closed: asyncio.Event) -> asyncio.Server:
                 await reader.readexactly(length)
                 body = b'{"ok": true}'
                 writer.write(
-                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    b"HTTP/1.1 "
+                    + status
+                    + b"\r\nContent-Type: application/json\r\n"
                     + f"Content-Length: {len(body)}\r\n\r\n".encode()
                     + body
                 )
@@ -661,3 +663,29 @@ def test_a_plain_endpoint_still_running_at_close_leaves_no_task_waiting_for_it()
     done, out = asyncio.run(main())
     assert out.status == "error" and out.error is not None and out.error.code == "shutting_down"
     assert done, "the action's task still waited for its thread after the close"
+
+
+def test_an_http_endpoint_s_failure_does_not_show_its_url_to_clients() -> None:
+    """An ``--api NAME=URL`` endpoint that answered an error status failed its action with
+    httpx's message, which quotes the whole URL: its credentials (``user:token@``) and query
+    (``?api_key=``), the operator's secrets, went to every client calling it (tenants too),
+    the trace and the journal. The error names the endpoint's status, not its URL."""
+    from tangram.exec.runtime import http_endpoint
+
+    cluster = ClusterSpec(name="http", apis=(ApiEndpointSpec("remote", concurrency=1),))
+
+    async def main() -> Any:
+        server = await _json_server(asyncio.Event(), status=b"503 Service Unavailable")
+        port = server.sockets[0].getsockname()[1]
+        try:
+            url = f"http://user:hunter2@127.0.0.1:{port}/call?api_key=topsecret"
+            api = ApiExecutor({"remote": http_endpoint(url)})
+            async with Runtime(cluster, api=api) as rt:
+                return await rt.run(ActionSpec(ApiWork("remote", {"x": 1})))
+        finally:
+            server.close()
+
+    out = asyncio.run(main())
+    assert out.status == "error" and out.error is not None, out
+    assert out.error.code == "endpoint_failed" and "503" in out.error.message, out.error
+    assert "hunter2" not in out.error.message and "topsecret" not in out.error.message

@@ -199,12 +199,17 @@ def builtin_endpoints() -> dict[str, ApiCallable]:
     return {"echo": echo, "search": search}
 
 
+class EndpointError(RuntimeError):
+    """An ``HttpEndpoint`` call that failed, said without the endpoint's URL."""
+
+
 class HttpEndpoint:
     """An endpoint that POSTs the payload as JSON to ``url`` and returns the JSON answer.
 
     Its ``httpx.AsyncClient`` (made at the first call, on the runtime's loop) keeps its
     connections alive between calls; ``aclose`` closes them (the ``ApiExecutor`` does, as
-    the runtime closes), so none is left open past the runtime."""
+    the runtime closes), so none is left open past the runtime. A failure is an
+    ``EndpointError`` that never quotes the URL (the operator's secrets may be in it)."""
 
     def __init__(self, url: str, *, timeout_s: float = 60.0) -> None:
         self.url, self.timeout_s = url, timeout_s
@@ -215,9 +220,24 @@ class HttpEndpoint:
 
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=self.timeout_s)
-        response = await self._client.post(self.url, json=payload)
-        response.raise_for_status()
+        try:
+            response = await self._client.post(self.url, json=payload)
+        except httpx.HTTPError as exc:
+            raise EndpointError(f"{type(exc).__name__}: {self._hidden(str(exc))}") from None
+        if response.is_error:  # (httpx's own message quotes the URL)
+            raise EndpointError(
+                f"the endpoint answered HTTP {response.status_code} {response.reason_phrase}"
+            )
         return response.json()
+
+    def _hidden(self, text: str) -> str:
+        """``text`` without the endpoint's URL: it may hold the operator's credentials
+        (``user:token@``) or keys (``?api_key=``), and an error's message goes to clients."""
+        import httpx
+
+        for shown in {self.url, str(httpx.URL(self.url))}:
+            text = text.replace(shown, "<the endpoint's URL>")
+        return text
 
     async def aclose(self) -> None:
         """Close the client and its connections (a later call opens a new one)."""
