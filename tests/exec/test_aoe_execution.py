@@ -397,6 +397,44 @@ def test_a_container_found_dead_after_a_lost_stream_fails_the_action_with_its_ou
     assert log == ["oom?", "grant (0, 1) 2", "run", "park", "look suspect=True"]
 
 
+class FailingGroup:
+    """An action group whose kill fails for another reason than the cgroup being gone."""
+
+    by = "cgroup"
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def kill(self) -> Any:
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    "error",
+    [AoeError("writing 'FROZEN' to freezer.state failed: EBUSY"), PermissionError(13, "denied")],
+)
+def test_a_kill_that_fails_still_ends_the_action_timed_out_with_its_output(
+    error: Exception,
+) -> None:
+    """The kill at the time-out raised (a freezer write refused: AoeError, or a cgroup file's
+    open: OSError) through the transport: the action came back as a "container failure"
+    naming the freezer, its output lost, its runner closed. Now it is a time-out with what
+    it printed, saying the kill could not be confirmed."""
+    runner, container, ledger, log = setup()
+    container.group = FailingGroup(error)  # type: ignore[assignment]
+
+    def timed_out(request: ActionRequest, kill: Callable[[str], None]) -> RawResult:
+        log.append("run")
+        kill("timeout")
+        return RawResult(None, b"partial", b"", "timeout", 7, 0)
+
+    container.transport.run = timed_out  # type: ignore[method-assign]
+    out = runner.run(container, "a1", plan(), None, 0.0)
+    assert (out.status, out.stdout) == ("timeout", b"partial"), out
+    assert "not known" in (out.error or "") and "container failure" not in (out.error or "")
+    assert "close" not in log and ledger.free_cores() == TOPOLOGY.cores
+
+
 def test_a_count_of_cores_is_chosen_numa_locally_by_the_ledger() -> None:
     runner, container, _, _ = setup()
     assert runner.run(container, "a1", plan(2), None, 0.0).cores == (0, 1)

@@ -131,8 +131,48 @@ def _timed_out() -> RawResult:
         (KillReport("cgroup", 0), "the action's processes were killed, the container was kept"),
         (KillReport("cgroup", 2), "killed but 2 of its processes could not be"),
         (KillReport("marker", None), "that still carried its marker"),
+        (KillReport("cgroup", None), "whether all of its processes died is not known"),
     ],
 )
 def test_a_timeout_says_what_the_kill_did(report: KillReport | None, says: str) -> None:
     verdict = judge(_timed_out(), Facts(100, 0.5, 1.0, kill=report))
     assert verdict.status == "timeout" and says in (verdict.error or "")
+
+
+def test_a_kill_whose_freezer_cannot_be_written_still_kills_and_counts(
+    group: CgroupGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A freezer write refused for another reason than the cgroup being gone (EBUSY, EACCES,
+    here a directory in the file's place: EISDIR) raised out of the kill: no process was
+    signalled, and the error came out of the transport, so the action's processes were then
+    moved out of the group (``leave``) and outlived its time-out. The kill now signals them
+    unfrozen and counts what is left."""
+    group.enter("a1", RUNNER, launcher_stays=True)
+    procs = group.dir / "cgroup.procs"
+    procs.write_text(f"{RUNNER}\n{CHILD}\n")
+    state = group.dir / group.freezer.file
+    state.unlink()
+    state.mkdir()  # open(O_WRONLY) fails with IsADirectoryError, not FileNotFoundError
+    killed: list[int] = []
+    monkeypatch.setattr(
+        kill_mod.os, "kill", lambda pid, sig: (killed.append(pid), procs.write_text(f"{RUNNER}\n"))
+    )
+    assert group.kill() == KillReport("cgroup", 0)
+    assert killed == [CHILD]
+
+
+def test_a_kill_refused_a_signal_reports_the_survivor(
+    group: CgroupGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``os.kill`` refused with EPERM (not ESRCH) raised out of the kill between freeze and
+    thaw: the outcome was a container failure; now the survivor is counted."""
+    group.enter("a1", RUNNER, launcher_stays=True)
+    (group.dir / "cgroup.procs").write_text(f"{RUNNER}\n{CHILD}\n")
+
+    def refuse(pid: int, sig: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(kill_mod.os, "kill", refuse)
+    monkeypatch.setattr(kill_mod, "GONE_WAIT_S", 0.01)
+    assert group.kill() == KillReport("cgroup", 1)
+    assert (group.dir / group.freezer.file).read_text() == group.freezer.thawed

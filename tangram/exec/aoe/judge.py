@@ -115,6 +115,8 @@ def _detail(raw: RawResult) -> str:
 def _kill_note(facts: Facts) -> str:
     """What a reported kill did not do, to append to "killed" (empty when all died)."""
     kill = facts.kill
+    if kill is not None and kill.by == "cgroup" and kill.survivors is None:
+        return " but whether all of its processes died is not known (the kill failed)"
     if kill is None or (kill.by == "cgroup" and not kill.survivors):
         return ""
     if kill.by == "cgroup":

@@ -30,7 +30,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from tangram.exec.aoe.cgroups import (
     FREEZER_DIR,
@@ -64,6 +64,8 @@ class ActionGroup(ABC):
 
     #: Whether ``enter`` needs the launcher's host pid (the transport looks it up if so).
     places: bool = False
+    #: How its kill finds the action's processes (``KillReport.by``).
+    by: Literal["cgroup", "marker"] = "marker"
 
     @abstractmethod
     def enter(self, action_id: str, pid: int | None, *, launcher_stays: bool) -> None:
@@ -89,6 +91,7 @@ class CgroupGroup(ActionGroup):
     """The action cgroup: a child of the container's freezer (v1) or unified (v2) cgroup."""
 
     places = True
+    by = "cgroup"
 
     def __init__(self, parent: Path, freezer: Freezer) -> None:
         self.parent = parent
@@ -144,18 +147,42 @@ class CgroupGroup(ActionGroup):
     def kill(self) -> KillReport:
         victims: set[int] = set()
         for _ in range(KILL_ROUNDS):
-            self.freezer.freeze(self.dir)
+            frozen = self._freeze_for_kill()
             try:
-                _wait(lambda: self.freezer.is_frozen(self.dir), FREEZE_WAIT_S)
+                if frozen:
+                    _wait(lambda: self.freezer.is_frozen(self.dir), FREEZE_WAIT_S)
                 victims = self._procs() - {self._spare}
                 for pid in victims:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
+                    _sigkill(pid)
             finally:
-                self.freezer.thaw(self.dir)
+                if frozen:
+                    self._thaw_after_kill()
             if not victims or _wait(lambda: not self._procs() - {self._spare}, GONE_WAIT_S):
                 return KillReport("cgroup", 0)
         return KillReport("cgroup", len(self._procs() - {self._spare}))
+
+    def _freeze_for_kill(self) -> bool:
+        """Freeze the group for a kill; False when the freezer refused (EBUSY, EACCES, ...):
+        the kill then signals the processes unfrozen, round after round, rather than none at
+        all. ``CgroupGone`` passes (the container, and its processes, are gone)."""
+        try:
+            self.freezer.freeze(self.dir)
+        except CgroupGone:
+            raise
+        except (AoeError, OSError) as exc:
+            log.warning("the action cgroup %s could not be frozen for a kill: %s", self.dir, exc)
+            return False
+        return True
+
+    def _thaw_after_kill(self) -> None:
+        """Thaw after a kill; a refusal is logged, not raised: the kill's report (and the
+        action's outcome) must not be lost to it. ``CgroupGone`` passes."""
+        try:
+            self.freezer.thaw(self.dir)
+        except CgroupGone:
+            raise
+        except (AoeError, OSError) as exc:
+            log.warning("the action cgroup %s could not be thawed after a kill: %s", self.dir, exc)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -199,6 +226,11 @@ def kill_action(container: Container, aid: str, why: str) -> KillReport:
         report = container.group.kill()
     except CgroupGone:
         report = KillReport("cgroup", 0)  # the container is gone, and its processes with it
+    except (AoeError, OSError) as exc:
+        # Raised through the transport, this lost the action's output and made its time-out a
+        # "container failure"; its processes were then moved out of the group and lived on.
+        log.warning("the kill of action %s in %s failed: %s", aid, container.handle.short_id, exc)
+        report = KillReport(container.group.by, None)
     log.info(
         "killed action %s in %s (%s): by %s, %s survivor(s)",
         aid,
@@ -250,6 +282,17 @@ def _wait(done: Callable[[], bool], timeout_s: float) -> bool:
             return False
         time.sleep(delay)
         delay = min(delay * 2, 0.02)
+
+
+def _sigkill(pid: int) -> None:
+    """SIGKILL ``pid``; one already gone is fine, one that may not be signalled (EPERM) is
+    logged and left to the survivors' count."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    except OSError as exc:
+        log.warning("could not SIGKILL process %d: %s", pid, exc)
 
 
 def _kill_visible(pids: list[int], marker: bytes) -> int:
