@@ -176,3 +176,17 @@ def test_a_kill_refused_a_signal_reports_the_survivor(
     monkeypatch.setattr(kill_mod, "GONE_WAIT_S", 0.01)
     assert group.kill() == KillReport("cgroup", 1)
     assert (group.dir / group.freezer.file).read_text() == group.freezer.thawed
+
+
+def test_a_move_back_that_is_refused_does_not_raise_out_of_leave(group: CgroupGroup) -> None:
+    """``leave`` runs in the transport's ``finally`` after every action: a write to the
+    container's ``cgroup.procs`` refused for another reason than the cgroup being gone
+    (EBUSY, EACCES; here EISDIR) raised there, replacing the finished action's result with a
+    "container failure" and closing its runner. The survivor now stays in the action group
+    (the next kill takes it) and the group is thawed."""
+    group.enter("a1", RUNNER, launcher_stays=True)
+    (group.dir / "cgroup.procs").write_text(f"{RUNNER}\n{CHILD}\n")
+    (group.parent / "cgroup.procs").unlink()
+    (group.parent / "cgroup.procs").mkdir()
+    group.leave()
+    assert (group.dir / group.freezer.file).read_text() == group.freezer.thawed

@@ -133,21 +133,41 @@ class CgroupGroup(ActionGroup):
         self._spare = pid
 
     def leave(self) -> None:
+        """Called in the transport's ``finally`` after every action: an error other than the
+        cgroup being gone is logged, never raised (it replaced the action's result with a
+        "container failure"); what could not be moved stays in the group, where the next
+        action's kill may take it."""
         self._spare = None
-        with contextlib.suppress(CgroupGone):  # the container died: nothing left to move
+        try:
             if not self._procs() - {self._resident}:
                 return  # the usual case: nothing left running but the runner, no write
-            self.freezer.freeze(self.dir)  # frozen while moved: none forks a child in behind us
-            try:
-                for pid in self._procs() - {self._resident}:
+            self._move_survivors_out()
+        except CgroupGone:
+            pass  # the container died: nothing left to move
+        except (AoeError, OSError) as exc:
+            log.warning("what the action left in %s could not be moved out: %s", self.dir, exc)
+
+    def _move_survivors_out(self) -> None:
+        """Move every process but the runner back to the container's cgroup, frozen while
+        moved (none forks a child in behind us) when the freezer allows; each refused move is
+        logged and the rest go on."""
+        frozen = self._try_freeze()
+        try:
+            for pid in self._procs() - {self._resident}:
+                try:
                     self._move(pid, self.parent)
-            finally:
-                self.freezer.thaw(self.dir)
+                except CgroupGone:
+                    raise
+                except OSError as exc:
+                    log.warning("process %d could not be moved out of %s: %s", pid, self.dir, exc)
+        finally:
+            if frozen:
+                self._try_thaw()
 
     def kill(self) -> KillReport:
         victims: set[int] = set()
         for _ in range(KILL_ROUNDS):
-            frozen = self._freeze_for_kill()
+            frozen = self._try_freeze()
             try:
                 if frozen:
                     _wait(lambda: self.freezer.is_frozen(self.dir), FREEZE_WAIT_S)
@@ -156,33 +176,33 @@ class CgroupGroup(ActionGroup):
                     _sigkill(pid)
             finally:
                 if frozen:
-                    self._thaw_after_kill()
+                    self._try_thaw()
             if not victims or _wait(lambda: not self._procs() - {self._spare}, GONE_WAIT_S):
                 return KillReport("cgroup", 0)
         return KillReport("cgroup", len(self._procs() - {self._spare}))
 
-    def _freeze_for_kill(self) -> bool:
-        """Freeze the group for a kill; False when the freezer refused (EBUSY, EACCES, ...):
-        the kill then signals the processes unfrozen, round after round, rather than none at
-        all. ``CgroupGone`` passes (the container, and its processes, are gone)."""
+    def _try_freeze(self) -> bool:
+        """Freeze the group (for a kill or a move); False when the freezer refused (EBUSY,
+        EACCES, ...): a kill then signals the processes unfrozen, round after round, rather
+        than none at all. ``CgroupGone`` passes (the container, and its processes, are gone)."""
         try:
             self.freezer.freeze(self.dir)
         except CgroupGone:
             raise
         except (AoeError, OSError) as exc:
-            log.warning("the action cgroup %s could not be frozen for a kill: %s", self.dir, exc)
+            log.warning("the action cgroup %s could not be frozen: %s", self.dir, exc)
             return False
         return True
 
-    def _thaw_after_kill(self) -> None:
-        """Thaw after a kill; a refusal is logged, not raised: the kill's report (and the
-        action's outcome) must not be lost to it. ``CgroupGone`` passes."""
+    def _try_thaw(self) -> None:
+        """Thaw after ``_try_freeze``; a refusal is logged, not raised: the kill's report (and
+        the action's outcome) must not be lost to it. ``CgroupGone`` passes."""
         try:
             self.freezer.thaw(self.dir)
         except CgroupGone:
             raise
         except (AoeError, OSError) as exc:
-            log.warning("the action cgroup %s could not be thawed after a kill: %s", self.dir, exc)
+            log.warning("the action cgroup %s could not be thawed: %s", self.dir, exc)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
