@@ -5,6 +5,7 @@ name is the id's, with the closed trajectory's files in it. Stand-in containers,
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import pytest
@@ -24,16 +25,40 @@ class _Containers:
         #: Volumes removal was asked for again at a reopen (the stale volume of a close).
         self.retried: list[str] = []
         self.reopen_during_removal = True
+        #: Every container started and every one retired, in order (for the leak checks).
+        self.started: list[SimpleNamespace] = []
+        self.retired: list[SimpleNamespace] = []
+        #: Called inside ``start`` (after the container is made): a shutdown racing it.
+        self.during_start: Callable[[], None] | None = None
 
     def blueprint(self, traj_id: str, *_: object) -> SimpleNamespace:
-        return SimpleNamespace(traj_id=traj_id)
+        made = SimpleNamespace(traj_id=traj_id)
+        made.next_generation = lambda: made
+        return made
 
     def start(self, blueprint: SimpleNamespace) -> SimpleNamespace:
         self.events.append(f"start {blueprint.traj_id}")
-        return SimpleNamespace(blueprint=blueprint, handle=SimpleNamespace(short_id="c"))
+        made = SimpleNamespace(
+            blueprint=blueprint,
+            handle=SimpleNamespace(short_id=f"c{len(self.started)}", traj_id=blueprint.traj_id),
+        )
+        self.started.append(made)
+        if self.during_start is not None:
+            self.during_start()
+        return made
+
+    def discard(self, container: SimpleNamespace) -> None:
+        self.retire(container)
+
+    def close_pool(self) -> None:
+        self.events.append("close pool")
+
+    def remove_leftovers(self) -> None:
+        self.events.append("remove leftovers")
 
     def retire(self, container: SimpleNamespace) -> None:
         self.events.append(f"retire {container.blueprint.traj_id}")
+        self.retired.append(container)
         if self.fail_retire:
             raise AoeError("could not remove container c: engine unreachable")
 
@@ -70,6 +95,8 @@ def manager_with(containers: _Containers) -> aoe_manager.AoeManager:
     mgr._stale_volumes = {}
     mgr._lock = threading.Lock()
     mgr._closed = False
+    mgr._reaper = None
+    mgr.ledger = SimpleNamespace(close=lambda reason: None)  # type: ignore[assignment]
     containers.manager = mgr
     return mgr
 
@@ -127,3 +154,49 @@ def test_a_reopen_never_mounts_a_volume_its_close_could_not_remove():
     assert containers.retried == ["t1", "t1"] and "t1" in mgr._trajs
     assert containers.events[-1] == "start t1"
     assert not mgr._stale_volumes
+
+
+def _unretired(containers: _Containers) -> list[str]:
+    """The containers started and never retired (left running), by short id."""
+    return [c.handle.short_id for c in containers.started if c not in containers.retired]
+
+
+class _ShutdownFirst:
+    """A trajectory lock the manager is shut down under while its next holder waits."""
+
+    def __init__(self, mgr: aoe_manager.AoeManager) -> None:
+        self.mgr, self.lock = mgr, threading.Lock()
+
+    def __enter__(self) -> None:
+        self.mgr.shutdown()
+        self.lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
+def test_a_recreate_that_waited_through_a_shutdown_starts_no_container():
+    """A recreate waiting for its trajectory's lock (an action ran) while the manager shut
+    down went on after it: it retired the container the shutdown had already retired and
+    started a fresh one that nothing would ever remove (the reaper had been released)."""
+    containers = _Containers()
+    mgr = manager_with(containers)
+    mgr.open_trajectory("t1")
+    mgr._trajs["t1"].lock = _ShutdownFirst(mgr)  # type: ignore[assignment]
+    with pytest.raises(AoeError, match="shut down"):
+        mgr.recreate("t1")
+    assert containers.events.count("start t1") == 1, containers.events
+    assert _unretired(containers) == [] and len(containers.retired) == 1
+
+
+def test_a_recreate_whose_start_a_shutdown_overtook_removes_what_it_made():
+    """The shutdown came while a recreate made the new container: it skipped the trajectory
+    (its old container retired, the new one not yet in place), and the recreate then put the
+    new container in place, in a shut-down manager, for ever."""
+    containers = _Containers()
+    mgr = manager_with(containers)
+    mgr.open_trajectory("t1")
+    containers.during_start = mgr.shutdown
+    with pytest.raises(AoeError, match="shut down"):
+        mgr.recreate("t1")
+    assert _unretired(containers) == [], containers.events

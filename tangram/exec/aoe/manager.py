@@ -186,7 +186,7 @@ class AoeManager:
         """
         traj = self._get(traj_id)
         with traj.lock:
-            self._check_open(traj)
+            self._check_open(traj)  # (a shutdown while we waited closed it)
             if traj.retired is None:
                 self._containers.retire(traj.container)
                 # From here the old container is not the trajectory's (a pooled one is reset
@@ -199,9 +199,26 @@ class AoeManager:
                 )
             # Same trajectory, same lock: actions waiting on it now run in the new container.
             fresh = self._containers.start(traj.container.blueprint.next_generation())
-            traj.container = fresh
-            traj.retired = None
+            self._put_in_place(traj, fresh)
         return fresh.handle
+
+    def _put_in_place(self, traj: Trajectory, fresh: Container) -> None:
+        """Make ``fresh`` the trajectory's container, unless the manager was shut down while it
+        was made: the shutdown then passed this trajectory by (its old container retired, the
+        new one not yet in place) and released the reaper, so ``fresh`` is discarded here and
+        ``AoeError`` raised. Checked and set under ``_lock``, where ``shutdown`` sets
+        ``_closed``: either the shutdown finds ``fresh`` in place, or this finds it closed."""
+        with self._lock:
+            live = not self._closed
+            if live:
+                traj.container = fresh
+                traj.retired = None
+        if not live:
+            self._containers.discard(fresh)
+            raise AoeError(
+                f"the AOE manager was shut down while trajectory "
+                f"{fresh.blueprint.traj_id!r} was recreated"
+            )
 
     def prewarm(
         self,
@@ -250,10 +267,11 @@ class AoeManager:
         """Every grant so far (cores, quota, monotonic start and end)."""
         return self.ledger.log()
 
-    @staticmethod
-    def _check_open(traj: Trajectory) -> None:
+    def _check_open(self, traj: Trajectory) -> None:
+        """``UnknownTrajectory`` when ``traj`` was closed (by its close or the shutdown)."""
         if traj.closed:
-            raise UnknownTrajectory(f"trajectory {traj.container.handle.traj_id!r} was closed")
+            why = " (the AOE manager is shut down)" if self._closed else ""
+            raise UnknownTrajectory(f"trajectory {traj.container.handle.traj_id!r} was closed{why}")
 
     def _container(self, traj_id: str) -> Container:
         """The trajectory's container; ``AoeError`` when a failed recreate left it none (the
@@ -348,15 +366,19 @@ class AoeManager:
 
     def shutdown(self) -> None:
         """Remove every container of this manager and stop its watchdog. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
+        with self._lock:  # (``_put_in_place`` reads it under the lock)
+            if self._closed:
+                return
+            self._closed = True
         self._containers.close_pool()  # resets end, parked containers go
         self.ledger.close("the AOE manager is shut down")
         with self._lock:
             trajs = list(self._trajs.values())
             self._trajs.clear()
         for traj in trajs:
+            # A close, recreate or action waiting for the trajectory's lock finds it closed,
+            # rather than retiring its container again or starting a new one after us.
+            traj.closed = True
             if traj.retired is not None:
                 continue  # (a failed recreate retired it already)
             try:
