@@ -200,3 +200,15 @@ def test_a_recreate_whose_start_a_shutdown_overtook_removes_what_it_made():
     with pytest.raises(AoeError, match="shut down"):
         mgr.recreate("t1")
     assert _unretired(containers) == [], containers.events
+
+
+def test_an_open_whose_start_a_shutdown_overtook_says_so_and_removes_what_it_made():
+    """The container was discarded, but the error said the trajectory "was opened twice at
+    once", naming a race with another open that never happened."""
+    containers = _Containers()
+    mgr = manager_with(containers)
+    containers.during_start = mgr.shutdown
+    with pytest.raises(AoeError, match="shut down") as raised:
+        mgr.open_trajectory("t1")
+    assert "twice" not in str(raised.value)
+    assert _unretired(containers) == []

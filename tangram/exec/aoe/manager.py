@@ -148,11 +148,18 @@ class AoeManager:
         blueprint = self._containers.blueprint(traj_id, memory_gb, image, sandbox)
         container = self._containers.start(blueprint)
         with self._lock:
-            if traj_id in self._trajs or self._closed:
-                self._containers.discard(container)
-                raise AoeError(f"trajectory {traj_id!r} was opened twice at once")
-            self._trajs[traj_id] = Trajectory(container)
-        return container.handle
+            why = (
+                "the AOE manager was shut down while it was opened"
+                if self._closed
+                else "it was opened twice at once"
+                if traj_id in self._trajs
+                else None
+            )
+            if why is None:
+                self._trajs[traj_id] = Trajectory(container)
+                return container.handle
+        self._containers.discard(container)
+        raise AoeError(f"trajectory {traj_id!r} cannot be opened: {why}")
 
     def close_trajectory(self, traj_id: str) -> None:
         """Remove the trajectory's container (after its running action, if any, ends) and its
