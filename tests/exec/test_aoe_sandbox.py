@@ -295,3 +295,14 @@ def test_a_work_volume_is_each_trajectorys_own_and_never_a_host_path(
             if vol.name.startswith(name):
                 with contextlib.suppress(Exception):
                     vol.remove(force=True)
+
+
+def test_a_released_watchdog_is_waited_for_not_left_a_zombie(docker_client: Any) -> None:
+    """``release`` closed the watchdog's stdin and dropped its ``Popen`` unwaited: the
+    watchdog, which exits once it finds nothing left, stayed a zombie, and the dropped
+    ``Popen`` warned "subprocess N is still running" (ResourceWarning) at every shutdown."""
+    from tangram.exec.aoe import reaper
+
+    watchdog = reaper.spawn(f"test-release-{os.getpid()}", None)
+    reaper.release(watchdog)
+    assert watchdog.returncode is not None  # waited: no zombie, no warning

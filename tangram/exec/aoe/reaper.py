@@ -12,7 +12,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
+
+#: How long ``release`` waits for the watchdog to find nothing left and exit (it lists the
+#: session's containers once: well under a second on a local engine).
+EXIT_WAIT_S = 10.0
 
 #: The directory holding the ``tangram`` package, so the watchdog imports this same code.
 _ROOT = str(Path(__file__).resolve().parents[3])
@@ -34,9 +39,17 @@ def spawn(session: str, base_url: str | None) -> subprocess.Popen[bytes]:
 
 
 def release(watchdog: subprocess.Popen[bytes] | None) -> None:
-    """Let the watchdog go after a clean shutdown: it finds nothing left and exits."""
-    if watchdog is not None and watchdog.stdin is not None:
+    """Let the watchdog go after a clean shutdown: it finds nothing left and exits, and is
+    waited for here (up to ``EXIT_WAIT_S``, then by a daemon thread): left unwaited it stayed
+    a zombie and its dropped ``Popen`` warned that it was still running."""
+    if watchdog is None:
+        return
+    if watchdog.stdin is not None:
         watchdog.stdin.close()
+    try:
+        watchdog.wait(EXIT_WAIT_S)
+    except subprocess.TimeoutExpired:  # a slow engine: it goes on removing, we go on
+        threading.Thread(target=watchdog.wait, name="tangram-reaper-wait", daemon=True).start()
 
 
 def main(argv: list[str]) -> int:
