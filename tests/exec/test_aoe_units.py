@@ -220,6 +220,41 @@ def test_ledger_close_wakes_waiters_with_an_error() -> None:
     assert errors and "shutting down" in str(errors[0])
 
 
+def test_a_waiter_granted_just_before_the_close_keeps_its_grant_and_can_release_it() -> None:
+    """A waiter's request is granted by whichever thread runs the ledger's assignment (here
+    another request's acquire, after a release): when the close came before the waiter woke,
+    it raised "core ledger closed" with the cores recorded as its own, which nobody would
+    ever release (the caller got no grant to give back). A granted request now returns its
+    grant; only one still ungranted is refused."""
+    ledger = CoreLedger(NumaTopology(((0, 1),)))
+    ledger.acquire("a", (0,))
+    got: list[object] = []
+
+    def wait() -> None:
+        try:
+            got.append(ledger.acquire("b", (0,)))
+        except AoeError as exc:
+            got.append(exc)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while not ledger._waiting:
+        assert time.monotonic() < deadline, "the request never waited"
+        time.sleep(0.005)
+    with ledger._cond:  # the waiter cannot wake before all three are done
+        ledger.release("a", "t", 1.0)
+        assert ledger.acquire("c", (1,)) == (1,)  # its assignment grants "b" too
+        ledger.close("shutting down")
+    waiter.join(10)
+    assert not waiter.is_alive() and got == [(0,)], got
+    ledger.release("b", "t", 1.0)
+    assert ledger.busy() == {1: "c"}
+    with pytest.raises(AoeError, match="closed"):
+        ledger.acquire("d", (0,))  # free, but the ledger is closed: nothing granted after
+    assert ledger.busy() == {1: "c"}
+
+
 # --- stream parsing -----------------------------------------------------------------------
 
 

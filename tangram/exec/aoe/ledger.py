@@ -78,6 +78,10 @@ class CoreLedger:
             self._waiting.append(req)
             try:
                 while True:
+                    if req.granted is not None:
+                        # Granted by another thread's ``_assign`` while we waited (maybe just
+                        # before a close): ours, to run and release; refused, nobody would.
+                        return req.granted
                     if self._closed:
                         raise AoeError(f"core ledger closed: {self._closed}")
                     self._assign()
