@@ -526,3 +526,31 @@ def test_a_live_container_is_parked_and_a_dead_one_thawed_instead() -> None:
     assert parked_with(zombie.pid) == ["thaw"]  # gone altogether
     assert parked_with(os.getpid()) == ["park"]
     assert parked_with(None) == ["park"]  # a remote engine: nothing to look at
+
+
+def test_a_container_whose_cgroup_file_cannot_be_opened_is_still_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cgroup file whose open failed for another reason than ENOENT (EACCES, ENODEV; here
+    EISDIR) raised a bare OSError where every caller suppresses ``AoeError``: the unthrottle
+    before a container's removal raised out of ``Lifecycle._remove``, the container was never
+    removed, and the shutdown (which logs ``AoeError`` only) stopped there, every later
+    trajectory's container left running. Such an error is now an ``AoeError`` naming the
+    file."""
+    from tangram.exec.aoe import lifecycle as lifecycle_mod
+    from tangram.exec.aoe.cgroups import CgroupV2
+
+    (tmp_path / "cgroup.freeze").mkdir()  # opening it for writing: IsADirectoryError
+    control = CgroupV2(tmp_path, 100_000, 1_000, (0, 1))
+    log: list[str] = []
+    removed: list[str] = []
+    monkeypatch.setattr(lifecycle_mod.containers, "remove", lambda client, cid: removed.append(cid))
+    blueprint = Blueprint("t", "img", 1.0, SandboxConfig())
+    handle = ContainerHandle("t", "c" * 64, "name", "img", 1.0)
+    group = type("Group", (), {"close": lambda self: log.append("group closed")})()
+    transport = FakeTransport(log, exited(0))
+    container = Container(blueprint, handle, control, transport, group, None)  # type: ignore[arg-type]
+    Lifecycle(AoeConfig(), None, TOPOLOGY, "s1").retire(container)
+    assert removed == ["c" * 64] and log == ["close", "group closed"]
+    with pytest.raises(AoeError, match="cgroup.freeze"):
+        control.unthrottle()

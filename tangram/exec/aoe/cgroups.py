@@ -45,10 +45,15 @@ class CgroupGone(AoeError):
 
 
 def _write(path: Path, value: str) -> None:
+    """Write ``value`` to a cgroup file: ``CgroupGone`` when it is gone, ``AoeError`` naming
+    the file for any other failure, the open's included (its callers suppress or catch
+    ``AoeError``; a bare OSError from the open, EACCES or ENODEV, went past them)."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_TRUNC)  # TRUNC: as `echo >`; harmless on cgroupfs
     except FileNotFoundError as exc:
         raise CgroupGone(f"cgroup file {path} is gone (container stopped?)") from exc
+    except OSError as exc:
+        raise AoeError(f"cannot open {path} to write {value!r}: {exc}") from exc
     try:
         os.write(fd, value.encode())
     except OSError as exc:
