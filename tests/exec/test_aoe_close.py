@@ -212,3 +212,27 @@ def test_an_open_whose_start_a_shutdown_overtook_says_so_and_removes_what_it_mad
         mgr.open_trajectory("t1")
     assert "twice" not in str(raised.value)
     assert _unretired(containers) == []
+
+
+def test_a_retire_that_fails_with_an_engine_error_does_not_stop_the_shutdown(
+    caplog: pytest.LogCaptureFixture,
+):
+    """The shutdown logged a retire's ``AoeError`` and went on, but any other error (the
+    docker SDK's ConnectionError or APIError from a removal) stopped it there: the later
+    trajectories' containers, the leftovers sweep and the watchdog's release were all
+    skipped, and a second shutdown returned at once (already closed)."""
+    containers = _Containers()
+    mgr = manager_with(containers)
+    mgr.open_trajectory("t1")
+    mgr.open_trajectory("t2")
+    real_retire = containers.retire
+
+    def retire(container: SimpleNamespace) -> None:
+        real_retire(container)
+        if container.blueprint.traj_id == "t1":
+            raise ConnectionError("engine unreachable")
+
+    containers.retire = retire  # type: ignore[method-assign]
+    mgr.shutdown()
+    assert "retire t2" in containers.events and "remove leftovers" in containers.events
+    assert "engine unreachable" in caplog.text

@@ -377,24 +377,35 @@ class AoeManager:
             if self._closed:
                 return
             self._closed = True
-        self._containers.close_pool()  # resets end, parked containers go
-        self.ledger.close("the AOE manager is shut down")
-        with self._lock:
-            trajs = list(self._trajs.values())
-            self._trajs.clear()
-        for traj in trajs:
-            # A close, recreate or action waiting for the trajectory's lock finds it closed,
-            # rather than retiring its container again or starting a new one after us.
-            traj.closed = True
-            if traj.retired is not None:
-                continue  # (a failed recreate retired it already)
+        try:
+            self._containers.close_pool()  # resets end, parked containers go
+            self.ledger.close("the AOE manager is shut down")
+            with self._lock:
+                trajs = list(self._trajs.values())
+                self._trajs.clear()
+            for traj in trajs:
+                self._retire_at_shutdown(traj)
             try:
-                self._containers.retire(traj.container)
-            except AoeError as exc:
-                log.warning("%s", exc)
-        self._containers.remove_leftovers()
-        reaper.release(self._reaper)  # the reaper finds nothing left and exits
-        self._reaper = None
+                self._containers.remove_leftovers()
+            except Exception as exc:  # noqa: BLE001 - the engine's errors; the reaper is next
+                log.warning("the shutdown could not sweep this session's containers: %s", exc)
+        finally:
+            reaper.release(self._reaper)  # the reaper finds nothing left and exits
+            self._reaper = None
+
+    def _retire_at_shutdown(self, traj: Trajectory) -> None:
+        """Close ``traj`` and retire its container; any error is logged, not raised: one
+        container the engine failed to remove (a ConnectionError, an APIError) stopped the
+        shutdown there, every later one left running."""
+        # A close, recreate or action waiting for the trajectory's lock finds it closed,
+        # rather than retiring its container again or starting a new one after us.
+        traj.closed = True
+        if traj.retired is not None:
+            return  # (a failed recreate retired it already)
+        try:
+            self._containers.retire(traj.container)
+        except Exception as exc:  # noqa: BLE001 - AoeError or the engine's own errors
+            log.warning("shutdown: %s", exc)
 
 
 def _shutdown_ref(ref: weakref.ref[AoeManager]) -> None:
