@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tangram.exec.aoe.config import PYTHON_IMAGE, AoeConfig, SandboxConfig, WarmPoolConfig
+from tangram.exec.aoe.errors import AoeError
 from tangram.exec.aoe.pool import PoolKey, WarmPool
 
 # -- the pool's bookkeeping, on fake containers -------------------------------------------
@@ -541,3 +542,35 @@ def test_a_host_without_nsenter_fails_each_reset_and_says_why_once(
     # A pid no longer the container's (its init gone, the pid reused) is never entered.
     mine.clear()
     assert "init is gone" in (reset._clear_sysv_ipc(os.getpid(), stand_in) or "")
+
+
+def test_a_reset_whose_park_fails_is_no_clean_reset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reset's closing park (freeze, parking quota and cpuset) was in a ``finally`` that
+    suppressed its error: a reset that had thawed the container and granted it the node's
+    cores, then could not park it, still said "clean", and the pool kept it running
+    unparked, handed to the next trajectory as a parked one. Now that reset fails (the pool
+    removes the container)."""
+    from tangram.exec.aoe import reset
+    from tangram.exec.aoe.transport import RunnerTransport
+
+    class Control:
+        def pids(self) -> list[int]:
+            return []
+
+        def background(self, on: bool) -> None:
+            pass
+
+        def park(self) -> None:
+            raise AoeError("writing 'FROZEN' to freezer.state failed: EBUSY")
+
+    transport = RunnerTransport(None, "c" * 64, "1000:1000", "/work", 1.0, None)  # type: ignore[arg-type]
+    stand_in = SimpleNamespace(
+        dead=None,
+        init_pid=os.getpid(),
+        transport=transport,
+        control=Control(),
+        guarded_runner=False,
+    )
+    monkeypatch.setattr(reset, "_reset_on", lambda container, init, cores, runner: None)
+    why = reset.reset(stand_in, (0, 1))  # type: ignore[arg-type]
+    assert why is not None and "could not be parked" in why and "EBUSY" in why

@@ -178,13 +178,26 @@ def reset(container: Container, cores: tuple[int, ...]) -> str | None:
         container.transport.close()  # its shell dies with the others; a new one is started
     try:
         container.control.background(True)
-        return _reset_on(container, init, cores, runner)
+        why = _reset_on(container, init, cores, runner)
     except (AoeError, OSError) as exc:
-        return f"{type(exc).__name__}: {exc}"
-    finally:
-        with contextlib.suppress(AoeError):
-            container.control.park()
-            container.control.background(False)
+        why = f"{type(exc).__name__}: {exc}"
+    except BaseException:
+        _park_after_reset(container)
+        raise
+    unparked = _park_after_reset(container)
+    return why or unparked
+
+
+def _park_after_reset(container: Container) -> str | None:
+    """Park the container again (the reset thawed it and granted it the node's cores) and put
+    its weight back; why it could not be, or None. A clean reset whose park failed said
+    "clean" all the same (the error suppressed), and the pool kept the container unparked."""
+    try:
+        container.control.park()
+        container.control.background(False)
+    except (AoeError, OSError) as exc:
+        return f"the container could not be parked after its reset: {exc}"
+    return None
 
 
 def _keepable_runner(container: Container) -> int | None:
