@@ -236,3 +236,33 @@ def test_a_retire_that_fails_with_an_engine_error_does_not_stop_the_shutdown(
     mgr.shutdown()
     assert "retire t2" in containers.events and "remove leftovers" in containers.events
     assert "engine unreachable" in caplog.text
+
+
+def test_an_id_a_caller_chose_never_refuses_another_trajectorys_action():
+    """A manager-made action id was ``<trajectory>.<n>``, which a caller may choose too: while
+    trajectory u's action ran under the id "t.2" it chose, trajectory t's next action (given
+    no id) was refused with "action id 't.2' already holds cores", an id t never chose. The
+    ids the manager makes now hold a character no caller's id may."""
+    from tangram.exec.aoe.config import AoeConfig
+    from tangram.exec.aoe.ledger import CoreLedger
+    from tangram.exec.aoe.topology import NumaTopology
+
+    containers = _Containers()
+    mgr = manager_with(containers)
+    mgr.config = AoeConfig()
+    mgr.topology = NumaTopology(((0, 1),))
+    mgr.ledger = CoreLedger(mgr.topology)
+    mgr._action_seq = 0
+    ran: list[str] = []
+
+    def run(container: SimpleNamespace, aid: str, plan: object, *rest: object) -> str:
+        mgr.ledger.acquire(aid, 1)  # held: the action still runs
+        ran.append(aid)
+        return aid
+
+    mgr._actions = SimpleNamespace(run=run)  # type: ignore[assignment]
+    mgr.open_trajectory("t")
+    mgr.open_trajectory("u")
+    mgr.run_action("u", "sleep 9", action_id="t.2")
+    mgr.run_action("t", "true")
+    assert ran[0] == "t.2" and ran[1] != "t.2"

@@ -48,7 +48,8 @@ class ActionPlan:
 
 
 #: What an action id may be made of: it travels on the runner's protocol line (no spaces) and
-#: into the fallback kill's script (no quotes or shell syntax).
+#: into the fallback kill's script (no quotes or shell syntax). No ``~``: the ids the manager
+#: makes hold one (``manager.auto_action_id``), so a caller's id never takes one of theirs.
 ACTION_ID = re.compile(r"[A-Za-z0-9_.:/@+=,-]{1,256}\Z")
 
 

@@ -362,7 +362,7 @@ class AoeManager:
         )
         with self._lock:
             self._action_seq += 1
-            aid = action_id or f"{containers.safe_name(traj_id)}.{self._action_seq}"
+            aid = action_id or auto_action_id(traj_id, self._action_seq)
         with traj.lock:
             self._check_open(traj)  # a close may have come first
             if traj.retired is not None:
@@ -406,6 +406,14 @@ class AoeManager:
             self._containers.retire(traj.container)
         except Exception as exc:  # noqa: BLE001 - AoeError or the engine's own errors
             log.warning("shutdown: %s", exc)
+
+
+def auto_action_id(traj_id: str, seq: int) -> str:
+    """The id of an action the caller gave none: ``<trajectory>~<n>``. The ``~`` is outside
+    ``execution.ACTION_ID``, so no caller's id can equal it (``<trajectory>.<n>`` could, and
+    the ledger then refused the other trajectory's action: "already holds cores"); like the
+    callers' ids it needs no quoting on the runner's line or in the fallback kill's script."""
+    return f"{containers.safe_name(traj_id)}~{seq}"
 
 
 def _shutdown_ref(ref: weakref.ref[AoeManager]) -> None:
