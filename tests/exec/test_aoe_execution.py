@@ -554,3 +554,32 @@ def test_a_container_whose_cgroup_file_cannot_be_opened_is_still_removed(
     assert removed == ["c" * 64] and log == ["close", "group closed"]
     with pytest.raises(AoeError, match="cgroup.freeze"):
         control.unthrottle()
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"quota_cores": "1"}, "quota_cores must be"),
+        ({"quota_cores": True}, "quota_cores must be"),
+        ({"timeout_s": "5"}, "timeout_s must be"),
+        ({"timeout_s": True}, "timeout_s must be"),
+        ({"timeout_s": [5]}, "timeout_s must be"),
+    ],
+)
+def test_a_limit_that_is_no_number_is_refused_naming_it(kw: dict[str, Any], message: str) -> None:
+    """quota_cores="x" raised a bare ValueError (float() of it) and timeout_s="5" a bare
+    TypeError (comparing it with 0), naming neither argument; True passed as 1."""
+    with pytest.raises(AoeError, match=message):
+        plan((0, 1), **kw)
+
+
+@pytest.mark.parametrize("deadline", [float("nan"), "12.5", True])
+def test_a_deadline_that_is_no_time_is_refused_naming_it(deadline: Any) -> None:
+    """A NaN deadline compared false with every time: the action ran its whole time-out, the
+    deadline silently ignored; a string raised a bare TypeError."""
+    from tangram.exec.aoe.execution import check_deadline
+
+    with pytest.raises(AoeError, match="deadline must be"):
+        check_deadline(deadline)
+    check_deadline(None)
+    check_deadline(time.monotonic() + 5)

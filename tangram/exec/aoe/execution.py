@@ -5,6 +5,7 @@ judge. The caller holds the container's lock; one call, one ``ActionOutcome``.""
 from __future__ import annotations
 
 import logging
+import math
 import numbers
 import re
 import time
@@ -82,6 +83,8 @@ def plan_action(
             f"action id {action_id!r} must be 1-256 characters of letters, digits and _.:/@+=,-"
         )
     n = cores if isinstance(cores, int) else len(cores)
+    _require_number("quota_cores", quota_cores, "cores' worth of CPU time")
+    _require_number("timeout_s", timeout_s, "seconds")
     quota = float(n if quota_cores is None else quota_cores)
     if not 0 < quota <= n:
         raise AoeError(
@@ -114,6 +117,23 @@ def plan_action(
                 f"{format_cpulist(pool)}, got {cores}"
             )
     return ActionPlan(script, cores, quota, timeout, limit, threads, pool)
+
+
+def _require_number(name: str, value: object, unit: str) -> None:
+    """``AoeError`` naming ``name`` unless ``value`` is None or a real number (not a bool):
+    a string raised a bare ValueError or TypeError further on, naming nothing, and True
+    passed as 1."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+        raise AoeError(f"{name} must be a number of {unit}, got {value!r}")
+
+
+def check_deadline(deadline: object) -> None:
+    """``AoeError`` unless ``deadline`` is None or a ``time.monotonic`` time (a real number,
+    not NaN): a NaN compared false with every time, so the action ran its whole time-out
+    past it; a string raised a bare TypeError."""
+    _require_number("deadline", deadline, "seconds on time.monotonic's clock")
+    if isinstance(deadline, numbers.Real) and math.isnan(deadline):
+        raise AoeError("deadline must be a number of seconds on time.monotonic's clock, got nan")
 
 
 def action_env(

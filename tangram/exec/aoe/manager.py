@@ -34,7 +34,7 @@ from tangram.exec.aoe import containers, reaper
 from tangram.exec.aoe.cgroups import CpuControl
 from tangram.exec.aoe.config import AoeConfig, SandboxConfig
 from tangram.exec.aoe.errors import AoeError, UnknownTrajectory
-from tangram.exec.aoe.execution import ActionRunner, OnGrant, plan_action
+from tangram.exec.aoe.execution import ActionRunner, OnGrant, check_deadline, plan_action
 from tangram.exec.aoe.images import connect
 from tangram.exec.aoe.ledger import CoreLedger
 from tangram.exec.aoe.lifecycle import Container, Lifecycle
@@ -343,6 +343,7 @@ class AoeManager:
         t0 = time.perf_counter()
         traj = self._get(traj_id)
         self.ledger.validate(cores)
+        check_deadline(deadline)
         if weighted:
             pool = tuple(sorted(set(self.topology.cores if pool is None else pool)))
             self.ledger.validate(pool)
