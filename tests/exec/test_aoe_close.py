@@ -266,3 +266,16 @@ def test_an_id_a_caller_chose_never_refuses_another_trajectorys_action():
     mgr.run_action("u", "sleep 9", action_id="t.2")
     mgr.run_action("t", "true")
     assert ran[0] == "t.2" and ran[1] != "t.2"
+
+
+@pytest.mark.parametrize("traj_id", [123, None, b"t1", "", "a\x00b", "a\ud800b"])
+def test_a_trajectory_id_that_is_no_text_is_refused_naming_it(traj_id: object):
+    """A trajectory id that is not text (a number, None, bytes) raised a bare TypeError from
+    deep in the container's naming (``re.sub``), naming neither the argument nor the fault;
+    an empty one, one with NUL or a lone surrogate went into the container's labels, where
+    the engine cannot hold them as given."""
+    containers = _Containers()
+    mgr = manager_with(containers)
+    with pytest.raises(AoeError, match="trajectory id"):
+        mgr.open_trajectory(traj_id)  # type: ignore[arg-type]
+    assert containers.started == []

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tangram.exec.aoe import containers, reaper
+from tangram.exec.aoe import containers, environment, reaper
 from tangram.exec.aoe.cgroups import CpuControl
 from tangram.exec.aoe.config import AoeConfig, SandboxConfig
 from tangram.exec.aoe.errors import AoeError, UnknownTrajectory
@@ -125,6 +125,9 @@ class AoeManager:
 
         ``sandbox`` overrides the manager's default for this task; any relaxation is logged.
         """
+        problem = traj_id_problem(traj_id)
+        if problem is not None:
+            raise AoeError(problem)
         if self._closed:
             raise AoeError("the AOE manager is shut down")
         with self._lock:
@@ -407,6 +410,19 @@ class AoeManager:
             self._containers.retire(traj.container)
         except Exception as exc:  # noqa: BLE001 - AoeError or the engine's own errors
             log.warning("shutdown: %s", exc)
+
+
+def traj_id_problem(traj_id: object) -> str | None:
+    """Why ``traj_id`` cannot name a trajectory (None when it can): it must be non-empty
+    text without NUL and valid Unicode, as it goes into its container's name and labels. A
+    number or None raised a bare TypeError from the naming, naming nothing."""
+    if not isinstance(traj_id, str):
+        return f"a trajectory id must be a string, got {type(traj_id).__name__} {traj_id!r}"
+    if not traj_id:
+        return "a trajectory id must not be empty"
+    if "\x00" in traj_id:
+        return f"trajectory id {traj_id!r} contains a NUL byte"
+    return environment.text_problem(f"trajectory id {traj_id!r}", traj_id)
 
 
 def auto_action_id(traj_id: str, seq: int) -> str:
