@@ -4,6 +4,7 @@ longer ones are refused before anything runs; and no size breaks the runner."""
 from __future__ import annotations
 
 import base64
+import time
 from typing import Any
 
 import pytest
@@ -57,7 +58,10 @@ def test_a_short_script_travels_inline_and_a_long_one_as_raw_bytes_after_its_len
     assert prefix == b"TOK a1" and base64.b64decode(arg) == b"export A=b\necho hi"
     long = ActionRequest("a1", "x" * (INLINE_MAX_BYTES + 1), {}, 1.0, 10)
     sent = frame("a1", long)
-    assert sent == f"a1 @{INLINE_MAX_BYTES + 1}\n".encode() + b"x" * (INLINE_MAX_BYTES + 1)
+    line, rest = sent.split(b"\n", 1)
+    assert line.startswith(f"a1 @{INLINE_MAX_BYTES + 1}:".encode())
+    trailer = line.rsplit(b":", 1)[1]
+    assert len(trailer) == 16 and rest == b"x" * (INLINE_MAX_BYTES + 1) + trailer
 
 
 def _long(body: str, status: int) -> str:
@@ -113,3 +117,37 @@ def test_a_long_non_ascii_script_runs_whole(docker_client: Any, transport: str) 
             assert out.ok and out.text.strip() == str(len(payload.encode())), out
         finally:
             m.close_trajectory("utf8")
+
+
+def test_a_long_script_cut_short_in_transit_never_runs(
+    manager: Any, trajectory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long script's bytes follow its length on the runner's stdin; when the send failed
+    part-way (its time-out passed, the socket broke), the action was reported failed and
+    the runner closed, and the runner's ``head -c N`` then read EOF and returned the part
+    it had, with success: the runner ran the truncated script, unwatched, after its action
+    had ended with an error (a command cut in the middle runs another command). The runner
+    now checks the script arrived whole (a random trailer after it) and exits unrun."""
+    from tangram.exec.aoe import transport as transport_mod
+
+    real_send = transport_mod.send
+
+    def half(sock: Any, data: bytes, timeout_s: float) -> None:
+        real_send(sock, data[: len(data) // 2], timeout_s)
+        raise AoeError("could not send the action: timed out")
+
+    traj = trajectory(manager)
+    assert manager.run_action(traj, "true", 1).ok  # the runner is up
+    runner = manager._trajs[traj].container.transport
+    monkeypatch.setattr(transport_mod, "send", half)
+    script = "touch /tmp/partial-ran\n" + "#" * (200 << 10) + "\ntrue"
+    out = manager.run_action(traj, script, 1, timeout_s=30)
+    assert out.status == "error", out
+    monkeypatch.setattr(transport_mod, "send", real_send)
+    exec_id = runner.exec_id
+    deadline = time.monotonic() + 30
+    while manager.client.api.exec_inspect(exec_id)["Running"]:
+        assert time.monotonic() < deadline, "the closed runner did not end"
+        time.sleep(0.05)
+    check = manager.run_action(traj, "test -e /tmp/partial-ran && echo ran || echo unrun", 1)
+    assert check.text == "unrun\n", check

@@ -51,8 +51,11 @@ log = logging.getLogger(__name__)
 INLINE_MAX_BYTES = 16 << 10
 
 #: Shell function both transports use to turn ARG into ``$script`` (``$n``: a long script's
-#: byte count, else empty). A long one's bytes are read off stdin by one ``head -c`` into the
-#: shell's memory, never into a file: any file the runner can write, the actions (the same
+#: byte count, else empty). A long one (ARG ``@N:TRAILER``) is N bytes then the random
+#: TRAILER, read off stdin by one ``head -c`` into the shell's memory and run only when it
+#: ends with the trailer: a send that failed part-way left ``head`` the bytes sent before
+#: the close, which it returned with success, and the truncated script ran after its action
+#: had ended with an error. Never into a file: any file the runner can write, the actions (the same
 #: uid) can open too, or replace with a FIFO they serve (an earlier action's process served a
 #: later long action a forged script that way). One reader: several ``head -c`` in turn lose
 #: the bytes one reads ahead (stdio) when the pipe holds more. Fails (status 2) only when the
@@ -64,12 +67,16 @@ substr=
 tangram_load() {
   n=
   case $1 in
-  @*)
-    n=${1#@}
-    if ! script=$(head -c "$n"); then
+  @*:*)
+    n=${1#@}; trailer=${n#*:}; n=${n%%:*}
+    if ! script=$(head -c "$((n + ${#trailer}))"); then
       echo "tangram runner: could not receive the command (pids limit reached?)" >&2
       return 2
-    fi ;;
+    fi
+    case $script in
+    *"$trailer") script=${script%"$trailer"} ;;
+    *) echo "tangram runner: the command arrived cut short; not run" >&2; return 2 ;;
+    esac ;;
   *)
     script=$(printf '%s' "$1" | base64 -d 2>/dev/null) || script='echo "tangram runner: could not decode the action (fork failed: pids limit reached?)" >&2; exit 125' ;;
   esac
@@ -223,11 +230,12 @@ def shell_script(env: Mapping[str, str], command: str) -> str:
 
 def frame(prefix: str, req: ActionRequest) -> bytes:
     """The bytes that hand ``req`` to a waiting launcher: ``PREFIX ARG`` then, for a long
-    script, its raw bytes (see the module's docstring)."""
+    script, its raw bytes and a random trailer that says they all arrived (``_LOAD``)."""
     script = shell_script(req.env, req.script).encode()
     if len(script) <= INLINE_MAX_BYTES:
         return f"{prefix} {base64.b64encode(script).decode()}\n".encode()
-    return f"{prefix} @{len(script)}\n".encode() + script
+    trailer = secrets.token_hex(8)
+    return f"{prefix} @{len(script)}:{trailer}\n".encode() + script + trailer.encode()
 
 
 def send(sock: socket.socket, data: bytes, timeout_s: float) -> None:
