@@ -255,6 +255,18 @@ def test_a_waiter_granted_just_before_the_close_keeps_its_grant_and_can_release_
     assert ledger.busy() == {1: "c"}
 
 
+def test_a_closed_ledger_lets_no_running_action_grow() -> None:
+    """``take`` (a running action's resize growing it) never looked at the close: after the
+    shutdown a resize still took free cores and wrote them into a container being removed,
+    where every new request was refused."""
+    ledger = CoreLedger(NumaTopology(((0, 1),)))
+    ledger.acquire("a", (0,))
+    ledger.close("shutting down")
+    with pytest.raises(AoeError, match="closed"):
+        ledger.take("a", (0, 1))
+    assert ledger.busy() == {0: "a"}
+
+
 # --- stream parsing -----------------------------------------------------------------------
 
 

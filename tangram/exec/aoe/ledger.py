@@ -145,6 +145,8 @@ class CoreLedger:
         cores added; ``AoeError`` when ``action_id`` holds no cores (it ended)."""
         self.validate(cores)
         with self._cond:
+            if self._closed:  # as ``acquire``: nothing is granted after the close
+                raise AoeError(f"core ledger closed: {self._closed}")
             if action_id not in self._since:
                 raise AoeError(f"action {action_id!r} holds no cores (it ended)")
             added = tuple(sorted(c for c in cores if self._owner.get(c) != action_id))
