@@ -230,6 +230,18 @@ def test_a_write_whose_cgroup_file_cannot_be_opened_fails_the_resize_as_a_write_
     assert failed.cores == grant.cores == (0,) and ledger.busy() == {0: "a"}
 
 
+@pytest.mark.parametrize("cores", [None, 3, (1, "2"), "01"])
+def test_a_resize_to_something_that_is_no_core_list_fails_naming_it(cores: Any) -> None:
+    """``resize(None)`` or ``resize(3)`` raised a bare TypeError out of ``sorted`` (and a
+    mixed list one from comparing its items), where every other bad core list is a
+    ``failed`` result naming the problem (as a string's is already)."""
+    ledger = ledger_of()
+    grant = grant_on(ledger, (0,), 1.0)
+    failed = grant.resize(cores)
+    assert failed.status == "failed" and "core" in (failed.error or ""), failed
+    assert failed.cores == grant.cores == (0,) and ledger.busy() == {0: "a"}
+
+
 def test_resizes_in_any_order_never_put_two_actions_on_one_core() -> None:
     from hypothesis import given, settings
     from hypothesis import strategies as st

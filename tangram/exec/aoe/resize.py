@@ -101,10 +101,18 @@ class RunningGrant:
         """Run on ``cores`` (the whole new set, host ids) from now on."""
         t0 = time.perf_counter()
         ledger = self.ledger
-        new = tuple(sorted(cores))
         with self._lock:
             if self._ended:
                 return ResizeResult("ended", self.cores, error="the action has ended")
+            try:
+                new = tuple(sorted(cores))
+            except TypeError:  # None, a number, a list of mixed types: no core list
+                return ResizeResult(
+                    "failed",
+                    self.cores,
+                    total_s=time.perf_counter() - t0,
+                    error=f"cores must be a list of core ids, got {cores!r}",
+                )
             if new == self.cores:
                 return ResizeResult("unchanged", new, total_s=time.perf_counter() - t0)
             old = self.cores
