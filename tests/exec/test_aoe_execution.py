@@ -244,6 +244,34 @@ def test_an_action_whose_deadline_passed_while_it_waited_ends_with_a_time_out_un
     assert ledger.free_cores() == TOPOLOGY.cores and out.cores == ()
 
 
+def test_an_action_waiting_for_busy_cores_ends_at_its_deadline_not_when_they_free() -> None:
+    """The wait for cores had no end but their release: an action whose deadline passed
+    while another action held its cores went on waiting (its caller's thread, and its
+    trajectory's lock, with it), for as long as that action ran, then came back "late". It
+    now ends at its deadline, unrun, granted nothing."""
+    import threading
+
+    runner, container, ledger, log = setup()
+    ledger.acquire("holder", (0, 1))
+    outcomes: list[Any] = []
+    soon = time.monotonic() + 0.2
+    waiter = threading.Thread(
+        target=lambda: outcomes.append(
+            runner.run(container, "a1", plan((0, 1)), None, 0.0, deadline=soon)
+        )
+    )
+    waiter.start()
+    try:
+        waiter.join(30)
+        assert not waiter.is_alive(), "the action waited past its deadline for its cores"
+        assert outcomes[0].status == "timeout" and "before it started" in outcomes[0].error
+        assert outcomes[0].cores == () and "run" not in log
+        assert ledger.busy() == {0: "holder", 1: "holder"} and not ledger._waiting
+    finally:
+        ledger.release("holder", "t", 2.0)
+        waiter.join(10)
+
+
 def test_an_action_runs_no_longer_than_its_deadline_leaves_it() -> None:
     runner, container, ledger, log = setup()
     soon = time.monotonic() + 2.0

@@ -218,8 +218,10 @@ class ActionRunner:
         if deadline is not None and deadline <= time.monotonic():  # (waited for the lock)
             times["queue_s"] = time.perf_counter() - t0
             return outcome(judge.late(times["queue_s"]), ())
-        granted = self.ledger.acquire(aid, plan.cores)
+        granted = self.ledger.acquire(aid, plan.cores, deadline)
         times["queue_s"] = time.perf_counter() - t0
+        if granted is None:  # the deadline passed while its cores were held by others
+            return outcome(judge.late(times["queue_s"]), ())
         timeout_s = plan.timeout_s
         if deadline is not None:
             timeout_s = min(timeout_s, deadline - time.monotonic())

@@ -61,8 +61,12 @@ class CoreLedger:
                 f"cores {unknown} are not on this node (cores {format_cpulist(self._all)})"
             )
 
-    def acquire(self, action_id: str, cores: tuple[int, ...] | int) -> tuple[int, ...]:
-        """Block until the cores (or ``cores`` many NUMA-local ones) are free; return them."""
+    def acquire(
+        self, action_id: str, cores: tuple[int, ...] | int, deadline: float | None = None
+    ) -> tuple[int, ...] | None:
+        """Block until the cores (or ``cores`` many NUMA-local ones) are free; return them.
+        ``deadline`` (``time.monotonic``): None when it passes first, nothing granted (the
+        wait had no other end than the cores' release, however long their holder ran)."""
         self.validate(cores)
         req = (
             _Request(action_id, None, cores)
@@ -87,7 +91,13 @@ class CoreLedger:
                     self._assign()
                     if req.granted is not None:
                         return req.granted
-                    self._cond.wait()
+                    if deadline is None:
+                        self._cond.wait()
+                        continue
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return None  # (the finally takes the request out of the queue)
+                    self._cond.wait(left)
             finally:
                 if req in self._waiting:
                     self._waiting.remove(req)
