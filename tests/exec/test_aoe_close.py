@@ -5,6 +5,7 @@ name is the id's, with the closed trajectory's files in it. Stand-in containers,
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from types import SimpleNamespace
 
@@ -279,3 +280,40 @@ def test_a_trajectory_id_that_is_no_text_is_refused_naming_it(traj_id: object):
     with pytest.raises(AoeError, match="trajectory id"):
         mgr.open_trajectory(traj_id)  # type: ignore[arg-type]
     assert containers.started == []
+
+
+def test_an_action_waiting_for_its_trajectorys_previous_one_ends_at_its_deadline():
+    """The wait for the trajectory's lock (its previous action still running) had no end but
+    that action's: one whose deadline passed meanwhile kept its caller's thread until then
+    (up to the previous action's own time-out), and only then ended "late". It now ends at
+    its deadline, unrun."""
+    from tangram.exec.aoe.config import AoeConfig
+    from tangram.exec.aoe.execution import ActionRunner
+    from tangram.exec.aoe.ledger import CoreLedger
+    from tangram.exec.aoe.topology import NumaTopology
+
+    containers = _Containers()
+    mgr = manager_with(containers)
+    mgr.config = AoeConfig()
+    mgr.topology = NumaTopology(((0, 1),))
+    mgr.ledger = CoreLedger(mgr.topology)
+    mgr._action_seq = 0
+    mgr._actions = ActionRunner(None, mgr.ledger, None)  # type: ignore[arg-type]
+    mgr.open_trajectory("t")
+    lock = mgr._trajs["t"].lock
+    lock.acquire()  # the previous action runs
+    outcomes: list[object] = []
+    soon = time.monotonic() + 0.2
+    waiter = threading.Thread(
+        target=lambda: outcomes.append(mgr.run_action("t", "true", deadline=soon))
+    )
+    waiter.start()
+    try:
+        waiter.join(30)
+        assert not waiter.is_alive(), "the action waited past its deadline for its trajectory"
+        out = outcomes[0]
+        assert out.status == "timeout" and "before it started" in out.error  # type: ignore[attr-defined]
+        assert out.cores == () and set(out.timings) == {"queue_s", "total_s", "overhead_s"}  # type: ignore[attr-defined]
+    finally:
+        lock.release()
+        waiter.join(10)

@@ -168,6 +168,24 @@ def _oom_kills(container: Container) -> int | None:
         return None
 
 
+def _outcome(
+    traj_id: str,
+    aid: str,
+    plan: ActionPlan,
+    t0: float,
+    times: dict[str, float],
+    v: judge.Verdict,
+    granted: tuple[int, ...],
+) -> ActionOutcome:
+    """The action's one ``ActionOutcome``: the verdict, its cores, and its timings completed
+    with ``total_s`` (since ``t0``) and ``overhead_s``."""
+    times["total_s"] = time.perf_counter() - t0
+    times["overhead_s"] = times["total_s"] - times.get("queue_s", 0.0) - times.get("exec_s", 0.0)
+    return ActionOutcome(
+        traj_id, aid, v.status, v.exit_code, v.stdout, v.stderr, v.error, granted, plan.quota, times
+    )
+
+
 class ActionRunner:
     """Carries actions through cores, grant, run and revoke; the judge decides the outcome."""
 
@@ -195,22 +213,7 @@ class ActionRunner:
         times: dict[str, float] = {}
 
         def outcome(v: judge.Verdict, granted: tuple[int, ...]) -> ActionOutcome:
-            times["total_s"] = time.perf_counter() - t0
-            times["overhead_s"] = (
-                times["total_s"] - times.get("queue_s", 0.0) - times.get("exec_s", 0.0)
-            )
-            return ActionOutcome(
-                traj_id,
-                aid,
-                v.status,
-                v.exit_code,
-                v.stdout,
-                v.stderr,
-                v.error,
-                granted,
-                plan.quota,
-                times,
-            )
+            return _outcome(traj_id, aid, plan, t0, times, v, granted)
 
         if container.dead:
             times["queue_s"] = time.perf_counter() - t0
@@ -268,6 +271,13 @@ class ActionRunner:
             kill=kills[-1] if kills else None,
         )
         return outcome(judge.judge(raw, facts), granted)
+
+    @staticmethod
+    def late(traj_id: str, aid: str, plan: ActionPlan, t0: float) -> ActionOutcome:
+        """The outcome of an action whose deadline passed while it waited for its
+        trajectory's previous action (the caller's lock): ``timeout``, unrun, no cores."""
+        times = {"queue_s": time.perf_counter() - t0}
+        return _outcome(traj_id, aid, plan, t0, times, judge.late(times["queue_s"]), ())
 
     def _probe(self, container: Container, probe: judge.Probe | None) -> str | None:
         """Why the container died, when the judge asked to look and it did; None too when the

@@ -367,11 +367,15 @@ class AoeManager:
         with self._lock:
             self._action_seq += 1
             aid = action_id or auto_action_id(traj_id, self._action_seq)
-        with traj.lock:
+        if not _acquire_by(traj.lock, deadline):
+            return self._actions.late(traj_id, aid, plan, t0)
+        try:
             self._check_open(traj)  # a close may have come first
             if traj.retired is not None:
                 raise AoeError(traj.retired)
             return self._actions.run(traj.container, aid, plan, env, t0, on_grant, deadline)
+        finally:
+            traj.lock.release()
 
     # -- shutdown -------------------------------------------------------------------------
 
@@ -410,6 +414,16 @@ class AoeManager:
             self._containers.retire(traj.container)
         except Exception as exc:  # noqa: BLE001 - AoeError or the engine's own errors
             log.warning("shutdown: %s", exc)
+
+
+def _acquire_by(lock: threading.Lock, deadline: float | None) -> bool:
+    """Take ``lock``, waiting no later than ``deadline`` (``time.monotonic``; None: as long
+    as it takes); False when the deadline passed first. An action waiting for its
+    trajectory's previous one went on waiting past its deadline, its caller's thread held,
+    as long as that action ran (up to its own time-out)."""
+    if deadline is None:
+        return lock.acquire()
+    return lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def traj_id_problem(traj_id: object) -> str | None:
