@@ -57,6 +57,18 @@ def facts(**kw: object) -> Facts:
 #: (name, raw result, facts, status, error, reason): read top to bottom, it is the rule book.
 CASES = [
     ("exit 0 is ok", raw(0), FACTS, "ok", None, "ok"),
+    # It was "exit code None", an error naming a code no command can have: the exec's exit
+    # code was not yet in the engine's record (a loaded machine), or the runner's end line
+    # was unreadable. The command may well have succeeded: the outcome says it is unknown.
+    (
+        "an end whose exit code could not be read says it is unknown",
+        raw(None, stderr=b"warn\n"),
+        FACTS,
+        "error",
+        f"{CONTAINER_FAILURE}the command ended but its exit code could not be read; whether "
+        "it succeeded is unknown: warn",
+        "exit_unknown",
+    ),
     (
         "a non-zero exit names the code and the last stderr line",
         raw(3, stderr=b"warming up\nbad input\n"),

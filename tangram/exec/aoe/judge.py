@@ -186,6 +186,15 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     Rule("output_too_large", "error", _too_large, _too_large_error),
+    Rule(
+        "exit_unknown",
+        "error",
+        lambda raw, facts: raw.exit_code is None,
+        lambda raw, facts: (
+            f"{CONTAINER_FAILURE}the command ended but its exit code could not be read; "
+            f"whether it succeeded is unknown{_detail(raw)}"
+        ),
+    ),
     Rule("ok", "ok", lambda raw, facts: raw.exit_code == 0, lambda raw, facts: None),
     Rule(
         "command_not_found",
