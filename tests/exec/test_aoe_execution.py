@@ -611,3 +611,22 @@ def test_a_deadline_that_is_no_time_is_refused_naming_it(deadline: Any) -> None:
         check_deadline(deadline)
     check_deadline(None)
     check_deadline(time.monotonic() + 5)
+
+
+@pytest.mark.parametrize(
+    ("image", "sandbox", "message"),
+    [
+        (123, None, "image of trajectory 't' must be"),
+        (b"busybox", None, "image of trajectory 't' must be"),
+        (None, {"user": "root"}, "sandbox of trajectory 't' must be a SandboxConfig"),
+    ],
+)
+def test_an_image_or_sandbox_of_the_wrong_kind_is_refused_naming_it(
+    image: Any, sandbox: Any, message: str
+) -> None:
+    """A sandbox given as a dict raised a bare AttributeError ('dict' object has no attribute
+    'relaxations'); an image that is no name (a number, bytes) went to the engine, whose
+    answer named neither the argument nor the fault."""
+    lifecycle = Lifecycle(AoeConfig(), None, TOPOLOGY, "s1")
+    with pytest.raises(AoeError, match=message):
+        lifecycle.blueprint("t", None, image, sandbox)

@@ -188,7 +188,18 @@ class Lifecycle:
         sandbox: SandboxConfig | None,
     ) -> Blueprint:
         """A new trajectory's blueprint, the manager's defaults filled in; a relaxed sandbox is
-        logged, a memory size that is not positive raises ``AoeError``."""
+        logged; a memory size that is not positive, an image that is no name or a sandbox that is
+        no ``SandboxConfig`` raises ``AoeError`` naming it."""
+        if sandbox is not None and not isinstance(sandbox, SandboxConfig):
+            raise AoeError(
+                f"sandbox of trajectory {traj_id!r} must be a SandboxConfig, "
+                f"got {type(sandbox).__name__}"
+            )
+        if image is not None and not isinstance(image, str):
+            raise AoeError(
+                f"image of trajectory {traj_id!r} must be an image name (a string), "
+                f"got {type(image).__name__} {image!r}"
+            )
         if sandbox is not None and sandbox.relaxations():
             log.warning(
                 "sandbox of trajectory %s relaxed: %s", traj_id, "; ".join(sandbox.relaxations())
