@@ -574,3 +574,29 @@ def test_a_reset_whose_park_fails_is_no_clean_reset(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(reset, "_reset_on", lambda container, init, cores, runner: None)
     why = reset.reset(stand_in, (0, 1))  # type: ignore[arg-type]
     assert why is not None and "could not be parked" in why and "EBUSY" in why
+
+
+def test_a_removal_that_fails_with_an_engine_error_is_logged_on_the_worker(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A pool removal logged only ``AoeError``: the engine's own errors (the SDK's
+    ConnectionError, APIError) raised on the worker thread, where the executor kept them in a
+    future nobody reads: the container stayed in the engine and nothing said so."""
+    fakes = Fakes()
+
+    def remove(c: Any) -> None:
+        fakes.removed.append(c)
+        raise ConnectionError("engine unreachable")
+
+    pool = WarmPool(WarmPoolConfig(max_per_key=0), fakes.create, fakes.reset, remove)
+    try:
+        caplog.set_level(logging.WARNING, logger="tangram.exec.aoe.pool")
+        pool.take(KEY)  # counted busy; nothing parked, no room to fill
+        pool.give_back(KEY, FakeContainer(7))  # no room: removed on a worker
+        deadline = time.monotonic() + 10
+        while not any("engine unreachable" in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline, "the failed removal was never logged"
+            time.sleep(0.01)
+        assert [c.n for c in fakes.removed] == [7]
+    finally:
+        pool.close()

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tangram.exec.aoe.config import SandboxConfig, WarmPoolConfig
-from tangram.exec.aoe.errors import AoeError
 from tangram.exec.aoe.reset import KEEPER_UID
 
 if TYPE_CHECKING:
@@ -338,9 +337,13 @@ class WarmPool:
             self._remove_quietly(container)
 
     def _remove_quietly(self, container: Container) -> None:
+        """Remove ``container``; any failure is logged, not raised: it mostly runs on a worker
+        thread, where an error other than ``AoeError`` (the engine's own) was kept in a future
+        nobody reads, the container left in the engine without a word (the shutdown's sweep
+        of the session removes it at the latest)."""
         try:
             self._remove(container)
-        except AoeError as exc:
+        except Exception as exc:  # noqa: BLE001 - AoeError or the engine's own errors
             log.warning("warm pool: removing %s failed: %s", container.handle.short_id, exc)
 
     # -- reporting and shutdown -----------------------------------------------------------
