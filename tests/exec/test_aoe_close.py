@@ -317,3 +317,23 @@ def test_an_action_waiting_for_its_trajectorys_previous_one_ends_at_its_deadline
     finally:
         lock.release()
         waiter.join(10)
+
+
+@pytest.mark.parametrize("pool", [5, (0, "1"), [[0], [1]]])
+def test_a_weighted_pool_that_is_no_core_list_is_refused_naming_it(pool: object):
+    """A weighted action's pool that was no list of core ids (a number, a mix of types,
+    unhashable items) raised a bare TypeError from ``set``/``sorted``, naming neither the
+    argument nor the fault, where a pool with an unknown core is a GrantError naming it."""
+    from tangram.exec.aoe.config import AoeConfig
+    from tangram.exec.aoe.ledger import CoreLedger
+    from tangram.exec.aoe.topology import NumaTopology
+
+    containers = _Containers()
+    mgr = manager_with(containers)
+    mgr.config = AoeConfig()
+    mgr.topology = NumaTopology(((0, 1),))
+    mgr.ledger = CoreLedger(mgr.topology)
+    mgr._action_seq = 0
+    mgr.open_trajectory("t")
+    with pytest.raises(AoeError, match="pool"):
+        mgr.run_action("t", "true", (0,), weighted=True, pool=pool)  # type: ignore[arg-type]

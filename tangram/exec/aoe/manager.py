@@ -348,7 +348,7 @@ class AoeManager:
         self.ledger.validate(cores)
         check_deadline(deadline)
         if weighted:
-            pool = tuple(sorted(set(self.topology.cores if pool is None else pool)))
+            pool = _core_list("pool", self.topology.cores if pool is None else pool)
             self.ledger.validate(pool)
         elif pool is not None:
             raise AoeError("a pool is for weighted grants (weighted=True)")
@@ -414,6 +414,15 @@ class AoeManager:
             self._containers.retire(traj.container)
         except Exception as exc:  # noqa: BLE001 - AoeError or the engine's own errors
             log.warning("shutdown: %s", exc)
+
+
+def _core_list(name: str, cores: object) -> tuple[int, ...]:
+    """``cores`` as a sorted tuple without repeats; ``AoeError`` naming ``name`` when it is no
+    collection of core ids (``set``/``sorted`` raised a bare TypeError naming nothing)."""
+    try:
+        return tuple(sorted(set(cores)))  # type: ignore[call-overload]
+    except TypeError:
+        raise AoeError(f"{name} must be a list of core ids, got {cores!r}") from None
 
 
 def _acquire_by(lock: threading.Lock, deadline: float | None) -> bool:
