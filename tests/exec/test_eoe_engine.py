@@ -20,7 +20,8 @@ from tangram.exec.eoe.engine import ModuleEngine, engine_spec
 from tangram.exec.eoe.errors import InvalidCellError, ServiceTooLargeError
 from tangram.exec.eoe.hf import load_model, teacher_logprobs
 from tangram.exec.eoe.hf_tiny import HfShape, save_model_dir
-from tangram.exec.eoe.testing import BACKEND, UNIT, make_config, missing_devices
+from tangram.exec.eoe.testing import BACKEND, UNIT
+from tests.exec.eoe_setup import eoe_manager
 
 SHAPE = HfShape(layers=2)
 MIB = 1 << 20
@@ -40,12 +41,8 @@ def teacher_engine(path: Path, gpu: int = 0) -> Any:
 
 
 def manager(devices: int = 1, mib: int = 8) -> EoeManager:
-    """``devices`` devices with room for ``mib`` MiB of claims each, on CPU or CUDA alike
-    (``make_config``: on CUDA the process's baseline allocations are added)."""
-    reason = missing_devices(devices)
-    if reason is not None:
-        pytest.skip(reason)
-    return EoeManager(make_config(devices, units=mib * MIB / UNIT))
+    """``devices`` devices with room for ``mib`` MiB of claims each (``eoe_manager``)."""
+    return eoe_manager(devices, mib)
 
 
 def asleep(engine: ModuleEngine) -> bool:

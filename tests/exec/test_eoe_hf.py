@@ -19,7 +19,8 @@ from tangram.exec.eoe import EoeConfig, EoeManager, ServiceSpecError, ServiceToo
 from tangram.exec.eoe.hf import hf_service, load_model, reward_scores
 from tangram.exec.eoe.hf_tiny import HfShape, save_model_dir, words
 from tangram.exec.eoe.sharding import cut
-from tangram.exec.eoe.testing import BACKEND, UNIT, blob_spec, make_config, missing_devices
+from tangram.exec.eoe.testing import BACKEND, blob_spec, missing_devices
+from tests.exec.eoe_setup import eoe_manager
 
 SHAPE = HfShape(layers=4)
 
@@ -34,12 +35,8 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def manager(devices: int = 2, mib: int = 64) -> EoeManager:
-    """``devices`` devices with room for ``mib`` MiB of services each, on CPU or CUDA alike
-    (``make_config``); skips only where CUDA has fewer GPUs than that."""
-    reason = missing_devices(devices)
-    if reason is not None:
-        pytest.skip(reason)
-    return EoeManager(make_config(devices, units=(mib << 20) / UNIT))
+    """``devices`` devices with room for ``mib`` MiB of services each (``eoe_manager``)."""
+    return eoe_manager(devices, mib)
 
 
 def batch(tokenizer: Any, n: int = 3) -> dict[str, torch.Tensor]:

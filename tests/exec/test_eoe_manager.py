@@ -44,10 +44,9 @@ from tangram.exec.eoe.testing import (
     UNIT,
     blob_reference,
     blob_spec,
-    make_config,
-    missing_devices,
     same_bytes,
 )
+from tests.exec.eoe_setup import eoe_config
 
 
 @pytest.fixture
@@ -63,13 +62,7 @@ def managers():
         m.close()
 
 
-def config(devices: int = 1, units: float = 4, **kw: object) -> EoeConfig:
-    reason = missing_devices(devices)
-    if reason:
-        pytest.skip(reason)
-    return make_config(devices, units, **kw)
-
-
+config = eoe_config
 reference = blob_reference
 X = torch.arange(6, dtype=torch.float32)
 
