@@ -762,3 +762,48 @@ def test_the_replica_threads_of_a_call_running_past_close_do_not_outlive_it() ->
     before = threading.active_count()
     assert torch.equal(runner.run(service, replicas, X), X * 2)
     assert runner._pool is None and threading.active_count() == before
+
+
+class GatedDevice(CpuDevice):
+    """A CPU device whose allocations wait for ``gate`` while ``hold`` is set: a restore that
+    takes as long as the test wants (it holds the GPU's device lock meanwhile)."""
+
+    def __init__(self, index: int, budget_bytes: int) -> None:
+        super().__init__(index, budget_bytes)
+        self.hold, self.held, self.gate = threading.Event(), threading.Event(), threading.Event()
+
+    def alloc(self, nbytes: int) -> torch.Tensor:
+        if self.hold.is_set():
+            self.held.set()
+            assert self.gate.wait(10), "the test never opened the gate"
+        return super().alloc(nbytes)
+
+
+def test_a_call_waiting_for_another_calls_restore_on_its_gpu_keeps_its_time_out() -> None:
+    """With calls_per_gpu > 1, a call whose restore must wait for another call's restore on
+    the same GPU (the GPU's device lock) waited without its timeout_s and without counting
+    the wait anywhere: it came back ok after the whole restore with queue_s 0."""
+    device = GatedDevice(0, 4 * UNIT)
+    with EoeManager(EoeConfig(calls_per_gpu=2), devices=[device]) as m:
+        m.register(blob_spec("slow"))
+        m.register(blob_spec("quick", seed=1))
+        device.hold.set()
+        slow: list = []
+        t = threading.Thread(target=lambda: slow.append(m.call("slow", X)))
+        opener = threading.Timer(3, device.gate.set)  # (before the fix: the wait's only end)
+        t.start()
+        try:
+            assert device.held.wait(10), "the slow restore never started"
+            device.hold.clear()
+            opener.start()
+            out = m.call("quick", X, timeout_s=0.3)
+        finally:
+            opener.cancel()
+            device.gate.set()
+            t.join(10)
+        assert slow[0].ok
+        assert isinstance(out.error, QueueTimeoutError), out
+        assert "for memory" in out.message and 0.25 <= out.queue_s <= out.total_s
+        assert m.stats().devices[0].claimed_bytes == UNIT  # only 'slow' is resident
+        assert m.residency() == {"slow": (0,)}
+        assert m.call("quick", X, timeout_s=0).ok  # nothing to wait for: it restores and runs

@@ -345,8 +345,7 @@ class EoeManager:
         """
         info = state.service.info
         with contextlib.ExitStack() as stack:
-            for g in state.cell:  # the cell is sorted: locks are taken in index order
-                stack.enter_context(self._device_locks[g])
+            self._lock_cell(state, stack)
             with self._cond:
                 self._check_open()
                 self._check_registered(state.service)
@@ -371,6 +370,24 @@ class EoeManager:
                 victims, placeholders = self._ledger.book(state, plan)
             self._carry_out(state, victims, placeholders)
         return True
+
+    def _lock_cell(self, state: CallState, stack: contextlib.ExitStack) -> None:
+        """Take the device locks of the call's cell (in index order, released by ``stack``).
+
+        Another call restoring or evicting on a GPU of the cell (calls_per_gpu > 1) holds its
+        lock for as long as that takes: the wait keeps the call's deadline
+        (``QueueTimeoutError``) and counts as queueing, as every other wait for memory does.
+        """
+        t0 = time.perf_counter()
+        try:
+            for g in state.cell:  # the cell is sorted: locks are taken in index order
+                lock = self._device_locks[g]
+                taken = lock.acquire(blocking=False)  # free: no wait, whatever the deadline
+                while not taken:
+                    taken = lock.acquire(timeout=state.wait_s("memory"))
+                stack.callback(lock.release)
+        finally:
+            state.queue_s += time.perf_counter() - t0
 
     def _carry_out(
         self, state: CallState, victims: list[Replica], placeholders: list[Replica]
