@@ -807,3 +807,19 @@ def test_a_call_waiting_for_another_calls_restore_on_its_gpu_keeps_its_time_out(
         assert m.stats().devices[0].claimed_bytes == UNIT  # only 'slow' is resident
         assert m.residency() == {"slow": (0,)}
         assert m.call("quick", X, timeout_s=0).ok  # nothing to wait for: it restores and runs
+
+
+@pytest.mark.parametrize("name", [["a"], {"a": 1}, None, 0])
+def test_a_service_named_by_no_string_is_refused_naming_it(managers, name: object) -> None:
+    """A call naming its service by a list (or a dict) came back as 'unexpected TypeError in
+    the executor: unhashable type' (our bug, by its words) and evict/info raised that
+    TypeError bare; None and 0 were 'unknown service' beside the registered names."""
+    m = managers(config())
+    m.register(blob_spec("a"))
+    out = m.call(name, X)  # type: ignore[arg-type]
+    assert isinstance(out.error, UnknownServiceError), out
+    assert "a service is named by a string" in out.message and repr(name) in out.message
+    for refused in (m.evict, m.info, m.spec, m.unregister):
+        with pytest.raises(UnknownServiceError, match="named by a string"):
+            refused(name)  # type: ignore[arg-type]
+    assert m.call("a", X).ok

@@ -178,6 +178,13 @@ class EoeManager:
         return self._service(service).spec
 
     def _service(self, name: str) -> Service:
+        """The registered service ``name``; ``UnknownServiceError`` naming what is wrong (a
+        name that is no string could not even be looked up: a list was an unhashable
+        TypeError, reported as the executor's own bug)."""
+        if not isinstance(name, str):
+            raise UnknownServiceError(
+                f"a service is named by a string, got {type(name).__name__} {name!r}"[:300]
+            )
         with self._cond:
             svc = self._services.get(name)
         if svc is None:
