@@ -823,3 +823,15 @@ def test_a_service_named_by_no_string_is_refused_naming_it(managers, name: objec
         with pytest.raises(UnknownServiceError, match="named by a string"):
             refused(name)  # type: ignore[arg-type]
     assert m.call("a", X).ok
+
+
+@pytest.mark.parametrize("spec", ["a", None, {"name": "a"}])
+def test_registering_what_is_no_service_spec_is_refused_naming_it(managers, spec: object) -> None:
+    """register('a') (or None, or a dict) was "AttributeError: 'str' object has no attribute
+    'name'", from the duplicate check that reads the name before the registry's own check."""
+    m = managers(config())
+    with pytest.raises(
+        ServiceSpecError, match=f"expected a ServiceSpec, got {type(spec).__name__}"
+    ):
+        m.register(spec)  # type: ignore[arg-type]
+    assert m.services() == () and m.register(blob_spec("a")).name == "a"

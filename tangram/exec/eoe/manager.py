@@ -56,6 +56,7 @@ from tangram.exec.eoe.errors import (
     RestoreError,
     RestoreOutOfMemoryError,
     ServiceInUseError,
+    ServiceSpecError,
     UnknownServiceError,
 )
 from tangram.exec.eoe.execution import ReplicaRunner
@@ -124,6 +125,8 @@ class EoeManager:
         one replica plus workspace) or ``HostMemoryError``.
         """
         self._check_open()
+        if not isinstance(spec, ServiceSpec):  # (its name was read first: an AttributeError)
+            raise ServiceSpecError(f"expected a ServiceSpec, got {type(spec).__name__}")
         if spec.name in self._registry:
             self._registry.add(spec)  # raises DuplicateServiceError with the message
         reserved = 0
