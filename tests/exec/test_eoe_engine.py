@@ -297,3 +297,13 @@ def test_the_engine_benchmark_reports_restore_against_a_plain_copy(capsys: Any) 
     assert row["engine"] == "module" and row["weight_bytes"] > 500_000
     assert row["restore_s"] > 0 and row["copy_s"] > 0 and row["restore_pct_of_copy"] > 0
     assert doc["skipped"] == {"vllm": "needs CUDA and vLLM"}
+
+
+@pytest.mark.parametrize("home", [-1, True, "0", 0.0])
+def test_an_engine_home_that_is_no_gpu_index_is_refused_naming_it(home: object) -> None:
+    """home=-1 ran on the last GPU's books by Python's negative indexing (each call failed
+    with 'the engine lives on GPU -1, not GPU 1'), home=True ran on GPU 1 with the outcome's
+    gpus (True,), and home='0' was a bare TypeError ('<=' not supported) from register."""
+    make = lambda: ModuleEngine(torch.nn.Linear(4, 4), "cpu", lambda mod, x: mod(x))  # noqa: E731
+    with pytest.raises(ServiceSpecError, match=f"home must be a GPU index.*got {home!r}"):
+        engine_spec("e", make, home=home, memory_bytes=MIB)  # type: ignore[arg-type]

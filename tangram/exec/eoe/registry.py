@@ -12,6 +12,7 @@ No torch import happens at module import time, so ``tangram --help`` works witho
 
 from __future__ import annotations
 
+import numbers
 import re
 import threading
 from collections.abc import Callable, Iterator
@@ -88,6 +89,8 @@ class ServiceSpec:
                 f"service {self.name!r}: an engine service names its GPU (home), a service "
                 "restored by copies does not"
             )
+        if self.home is not None:
+            self._check_home()
         if self.backend == "engine" and (
             tuple(self.dops) != (1,) or self.shards != 1 or self.memory_bytes is None
         ):
@@ -125,6 +128,17 @@ class ServiceSpec:
                 f"service {self.name!r}: workspace_bytes must be a non-negative int, "
                 f"got {self.workspace_bytes!r}"
             )
+
+    def _check_home(self) -> None:
+        """``home`` is a GPU index: a whole number >= 0 (numpy's too), kept as an int. -1 ran
+        on the last GPU's books by Python's negative indexing, True on GPU 1, '0' failed
+        registration with a bare TypeError."""
+        home = self.home
+        if isinstance(home, bool) or not isinstance(home, numbers.Integral) or home < 0:
+            raise ServiceSpecError(
+                f"service {self.name!r}: home must be a GPU index (an int >= 0), got {home!r}"
+            )
+        object.__setattr__(self, "home", int(home))
 
     def split_inputs(self, inputs: Any, parts: int) -> list[Any]:
         return (self.split or split_batch)(inputs, parts)
