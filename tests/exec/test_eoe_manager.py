@@ -835,3 +835,44 @@ def test_registering_what_is_no_service_spec_is_refused_naming_it(managers, spec
     ):
         m.register(spec)  # type: ignore[arg-type]
     assert m.services() == () and m.register(blob_spec("a")).name == "a"
+
+
+def test_an_unregister_overtaken_by_another_leaves_the_name_as_the_other_made_it(
+    managers, monkeypatch
+) -> None:
+    """Two unregisters of one service: the one that evicted first but forgot it last popped
+    whatever was registered under the name by then, a new service registered meanwhile
+    (forgotten, its host bytes uncounted), or found nothing (a bare KeyError)."""
+    m = managers(config())
+    m.register(blob_spec("a"))
+    evicted, go = threading.Event(), threading.Event()
+    real_evict = m.evict
+
+    def evict_and_pause(service: str, gpus: object = None) -> object:
+        out = real_evict(service, gpus)  # type: ignore[arg-type]
+        if threading.current_thread().name == "first":
+            evicted.set()
+            assert go.wait(10), "the test never let the first unregister go on"
+        return out
+
+    monkeypatch.setattr(m, "evict", evict_and_pause)
+    errors: list[BaseException] = []
+
+    def unregister() -> None:
+        try:
+            m.unregister("a")
+        except BaseException as exc:  # noqa: BLE001 - what it raised is the point
+            errors.append(exc)
+
+    first = threading.Thread(target=unregister, name="first")
+    first.start()
+    try:
+        assert evicted.wait(10)
+        m.unregister("a")  # overtakes it
+        m.register(blob_spec("a", seed=7))  # the name is free again
+    finally:
+        go.set()
+        first.join(10)
+    assert len(errors) == 1 and isinstance(errors[0], UnknownServiceError), errors
+    assert m.services() == ("a",)
+    assert torch.allclose(m.call("a", X).unwrap(), reference(1, 7, X))

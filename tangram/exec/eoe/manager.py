@@ -159,14 +159,23 @@ class EoeManager:
         return svc.info
 
     def unregister(self, service: str) -> None:
-        """Evict the service everywhere and forget it (``ServiceInUseError`` if a call uses it)."""
+        """Evict the service everywhere and forget it (``ServiceInUseError`` if a call uses it).
+
+        Forgets the service it evicted only: one unregistered (maybe registered anew) by
+        someone else meanwhile is ``UnknownServiceError``, and what is under the name stays.
+        """
+        svc = self._service(service)
         self.evict(service)
         with self._cond:
+            if self._services.get(service) is not svc:
+                raise UnknownServiceError(
+                    f"service {service!r} was unregistered by another caller meanwhile"
+                )
             if self._ledger.has_replicas(service):
                 raise ServiceInUseError(
                     f"service {service!r} was restored again while unregistering"
                 )
-            svc = self._services.pop(service)
+            del self._services[service]
             self._registry.remove(service)
             self._host_bytes -= svc.backup.nbytes
 
