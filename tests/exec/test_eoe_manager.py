@@ -42,6 +42,7 @@ from tangram.exec.eoe.testing import (
     BACKEND,
     MIB,
     UNIT,
+    Blob,
     blob_reference,
     blob_spec,
     same_bytes,
@@ -876,3 +877,23 @@ def test_an_unregister_overtaken_by_another_leaves_the_name_as_the_other_made_it
     assert len(errors) == 1 and isinstance(errors[0], UnknownServiceError), errors
     assert m.services() == ("a",)
     assert torch.allclose(m.call("a", X).unwrap(), reference(1, 7, X))
+
+
+def test_a_result_that_views_the_replicas_weights_does_not_hold_them_after_eviction(
+    managers,
+) -> None:
+    """A call returning a view of its replica's weights (a slice of a parameter) handed the
+    caller the device buffer itself on a CPU device (.to('cpu') of a CPU tensor is the same
+    tensor; a GPU's result is a copy): the evicted replica's bytes stayed allocated for as
+    long as the caller kept the result, an unverified eviction, and the next service that
+    needed them failed as out of memory."""
+    m = managers(config(devices=1, units=1.02))
+    m.register(blob_spec("viewer", call=lambda module, x: module.w[:4]))
+    m.register(blob_spec("next", seed=1))
+    kept = m.call("viewer", X).unwrap()
+    assert torch.equal(kept, Blob(1, 0).w[:4])
+    out = m.call("next", X)
+    assert out.ok and out.evicted == (("viewer", 0),), out.message
+    assert m.stats().unverified_evictions == 0
+    assert same_bytes(m.devices[0].allocated_bytes(), UNIT)
+    assert torch.equal(kept, Blob(1, 0).w[:4])  # the caller's result is intact

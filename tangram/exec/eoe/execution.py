@@ -14,6 +14,8 @@ from tangram.exec.eoe.errors import CallFailedError, InputSplitError
 from tangram.exec.eoe.registry import ServiceSpec, map_tensors
 
 if TYPE_CHECKING:
+    import torch
+
     from tangram.exec.eoe.bookkeeping import Replica, Service
 
 
@@ -102,7 +104,7 @@ class ReplicaRunner:
             with no_grad_on(device):
                 moved = map_tensors(part, lambda t: t.to(device.torch_device, non_blocking=True))
                 result = spec.call(rep.module if module is None else module, moved)
-                return map_tensors(result, lambda t: t.to("cpu"))
+                return map_tensors(result, to_host)
         except Exception as exc:
             oom = " (out of memory)" if is_cuda_oom(exc) else ""
             raise CallFailedError(
@@ -124,3 +126,10 @@ class ReplicaRunner:
             self._closed = True
         if pool is not None:
             pool.shutdown(wait=True)
+
+
+def to_host(tensor: torch.Tensor) -> torch.Tensor:
+    """A host copy of a result tensor, never the device's memory itself: on a CPU device
+    ``.to("cpu")`` returns the tensor as it is, and a result viewing the replica's weights
+    kept its evicted buffer allocated for as long as the caller held it (a GPU's is a copy)."""
+    return tensor.to("cpu", copy=True)
