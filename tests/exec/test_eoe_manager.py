@@ -897,3 +897,23 @@ def test_a_result_that_views_the_replicas_weights_does_not_hold_them_after_evict
     assert m.stats().unverified_evictions == 0
     assert same_bytes(m.devices[0].allocated_bytes(), UNIT)
     assert torch.equal(kept, Blob(1, 0).w[:4])  # the caller's result is intact
+
+
+def _exits(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    raise SystemExit(3)  # (a library that calls sys.exit on what it dislikes)
+
+
+@pytest.mark.parametrize("dop", [1, 2])
+def test_a_call_function_that_exits_is_one_failed_outcome(managers, dop: int) -> None:
+    """A service's call function raising SystemExit (sys.exit() in it) got no outcome: the
+    exception left manager.call itself, and in the live runtime's thread pool it reached the
+    event loop, which stops on SystemExit: every other caller's work with it."""
+    m = managers(config(devices=2))
+    m.register(blob_spec("exits", call=_exits))
+    m.register(blob_spec("fine", seed=1))
+    out = m.call("exits", X, dop=dop)
+    assert isinstance(out.error, CallFailedError), out
+    assert "SystemExit" in out.message and out.gpus == tuple(range(dop))
+    assert m.stats().errors == 1 and [d.running_calls for d in m.stats().devices] == [0, 0]
+    assert m.evict("exits").gpus == tuple(range(dop))  # nothing of the call still pins it
+    assert torch.allclose(m.call("fine", X).unwrap(), reference(1, 1, X))

@@ -19,6 +19,12 @@ if TYPE_CHECKING:
     from tangram.exec.eoe.bookkeeping import Replica, Service
 
 
+#: What a service's own code (its call, split or merge) may raise that fails its call only:
+#: SystemExit too (a sys.exit() in it), which left ``manager.call`` without an outcome and,
+#: in the live runtime's thread pool, reached the event loop, which stops on it.
+FAILURES: tuple[type[BaseException], ...] = (Exception, SystemExit)
+
+
 class ReplicaRunner:
     """Runs calls' parts on replicas; owns the pool of replica threads (made on first use)."""
 
@@ -44,7 +50,7 @@ class ReplicaRunner:
         else:
             try:
                 parts = spec.split_inputs(inputs, len(replicas))
-            except Exception as exc:
+            except FAILURES as exc:
                 raise InputSplitError(
                     f"service {spec.name!r}: cannot split the inputs across {len(replicas)} "
                     f"replicas: {exc}"
@@ -80,7 +86,7 @@ class ReplicaRunner:
             return results[0]
         try:
             return spec.merge_outputs(results)
-        except Exception as exc:
+        except FAILURES as exc:
             raise CallFailedError(
                 f"service {spec.name!r}: merging the results of {len(results)} replicas failed: "
                 f"{type(exc).__name__}: {exc}"
@@ -105,7 +111,7 @@ class ReplicaRunner:
                 moved = map_tensors(part, lambda t: t.to(device.torch_device, non_blocking=True))
                 result = spec.call(rep.module if module is None else module, moved)
                 return map_tensors(result, to_host)
-        except Exception as exc:
+        except FAILURES as exc:
             oom = " (out of memory)" if is_cuda_oom(exc) else ""
             raise CallFailedError(
                 f"service {spec.name!r} raised {type(exc).__name__} on GPU {rep.gpu}{oom}: {exc}"
