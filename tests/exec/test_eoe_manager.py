@@ -917,3 +917,39 @@ def test_a_call_function_that_exits_is_one_failed_outcome(managers, dop: int) ->
     assert m.stats().errors == 1 and [d.running_calls for d in m.stats().devices] == [0, 0]
     assert m.evict("exits").gpus == tuple(range(dop))  # nothing of the call still pins it
     assert torch.allclose(m.call("fine", X).unwrap(), reference(1, 1, X))
+
+
+def test_a_register_that_ends_after_close_is_refused(monkeypatch) -> None:
+    """A register under way when the manager closed (its factory still running) added the
+    service to the closed manager: register returned as if it could be called, and its host
+    backup was held (and counted) for as long as the manager lived."""
+    import tangram.exec.eoe.manager as manager_module
+
+    building, go = threading.Event(), threading.Event()
+    build = manager_module.build_service
+
+    def slow_build(*args: object, **kw: object) -> object:
+        building.set()
+        assert go.wait(10), "the test never let the build go on"
+        return build(*args, **kw)
+
+    monkeypatch.setattr(manager_module, "build_service", slow_build)
+    m = EoeManager(config())
+    done: list[BaseException | object] = []
+
+    def register() -> None:
+        try:
+            done.append(m.register(blob_spec("late")))
+        except BaseException as exc:  # noqa: BLE001 - what it raised is the point
+            done.append(exc)
+
+    t = threading.Thread(target=register)
+    t.start()
+    try:
+        assert building.wait(10)
+        m.close()
+    finally:
+        go.set()
+        t.join(10)
+    assert isinstance(done[0], ManagerClosedError), done
+    assert m.services() == () and m._host_bytes == 0

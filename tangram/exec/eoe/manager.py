@@ -150,6 +150,7 @@ class EoeManager:
         try:
             svc = build_service(spec, pin=self._pin_host, budgets=self._budgets, admit=admit)
             with self._cond:
+                self._check_open()  # closed while it was built: nothing would ever free it
                 self._registry.add(spec)  # DuplicateServiceError if registered meanwhile
                 self._services[spec.name] = svc
         except BaseException:
