@@ -439,3 +439,27 @@ def test_building_without_weights_touches_no_other_thread_and_always_undoes_itse
         left = nn.Module.register_parameter
         nn.Module.register_parameter = original  # type: ignore[method-assign]  # (the suite's)
     assert left is original
+
+
+@pytest.mark.parametrize("kind", ["teacher", "reward"])
+def test_token_ids_of_any_integer_dtype_give_the_int64_result_and_others_are_refused(
+    dirs: dict[str, Path], kind: str
+) -> None:
+    """Ids of uint8, int8 or int16 passed the check and failed in the embedding with torch's
+    words ('Expected tensor for argument #1 'indices' to have one of the following scalar
+    types: Long, Int'); bool ids did too, and complex ids were '"min_all" not implemented for
+    'ComplexFloat''. Integer ids of any width now give the int64 result; bool and complex
+    ones are refused naming 'input_ids'."""
+    svc = hf_service(kind, dirs[kind], kind)
+    ids = torch.randint(4, 60, (2, 6), generator=torch.Generator().manual_seed(0))
+    with manager(devices=1) as m:
+        m.register(svc.spec)
+        want = pick(kind)(m.call(kind, ids).unwrap())
+        for dtype in (torch.uint8, torch.int8, torch.int16, torch.int32):
+            out = m.call(kind, ids.to(dtype))
+            assert out.ok, (dtype, out.message)
+            assert torch.equal(pick(kind)(out.value), want), dtype
+        for dtype in (torch.bool, torch.complex64):
+            out = m.call(kind, {"input_ids": ids.to(dtype)})
+            assert not out.ok and "ValueError" in out.message, out
+            assert "'input_ids' must be a 2-D array of integer token ids" in out.message

@@ -953,3 +953,19 @@ def test_a_register_that_ends_after_close_is_refused(monkeypatch) -> None:
         t.join(10)
     assert isinstance(done[0], ManagerClosedError), done
     assert m.services() == () and m._host_bytes == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32])
+def test_the_example_services_take_token_ids_of_any_integer_dtype(managers, dtype) -> None:
+    """check_tokens let ids of any integer dtype through, and those of uint8, int8 or int16
+    failed in the model with torch's words ('Expected tensor for argument #1 'indices' to
+    have one of the following scalar types: Long, Int'). They now give the int64 result."""
+    m = managers(config(devices=1, units=8 * MIB / UNIT))
+    m.register(reward_model_spec("reward", "tiny"))
+    m.register(teacher_spec("teacher", "tiny"))
+    tokens = example_tokens(batch=2, seq_len=8) % 100
+    for service in ("reward", "teacher"):
+        want = m.call(service, tokens).unwrap()
+        out = m.call(service, tokens.to(dtype))
+        assert out.ok, out.message
+        assert torch.equal(out.value, want), service

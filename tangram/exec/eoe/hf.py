@@ -52,11 +52,20 @@ def _as_batch(module: torch.nn.Module, inputs: Any) -> tuple[torch.Tensor, torch
         if "input_ids" not in inputs:
             raise ValueError("inputs must have 'input_ids'")
         ids, mask = inputs["input_ids"], inputs.get("attention_mask")
-    if not isinstance(ids, torch.Tensor) or ids.ndim != 2 or ids.is_floating_point():
+    if (
+        not isinstance(ids, torch.Tensor)
+        or ids.ndim != 2
+        or ids.is_floating_point()
+        or ids.is_complex()
+        or ids.dtype == torch.bool
+    ):
         raise ValueError(
             "'input_ids' must be a 2-D array of integer token ids (batch, tokens), got "
             f"{_described(ids)}"
         )
+    # Integer ids of any width (uint8, int16...): the embedding takes int64 (torch's words
+    # were 'Expected tensor for argument #1 'indices' to have one of ... Long, Int').
+    ids = ids.long()
     if not ids.shape[0] or not ids.shape[1]:  # torch's words were 'cannot reshape ...'
         raise ValueError(
             "'input_ids' must hold at least one sequence of at least one token, got shape "
@@ -88,9 +97,11 @@ def _as_batch(module: torch.nn.Module, inputs: Any) -> tuple[torch.Tensor, torch
 
 
 def _described(value: Any) -> str:
-    """A value's kind and shape for an error message (not its contents)."""
+    """A value's kind, shape and dtype for an error message (not its contents)."""
     shape = getattr(value, "shape", None)
-    return type(value).__name__ if shape is None else f"{type(value).__name__} {tuple(shape)}"
+    dtype = getattr(value, "dtype", None)
+    kind = type(value).__name__ if dtype is None else f"{type(value).__name__} of {dtype}"
+    return kind if shape is None else f"{kind} {tuple(shape)}"
 
 
 def teacher_logprobs(module: torch.nn.Module, inputs: Any) -> dict[str, torch.Tensor]:

@@ -189,6 +189,7 @@ def check_tokens(module: torch.nn.Module, tokens: Any) -> torch.Tensor:
         raise ValueError(f"tokens must be a 2-D tensor of token ids (batch, tokens), got {got}")
     if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
         raise ValueError(f"tokens must be integer token ids, got dtype {tokens.dtype}")
+    tokens = tokens.long()  # uint8, int16...: the embedding takes int64 (torch refused them)
     if tokens.shape[1] < 1:
         raise ValueError(
             f"tokens must hold at least one token per sequence, got {tuple(tokens.shape)}"
