@@ -969,3 +969,12 @@ def test_the_example_services_take_token_ids_of_any_integer_dtype(managers, dtyp
         out = m.call(service, tokens.to(dtype))
         assert out.ok, out.message
         assert torch.equal(out.value, want), service
+
+
+@pytest.mark.parametrize("indices", [(1,), (0, 0), (1, 0)])
+def test_devices_not_indexed_by_their_places_are_refused_naming_them(indices) -> None:
+    """The manager books each GPU by its place in ``devices`` but stats() (and an engine's
+    home) read each device's own index: devices [1] made stats() an IndexError, and [0, 0]
+    reported GPU 0's claims and calls for both, the second's books never shown."""
+    with pytest.raises(ValueError, match=r"devices must be indexed 0\.\.n-1 in order, got"):
+        EoeManager(EoeConfig(backend="cpu"), devices=[CpuDevice(i, UNIT) for i in indices])

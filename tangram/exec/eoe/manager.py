@@ -74,6 +74,15 @@ __all__ = ["EoeManager", "ResidencyCallback"]
 log = logging.getLogger(__name__)
 
 
+def _check_indices(devices: tuple[Device, ...]) -> None:
+    """``ValueError`` unless device i has index i: the books are kept by place, while stats()
+    and an engine's home read each device's own index (devices [1] made stats() an
+    IndexError; [0, 0] showed GPU 0's books for both)."""
+    indices = [d.index for d in devices]
+    if indices != list(range(len(devices))):
+        raise ValueError(f"devices must be indexed 0..n-1 in order, got indices {indices[:16]}")
+
+
 class EoeManager:
     """The GPU executor: register services, call them on cells, report residency.
 
@@ -93,6 +102,7 @@ class EoeManager:
         if devices is not None and not devices:
             raise ValueError("devices, when given, must name at least one device")
         self.devices: tuple[Device, ...] = tuple(devices or open_devices(self.config))
+        _check_indices(self.devices)
         self.backend = self.devices[0].backend
         self._pin_host = (
             self.config.pin_host_memory
