@@ -978,3 +978,21 @@ def test_devices_not_indexed_by_their_places_are_refused_naming_them(indices) ->
     reported GPU 0's claims and calls for both, the second's books never shown."""
     with pytest.raises(ValueError, match=r"devices must be indexed 0\.\.n-1 in order, got"):
         EoeManager(EoeConfig(backend="cpu"), devices=[CpuDevice(i, UNIT) for i in indices])
+
+
+def test_a_split_that_returns_no_list_is_an_input_split_error(managers) -> None:
+    """A spec's split that returned a generator (or None) was taken as a list outside the
+    split's check: 'unexpected TypeError in the executor: object of type 'generator' has no
+    len()', an ExecutorError (our bug, by its words), not the spec's."""
+
+    def halves(x: torch.Tensor, parts: int):  # noqa: ANN202 - a generator, the point
+        yield from x.chunk(parts)
+
+    m = managers(config(devices=2))
+    m.register(blob_spec("gen", split=halves))
+    m.register(blob_spec("none", split=lambda x, parts: None))
+    gen = m.call("gen", X, dop=2)
+    assert gen.ok and torch.allclose(gen.value, reference(1, 0, X)), gen.message
+    out = m.call("none", X, dop=2)
+    assert isinstance(out.error, InputSplitError), out
+    assert "split returned NoneType, not a list of parts" in out.message

@@ -5,7 +5,7 @@ replica (the first in the calling thread, the others on a pool), merge the resul
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -45,21 +45,7 @@ class ReplicaRunner:
         spec = service.spec
         if service.info.shards > 1:
             return self._run_sharded(service, replicas, inputs)
-        if len(replicas) == 1:
-            parts = [inputs]
-        else:
-            try:
-                parts = spec.split_inputs(inputs, len(replicas))
-            except FAILURES as exc:
-                raise InputSplitError(
-                    f"service {spec.name!r}: cannot split the inputs across {len(replicas)} "
-                    f"replicas: {exc}"
-                ) from exc
-            if not 1 <= len(parts) <= len(replicas):
-                raise InputSplitError(
-                    f"service {spec.name!r}: split returned {len(parts)} parts for "
-                    f"{len(replicas)} replicas"
-                )
+        parts = [inputs] if len(replicas) == 1 else self._split(spec, inputs, len(replicas))
         jobs = list(zip(replicas, parts, strict=False))
         own: ThreadPoolExecutor | None = None
         with self._lock:  # (so close cannot shut the pool between its look-up and the submits)
@@ -91,6 +77,31 @@ class ReplicaRunner:
                 f"service {spec.name!r}: merging the results of {len(results)} replicas failed: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
+
+    @staticmethod
+    def _split(spec: ServiceSpec, inputs: Any, n: int) -> list[Any]:
+        """The spec's split of ``inputs`` for ``n`` replicas: a list (or tuple, or iterator) of
+        1..n parts, else ``InputSplitError`` (a generator was taken for a list outside this
+        check: 'unexpected TypeError in the executor', as if the executor's own bug)."""
+        try:
+            parts = spec.split_inputs(inputs, n)
+            if not isinstance(parts, list | tuple | Iterator):
+                raise InputSplitError(
+                    f"service {spec.name!r}: split returned {type(parts).__name__}, not a "
+                    "list of parts"
+                )
+            parts = list(parts)
+        except InputSplitError:
+            raise
+        except FAILURES as exc:
+            raise InputSplitError(
+                f"service {spec.name!r}: cannot split the inputs across {n} replicas: {exc}"
+            ) from exc
+        if not 1 <= len(parts) <= n:
+            raise InputSplitError(
+                f"service {spec.name!r}: split returned {len(parts)} parts for {n} replicas"
+            )
+        return parts
 
     def _run_sharded(self, service: Service, shards: Sequence[Replica], inputs: Any) -> Any:
         """One call on the model assembled over its shards (in GPU order: shard i on the i-th
