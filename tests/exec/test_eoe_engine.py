@@ -307,3 +307,20 @@ def test_an_engine_home_that_is_no_gpu_index_is_refused_naming_it(home: object) 
     make = lambda: ModuleEngine(torch.nn.Linear(4, 4), "cpu", lambda mod, x: mod(x))  # noqa: E731
     with pytest.raises(ServiceSpecError, match=f"home must be a GPU index.*got {home!r}"):
         engine_spec("e", make, home=home, memory_bytes=MIB)  # type: ignore[arg-type]
+
+
+def test_an_engines_wake_up_and_sleep_count_the_weight_bytes_they_move(model_dir: Path) -> None:
+    """An engine's restores and evictions counted 0 bytes (its replica has no device buffer
+    of the manager's) while their seconds counted in full: stats' bytes_restored /
+    restore_s, the restore rate the trace calibration derives, fell with every wake-up, and
+    evict() said bytes_freed 0 for an engine it had put to sleep."""
+    with manager() as m:
+        info = m.register(engine_spec("t", teacher_engine(model_dir), home=0, memory_bytes=2 * MIB))
+        assert info.weight_bytes > 0
+        assert m.call("t", ids()).ok
+        stats = m.stats()
+        assert stats.restores == 1 and stats.bytes_restored == info.weight_bytes
+        assert m.evict("t").bytes_freed == info.weight_bytes
+        stats = m.stats()
+        assert stats.evictions == 1 and stats.bytes_evicted == info.weight_bytes
+        assert stats.unverified_evictions == 0 and stats.devices[0].claimed_bytes == 0

@@ -53,14 +53,19 @@ class Replica:
         "settled",
         "error",
         "engine",
+        "engine_bytes",
     )
 
-    def __init__(self, service: str, gpu: int, claim: int, *, engine: bool = False) -> None:
+    def __init__(
+        self, service: str, gpu: int, claim: int, *, engine: bool = False, engine_bytes: int = 0
+    ) -> None:
         self.service = service
         self.gpu = gpu
         self.claim = claim
         #: An engine's replica: the engine allocates its memory itself (the claim covers it).
         self.engine = engine
+        #: The weight bytes an engine's wake-up and sleep move (it has no buffer of ours).
+        self.engine_bytes = engine_bytes
         self.ready = False
         self.pins = 0
         self.last_used = 0
@@ -73,6 +78,11 @@ class Replica:
     def nbytes(self) -> int:
         """Bytes of its device buffer (0 once dropped)."""
         return 0 if self.storage is None else int(self.storage.numel())
+
+    def moved(self, buffer_bytes: int) -> int:
+        """Bytes its restore or eviction moved, given its device buffer's ``buffer_bytes``: an
+        engine's weight bytes (its buffer, the engine's own memory, is 0 bytes of ours)."""
+        return self.engine_bytes if self.engine else buffer_bytes
 
 
 @dataclass

@@ -108,7 +108,13 @@ class Ledger:
         placeholders = []
         engine = state.service.spec.backend == "engine"
         for g in plan.restore:
-            rep = Replica(info.name, g, info.resident_bytes, engine=engine)
+            rep = Replica(
+                info.name,
+                g,
+                info.resident_bytes,
+                engine=engine,
+                engine_bytes=info.weight_bytes if engine else 0,
+            )
             self.replicas[(info.name, g)] = rep
             self.claimed[g] += rep.claim
             placeholders.append(rep)
@@ -156,7 +162,7 @@ class Ledger:
                 if rep.engine:
                     self.engines[rep.gpu] += rep.claim
                 self.counters.restores += 1
-                self.counters.bytes_restored += size
+                self.counters.bytes_restored += rep.moved(size)
             else:
                 self.live[rep.gpu] -= size
         if failure is None:
@@ -202,7 +208,7 @@ class Ledger:
             self.engines[victim.gpu] -= victim.claim
         c = self.counters
         c.evictions += 1
-        c.bytes_evicted += size
+        c.bytes_evicted += victim.moved(size)
         c.evict_s += seconds
         if freed < size:
             c.unverified_evictions += 1

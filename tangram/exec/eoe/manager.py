@@ -519,7 +519,7 @@ class EoeManager:
                     raise ServiceInUseError(plan.reason)
                 reps = self._ledger.take_out(plan.evict)
             for rep in reps:
-                freed += rep.nbytes
+                freed += rep.moved(rep.nbytes)
                 self._free(rep)
         self._feed.deliver()
         return EvictOutcome(service, tuple(r.gpu for r in reps), freed, time.perf_counter() - start)
