@@ -463,3 +463,14 @@ def test_token_ids_of_any_integer_dtype_give_the_int64_result_and_others_are_ref
             out = m.call(kind, {"input_ids": ids.to(dtype)})
             assert not out.ok and "ValueError" in out.message, out
             assert "'input_ids' must be a 2-D array of integer token ids" in out.message
+
+
+@pytest.mark.parametrize("dtype", ["int8", "bool", "bf16", "cuda", "nn"])
+def test_a_dtype_that_is_no_floating_point_type_is_refused_naming_it(
+    dirs: dict[str, Path], dtype: str
+) -> None:
+    """hf_service(dtype='int8') (or 'bool') registered, the weights cast to it, and every call
+    failed with torch's words ('expected m1 and m2 to have the same dtype'); 'bf16' and
+    'cuda' failed only at register, as the factory's AttributeError or TypeError."""
+    with pytest.raises(ServiceSpecError, match=f"dtype must be one of .*got {dtype!r}"):
+        hf_service("x", dirs["teacher"], "teacher", dtype=dtype)

@@ -322,6 +322,9 @@ def load_lazy(path: str | Path, kind: str, dtype: str | None = None) -> LazyWeig
     return LazyWeights(model, read)
 
 
+#: The dtypes a model directory may be loaded in (``hf_service(dtype=...)``): floating ones.
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+
 #: safetensors' dtype names -> torch's.
 _SAFETENSORS_DTYPES = {
     "F64": "float64",
@@ -358,6 +361,10 @@ def hf_service(
 
     if kind not in KINDS:
         raise ServiceSpecError(f"kind must be one of {sorted(KINDS)}, got {kind!r}")
+    if dtype is not None and dtype not in DTYPES:
+        # 'int8' registered (the weights cast to it) and every call failed in torch;
+        # 'bf16' or 'cuda' failed at register as the factory's AttributeError or TypeError.
+        raise ServiceSpecError(f"dtype must be one of {DTYPES} or None, got {dtype!r}")
     path = Path(path)
     _check_dir(path)
     _quiet()
