@@ -263,3 +263,25 @@ def test_members_without_a_batch_dimension_go_to_every_piece_whole() -> None:
     assert torch.equal(torch.cat([p["input_ids"] for p in parts]), ids)
     assert split_batch("text", 2) == ["text"]  # nothing to cut: one piece
     assert len(split_batch(torch.tensor(1.0), 2)) == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"dops": (2.0,)}, r"dops must be distinct whole numbers .*got \(2\.0,\)"),
+        ({"dops": (True,)}, r"dops must be distinct whole numbers .*got \(True,\)"),
+        ({"dops": (1, 2.0)}, r"dops must be distinct whole numbers .*got \(1, 2\.0\)"),
+        ({"shards": True}, "shards must be one of .*got True"),
+        ({"workspace_bytes": True}, "workspace_bytes must be a non-negative int, got True"),
+        ({"memory_bytes": True}, "memory_bytes must be a non-negative int or None, got True"),
+    ],
+)
+def test_spec_numbers_that_are_bools_or_floats_are_refused_naming_them(
+    kwargs: dict, words: str
+) -> None:
+    """dops=(2.0,) registered a service of DoPs (2.0,) (its info and catalog said so; a
+    call at the default DoP was refused as 'supports DoPs (2.0,), not 1'), dops=(True,)
+    one of DoP True, and workspace_bytes=True a workspace of True bytes: bools and floats
+    pass 'in CELL_SIZES' and isinstance(int) checks."""
+    with pytest.raises(ServiceSpecError, match=words):
+        _spec(**kwargs)

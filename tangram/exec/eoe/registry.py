@@ -98,7 +98,7 @@ class ServiceSpec:
                 f"service {self.name!r}: an engine service runs at DoP 1 on its home GPU, "
                 "unsharded, and declares memory_bytes (its engine allocates that memory)"
             )
-        if not isinstance(self.shards, int) or self.shards not in CELL_SIZES:
+        if not _whole(self.shards) or self.shards not in CELL_SIZES:
             raise ServiceSpecError(
                 f"service {self.name!r}: shards must be one of {CELL_SIZES}, got {self.shards!r}"
             )
@@ -110,20 +110,24 @@ class ServiceSpec:
                 f"service {self.name!r}: a service split into {self.shards} shards runs on "
                 f"cells of {self.shards} GPUs only: dops must be ({self.shards},), got {dops!r}"
             )
-        if not dops or any(d not in CELL_SIZES for d in dops) or len(set(dops)) != len(dops):
+        if (
+            not dops
+            or any(not _whole(d) or d not in CELL_SIZES for d in dops)
+            or len(set(dops)) != len(dops)
+        ):
             raise ServiceSpecError(
-                f"service {self.name!r}: dops must be distinct values from {CELL_SIZES}, "
-                f"got {self.dops!r}"
+                f"service {self.name!r}: dops must be distinct whole numbers from "
+                f"{CELL_SIZES}, got {self.dops!r}"
             )
         object.__setattr__(self, "dops", tuple(sorted(dops)))
         if self.memory_bytes is not None and (
-            not isinstance(self.memory_bytes, int) or self.memory_bytes < 0
+            not _whole(self.memory_bytes) or self.memory_bytes < 0
         ):
             raise ServiceSpecError(
                 f"service {self.name!r}: memory_bytes must be a non-negative int or None, "
                 f"got {self.memory_bytes!r}"
             )
-        if not isinstance(self.workspace_bytes, int) or self.workspace_bytes < 0:
+        if not _whole(self.workspace_bytes) or self.workspace_bytes < 0:
             raise ServiceSpecError(
                 f"service {self.name!r}: workspace_bytes must be a non-negative int, "
                 f"got {self.workspace_bytes!r}"
@@ -145,6 +149,12 @@ class ServiceSpec:
 
     def merge_outputs(self, outputs: list[Any]) -> Any:
         return (self.merge or merge_batch)(outputs)
+
+
+def _whole(value: object) -> bool:
+    """True for an int that is no bool: True passed as 1 (and 2.0 as 2 where only 'in
+    CELL_SIZES' was asked), giving a service of DoPs (True,) or a workspace of True bytes."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class ServiceRegistry:
