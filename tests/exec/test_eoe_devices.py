@@ -124,3 +124,24 @@ def test_cuda_backend_without_gpu_is_a_clear_error() -> None:
 def test_config_rejects_bad_values(kwargs: dict, words: str) -> None:
     with pytest.raises(ValueError, match=words):
         EoeConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"devices": True}, "devices must be a positive int or None, got True"),
+        ({"calls_per_gpu": True}, "calls_per_gpu must be a positive int, got True"),
+        ({"device_memory_bytes": True}, "device_memory_bytes must be a positive int"),
+        ({"host_memory_bytes": True}, "host_memory_bytes must be a positive int"),
+        ({"memory_fraction": True}, r"memory_fraction must be a number in \(0, 1\], got True"),
+        ({"memory_fraction": "0.5"}, r"memory_fraction must be a number in \(0, 1\], got '0.5'"),
+        ({"pin_host_memory": "no"}, "pin_host_memory must be True, False or None, got 'no'"),
+    ],
+)
+def test_config_numbers_of_the_wrong_type_are_refused_naming_them(kwargs: dict, words: str) -> None:
+    """True passed the isinstance(int) checks (devices=True opened one device, a budget of
+    True bytes), memory_fraction='0.5' was a bare TypeError ('<' not supported) and
+    pin_host_memory='no' was taken, every register then a bare TypeError from torch
+    ("empty(): argument 'pin_memory' must be bool, not str")."""
+    with pytest.raises(ValueError, match=words):
+        EoeConfig(**kwargs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 GIB = 1 << 30
@@ -10,6 +11,12 @@ GIB = 1 << 30
 DEFAULT_CPU_DEVICE_MEMORY = 1 * GIB
 #: Logical devices on CPU when none is configured.
 DEFAULT_CPU_DEVICES = 2
+
+
+def _whole(value: object) -> bool:
+    """True for an int that is no bool (True passed isinstance(int): devices=True opened one
+    device, device_memory_bytes=True budgeted 1 byte)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -45,21 +52,30 @@ class EoeConfig:
     def __post_init__(self) -> None:
         if self.backend not in ("auto", "cpu", "cuda"):
             raise ValueError(f"backend must be 'auto', 'cpu' or 'cuda', got {self.backend!r}")
-        if self.devices is not None and (not isinstance(self.devices, int) or self.devices < 1):
+        if self.devices is not None and (not _whole(self.devices) or self.devices < 1):
             raise ValueError(f"devices must be a positive int or None, got {self.devices!r}")
         if self.device_memory_bytes is not None and (
-            not isinstance(self.device_memory_bytes, int) or self.device_memory_bytes < 1
+            not _whole(self.device_memory_bytes) or self.device_memory_bytes < 1
         ):
             raise ValueError(
                 f"device_memory_bytes must be a positive int or None, got {self.device_memory_bytes!r}"
             )
-        if not 0 < self.memory_fraction <= 1:
-            raise ValueError(f"memory_fraction must be in (0, 1], got {self.memory_fraction!r}")
-        if not isinstance(self.calls_per_gpu, int) or self.calls_per_gpu < 1:
+        fraction = self.memory_fraction
+        if (
+            isinstance(fraction, bool)
+            or not isinstance(fraction, numbers.Real)
+            or not 0 < fraction <= 1
+        ):
+            raise ValueError(f"memory_fraction must be a number in (0, 1], got {fraction!r}")
+        if not _whole(self.calls_per_gpu) or self.calls_per_gpu < 1:
             raise ValueError(f"calls_per_gpu must be a positive int, got {self.calls_per_gpu!r}")
         if self.host_memory_bytes is not None and (
-            not isinstance(self.host_memory_bytes, int) or self.host_memory_bytes < 1
+            not _whole(self.host_memory_bytes) or self.host_memory_bytes < 1
         ):
             raise ValueError(
                 f"host_memory_bytes must be a positive int or None, got {self.host_memory_bytes!r}"
+            )
+        if not isinstance(self.pin_host_memory, bool | None):
+            raise ValueError(
+                f"pin_host_memory must be True, False or None, got {self.pin_host_memory!r}"
             )
