@@ -474,3 +474,19 @@ def test_a_dtype_that_is_no_floating_point_type_is_refused_naming_it(
     'cuda' failed only at register, as the factory's AttributeError or TypeError."""
     with pytest.raises(ServiceSpecError, match=f"dtype must be one of .*got {dtype!r}"):
         hf_service("x", dirs["teacher"], "teacher", dtype=dtype)
+
+
+def test_raw_reward_ids_ending_in_the_pad_id_are_scored_at_their_last_token(
+    dirs: dict[str, Path],
+) -> None:
+    """Ids sent without an attention mask are all real tokens, but were scored by
+    transformers, which takes the pad token's id for padding: a sequence ending in it (pad =
+    EOS in many reward models) was scored one token early, unlike the same ids with a mask
+    of ones (459c542 mended the masked calls only)."""
+    model = load_model(dirs["reward"], "reward")
+    pad = int(model.config.pad_token_id)
+    ids = torch.tensor([[5, 6, pad], [7, 8, pad]])
+    with torch.inference_mode():
+        raw = reward_scores(model, ids)
+        ones = reward_scores(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    assert torch.equal(raw, ones)

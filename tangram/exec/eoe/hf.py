@@ -148,7 +148,8 @@ def teacher_logprobs(module: torch.nn.Module, inputs: Any) -> dict[str, torch.Te
 def reward_scores(module: torch.nn.Module, inputs: Any) -> torch.Tensor:
     """Call function of a one-label sequence classifier: its score per sequence, (B,) float32.
 
-    Each sequence is scored at its last token the attention mask marks as real. (Left to
+    Each sequence is scored at its last token the attention mask marks as real (without a
+    mask, every token is real: its last token, even when it is the pad id). (Left to
     ``transformers``, the token is found from the config's ``pad_token_id``: a prompt that
     ends in that id, as OpenRLHF's queries end in EOS where pad = EOS, was scored before it.)
     The classifier's head (``score``) is applied to the base model's hidden state there; a
@@ -156,8 +157,10 @@ def reward_scores(module: torch.nn.Module, inputs: Any) -> torch.Tensor:
     import torch
 
     ids, mask = _as_batch(module, inputs)
+    if mask is None:  # ids sent without a mask are all real tokens, the pad id's too
+        mask = torch.ones_like(ids)
     base, head = getattr(module, "base_model", None), getattr(module, "score", None)
-    if mask is None or base is None or base is module or not callable(head):
+    if base is None or base is module or not callable(head):
         return module(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, 0].float()
     hidden = base(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
     positions = torch.arange(ids.shape[1], device=mask.device)
