@@ -996,3 +996,25 @@ def test_a_split_that_returns_no_list_is_an_input_split_error(managers) -> None:
     out = m.call("none", X, dop=2)
     assert isinstance(out.error, InputSplitError), out
     assert "split returned NoneType, not a list of parts" in out.message
+
+
+@pytest.mark.parametrize("dop", [1, 2])
+def test_a_call_that_changes_its_inputs_in_place_leaves_the_callers_alone(
+    managers, dop: int
+) -> None:
+    """On a CPU device a replica's inputs were the caller's tensors themselves (.to('cpu')
+    of a CPU tensor is the same tensor; a GPU's are copies): a service whose call changed
+    them in place (x.mul_(0)) changed the caller's, and the next service called with the
+    same tensors (a fan-out of one batch) computed on what the first left."""
+
+    def zeroes_its_inputs(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        x.mul_(0)
+        return module(x)
+
+    m = managers(config(devices=2))
+    m.register(blob_spec("mutates", call=zeroes_its_inputs))
+    m.register(blob_spec("other", seed=1))
+    inputs = X.clone()
+    assert m.call("mutates", inputs, dop=dop).ok
+    assert torch.equal(inputs, X)
+    assert torch.allclose(m.call("other", inputs, dop=dop).unwrap(), reference(1, 1, X))

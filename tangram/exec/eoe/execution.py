@@ -119,7 +119,7 @@ class ReplicaRunner:
         device = self._devices[rep.gpu]
         try:
             with no_grad_on(device):
-                moved = map_tensors(part, lambda t: t.to(device.torch_device, non_blocking=True))
+                moved = map_tensors(part, lambda t: to_device(t, device))
                 result = spec.call(rep.module if module is None else module, moved)
                 return map_tensors(result, to_host)
         except FAILURES as exc:
@@ -143,6 +143,13 @@ class ReplicaRunner:
             self._closed = True
         if pool is not None:
             pool.shutdown(wait=True)
+
+
+def to_device(tensor: torch.Tensor, device: Device) -> torch.Tensor:
+    """The replica's own copy of an input tensor on ``device``, never the caller's tensor:
+    on a CPU device ``.to`` returned it as it was, and a call that changed its inputs in
+    place changed the caller's (a GPU's are copies)."""
+    return tensor.to(device.torch_device, non_blocking=True, copy=True)
 
 
 def to_host(tensor: torch.Tensor) -> torch.Tensor:
