@@ -1018,3 +1018,21 @@ def test_a_call_that_changes_its_inputs_in_place_leaves_the_callers_alone(
     assert m.call("mutates", inputs, dop=dop).ok
     assert torch.equal(inputs, X)
     assert torch.allclose(m.call("other", inputs, dop=dop).unwrap(), reference(1, 1, X))
+
+
+@pytest.mark.parametrize("dop", [1, 2])
+def test_a_result_is_a_normal_tensor_at_every_dop(managers, dop: int) -> None:
+    """A call's result tensors were made in inference mode at DoP 1 (at DoP 2 the merge
+    made them normal tensors outside it): the caller could not change them in place
+    ('Inplace update to inference tensor outside InferenceMode is not allowed') nor use them
+    in a loss ('Inference tensors cannot be saved for backward'), e.g. a teacher's
+    log-probs in a distillation loss, only when the call ran on one GPU."""
+    m = managers(config(devices=2))
+    m.register(blob_spec("a"))
+    value = m.call("a", X, dop=dop).unwrap()
+    assert not value.is_inference()
+    weights = torch.ones(len(X), requires_grad=True)
+    (weights * value).sum().backward()  # saved for backward
+    assert torch.equal(weights.grad, value)
+    value.sub_(value)  # changed in place
+    assert not value.any()

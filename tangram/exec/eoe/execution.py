@@ -121,6 +121,9 @@ class ReplicaRunner:
             with no_grad_on(device):
                 moved = map_tensors(part, lambda t: to_device(t, device))
                 result = spec.call(rep.module if module is None else module, moved)
+            # Copied out of inference mode: normal tensors, which a caller may change in
+            # place or use in a loss, at DoP 1 as after a merge (inference tensors were not).
+            with device.context():
                 return map_tensors(result, to_host)
         except FAILURES as exc:
             oom = " (out of memory)" if is_cuda_oom(exc) else ""
