@@ -1036,3 +1036,15 @@ def test_a_result_is_a_normal_tensor_at_every_dop(managers, dop: int) -> None:
     assert torch.equal(weights.grad, value)
     value.sub_(value)  # changed in place
     assert not value.any()
+
+
+@pytest.mark.parametrize("gpu", [2, -1, "0", 0.0, True])
+def test_the_lru_order_of_a_gpu_the_node_lacks_is_refused_naming_it(managers, gpu) -> None:
+    """lru_order(2) on two GPUs, or lru_order('0'), said () as if that GPU were empty (no
+    replica's index equals it); -1 and 0.0 did the same, and True read GPU 1's order."""
+    m = managers(config(devices=2))
+    m.register(blob_spec("a"))
+    assert m.call("a", X, gpus=(1,)).ok
+    with pytest.raises(ValueError, match=r"GPU .* this executor has 2"):
+        m.lru_order(gpu)
+    assert m.lru_order(1) == ("a",)

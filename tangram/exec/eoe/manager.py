@@ -223,9 +223,14 @@ class EoeManager:
             return self._ledger.residency()
 
     def lru_order(self, gpu: int) -> tuple[str, ...]:
-        """Services resident on ``gpu``, least recently used first (the eviction order)."""
+        """Services resident on ``gpu``, least recently used first (the eviction order).
+
+        ``ValueError`` for a GPU this executor lacks (it was an empty order, as if idle)."""
+        n = len(self.devices)
+        if isinstance(gpu, bool) or not isinstance(gpu, numbers.Integral) or not 0 <= gpu < n:
+            raise ValueError(f"GPU {gpu!r} is no GPU index of this executor: this executor has {n}")
         with self._cond:
-            return self._ledger.lru_order(gpu)
+            return self._ledger.lru_order(int(gpu))
 
     # --- calls --------------------------------------------------------------------------------
 
