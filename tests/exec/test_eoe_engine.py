@@ -324,3 +324,34 @@ def test_an_engines_wake_up_and_sleep_count_the_weight_bytes_they_move(model_dir
         stats = m.stats()
         assert stats.evictions == 1 and stats.bytes_evicted == info.weight_bytes
         assert stats.unverified_evictions == 0 and stats.devices[0].claimed_bytes == 0
+
+
+class _Reporting:
+    """An engine that reports ``weight_bytes`` as it is told to, and does nothing else."""
+
+    def __init__(self, weight_bytes: object) -> None:
+        self.weight_bytes = weight_bytes
+
+    def wake_up(self) -> None:
+        pass
+
+    def sleep(self) -> None:
+        pass
+
+    def __call__(self, inputs: Any) -> Any:
+        return inputs
+
+
+@pytest.mark.parametrize("weight_bytes", [-(10**9), float("nan"), "5", True, 2.5])
+def test_an_engine_whose_weight_bytes_are_no_byte_count_is_refused_naming_them(
+    weight_bytes: object,
+) -> None:
+    """An engine saying weight_bytes=-1e9 was registered with host bytes of -1e9: the host
+    budget then let through a later service far over it. NaN was a bare ValueError from
+    int(), '5', True and 2.5 were taken as 5, 1 and 2 bytes."""
+    config = EoeConfig(backend="cpu", devices=1, device_memory_bytes=MIB, host_memory_bytes=MIB)
+    with EoeManager(config) as m:
+        spec = engine_spec("e", lambda: _Reporting(weight_bytes), home=0, memory_bytes=MIB // 2)
+        with pytest.raises(ServiceSpecError, match=r"weight_bytes must be a byte count.*got"):
+            m.register(spec)
+        assert m.services() == () and m._host_bytes == 0

@@ -68,9 +68,17 @@ class EngineBackup:
                 f"the engine factory returned {type(engine).__name__}, which lacks "
                 "wake_up/sleep/__call__/weight_bytes"
             )
+        weight_bytes = engine.weight_bytes
+        if isinstance(weight_bytes, bool) or not isinstance(weight_bytes, int) or weight_bytes < 0:
+            # -1e9 was booked as the service's host bytes, and the host budget then let a
+            # later service far over it through; NaN was a bare ValueError, '5' taken as 5.
+            raise ServiceSpecError(
+                f"the engine's weight_bytes must be a byte count (an int >= 0), "
+                f"got {weight_bytes!r}"[:300]
+            )
         self.engine = engine
         self.home = home
-        self.tensor_bytes = self.nbytes = int(engine.weight_bytes)
+        self.tensor_bytes = self.nbytes = weight_bytes
         self.shard_bytes = (self.nbytes,)
         self.awake = False
 
