@@ -10,6 +10,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -1048,3 +1049,33 @@ def test_the_lru_order_of_a_gpu_the_node_lacks_is_refused_naming_it(managers, gp
     with pytest.raises(ValueError, match=r"GPU .* this executor has 2"):
         m.lru_order(gpu)
     assert m.lru_order(1) == ("a",)
+
+
+class Scaled(NamedTuple):
+    """A call's inputs (and result) as a named tuple: a batch and a setting."""
+
+    x: torch.Tensor
+    scale: float
+
+
+class Scores(NamedTuple):
+    """A named result."""
+
+    values: torch.Tensor
+
+
+def _scaled_call(module: nn.Module, inputs: Scaled) -> Scores:
+    return Scores(module(inputs.x) * inputs.scale)
+
+
+@pytest.mark.parametrize("dop", [1, 2])
+def test_named_tuples_keep_their_type_on_the_way_in_and_out(managers, dop: int) -> None:
+    """Inputs and results are moved (and split, and merged) member by member: a named tuple
+    came out of it a plain tuple, so a call reading its inputs by name failed ('tuple'
+    object has no attribute 'x'), and a named result reached the caller without its names."""
+    m = managers(config(devices=2))
+    m.register(blob_spec("named", call=_scaled_call))
+    out = m.call("named", Scaled(X, 2.0), dop=dop)
+    assert out.ok, out.message
+    assert isinstance(out.value, Scores)
+    assert torch.allclose(out.value.values, reference(1, 0, X) * 2)

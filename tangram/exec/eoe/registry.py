@@ -253,7 +253,7 @@ def _split(inputs: Any, bounds: list[tuple[int, int]]) -> list[Any]:
         return [inputs[a:b] for a, b in bounds]
     if isinstance(inputs, tuple):
         columns = [_split(x, bounds) for x in inputs]
-        return [tuple(col[i] for col in columns) for i in range(len(bounds))]
+        return [like(inputs, [col[i] for col in columns]) for i in range(len(bounds))]
     columns_d = {k: _split(v, bounds) for k, v in inputs.items()}
     return [{k: v[i] for k, v in columns_d.items()} for i in range(len(bounds))]
 
@@ -312,12 +312,20 @@ def merge_batch(outputs: list[Any]) -> Any:
             raise TypeError("cannot merge 0-dimensional results of data-parallel replicas")
         return torch.cat(outputs, dim=0)
     if isinstance(first, tuple):
-        return tuple(merge_batch([o[i] for o in outputs]) for i in range(len(first)))
+        return like(first, [merge_batch([o[i] for o in outputs]) for i in range(len(first))])
     if isinstance(first, list):
         return [x for o in outputs for x in o]
     if isinstance(first, dict):
         return {k: merge_batch([o[k] for o in outputs]) for k in first}
     raise TypeError(f"cannot merge results of type {type(first).__name__}; give the spec a merge")
+
+
+def like(value: tuple, members: list[Any]) -> tuple:
+    """``members`` as a tuple of ``value``'s kind: a named tuple stays one (it came out of a
+    move, split or merge a plain tuple, so a call reading its inputs by name failed)."""
+    if hasattr(type(value), "_fields"):
+        return type(value)(*members)
+    return tuple(members)
 
 
 def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
@@ -327,7 +335,7 @@ def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     if isinstance(value, torch.Tensor):
         return fn(value)
     if isinstance(value, tuple):
-        return tuple(map_tensors(v, fn) for v in value)
+        return like(value, [map_tensors(v, fn) for v in value])
     if isinstance(value, list):
         return [map_tensors(v, fn) for v in value]
     if isinstance(value, dict):

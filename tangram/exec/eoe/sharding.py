@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from tangram.exec.eoe.registry import like
+
 if TYPE_CHECKING:
     import torch
 
@@ -97,7 +99,7 @@ def _move_to(value: Any, device: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value if value.device == device else value.to(device, non_blocking=True)
     if isinstance(value, tuple):
-        return tuple(_move_to(v, device) for v in value)
+        return like(value, [_move_to(v, device) for v in value])
     if isinstance(value, list):
         return [_move_to(v, device) for v in value]
     if isinstance(value, dict):
