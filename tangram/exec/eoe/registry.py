@@ -38,8 +38,8 @@ class ServiceSpec:
     checkpoint); it is called once, at registration. All of the module's state must live in its
     parameters and buffers (what ``Module.to`` moves), because only those are backed up.
     ``call(module, inputs)`` runs one request on a replica whose weights are on the call's
-    device; ``inputs`` arrive already moved to that device, and tensors in the result are moved
-    back to the host by the executor.
+    device; ``inputs`` arrive already moved to that device (the replica's own copies), and
+    tensors in the result are copied back to the host by the executor.
     """
 
     name: str
