@@ -285,3 +285,11 @@ def test_spec_numbers_that_are_bools_or_floats_are_refused_naming_them(
     pass 'in CELL_SIZES' and isinstance(int) checks."""
     with pytest.raises(ServiceSpecError, match=words):
         _spec(**kwargs)
+
+
+@pytest.mark.parametrize("dops", [2, None, 2.0, {1: 1}, "12"])
+def test_spec_dops_that_are_no_sequence_of_dops_are_refused_naming_them(dops: object) -> None:
+    """dops=2 (or None, or 2.0) was a bare TypeError ('int' object is not iterable) from the
+    spec, and dops={1: 1} was taken as (1,)."""
+    with pytest.raises(ServiceSpecError, match=r"dops must be a tuple of DoPs.*got"):
+        _spec(dops=dops)

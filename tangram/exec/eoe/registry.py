@@ -80,6 +80,13 @@ class ServiceSpec:
             raise ServiceSpecError(f"service {self.name!r}: factory must be callable")
         if not callable(self.call):
             raise ServiceSpecError(f"service {self.name!r}: call must be callable")
+        if not isinstance(self.dops, tuple | list | set | frozenset | range):
+            # dops=2 was a bare TypeError ('int' object is not iterable); {1: 1} was (1,).
+            raise ServiceSpecError(
+                f"service {self.name!r}: dops must be a tuple of DoPs (cell sizes from "
+                f"{CELL_SIZES}), got {self.dops!r}"
+            )
+        object.__setattr__(self, "dops", tuple(self.dops))
         if self.backend not in BACKENDS:
             raise ServiceSpecError(
                 f"service {self.name!r}: backend must be one of {BACKENDS}, got {self.backend!r}"
