@@ -111,3 +111,20 @@ def test_a_service_without_dop_1_is_calibrated_at_its_own_dops() -> None:
         m.register(reward_model_spec("judge", "tiny", dops=(2,)))
         record = calibrate_gpu(m, "judge", example_tokens(2, 8), busy_levels=[0], reps=1)
     assert [p.dop for p in record.call_times] == [2] and record.call_overhead_s > 0
+
+
+def test_a_busy_level_given_twice_is_measured_once_and_refused_at_once_by_the_cli(
+    tmp_path, capsys
+) -> None:
+    """busy_levels=[0, 0] measured the level twice, then the record refused the two points
+    at the same level ('call_times: two points at dop 1, busy_cores 0'), after the whole
+    measurement; `--busy 0,0` did the same from the command line instead of refusing it."""
+    with EoeManager(EoeConfig(backend="cpu", devices=1, device_memory_bytes=1 << 28)) as m:
+        m.register(reward_model_spec("judge", "tiny", dops=(1,)))
+        record = calibrate_gpu(m, "judge", example_tokens(2, 8), busy_levels=[0, 0], reps=1)
+    assert [(p.dop, p.busy_cores) for p in record.call_times] == [(1, 0)]
+    argv = ["calibrate", "gpu", "--example", "tiny", "--devices", "1", "--reps", "1"]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--busy", "0,0", "-o", str(tmp_path / "c.json")])
+    assert exit_info.value.code == 2 and not (tmp_path / "c.json").exists()
+    assert "--busy '0,0': each level once" in capsys.readouterr().err

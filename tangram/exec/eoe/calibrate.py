@@ -184,9 +184,9 @@ def calibrate_gpu(
     # A CPU-backed device computes each GPU's share of a call on one host thread.
     per_gpu = 1.0 if manager.backend == "cpu" and host_cpu_node is not None else 0.0
     top = max_level(per_gpu, cores, len(manager.devices))
-    levels = list(range(top + 1)) if busy_levels is None else list(busy_levels)
-    if 0 not in levels:
-        levels.insert(0, 0)
+    # Each level once, from 0 up: a level given twice was measured twice, and the record
+    # then refused its two points, after the whole measurement.
+    levels = sorted({0, *(range(top + 1) if busy_levels is None else busy_levels)})
     overhead = measure_overhead(manager, service, inputs, reps, min(dops))
     gbps, fixed = measure_restores(manager, service, inputs, dops, max(1, reps // 2))
     times = measure_call_times(manager, service, inputs, dops, levels, reps)

@@ -89,6 +89,8 @@ def _levels(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"--busy {text!r}: expected integers like 0,1,2") from None
     if not levels or any(x < 0 for x in levels):
         raise argparse.ArgumentTypeError(f"--busy {text!r}: expected integers >= 0 like 0,1,2")
+    if len(set(levels)) != len(levels):  # (measured twice, then refused by the record)
+        raise argparse.ArgumentTypeError(f"--busy {text!r}: each level once, like 0,1,2")
     cores = os.cpu_count() or 1
     if max(levels) > cores:  # the record would say host_cores beside levels it never had
         raise argparse.ArgumentTypeError(
