@@ -1079,3 +1079,45 @@ def test_named_tuples_keep_their_type_on_the_way_in_and_out(managers, dop: int) 
     assert out.ok, out.message
     assert isinstance(out.value, Scores)
     assert torch.allclose(out.value.values, reference(1, 0, X) * 2)
+
+
+class OutOfMemoryOnceDevice(GatedDevice):
+    """A gated device whose held allocation then fails for lack of memory (as a real CUDA
+    out-of-memory error would, memory taken meanwhile by another process)."""
+
+    def alloc(self, nbytes: int) -> torch.Tensor:
+        if self.hold.is_set():
+            super().alloc(0)  # (waits for the gate)
+            self.hold.clear()
+            raise DeviceOutOfMemoryError("device 0: taken meanwhile")
+        return super().alloc(nbytes)
+
+
+def test_a_call_that_waited_for_a_restore_that_ran_out_of_memory_is_out_of_memory_too() -> None:
+    """Two calls of one service: the one that restores it fails with RestoreOutOfMemoryError
+    (which the runtime retries: the call did not run), while the one that pinned the
+    restore under way and waited for it got a plain RestoreError (not retried) for the same
+    lack of memory: the outcome depended on which of the two calls did the restore."""
+    device = OutOfMemoryOnceDevice(0, 4 * UNIT)
+    with EoeManager(EoeConfig(calls_per_gpu=2), devices=[device]) as m:
+        m.register(blob_spec("a"))
+        device.hold.set()
+        outs: dict[str, object] = {}
+        first = threading.Thread(target=lambda: outs.__setitem__("first", m.call("a", X)))
+        second = threading.Thread(target=lambda: outs.__setitem__("second", m.call("a", X)))
+        first.start()
+        try:
+            assert device.held.wait(10), "the restore never started"
+            second.start()
+            deadline = time.monotonic() + 10  # until the second call pins the restore
+            while m._ledger.replicas[("a", 0)].pins < 2:
+                assert time.monotonic() < deadline, "the second call never pinned the restore"
+                time.sleep(0.01)
+        finally:
+            device.gate.set()
+            first.join(10)
+            second.join(10)
+        for which in ("first", "second"):
+            assert isinstance(outs[which].error, RestoreOutOfMemoryError), outs[which]
+        assert m.stats().devices[0].claimed_bytes == 0 and m.residency() == {}
+        assert m.call("a", X).ok  # memory back: the same call succeeds

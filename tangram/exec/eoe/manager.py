@@ -365,7 +365,15 @@ class EoeManager:
                 finally:  # a time-out ends the wait too: it still counts as queueing
                     state.queue_s += time.perf_counter() - t0
             if rep.error is not None:
-                raise RestoreError(
+                # Of the restore's own kind: a lack of memory is RestoreOutOfMemoryError for
+                # every call that waited for it (the call did not run; the runtime retries it),
+                # not only for the one that ran the restore.
+                kind = (
+                    RestoreOutOfMemoryError
+                    if isinstance(rep.error, RestoreOutOfMemoryError)
+                    else RestoreError
+                )
+                raise kind(
                     f"service {rep.service!r}: a concurrent restore on GPU {rep.gpu} failed: "
                     f"{rep.error}"
                 )
