@@ -190,3 +190,47 @@ def test_a_move_back_that_is_refused_does_not_raise_out_of_leave(group: CgroupGr
     (group.parent / "cgroup.procs").mkdir()
     group.leave()
     assert (group.dir / group.freezer.file).read_text() == group.freezer.thawed
+
+
+def test_a_kill_survivor_stays_in_the_action_cgroup_after_leave(
+    group: CgroupGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process the kill could not kill (stuck in the kernel, or one it may not signal) was
+    moved by ``leave`` to the container's cgroup like any background process: no later
+    action's kill reached it there, so it outlived its time-out until the container's
+    removal. It now stays in the action cgroup, and each later ``leave`` signals it again."""
+    group.enter("a1", RUNNER, launcher_stays=True)
+    (group.dir / "cgroup.procs").write_text(f"{RUNNER}\n{CHILD}\n")
+    signalled: list[int] = []
+    monkeypatch.setattr(kill_mod.os, "kill", lambda pid, sig: signalled.append(pid))
+    monkeypatch.setattr(kill_mod, "GONE_WAIT_S", 0.01)
+    assert group.kill() == KillReport("cgroup", 1)
+    moved = _recorded_moves(group)
+    group.leave()
+    assert moved == []
+    signalled.clear()
+    group.enter("a2", RUNNER, launcher_stays=True)
+    group.leave()  # the next action ended: the survivor is still kept, and signalled again
+    assert moved == [] and signalled == [CHILD]
+
+
+def test_what_is_left_after_a_failed_kill_stays_in_the_action_cgroup(
+    group: CgroupGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kill that raised (its cgroup unreadable) killed nobody knows what: ``leave`` moved
+    everything left to the container's cgroup, out of every later kill's reach. It now
+    keeps them in the action cgroup."""
+    group.enter("a1", RUNNER, launcher_stays=True)
+    (group.dir / "cgroup.procs").write_text(f"{RUNNER}\n{CHILD}\n")
+
+    def unreadable() -> set[int]:
+        raise kill_mod.AoeError("the cgroup could not be read")
+
+    monkeypatch.setattr(group, "_procs", unreadable)
+    with pytest.raises(kill_mod.AoeError):
+        group.kill()
+    monkeypatch.undo()
+    monkeypatch.setattr(kill_mod.os, "kill", lambda pid, sig: None)
+    moved = _recorded_moves(group)
+    group.leave()
+    assert moved == []

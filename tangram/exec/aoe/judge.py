@@ -116,11 +116,17 @@ def _kill_note(facts: Facts) -> str:
     """What a reported kill did not do, to append to "killed" (empty when all died)."""
     kill = facts.kill
     if kill is not None and kill.by == "cgroup" and kill.survivors is None:
-        return " but whether all of its processes died is not known (the kill failed)"
+        return (
+            " but whether all of its processes died is not known (the kill failed; what is "
+            "left stays in the action's cgroup, where later kills take it)"
+        )
     if kill is None or (kill.by == "cgroup" and not kill.survivors):
         return ""
     if kill.by == "cgroup":
-        return f" but {kill.survivors} of its processes could not be (stuck in the kernel?)"
+        return (
+            f" but {kill.survivors} of its processes could not be (stuck in the kernel?; they "
+            "stay in the action's cgroup, where later kills take them)"
+        )
     return (
         " (those that still carried its marker: the container's cgroups are out of reach "
         "here, and a process that cleared its environment may have survived)"

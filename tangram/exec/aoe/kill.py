@@ -8,7 +8,9 @@ it (the sandbox cannot write cgroup files), whatever it does: ``setsid``, a doub
 cleared environment. The kill freezes that cgroup (so nothing forks while it is emptied),
 SIGKILLs every process in it except the runner, thaws it, and counts what is left. When the
 action ends, what it left running (background processes, which survive an action that ended by
-design) is moved back to the container's cgroup, so a later action's kill never takes it.
+design) is moved back to the container's cgroup, so a later action's kill never takes it; what
+a kill could not kill (or everything left, when the kill failed) stays in the action cgroup
+instead, where every later kill takes it and each action's end signals it again.
 
 Moves are few on purpose: writing ``cgroup.procs`` waits for an RCU grace period when none was
 waited for lately (4 to 20 ms here between one-second actions), so the runner is moved once,
@@ -101,6 +103,12 @@ class CgroupGroup(ActionGroup):
         self._resident: int | None = None
         #: The process the current action's kill spares (the runner), if any.
         self._spare: int | None = None
+        #: Processes a kill left alive (stuck in the kernel, or not ours to signal): they stay
+        #: in the group, where every later kill takes them, and each ``leave`` signals them
+        #: again; moved to the container's cgroup, nothing would reach them any more.
+        self._kept: set[int] = set()
+        #: A kill began and has not reported: what it left is unknown, so all of it is kept.
+        self._killing = False
         try:
             self.dir.mkdir(exist_ok=True)
         except OSError as exc:
@@ -139,7 +147,14 @@ class CgroupGroup(ActionGroup):
         action's kill may take it."""
         self._spare = None
         try:
-            if not self._procs() - {self._resident}:
+            left = self._procs() - {self._resident}
+            if self._killing:  # the kill raised: whatever is left may be the action's
+                self._kept |= left
+                self._killing = False
+            self._kept &= left  # (those that died are forgotten)
+            for pid in self._kept:
+                _sigkill(pid)
+            if not left - self._kept:
                 return  # the usual case: nothing left running but the runner, no write
             self._move_survivors_out()
         except CgroupGone:
@@ -153,7 +168,7 @@ class CgroupGroup(ActionGroup):
         logged and the rest go on."""
         frozen = self._try_freeze()
         try:
-            for pid in self._procs() - {self._resident}:
+            for pid in self._procs() - {self._resident} - self._kept:
                 try:
                     self._move(pid, self.parent)
                 except CgroupGone:
@@ -165,6 +180,15 @@ class CgroupGroup(ActionGroup):
                 self._try_thaw()
 
     def kill(self) -> KillReport:
+        """Freeze, SIGKILL all but the runner, thaw, in up to ``KILL_ROUNDS`` rounds; what
+        is still alive at the end (or everything, when this raises) is kept in the group."""
+        self._killing = True
+        report = self._kill_rounds()
+        self._killing = False
+        return report
+
+    def _kill_rounds(self) -> KillReport:
+        """The kill's rounds; survivors are recorded in ``_kept``."""
         victims: set[int] = set()
         for _ in range(KILL_ROUNDS):
             frozen = self._try_freeze()
@@ -179,7 +203,9 @@ class CgroupGroup(ActionGroup):
                     self._try_thaw()
             if not victims or _wait(lambda: not self._procs() - {self._spare}, GONE_WAIT_S):
                 return KillReport("cgroup", 0)
-        return KillReport("cgroup", len(self._procs() - {self._spare}))
+        survivors = self._procs() - {self._spare}
+        self._kept |= survivors
+        return KillReport("cgroup", len(survivors))
 
     def _try_freeze(self) -> bool:
         """Freeze the group (for a kill or a move); False when the freezer refused (EBUSY,
