@@ -429,6 +429,7 @@ class FailingGroup:
     """An action group whose kill fails for another reason than the cgroup being gone."""
 
     by = "cgroup"
+    stuck = None
 
     def __init__(self, error: Exception) -> None:
         self.error = error

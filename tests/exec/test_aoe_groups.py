@@ -6,6 +6,8 @@ back to the container's cgroup. The real kernel's side is in ``test_aoe_environm
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -234,3 +236,50 @@ def test_what_is_left_after_a_failed_kill_stays_in_the_action_cgroup(
     moved = _recorded_moves(group)
     group.leave()
     assert moved == []
+
+
+class _ThawRefused:
+    """A freezer whose thaw is refused (EBUSY, EACCES) while ``refuse`` holds."""
+
+    def __init__(self, real: Any) -> None:
+        self.real, self.refuse, self.thaws = real, True, 0
+
+    def freeze(self, directory: Path) -> None:
+        self.real.freeze(directory)
+
+    def thaw(self, directory: Path) -> None:
+        self.thaws += 1
+        if self.refuse:
+            raise kill_mod.AoeError(f"writing to {directory} failed: Device or resource busy")
+        self.real.thaw(directory)
+
+    def is_frozen(self, directory: Path) -> bool:
+        return self.real.is_frozen(directory)
+
+
+def test_an_action_cgroup_left_frozen_by_a_kill_fails_the_container(
+    group: CgroupGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thaw refused after a kill was logged and forgotten: the action cgroup stayed frozen,
+    the runner with it, and the next action hung in it until its own time-out. The thaw is
+    now retried; when it still fails the container is marked dead (the next action is
+    refused, the trajectory recreates it), the outcome says so, and the group refuses
+    an action until a thaw succeeds."""
+    group.enter("a1", RUNNER, launcher_stays=True)
+    procs = group.dir / "cgroup.procs"
+    procs.write_text(f"{RUNNER}\n{CHILD}\n")
+    freezer = _ThawRefused(group.freezer)
+    group.freezer = freezer  # type: ignore[assignment]
+    monkeypatch.setattr(kill_mod.os, "kill", lambda pid, sig: procs.write_text(f"{RUNNER}\n"))
+    container = SimpleNamespace(group=group, handle=SimpleNamespace(short_id="c" * 12), dead=None)
+    report = kill_mod.kill_action(container, "a1", "timeout")  # type: ignore[arg-type]
+    assert freezer.thaws > 1  # retried
+    assert container.dead is not None and "frozen" in container.dead
+    verdict = judge(_timed_out(), Facts(100, 0.5, 1.0, kill=report))
+    assert "could not be thawed" in (verdict.error or "")
+    group.leave()
+    with pytest.raises(kill_mod.AoeError, match="frozen"):
+        group.enter("a2", RUNNER, launcher_stays=True)
+    freezer.refuse = False  # a later thaw that works: the group serves again
+    group.enter("a3", RUNNER, launcher_stays=True)
+    assert (group.dir / freezer.real.file).read_text() == freezer.real.thawed

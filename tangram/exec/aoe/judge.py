@@ -114,6 +114,23 @@ def _detail(raw: RawResult) -> str:
 
 def _kill_note(facts: Facts) -> str:
     """What a reported kill did not do, to append to "killed" (empty when all died)."""
+    frozen = (
+        "; its action cgroup could not be thawed after the kill, so its container takes no "
+        "more actions (recreate it)"
+        if facts.kill is not None and facts.kill.left_frozen
+        else ""
+    )
+    return _survivors_note(facts) + frozen
+
+
+def _kept_note(facts: Facts) -> str:
+    """ ", the container was kept" unless the kill left it frozen (it is then taken out of
+    service, as ``_kill_note`` says)."""
+    return "" if facts.kill is not None and facts.kill.left_frozen else ", the container was kept"
+
+
+def _survivors_note(facts: Facts) -> str:
+    """What a reported kill left alive, to append to "killed" (empty when all died)."""
     kill = facts.kill
     if kill is not None and kill.by == "cgroup" and kill.survivors is None:
         return (
@@ -188,7 +205,7 @@ RULES: tuple[Rule, ...] = (
         lambda raw, facts: raw.ended == "timeout",
         lambda raw, facts: (
             f"timed out after {facts.timeout_s:g} s; the action's processes were killed"
-            f"{_kill_note(facts)}, the container was kept"
+            f"{_kill_note(facts)}{_kept_note(facts)}"
         ),
     ),
     Rule("output_too_large", "error", _too_large, _too_large_error),

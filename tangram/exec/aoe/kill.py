@@ -31,6 +31,7 @@ import signal
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -59,6 +60,8 @@ GONE_WAIT_S = 1.0
 #: Freeze-and-kill rounds before the kill reports survivors (one is enough unless a process
 #: sits in the kernel and the freezing never completes).
 KILL_ROUNDS = 3
+#: Thaw writes tried before the action cgroup is taken for stuck frozen (``ActionGroup.stuck``).
+THAW_TRIES = 3
 
 
 class ActionGroup(ABC):
@@ -68,6 +71,9 @@ class ActionGroup(ABC):
     places: bool = False
     #: How its kill finds the action's processes (``KillReport.by``).
     by: Literal["cgroup", "marker"] = "marker"
+    #: Why the group stays frozen (its thaw was refused, ``THAW_TRIES`` times), None when it
+    #: is not: an action started in it would hang until its time-out.
+    stuck: str | None = None
 
     @abstractmethod
     def enter(self, action_id: str, pid: int | None, *, launcher_stays: bool) -> None:
@@ -131,6 +137,10 @@ class CgroupGroup(ActionGroup):
     def enter(self, action_id: str, pid: int | None, *, launcher_stays: bool) -> None:
         if pid is None:
             raise AoeError("the action cgroup needs the launcher's pid")
+        if self.stuck is not None:
+            self._try_thaw()  # once more: an action must never start in a frozen group
+            if self.stuck is not None:
+                raise AoeError(self.stuck)
         if not launcher_stays:
             self._move(pid, self.dir)
             self._spare = None
@@ -221,14 +231,21 @@ class CgroupGroup(ActionGroup):
         return True
 
     def _try_thaw(self) -> None:
-        """Thaw after ``_try_freeze``; a refusal is logged, not raised: the kill's report (and
-        the action's outcome) must not be lost to it. ``CgroupGone`` passes."""
-        try:
-            self.freezer.thaw(self.dir)
-        except CgroupGone:
-            raise
-        except (AoeError, OSError) as exc:
-            log.warning("the action cgroup %s could not be thawed: %s", self.dir, exc)
+        """Thaw after ``_try_freeze``, up to ``THAW_TRIES`` writes; a refusal is logged, not
+        raised (the kill's report, and the action's outcome, must not be lost to it), and
+        recorded in ``stuck``: left frozen, the group would hang the next action (the runner
+        lives in it) until that action's time-out. ``CgroupGone`` passes."""
+        for _ in range(THAW_TRIES):
+            try:
+                self.freezer.thaw(self.dir)
+            except CgroupGone:
+                raise
+            except (AoeError, OSError) as exc:
+                log.warning("the action cgroup %s could not be thawed: %s", self.dir, exc)
+                self.stuck = f"the action cgroup {self.dir} stays frozen: its thaw failed: {exc}"
+            else:
+                self.stuck = None
+                return
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -277,6 +294,13 @@ def kill_action(container: Container, aid: str, why: str) -> KillReport:
         # "container failure"; its processes were then moved out of the group and lived on.
         log.warning("the kill of action %s in %s failed: %s", aid, container.handle.short_id, exc)
         report = KillReport(container.group.by, None)
+    if container.group.stuck is not None:
+        # The runner lives in the frozen group: the next action would hang until its time-out.
+        container.dead = container.dead or (
+            f"container {container.handle.short_id} was left frozen by the kill of action "
+            f"{aid} ({container.group.stuck})"
+        )
+        report = replace(report, left_frozen=True)
     log.info(
         "killed action %s in %s (%s): by %s, %s survivor(s)",
         aid,

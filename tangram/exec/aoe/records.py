@@ -82,3 +82,6 @@ class KillReport:
     by: Literal["cgroup", "marker"]
     #: How many of its processes were still alive after the kill (None: not known).
     survivors: int | None
+    #: The action cgroup could not be thawed after the kill: the container takes no more
+    #: actions (it is marked dead, to be recreated).
+    left_frozen: bool = False
