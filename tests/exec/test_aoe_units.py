@@ -589,3 +589,65 @@ def test_the_pool_says_why_a_sandbox_is_not_pooled() -> None:
     assert "keeper" in (WarmPool.unpooled_because(SandboxConfig(user="65534:65534")) or "")
     assert "work_volume" in (WarmPool.unpooled_because(SandboxConfig(work_volume="v")) or "")
     assert not WarmPool.poolable(SandboxConfig(user="sandbox"))
+
+
+class _StartedButUnreadable:
+    """A container the engine started, whose ``reload`` (its inspect) then fails, or (``at``
+    ``logs``) which exited at once and whose ``logs`` fail."""
+
+    id = "f" * 64
+    status = "exited"
+
+    def __init__(self, error: Exception, at: str) -> None:
+        self.error, self.at = error, at
+
+    def reload(self) -> None:
+        if self.at == "reload":
+            raise self.error
+
+    def logs(self, tail: int) -> bytes:
+        raise self.error
+
+
+@pytest.mark.parametrize("at", ["reload", "logs"])
+@pytest.mark.parametrize("error", ["api", "connection"])
+def test_a_create_whose_inspect_fails_after_the_start_removes_the_container(
+    error: str, at: str
+) -> None:
+    """``containers.create`` started the container, then its ``reload`` (or the ``logs`` of
+    one that exited at once) failed: the error went out and the running container stayed in
+    the engine, unknown to the manager, until the shutdown's sweep of its session. It is now
+    removed, and the failure is an ``AoeError`` naming it."""
+    import docker.errors
+
+    from tangram.exec.aoe import containers
+
+    exc = (
+        docker.errors.APIError("500 Server Error: inspect failed")
+        if error == "api"
+        else ConnectionError("the engine's socket closed")
+    )
+    made = _StartedButUnreadable(exc, at)
+    removed: list[str] = []
+
+    class Api:
+        def remove_container(self, cid: str, force: bool, v: bool) -> None:
+            removed.append(cid)
+
+    class Client:
+        api = Api()
+
+        class images:  # noqa: N801 - the SDK's attribute name
+            @staticmethod
+            def get(name: str) -> None:
+                return None
+
+        class containers:  # noqa: N801 - the SDK's attribute name
+            @staticmethod
+            def run(**kwargs: object) -> _StartedButUnreadable:
+                return made
+
+    spec = ContainerSpec("n", "img", 1.0, SandboxConfig(), 100_000, 100_000, (0,), True, {})
+    with pytest.raises(AoeError, match="n"):
+        containers.create(Client(), spec)
+    assert removed == [made.id]

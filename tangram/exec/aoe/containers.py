@@ -255,13 +255,36 @@ def create(client: Any, spec: ContainerSpec) -> Any:
                 "left alone"
             ) from exc
         raise AoeError(f"could not start container {spec.name} from {spec.image}: {exc}") from exc
-    container.reload()
-    if container.status != "running":
-        logs = container.logs(tail=20).decode(errors="replace")
-        with contextlib.suppress(docker.errors.APIError):
-            container.remove(force=True)
-        raise AoeError(f"container {spec.name} exited at once ({container.status}): {logs.strip()}")
+    try:
+        _check_running(container, spec.name)
+    except BaseException:
+        _remove_started(client, container.id, spec.name)
+        raise
     return container
+
+
+def _check_running(container: Any, name: str) -> None:
+    """``AoeError`` unless the started container runs: one that exited at once (with the tail
+    of its log), or one whose inspect or logs the engine did not give (the error named)."""
+    try:
+        container.reload()
+        if container.status == "running":
+            return
+        logs = container.logs(tail=20).decode(errors="replace").strip()
+    except Exception as exc:  # noqa: BLE001 - docker's APIError, a lost connection alike
+        raise AoeError(
+            f"container {name} was started but could not be looked at: {type(exc).__name__}: {exc}"
+        ) from exc
+    raise AoeError(f"container {name} exited at once ({container.status}): {logs}")
+
+
+def _remove_started(client: Any, container_id: str, name: str) -> None:
+    """Remove a container ``create`` started but will not hand out (else it stayed in the
+    engine, unknown to the manager, until its session's sweep); a failure is logged."""
+    try:
+        remove(client, container_id)
+    except Exception as exc:  # noqa: BLE001 - the creation's own error is the one to raise
+        log.warning("container %s, started but not handed out, could not be removed: %s", name, exc)
 
 
 def _holder(client: Any, name: str) -> Any | None:
