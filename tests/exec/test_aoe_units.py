@@ -651,3 +651,52 @@ def test_a_create_whose_inspect_fails_after_the_start_removes_the_container(
     with pytest.raises(AoeError, match="n"):
         containers.create(Client(), spec)
     assert removed == [made.id]
+
+
+def test_the_exec_transport_waits_for_the_exit_code_while_the_action_has_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The exit code lands in the engine's record a moment after the exec's stream closes: a
+    loaded machine took more than the fixed 200 looks (about a second) to record it, and a
+    command that had succeeded came back as ``exit_unknown``, a container failure. The look
+    now goes on while the action has time left (a second at least)."""
+    from types import SimpleNamespace
+
+    from tangram.exec.aoe import transport as transport_mod
+    from tangram.exec.aoe.transport import ActionRequest, ExecTransport
+
+    ours, theirs = socket.socketpair()
+    socket_mod = socket
+    looks = {"n": 0}
+
+    class Api:
+        def exec_create(self, *args: object, **kwargs: object) -> dict:
+            return {"Id": "e1"}
+
+        def exec_start(self, exec_id: str, socket: bool) -> object:
+            theirs.shutdown(socket_mod.SHUT_WR)  # the command ends: its stream closes
+            return ours
+
+        def exec_inspect(self, exec_id: str) -> dict:
+            looks["n"] += 1
+            if looks["n"] < 300:  # a loaded engine: not recorded yet
+                return {"Running": True, "ExitCode": None}
+            return {"Running": False, "ExitCode": 0}
+
+    class Group:
+        places = False
+
+        def enter(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def leave(self) -> None:
+            pass
+
+    monkeypatch.setattr(
+        transport_mod, "time", SimpleNamespace(monotonic=time.monotonic, sleep=lambda s: None)
+    )
+    transport = ExecTransport(Api(), "c" * 64, "1000:1000", "/work", 1.0, Group())  # type: ignore[arg-type]
+    raw = transport.run(ActionRequest("a1", "true", {}, 60.0, 100), lambda why: None)
+    theirs.close()
+    assert (raw.ended, raw.exit_code) == ("exit", 0)
+    assert looks["n"] == 300

@@ -262,6 +262,28 @@ def launcher_pid(api: Any, exec_id: str, timeout_s: float = 10.0) -> int:
         time.sleep(0.001)
 
 
+#: The least an exec's exit code is waited for after its stream closed (the action's
+#: remaining time when that is longer): the engine records it a moment later, more than a
+#: second later on a loaded machine.
+EXIT_CODE_WAIT_S = 1.0
+
+
+def exit_code(api: Any, exec_id: str, until: float) -> int | None:
+    """The exit code of the exec ``exec_id`` once the engine has recorded it, looked for until
+    ``until`` (``time.monotonic``), None when it was not by then. The looks slow down to one
+    per 50 ms: a fixed count of 5 ms looks gave up after about a second, and a loaded
+    machine's command that had succeeded came back with its exit code unknown."""
+    delay = 0.001
+    while True:
+        info = api.exec_inspect(exec_id)
+        if not info.get("Running"):
+            return info.get("ExitCode")
+        if time.monotonic() >= until:
+            return None
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
 class FrameReader:
     """Demultiplexes docker's non-TTY attach stream: (stream 1|2, payload) frames."""
 
@@ -437,30 +459,18 @@ class ExecTransport:
         out = Capture(req.max_output_bytes, None, False)
         err = Capture(req.max_output_bytes, None, False)
         reader = FrameReader(raw)
+        deadline = time.monotonic() + req.timeout_s
         try:
             pid = launcher_pid(self.api, exec_id) if self.group.places else None
             self.group.enter(req.action_id, pid, launcher_stays=False)
             send(raw, frame(req.action_id, req), req.timeout_s)
-            ended = collect(
-                reader,
-                out,
-                err,
-                time.monotonic() + req.timeout_s,
-                self.grace_s,
-                kill,
-                lambda: reader.eof,
-            )
+            ended = collect(reader, out, err, deadline, self.grace_s, kill, lambda: reader.eof)
         finally:
             attached.close()
             self.group.leave()
         code = None
         if ended != "stuck":
-            for _ in range(200):  # the exit code lands just after the stream closes
-                info = self.api.exec_inspect(exec_id)
-                if not info.get("Running"):
-                    code = info.get("ExitCode")
-                    break
-                time.sleep(0.005)
+            code = exit_code(self.api, exec_id, max(deadline, time.monotonic() + EXIT_CODE_WAIT_S))
         if ended == "eof":
             ended = "exit"  # for a per-action exec the stream's end is the action's end
         return RawResult(code, out.content(), err.content(), ended, out.total, err.total)
