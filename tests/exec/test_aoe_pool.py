@@ -600,3 +600,39 @@ def test_a_removal_that_fails_with_an_engine_error_is_logged_on_the_worker(
         assert [c.n for c in fakes.removed] == [7]
     finally:
         pool.close()
+
+
+@pytest.mark.parametrize("count", ["2", 2.0, True, -1, None, float("nan")])
+def test_a_prewarm_count_that_is_no_whole_number_of_containers_is_refused(count: Any) -> None:
+    """``prewarm(count)`` took any value: a string raised a bare TypeError from ``max``
+    naming nothing, True made one container, a negative count passed as 0. It is now an
+    ``AoeError`` naming the count, from the pool and from the manager (with a pool or not),
+    before any container is made."""
+    from tangram.exec.aoe.manager import AoeManager
+
+    fakes = Fakes()
+    pool = WarmPool(WarmPoolConfig(max_per_key=4), fakes.create, fakes.reset, fakes.remove)
+    try:
+        with pytest.raises(AoeError, match="count"):
+            pool.prewarm(KEY, count)
+    finally:
+        pool.close()
+    assert fakes.made == []
+    asked: list[Any] = []
+    lifecycle = SimpleNamespace(
+        blueprint=lambda *a: asked.append(a), prewarm=lambda *a: asked.append(a) or False
+    )
+    with pytest.raises(AoeError, match="count"):
+        AoeManager.prewarm(SimpleNamespace(_containers=lifecycle), count)  # type: ignore[arg-type]
+    assert asked == []
+
+
+def test_a_prewarm_of_zero_is_accepted() -> None:
+    fakes = Fakes()
+    pool = WarmPool(WarmPoolConfig(max_per_key=4), fakes.create, fakes.reset, fakes.remove)
+    try:
+        pool.prewarm(KEY, 0)
+        settle(pool)
+    finally:
+        pool.close()
+    assert fakes.made == []

@@ -38,7 +38,7 @@ from tangram.exec.aoe.execution import ActionRunner, OnGrant, check_deadline, pl
 from tangram.exec.aoe.images import connect
 from tangram.exec.aoe.ledger import CoreLedger
 from tangram.exec.aoe.lifecycle import Container, Lifecycle
-from tangram.exec.aoe.pool import PoolStats
+from tangram.exec.aoe.pool import PoolStats, prewarm_count
 from tangram.exec.aoe.records import ActionOutcome, ContainerHandle, GrantRecord
 from tangram.exec.aoe.topology import NumaTopology, as_topology, read_host_topology
 
@@ -239,7 +239,9 @@ class AoeManager:
         sandbox: SandboxConfig | None = None,
     ) -> bool:
         """Have ``count`` parked containers of this kind made in the background for the warm
-        pool (``AoeConfig.warm_pool``); False when there is no pool for it."""
+        pool (``AoeConfig.warm_pool``); False when there is no pool for it. A ``count`` that is
+        no whole number from 0 is an ``AoeError`` naming it, pool or not."""
+        count = prewarm_count(count)
         blueprint = self._containers.blueprint("(prewarm)", memory_gb, image, sandbox)
         return self._containers.prewarm(blueprint, count)
 

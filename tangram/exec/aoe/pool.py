@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import numbers
 import threading
 import time
 from collections import Counter, deque
@@ -26,12 +27,22 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tangram.exec.aoe.config import SandboxConfig, WarmPoolConfig
+from tangram.exec.aoe.errors import AoeError
 from tangram.exec.aoe.reset import KEEPER_UID
 
 if TYPE_CHECKING:
     from tangram.exec.aoe.lifecycle import Container
 
 log = logging.getLogger(__name__)
+
+
+def prewarm_count(count: object) -> int:
+    """``count`` as a number of containers to prewarm; ``AoeError`` naming it unless it is a
+    whole number from 0 (not a bool): a string raised a bare TypeError from ``max``, True made
+    one container and a negative count passed as 0."""
+    if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 0:
+        raise AoeError(f"prewarm count must be a whole number of containers from 0, got {count!r}")
+    return int(count)
 
 
 @dataclass(frozen=True)
@@ -204,8 +215,9 @@ class WarmPool:
     def prewarm(self, key: PoolKey, count: int) -> None:
         """Create up to ``count`` parked containers of ``key`` now (bounded by the limits);
         they are kept while ``prewarm_s`` lasts even without demand."""
+        count = prewarm_count(count)
         with self._lock:
-            self._floor[key] = (max(0, count), self._clock() + self.config.prewarm_s)
+            self._floor[key] = (count, self._clock() + self.config.prewarm_s)
         self._refill(key)
 
     # -- sizing ---------------------------------------------------------------------------
