@@ -631,3 +631,35 @@ def test_an_image_or_sandbox_of_the_wrong_kind_is_refused_naming_it(
     lifecycle = Lifecycle(AoeConfig(), None, TOPOLOGY, "s1")
     with pytest.raises(AoeError, match=message):
         lifecycle.blueprint("t", None, image, sandbox)
+
+
+def test_an_action_id_one_trajectory_chose_never_refuses_another_trajectorys_action() -> None:
+    """The ledger knew an action by the id its caller chose, across trajectories: while
+    trajectory u's action "step1" ran, trajectory t's own action "step1" raised "action id
+    'step1' already holds cores" out of run_action (and a resize of one could grow the
+    other's grant). Each action is now known to the ledger by its id and its trajectory's."""
+    runner, t_container, ledger, log = setup()
+    u_handle = ContainerHandle("u", "d" * 64, "name-u", "img", 2.0)
+    u_container = Container(
+        Blueprint("u", "img", 2.0, SandboxConfig()),
+        u_handle,
+        FakeControl(log),
+        FakeTransport(log, exited(0)),
+        None,  # type: ignore[arg-type]
+        None,
+    )
+    inner: list[Any] = []
+
+    def while_u_runs(request: ActionRequest) -> RawResult:
+        inner.append(runner.run(t_container, "step1", plan((2, 3)), None, 0.0))
+        return RawResult(0, b"u", b"", "exit", 1, 0)
+
+    u_container.transport.answer = while_u_runs  # type: ignore[attr-defined]
+    outer = runner.run(u_container, "step1", plan((0, 1)), None, 0.0)
+    assert outer.ok and outer.cores == (0, 1)
+    assert inner[0].ok and inner[0].cores == (2, 3) and inner[0].action_id == "step1"
+    assert ledger.free_cores() == TOPOLOGY.cores
+    assert sorted((g.traj_id, g.action_id) for g in ledger.log()) == [
+        ("t", "step1"),
+        ("u", "step1"),
+    ]

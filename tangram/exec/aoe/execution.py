@@ -119,6 +119,15 @@ def plan_action(
     return ActionPlan(script, cores, quota, timeout, limit, threads, pool)
 
 
+def ledger_key(traj_id: str, aid: str) -> str:
+    """Action ``aid``'s key in the core ledger: ``<action id> of <trajectory>``. Callers
+    choose action ids per trajectory, so keyed by the id alone, one trajectory's running
+    "step1" made another's "step1" raise "already holds cores" (and a resize could take the
+    other's cores for its own). An action id holds no space, so the key names one action of
+    one trajectory."""
+    return f"{aid} of {traj_id}"
+
+
 def _require_number(name: str, value: object, unit: str) -> None:
     """``AoeError`` naming ``name`` unless ``value`` is None or a real number (not a bool):
     a string raised a bare ValueError or TypeError further on, naming nothing, and True
@@ -221,7 +230,8 @@ class ActionRunner:
         if deadline is not None and deadline <= time.monotonic():  # (waited for the lock)
             times["queue_s"] = time.perf_counter() - t0
             return outcome(judge.late(times["queue_s"]), ())
-        granted = self.ledger.acquire(aid, plan.cores, deadline)
+        key = ledger_key(traj_id, aid)
+        granted = self.ledger.acquire(key, plan.cores, deadline)
         times["queue_s"] = time.perf_counter() - t0
         if granted is None:  # the deadline passed while its cores were held by others
             return outcome(judge.late(times["queue_s"]), ())
@@ -229,13 +239,15 @@ class ActionRunner:
         if deadline is not None:
             timeout_s = min(timeout_s, deadline - time.monotonic())
             if timeout_s <= 0:  # it passed while the cores were waited for: never granted
-                self.ledger.release(aid, traj_id, plan.quota)
+                self.ledger.release(key, traj_id, plan.quota, record_as=aid)
                 return outcome(judge.late(times["queue_s"]), ())
         env_all = action_env(granted, plan.quota, env, plan.threads, plan.pool)
         request = ActionRequest(aid, plan.script, env_all, timeout_s, plan.max_output_bytes)
         oom_before = _oom_kills(container)
         kills: list[KillReport] = []
-        running = RunningGrant(container, self.ledger, aid, granted, plan.quota, plan.pool)
+        running = RunningGrant(
+            container, self.ledger, aid, granted, plan.quota, plan.pool, ledger_key=key
+        )
         try:
             raw = self._granted_run(container, running, request, times, kills, on_grant)
         finally:
@@ -256,7 +268,7 @@ class ActionRunner:
                 )
             finally:
                 times["revoke_s"] = time.perf_counter() - t_revoke
-                self.ledger.release(aid, traj_id, plan.quota)
+                self.ledger.release(key, traj_id, plan.quota, record_as=aid)
         if isinstance(raw, judge.Verdict):
             return outcome(raw, granted)  # the command never ran
         death = self._probe(container, judge.probe(raw))

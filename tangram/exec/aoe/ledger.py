@@ -133,8 +133,11 @@ class CoreLedger:
             free = free - set(pick)
             self._waiting.remove(req)
 
-    def release(self, action_id: str, traj_id: str, quota_cores: float) -> GrantRecord:
-        """Free the cores ``action_id`` holds and log the grant."""
+    def release(
+        self, action_id: str, traj_id: str, quota_cores: float, record_as: str | None = None
+    ) -> GrantRecord:
+        """Free the cores ``action_id`` holds and log the grant, under ``record_as`` when given
+        (the action's own id, where ``action_id`` is its ledger key)."""
         with self._cond:
             cores = tuple(sorted(c for c, a in self._owner.items() if a == action_id))
             if not cores:
@@ -142,7 +145,12 @@ class CoreLedger:
             for core in cores:
                 del self._owner[core]
             record = GrantRecord(
-                traj_id, action_id, cores, quota_cores, self._since.pop(action_id), time.monotonic()
+                traj_id,
+                action_id if record_as is None else record_as,
+                cores,
+                quota_cores,
+                self._since.pop(action_id),
+                time.monotonic(),
             )
             self._log.append(record)
             self._cond.notify_all()

@@ -60,10 +60,14 @@ class RunningGrant:
         cores: tuple[int, ...],
         quota: float,
         pool: tuple[int, ...] | None = None,
+        *,
+        ledger_key: str | None = None,
     ) -> None:
         self.container = container
         self.ledger = ledger
         self.action_id = action_id
+        #: What the ledger knows the action by (``execution.ledger_key``; its id by default).
+        self.ledger_key = action_id if ledger_key is None else ledger_key
         self.cores = cores
         #: Quota per granted core (1.0 unless the action asked for a fraction).
         self.quota_per_core = quota / len(cores)
@@ -125,7 +129,7 @@ class RunningGrant:
                     error=f"cores {outside} are outside the weighted grant's pool",
                 )
             try:
-                added = ledger.take(self.action_id, new)
+                added = ledger.take(self.ledger_key, new)
             except AoeError as exc:
                 return ResizeResult("failed", old, total_s=time.perf_counter() - t0, error=str(exc))
             t_write = time.perf_counter()
@@ -135,10 +139,10 @@ class RunningGrant:
             except (AoeError, OSError) as exc:
                 with contextlib.suppress(AoeError, OSError):  # cpuset written, quota not?
                     self._write(old)
-                ledger.give_back(self.action_id, added)
+                ledger.give_back(self.ledger_key, added)
                 return ResizeResult("failed", old, total_s=time.perf_counter() - t0, error=str(exc))
             write_s = time.perf_counter() - t_write
-            ledger.give_back(self.action_id, tuple(c for c in old if c not in new))
+            ledger.give_back(self.ledger_key, tuple(c for c in old if c not in new))
             self.cores = new
             self.resizes += 1
             return ResizeResult("applied", new, write_s, time.perf_counter() - t0)
