@@ -700,3 +700,59 @@ def test_the_exec_transport_waits_for_the_exit_code_while_the_action_has_time(
     theirs.close()
     assert (raw.ended, raw.exit_code) == ("exit", 0)
     assert looks["n"] == 300
+
+
+def test_the_runner_counts_the_sending_of_an_action_in_its_time_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The runner's deadline was taken after the action was sent: a send that took most of
+    the time-out (a long script to a slow runner) left the command its whole time-out on
+    top, twice its limit and past the caller's deadline. The send now counts: a send that
+    took the whole time-out leaves the command none, and it is killed at once."""
+    from types import SimpleNamespace
+
+    from tangram.exec.aoe import transport as transport_mod
+    from tangram.exec.aoe.transport import ActionRequest, RunnerTransport
+
+    ours, theirs = socket.socketpair()
+    clock = {"offset": 0.0}
+
+    def answer() -> None:
+        line = b""
+        while not line.endswith(b"\n"):
+            line += theirs.recv(1)
+        token = line.split(b" ")[0]
+        for stream, payload in ((1, b"\n" + token + b" 0\n"), (2, b"\n" + token + b"\n")):
+            theirs.sendall(struct.pack(">BxxxI", stream, len(payload)) + payload)
+
+    def slow_send(sock: socket.socket, data: bytes, timeout_s: float) -> None:
+        sock.sendall(data)
+        clock["offset"] += timeout_s  # it took all the time it was given
+
+    class Group:
+        places = False
+
+        def enter(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def leave(self) -> None:
+            pass
+
+    monkeypatch.setattr(
+        transport_mod,
+        "time",
+        SimpleNamespace(monotonic=lambda: time.monotonic() + clock["offset"], sleep=time.sleep),
+    )
+    monkeypatch.setattr(transport_mod, "send", slow_send)
+    runner = RunnerTransport(None, "c" * 64, "1000:1000", "/work", 5.0, Group())  # type: ignore[arg-type]
+    runner._reader, runner._sock = FrameReader(ours), ours
+    kills: list[str] = []
+    replier = threading.Thread(target=answer)
+    replier.start()
+    try:
+        raw = runner.run(ActionRequest("a1", "true", {}, 30.0, 100), kills.append)
+    finally:
+        replier.join(10)
+        ours.close()
+        theirs.close()
+    assert kills == ["timeout"] and raw.ended == "timeout"

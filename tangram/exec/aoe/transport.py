@@ -463,7 +463,7 @@ class ExecTransport:
         try:
             pid = launcher_pid(self.api, exec_id) if self.group.places else None
             self.group.enter(req.action_id, pid, launcher_stays=False)
-            send(raw, frame(req.action_id, req), req.timeout_s)
+            send(raw, frame(req.action_id, req), deadline - time.monotonic())
             ended = collect(reader, out, err, deadline, self.grace_s, kill, lambda: reader.eof)
         finally:
             attached.close()
@@ -543,21 +543,18 @@ class RunnerTransport:
         out = Capture(req.max_output_bytes, b"\n" + token.encode() + b" ", True)
         err = Capture(req.max_output_bytes, b"\n" + token.encode(), False)
         reader = self._reader
+        # The send counts in the time-out: taken after it, a send that took most of the
+        # time-out left the command its whole time-out on top, past the caller's deadline.
+        deadline = time.monotonic() + req.timeout_s
         try:
             self.group.enter(req.action_id, self.pid, launcher_stays=True)
             try:
-                send(self._sock, data, req.timeout_s)
+                send(self._sock, data, deadline - time.monotonic())
             except AoeError:
                 reader.eof = True  # the runner may hold half an action: a fresh one next time
                 raise
             ended = collect(
-                reader,
-                out,
-                err,
-                time.monotonic() + req.timeout_s,
-                self.grace_s,
-                kill,
-                lambda: out.done and err.done,
+                reader, out, err, deadline, self.grace_s, kill, lambda: out.done and err.done
             )
             if ended == "eof":
                 # The runner died mid-action (an action can SIGKILL it: same uid): what the
