@@ -9,6 +9,7 @@ import struct
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -756,3 +757,61 @@ def test_the_runner_counts_the_sending_of_an_action_in_its_time_out(
         ours.close()
         theirs.close()
     assert kills == ["timeout"] and raw.ended == "timeout"
+
+
+class _Stuck:
+    """A listed AOE container; the engine refuses to remove the one named ``stuck``."""
+
+    def __init__(self, name: str) -> None:
+        self.id, self.name, self.labels = name * 8, name, {"tangram.aoe.owner": "gone"}
+
+
+def _refusing_remove(removed: list[str]) -> Any:
+    def remove(client: object, container_id: str) -> bool:
+        if container_id.startswith("stuck"):
+            raise AoeError(f"could not remove container {container_id[:12]}: did not exit")
+        removed.append(container_id)
+        return True
+
+    return remove
+
+
+def test_an_orphan_the_engine_will_not_remove_stops_neither_the_sweep_nor_the_manager(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``remove_orphans`` (run by every new manager) raised at the first orphan the engine
+    failed to remove: the later orphans stayed, and the AoeError came out of the manager's
+    constructor, so no manager (no service) could start while that one container stuck.
+    Each failure is now logged and the sweep goes on."""
+    from tangram.exec.aoe import containers
+
+    removed: list[str] = []
+    listed = [_Stuck("stuck"), _Stuck("later")]
+    monkeypatch.setattr(containers, "session_containers", lambda client, session=None: listed)
+    monkeypatch.setattr(containers, "owner_alive", lambda owner: False)
+    monkeypatch.setattr(containers, "remove", _refusing_remove(removed))
+    assert containers.remove_orphans(object()) == ["later"]
+    assert removed == ["later" * 8]
+
+
+def test_the_reaper_removes_every_container_it_can(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watchdog's sweep stopped at the first container the engine failed to remove,
+    leaving the later ones running for ever (nothing else removes them once the manager is
+    dead). Each failure is now reported and the sweep goes on."""
+    import io
+    import sys
+    from types import SimpleNamespace
+
+    import docker
+
+    from tangram.exec.aoe import containers, reaper
+
+    removed: list[str] = []
+    listed = [_Stuck("stuck"), _Stuck("later")]
+    monkeypatch.setattr(sys, "stdin", SimpleNamespace(buffer=io.BytesIO(b"")))
+    monkeypatch.setattr(docker, "from_env", lambda: object())
+    monkeypatch.setattr(containers, "session_containers", lambda client, session=None: listed)
+    monkeypatch.setattr(containers, "remove", _refusing_remove(removed))
+    monkeypatch.setattr(reaper.signal, "signal", lambda *a: None)
+    assert reaper.main(["s1"]) == 1
+    assert removed == ["later" * 8]

@@ -429,11 +429,13 @@ def session_containers(client: Any, session: str | None = None) -> list[Any]:
 
 
 def remove_orphans(client: Any) -> list[str]:
-    """Remove AOE containers whose owning process on this host is gone; their names."""
+    """Remove AOE containers whose owning process on this host is gone; their names. One the
+    engine will not remove is logged and the sweep goes on: raised, it left the later orphans
+    and came out of every new manager's constructor while that container stuck."""
     removed = []
     for container in session_containers(client):
         owner = container.labels.get(LABEL_OWNER, "")
-        if owner_alive(owner) is False and remove(client, container.id):
+        if owner_alive(owner) is False and remove_logged(client, container.id, container.name):
             removed.append(container.name)
     if removed:
         log.warning(
@@ -442,3 +444,13 @@ def remove_orphans(client: Any) -> list[str]:
             ", ".join(removed),
         )
     return removed
+
+
+def remove_logged(client: Any, container_id: str, name: str) -> bool:
+    """``remove``, whose failure (the engine's refusal, a lost connection) is logged, not
+    raised, for sweeps that must go on to the next container; whether it was removed."""
+    try:
+        return remove(client, container_id)
+    except Exception as exc:  # noqa: BLE001 - AoeError or the engine's own errors
+        log.warning("container %s could not be removed: %s", name, exc)
+        return False

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 #: How long ``release`` waits for the watchdog to find nothing left and exit (it lists the
 #: session's containers once: well under a second on a local engine).
@@ -63,12 +64,24 @@ def main(argv: list[str]) -> int:
         pass  # nothing is ever written; read until the manager's end closes the pipe
     import docker
 
-    from tangram.exec.aoe.containers import remove, session_containers
+    from tangram.exec.aoe import containers
 
     client = docker.DockerClient(base_url=base_url) if base_url else docker.from_env()
-    for container in session_containers(client, session):
-        remove(client, container.id)
-    return 0
+    return sweep(client, session, containers)
+
+
+def sweep(client: Any, session: str, containers: Any) -> int:
+    """Remove every container of ``session``; 0 when all went, 1 when some would not (each
+    reported on stderr). One failure stopped the sweep there, and nothing else removes the
+    later ones once their manager is dead."""
+    failed = 0
+    for container in containers.session_containers(client, session):
+        try:
+            containers.remove(client, container.id)
+        except Exception as exc:  # noqa: BLE001 - AoeError or the engine's own errors
+            print(f"could not remove container {container.id[:12]}: {exc}", file=sys.stderr)
+            failed += 1
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
