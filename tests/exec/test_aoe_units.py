@@ -815,3 +815,21 @@ def test_the_reaper_removes_every_container_it_can(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(reaper.signal, "signal", lambda *a: None)
     assert reaper.main(["s1"]) == 1
     assert removed == ["later" * 8]
+
+
+def test_the_shutdowns_sweep_goes_past_a_container_the_engine_will_not_remove(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``Lifecycle.remove_leftovers`` (the shutdown's sweep of its session) stopped at the
+    first container the engine failed to remove; the later ones waited for the watchdog, or
+    (without one) stayed. Each failure is now logged and the sweep goes on."""
+    from tangram.exec.aoe import containers
+    from tangram.exec.aoe.lifecycle import Lifecycle
+
+    removed: list[str] = []
+    listed = [_Stuck("stuck"), _Stuck("later")]
+    monkeypatch.setattr(containers, "session_containers", lambda client, session=None: listed)
+    monkeypatch.setattr(containers, "remove", _refusing_remove(removed))
+    lifecycle = Lifecycle(AoeConfig(), object(), NumaTopology(((0, 1),)), "s1")
+    lifecycle.remove_leftovers()
+    assert removed == ["later" * 8]

@@ -423,9 +423,11 @@ class Lifecycle:
             self.pool.close()
 
     def remove_leftovers(self) -> None:
-        """Remove whatever container of this session is still in the engine."""
+        """Remove whatever container of this session is still in the engine; one the engine
+        will not remove is logged and the sweep goes on (it stopped there, the later ones
+        left to the watchdog, or for ever without one)."""
         for leftover in containers.session_containers(self.client, self.session):
-            containers.remove(self.client, leftover.id)
+            containers.remove_logged(self.client, leftover.id, leftover.name)
 
     def mark_dead(self, container: Container, suspect: bool = False) -> str | None:
         """If the container is no longer running, remember why (and return it).
