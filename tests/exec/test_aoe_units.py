@@ -833,3 +833,29 @@ def test_the_shutdowns_sweep_goes_past_a_container_the_engine_will_not_remove(
     lifecycle = Lifecycle(AoeConfig(), object(), NumaTopology(((0, 1),)), "s1")
     lifecycle.remove_leftovers()
     assert removed == ["later" * 8]
+
+
+def test_a_failed_make_says_why_even_when_its_container_will_not_go(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A container made for a trajectory whose next step failed (its cgroup, its runner's
+    warm-up) is removed; when that removal failed too, its AoeError replaced the step's, and
+    the caller learnt only that a container could not be removed, not why the open failed.
+    The removal's failure is now logged and the step's error raised."""
+    from types import SimpleNamespace
+
+    from tangram.exec.aoe import containers
+    from tangram.exec.aoe.lifecycle import Blueprint, Lifecycle
+
+    made = SimpleNamespace(id="stuck" * 13, attrs={"State": {"Pid": 0}})
+    monkeypatch.setattr(containers, "create", lambda client, spec: made)
+    monkeypatch.setattr(containers, "remove", _refusing_remove([]))
+    lifecycle = Lifecycle(AoeConfig(), object(), NumaTopology(((0, 1),)), "s1")
+
+    def no_cgroup(container_id: str, pid: int) -> Any:
+        raise AoeError("the cgroup of the new container cannot be written")
+
+    monkeypatch.setattr(lifecycle, "_control", no_cgroup)
+    blueprint = Blueprint("t", "img", 1.0, SandboxConfig())
+    with pytest.raises(AoeError, match="cgroup of the new container"):
+        lifecycle._make(blueprint, "n", {})

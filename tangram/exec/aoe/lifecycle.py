@@ -345,7 +345,8 @@ class Lifecycle:
             warm_up(transport, name)
             control.park()
         except BaseException:
-            containers.remove(self.client, made.id)
+            # Logged if it fails: raised, its error replaced the step's, which said why.
+            containers.remove_logged(self.client, made.id, name)
             raise
         return Container(
             blueprint,
