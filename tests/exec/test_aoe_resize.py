@@ -282,3 +282,25 @@ def test_the_mean_cores_an_action_held_weighs_each_grant_by_its_time() -> None:
     assert held_units([(0.0, 1), (1.0, 3)], 3.0) == pytest.approx(7 / 3)
     assert held_units([(0.0, 2)], 5.0) is None
     assert held_units([(0.0, 2), (1.0, 2)], 5.0) is None
+
+
+def test_a_failed_grow_whose_write_back_fails_too_keeps_the_cores_it_may_run_on() -> None:
+    """A grow whose write failed was written back to the old cores and the cores it had taken
+    were given back, even when the write back failed too: the container could then run on a
+    cpuset holding cores the ledger had freed, which the next action (another trajectory's)
+    was granted, two actions on one core. Those cores now stay the action's until a later
+    resize is written or the action ends."""
+    ledger = ledger_of()
+    grant = grant_on(ledger, (0,), 1.0)
+    control = grant.container.control
+
+    def refused(cores: tuple[int, ...], quota: float) -> None:
+        raise AoeError("writing cpuset.cpus failed: Device or resource busy")
+
+    control.resize = refused
+    failed = grant.resize((0, 1, 2))
+    assert failed.status == "failed" and failed.cores == (0,)
+    assert ledger.busy() == {0: "a", 1: "a", 2: "a"}  # it may run there: nobody else may
+    control.resize = Control.resize.__get__(control)  # writes work again
+    assert grant.resize((0, 3)).status == "applied"
+    assert ledger.busy() == {0: "a", 3: "a"}  # written: the others are free

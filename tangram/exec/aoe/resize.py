@@ -18,7 +18,7 @@ cores, reported as ``failed`` with the reason. Either way the action itself is u
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -29,6 +29,8 @@ from tangram.exec.aoe.errors import AoeError
 if TYPE_CHECKING:
     from tangram.exec.aoe.ledger import CoreLedger
     from tangram.exec.aoe.lifecycle import Container
+
+log = logging.getLogger(__name__)
 
 #: ``pending``: the live CPU executor's, for a resize decided before AOE granted the action's
 #: first cores (it is applied at the grant).
@@ -75,6 +77,10 @@ class RunningGrant:
         #: None: an exclusive grant (cpuset = ``cores``, CFS quota = ``quota``).
         self.pool = pool
         self.resizes = 0
+        #: Cores outside ``cores`` the container may still run on: a failed grow whose write
+        #: back failed too left its cpuset unknown, so they stay the action's in the ledger
+        #: (freed, another action was granted them) until a later resize is written.
+        self._stray: set[int] = set()
         self._lock = threading.Lock()
         self._ended = False
 
@@ -94,6 +100,18 @@ class RunningGrant:
             control.reweigh(self.quota_per_core * len(cores))
         else:
             control.resize(cores, self.quota_per_core * len(cores))
+
+    def _undo(self, old: tuple[int, ...], added: tuple[int, ...]) -> None:
+        """After a failed write: the grant written back to ``old`` and the ``added`` cores
+        given back; when the write back fails too (the cpuset may hold them), they stay the
+        action's (``_stray``), never granted to another action while it may run there."""
+        try:
+            self._write(old)  # (cpuset written, quota not?)
+        except (AoeError, OSError) as exc:
+            log.warning("resize of %s: the write back failed too: %s", self.action_id, exc)
+            self._stray.update(added)
+            return
+        self.ledger.give_back(self.ledger_key, added)
 
     def end(self) -> None:
         """The command ended: later resizes are no-ops (call before the container is parked,
@@ -137,12 +155,12 @@ class RunningGrant:
                 self._write(new)
             # (CgroupGone included: the container died under it; OSError: a file's open)
             except (AoeError, OSError) as exc:
-                with contextlib.suppress(AoeError, OSError):  # cpuset written, quota not?
-                    self._write(old)
-                ledger.give_back(self.ledger_key, added)
+                self._undo(old, added)
                 return ResizeResult("failed", old, total_s=time.perf_counter() - t0, error=str(exc))
             write_s = time.perf_counter() - t_write
-            ledger.give_back(self.ledger_key, tuple(c for c in old if c not in new))
+            freed = (set(old) | self._stray) - set(new)
+            self._stray.clear()
+            ledger.give_back(self.ledger_key, tuple(sorted(freed)))
             self.cores = new
             self.resizes += 1
             return ResizeResult("applied", new, write_s, time.perf_counter() - t0)
