@@ -10,6 +10,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -663,3 +664,22 @@ def test_an_action_id_one_trajectory_chose_never_refuses_another_trajectorys_act
         ("t", "step1"),
         ("u", "step1"),
     ]
+
+
+def test_a_container_that_could_not_be_parked_is_stopped() -> None:
+    """A container whose park failed after an action was marked dead and its cores given
+    back, but it went on running unfrozen: what its actions left in the background ran on
+    cores the ledger then granted to other actions (other trajectories'), until the
+    trajectory's close or recreate. The engine is now asked to stop it at once."""
+    runner, container, ledger, log = setup()
+    stopped: list[str] = []
+    runner.client = SimpleNamespace(api=SimpleNamespace(kill=stopped.append))
+
+    def refuse() -> None:
+        raise AoeError("writing 'FROZEN' to freezer.state failed: EBUSY")
+
+    container.control.park = refuse  # type: ignore[method-assign]
+    out = runner.run(container, "a1", plan(), None, 0.0)
+    assert out.status == "ok" and ledger.free_cores() == TOPOLOGY.cores
+    assert stopped == [container.handle.container_id]
+    assert container.dead is not None and "stopped" in container.dead

@@ -262,9 +262,10 @@ class ActionRunner:
                 # waited for ever); the container, left running unparked, takes no more
                 # actions: a recreate or a close removes it.
                 log.warning("action %s: %s could not be parked: %s", aid, traj_id, exc)
+                stopped = self._stop(container)
                 container.dead = container.dead or (
                     f"container {container.handle.short_id} could not be parked after action "
-                    f"{aid}: {exc}"
+                    f"{aid}: {exc}; {stopped}"
                 )
             finally:
                 times["revoke_s"] = time.perf_counter() - t_revoke
@@ -283,6 +284,17 @@ class ActionRunner:
             kill=kills[-1] if kills else None,
         )
         return outcome(judge.judge(raw, facts), granted)
+
+    def _stop(self, container: Container) -> str:
+        """Have the engine stop a container that could not be parked (its cores are given
+        back: left running unfrozen, what its actions left in the background ran on cores
+        granted to other actions); what was done, in words."""
+        try:
+            self.client.api.kill(container.handle.container_id)
+        except Exception as exc:  # noqa: BLE001 - the engine's errors, a lost connection
+            log.warning("could not stop %s: %s", container.handle.short_id, exc)
+            return f"it could not be stopped either ({exc})"
+        return "it was stopped"
 
     @staticmethod
     def late(traj_id: str, aid: str, plan: ActionPlan, t0: float) -> ActionOutcome:
