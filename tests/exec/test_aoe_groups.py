@@ -283,3 +283,14 @@ def test_an_action_cgroup_left_frozen_by_a_kill_fails_the_container(
     freezer.refuse = False  # a later thaw that works: the group serves again
     group.enter("a3", RUNNER, launcher_stays=True)
     assert (group.dir / freezer.real.file).read_text() == freezer.real.thawed
+
+
+def test_close_thaws_an_action_cgroup_left_frozen(group: CgroupGroup) -> None:
+    """An action cgroup left frozen (a thaw refused after a kill) stayed frozen at the
+    container's removal: runc thaws the container's own cgroup for its kill, not this
+    child, and v1's frozen processes do not die of SIGKILL, so the removal failed ("did not
+    receive an exit event") and the container stayed. ``close`` now thaws it first."""
+    state = group.dir / group.freezer.file
+    state.write_text(group.freezer.frozen)
+    group.close()
+    assert state.read_text() == group.freezer.thawed

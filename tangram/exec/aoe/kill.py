@@ -248,6 +248,11 @@ class CgroupGroup(ActionGroup):
                 return
 
     def close(self) -> None:
+        """Thaw the group (best effort), then remove it: runc thaws the container's cgroup
+        for its kill, never this child, and v1's frozen processes do not die of SIGKILL, so a
+        group left frozen made the container's removal fail."""
+        with contextlib.suppress(AoeError, OSError):
+            self.freezer.thaw(self.dir)
         with contextlib.suppress(OSError):
             self.dir.rmdir()
 
