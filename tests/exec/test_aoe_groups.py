@@ -294,3 +294,28 @@ def test_close_thaws_an_action_cgroup_left_frozen(group: CgroupGroup) -> None:
     state.write_text(group.freezer.frozen)
     group.close()
     assert state.read_text() == group.freezer.thawed
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_the_thaw_before_a_retried_removal_thaws_the_action_cgroup_too(
+    version: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``containers.thaw`` (before a removal is retried, for a container this process did not
+    park: an orphan, the watchdog's) thawed the container's cgroup only. A manager killed
+    between a kill's freeze and its thaw left the action cgroup frozen, and v1's frozen
+    processes do not die of SIGKILL: every removal failed and the container stayed for
+    ever. The action cgroup is now thawed too."""
+    from tangram.exec.aoe import cgroups, containers
+
+    freezer = FREEZERS[version]
+    for d in (tmp_path, tmp_path / GROUP_NAME):
+        d.mkdir(exist_ok=True)
+        (d / freezer.file).write_text(freezer.frozen)
+    key = "freezer" if version == 1 else "unified"
+    monkeypatch.setattr(cgroups, "find_cgroup_dirs", lambda pid: (version, {key: tmp_path}))
+    monkeypatch.setattr(containers, "state", lambda client, cid: {"Pid": 4242})
+    monkeypatch.setattr(containers, "local_pid", lambda pid, cid: pid)
+    client = SimpleNamespace(api=SimpleNamespace(unpause=lambda cid: None))
+    containers.thaw(client, "c" * 64)
+    assert (tmp_path / freezer.file).read_text() == freezer.thawed
+    assert (tmp_path / GROUP_NAME / freezer.file).read_text() == freezer.thawed

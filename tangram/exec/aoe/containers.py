@@ -371,10 +371,13 @@ def thaw(client: Any, container_id: str) -> None:
     """Thaw a parked container that this process did not park (an orphan, the reaper's): a
     frozen process cannot die on some kernels. Its freezer is written directly when the engine
     is local (docker does not know of that freeze, and runc then refuses to pause or unpause);
-    ``docker unpause`` covers a container parked by ``docker pause``. Best effort."""
+    ``docker unpause`` covers a container parked by ``docker pause``. Its action cgroup is
+    thawed too, first: a manager killed between a kill's freeze and its thaw left it frozen,
+    and v1's frozen processes do not die of SIGKILL (every removal failed). Best effort."""
     import docker.errors
 
     from tangram.exec.aoe.cgroups import FREEZER_DIR, FREEZERS, find_cgroup_dirs
+    from tangram.exec.aoe.kill import GROUP_NAME
 
     with contextlib.suppress(docker.errors.APIError):
         client.api.unpause(container_id)
@@ -386,6 +389,8 @@ def thaw(client: Any, container_id: str) -> None:
         version, dirs = find_cgroup_dirs(pid)
         directory = dirs.get(FREEZER_DIR[version])
         if directory is not None:
+            with contextlib.suppress(AoeError, OSError):  # (none made: no action ran)
+                FREEZERS[version].thaw(directory / GROUP_NAME)
             FREEZERS[version].thaw(directory)
 
 
