@@ -319,3 +319,17 @@ def test_the_thaw_before_a_retried_removal_thaws_the_action_cgroup_too(
     containers.thaw(client, "c" * 64)
     assert (tmp_path / freezer.file).read_text() == freezer.thawed
     assert (tmp_path / GROUP_NAME / freezer.file).read_text() == freezer.thawed
+
+
+def test_a_new_runner_that_reuses_the_old_ones_pid_is_moved_in(group: CgroupGroup) -> None:
+    """The runner was known by its pid alone: a fresh runner (the last one died or was
+    closed) that the kernel gave the old one's pid was taken for the resident one and never
+    moved in, so its actions were born in the container's cgroup, where their time-out's
+    kill never looked ("killed", 0 survivors, while they ran on). A runner not in the group
+    is now moved in whatever its pid."""
+    group.enter("a1", RUNNER, launcher_stays=True)
+    group.leave()
+    (group.dir / "cgroup.procs").write_text("")  # the runner died; a new one has its pid
+    moved = _recorded_moves(group)
+    group.enter("a2", RUNNER, launcher_stays=True)
+    assert moved == [f"{RUNNER}->{GROUP_NAME}"]

@@ -145,7 +145,10 @@ class CgroupGroup(ActionGroup):
             self._move(pid, self.dir)
             self._spare = None
             return
-        if pid != self._resident:  # a new runner: in once, for good
+        # A new runner: in once, for good. Known by its pid and its presence here, not the
+        # pid alone: a fresh runner given the old one's pid was never moved in, and its
+        # actions were born where no kill looked. (A read of cgroup.procs; no RCU wait.)
+        if pid != self._resident or pid not in self._procs():
             self._move(pid, self.dir)
             self._resident = pid
         self._spare = pid
