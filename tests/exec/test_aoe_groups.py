@@ -333,3 +333,34 @@ def test_a_new_runner_that_reuses_the_old_ones_pid_is_moved_in(group: CgroupGrou
     moved = _recorded_moves(group)
     group.enter("a2", RUNNER, launcher_stays=True)
     assert moved == [f"{RUNNER}->{GROUP_NAME}"]
+
+
+def test_a_later_kill_is_not_blamed_for_an_earlier_actions_survivor(
+    group: CgroupGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process an earlier kill could not kill, kept in the action cgroup, is signalled
+    again by every later kill, but is not that action's: counted as its survivor, each later
+    time-out in the container said its own processes could not be killed (and waited all its
+    rounds for it). A later kill now counts only what it found new."""
+    procs = group.dir / "cgroup.procs"
+    group.enter("a1", RUNNER, launcher_stays=True)
+    procs.write_text(f"{RUNNER}\n{CHILD}\n")
+    monkeypatch.setattr(kill_mod, "GONE_WAIT_S", 0.01)
+    monkeypatch.setattr(kill_mod.os, "kill", lambda pid, sig: None)
+    assert group.kill() == KillReport("cgroup", 1)  # CHILD is stuck for good
+    group.leave()
+    group.enter("a2", RUNNER, launcher_stays=True)
+    procs.write_text(f"{RUNNER}\n{CHILD}\n{GRANDCHILD}\n")
+    signalled: list[int] = []
+
+    def dies_unless_stuck(pid: int, sig: int) -> None:
+        signalled.append(pid)
+        if pid == GRANDCHILD:
+            procs.write_text(f"{RUNNER}\n{CHILD}\n")
+
+    monkeypatch.setattr(kill_mod.os, "kill", dies_unless_stuck)
+    assert group.kill() == KillReport("cgroup", 0)
+    assert CHILD in signalled  # still signalled, still kept
+    moved = _recorded_moves(group)
+    group.leave()
+    assert moved == []

@@ -201,7 +201,14 @@ class CgroupGroup(ActionGroup):
         return report
 
     def _kill_rounds(self) -> KillReport:
-        """The kill's rounds; survivors are recorded in ``_kept``."""
+        """The kill's rounds; survivors are recorded in ``_kept``. Those an earlier kill
+        left (kept) are signalled again but neither waited for nor counted: they are not
+        this action's, and were reported with their own."""
+        earlier = set(self._kept)
+
+        def alive() -> set[int]:
+            return self._procs() - {self._spare} - earlier
+
         victims: set[int] = set()
         for _ in range(KILL_ROUNDS):
             frozen = self._try_freeze()
@@ -214,9 +221,9 @@ class CgroupGroup(ActionGroup):
             finally:
                 if frozen:
                     self._try_thaw()
-            if not victims or _wait(lambda: not self._procs() - {self._spare}, GONE_WAIT_S):
+            if not victims - earlier or _wait(lambda: not alive(), GONE_WAIT_S):
                 return KillReport("cgroup", 0)
-        survivors = self._procs() - {self._spare}
+        survivors = alive()
         self._kept |= survivors
         return KillReport("cgroup", len(survivors))
 
