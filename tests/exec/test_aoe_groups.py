@@ -28,6 +28,8 @@ def group(request: pytest.FixtureRequest, tmp_path: Path) -> CgroupGroup:
         d.mkdir(exist_ok=True)
         (d / "cgroup.procs").write_text("")
         (d / freezer.file).write_text(freezer.thawed)
+    # The launchers start in the container's own cgroup (docker exec puts them there).
+    (tmp_path / "cgroup.procs").write_text(f"{RUNNER}\n{RUNNER + 1}\n{CHILD}\n")
     made = CgroupGroup(tmp_path, freezer)
     # A fake freezer file is its own state; v2 reports it in cgroup.events.
     if request.param == 2:
@@ -363,4 +365,21 @@ def test_a_later_kill_is_not_blamed_for_an_earlier_actions_survivor(
     assert CHILD in signalled  # still signalled, still kept
     moved = _recorded_moves(group)
     group.leave()
+    assert moved == []
+
+
+@pytest.mark.parametrize("stays", [True, False], ids=["runner", "exec launcher"])
+def test_a_launcher_pid_that_is_not_the_containers_is_never_moved_in(
+    group: CgroupGroup, stays: bool
+) -> None:
+    """The launcher's pid (the engine's word, read before its line is sent) was written into
+    the action cgroup unchecked: a launcher that had died meanwhile (an earlier action's
+    background process may signal it: same uid) could have its pid reused by another
+    container's or the host's process, which was then moved into this container's cgroup,
+    frozen with it at its park and killed at its time-out. Only a process of the container
+    is moved in; another pid fails the action before anything is sent."""
+    (group.parent / "cgroup.procs").write_text(f"{CHILD}\n")
+    moved = _recorded_moves(group)
+    with pytest.raises(kill_mod.AoeError, match="not the container's"):
+        group.enter("a1", RUNNER, launcher_stays=stays)
     assert moved == []

@@ -142,16 +142,33 @@ class CgroupGroup(ActionGroup):
             if self.stuck is not None:
                 raise AoeError(self.stuck)
         if not launcher_stays:
-            self._move(pid, self.dir)
+            self._move_in(pid)
             self._spare = None
             return
         # A new runner: in once, for good. Known by its pid and its presence here, not the
         # pid alone: a fresh runner given the old one's pid was never moved in, and its
         # actions were born where no kill looked. (A read of cgroup.procs; no RCU wait.)
         if pid != self._resident or pid not in self._procs():
-            self._move(pid, self.dir)
+            self._move_in(pid)
             self._resident = pid
         self._spare = pid
+
+    def _move_in(self, pid: int) -> None:
+        """Move launcher ``pid`` into the group, only if it is one of the container's (in its
+        own cgroup, where the engine starts an exec): a launcher that died meanwhile (an
+        earlier action's process may signal it) may have its pid reused by another
+        container's or the host's process, which was moved into this container's cgroup,
+        frozen at its park and killed at its time-out. ``AoeError`` when it is not."""
+        try:
+            ours = pid in {int(p) for p in (self.parent / "cgroup.procs").read_text().split()}
+        except FileNotFoundError as exc:
+            raise CgroupGone(f"{self.parent} is gone (container stopped?)") from exc
+        if not ours:
+            raise AoeError(
+                f"the launcher's process {pid} is not the container's (it ended before its "
+                "action was sent?); nothing was run"
+            )
+        self._move(pid, self.dir)
 
     def leave(self) -> None:
         """Called in the transport's ``finally`` after every action: an error other than the
