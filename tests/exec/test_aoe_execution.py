@@ -528,7 +528,9 @@ def test_a_memory_size_that_is_no_finite_number_is_refused_naming_it(memory_gb: 
         lifecycle.blueprint("t", memory_gb, None, None)
 
 
-def test_a_live_container_is_parked_and_a_dead_one_thawed_instead() -> None:
+def test_a_live_container_is_parked_and_a_dead_one_thawed_instead(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A frozen dead container is taken by runc for a paused one and never deleted: ``park``
     freezes only a container whose init is neither gone, a zombie nor exiting."""
 
@@ -554,6 +556,10 @@ def test_a_live_container_is_parked_and_a_dead_one_thawed_instead() -> None:
     finally:
         zombie.wait()
     assert parked_with(zombie.pid) == ["thaw"]  # gone altogether
+    from tangram.exec.aoe import containers
+
+    # This process stands for a live init: its pid taken for the container's (in its cgroup).
+    monkeypatch.setattr(containers, "local_pid", lambda pid, container_id: pid)
     assert parked_with(os.getpid()) == ["park"]
     assert parked_with(None) == ["park"]  # a remote engine: nothing to look at
 
@@ -683,3 +689,20 @@ def test_a_container_that_could_not_be_parked_is_stopped() -> None:
     assert out.status == "ok" and ledger.free_cores() == TOPOLOGY.cores
     assert stopped == [container.handle.container_id]
     assert container.dead is not None and "stopped" in container.dead
+
+
+def test_a_container_whose_init_pid_now_names_another_process_is_not_alive() -> None:
+    """A container's init was taken for alive while its host pid ran: once the init had died
+    and the kernel gave its pid to another process (this test's own, here), the warm pool
+    handed the dead container out (its first action failed, blamed on a client that had
+    only opened it), and an action's park froze it instead of thawing it. The pid must now
+    also be in the container's cgroup."""
+    _, container, _, _ = setup()
+    container.init_pid = os.getpid()  # a live process, but not the container's
+    lifecycle = Lifecycle(AoeConfig(), None, TOPOLOGY, "s1")
+    assert not lifecycle._alive(container)
+    writes: list[str] = []
+    container.control.unthrottle = lambda: writes.append("thaw")  # type: ignore[attr-defined]
+    container.control.park = lambda: writes.append("park")  # type: ignore[method-assign]
+    park(container)
+    assert writes == ["thaw"]

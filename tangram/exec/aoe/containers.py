@@ -66,6 +66,13 @@ def pid_running(pid: int) -> bool:
     return fields[0] not in ("Z", "X") and not int(fields[6]) & PF_EXITING
 
 
+def init_running(pid: int, container_id: str) -> bool:
+    """Whether the container's init, host pid ``pid``, still runs: ``pid_running``, and the
+    pid still the container's (in its cgroup). Once the init died the kernel may give its
+    pid to any process, and the dead container was taken for alive."""
+    return pid_running(pid) and local_pid(pid, container_id) is not None
+
+
 def pid_namespace(pid: int | None = None) -> str:
     """The PID namespace of ``pid`` (this process by default) as the kernel numbers it, '?'
     when it cannot be read."""

@@ -129,7 +129,8 @@ def park(container: Container) -> None:
     """Park a container after an action: frozen, on the parking quota. One whose init has
     exited is thawed instead: runc takes a frozen cgroup for a paused container, and the
     engine would never delete a dead one (its cgroups would be left behind)."""
-    if container.init_pid is not None and not containers.pid_running(container.init_pid):
+    cid = container.handle.container_id
+    if container.init_pid is not None and not containers.init_running(container.init_pid, cid):
         with contextlib.suppress(AoeError):
             container.control.unthrottle()
         return
@@ -274,7 +275,7 @@ class Lifecycle:
         if container.dead is not None:
             return False
         if container.init_pid is not None:
-            return containers.pid_running(container.init_pid)
+            return containers.init_running(container.init_pid, container.handle.container_id)
         try:
             st = containers.state(self.client, container.handle.container_id)
         except Exception:  # noqa: BLE001 - an engine that cannot tell: not handed out
@@ -440,8 +441,8 @@ class Lifecycle:
         deadline = time.monotonic() + (1.0 if suspect else 0.0)
         while True:
             st = containers.state(self.client, container.handle.container_id)
-            init_gone = container.init_pid is not None and not containers.pid_running(
-                container.init_pid
+            init_gone = container.init_pid is not None and not containers.init_running(
+                container.init_pid, container.handle.container_id
             )
             running = st is not None and bool(st.get("Running"))
             if not running or init_gone:
