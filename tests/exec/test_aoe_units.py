@@ -9,6 +9,7 @@ import struct
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -859,3 +860,33 @@ def test_a_failed_make_says_why_even_when_its_container_will_not_go(
     blueprint = Blueprint("t", "img", 1.0, SandboxConfig())
     with pytest.raises(AoeError, match="cgroup of the new container"):
         lifecycle._make(blueprint, "n", {})
+
+
+def test_a_removal_whose_thaw_cannot_inspect_the_container_still_retries() -> None:
+    """``containers.thaw`` (between a failed removal's attempts) is best effort, yet the
+    engine's error from its inspect came out of it: the removal stopped after one attempt,
+    raising the SDK's error instead of trying again (and instead of the AoeError its
+    callers expect). The inspect's error is now ignored and the removal tried again."""
+    import docker.errors
+
+    from tangram.exec.aoe import containers
+
+    attempts: list[str] = []
+
+    class Api:
+        def remove_container(self, cid: str, force: bool, v: bool) -> None:
+            attempts.append(cid)
+            if len(attempts) < 3:
+                raise docker.errors.APIError("did not receive an exit event")
+
+        def update_container(self, cid: str, **kw: object) -> None:
+            pass
+
+        def unpause(self, cid: str) -> None:
+            pass
+
+        def inspect_container(self, cid: str) -> dict:
+            raise docker.errors.APIError("500 Server Error: inspect failed")
+
+    assert containers.remove(SimpleNamespace(api=Api()), "c" * 64) is True
+    assert len(attempts) == 3

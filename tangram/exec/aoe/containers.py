@@ -388,7 +388,11 @@ def thaw(client: Any, container_id: str) -> None:
 
     with contextlib.suppress(docker.errors.APIError):
         client.api.unpause(container_id)
-    st = state(client, container_id) or {}
+    try:
+        st = state(client, container_id) or {}
+    except Exception as exc:  # noqa: BLE001 - best effort: raised, it ended the removal's retries
+        log.warning("could not inspect container %s to thaw it: %s", container_id[:12], exc)
+        return
     pid = local_pid(int(st.get("Pid") or 0), container_id) if st.get("Pid") else None
     if pid is None:
         return
