@@ -890,3 +890,33 @@ def test_a_removal_whose_thaw_cannot_inspect_the_container_still_retries() -> No
 
     assert containers.remove(SimpleNamespace(api=Api()), "c" * 64) is True
     assert len(attempts) == 3
+
+
+def test_a_failed_start_says_why_even_when_its_container_will_not_go(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A container the engine created but failed to start is removed; when that removal
+    failed too, its error replaced the start's, so the open said only that a container could
+    not be removed, never why it did not start. The removal's failure is now logged and the
+    start's error raised."""
+    import docker.errors
+
+    from tangram.exec.aoe import containers
+
+    made: dict[str, Any] = {}
+
+    class Containers:
+        @staticmethod
+        def run(**kwargs: Any) -> None:
+            made["labels"] = kwargs["labels"]
+            raise docker.errors.APIError("OCI runtime create failed: no such file")
+
+        @staticmethod
+        def get(name: str) -> Any:
+            return SimpleNamespace(id="stuck" * 13, labels=made["labels"], short_id="stuck")
+
+    client = SimpleNamespace(images=SimpleNamespace(get=lambda name: None), containers=Containers)
+    monkeypatch.setattr(containers, "remove", _refusing_remove([]))
+    spec = ContainerSpec("n", "img", 1.0, SandboxConfig(), 100_000, 100_000, (0,), True, {})
+    with pytest.raises(AoeError, match="OCI runtime create failed"):
+        containers.create(client, spec)

@@ -253,8 +253,9 @@ def create(client: Any, spec: ContainerSpec) -> Any:
     except docker.errors.APIError as exc:
         holder = _holder(client, spec.name)
         if holder is not None and holder.labels.get(LABEL_INSTANCE) == instance:
-            # The engine created it before failing to start it: do not leave it behind.
-            remove(client, holder.id)
+            # The engine created it before failing to start it: do not leave it behind (a
+            # failed removal is logged: raised, it hid why the start failed).
+            _remove_started(client, holder.id, spec.name)
         elif holder is not None:
             raise AoeError(
                 f"could not create container {spec.name}: the name is already taken by "
