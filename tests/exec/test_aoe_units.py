@@ -920,3 +920,54 @@ def test_a_failed_start_says_why_even_when_its_container_will_not_go(
     spec = ContainerSpec("n", "img", 1.0, SandboxConfig(), 100_000, 100_000, (0,), True, {})
     with pytest.raises(AoeError, match="OCI runtime create failed"):
         containers.create(client, spec)
+
+
+def test_the_exec_transport_does_not_count_its_launchers_start_in_the_time_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Since ca28dcf the exec transport took its deadline before waiting for the launcher's
+    start (the engine's exec start: seconds on a loaded machine), so a slow start left the
+    command less than its time-out, or none (killed at once, ``timeout``). The deadline is
+    taken when the action is sent, as the runner's is."""
+    from types import SimpleNamespace
+
+    from tangram.exec.aoe import transport as transport_mod
+    from tangram.exec.aoe.transport import ActionRequest, ExecTransport
+
+    ours, theirs = socket.socketpair()
+    socket_mod = socket
+    clock = {"offset": 0.0}
+
+    class Api:
+        def exec_create(self, *args: object, **kwargs: object) -> dict:
+            return {"Id": "e1"}
+
+        def exec_start(self, exec_id: str, socket: bool) -> object:
+            return ours
+
+        def exec_inspect(self, exec_id: str) -> dict:
+            if not clock["offset"]:  # the launcher's start took the whole time-out
+                clock["offset"] += 30.0
+                theirs.shutdown(socket_mod.SHUT_WR)  # the command runs and ends at once
+                return {"Pid": 4242, "Running": True}
+            return {"Pid": 4242, "Running": False, "ExitCode": 0}
+
+    class Group:
+        places = True
+
+        def enter(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def leave(self) -> None:
+            pass
+
+    monkeypatch.setattr(
+        transport_mod,
+        "time",
+        SimpleNamespace(monotonic=lambda: time.monotonic() + clock["offset"], sleep=time.sleep),
+    )
+    kills: list[str] = []
+    transport = ExecTransport(Api(), "c" * 64, "1000:1000", "/work", 1.0, Group())  # type: ignore[arg-type]
+    raw = transport.run(ActionRequest("a1", "true", {}, 30.0, 100), kills.append)
+    theirs.close()
+    assert kills == [] and (raw.ended, raw.exit_code) == ("exit", 0)

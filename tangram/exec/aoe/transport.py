@@ -459,11 +459,13 @@ class ExecTransport:
         out = Capture(req.max_output_bytes, None, False)
         err = Capture(req.max_output_bytes, None, False)
         reader = FrameReader(raw)
-        deadline = time.monotonic() + req.timeout_s
         try:
             pid = launcher_pid(self.api, exec_id) if self.group.places else None
             self.group.enter(req.action_id, pid, launcher_stays=False)
-            send(raw, frame(req.action_id, req), deadline - time.monotonic())
+            # From the send on, as the runner's: the launcher's start (the engine's, seconds on
+            # a loaded machine) is not the command's time.
+            deadline = time.monotonic() + req.timeout_s
+            send(raw, frame(req.action_id, req), req.timeout_s)
             ended = collect(reader, out, err, deadline, self.grace_s, kill, lambda: reader.eof)
         finally:
             attached.close()
