@@ -35,8 +35,11 @@ Response: ``{"status": "Success" | "Failed" | "SandboxError", "message": str,
   (``TimeLimitExceeded``, return code null, as SandboxFusion's), or an end without an exit of its
   own (``Error``): its output passed the service's cap (it was killed, the output cut) or it
   killed its container.
+  A program the service's shutdown cut is ``Failed`` too (``Error``, return code null): its
+  outcome is known, and a ``SandboxError`` would have the client run it a second time.
 - ``SandboxError``: Tangram's side failed (the container could not be made, the files could
-  not be written); SandboxFusion's client retries it.
+  not be written, the shutdown ended the request before its program started);
+  SandboxFusion's client retries it.
 
 A request that cannot be run as written (a missing or ill-typed field, an unsupported
 language, a memory limit beyond the node) is refused with HTTP 400 before anything runs; its
@@ -60,7 +63,7 @@ from typing import Any
 from tangram.exec.aoe.config import PYTHON_IMAGE
 from tangram.exec.aoe.environment import text_problem
 from tangram.exec.runtime import ActionSpec, CommandResult, CpuWork, Outcome, Runtime
-from tangram.exec.runtime.errors import BadRequest, LiveError, Overloaded
+from tangram.exec.runtime.errors import BadRequest, LiveError, Overloaded, ShuttingDown
 from tangram.exec.runtime.records import INT_MAX, MIN_MEMORY_GB, is_finite_number
 from tangram.exec.service.languages import LANGUAGES, ImageBuilds, resolve
 from tangram.exec.service.schema import error_doc
@@ -426,7 +429,7 @@ async def run_code(
             )
             if unwritten is not None:
                 return sandbox_error(f"writing the files failed: {unwritten}")
-            answer = _answer(outcome, t)
+            answer = _program_answer(outcome, t)
             if compiled is not None and answer["status"] != "SandboxError":
                 answer["compile_result"] = compiled["compile_result"]
         if req.fetch_files and answer["status"] != "SandboxError":
@@ -537,8 +540,32 @@ PROGRAM_FAULTS = frozenset({"exec_failed", "container_failure"})
 
 
 def _answer(outcome: Outcome, run_timeout_s: float) -> dict[str, Any]:
-    """The SandboxFusion answer to the program's run, by the outcome's status."""
+    """The SandboxFusion answer to a compile or run step, by the outcome's status."""
     return ANSWERS[outcome.status](outcome, run_timeout_s)
+
+
+def _program_answer(outcome: Outcome, run_timeout_s: float) -> dict[str, Any]:
+    """The answer to the program's run step. A run the service's shutdown cut after it
+    started is final: ``Failed`` with ``run_result`` ``Error`` (no return code), not a
+    ``SandboxError``, which SandboxFusion's client retries, running the program a second time
+    on a restarted service. (A step the shutdown ended before it started ran nothing: that
+    stays a ``SandboxError``, safe to retry; so does a cut compile, the program unrun.)"""
+    if _cut_by_shutdown(outcome):
+        assert outcome.error is not None
+        return _failed(
+            outcome,
+            "Error",
+            f"the program was cut: {outcome.error.message}; it is not run again (the service "
+            "runs nothing twice), send it again as a new request if it should run",
+        )
+    return _answer(outcome, run_timeout_s)
+
+
+def _cut_by_shutdown(outcome: Outcome) -> bool:
+    """True when the runtime's shutdown ended the action after it had started running."""
+    error = outcome.error
+    started = outcome.start_s is not None
+    return error is not None and error.code == ShuttingDown.code and started
 
 
 def _finished(outcome: Outcome, run_timeout_s: float) -> dict[str, Any]:
