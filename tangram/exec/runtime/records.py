@@ -251,15 +251,21 @@ class ActionSpec:
             raise BadRequest(f"bad elasticity: {exc}") from None
 
     def fingerprint(self) -> str:
-        """A digest of everything but the id: equal for a retry of the same submission."""
+        """A digest of everything but the id: equal for a retry of the same submission.
+
+        Numbers count by value, not by how a client's JSON wrote them (``1`` and ``1.0`` are
+        the same ``t1_s``, the same payload value): a resend from another client library was
+        a 409. The seconds and fractions are written as floats (the default ``t1_s`` 1.0, and
+        with it the fingerprints already journaled, unchanged), nested values' integral floats
+        as integers; a boolean is never a number (``true`` is not ``1``)."""
         body = {
             "resource": self.resource,
             "trajectory": self.trajectory,
             "max_units": self.max_units,
-            "t1_s": self.t1_s,
-            "serial_fraction": self.serial_fraction,
-            "curve": dict(self.curve) if self.curve is not None else None,
-            "timeout_s": self.timeout_s,
+            "t1_s": _real(self.t1_s),
+            "serial_fraction": _real(self.serial_fraction),
+            "curve": _canonical(dict(self.curve)) if self.curve is not None else None,
+            "timeout_s": _real(self.timeout_s),
             "task": self.task,
             "kind": self.kind,
             "work": self.work.identity(),
@@ -399,13 +405,34 @@ def _digest(value: Any) -> str:
 
 
 def _plain(value: Any) -> Any:
+    """``value`` as plain JSON data for its digest, numbers by value (``_canonical``)."""
     if hasattr(value, "tolist") and callable(value.tolist):  # torch tensors, numpy arrays
-        return {"__array__": value.tolist(), "dtype": str(getattr(value, "dtype", ""))}
+        return {"__array__": _canonical(value.tolist()), "dtype": str(getattr(value, "dtype", ""))}
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_plain(v) for v in value]
+    return _canonical(value)
+
+
+def _canonical(value: Any) -> Any:
+    """``value`` with numerically equal numbers written alike: an integral float as the
+    integer it equals (``1.0`` -> ``1``, ``-0.0`` -> ``0``), exactly (``1e30`` is not
+    ``10**30``); booleans stay booleans (``True == 1`` in Python, not in JSON)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, Mapping):
+        return {k: _canonical(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_canonical(v) for v in value]
     return value
+
+
+def _real(value: float | None) -> float | None:
+    """A seconds or fraction field as the float it means (an integer ``1`` is ``1.0``)."""
+    return None if value is None else float(value)
 
 
 @dataclass(frozen=True)
