@@ -128,7 +128,16 @@ async def serve(
     try:
         await stop.wait()
     finally:
+        await shut_down(runtime, runner)
+
+
+async def shut_down(runtime: Runtime, runner: web.AppRunner) -> None:
+    """Close the runtime (its in-flight requests get their outcomes), then the HTTP site. The
+    site is cleaned up even when the close raises (the error still propagates): skipped, the
+    port stayed bound, accepting connections nobody would answer."""
+    try:
         await runtime.close()
+    finally:
         await runner.cleanup()
 
 
@@ -179,8 +188,7 @@ class ServiceThread:
         try:
             await self._stop.wait()
         finally:
-            await self.runtime.close()
-            await runner.cleanup()
+            await shut_down(self.runtime, runner)
 
     def call(self, fn: Callable[[], object], timeout_s: float = 60.0) -> object:
         """Run ``fn`` (a coroutine function or a plain one) on the service's loop."""
