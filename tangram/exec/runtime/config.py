@@ -75,11 +75,11 @@ class RuntimeConfig:
                 f"policy {self.policy!r} shares CPU cycles the way CFS does (a simulator "
                 "baseline); the live runtime grants exclusive cores"
             )
-        if not isinstance(self.max_pending, int) or self.max_pending < 1:
-            raise ValueError(f"max_pending must be a positive integer, got {self.max_pending!r}")
+        for name in ("max_pending", "keep_outcomes", "journal_keep"):
+            _check_count(name, getattr(self, name))
         for name in ("default_timeout_s", "default_memory_gb"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+            value = _check_number(name, getattr(self, name))
+            if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive finite number, got {value!r}")
         if self.default_timeout_s > MAX_TIMEOUT_S:
             raise ValueError(
@@ -87,14 +87,14 @@ class RuntimeConfig:
                 f"action's timeout_s), got {self.default_timeout_s!r}"
             )
         for name in ("timeout_grace_s", "close_grace_s"):
-            if not getattr(self, name) >= 0:
+            if not _check_number(name, getattr(self, name)) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
-        for name in ("keep_outcomes", "journal_keep"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
         for name in ("keep_outcomes_s", "journal_keep_s"):
-            if not getattr(self, name) > 0:
+            if not _check_number(name, getattr(self, name)) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        for name in ("journal_fsync", "exclusive_cores"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         clash = shared_file(self.journal_path, self.trace_path)
         if clash is not None:
             raise ValueError(
@@ -102,6 +102,21 @@ class RuntimeConfig:
                 f"{str(self.trace_path)!r} would share the file {str(clash)!r}: each would "
                 "overwrite the other's (give them different paths)"
             )
+
+
+def _check_count(name: str, value: object) -> None:
+    """``ValueError`` naming ``name`` unless ``value`` is an integer >= 1. A boolean is no
+    count: ``max_pending=True`` was an admission bound of 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def _check_number(name: str, value: object) -> float:
+    """``value`` when it is a number, else ``ValueError`` naming ``name``: a boolean is no
+    number of seconds or gigabytes, and a string was a bare ``TypeError`` from a comparison."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    return value
 
 
 def shared_file(journal: Path | None, trace: Path | None) -> Path | None:
