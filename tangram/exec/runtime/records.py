@@ -187,12 +187,6 @@ class ActionSpec:
             raise BadRequest(f"task must be a non-empty string, got {self.task!r}")
         if self.kind is not None and (not isinstance(self.kind, str) or not self.kind):
             raise BadRequest(f"kind must be a non-empty string, got {self.kind!r}")
-        for name, label in (("task", self.task), ("kind", self.kind)):
-            if label is not None and len(label) > MAX_LABEL_CHARS:
-                raise BadRequest(
-                    f"{name} must be at most {MAX_LABEL_CHARS} characters (as ids), "
-                    f"got {len(label)}"
-                )
         # Labels go into every trace format, Parquet's UTF-8 too: one that cannot be encoded
         # failed the whole trace's write (every client's actions), not only its own row.
         problem = text_problem("task", self.task) or (
@@ -200,6 +194,9 @@ class ActionSpec:
         )
         if problem is not None:
             raise BadRequest(problem)
+        for name, label in (("task", self.task), ("kind", self.kind)):
+            if label is not None:
+                check_label(name, label)
         if not isinstance(self.malleable, bool):
             raise BadRequest(f"malleable must be true or false, got {self.malleable!r}")
         if self.malleable and self.resource != "cpu":
@@ -302,6 +299,22 @@ MAX_LABEL_CHARS = MAX_ID_CHARS
 #: where the executors' timers overflow (a socket time-out of 1e10 s is past the platform's
 #: ``time_t``: the action failed as if its container had, without running).
 MAX_TIMEOUT_S = 30 * 86400.0
+
+
+def check_label(name: str, value: str) -> None:
+    """A ``task`` or ``kind`` label: at most ``MAX_LABEL_CHARS`` characters, each printable
+    as an id's (spaces and '/' inside are fine). A NUL byte, a newline or another control
+    character went into the trace and the journal as given (a NUL cuts C strings, a newline
+    splits a log line); ``BadRequest`` names the field."""
+    if len(value) > MAX_LABEL_CHARS:
+        raise BadRequest(
+            f"{name} must be at most {MAX_LABEL_CHARS} characters (as ids), got {len(value)}"
+        )
+    if not value.isprintable():
+        bad = next(c for c in value if not c.isprintable())
+        raise BadRequest(
+            f"{name} {value[:80]!r} must be printable characters only (as ids), got {bad!r}"
+        )
 
 
 def check_id(name: str, value: Any) -> str:
