@@ -45,16 +45,75 @@ ENDPOINT_OF = {"teacher": "/v1/completions", "reward": "/pooling or /get_reward"
 
 
 def answers_errors(handler: Callable[[Any, web.Request], Awaitable[web.Response]]) -> Any:
-    """Answer an ``OpenAiError`` raised by ``handler`` in OpenAI's shape at its status."""
+    """Answer every error ``handler`` raises in OpenAI's shape, at its status: an
+    ``OpenAiError`` as it is, any other through ``as_openai_error``. (Only ``OpenAiError`` was
+    caught: a body aiohttp refused (413), a runtime error or a parser's own bug reached the
+    service's middleware and came back in Tangram's shape, which OpenAI's clients cannot
+    read.) A client that went away is no error to answer."""
 
     @functools.wraps(handler)
     async def wrapped(self: Any, request: web.Request) -> web.Response:
         try:
             return await handler(self, request)
-        except OpenAiError as exc:
-            return web.json_response(exc.doc(), status=exc.status, headers=exc.headers())
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise  # (ClientGone too: the client went away, nothing to answer)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise  # (not an error)
+            return _answer(as_openai_error(request, exc), exc)
+        except Exception as exc:  # noqa: BLE001 - each is answered, in OpenAI's shape
+            return _answer(as_openai_error(request, exc), exc)
 
     return wrapped
+
+
+def _answer(error: OpenAiError, exc: Exception) -> web.Response:
+    """``error`` in OpenAI's shape, with its back-off hint (and aiohttp's ``Connection:
+    close`` of a refusal that closes the connection: the body's time-out)."""
+    headers = error.headers()
+    if isinstance(exc, web.HTTPException) and "Connection" in exc.headers:
+        headers["Connection"] = exc.headers["Connection"]
+    return web.json_response(error.doc(), status=error.status, headers=headers)
+
+
+def as_openai_error(request: web.Request, exc: Exception) -> OpenAiError:
+    """``exc`` as OpenAI's error: itself, aiohttp's refusal (413, 408) at its status, a
+    runtime error at its class's status, anything else a 500 (logged, as the service's
+    middleware logs it)."""
+    if isinstance(exc, OpenAiError):
+        return exc
+    if isinstance(exc, web.HTTPException) and exc.status >= 400:
+        return OpenAiError(
+            _http_message(exc), status=exc.status, code=f"http_{exc.status}", kind=_kind(exc.status)
+        )
+    if isinstance(exc, LiveError):
+        hint = exc.retry_after_s
+        return OpenAiError(
+            exc.message,
+            status=exc.http_status,
+            code=exc.code,
+            kind=_kind(exc.http_status),
+            retry_after_s=hint,
+        )
+    log.exception("%s %s failed", request.method, request.path)
+    return OpenAiError(
+        f"internal error: {type(exc).__name__}: {exc}",
+        status=500,
+        code="internal",
+        kind="server_error",
+    )
+
+
+def _http_message(exc: web.HTTPException) -> str:
+    """The message of aiohttp's refusal: the JSON error document's when it carries one (the
+    body's time-out names ``--body-timeout-s``), else its reason."""
+    if exc.content_type == "application/json" and exc.text:
+        try:
+            doc = json.loads(exc.text)
+            return str(doc["error"]["message"])
+        except (ValueError, KeyError, TypeError):
+            pass
+    return exc.reason
 
 
 #: The routes whose calls run model work (each a place of its client's, under a tenant bound).
