@@ -7,8 +7,9 @@ binds 127.0.0.1 unless told otherwise, and refuses any other address without a t
 The journal (accepted action ids and their outcomes, so a restarted service never runs an id
 twice) is at ``--journal PATH``; by default beside the trace (``TRACE.journal``), else in the
 state directory (``$XDG_STATE_HOME/tangram``, ``~/.local/state/tangram``) named after the
-address and port; with ``--port 0`` and no trace, in a temporary directory removed at exit
-(a service on a random port cannot be found again after a restart). ``--no-journal``: none.
+address and port; with ``--port 0`` and no trace, in a temporary directory removed when the
+service stops or its start fails (a service on a random port cannot be found again after a
+restart). ``--no-journal``: none.
 """
 
 from __future__ import annotations
@@ -311,8 +312,8 @@ def clients_of(given: list[str], token: str | None) -> dict[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     from tangram.core.cluster_file import load_cluster
-    from tangram.exec.runtime import build_runtime, discover_cluster
-    from tangram.exec.service.server import ServeOptions, check_binding, serve
+    from tangram.exec.runtime import discover_cluster
+    from tangram.exec.service.server import check_binding
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     token = args.token or os.environ.get(TOKEN_ENV) or None
@@ -328,7 +329,24 @@ def run(args: argparse.Namespace) -> int:
     else:
         cluster, _ = discover_cluster(gpus=not args.no_gpu, cpu=not args.no_cpu)
     endpoints = api_endpoints(args.api, {a.name for a in cluster.apis})
-    scratch = contextlib.ExitStack()
+    # (Everything from the temporary journal's making on runs inside it: a start that fails
+    # removes the directory now, not at the interpreter's exit.)
+    with contextlib.ExitStack() as scratch:
+        return serve_locally(args, token, cluster, endpoints, scratch)
+
+
+def serve_locally(
+    args: argparse.Namespace,
+    token: str | None,
+    cluster: Any,
+    endpoints: dict[str, Any],
+    scratch: contextlib.ExitStack,
+) -> int:
+    """Build the runtime of ``args`` on ``cluster`` and serve it until interrupted; what it
+    needs for a while only (a temporary journal) lives as long as ``scratch``."""
+    from tangram.exec.runtime import build_runtime
+    from tangram.exec.service.server import ServeOptions, serve
+
     config = runtime_config(args, scratch)
     services = None
     if args.model:
@@ -392,7 +410,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"tangram serve: listening on {url} ({json.dumps(info)})", flush=True)
 
     try:
-        with scratch, contextlib.suppress(KeyboardInterrupt):
+        with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(serve(runtime, opts, ready))
     except OSError as exc:  # the address: in use, not this machine's, not resolvable
         raise ValueError(

@@ -147,3 +147,29 @@ def test_serve_that_fails_after_its_executors_are_made_stops_them(
     err = capsys.readouterr().err
     assert "--memory-gb 100" in err and "Traceback" not in err, err
     assert stopped == ["aoe"]
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--policy", "nosuch"], ["--max-pending", "0"], ["--header-timeout-s", "0"]],
+    ids=lambda v: " ".join(v),
+)
+def test_a_serve_that_fails_before_serving_removes_its_temporary_journal(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    flags: list[str],
+) -> None:
+    """On a random port without a trace the journal is in a temporary directory; a start
+    that failed after it was made (the runtime's settings, the connection limits) left it
+    behind until the interpreter exited (or a garbage collection): a process that tries
+    several starts collected them. It is removed before the refusal."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    try:
+        code = cli_main(["serve", "--no-cpu", "--no-gpu", "--port", "0", *flags])
+    except SystemExit as exit_:  # argparse's own refusal of a flag's value
+        code = exit_.code
+    assert code == 2, capsys.readouterr().err
+    assert not list(tmp_path.glob("tangram-journal-*")), "the temporary journal was left"
