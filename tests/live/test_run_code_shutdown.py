@@ -22,14 +22,15 @@ CUT = ErrorInfo(ShuttingDown.code, "the runtime shut down while the action ran (
 REFUSED = ErrorInfo(ShuttingDown.code, ShuttingDown().message, retryable=True)
 
 
-def ended(error: ErrorInfo, *, started: bool) -> Outcome:
-    """An action's outcome as ``Runtime.close`` gives it: cut while running or ended queued."""
+def ended(error: ErrorInfo, *, started: bool, status: str = "error") -> Outcome:
+    """An action's outcome as ``Runtime.close`` gives it: cut while running or ended queued
+    (``status`` "timeout": as its deadline ends it)."""
     exec_s = 2.0 if started else 0.0
     return Outcome(
         action_id="a",
         trajectory="t",
         resource="cpu",
-        status="error",
+        status=status,  # type: ignore[arg-type]
         value=None,
         error=error,
         timings=Timings(queue_s=0.0, overhead_s=0.0, exec_s=exec_s, act_s=exec_s),

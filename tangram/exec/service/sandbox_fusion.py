@@ -38,7 +38,8 @@ Response: ``{"status": "Success" | "Failed" | "SandboxError", "message": str,
   A program the service's shutdown cut is ``Failed`` too (``Error``, return code null): its
   outcome is known, and a ``SandboxError`` would have the client run it a second time.
 - ``SandboxError``: Tangram's side failed (the container could not be made, the files could
-  not be written, the shutdown ended the request before its program started);
+  not be written, the shutdown ended the request before its program started, a step
+  timed out waiting for memory or cores before it started);
   SandboxFusion's client retries it.
 
 A request that cannot be run as written (a missing or ill-typed field, an unsupported
@@ -584,7 +585,13 @@ def _finished(outcome: Outcome, run_timeout_s: float) -> dict[str, Any]:
 
 
 def _timed_out(outcome: Outcome, run_timeout_s: float) -> dict[str, Any]:
+    """The step's time limit, when it ran into it. A step whose action timed out before it
+    started (it waited its whole time-out for memory or cores) never ran: a
+    ``SandboxError`` (the client's retry is safe), not ``TimeLimitExceeded``, which blamed
+    the program and which the client does not retry."""
     why = outcome.error.message if outcome.error else "TimeLimitExceeded"
+    if outcome.start_s is None:
+        return sandbox_error(f"the sandbox was too busy, the step never started: {why}")
     return _failed(outcome, "TimeLimitExceeded", why)
 
 
