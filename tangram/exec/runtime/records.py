@@ -155,7 +155,9 @@ class ActionSpec:
         if self.id is not None:
             check_id("id", self.id)
         if self.trajectory is not None:
-            check_id("trajectory", self.trajectory)
+            # Not '~...': a GPU or API action so labelled shared the runtime's own label of
+            # another action ('~<id>'), two rows at one trace position (the trace unreadable).
+            check_trajectory_id("trajectory", self.trajectory)
         if isinstance(self.max_units, bool) or not isinstance(self.max_units, int):
             raise BadRequest(f"max_units must be an integer >= 1, got {self.max_units!r}")
         if self.max_units < 1:
