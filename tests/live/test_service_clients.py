@@ -418,6 +418,23 @@ def test_a_client_refuses_a_max_wait_that_is_not_seconds_above_zero(bad: object)
             make("http://mock", max_wait_s=bad)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("bad", [-1, True, 2.5, "8", None])
+def test_a_client_refuses_retries_that_are_not_a_count(bad: object) -> None:
+    # -1 ran no attempt: every call raised RuntimeError('unreachable'), naming nothing;
+    # True was one retry.
+    for make in (Client, AsyncClient):
+        with pytest.raises(ValueError, match="retries"):
+            make("http://mock", retries=bad)  # type: ignore[arg-type]
+
+
+def test_zero_retries_sends_once() -> None:
+    script = Script([overloaded()])
+    client = Client("http://mock", transport=httpx.MockTransport(script), retries=0)
+    with client as c, pytest.raises(OverloadedError):
+        c.status()
+    assert len(script.requests) == 1
+
+
 def test_a_retry_after_that_is_a_date_or_garbage_is_still_retried() -> None:
     """A proxy's ``Retry-After`` may be an HTTP date (RFC 9110, section 10.2.3), and a broken
     one anything: the client read it with ``float`` and raised ``ValueError`` out of its retry

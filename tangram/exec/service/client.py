@@ -52,6 +52,14 @@ def _timeout(max_wait_s: float) -> httpx.Timeout:
     return httpx.Timeout(connect=30.0, read=read, write=60.0, pool=None)
 
 
+def _retries(retries: int) -> int:
+    """``retries``, a count >= 0, or ``ValueError`` naming it: -1 ran no attempt at all (every
+    call raised ``RuntimeError('unreachable')``, naming nothing), and ``True`` was 1."""
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries must be an integer >= 0, not {retries!r}")
+    return retries
+
+
 def _documented(cls: type[T]) -> type[T]:
     """Give each public method without a docstring its operation's (``calls.NAME``)."""
     for name, method in vars(cls).items():
@@ -75,7 +83,7 @@ class AsyncClient:
         max_connections: int = 256,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self.retries, self.max_wait_s = retries, max_wait_s
+        self.retries, self.max_wait_s = _retries(retries), max_wait_s
         self._http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
             headers=_headers(token),
@@ -185,7 +193,7 @@ class Client:
         max_wait_s: float = 300.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        self.retries, self.max_wait_s = retries, max_wait_s
+        self.retries, self.max_wait_s = _retries(retries), max_wait_s
         self._http = httpx.Client(
             base_url=base_url.rstrip("/"),
             headers=_headers(token),
