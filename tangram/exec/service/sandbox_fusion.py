@@ -115,6 +115,37 @@ class RunCodeSettings:
     #: scheduler grant it more than one core (a run of ``max_units`` 1 is inelastic).
     serial_fraction: float = 0.1
 
+    def __post_init__(self) -> None:
+        """``ValueError`` naming the setting that no request could be served with: a
+        boolean or a string for a number, a memory below a container's least, a default time
+        limit above the maximum (every request that left it out was refused with a 400
+        blaming its ``run_timeout``, a field it never sent)."""
+        if not isinstance(self.image, str) or not self.image:
+            raise ValueError(f"image must be a non-empty image reference, got {self.image!r}")
+        for name in ("memory_gb", "compiled_memory_gb"):
+            _setting(self, name, least=MIN_MEMORY_GB)
+        for name in ("default_run_timeout_s", "default_compile_timeout_s", "max_run_timeout_s"):
+            if not _setting(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
+        for name in ("default_run_timeout_s", "default_compile_timeout_s"):
+            if getattr(self, name) > self.max_run_timeout_s:
+                raise ValueError(
+                    f"{name} ({getattr(self, name)!r}) must be at most max_run_timeout_s "
+                    f"({self.max_run_timeout_s!r}): a request leaving it out would be refused"
+                )
+        _setting(self, "queue_allowance_s")
+        if not 0 <= _setting(self, "serial_fraction") <= 1:
+            raise ValueError(f"serial_fraction must be in [0, 1], got {self.serial_fraction!r}")
+
+
+def _setting(settings: RunCodeSettings, name: str, least: float = 0.0) -> float:
+    """The number ``name`` of ``settings``: finite, not a boolean, at least ``least``; else
+    ``ValueError`` naming it."""
+    value = getattr(settings, name)
+    if not is_finite_number(value) or value < least:
+        raise ValueError(f"{name} must be a finite number >= {least:g}, got {value!r}")
+    return float(value)
+
 
 def sandbox_error(message: str) -> dict[str, Any]:
     """SandboxFusion's answer when the sandbox, not the program, failed (or was asked wrong)."""
