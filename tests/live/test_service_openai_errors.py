@@ -59,3 +59,38 @@ def test_an_unexpected_exception_while_parsing_is_a_500_in_the_openai_shape(
     assert error["type"] == "server_error" and "ZeroDivisionError" in error["message"], error
     ok = httpx.post(svc.url + "/pooling", json={"model": "none", "input": "a"}, timeout=30)
     assert openai_error(ok, 404)["code"] == "model_not_found"  # (the routes still serve)
+
+
+def test_a_refusal_before_the_handler_is_in_the_openai_shape_too() -> None:
+    """A tenant at its bound is refused by the service's middleware, before the route's own
+    handler (429 naming its bound), and a missing token there too (401): they came in
+    Tangram's shape on the OpenAI-style routes as well."""
+    import threading
+
+    from tangram.exec.service import Client
+    from tests.live.test_service_tenants import ALICE, CLUSTER, OPERATOR, _gated
+
+    gate = threading.Event()
+
+    def make() -> Runtime:
+        api = ApiExecutor({"echo": echo, "gate": _gated(gate)})
+        return Runtime(CLUSTER, RuntimeConfig(max_pending=8), api=api)
+
+    opts = ServeOptions(port=0, token=OPERATOR, clients={"alice": ALICE}, tenant_max_pending=1)
+    with ServiceThread(make, opts) as thread:
+        try:
+            with Client(thread.url, token=ALICE, retries=0) as alice:
+                alice.submit(endpoint="gate", payload=0, id="mine")  # at her bound now
+            headers = {"Authorization": f"Bearer {ALICE}"}
+            body = {"model": "rm", "query": ["a"]}
+            r = httpx.post(f"{thread.url}/get_reward", json=body, headers=headers, timeout=30)
+            error = openai_error(r, 429)
+            assert error["type"] == "rate_limit_error" and "tenant 'alice'" in error["message"]
+            assert "Retry-After" in r.headers
+            unknown = httpx.post(f"{thread.url}/v1/completions", json=body, timeout=30)
+            assert openai_error(unknown, 401)["code"] == "invalid_api_key"
+            wrong = httpx.get(f"{thread.url}/v1/completions", headers=headers, timeout=30)
+            assert openai_error(wrong, 405)["code"] == "http_405"
+            assert wrong.headers["Allow"] == "POST"
+        finally:
+            gate.set()

@@ -31,7 +31,13 @@ from tangram.exec.service.body import ClientGone, read_json
 from tangram.exec.service.causes import translate
 from tangram.exec.service.limits import DEFAULT_MAX_OUTPUT_BYTES
 from tangram.exec.service.metrics import CONTENT_TYPE, ServiceMetrics
-from tangram.exec.service.openai_routes import CALL_PATHS, OpenAiRoutes
+from tangram.exec.service.openai_routes import (
+    CALL_PATHS,
+    OPENAI_PATHS,
+    OpenAiRoutes,
+    openai_answer,
+    unauthorized_answer,
+)
 from tangram.exec.service.sandbox_fusion import (
     RunCodeSettings,
     parse_run_code,
@@ -215,11 +221,15 @@ class ServiceApp:
         except LiveError as exc:
             error = translate(exc)
             tenant = _tenant(request)
+            if request.path in OPENAI_PATHS:  # (a tenant's bound, before the route's handler)
+                return openai_answer(request, error, tenant.clean if tenant else None)
             if tenant is None:
                 return error_response(error)
             doc = error_doc(error.code, tenant.clean(error.message), error.retryable)
             return error_response(error, doc)
         except web.HTTPException as exc:
+            if exc.status >= 400 and request.path in OPENAI_PATHS:
+                return openai_answer(request, exc)  # (a method the path does not take)
             if exc.status >= 400 and exc.content_type != "application/json":
                 return http_error_response(request, exc)
             raise
@@ -247,11 +257,11 @@ class ServiceApp:
         known, tenant = self.tokens.match(given)
         request[TENANT_KEY] = tenant
         if not known:
+            message = "missing or wrong token: send 'Authorization: Bearer TOKEN'"
+            if request.path in OPENAI_PATHS:
+                return unauthorized_answer(message)
             return web.json_response(
-                error_doc(
-                    "unauthorized",
-                    "missing or wrong token: send 'Authorization: Bearer TOKEN'",
-                ),
+                error_doc("unauthorized", message),
                 status=401,
                 headers={"WWW-Authenticate": "Bearer"},
             )

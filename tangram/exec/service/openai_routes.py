@@ -68,11 +68,12 @@ def answers_errors(handler: Callable[[Any, web.Request], Awaitable[web.Response]
 
 
 def _answer(error: OpenAiError, exc: Exception) -> web.Response:
-    """``error`` in OpenAI's shape, with its back-off hint (and aiohttp's ``Connection:
-    close`` of a refusal that closes the connection: the body's time-out)."""
+    """``error`` in OpenAI's shape, with its back-off hint, and the headers of aiohttp's
+    refusal a client should still see: ``Connection: close`` (the body's time-out) and a
+    405's ``Allow`` (RFC 9110 requires it)."""
     headers = error.headers()
-    if isinstance(exc, web.HTTPException) and "Connection" in exc.headers:
-        headers["Connection"] = exc.headers["Connection"]
+    if isinstance(exc, web.HTTPException):
+        headers.update({k: v for k, v in exc.headers.items() if k in ("Connection", "Allow")})
     return web.json_response(error.doc(), status=error.status, headers=headers)
 
 
@@ -118,6 +119,26 @@ def _http_message(exc: web.HTTPException) -> str:
 
 #: The routes whose calls run model work (each a place of its client's, under a tenant bound).
 CALL_PATHS = frozenset({"/v1/completions", "/pooling", "/v1/pooling", "/get_reward"})
+#: Every OpenAI-style route: its errors are answered in OpenAI's shape, the service's
+#: middleware's too (a tenant's bound, a missing token, a method the path does not take).
+OPENAI_PATHS = CALL_PATHS | {"/v1/models"}
+
+
+def openai_answer(
+    request: web.Request, exc: Exception, clean: Callable[[str], str] | None = None
+) -> web.Response:
+    """``exc``, raised on an OpenAI-style route before or around its handler, answered in
+    OpenAI's shape at its status (``clean``: the tenant's view of the message)."""
+    error = as_openai_error(request, exc)
+    if clean is not None:
+        error.message = clean(error.message)
+    return _answer(error, exc)
+
+
+def unauthorized_answer(message: str) -> web.Response:
+    """A missing or wrong token on an OpenAI-style route, as OpenAI answers one."""
+    error = OpenAiError(message, status=401, code="invalid_api_key")
+    return web.json_response(error.doc(), status=401, headers={"WWW-Authenticate": "Bearer"})
 
 
 class OpenAiRoutes:
