@@ -114,6 +114,14 @@ def _kept_headers(exc: web.HTTPException) -> dict[str, str]:
     return {k: v for k, v in exc.headers.items() if k in ("Connection", "Retry-After")}
 
 
+def check_seconds(name: str, value: object) -> None:
+    """``ValueError`` naming ``name`` unless ``value`` is seconds > 0 (``math.inf``: no
+    bound). A NaN was no cap at all (``min(wait, nan)`` is ``wait``), 0 or less answered
+    every wait at once or refused every body, and a boolean was 1 s."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+
+
 def bearer_token(header: str) -> str | None:
     """The token of an ``Authorization: Bearer TOKEN`` header (None for another scheme or
     none). The scheme is matched without regard to case and may be followed by more than one
@@ -171,6 +179,16 @@ class ServiceApp:
                 raise ValueError(f"{name} must be a positive integer, got {bound!r}")
         self.tenant_max_pending = tenant_max_pending
         self.tenant_max_trajectories = tenant_max_trajectories
+        check_seconds("max_wait_s", max_wait_s)
+        check_seconds("body_timeout_s", body_timeout_s)
+        if (
+            isinstance(max_output_bytes, bool)
+            or not isinstance(max_output_bytes, int)
+            or max_output_bytes < 1
+        ):
+            raise ValueError(
+                f"max_output_bytes must be a positive integer, got {max_output_bytes!r}"
+            )
         #: Each tenant's trajectory opens under way (counted against its bound while the
         #: runtime waits for memory: two opens racing must not both pass at the last place).
         #: Counted per id: a second open of an id still opening holds the place too (the first

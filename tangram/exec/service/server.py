@@ -20,7 +20,7 @@ from pathlib import Path
 from aiohttp import web
 
 from tangram.exec.runtime import Runtime
-from tangram.exec.service.app import ServiceApp
+from tangram.exec.service.app import ServiceApp, check_seconds
 from tangram.exec.service.connections import GuardedSite
 from tangram.exec.service.limits import DEFAULT_MAX_OUTPUT_BYTES, ConnectionLimits
 from tangram.exec.service.sandbox_fusion import RunCodeSettings
@@ -74,6 +74,7 @@ class ServeOptions:
     limits: ConnectionLimits = ConnectionLimits()
 
     def __post_init__(self) -> None:
+        check_seconds("max_wait_s", self.max_wait_s)
         cap = self.max_output_bytes
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
             raise ValueError(f"max_output_bytes must be a positive integer, got {cap!r}")

@@ -1,0 +1,51 @@
+"""The service's own settings refuse, naming them, values no request could be served with:
+``max_wait_s`` (a NaN took no cap at all: ``min(wait, nan)`` is ``wait``, so a ``wait: true``
+held its connection without end; 0 or less answered every wait with a 202 at once; ``True``
+was 1 s), ``body_timeout_s`` (0 refused every body with a 408) and ``max_output_bytes`` of
+the app (a boolean or 0 capped every CPU action's output at 1 byte or refused them all)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tangram.core.resources import ApiEndpointSpec, ClusterSpec
+from tangram.exec.runtime import ApiExecutor, Runtime, RuntimeConfig
+from tangram.exec.runtime.api import echo
+from tangram.exec.service import ServeOptions
+from tangram.exec.service.app import ServiceApp
+
+CLUSTER = ClusterSpec(name="options", apis=(ApiEndpointSpec("echo", concurrency=4),))
+
+
+def runtime() -> Runtime:
+    return Runtime(CLUSTER, RuntimeConfig(), api=ApiExecutor({"echo": echo}))
+
+
+BAD_SECONDS = [0, -1.0, float("nan"), True, "300", None]
+
+
+@pytest.mark.parametrize("bad", BAD_SECONDS, ids=repr)
+@pytest.mark.parametrize("field", ["max_wait_s", "body_timeout_s"])
+def test_the_app_refuses_a_wait_or_body_time_out_that_is_not_seconds(field: str, bad: Any) -> None:
+    with pytest.raises(ValueError, match=field):
+        ServiceApp(runtime(), **{field: bad})
+
+
+@pytest.mark.parametrize("bad", [0, True, 1.5, None], ids=repr)
+def test_the_app_refuses_an_output_cap_that_is_not_a_count(bad: Any) -> None:
+    with pytest.raises(ValueError, match="max_output_bytes"):
+        ServiceApp(runtime(), max_output_bytes=bad)
+
+
+@pytest.mark.parametrize("bad", BAD_SECONDS, ids=repr)
+def test_serve_options_refuse_a_max_wait_that_is_not_seconds(bad: Any) -> None:
+    with pytest.raises(ValueError, match="max_wait_s"):
+        ServeOptions(max_wait_s=bad)
+
+
+def test_good_settings_are_kept() -> None:
+    app = ServiceApp(runtime(), max_wait_s=float("inf"), body_timeout_s=5, max_output_bytes=10)
+    assert app.max_wait_s == float("inf") and app.body_timeout_s == 5
+    assert ServeOptions(max_wait_s=30).max_wait_s == 30
