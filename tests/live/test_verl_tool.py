@@ -118,3 +118,29 @@ def test_a_tool_works_from_one_event_loop_to_the_next() -> None:
         response, _, metrics = asyncio.run(tool.execute(traj, {"code": "print(1)"}))
         asyncio.run(tool.release(traj))
     assert metrics["status"] == "result" and metrics["exit_code"] == 0, (metrics, response)
+
+
+def test_release_of_a_trajectory_already_gone_is_done_not_raised() -> None:
+    """``release`` of a trajectory the service no longer has (its container closed by a
+    restart of the service, or by the operator) raised the 404 out of verl's agent loop,
+    failing the rollout over a container that was gone already: there is nothing left to
+    release. Other errors still raise."""
+    from tangram.exec.integrations.verl_tool import TangramSandboxTool
+    from tangram.exec.service import ServeOptions, ServiceError, ServiceThread
+    from tests.live.test_service_ids import fake_cpu_runtime
+
+    with ServiceThread(fake_cpu_runtime, ServeOptions(port=0)) as svc:
+        tool = TangramSandboxTool({"tangram_url": svc.url, "image": "fake"})
+
+        async def lifecycle() -> None:
+            traj, _ = await tool.create("t-gone")
+            with Client(svc.url) as c:
+                c.close_trajectory(traj)  # (as a restart would: the container is gone)
+            await tool.release(traj)
+            assert traj not in tool._calls
+
+        asyncio.run(lifecycle())
+        bad = TangramSandboxTool({"tangram_url": svc.url, "image": "fake"})
+        with pytest.raises(ServiceError) as info:
+            asyncio.run(bad.release("bad/id"))
+        assert info.value.status != 404

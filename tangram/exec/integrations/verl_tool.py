@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import shlex
 import uuid
 from dataclasses import dataclass, fields
@@ -31,7 +32,11 @@ from typing import Any
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
+from tangram.exec.runtime.errors import UnknownTrajectory
 from tangram.exec.service.client import AsyncClient
+from tangram.exec.service.retry import ServiceError
+
+log = logging.getLogger(__name__)
 
 #: How each language's code is run: file name and interpreter.
 RUNNERS: dict[str, tuple[str, str]] = {"python": (".py", "python3"), "bash": (".sh", "bash")}
@@ -155,9 +160,16 @@ class TangramSandboxTool(BaseTool):
         return 1.0 if outcome.ok and getattr(outcome.value, "exit_code", 1) == 0 else 0.0
 
     async def release(self, instance_id: str, **kwargs: Any) -> None:
-        """Close the trajectory: its container (and everything in it) goes."""
+        """Close the trajectory: its container (and everything in it) goes. One the service
+        no longer has (closed by a restart of the service, or by the operator) is released
+        already: its 404 raised out of verl's agent loop, failing the rollout over nothing."""
         self._calls.pop(instance_id, None)
-        await self.client.close_trajectory(instance_id)
+        try:
+            await self.client.close_trajectory(instance_id)
+        except ServiceError as exc:
+            if exc.code != UnknownTrajectory.code:
+                raise
+            log.info("trajectory %s was gone already: %s", instance_id, exc.message)
 
     async def _run(self, traj: str, command: str) -> Any:
         s = self.settings
