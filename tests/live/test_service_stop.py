@@ -67,3 +67,29 @@ def test_a_service_thread_releases_the_port_when_the_runtime_close_raises() -> N
     service.stop()
     assert isinstance(service._error, CloseFailed), service._error
     assert refused(service.url), f"{service.url} still listens after stop()"
+
+
+def test_a_service_thread_whose_start_timed_out_stops_once_it_started() -> None:
+    """``start`` gave up after ``timeout_s`` (a slow engine) with a ``TimeoutError`` and left
+    the thread to finish its start: the service then listened, its runtime and containers
+    held, until the process exited, with no handle left to stop it. It now stops as soon as
+    its start is done, its port released."""
+    import threading
+
+    gate = threading.Event()
+    made: list[Runtime] = []
+
+    def slow() -> Runtime:
+        gate.wait(30)  # (bounded: a failed test still ends)
+        cluster = ClusterSpec(name="slow", apis=(ApiEndpointSpec("echo", concurrency=4),))
+        made.append(Runtime(cluster, RuntimeConfig(max_pending=8), api=ApiExecutor({"echo": echo})))
+        return made[-1]
+
+    service = ServiceThread(slow, ServeOptions(port=0))
+    with pytest.raises(TimeoutError):
+        service.start(timeout_s=0.2)
+    gate.set()
+    assert service._thread is not None
+    service._thread.join(60)
+    assert not service._thread.is_alive(), "the service went on serving after start gave up"
+    assert made and made[0].closing, "its runtime was never closed"

@@ -159,12 +159,21 @@ class ServiceThread:
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._stop: asyncio.Event | None = None
+        #: Set once the service is to stop (``stop``, or a ``start`` that gave up): a service
+        #: still starting then stops as soon as it started.
+        self._stopping = threading.Event()
 
     def start(self, timeout_s: float = 120.0) -> ServiceThread:
+        """Start the service's thread; returns once it listens. A start that takes longer
+        than ``timeout_s`` raises ``TimeoutError`` and the service is told to stop: it stops
+        once its start is done (it went on serving, its runtime held, with no handle left)."""
         self._thread = threading.Thread(target=self._main, name="tangram-service", daemon=True)
         self._thread.start()
         if not self._ready.wait(timeout_s):
-            raise TimeoutError(f"the service did not start within {timeout_s} s")
+            self._request_stop()
+            raise TimeoutError(
+                f"the service did not start within {timeout_s} s; it stops once its start is done"
+            )
         if self._error is not None:
             raise RuntimeError(f"the service failed to start: {self._error}") from self._error
         return self
@@ -186,6 +195,8 @@ class ServiceThread:
         self.runtime = self.make_runtime()
         runner, self.url = await start_site(self.runtime, self.opts)
         self._ready.set()
+        if self._stopping.is_set():  # (told to stop while it started)
+            self._stop.set()
         try:
             await self._stop.wait()
         finally:
@@ -204,11 +215,19 @@ class ServiceThread:
         return asyncio.run_coroutine_threadsafe(wrapper(), self.loop).result(timeout_s)
 
     def stop(self, timeout_s: float = 120.0) -> None:
-        if self.loop is None or self._stop is None or self._thread is None:
-            return
-        if self.loop.is_running():
-            self.loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(timeout_s)
+        """Shut the service down and wait (up to ``timeout_s``) for its thread to end."""
+        self._request_stop()
+        if self._thread is not None and self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def _request_stop(self) -> None:
+        """Tell the service to stop: now if it serves, else once its start is done (``_run``
+        reads ``_stopping`` after its start; ``_stop`` exists from ``_run``'s first step)."""
+        self._stopping.set()
+        loop, stop = self.loop, self._stop
+        if loop is not None and stop is not None and loop.is_running():
+            with contextlib.suppress(RuntimeError):  # (the loop closed meanwhile)
+                loop.call_soon_threadsafe(stop.set)
 
     def __enter__(self) -> ServiceThread:
         return self.start()
