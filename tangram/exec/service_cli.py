@@ -345,9 +345,12 @@ def serve_locally(
     """Build the runtime of ``args`` on ``cluster`` and serve it until interrupted; what it
     needs for a while only (a temporary journal) lives as long as ``scratch``."""
     from tangram.exec.runtime import build_runtime
-    from tangram.exec.service.server import ServeOptions, serve
+    from tangram.exec.service.server import serve
 
     config = runtime_config(args, scratch)
+    # (Checked before the runtime is built: refused after it, they left its executors running,
+    # AOE's warm containers in Docker after the process exited.)
+    opts = serve_options(args, token)
     services = None
     if args.model:
         from tangram.exec.eoe.hf import service_from_arg
@@ -375,22 +378,6 @@ def serve_locally(
         # which were left running, AOE's warm containers with them.)
         asyncio.run(runtime.close(grace_s=0.0))
         raise
-    limits = ConnectionLimits(
-        header_timeout_s=args.header_timeout_s,
-        body_timeout_s=args.body_timeout_s,
-        max_connections=args.max_connections,
-    )
-    opts = ServeOptions(
-        host=args.host,
-        port=args.port,
-        token=token,
-        clients=args.clients,
-        tenant_max_pending=args.tenant_max_pending,
-        tenant_max_trajectories=args.tenant_max_trajectories,
-        trace_path=args.trace,
-        max_output_bytes=args.max_output_bytes,
-        limits=limits,
-    )
 
     def ready(url: str) -> None:
         info = {
@@ -418,6 +405,28 @@ def serve_locally(
         ) from None
     print("tangram serve: stopped", file=sys.stderr)
     return 0
+
+
+def serve_options(args: argparse.Namespace, token: str | None) -> Any:
+    """The ``ServeOptions`` of ``tangram serve``'s flags (``ValueError`` naming a bad one)."""
+    from tangram.exec.service.server import ServeOptions
+
+    limits = ConnectionLimits(
+        header_timeout_s=args.header_timeout_s,
+        body_timeout_s=args.body_timeout_s,
+        max_connections=args.max_connections,
+    )
+    return ServeOptions(
+        host=args.host,
+        port=args.port,
+        token=token,
+        clients=args.clients,
+        tenant_max_pending=args.tenant_max_pending,
+        tenant_max_trajectories=args.tenant_max_trajectories,
+        trace_path=args.trace,
+        max_output_bytes=args.max_output_bytes,
+        limits=limits,
+    )
 
 
 def prepare(runtime: Any, config: Any, args: argparse.Namespace) -> None:

@@ -173,3 +173,45 @@ def test_a_serve_that_fails_before_serving_removes_its_temporary_journal(
         code = exit_.code
     assert code == 2, capsys.readouterr().err
     assert not list(tmp_path.glob("tangram-journal-*")), "the temporary journal was left"
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--header-timeout-s", "0"], ["--max-output-bytes", "0"], ["--max-connections", "0"]],
+    ids=lambda v: " ".join(v),
+)
+def test_serve_refusing_a_setting_after_its_executors_are_made_stops_them(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, flags: list[str]
+) -> None:
+    """The connection limits and the serve options were checked after the runtime was built
+    (and its warm containers made, ``--prewarm``): their refusal left its executors running,
+    AOE's containers in Docker after the process exited. Every executor made is stopped (they
+    are now checked first: none is made)."""
+    import tangram.exec.runtime as runtime_package
+    from tangram.core.resources import ClusterSpec, CpuNodeSpec
+    from tangram.exec.runtime import CpuExecutor, Runtime
+    from tests.live.test_service_ids import FakeAoe
+
+    made: list[str] = []
+    stopped: list[str] = []
+
+    class Recording(FakeAoe):
+        def shutdown(self) -> None:
+            stopped.append("aoe")
+            super().shutdown()
+
+    node = CpuNodeSpec("local", cores=2, numa_domains=1, memory_gb=4.0)
+
+    def build(cluster: object, config: object, **kw: object) -> Runtime:
+        made.append("aoe")
+        cpu = CpuExecutor(Recording(), node)
+        return Runtime(ClusterSpec(name="c", cpu_nodes=(node,)), config, cpu=cpu)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runtime_package, "build_runtime", build)
+    args = ["serve", "--no-gpu", "--no-journal", "--port", "0", "--prewarm", "0", *flags]
+    try:
+        code = cli_main(args)
+    except SystemExit as exit_:  # argparse's own refusal of a flag's value
+        code = exit_.code
+    assert code == 2, capsys.readouterr().err
+    assert stopped == made, "the executors were left running"
