@@ -144,3 +144,35 @@ def test_release_of_a_trajectory_already_gone_is_done_not_raised() -> None:
         with pytest.raises(ServiceError) as info:
             asyncio.run(bad.release("bad/id"))
         assert info.value.status != 404
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_output_chars", -1),
+        ("max_output_chars", 0),
+        ("max_units", 0),
+        ("max_units", True),
+        ("timeout_s", "30"),
+        ("memory_gb", 0),
+        ("t1_s", float("nan")),
+        ("serial_fraction", 1.5),
+        ("default_language", "cobol"),
+        ("tangram_url", "localhost:8765"),
+        ("image", ""),
+        ("reward_command", ""),
+        ("token", 5),
+    ],
+    ids=repr,
+)
+def test_a_tool_config_that_could_not_serve_a_call_is_refused_at_load(
+    field: str, value: Any
+) -> None:
+    """The tool's yaml was taken as given: a negative ``max_output_chars`` cut the last
+    characters of every answer without a word (``text[:-1]``), and a bad ``max_units`` or
+    ``timeout_s`` failed every call mid-rollout, after its container was opened. The tool
+    now refuses such a config when verl loads it, naming the setting."""
+    from tangram.exec.integrations.verl_tool import TangramSandboxTool
+
+    with pytest.raises(ValueError, match=field):
+        TangramSandboxTool({"tangram_url": "http://127.0.0.1:8765", field: value})

@@ -33,6 +33,7 @@ from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from tangram.exec.runtime.errors import UnknownTrajectory
+from tangram.exec.runtime.records import is_finite_number
 from tangram.exec.service.client import AsyncClient
 from tangram.exec.service.retry import ServiceError
 
@@ -74,6 +75,35 @@ class ToolSettings:
     max_output_chars: int = 8000
     default_language: str = "python"
     reward_command: str | None = None
+
+    def __post_init__(self) -> None:
+        """``ValueError`` naming a setting no call could be served with, when verl loads the
+        tool: taken as given, a negative ``max_output_chars`` cut every answer's end without
+        a word, and a bad ``max_units`` or ``timeout_s`` failed every call mid-rollout."""
+        if not isinstance(self.tangram_url, str) or not self.tangram_url.startswith(
+            ("http://", "https://")
+        ):
+            raise ValueError(f"tangram_url must be an http(s):// URL, got {self.tangram_url!r}")
+        for name in ("token", "reward_command"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"{name} must be a non-empty string or absent, got {value!r}")
+        if not isinstance(self.image, str) or not self.image:
+            raise ValueError(f"image must be a non-empty image reference, got {self.image!r}")
+        for name in ("max_units", "max_output_chars"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        for name in ("memory_gb", "t1_s", "timeout_s"):
+            if not _positive(getattr(self, name)):
+                raise ValueError(f"{name} must be a number > 0, got {getattr(self, name)!r}")
+        fraction = self.serial_fraction
+        if not is_finite_number(fraction) or not 0 <= fraction <= 1:
+            raise ValueError(f"serial_fraction must be in [0, 1], got {fraction!r}")
+        if self.default_language not in RUNNERS:
+            raise ValueError(
+                f"default_language must be one of {sorted(RUNNERS)}, got {self.default_language!r}"
+            )
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ToolSettings:
@@ -182,6 +212,10 @@ class TangramSandboxTool(BaseTool):
             timeout_s=s.timeout_s,
             kind="verl_tool",
         )
+
+
+def _positive(value: Any) -> bool:
+    return is_finite_number(value) and value > 0
 
 
 def _script(code: str, language: str, n: int) -> str:
