@@ -125,3 +125,12 @@ def test_json_output_writes_null_for_figures_that_are_not_finite():
     text = out.getvalue()
     assert "NaN" not in text and "Infinity" not in text
     assert json.loads(text) == {"a": None, "b": [None, 1.5], "c": [None, "x"]}
+
+
+def test_bench_scheduler_refuses_a_policy_that_never_queues(capsys):
+    """``lower-bound`` starts every arrival at once: the refill loop, waiting for a queue of
+    Q, submitted actions forever (the command hung). It is refused, naming the policy."""
+    argv = ["bench", "scheduler", "--queued", "4", "--running", "4", "--events", "4"]
+    assert main([*argv, "--policy", "lower-bound"]) == 2
+    err = capsys.readouterr().err
+    assert "--policy lower-bound" in err and "nothing ever queues" in err

@@ -83,6 +83,7 @@ def run_bench(
     cluster = cluster or load_cluster("paper")
     rng = np.random.default_rng(seed)
     sched = Scheduler(cluster, make_policy(policy), resizable=True)
+    refuse_unbounded(sched, policy)
     nodes = [n.name for n in cluster.cpu_nodes]
     n_traj = running + queued
     counter = iter(range(10**9))
@@ -168,6 +169,18 @@ def run_bench(
         "gc_calls": int(np.count_nonzero(gc_us)),
         "p99_without_gc_us": float(np.percentile(wall_us - gc_us, 99)),
     }
+
+
+def refuse_unbounded(sched: Scheduler, policy: str) -> None:
+    """Refuse a policy that ignores capacity (``lower-bound``): it starts every arrival at
+    once, so the queue never reaches its size and the refill loop submitted actions forever
+    (the benchmark hung, its memory growing). Raises ValueError naming the policy."""
+    if sched.unbounded:
+        raise ValueError(
+            f"--policy {policy}: it ignores capacity and starts every action on arrival, so "
+            "nothing ever queues; the benchmark times decisions with a queue (give a policy "
+            "that respects capacity)"
+        )
 
 
 class _CollectorClock:
