@@ -134,3 +134,16 @@ def test_bench_scheduler_refuses_a_policy_that_never_queues(capsys):
     assert main([*argv, "--policy", "lower-bound"]) == 2
     err = capsys.readouterr().err
     assert "--policy lower-bound" in err and "nothing ever queues" in err
+
+
+def test_bench_scheduler_refuses_a_cluster_without_cpu_nodes(tmp_path, capsys):
+    """The benchmark pins its CPU actions to the cluster's CPU nodes round-robin: a GPU-only
+    cluster file was a ZeroDivisionError traceback. It is refused, naming the cluster."""
+    path = tmp_path / "gpus.toml"
+    path.write_text(
+        'name = "gpus"\n[[gpu_node]]\nname = "g0"\ngpus = 8\ngpu_memory_gb = 80\n'
+        "host_memory_gb = 512\n"
+    )
+    argv = ["bench", "scheduler", "--queued", "4", "--running", "4", "--events", "4"]
+    assert main([*argv, "--cluster", str(path)]) == 2
+    assert "cluster 'gpus' has no CPU node" in capsys.readouterr().err

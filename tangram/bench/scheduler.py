@@ -85,6 +85,11 @@ def run_bench(
     sched = Scheduler(cluster, make_policy(policy), resizable=True)
     refuse_unbounded(sched, policy)
     nodes = [n.name for n in cluster.cpu_nodes]
+    if not nodes:  # (each action's container is pinned to nodes[i % len(nodes)])
+        raise ValueError(
+            f"cluster {cluster.name!r} has no CPU node: the benchmark's running actions and "
+            "90% of its arrivals are CPU actions"
+        )
     n_traj = running + queued
     counter = iter(range(10**9))
     now = 0.0
