@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
 from collections.abc import Sequence
 
@@ -69,13 +70,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0 if args.command is None else 2
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader gone fails here, in the handler below, not at exit
+        return code
+    except BrokenPipeError:
+        return _reader_gone()
     except (ValueError, KeyError, FileNotFoundError) as exc:
         # Bad input (a malformed cluster file or trace, an unknown policy or workload): the
         # message names what is wrong; a traceback would only hide it.
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"tangram {args.command}: error: {message}", file=sys.stderr)
         return 2
+
+
+#: Exit status when stdout's reader went away: what a shell reports for a process SIGPIPE ends.
+EXIT_READER_GONE = 141
+
+
+def _reader_gone() -> int:
+    """Stop quietly once stdout's reader has gone (``tangram sim --json | head``), as Unix
+    tools do: the BrokenPipeError was a traceback. Stdout is pointed at /dev/null so that the
+    interpreter's flush at exit does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):  # a stdout with no file descriptor
+        pass
+    return EXIT_READER_GONE
 
 
 if __name__ == "__main__":

@@ -147,3 +147,18 @@ def test_bench_scheduler_refuses_a_cluster_without_cpu_nodes(tmp_path, capsys):
     argv = ["bench", "scheduler", "--queued", "4", "--running", "4", "--events", "4"]
     assert main([*argv, "--cluster", str(path)]) == 2
     assert "cluster 'gpus' has no CPU node" in capsys.readouterr().err
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly():
+    """``tangram sim --list-params | head -1``: once the pipe's reader is gone, the write
+    raised BrokenPipeError, printed as a traceback. The command now stops quietly with 141
+    (what a shell reports for a process SIGPIPE ends)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tangram.cli", "sim", "--workload", "mopd", "--list-params"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    proc.stdout.close()  # the reader goes away before the command writes anything
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 141
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
