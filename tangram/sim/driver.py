@@ -145,6 +145,10 @@ class SimResult:
     decisions: int
     scheduler_seconds: float = 0.0
     extra: dict = field(default_factory=dict)
+    #: Whether held units were sampled on ``timeline``: not with ``SimConfig.timeline`` off,
+    #: nor under a policy that ignores capacity (``lower-bound`` takes nothing from the pool,
+    #: so its held figures are unknown, not 0 beside its busy ones).
+    held_sampled: bool = True
 
 
 class Simulation:
@@ -277,6 +281,7 @@ class Simulation:
             makespan=self.env.now,
             decisions=self.loop.decisions,
             scheduler_seconds=self.loop.core_seconds,
+            held_sampled=self._sampling,
         )
 
     def _warm_gpus(self) -> None:

@@ -143,9 +143,10 @@ def summary(
         "makespan_s": horizon,
         "busy_core_s": busy_core_s,
         "busy_gpu_s": busy_gpu_s,
-        # Held units are sampled on the timeline; without it they are unknown, not zero.
-        "held_core_s": _integral(tl, "held_cores", horizon) if result.config.timeline else np.nan,
-        "held_gpu_s": _integral(tl, "held_gpus", horizon) if result.config.timeline else np.nan,
+        # Held units are sampled on the timeline; without it (or under a policy that ignores
+        # capacity, which takes nothing from the pool) they are unknown, not zero.
+        "held_core_s": _integral(tl, "held_cores", horizon) if result.held_sampled else np.nan,
+        "held_gpu_s": _integral(tl, "held_gpus", horizon) if result.held_sampled else np.nan,
         "provisioned_core_s": prov_core_s,
         "provisioned_gpu_s": prov_gpu_s,
         "cost_usd": cost,

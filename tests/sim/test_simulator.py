@@ -71,6 +71,18 @@ def test_work_is_conserved(mixed_trace, policy):
         assert s["provisioned_core_s"] >= s["held_core_s"] - 1e-6
 
 
+def test_held_figures_of_a_policy_that_ignores_capacity_are_unknown(mixed_trace):
+    """``lower-bound`` takes nothing from the pool, so nothing is sampled: its held core-s
+    and GPU-s read 0 beside busy ones above 0 (held >= busy broken, and ``tangram sim`` said
+    "held GPU-s 12.1 vs 0.000"). They are unknown (NaN), as without a timeline."""
+    cluster = load_cluster("paper")
+    floor = summary(simulate(mixed_trace, cluster, SimConfig(policy="lower-bound")))
+    assert floor["busy_core_s"] > 0 and floor["busy_gpu_s"] > 0
+    assert math.isnan(floor["held_core_s"]) and math.isnan(floor["held_gpu_s"])
+    ours = summary(simulate(mixed_trace, cluster, SimConfig(policy="tangram")))
+    assert ours["held_gpu_s"] + 1e-6 >= ours["busy_gpu_s"] > 0
+
+
 def test_same_seed_same_results_and_noise_follows_the_seed(mixed_trace):
     cluster = load_cluster("paper")
     cfg = SimConfig(policy="tangram", seed=7, overheads=Overheads(exec_noise_sigma=0.4))
