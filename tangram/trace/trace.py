@@ -182,7 +182,10 @@ class Trace:
         columns = {name: df[name].tolist() for name in df.columns}
         rows = []
         for i in range(len(df)):
-            record = {name: from_cell(name, values[i]) for name, values in columns.items()}
+            try:  # (a curve cell that is not JSON fails here, before the row is built)
+                record = {name: from_cell(name, values[i]) for name, values in columns.items()}
+            except TraceError as exc:
+                raise exc.located(where=f"row {i}") from None
             record = {k: v for k, v in record.items() if not (v is None and k not in REQUIRED)}
             rows.append(parse_record(record, f"row {i}", None))
         return checked_trace(rows, meta, lambda i: f"row {i}", None)

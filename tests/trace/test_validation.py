@@ -217,6 +217,16 @@ def test_a_bad_dataframe_row_names_its_index(tmp_path):
         Trace.from_dataframe(df)
 
 
+def test_a_dataframe_curve_that_is_not_json_names_its_row():
+    """A curve cell that is not JSON failed before the row was built: the error named the
+    field but no row, unlike every other bad cell of a frame."""
+    trace = Trace((TraceRow(**good(0)), TraceRow(**good(1))), {})
+    df = trace.to_dataframe()
+    df.loc[1, "curve"] = "{bad"
+    with pytest.raises(TraceError, match=r"^row 1: field 'curve': not valid JSON"):
+        Trace.from_dataframe(df)
+
+
 def test_rows_built_in_code_are_validated_too():
     with pytest.raises(TraceError, match=r"field 'max_units': .*power of two"):
         TraceRow(**good(0, resource="gpu", max_units=6, service="m"))
