@@ -230,3 +230,22 @@ def test_bundled_traces_are_small_valid_and_up_to_date(name):
     assert path.stat().st_size < 1_000_000
     trace = load_trace(path)
     assert trace == generate(name, batch=256, steps=1, seed=0)
+
+
+@pytest.mark.parametrize(
+    ("workload", "setting", "value", "field"),
+    [
+        ("coding", "exec_mean_s", 1e9, "t1_s"),  # within its bound, its draws past the format's
+        ("deepsearch", "gen_sigma", 40.0, "gen_before_s"),
+        ("mopd", "decode_tok_s", 1e-300, "gen_before_s"),  # an infinite generation
+    ],
+)
+def test_a_setting_that_draws_past_the_format_is_named(workload, setting, value, field):
+    """Settings each within bounds can draw a time the trace format refuses: the error named
+    the generated field alone ("field 't1_s': must be <= 1e+09"), never the setting behind
+    it. It now names both."""
+    with pytest.raises(ValueError) as info:
+        generate(workload, batch=8, **{setting: value})
+    message = str(info.value)
+    assert f"workload {workload!r} drew an action the trace format refuses" in message
+    assert f"field {field!r}" in message and f"{setting}={value!r}" in message

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from tangram.trace import Trace, TraceRow
+from tangram.trace import Trace, TraceError, TraceRow
 from tangram.trace.row import TIME_MAX_S
 
 #: Bump when a generator's algorithm changes so that the same seed no longer gives the same trace.
@@ -191,7 +191,28 @@ class Workload:
         if batch is None:
             batch = self.default_batch if self.batch_for is None else self.batch_for(params, seed)
         check_run_args(batch, steps, seed)
-        return self.fn(params, batch=batch, steps=steps, seed=seed)
+        try:
+            return self.fn(params, batch=batch, steps=steps, seed=seed)
+        except TraceError as exc:
+            raise ValueError(self._drew_past_the_format(params, exc)) from None
+
+    def _drew_past_the_format(self, params: Any, exc: TraceError) -> str:
+        """Why a generation failed: settings each within bounds can draw a time the trace
+        format refuses (``exec_mean_s=1e9`` draws some t1_s > 1e9 s; a sigma of 40 draws
+        generations of 1e15 s). The bare TraceError named a generated field, never the
+        settings behind it: name those that differ from the defaults."""
+        defaults = self.params_type()
+        changed = [
+            f"{f.name}={getattr(params, f.name)!r}"
+            for f in dataclasses.fields(params)
+            if getattr(params, f.name) != getattr(defaults, f.name)
+        ]
+        settings = (
+            f"the settings changed from the defaults: {', '.join(changed)}"
+            if changed
+            else "at the default settings"
+        )
+        return f"workload {self.name!r} drew an action the trace format refuses ({exc}); {settings}"
 
     def params_with(self, **overrides: Any) -> Any:
         """Default parameters with some replaced; an unknown name is a clear error."""
