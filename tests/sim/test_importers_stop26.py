@@ -173,3 +173,30 @@ def test_a_directory_given_as_a_file_is_refused_naming_it(tmp_path, importer) ->
     (folder / "sub.traj").mkdir(parents=True)
     with pytest.raises(TraceImportError, match=r"sub\.traj: a directory, not a file"):
         importer(folder if importer is import_swe_agent else folder / "sub.traj")
+
+
+def test_a_row_the_format_refuses_names_the_file_and_step(tmp_path):
+    """A SWE-agent step of 0 s with ``min_t1_s=0`` (or a generation past the format's longest
+    time) failed as a bare "field 't1_s': must be > 0", naming neither file nor step."""
+    traj = tmp_path / "run.traj"
+    traj.write_text(
+        '{"trajectory": [{"action": "ls", "execution_time": 0.5},'
+        ' {"action": "submit", "execution_time": 0.0}]}'
+    )
+    with pytest.raises(TraceImportError, match=r"run\.traj: trajectory step 1: field 't1_s'"):
+        import_swe_agent(traj, min_t1_s=0.0)
+    with pytest.raises(TraceImportError, match=r"run\.traj: trajectory step 0: field 'gen_bef"):
+        import_swe_agent(traj, gen_before_s=2e9)
+
+
+def test_an_openhands_row_the_format_refuses_names_the_file_and_event(tmp_path):
+    """The same for OpenHands: the event whose row the format refuses is named."""
+    events = tmp_path / "run.json"
+    events.write_text(
+        '[{"id": 0, "timestamp": "2024-06-01T10:00:00", "source": "user", "action": "message"},'
+        ' {"id": 1, "timestamp": "2024-06-01T10:00:03", "source": "agent", "action": "run"},'
+        ' {"id": 2, "timestamp": "2024-06-01T10:00:03", "source": "agent",'
+        ' "observation": "run", "cause": 1}]'
+    )
+    with pytest.raises(TraceImportError, match=r"run\.json: events, event 1: field 't1_s'"):
+        import_openhands(events, min_t1_s=0.0)

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+from tangram.trace import TraceError
 
 
 class TraceImportError(ValueError):
@@ -20,6 +24,17 @@ class TraceImportError(ValueError):
         self.path = str(path)
         self.reason = reason
         super().__init__(f"{self.path}: {reason}")
+
+
+@contextmanager
+def located(path: Path, where: str) -> Iterator[None]:
+    """Name the file and the record of a row the trace format refuses: a field built from the
+    file (a step's ``execution_time`` of 2e9 s) or from a parameter (``min_t1_s=0`` with a
+    step of 0 s, ``gen_before_s=2e9``) failed as a bare TraceError naming the field alone."""
+    try:
+        yield
+    except TraceError as exc:
+        raise TraceImportError(path, f"{where}: {exc}") from None
 
 
 def read_json(path: Path, what: str) -> Any:

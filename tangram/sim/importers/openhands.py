@@ -27,6 +27,7 @@ from typing import Any
 
 from tangram.sim.importers.base import (
     TraceImportError,
+    located,
     parse_timestamp,
     read_json,
     read_jsonl,
@@ -241,8 +242,8 @@ def _trajectory_rows(
             raise TraceImportError(
                 file, f"{where}, event {i}: observation {events[j]['id']} precedes its action"
             )
-        rows.append(
-            TraceRow(
+        with located(file, f"{where}, event {i}"):
+            row = TraceRow(
                 action_id=f"{traj}-a{len(rows):03d}",
                 trajectory=traj,
                 step=fixed["step"],
@@ -259,13 +260,14 @@ def _trajectory_rows(
                 obs_exec_s=duration,
                 obs_outcome=_outcome(events[j]),
             )
-        )
+        rows.append(row)
         prev_end, pending = j, []
     if rows:
         tail = [i for i in pending if i > prev_end]
         after = _gen_after(gen, times, prev_end, tail, events, latencies)
         if after:
-            rows[-1] = replace(rows[-1], gen_after_s=after)
+            with located(file, f"{where}, event {tail[-1]}"):
+                rows[-1] = replace(rows[-1], gen_after_s=after)
     return rows, unanswered
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tangram.sim.importers.base import TraceImportError, read_json
+from tangram.sim.importers.base import TraceImportError, located, read_json
 from tangram.trace import Trace, TraceRow, is_nonnegative_number
 
 WHAT = "a SWE-agent .traj file (a JSON object with a 'trajectory' list of steps)"
@@ -56,8 +56,8 @@ def import_swe_agent(
         exit_status[traj] = _exit_status(data, file)
         for pos, entry in enumerate(steps):
             seconds = _execution_time(entry, pos, file)
-            rows.append(
-                TraceRow(
+            with located(file, f"trajectory step {pos}"):
+                row = TraceRow(
                     action_id=f"{traj}-a{pos:03d}",
                     trajectory=traj,
                     step=step,
@@ -72,7 +72,7 @@ def import_swe_agent(
                     memory_gb=memory_gb,
                     obs_exec_s=seconds,
                 )
-            )
+            rows.append(row)
     meta = {
         "source": "swe-agent",
         "importer": "swe-agent",
