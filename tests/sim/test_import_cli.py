@@ -185,3 +185,14 @@ def test_a_tiling_batch_past_the_trajectory_cap_is_refused(tmp_path, capsys):
     assert main(args) == 2
     assert "--batch must be at most 100,000 trajectories" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("overlap", ["same file", "file in directory"])
+def test_runs_named_twice_are_refused_not_imported_twice(tmp_path, trajs, capsys, overlap):
+    """``tangram import swe-agent runs/*.traj runs/task-a.traj``: the file named twice was
+    imported twice, its copy silently renamed ``task-a~3``. It is refused, naming both."""
+    first = trajs[0].parent if overlap == "file in directory" else trajs[0]
+    out = tmp_path / "m.jsonl"
+    code, _, err = run(capsys, "swe-agent", str(first), str(trajs[0]), "-o", str(out))
+    assert code == 2 and f"{trajs[0]} and {first} name the same runs" in err
+    assert not out.exists()

@@ -62,10 +62,28 @@ def check_out(out: Path) -> None:
             return
 
 
+def check_files(files: list[Path]) -> None:
+    """Refuse a file given twice, or inside a directory also given (``runs/*.traj runs/a.traj``,
+    ``runs/ runs/a.traj``): its runs were imported twice, the copy silently renamed ``~K``
+    (the merge keeps two runs of one task instance apart), doubling them in the trace.
+    Raises ValueError naming both arguments."""
+    seen: list[tuple[Path, Path]] = []  # (as given, resolved)
+    for given in files:
+        path = given.resolve()
+        for earlier, other in seen:
+            if path == other or other in path.parents or path in other.parents:
+                raise ValueError(
+                    f"{given} and {earlier} name the same runs (a file given twice, or a "
+                    "file inside a directory also given): each would be imported twice"
+                )
+        seen.append((given, path))
+
+
 def main(args: argparse.Namespace) -> int:
     params = kwargs_for(IMPORTERS[args.source], args.settings, f"importer {args.source!r}")
     if args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
+    check_files(args.files)
     check_out(args.out)
     traces = [import_trace(args.source, path, **params) for path in args.files]
     trace = merge(traces, [str(p) for p in args.files])
