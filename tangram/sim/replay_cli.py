@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -426,7 +427,14 @@ def _table_rows(name: str, block: Mapping[str, Mapping[str, float]]) -> list[dic
         {
             "actions": name,
             "what": "error (sim-live)/live",
-            **{k: f"{100 * block['error'][k]:+.1f}%" for k in keys},
+            **{k: _percent(block["error"][k]) for k in keys},
         }
     )
     return out
+
+
+def _percent(error: float) -> str:
+    """A relative error as the table prints it: a signed percentage, or ``-`` where it is
+    undefined (NaN: the live figure is 0, e.g. actions observed to take no time), as every
+    table prints NaN; it printed ``+nan%``."""
+    return "-" if math.isnan(error) else f"{100 * error:+.1f}%"

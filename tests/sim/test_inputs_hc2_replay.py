@@ -126,3 +126,16 @@ def test_per_resource_noise_is_not_refused_for_the_pooled_spread(tmp_path) -> No
     with pytest.raises(ValueError, match=rf"{path}: the observed execution times of all"):
         replay(path, cluster="local", durations="curve")
     replay(path, cluster="local", durations="curve", noise="per-resource", runs=1)
+
+
+def test_an_undefined_relative_error_prints_as_a_dash(tmp_path, capsys) -> None:
+    """A live run whose actions took no time has a live ACT of 0, so (sim - live) / live is
+    undefined: the table printed "+nan%" where every table prints NaN as "-"."""
+    path = tmp_path / "zero.jsonl"
+    head = {"tangram_trace": 1, "policy": "tangram"}
+    row = {**ROW, "obs_exec_s": 0.0}
+    path.write_text(json.dumps(head) + "\n" + json.dumps(row) + "\n")
+    assert main(["replay", str(path), "--cluster", "local"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.split()[:2] == ["all", "error"])
+    assert "nan" not in line and line.split()[-5:] == ["-"] * 5
