@@ -162,3 +162,13 @@ def test_a_reader_that_goes_away_ends_the_command_quietly():
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=300) == 141
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+def test_bench_scheduler_refuses_a_cluster_where_nothing_runs(capsys):
+    """On the bundled 2-core 'local' cluster no background action (3 cores) fits, so nothing
+    runs and no completion can be replayed: popping the empty heap was an IndexError
+    traceback. It is refused, naming the cluster and the policy."""
+    argv = ["bench", "scheduler", "--cluster", "local", "--queued", "2", "--running", "4"]
+    assert main([*argv, "--events", "50"]) == 2
+    err = capsys.readouterr().err
+    assert "no action is running on cluster 'local' under --policy tangram" in err

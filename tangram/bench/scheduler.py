@@ -121,6 +121,8 @@ def run_bench(
 
     def step(record: bool) -> None:
         nonlocal now
+        if not heap:
+            raise ValueError(nothing_running(cluster, policy, queued))
         t_fin, victim = heapq.heappop(heap)
         now = max(now, t_fin)
         g0, c0, t0 = collector.spent_ns, time.thread_time_ns(), time.perf_counter_ns()
@@ -174,6 +176,18 @@ def run_bench(
         "gc_calls": int(np.count_nonzero(gc_us)),
         "p99_without_gc_us": float(np.percentile(wall_us - gc_us, 99)),
     }
+
+
+def nothing_running(cluster: ClusterSpec, policy: str, queued: int) -> str:
+    """Why the benchmark cannot go on: it replays completions, and no action runs to complete
+    (the queued ones wait for what no finish would free: e.g. 3-core background actions on
+    2-core nodes). ``heapq.heappop`` on the empty heap was an IndexError traceback."""
+    return (
+        f"no action is running on cluster {cluster.name!r} under --policy {policy} with "
+        f"{queued} queued, so no completion can be replayed (the benchmark's actions need up "
+        "to 3 cores for the running ones, 4-8 for the queued, and GPU teachers of 16-80 GB): "
+        "give a larger cluster"
+    )
 
 
 def refuse_unbounded(sched: Scheduler, policy: str) -> None:
