@@ -141,7 +141,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--container-start-s",
         type=float,
-        help=f"= overheads.container_start_s (default {Overheads.container_start_s})",
+        help=f"= overheads.container_start_s (default {Overheads.container_start_s}; closed "
+        "loop only: an open-loop replay starts no AOE container)",
     )
     p.add_argument(
         "--exec-noise",
@@ -239,6 +240,27 @@ def refuse_generator_flags(args: argparse.Namespace) -> None:
         if getattr(args, dest) is not None:
             raise ValueError(
                 f"{flag} needs --workload (a trace file fixes its trajectories and steps)"
+            )
+
+
+#: Settings an open-loop replay never pays: an AOE container opens with its trajectory, which
+#: an open-loop trace does not record, so its start is not charged (the pods' start is).
+UNPAID_IN_OPEN_LOOP = {"overheads.container_start_s": "--container-start-s"}
+
+
+def refuse_unpaid_in_open_loop(settings: Sequence[Setting], overheads: Overheads) -> None:
+    """Refuse a cost given explicitly that open loop never pays: ``--open-loop
+    --container-start-s 30`` gave the figures of ``--container-start-s 0``, silently (AOE
+    containers are never started in an open-loop replay; the static baselines' pods still pay
+    ``pod_start_s``). A setting of 0 asks for what open loop does and passes."""
+    for setting in settings:
+        flag = UNPAID_IN_OPEN_LOOP.get(setting.name)
+        field = setting.name.split(".", 1)[-1]
+        if flag is not None and getattr(overheads, field):
+            raise ValueError(
+                f"{setting.name} ({flag}) is the start of a trajectory's AOE container, "
+                "created when the trajectory opens; an open-loop replay (--open-loop) has no "
+                "opens, so no container start is charged and the setting would change nothing"
             )
 
 
@@ -346,6 +368,7 @@ def main(args: argparse.Namespace) -> int:
     overheads: Overheads = built["overheads"]
     rollout: RolloutConfig = built["rollout"]
     if rollout.mode == "open":
+        refuse_unpaid_in_open_loop(all_settings(args), overheads)
         untimed = sum(1 for r in trace.rows if r.arrival_s is None)
         if untimed:  # they would all arrive at t=0, each trajectory's positions at once
             raise ValueError(

@@ -226,3 +226,17 @@ def test_an_empty_cluster_flag_is_refused_not_taken_as_absent(capsys):
     args = ["sim", "--workload", "coding", "--batch", "2", "--quiet", "--cluster", ""]
     assert main(args) == 2
     assert "empty; give a path or a bundled cluster" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "given", [["--container-start-s", "30"], ["--set", "overheads.container_start_s=30"]]
+)
+def test_a_container_start_with_open_loop_is_refused(tmp_path, capsys, given):
+    """An open-loop replay never starts an AOE container (its trajectories' opens are not in
+    the trace): --open-loop --container-start-s 30 gave the figures of 0, silently."""
+    path = tmp_path / "open.jsonl"
+    path.write_text(json.dumps({"tangram_trace": 1}) + "\n" + json.dumps(LIVE_ROW) + "\n")
+    args = ["sim", "--trace", str(path), "--cluster", "local", "--open-loop", "--quiet"]
+    assert main([*args, *given]) == 2
+    assert "overheads.container_start_s (--container-start-s)" in capsys.readouterr().err
+    assert main([*args, "--container-start-s", "0"]) == 0  # what open loop does: accepted
