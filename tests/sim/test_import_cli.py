@@ -196,3 +196,14 @@ def test_runs_named_twice_are_refused_not_imported_twice(tmp_path, trajs, capsys
     code, _, err = run(capsys, "swe-agent", str(first), str(trajs[0]), "-o", str(out))
     assert code == 2 and f"{trajs[0]} and {first} name the same runs" in err
     assert not out.exists()
+
+
+def test_an_output_that_is_an_imported_file_is_refused(tmp_path, capsys):
+    """``tangram import openhands output.jsonl -o output.jsonl`` wrote the trace over the run
+    it was imported from. It is refused, and the run is left as it was."""
+    source = tmp_path / "output.jsonl"
+    source.write_text(OPENHANDS_SAMPLE.read_text())
+    before = source.read_bytes()
+    code, _, err = run(capsys, "openhands", str(source), "-o", str(source))
+    assert code == 2 and "is the file imported" in err
+    assert source.read_bytes() == before

@@ -79,12 +79,26 @@ def check_files(files: list[Path]) -> None:
         seen.append((given, path))
 
 
+def check_not_an_input(out: Path, files: list[Path]) -> None:
+    """Refuse an ``-o`` that is one of the files imported (``tangram import openhands
+    output.jsonl -o output.jsonl``): the trace was written over the run it came from, the
+    source lost without a word. Raises ValueError naming the path."""
+    target = out.resolve()
+    for given in files:
+        if given.resolve() == target:
+            raise ValueError(
+                f"-o {out} is the file imported ({given}): writing the trace would overwrite "
+                "the run it comes from; give another output path"
+            )
+
+
 def main(args: argparse.Namespace) -> int:
     params = kwargs_for(IMPORTERS[args.source], args.settings, f"importer {args.source!r}")
     if args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
     check_files(args.files)
     check_out(args.out)
+    check_not_an_input(args.out, args.files)
     traces = [import_trace(args.source, path, **params) for path in args.files]
     trace = merge(traces, [str(p) for p in args.files])
     imported = len(trace.trajectories())
