@@ -74,7 +74,9 @@ def timeline_frame(result: SimResult) -> pd.DataFrame:
 
     Held units come from the scheduler's state after each event; busy units (executing, after
     any overhead) from the action records, so execution starts that are not scheduler events
-    get rows of their own.
+    get rows of their own. Where held units were not sampled (``SimResult.held_sampled``:
+    the timeline off, or a policy that ignores capacity) they are NaN, not 0: the Parquet
+    file and the figure showed ``lower-bound`` holding nothing while it ran its actions.
     """
     held = pd.DataFrame(result.timeline.columns())
     held = held.drop_duplicates("time", keep="last").astype(float)
@@ -96,6 +98,8 @@ def timeline_frame(result: SimResult) -> pd.DataFrame:
             else pd.Series(dtype=float)
         )
         df[column] = df["time"].map(step).fillna(0).cumsum()
+    if not result.held_sampled:  # (a policy that ignores capacity: nothing was sampled)
+        df[["held_cores", "held_gpus", "api_in_flight"]] = np.nan
     return df
 
 

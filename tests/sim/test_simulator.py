@@ -83,6 +83,14 @@ def test_held_figures_of_a_policy_that_ignores_capacity_are_unknown(mixed_trace)
     assert ours["held_gpu_s"] + 1e-6 >= ours["busy_gpu_s"] > 0
 
 
+def test_the_timeline_of_a_policy_that_ignores_capacity_has_no_held_units(mixed_trace):
+    """Its held columns were 0 (nothing sampled) in the timeline Parquet file and the figure,
+    beside busy ones above 0; they are NaN, the busy columns still integrated from records."""
+    tl = timeline_frame(simulate(mixed_trace, load_cluster("paper"), SimConfig("lower-bound")))
+    assert tl[["held_cores", "held_gpus", "api_in_flight"]].isna().all().all()
+    assert tl["busy_cores"].max() > 0 and tl["busy_gpus"].max() > 0
+
+
 def test_same_seed_same_results_and_noise_follows_the_seed(mixed_trace):
     cluster = load_cluster("paper")
     cfg = SimConfig(policy="tangram", seed=7, overheads=Overheads(exec_noise_sigma=0.4))
