@@ -436,7 +436,8 @@ def main(args: argparse.Namespace) -> int:
     if not args.json:
         notes = ["times in s; ACT over the actions that ran; cost in USD"]
         notes[0] += "" if args.wide else "; --wide: every figure"
-        notes += rejection_lines(rows, reasons) + closing_lines(rows)
+        used = {r.resource for r in trace.rows}
+        notes += rejection_lines(rows, reasons) + closing_lines(rows, resources=used)
         if notes:
             print("\n" + "\n".join(notes))
         if args.out and frames:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,14 +32,17 @@ class Figure:
     less: str
     more: str
     unit: str = ""
+    #: The resource the figure counts (None: every action's): left out of a run whose trace
+    #: has no such action, as the table leaves out its column.
+    resource: str | None = None
 
 
 FIGURES: tuple[Figure, ...] = (
     Figure("act_mean_s", "mean ACT", "lower", "higher", " s"),
     Figure("act_p99_s", "p99 ACT", "lower", "higher", " s"),
     Figure("step_mean_s", "step", "shorter", "longer", " s"),
-    Figure("held_core_s", "held core-s", "fewer", "more"),
-    Figure("held_gpu_s", "held GPU-s", "fewer", "more"),
+    Figure("held_core_s", "held core-s", "fewer", "more", resource="cpu"),
+    Figure("held_gpu_s", "held GPU-s", "fewer", "more", resource="gpu"),
     Figure("cost_usd", "cost", "lower", "higher", " USD"),
 )
 
@@ -88,15 +91,23 @@ def _times(ratio: float) -> str:
     return f"{ratio:.2f}" if ratio < 1e5 else f"{ratio:.3g}"
 
 
-def sentence(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> str:
-    """One policy against another: every figure that applies, and the rejections if any."""
+def sentence(
+    ours: Mapping[str, Any],
+    theirs: Mapping[str, Any],
+    resources: Collection[str] | None = None,
+) -> str:
+    """One policy against another: every figure that applies (``resources``: those the trace
+    uses; None: all), and the rejections if any."""
     head = f"{ours['policy']} vs {theirs['policy']}: "
     ran_ours = int(ours["actions"]) - int(ours["rejected"])
     ran_theirs = int(theirs["actions"]) - int(theirs["rejected"])
     if ran_ours == 0 or ran_theirs == 0:
         idle = [r["policy"] for r, n in ((ours, ran_ours), (theirs, ran_theirs)) if n == 0]
         return head + f"{' and '.join(idle)} rejected every action: no ACT to compare"
-    parts = [p for f in FIGURES if (p := phrase(f, ours[f.key], theirs[f.key])) is not None]
+    figures = [
+        f for f in FIGURES if resources is None or f.resource is None or f.resource in resources
+    ]
+    parts = [p for f in figures if (p := phrase(f, ours[f.key], theirs[f.key])) is not None]
     if int(ours["rejected"]) or int(theirs["rejected"]):
         parts.append(
             f"rejected {ours['rejected']} vs {theirs['rejected']} of {ours['actions']} "
@@ -105,13 +116,21 @@ def sentence(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> str:
     return head + ", ".join(parts)
 
 
-def closing_lines(rows: Sequence[Mapping[str, Any]], width: int = WIDTH) -> list[str]:
-    """The default policy against each other policy, one wrapped sentence each."""
+def closing_lines(
+    rows: Sequence[Mapping[str, Any]],
+    width: int = WIDTH,
+    resources: Collection[str] | None = None,
+) -> list[str]:
+    """The default policy against each other policy, one wrapped sentence each; held figures
+    only for the ``resources`` the trace uses (a GPU-only trace's held core-s, 0 for a policy
+    and unknown for ``lower-bound``, read "held core-s unknown for theirs (0.000 vs -)")."""
     if len(rows) < 2:
         return []
     d = default_index(rows)
     lines: list[str] = []
     for i, row in enumerate(rows):
         if i != d:
-            lines += textwrap.wrap(sentence(rows[d], row), width=width, subsequent_indent="  ")
+            lines += textwrap.wrap(
+                sentence(rows[d], row, resources), width=width, subsequent_indent="  "
+            )
     return lines

@@ -406,6 +406,21 @@ def test_closing_lines_never_print_zero_or_infinite_ratios():
     assert "0.00x" not in text and "inf" not in text
 
 
+def test_closing_lines_leave_out_held_figures_of_resources_the_trace_does_not_use():
+    """A GPU-only trace against lower-bound (held figures unknown) read "held core-s unknown
+    for theirs (0.000 vs -)": core-s the trace never uses. Left out, as the table leaves out
+    its column."""
+    base = {
+        "actions": 2, "rejected": 0, "act_mean_s": 4.0, "act_p99_s": 5.0, "step_mean_s": 6.0,
+        "held_core_s": 0.0, "held_gpu_s": 12.1, "cost_usd": 1.0,
+    }  # fmt: skip
+    floor = {**base, "policy": "lower-bound", "held_core_s": math.nan, "held_gpu_s": math.nan}
+    rows = [{**base, "policy": "tangram"}, floor]
+    text = " ".join(" ".join(closing_lines(rows, resources={"gpu"})).split())
+    assert "held core-s" not in text and "held GPU-s unknown for theirs" in text
+    assert "held core-s unknown" in " ".join(closing_lines(rows))  # all figures without it
+
+
 # --- the table ---------------------------------------------------------------------------
 
 
