@@ -12,6 +12,7 @@ import argparse
 import importlib
 import importlib.util
 import os
+import select
 import sys
 from collections.abc import Sequence
 
@@ -74,6 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # a reader gone fails here, in the handler below, not at exit
         return code
     except BrokenPipeError:
+        if not _stdout_broken():  # another pipe of the command's (a subprocess, a socket)
+            raise
         return _reader_gone()
     except (ValueError, KeyError, FileNotFoundError) as exc:
         # Bad input (a malformed cluster file or trace, an unknown policy or workload): the
@@ -85,6 +88,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 #: Exit status when stdout's reader went away: what a shell reports for a process SIGPIPE ends.
 EXIT_READER_GONE = 141
+
+
+def _stdout_broken() -> bool:
+    """Whether stdout is a pipe whose reader has gone (poll reports an error on its write
+    end), so that a BrokenPipeError from another pipe of the command is not taken for it."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll, or a stdout with no descriptor
+        return False
 
 
 def _reader_gone() -> int:

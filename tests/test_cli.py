@@ -172,3 +172,16 @@ def test_bench_scheduler_refuses_a_cluster_where_nothing_runs(capsys):
     assert main([*argv, "--events", "50"]) == 2
     err = capsys.readouterr().err
     assert "no action is running on cluster 'local' under --policy tangram" in err
+
+
+def test_a_broken_pipe_other_than_stdout_is_not_hidden(monkeypatch):
+    """Only stdout's reader going away ends the command quietly: a BrokenPipeError from
+    another pipe (a subprocess, a socket) is a real failure and still propagates."""
+    import tangram.sim.cli as sim_cli
+
+    def broken(args):
+        raise BrokenPipeError("a subprocess went away")
+
+    monkeypatch.setattr(sim_cli, "main", broken)
+    with pytest.raises(BrokenPipeError, match="a subprocess went away"):
+        main(["sim", "--quiet"])
