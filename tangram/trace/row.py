@@ -296,7 +296,9 @@ def row_from_mapping(record: Mapping[str, Any]) -> TraceRow:
     for name in FIELDS:
         if name in REQUIRED and name not in record:
             raise TraceError("missing required field", field=name)
-    return TraceRow(**record)
+    # An optional field given as null means its default (docs/trace-format.md): a null
+    # ``memory_gb`` or ``malleable`` was refused as "expected a number" / "true or false".
+    return TraceRow(**{k: v for k, v in record.items() if v is not None or k in REQUIRED})
 
 
 def row_to_mapping(row: TraceRow, *, drop_defaults: bool = False) -> dict[str, Any]:

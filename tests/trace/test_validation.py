@@ -251,3 +251,19 @@ def test_one_service_has_one_layout_and_other_kinds_may_share_its_name(tmp_path)
     api = good(1, resource="api", max_units=1, service="judge")
     trace = Trace((TraceRow(**good(0, **GPU_CALL, service_size_gb=10.0)), TraceRow(**api)), {})
     assert len(trace) == 2
+
+
+@pytest.mark.parametrize(
+    "field",
+    ["service_size_gb", "memory_gb", "gen_after_s", "malleable", "service_replicas", "sync"],
+)
+def test_an_optional_field_given_as_null_reads_as_its_default(tmp_path, field):
+    """The format says an optional field "may be omitted (or null), which means its default";
+    a JSONL row with "memory_gb": null (or a null malleable...) was refused."""
+    path = tmp_path / "nulls.jsonl"
+    write_lines(path, [{"tangram_trace": 3}, good(0, **{field: None})])
+    row = load_trace(path).rows[0]
+    assert getattr(row, field) == getattr(TraceRow(**good(0)), field)
+    with pytest.raises(TraceError, match=r"line 2: field 't1_s': expected a number"):
+        write_lines(path, [{"tangram_trace": 3}, good(0, t1_s=None)])  # required: refused
+        load_trace(path)
