@@ -396,6 +396,13 @@ def run_bench(
     return doc
 
 
+def _share(value: float) -> str:
+    """A share as the tables print it: a whole percentage, or ``-`` where it is undefined
+    (NaN: no instance compared, e.g. the default rejected an action of every one), as the
+    tables print every NaN; it printed ``nan%``."""
+    return "-" if math.isnan(value) else f"{value:.0%}"
+
+
 def tables(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     """The document as tables for a person (each fits 100 columns)."""
     beaten, ratios = [], []
@@ -407,7 +414,7 @@ def tables(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
                     "family": family,
                     "figure": label,
                     "n": s["compared"],
-                    **{f"beaten {m}": f"{v:.0%}" for m, v in s["beaten"][key].items()},
+                    **{f"beaten {m}": _share(v) for m, v in s["beaten"][key].items()},
                     "most wins >5% (instances)": top or "-",
                 }
             )
@@ -416,7 +423,7 @@ def tables(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
                 "family": family,
                 "figure": "mean ACT and step, one baseline",
                 "n": s["compared"],
-                **{f"beaten {m}": f"{v:.0%}" for m, v in s["dominated"].items()},
+                **{f"beaten {m}": _share(v) for m, v in s["dominated"].items()},
                 "most wins >5% (instances)": "-",
             }
         )
@@ -443,9 +450,9 @@ def tables(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
                 {
                     "family": family,
                     "figure": METRICS[key],
-                    f"{doc['default']} beaten >5%": f"{s['beaten'][key]['>5%']:.0%}",
+                    f"{doc['default']} beaten >5%": _share(s["beaten"][key][">5%"]),
                     "most robust baseline": top,
-                    "its share beaten >5%": f"{shares[top]:.0%}",
+                    "its share beaten >5%": _share(shares[top]),
                     "baselines meeting 5%": sum(v <= 0.05 for v in shares.values()),
                 }
             )

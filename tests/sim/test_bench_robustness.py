@@ -213,3 +213,17 @@ def test_every_policy_can_start_from_the_sized_replicas(bench, capsys, tmp_path)
     with pytest.raises(SystemExit):
         main(["bench", "robustness", "--instances", "1", "--warm-gpus", "twice"])
     assert "--warm-gpus" in capsys.readouterr().err
+
+
+def test_undefined_shares_print_as_a_dash():
+    """Where the default rejected an action of every instance no instance is compared and
+    every share is NaN: the tables printed "nan%" where they print every other NaN as "-"."""
+    from tangram.bench.robustness import run_bench, tables
+    from tangram.report import format_table
+
+    doc = run_bench(
+        instances=1, families=("gpu",), policies=("fixed:1",), default_policy="sglang-static:4"
+    )
+    assert doc["families"]["gpu"]["compared"] == 0
+    printed = "\n".join(format_table(rows) for rows in tables(doc).values())
+    assert "nan" not in printed and " - " in printed
