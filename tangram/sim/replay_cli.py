@@ -29,7 +29,9 @@ GPUs start cold, as EOE does, unless the header lists services resident when the
 began (``gpu_residency_at_start``, after a warm-up): then the simulator starts warm.
 Trajectory memory is left out of the replay: live, a container's memory is reserved when the
 trajectory opens, before its actions arrive, so it never delays an action; the open-loop
-simulator would reserve it at the first action instead.
+simulator would reserve it at the first action instead. An action that ended with a result
+live but not in the simulation (rejected there, e.g. a service no cell of ``--cluster`` holds)
+is left out of the comparison and counted with its reason (``left_out``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import argparse
 import dataclasses
 import math
 import statistics
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -166,6 +169,10 @@ class ReplayReport:
     parts: dict[str, dict[str, float]] = field(default_factory=dict)
     #: Simulations averaged (several seeds when execution noise is on).
     sim_runs: int = 1
+    #: Actions that ended with a result live but not in a simulation (rejected there: e.g. a
+    #: service that fits no cell of ``--cluster``), left out of the comparison: reason ->
+    #: count (the first run's reasons).
+    left_out: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -279,6 +286,7 @@ def replay(
         )
     noisy = overheads.exec_noise_sigma > 0 or (overheads.gpu_exec_noise_sigma or 0.0) > 0
     frames = []
+    rejected: dict[str, int] = {}
     for seed in range(runs if noisy else 1):
         config = SimConfig(
             policy=policy,
@@ -295,6 +303,11 @@ def replay(
         )
         frame = actions_frame(simulate(sim_trace, spec, config))
         frames.append(frame[frame["outcome"] == "result"].set_index("action_id"))
+        if seed == 0:
+            rejected = {
+                str(row.action_id): str(row.reason)
+                for row in frame[frame["outcome"] != "result"].itertuples()
+            }
     live_rows = {
         r.action_id: r
         for r in trace.rows
@@ -304,6 +317,7 @@ def replay(
     }
     if not live_rows:
         raise ValueError(f"{trace_path}: no action ended with a result both live and simulated")
+    left_out = _left_out(trace, live_rows, rejected)
     ids = sorted(live_rows)
 
     def live_act(r: Any) -> float:
@@ -354,7 +368,23 @@ def replay(
         by_resource=by_resource,
         parts=parts,
         sim_runs=len(frames),
+        left_out=left_out,
     )
+
+
+def _left_out(
+    trace: Any, compared: Mapping[str, Any], rejected: Mapping[str, str]
+) -> dict[str, int]:
+    """Why the live results not compared were left out (reason -> count): rejected by the
+    simulation (its reason), or a result in some noisy runs only. The comparison covered
+    the others without a word, its title counting only those."""
+    out: dict[str, int] = {}
+    for r in trace.rows:
+        if r.obs_outcome != "result" or r.obs_units is None or r.action_id in compared:
+            continue
+        why = rejected.get(r.action_id, "not a result in every simulated run")
+        out[why] = out.get(why, 0) + 1
+    return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def _require_replayable_spread(
@@ -413,7 +443,19 @@ def main(args: argparse.Namespace) -> int:
         report.as_dict(),
         {title: rows, "overheads measured live (s)": [dataclasses.asdict(report.measured)]},
     )
+    if report.left_out and not args.json:
+        print("\n" + textwrap.fill(left_out_line(report.left_out, report.actions), 100))
     return 0
+
+
+def left_out_line(left_out: Mapping[str, int], compared: int) -> str:
+    """The live results the comparison left out, and the main reason."""
+    n = sum(left_out.values())
+    why = next(iter(left_out))
+    return (
+        f"{n} of {n + compared} actions that ended with a result live are left out: the "
+        f"simulation did not complete them ({left_out[why]} x {why})"
+    )
 
 
 def _table_rows(name: str, block: Mapping[str, Mapping[str, float]]) -> list[dict[str, Any]]:

@@ -139,3 +139,24 @@ def test_an_undefined_relative_error_prints_as_a_dash(tmp_path, capsys) -> None:
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.split()[:2] == ["all", "error"])
     assert "nan" not in line and line.split()[-5:] == ["-"] * 5
+
+
+def test_live_results_the_simulation_rejects_are_named_not_dropped(tmp_path, capsys) -> None:
+    """A live result the simulation rejects (a service no cell of the cluster holds) was left
+    out of the comparison without a word: the title counted the others only. The report
+    names how many and why."""
+    path = tmp_path / "live.jsonl"
+    gpu = {
+        **ROW, "action_id": "g0", "trajectory": "t1", "resource": "gpu", "service": "huge",
+        "service_size_gb": 50.0, "obs_node": "local-gpu",
+    }  # fmt: skip
+    head = {"tangram_trace": 1, "policy": "tangram"}
+    path.write_text("\n".join(json.dumps(x) for x in (head, ROW, gpu)) + "\n")
+    assert main(["replay", str(path), "--cluster", "local", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["actions"] == 1
+    [(why, n)] = doc["left_out"].items()
+    assert n == 1 and "'huge'" in why
+    assert main(["replay", str(path), "--cluster", "local"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "1 of 2 actions that ended with a result live are left out" in out
