@@ -207,3 +207,25 @@ def test_an_output_that_is_an_imported_file_is_refused(tmp_path, capsys):
     code, _, err = run(capsys, "openhands", str(source), "-o", str(source))
     assert code == 2 and "is the file imported" in err
     assert source.read_bytes() == before
+
+
+def test_actions_no_observation_answered_are_reported_not_dropped_silently(tmp_path, capsys):
+    """An OpenHands run cut short leaves its last action unanswered: the importer leaves it
+    out and only the trace's meta counted it; the command said nothing. It says how many."""
+    events = [
+        {"id": 0, "timestamp": "2024-06-01T10:00:00", "source": "user", "action": "message"},
+        {"id": 1, "timestamp": "2024-06-01T10:00:03", "source": "agent", "action": "run"},
+        {"id": 2, "timestamp": "2024-06-01T10:00:04", "source": "agent", "observation": "run",
+         "cause": 1},
+        {"id": 3, "timestamp": "2024-06-01T10:00:09", "source": "agent", "action": "run"},
+    ]  # fmt: skip
+    source = tmp_path / "cut.json"
+    source.write_text(json.dumps(events))
+    out = tmp_path / "t.jsonl"
+    code, printed, err = run(capsys, "openhands", str(source), "-o", str(out))
+    assert code == 0, err
+    assert (
+        "1 actions" in printed and "left out 1 agent action that no observation answered" in printed
+    )
+    code, printed, _ = run(capsys, "openhands", str(source), "-o", str(out), "--json")
+    assert json.loads(printed)["unanswered_actions"] == 1

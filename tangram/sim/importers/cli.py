@@ -100,6 +100,7 @@ def main(args: argparse.Namespace) -> int:
     check_out(args.out)
     check_not_an_input(args.out, args.files)
     traces = [import_trace(args.source, path, **params) for path in args.files]
+    unanswered = sum(int(t.meta.get("unanswered_actions", 0)) for t in traces)
     trace = merge(traces, [str(p) for p in args.files])
     imported = len(trace.trajectories())
     if args.batch is not None:
@@ -118,6 +119,7 @@ def main(args: argparse.Namespace) -> int:
         "trajectories": len(trace.trajectories()),
         "actions": len(trace),
         "tiling": tiling or None,
+        "unanswered_actions": unanswered,
     }
     how = (
         f"tiled from {imported} imported trajectories, seed {args.seed}, start offsets "
@@ -129,4 +131,16 @@ def main(args: argparse.Namespace) -> int:
         emit(True, doc, {})
     else:
         print(f"wrote {args.out}: {doc['trajectories']} trajectories, {len(trace)} actions ({how})")
+        if unanswered:
+            print(unanswered_line(unanswered))
     return 0
+
+
+def unanswered_line(n: int) -> str:
+    """The agent actions left out for want of an answering observation (OpenHands): only the
+    trace's meta counted them, so a run cut short lost its last actions without a word."""
+    return (
+        f"left out {n} agent action{'s' if n > 1 else ''} that no observation answered "
+        "(no 'cause' naming it: the run ended before it did); the meta counts them as "
+        "unanswered_actions"
+    )
