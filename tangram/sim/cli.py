@@ -361,7 +361,8 @@ def main(args: argparse.Namespace) -> int:
     cluster = resize(
         load_cluster(args.cluster)
         if args.cluster is not None  # ('' is refused as empty, not taken as absent)
-        else trace_cluster(trace) or load_cluster("paper"),
+        else trace_cluster(trace, args.trace or args.workload or DEFAULT_TRACE)
+        or load_cluster("paper"),
         gpus=args.gpus,
         cpu_nodes=args.cpu_nodes,
     )

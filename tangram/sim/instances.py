@@ -20,12 +20,15 @@ from tangram.trace import Trace, write_trace
 CLUSTER_KEY = "cluster"
 
 
-def trace_cluster(trace: Trace) -> ClusterSpec | None:
-    """The cluster the trace's meta carries, or None when it carries none."""
+def trace_cluster(trace: Trace, path: str | Path | None = None) -> ClusterSpec | None:
+    """The cluster the trace's meta carries, or None when it carries none; ``path``: the
+    trace's file, named in the error of a malformed one (a bare "trace meta 'cluster'" left
+    the user to guess which file)."""
     data = trace.meta.get(CLUSTER_KEY)
     if data is None:
         return None
-    return parse_cluster(data, source=f"trace meta '{CLUSTER_KEY}'")
+    where = f"trace meta '{CLUSTER_KEY}'" if path is None else f"{path}: header '{CLUSTER_KEY}'"
+    return parse_cluster(data, source=where)
 
 
 def cluster_data(cluster: ClusterSpec) -> dict[str, Any]:

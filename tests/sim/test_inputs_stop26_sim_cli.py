@@ -240,3 +240,13 @@ def test_a_container_start_with_open_loop_is_refused(tmp_path, capsys, given):
     assert main([*args, *given]) == 2
     assert "overheads.container_start_s (--container-start-s)" in capsys.readouterr().err
     assert main([*args, "--container-start-s", "0"]) == 0  # what open loop does: accepted
+
+
+def test_a_malformed_header_cluster_names_the_trace_file(tmp_path, capsys):
+    """A header whose 'cluster' is a bundled name, not a table, was refused as "trace meta
+    'cluster': ..." without saying which file; the file is named."""
+    path = tmp_path / "named.jsonl"
+    head = {"tangram_trace": 1, "cluster": "local"}
+    path.write_text(json.dumps(head) + "\n" + json.dumps(LIVE_ROW) + "\n")
+    assert main(["sim", "--trace", str(path), "--quiet"]) == 2
+    assert f"{path}: header 'cluster'" in capsys.readouterr().err
