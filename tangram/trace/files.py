@@ -152,7 +152,8 @@ def read_parquet(path: str | Path) -> Trace:
     raw = (table.schema.metadata or {}).get(HEADER_KEY.encode())
     if raw is None:
         raise TraceError(
-            f"no {HEADER_KEY!r} key in the Parquet schema metadata (not a Tangram trace)",
+            f"no {HEADER_KEY!r} key in the Parquet schema metadata (not a Tangram trace)"
+            + _written_by_pandas(table.schema.metadata or {}),
             field=HEADER_KEY,
             where="header",
             path=path,
@@ -178,6 +179,23 @@ def read_parquet(path: str | Path) -> Trace:
             raise exc.located(where=f"row {i}", path=path) from None
         rows.append(parse_record(record, f"row {i}", path))
     return checked_trace(rows, meta, lambda i: f"row {i}", path)
+
+
+def _written_by_pandas(metadata: Mapping[bytes, bytes]) -> str:
+    """A hint for a file pandas wrote from ``Trace.to_dataframe()`` (``df.to_parquet``): its
+    meta sits in pandas' ``PANDAS_ATTRS``, not in a trace header, and the bare "not a Tangram
+    trace" left the user no way forward. Empty for any other file."""
+    try:
+        attrs = json.loads(metadata.get(b"PANDAS_ATTRS", b"{}"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return ""
+    if not isinstance(attrs, Mapping) or HEADER_KEY not in attrs:
+        return ""
+    return (
+        "; it looks like a data frame of Trace.to_dataframe() written by pandas "
+        "(df.to_parquet): write it as a trace with "
+        "write_trace(Trace.from_dataframe(pandas.read_parquet(path)), path)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------

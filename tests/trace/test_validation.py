@@ -267,3 +267,18 @@ def test_an_optional_field_given_as_null_reads_as_its_default(tmp_path, field):
     with pytest.raises(TraceError, match=r"line 2: field 't1_s': expected a number"):
         write_lines(path, [{"tangram_trace": 3}, good(0, t1_s=None)])  # required: refused
         load_trace(path)
+
+
+def test_a_data_frame_written_by_pandas_is_refused_with_the_way_to_convert_it(tmp_path):
+    """``Trace.to_dataframe().to_parquet(path)`` keeps the meta in pandas' attributes, not in
+    a trace header: refused as "not a Tangram trace" with no way forward. The error says how
+    to write it as a trace, and that way reads back."""
+    import pandas as pd
+
+    trace = Trace((TraceRow(**good(0)), TraceRow(**good(1))), {"workload": "test"})
+    path = tmp_path / "frame.parquet"
+    trace.to_dataframe().to_parquet(path)
+    with pytest.raises(TraceError, match=r"\(not a Tangram trace\); it looks like a data frame"):
+        load_trace(path)
+    write_trace(Trace.from_dataframe(pd.read_parquet(path)), path)
+    assert load_trace(path).rows == trace.rows
