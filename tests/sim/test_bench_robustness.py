@@ -227,3 +227,11 @@ def test_undefined_shares_print_as_a_dash():
     assert doc["families"]["gpu"]["compared"] == 0
     printed = "\n".join(format_table(rows) for rows in tables(doc).values())
     assert "nan" not in printed and " - " in printed
+
+
+def test_a_default_that_is_a_baseline_is_counted_once(capsys):
+    """``--default fixed:1`` replays fixed:1 once (the runs are keyed by policy), yet the
+    closing line counted 20 policies; it counts the 19 replayed."""
+    assert main(["bench", "robustness", "--instances", "1", "--families", "cpu",
+                 "--default", "fixed:1", "--quiet"]) == 0  # fmt: skip
+    assert "1 families x 1 instances, 19 policies each" in capsys.readouterr().out
