@@ -231,6 +231,12 @@ def load_trace(path: str | Path) -> Trace:
     return reader(path)
 
 
+def check_trace_suffix(path: str | Path) -> None:
+    """Refuse a path whose suffix names no trace format (TraceError naming it), so that a
+    writer can be refused before its work rather than after it."""
+    _suffix(Path(path), _WRITERS)
+
+
 def write_trace(trace: Trace, path: str | Path) -> Path:
     """Write a trace; the format follows the suffix. Returns the path written."""
     path = Path(path)

@@ -229,3 +229,12 @@ def test_actions_no_observation_answered_are_reported_not_dropped_silently(tmp_p
     )
     code, printed, _ = run(capsys, "openhands", str(source), "-o", str(out), "--json")
     assert json.loads(printed)["unanswered_actions"] == 1
+
+
+def test_an_output_of_no_trace_format_is_refused_before_importing(tmp_path, trajs, capsys):
+    """``-o new/dir/out.json``: the suffix names no trace format, found only once every file
+    was imported and tiled, and after ``new/dir`` had been created for nothing."""
+    out = tmp_path / "new" / "dir" / "out.json"
+    code, _, err = run(capsys, "swe-agent", str(trajs[0]), "-o", str(out))
+    assert code == 2 and "unknown trace file type 'out.json'" in err
+    assert not (tmp_path / "new").exists()

@@ -55,6 +55,9 @@ def check_out(out: Path) -> None:
     FileExistsError or IsADirectoryError traceback). Raises ValueError naming the path."""
     if out.is_dir():
         raise ValueError(f"-o {out}: is a directory; give a trace file (.jsonl, .parquet...)")
+    from tangram.trace.files import check_trace_suffix
+
+    check_trace_suffix(out)  # (it failed only once all was imported and -o's dirs made)
     for parent in out.parents:
         if parent.exists():
             if not parent.is_dir():
