@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shlex
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -295,8 +296,10 @@ def write_worst(
                     "baseline": best,
                     "margin": r["best"][key]["margin"],
                     **paths,
-                    "replay": f"tangram sim --trace {paths['trace']} --cluster "
-                    f"{paths['cluster']} --policy {r['default']} --policy {best}{start_flag}",
+                    # (quoted: an --out with a space gave a command a shell splits)
+                    "replay": f"tangram sim --trace {shlex.quote(paths['trace'])} --cluster "
+                    f"{shlex.quote(paths['cluster'])} --policy {shlex.quote(r['default'])} "
+                    f"--policy {shlex.quote(str(best))}{start_flag}",
                 }
             )
     return written

@@ -235,3 +235,21 @@ def test_a_default_that_is_a_baseline_is_counted_once(capsys):
     assert main(["bench", "robustness", "--instances", "1", "--families", "cpu",
                  "--default", "fixed:1", "--quiet"]) == 0  # fmt: skip
     assert "1 families x 1 instances, 19 policies each" in capsys.readouterr().out
+
+
+def test_a_worst_instances_command_runs_from_an_out_with_a_space(tmp_path, capsys):
+    """The replay command of a worst instance put --out's paths in unquoted: under a folder
+    with a space a shell split them and the command failed."""
+    import shlex
+
+    from tangram.bench.robustness import write_worst
+    from tangram.sim.workloads.random_instances import RandomParams, random_instance
+
+    trace, cluster = random_instance(RandomParams(family="cpu"), seed=0)
+    best = {"act_mean_s": {"policy": "fixed:1", "margin": 0.5}}
+    best |= {k: {"policy": None, "margin": math.nan} for k in ("act_p99_s", "step_s")}
+    record = {"family": "cpu", "seed": 0, "default": "tangram", "best": best,
+              "_instance": (trace, cluster)}  # fmt: skip
+    [written] = write_worst([record], tmp_path / "worst runs", 1)
+    argv = shlex.split(written["replay"])
+    assert argv[:2] == ["tangram", "sim"] and main([*argv[1:], "--quiet"]) == 0
