@@ -185,3 +185,11 @@ def test_a_broken_pipe_other_than_stdout_is_not_hidden(monkeypatch):
     monkeypatch.setattr(sim_cli, "main", broken)
     with pytest.raises(BrokenPipeError, match="a subprocess went away"):
         main(["sim", "--quiet"])
+
+
+@pytest.mark.parametrize("share", ["2", "-0.5", "nan"])
+def test_bench_scheduler_refuses_a_bad_malleable_share_as_bad_input(capsys, share):
+    """A share outside [0, 1] ended with exit status 1 (a failed run) and a bare message;
+    bad input is exit status 2 with the command's "error:" prefix, as everywhere else."""
+    assert main(["bench", "scheduler", "--queued", "4", "--malleable", share]) == 2
+    assert "tangram bench: error: --malleable must be a share in [0, 1]" in capsys.readouterr().err

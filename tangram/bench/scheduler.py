@@ -258,8 +258,8 @@ def _main(args: argparse.Namespace) -> int:
 
     from tangram.sim.cluster_size import resize
 
-    if not 0.0 <= args.malleable <= 1.0:
-        raise SystemExit(f"--malleable must be a share in [0, 1], got {args.malleable}")
+    if not 0.0 <= args.malleable <= 1.0:  # bad input: exit 2 (a SystemExit gave 1, no prefix)
+        raise ValueError(f"--malleable must be a share in [0, 1], got {args.malleable}")
     cluster = resize(load_cluster(args.cluster), cpu_nodes=args.cpu_nodes)
     rows = [
         run_bench(
