@@ -490,3 +490,22 @@ def test_raw_reward_ids_ending_in_the_pad_id_are_scored_at_their_last_token(
         raw = reward_scores(model, ids)
         ones = reward_scores(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)})
     assert torch.equal(raw, ones)
+
+
+@pytest.mark.parametrize("kind", ["teacher", "reward"])
+def test_a_tokenizers_own_batch_encoding_is_taken_as_inputs_at_every_dop(
+    dirs: dict[str, Path], kind: str
+) -> None:
+    """What the tokenizer returns (a BatchEncoding: a Mapping, not a dict) was refused by the
+    service's call ('input_ids' must be a 2-D array..., got BatchEncoding), and at DoP 2 it
+    was not split: each replica would have run the whole batch."""
+    svc = hf_service(kind, dirs[kind], kind)
+    texts = [words(6 + 5 * i, seed=i) for i in range(3)]
+    encoded = svc.tokenizer(texts, padding=True, return_tensors="pt")
+    with manager() as m:
+        m.register(svc.spec)
+        plain = m.call(kind, dict(encoded)).unwrap()
+        for dop in (1, 2):
+            out = m.call(kind, encoded, dop=dop)
+            assert out.ok, out.message
+            assert torch.allclose(pick(kind)(out.value), pick(kind)(plain), atol=ATOL, rtol=0)

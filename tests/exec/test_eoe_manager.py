@@ -10,11 +10,12 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 import torch
 from torch import nn
+from transformers import BatchEncoding
 
 from tangram.exec.eoe.config import EoeConfig
 from tangram.exec.eoe.devices import CpuDevice
@@ -1121,3 +1122,39 @@ def test_a_call_that_waited_for_a_restore_that_ran_out_of_memory_is_out_of_memor
             assert isinstance(outs[which].error, RestoreOutOfMemoryError), outs[which]
         assert m.stats().devices[0].claimed_bytes == 0 and m.residency() == {}
         assert m.call("a", X).ok  # memory back: the same call succeeds
+
+
+def _encoded_call(module: nn.Module, inputs: Any) -> Any:
+    """A call on tokenizer-style inputs: it reads them by key and by attribute, checks their
+    tensors are on its replica's device and not the caller's, and answers with a model output."""
+    from transformers.modeling_outputs import SequenceClassifierOutput
+
+    if not isinstance(inputs, BatchEncoding):
+        raise TypeError(f"inputs came as {type(inputs).__name__}")
+    ids = inputs["input_ids"]
+    if ids.device != module.w.device:
+        raise RuntimeError(f"input_ids on {ids.device}, weights on {module.w.device}")
+    ids.add_(100)  # the replica's own copy: the caller's tensor must not change
+    return SequenceClassifierOutput(logits=module(ids - 100))
+
+
+@pytest.mark.parametrize("dop", [1, 2])
+def test_mapping_inputs_and_dict_subclass_results_are_moved_split_and_keep_their_type(
+    managers, dop: int
+) -> None:
+    """A tokenizer's BatchEncoding is a Mapping, not a dict: it went to the call as it was
+    (the caller's tensors, on the host: a device mismatch on CUDA, the caller's inputs
+    changed in place on CPU) and was never split, so each of k replicas ran the whole batch
+    and the merged result had k times its rows. A ModelOutput result (a dict subclass) came
+    back a plain dict."""
+    from transformers.modeling_outputs import SequenceClassifierOutput
+
+    m = managers(config(devices=2))
+    m.register(blob_spec("encoded", call=_encoded_call))
+    ids = torch.arange(6, dtype=torch.float32).reshape(3, 2)
+    batch = BatchEncoding({"input_ids": ids.clone(), "label": "a setting"})
+    out = m.call("encoded", batch, dop=dop)
+    assert out.ok, out.message
+    assert isinstance(out.value, SequenceClassifierOutput)
+    assert torch.allclose(out.value.logits, reference(1, 0, ids))
+    assert torch.equal(batch["input_ids"], ids)  # the caller's inputs are untouched

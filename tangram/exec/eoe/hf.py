@@ -22,7 +22,7 @@ float32; plus ``top_ids``/``top_logprobs`` (B, T-1, k) when asked), the reward m
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,15 +40,15 @@ REWARD = "reward"
 
 
 def _as_batch(module: torch.nn.Module, inputs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(input_ids, attention_mask or None) from a tensor or a dict, checked against the model
-    (``ValueError`` naming the member): the ids a 2-D integer array within its vocabulary, the
+    """(input_ids, attention_mask or None) from a tensor or a mapping (a dict, the tokenizer's
+    ``BatchEncoding``), checked against the model (``ValueError`` naming the member): the ids a 2-D integer array within its vocabulary, the
     mask of their shape. A raw GPU action's inputs come as the client wrote them: an id past
     the vocabulary was looked up anyway (on a CUDA device a device-side assert, after which the
     process's calls all fail), and a mask of another shape gave a result computed on it."""
     import torch
 
     ids, mask = inputs, None
-    if isinstance(inputs, dict):
+    if isinstance(inputs, Mapping):
         if "input_ids" not in inputs:
             raise ValueError("inputs must have 'input_ids'")
         ids, mask = inputs["input_ids"], inputs.get("attention_mask")
@@ -109,7 +109,7 @@ def teacher_logprobs(module: torch.nn.Module, inputs: Any) -> dict[str, torch.Te
     import torch
 
     ids, mask = _as_batch(module, inputs)
-    top_k = inputs.get("top_k") if isinstance(inputs, dict) else None
+    top_k = inputs.get("top_k") if isinstance(inputs, Mapping) else None
     if top_k is not None:
         if (
             not isinstance(top_k, torch.Tensor)

@@ -4,8 +4,8 @@ A service is a factory that builds a torch module, a call function that runs one
 a built module (score a batch, return per-token log-probs, ...), the DoPs it supports and its
 memory need. For a call at DoP k the executor runs k data-parallel replicas, one per GPU of the
 cell: ``split`` cuts the inputs into k parts along the batch dimension and ``merge`` joins the
-k results (defaults: ``split_batch`` and ``merge_batch``, for tensors and tuples/lists/dicts of
-tensors batched on dim 0).
+k results (defaults: ``split_batch`` and ``merge_batch``, for tensors and tuples/lists/mappings
+of tensors batched on dim 0).
 
 No torch import happens at module import time, so ``tangram --help`` works without torch.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import numbers
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -229,7 +229,7 @@ def _batch_len(inputs: Any) -> int | None:
         return len(inputs)
     if isinstance(inputs, tuple):
         members = list(inputs)
-    elif isinstance(inputs, dict):
+    elif isinstance(inputs, Mapping):
         members = list(inputs.values())
     else:
         return None
@@ -262,14 +262,16 @@ def _split(inputs: Any, bounds: list[tuple[int, int]]) -> list[Any]:
         columns = [_split(x, bounds) for x in inputs]
         return [like(inputs, [col[i] for col in columns]) for i in range(len(bounds))]
     columns_d = {k: _split(v, bounds) for k, v in inputs.items()}
-    return [{k: v[i] for k, v in columns_d.items()} for i in range(len(bounds))]
+    return [
+        like_mapping(inputs, {k: v[i] for k, v in columns_d.items()}) for i in range(len(bounds))
+    ]
 
 
 def split_batch(inputs: Any, parts: int) -> list[Any]:
     """Cut ``inputs`` into at most ``parts`` contiguous pieces along dim 0, in order.
 
     A tensor is cut on dim 0; a list is a sequence of samples (cut by slicing, so samples may
-    differ in length); a tuple or dict is a structure whose batched members are cut alike and
+    differ in length); a tuple or mapping (a dict, a tokenizer's ``BatchEncoding``) is a structure whose batched members are cut alike and
     must share one batch size, while members without a batch dimension (a string, a number,
     a 0-dimensional tensor: a mode or a setting) go to every piece whole. Inputs with no batch
     dimension at all run as one piece. Pieces are as even as possible; when the batch is
@@ -293,8 +295,9 @@ def split_batch(inputs: Any, parts: int) -> list[Any]:
 
 def merge_batch(outputs: list[Any]) -> Any:
     """Join results of the pieces in order, the inverse of ``split_batch``: tensors are
-    concatenated on dim 0, lists concatenated, tuples and dicts merged member by member.
-    One piece is returned as is."""
+    concatenated on dim 0, lists concatenated, tuples and mappings merged member by member
+    (keeping their type where it can be rebuilt, see ``like_mapping``). One piece is returned
+    as is."""
     import torch
 
     if not outputs:
@@ -307,7 +310,7 @@ def merge_batch(outputs: list[Any]) -> Any:
     kinds = {type(o).__name__ for o in outputs}
     if len(kinds) > 1 and not all(isinstance(o, torch.Tensor) for o in outputs):
         raise TypeError(f"the replicas' results have different types {sorted(kinds)}")
-    if isinstance(first, dict) and any(o.keys() != first.keys() for o in outputs):
+    if isinstance(first, Mapping) and any(o.keys() != first.keys() for o in outputs):
         keys = sorted({repr(k) for o in outputs for k in o.keys() ^ first.keys()})
         raise TypeError(f"the replicas' results have different keys (not in all: {keys[:8]})")
     if isinstance(first, tuple) and len({len(o) for o in outputs}) > 1:
@@ -322,8 +325,8 @@ def merge_batch(outputs: list[Any]) -> Any:
         return like(first, [merge_batch([o[i] for o in outputs]) for i in range(len(first))])
     if isinstance(first, list):
         return [x for o in outputs for x in o]
-    if isinstance(first, dict):
-        return {k: merge_batch([o[k] for o in outputs]) for k in first}
+    if isinstance(first, Mapping):
+        return like_mapping(first, {k: merge_batch([o[k] for o in outputs]) for k in first})
     raise TypeError(f"cannot merge results of type {type(first).__name__}; give the spec a merge")
 
 
@@ -335,8 +338,28 @@ def like(value: tuple, members: list[Any]) -> tuple:
     return tuple(members)
 
 
+def like_mapping(value: Mapping, members: dict[Any, Any]) -> Mapping:
+    """``members`` as a mapping of ``value``'s kind where ``type(value)(members)`` rebuilds it
+    with the same keys (a ``BatchEncoding``, a transformers ``ModelOutput``, an
+    ``OrderedDict``), else as a plain dict. A mapping that is no dict was not looked into at
+    all (its tensors were not moved to the device, nor split across replicas), and a dict
+    subclass came back a plain dict."""
+    kind = type(value)
+    if kind is dict:
+        return members
+    try:
+        rebuilt = kind(members)
+    except Exception:  # (a defaultdict, a read-only view: no such constructor)
+        return members
+    if not isinstance(rebuilt, kind) or rebuilt.keys() != members.keys():
+        return members
+    return rebuilt
+
+
 def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """Apply ``fn`` to every tensor inside nested tuples/lists/dicts; other values are kept."""
+    """Apply ``fn`` to every tensor inside nested tuples/lists/mappings; other values are
+    kept. Tuples and mappings keep their type where it can be rebuilt (``like``,
+    ``like_mapping``)."""
     import torch
 
     if isinstance(value, torch.Tensor):
@@ -345,6 +368,6 @@ def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
         return like(value, [map_tensors(v, fn) for v in value])
     if isinstance(value, list):
         return [map_tensors(v, fn) for v in value]
-    if isinstance(value, dict):
-        return {k: map_tensors(v, fn) for k, v in value.items()}
+    if isinstance(value, Mapping):
+        return like_mapping(value, {k: map_tensors(v, fn) for k, v in value.items()})
     return value

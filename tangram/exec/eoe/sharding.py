@@ -15,10 +15,10 @@ module import time.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tangram.exec.eoe.registry import like
+from tangram.exec.eoe.registry import like, like_mapping
 
 if TYPE_CHECKING:
     import torch
@@ -102,8 +102,8 @@ def _move_to(value: Any, device: Any) -> Any:
         return like(value, [_move_to(v, device) for v in value])
     if isinstance(value, list):
         return [_move_to(v, device) for v in value]
-    if isinstance(value, dict):
-        return {k: _move_to(v, device) for k, v in value.items()}
+    if isinstance(value, Mapping):
+        return like_mapping(value, {k: _move_to(v, device) for k, v in value.items()})
     return value
 
 
