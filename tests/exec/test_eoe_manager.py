@@ -1158,3 +1158,27 @@ def test_mapping_inputs_and_dict_subclass_results_are_moved_split_and_keep_their
     assert isinstance(out.value, SequenceClassifierOutput)
     assert torch.allclose(out.value.logits, reference(1, 0, ids))
     assert torch.equal(batch["input_ids"], ids)  # the caller's inputs are untouched
+
+
+class FailingRestoreDevice(CpuDevice):
+    """A CPU device whose allocations fail after a while (a restore that fails midway)."""
+
+    def alloc(self, nbytes: int) -> torch.Tensor:
+        time.sleep(0.02)  # (so the failed attempt surely takes time to count)
+        raise DeviceOutOfMemoryError(f"device {self.index}: taken meanwhile")
+
+
+def test_a_failed_restores_time_is_not_counted_as_restore_time() -> None:
+    """stats().restore_s counted a failed restore's time next to 0 bytes restored, so the
+    restore rate a trace calibration derives (bytes_restored / restore_s) came out too slow.
+    It is counted in failed_restore_s, apart."""
+    device = FailingRestoreDevice(0, 4 * UNIT)
+    with EoeManager(EoeConfig(), devices=[device]) as m:
+        m.register(blob_spec("a"))
+        out = m.call("a", X)
+        assert isinstance(out.error, RestoreOutOfMemoryError), out
+        assert out.restore_s > 0  # the call's own outcome still shows the attempt
+        stats = m.stats()
+        assert stats.restores == 0 and stats.bytes_restored == 0
+        assert stats.restore_s == 0.0
+        assert stats.failed_restore_s >= out.restore_s

@@ -139,6 +139,7 @@ class Counters:
     restore_s: float = 0.0
     evict_s: float = 0.0
     unverified_evictions: int = 0
+    failed_restore_s: float = 0.0
     errors_by_type: Counter[str] = field(default_factory=Counter)
 
     def count(self, outcome: CallOutcome) -> None:
@@ -167,6 +168,7 @@ class Counters:
             restore_s=self.restore_s,
             evict_s=self.evict_s,
             unverified_evictions=self.unverified_evictions,
+            failed_restore_s=self.failed_restore_s,
             errors_by_type=dict(self.errors_by_type),
             devices=devices,
         )

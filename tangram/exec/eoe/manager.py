@@ -437,11 +437,13 @@ class EoeManager:
     ) -> None:
         """Free the evictees, then restore the placeholders (the caller holds the device locks)."""
         t0 = time.perf_counter()
+        restored = False
         try:
             for victim in victims:
                 state.evict_s += self._free(victim)
             t0 = time.perf_counter()
             self._restore(state.service, placeholders)
+            restored = True
         except BaseException as exc:
             with self._cond:
                 self._ledger.abandon(placeholders, exc)
@@ -453,7 +455,7 @@ class EoeManager:
             state.restored.extend(r.gpu for r in placeholders if r.error is None)
             if placeholders:
                 with self._cond:
-                    self._ledger.restore_time(elapsed)
+                    self._ledger.restore_time(elapsed, completed=restored)
 
     def _restore(self, svc: Service, reps: list[Replica]) -> None:
         """Restore ``reps`` (placeholders this call owns): start every copy, then wait for all."""

@@ -146,10 +146,13 @@ class EoeStats:
     evictions: int
     bytes_restored: int
     bytes_evicted: int
+    #: Seconds of completed restores, which restored ``bytes_restored``: their rate.
     restore_s: float
     evict_s: float
     #: Evictions after which the allocator did not show the replica's bytes freed.
     unverified_evictions: int
+    #: Seconds spent on restores that failed (counted apart from ``restore_s``).
+    failed_restore_s: float = 0.0
     errors_by_type: dict[str, int] = field(default_factory=dict)
     devices: tuple[DeviceStats, ...] = ()
 
