@@ -47,6 +47,7 @@ from tangram.exec.eoe.testing import (
     Blob,
     blob_reference,
     blob_spec,
+    checked_call,
     same_bytes,
 )
 from tests.exec.eoe_setup import eoe_config
@@ -1182,3 +1183,23 @@ def test_a_failed_restores_time_is_not_counted_as_restore_time() -> None:
         assert stats.restores == 0 and stats.bytes_restored == 0
         assert stats.restore_s == 0.0
         assert stats.failed_restore_s >= out.restore_s
+
+
+@pytest.mark.parametrize("kw", [{"dops": (4,)}, {"dops": (4, 8)}, {"shards": 4, "dops": (1,)}])
+def test_a_service_no_dop_of_the_node_can_run_is_refused_at_register(managers, kw) -> None:
+    """dops=(4,) (or shards=4) on 2 devices registered, built and backed up, and then every
+    call of it failed with DopNotSupportedError: refused at register, naming the DoPs and the
+    devices, before its factory runs."""
+    m = managers(config(devices=2))
+    built: list[int] = []
+
+    def factory() -> nn.Module:
+        built.append(1)
+        return Blob(0.5, 0)
+
+    spec = ServiceSpec("wide", factory=factory, call=checked_call(), **kw)
+    with pytest.raises(DopNotSupportedError, match=r"DoPs \(4,.*2 GPUs"):
+        m.register(spec)
+    assert not built and m.services() == () and m._host_bytes == 0
+    m.register(blob_spec("narrow", dops=(1, 2, 4)))  # a DoP the node has: registered
+    assert m.call("narrow", X, dop=2).ok

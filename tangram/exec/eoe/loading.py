@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from tangram.exec.eoe.backup import HostBackup, LazyWeights
 from tangram.exec.eoe.bookkeeping import Service
 from tangram.exec.eoe.engine import EngineBackup
-from tangram.exec.eoe.errors import ServiceSpecError, ServiceTooLargeError
+from tangram.exec.eoe.errors import DopNotSupportedError, ServiceSpecError, ServiceTooLargeError
 from tangram.exec.eoe.records import ServiceInfo
 from tangram.exec.eoe.registry import ServiceSpec
 
@@ -24,7 +24,9 @@ def build_service(
 ) -> Service:
     """``spec`` built and backed up, with its figures.
 
-    ``ServiceSpecError`` if the factory raised or ``memory_bytes`` is below the measured size;
+    ``DopNotSupportedError`` if no DoP of the service fits the node's GPUs (checked before
+    the factory runs); ``ServiceSpecError`` if the factory raised or ``memory_bytes`` is
+    below the measured size;
     ``ServiceTooLargeError`` if one replica plus workspace exceeds the largest of the GPUs'
     ``budgets`` (every GPU of a cell holds a whole data-parallel replica), or, for an engine
     service, its home GPU's budget (checked from its declared ``memory_bytes`` before the
@@ -32,6 +34,7 @@ def build_service(
     host backup's size as soon as it is known: before the backup's buffer is allocated and
     its weights copied (or read from their files), so that it may refuse the service first.
     """
+    check_dops(spec, len(budgets))
     home = spec.home if spec.home is not None and 0 <= spec.home < len(budgets) else None
     # An engine runs on its home GPU only; a home this executor lacks is refused at each call.
     budget = budgets[home] if home is not None else max(budgets)
@@ -95,3 +98,16 @@ def build_service(
             f"{where}; every GPU of a cell holds {held}, so no cell can run it"
         )
     return Service(spec, backup, info)
+
+
+def check_dops(spec: ServiceSpec, gpus: int) -> None:
+    """``DopNotSupportedError`` unless some DoP of ``spec`` fits a node of ``gpus`` GPUs: a
+    service of dops=(4,) (or shards=4) on 2 GPUs was registered (built, backed up, its host
+    bytes booked), and every call of it then failed with DopNotSupportedError."""
+    if any(d <= gpus for d in spec.dops):
+        return
+    split = f", split in {spec.shards} layer shards," if spec.shards > 1 else ""
+    raise DopNotSupportedError(
+        f"service {spec.name!r}{split} runs at DoPs {spec.dops} (cells of that many GPUs), "
+        f"but this executor has {gpus} GPUs: no call of it could run"
+    )

@@ -130,8 +130,9 @@ class EoeManager:
     def register(self, spec: ServiceSpec) -> ServiceInfo:
         """Build the service on the host, back it up, and make it callable.
 
-        Raises ``DuplicateServiceError``, ``ServiceSpecError`` (factory failed, memory_bytes
-        below the measured size), ``ServiceTooLargeError`` (no GPU of this executor could hold
+        Raises ``DuplicateServiceError``, ``DopNotSupportedError`` (no DoP of the service fits
+        this executor's GPUs), ``ServiceSpecError`` (factory failed, memory_bytes below the
+        measured size), ``ServiceTooLargeError`` (no GPU of this executor could hold
         one replica plus workspace) or ``HostMemoryError``.
         """
         self._check_open()
