@@ -509,3 +509,56 @@ def test_a_tokenizers_own_batch_encoding_is_taken_as_inputs_at_every_dop(
             out = m.call(kind, encoded, dop=dop)
             assert out.ok, out.message
             assert torch.allclose(pick(kind)(out.value), pick(kind)(plain), atol=ATOL, rtol=0)
+
+
+def _scaled_llama_classes() -> type:
+    """A Llama causal LM with a trained persistent buffer (its logits' scale, 1 when built),
+    registered with the Auto classes under its own model type, as a checkpoint's would be."""
+    from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    class ScaledLlamaConfig(LlamaConfig):
+        model_type = "tangram-scaled-llama"
+
+    class ScaledLlama(LlamaForCausalLM):
+        config_class = ScaledLlamaConfig
+
+        def __init__(self, config: Any) -> None:
+            super().__init__(config)
+            self.register_buffer("logit_scale", torch.ones(()))
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            out = super().forward(*args, **kwargs)
+            out.logits = out.logits * self.logit_scale
+            return out
+
+    AutoConfig.register(ScaledLlamaConfig.model_type, ScaledLlamaConfig, exist_ok=True)
+    AutoModelForCausalLM.register(ScaledLlamaConfig, ScaledLlama, exist_ok=True)
+    return ScaledLlama
+
+
+def test_a_checkpoints_persistent_buffers_are_loaded_as_from_pretrained_loads_them(
+    tmp_path: Path,
+) -> None:
+    """load_lazy read only the parameters from the safetensors: a persistent buffer kept the
+    value the model is built with, so a service from a checkpoint with a trained buffer
+    answered differently from the model transformers loads from the same directory."""
+    from transformers import LlamaConfig
+
+    from tangram.exec.eoe.hf_tiny import tokenizer
+
+    base = save_model_dir(tmp_path / "base", "teacher", SHAPE, seed=0)
+    scaled = _scaled_llama_classes()
+    config = LlamaConfig.from_pretrained(str(base)).to_dict()
+    config.pop("model_type", None)
+    model = scaled(scaled.config_class(**config)).eval()
+    model.logit_scale.fill_(2.5)  # trained: not the value it is built with
+    path = tmp_path / "scaled"
+    model.save_pretrained(str(path))
+    tokenizer(SHAPE).save_pretrained(str(path))
+    svc = hf_service("scaled", path, "teacher")
+    inputs = batch(svc.tokenizer)
+    with manager(devices=1) as m:
+        m.register(svc.spec)
+        got = m.call("scaled", inputs).unwrap()["token_logprobs"]
+    assert float(load_model(path, "teacher").logit_scale) == 2.5
+    assert torch.allclose(got, reference_logprobs(path, inputs), atol=ATOL, rtol=0)

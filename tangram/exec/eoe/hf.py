@@ -5,7 +5,8 @@ per sequence), loaded with ``transformers`` from local files only (no hub at run
 ``hf_service(name, path, kind)`` gives an ``HfService``: its ``spec`` (register it with an
 ``EoeManager``) and its tokenizer, which front ends (the OpenAI-style routes) use to turn text
 into token ids. At registration the model is built from the directory's config with its
-parameters on the ``meta`` device (buffers such as rotary tables are computed as usual), and
+parameters on the ``meta`` device (buffers such as rotary tables are computed as usual; the
+persistent buffers the checkpoint holds are read from it, as ``from_pretrained`` does), and
 the host backup reads each parameter straight from the safetensors files into its place
 (``backup.LazyWeights``): the weights are held once on the host, not twice. A checkpoint whose
 names do not cover every parameter (renamed keys, a head it lacks) is loaded with
@@ -278,7 +279,9 @@ def _parameters_on_meta() -> Iterator[None]:
 def load_lazy(path: str | Path, kind: str, dtype: str | None = None) -> LazyWeights | None:
     """The model in ``path`` without its weights and a reader of them from the safetensors
     files (each parameter in its file's dtype, or ``dtype``); None when the files do not name
-    every parameter (``from_pretrained`` knows how to map or initialise those)."""
+    every parameter (``from_pretrained`` knows how to map or initialise those). Persistent
+    buffers the files hold are loaded now (``_load_buffers``), as ``from_pretrained`` loads
+    them."""
     import torch
     import transformers
     from safetensors import safe_open
@@ -315,6 +318,8 @@ def load_lazy(path: str | Path, kind: str, dtype: str | None = None) -> LazyWeig
         meta = torch.nn.Parameter(torch.empty(shape, dtype=param_dtype, device="meta"), False)
         for owner, leaf in places:  # tied names keep one parameter
             owner._parameters[leaf] = meta
+    if not _load_buffers(model, files, want):
+        return None
 
     def read(aliases: tuple[str, ...]) -> torch.Tensor:
         name = next(n for n in aliases if n in files)
@@ -323,6 +328,38 @@ def load_lazy(path: str | Path, kind: str, dtype: str | None = None) -> LazyWeig
         return tensor if want is None else tensor.to(want)
 
     return LazyWeights(model, read)
+
+
+def _load_buffers(model: torch.nn.Module, files: dict[str, Path], want: Any) -> bool:
+    """Put each persistent buffer the safetensors ``files`` hold into ``model`` (in the file's
+    dtype, or ``want`` for a floating one); those the files lack keep their built value, as
+    with ``from_pretrained``. Only parameters were read: a checkpoint's trained buffer (a
+    scale, running statistics) kept the value the model is built with, so the service
+    answered differently from the model ``from_pretrained`` gives. False (load it with
+    ``from_pretrained``) when a stored buffer's shape is not the model's."""
+    from safetensors import safe_open
+
+    aliases: dict[int, list[tuple[str, torch.nn.Module, str]]] = {}
+    shapes: dict[int, tuple[int, ...]] = {}
+    for name, buffer in model.named_buffers(remove_duplicate=False):
+        owner_name, _, leaf = name.rpartition(".")
+        owner = model.get_submodule(owner_name) if owner_name else model
+        if buffer is not None and leaf not in owner._non_persistent_buffers_set:
+            aliases.setdefault(id(buffer), []).append((name, owner, leaf))
+            shapes[id(buffer)] = tuple(buffer.shape)
+    for key, places in aliases.items():
+        found = next((name for name, _, _ in places if name in files), None)
+        if found is None:
+            continue
+        with safe_open(str(files[found]), framework="pt") as f:
+            stored = f.get_tensor(found)
+        if tuple(stored.shape) != shapes[key]:
+            return False
+        if want is not None and stored.is_floating_point():
+            stored = stored.to(want)
+        for _, owner, leaf in places:  # tied names keep one buffer
+            owner._buffers[leaf] = stored
+    return True
 
 
 #: The dtypes a model directory may be loaded in (``hf_service(dtype=...)``): floating ones.
