@@ -1203,3 +1203,27 @@ def test_a_service_no_dop_of_the_node_can_run_is_refused_at_register(managers, k
     assert not built and m.services() == () and m._host_bytes == 0
     m.register(blob_spec("narrow", dops=(1, 2, 4)))  # a DoP the node has: registered
     assert m.call("narrow", X, dop=2).ok
+
+
+def test_an_interrupt_while_a_restore_waits_for_its_copies_leaves_the_books_as_they_were(
+    managers, monkeypatch
+) -> None:
+    """A KeyboardInterrupt (no Exception) while the restore waited for its copies went past
+    the books: the placeholder was dropped, but the bytes it had allocated stayed counted as
+    the manager's own (live) for good, hiding as much foreign memory from every later plan
+    on that GPU. The interrupt still propagates."""
+    import tangram.exec.eoe.manager as manager_module
+
+    def interrupted(fences: object) -> None:
+        raise KeyboardInterrupt
+
+    m = managers(config(devices=2, units=4))
+    m.register(blob_spec("a"))
+    monkeypatch.setattr(manager_module, "wait_for_copies", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        m.call("a", X, dop=2)
+    assert m._ledger.live == [0, 0] and m._ledger.replicas == {}
+    assert [d.claimed_bytes for d in m.stats().devices] == [0, 0] and m.residency() == {}
+    monkeypatch.undo()
+    assert m.call("a", X, dop=2).ok
+    assert m._ledger.live == [UNIT, UNIT] or BACKEND == "cuda"

@@ -459,11 +459,33 @@ class EoeManager:
                     self._ledger.restore_time(elapsed, completed=restored)
 
     def _restore(self, svc: Service, reps: list[Replica]) -> None:
-        """Restore ``reps`` (placeholders this call owns): start every copy, then wait for all."""
+        """Restore ``reps`` (placeholders this call owns): start every copy, then wait for all.
+
+        All or nothing, on every path: an interrupt (a KeyboardInterrupt, no Exception) on the
+        way is booked as a failed restore, what was copied let go, and then re-raised (the
+        bytes allocated stayed counted as the manager's own for good, hiding as much foreign
+        memory from every later plan on that GPU)."""
         if not reps:
             return
         started: list[Started] = []
-        failure: EoeError | None = None
+        try:
+            failure = self._start_copies(svc, reps, started)
+            failure = self._wait_copies(svc, started, failure)
+        except BaseException as exc:
+            failure = RestoreError(
+                f"service {svc.spec.name!r}: restore interrupted by {type(exc).__name__}"
+            )
+            self._restores_done(reps, started, failure)
+            raise
+        self._restores_done(reps, started, failure)
+        if failure is not None:
+            raise failure
+
+    def _start_copies(
+        self, svc: Service, reps: list[Replica], started: list[Started]
+    ) -> EoeError | None:
+        """Start the copy of each of ``reps`` in turn, appending each to ``started`` as its
+        bytes are booked live; the first failure stops it and is returned."""
         for rep in reps:
             try:
                 shard = rep.gpu % svc.info.shards if svc.info.shards > 1 else None
@@ -471,25 +493,34 @@ class EoeManager:
                     svc.spec.name, svc.backup, self.devices[rep.gpu], rep.gpu, shard
                 )
             except EoeError as exc:
-                failure = exc
-                break
-            started.append((rep, module, storage, fence))
-            with self._cond:
+                return exc
+            with self._cond:  # booked live and listed together: undone together
                 self._ledger.copy_started(rep.gpu, int(storage.numel()))
+                started.append((rep, module, storage, fence))
             del module, storage
+        return None
+
+    def _wait_copies(
+        self, svc: Service, started: list[Started], failure: EoeError | None
+    ) -> EoeError | None:
+        """Wait for the copies started (they ran concurrently); the restore's failure, if any."""
         try:
-            wait_for_copies(fence for *_, fence in started)  # the copies ran concurrently
+            wait_for_copies(fence for *_, fence in started)
         except Exception as exc:  # (a CUDA error surfaces at the synchronize)
-            failure = failure or RestoreError(
+            return failure or RestoreError(
                 f"service {svc.spec.name!r}: waiting for its copies failed: "
                 f"{type(exc).__name__}: {exc}"
             )
+        return failure
+
+    def _restores_done(
+        self, reps: list[Replica], started: list[Started], failure: EoeError | None
+    ) -> None:
+        """Book the restore's end (all or nothing) and wake the calls waiting for it."""
         with self._cond:
             self._ledger.restores_done(reps, started, failure)
             self._cond.notify_all()
         started.clear()  # on a failure, this lets go of what was copied
-        if failure is not None:
-            raise failure
 
     def _free(self, victim: Replica) -> float:
         """Drop an evicted replica's weights and unbook it; the caller holds its device lock.
