@@ -1227,3 +1227,32 @@ def test_an_interrupt_while_a_restore_waits_for_its_copies_leaves_the_books_as_t
     monkeypatch.undo()
     assert m.call("a", X, dop=2).ok
     assert m._ledger.live == [UNIT, UNIT] or BACKEND == "cuda"
+
+
+def test_an_interrupt_while_evicting_leaves_no_bytes_booked(managers, monkeypatch) -> None:
+    """A KeyboardInterrupt while an evicted replica's weights were dropped went past the
+    books: the replica had left the residency, but its bytes stayed claimed (and live) on
+    its GPU for good, as did those of the replicas the same eviction had still to free.
+    Every one is now booked as freed, and the interrupt propagates."""
+    import tangram.exec.eoe.manager as manager_module
+
+    real = manager_module.drop_weights
+    calls: list[int] = []
+
+    def interrupted_once(replica: object, device: object, backup: object) -> tuple[int, int]:
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return real(replica, device, backup)
+
+    m = managers(config(devices=2, units=4))
+    m.register(blob_spec("a"))
+    assert m.call("a", X, dop=2).ok
+    monkeypatch.setattr(manager_module, "drop_weights", interrupted_once)
+    with pytest.raises(KeyboardInterrupt):
+        m.evict("a")
+    assert len(calls) == 2  # the second replica was freed too
+    assert [d.claimed_bytes for d in m.stats().devices] == [0, 0]
+    assert m._ledger.live == [0, 0] and m.residency() == {}
+    monkeypatch.undo()
+    assert m.call("a", X, dop=2).ok

@@ -440,8 +440,7 @@ class EoeManager:
         t0 = time.perf_counter()
         restored = False
         try:
-            for victim in victims:
-                state.evict_s += self._free(victim)
+            state.evict_s += self._free_all(victims)
             t0 = time.perf_counter()
             self._restore(state.service, placeholders)
             restored = True
@@ -530,20 +529,40 @@ class EoeManager:
         t0 = time.perf_counter()
         svc = self._services.get(victim.service)
         backup = None if svc is None else svc.backup
+        interrupt: BaseException | None = None
         try:
             size, freed = drop_weights(victim, self.devices[victim.gpu], backup)
-        except Exception:
-            # (An engine's sleep that raised.) The replica has left the books: its claim must
-            # go too, or it stays booked for ever and calls wait for bytes nothing frees.
-            # Whatever the drop left allocated shows up as foreign memory in later plans.
+        except BaseException as exc:
+            # (An engine's sleep that raised, or an interrupt.) The replica has left the
+            # books: its claim must go too, or it stays booked for ever and calls wait for
+            # bytes nothing frees. Whatever the drop left allocated shows up as foreign
+            # memory in later plans. An interrupt is re-raised once the books are right.
             log.exception("dropping %r from GPU %d raised", victim.service, victim.gpu)
             size, freed = victim.nbytes, 0
             victim.module = victim.storage = None
+            interrupt = None if isinstance(exc, Exception) else exc
         elapsed = time.perf_counter() - t0
         with self._cond:
             self._ledger.freed(victim, size, freed, elapsed)
             self._cond.notify_all()
+        if interrupt is not None:
+            raise interrupt
         return elapsed
+
+    def _free_all(self, victims: list[Replica]) -> float:
+        """``_free`` each of ``victims`` (taken out of the books already), past an interrupt
+        freeing one: the others' bytes stayed claimed for good. The first interrupt is
+        re-raised once all are freed. Returns the seconds it took."""
+        total = 0.0
+        interrupt: BaseException | None = None
+        for victim in victims:
+            try:
+                total += self._free(victim)
+            except BaseException as exc:
+                interrupt = interrupt or exc
+        if interrupt is not None:
+            raise interrupt
+        return total
 
     # --- explicit eviction --------------------------------------------------------------------
 
@@ -556,7 +575,6 @@ class EoeManager:
         self._service(service)
         targets = eviction_targets(gpus, len(self.devices))
         start = time.perf_counter()
-        freed = 0
         with contextlib.ExitStack() as stack:
             for g in targets:
                 stack.enter_context(self._device_locks[g])
@@ -565,9 +583,8 @@ class EoeManager:
                 if plan.busy:
                     raise ServiceInUseError(plan.reason)
                 reps = self._ledger.take_out(plan.evict)
-            for rep in reps:
-                freed += rep.moved(rep.nbytes)
-                self._free(rep)
+            freed = sum(rep.moved(rep.nbytes) for rep in reps)
+            self._free_all(reps)
         self._feed.deliver()
         return EvictOutcome(service, tuple(r.gpu for r in reps), freed, time.perf_counter() - start)
 
