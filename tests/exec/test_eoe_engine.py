@@ -93,8 +93,22 @@ def test_an_engine_runs_on_its_home_gpu_only(model_dir: Path) -> None:
         assert m.call("t", ids()).gpus == (1,)
         wrong = m.call("t", ids(), gpus=(0,))
         assert isinstance(wrong.error, InvalidCellError) and "GPU 1 only" in wrong.message
-        m.register(engine_spec("far", teacher_engine(model_dir), home=5, memory_bytes=2 * MIB))
-        assert isinstance(m.call("far", ids()).error, InvalidCellError)
+
+
+def test_an_engine_whose_home_gpu_the_node_lacks_is_refused_at_register() -> None:
+    """home=5 on 2 GPUs was registered (its engine built, its weights booked on the host),
+    and every call of it then failed with InvalidCellError: refused at register, naming the
+    home GPU and the executor's GPUs, before its engine is built."""
+    built: list[int] = []
+
+    def factory() -> Any:
+        built.append(1)
+        raise AssertionError("the engine was built")
+
+    with manager(devices=2) as m:
+        with pytest.raises(InvalidCellError, match=r"GPU 5 only.*has 2 GPUs"):
+            m.register(engine_spec("far", factory, home=5, memory_bytes=2 * MIB))
+        assert not built and m.services() == () and m._host_bytes == 0
 
 
 def test_an_engine_too_large_for_its_home_gpu_is_refused_before_it_is_built() -> None:

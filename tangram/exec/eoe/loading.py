@@ -10,7 +10,12 @@ from collections.abc import Callable, Sequence
 from tangram.exec.eoe.backup import HostBackup, LazyWeights
 from tangram.exec.eoe.bookkeeping import Service
 from tangram.exec.eoe.engine import EngineBackup
-from tangram.exec.eoe.errors import DopNotSupportedError, ServiceSpecError, ServiceTooLargeError
+from tangram.exec.eoe.errors import (
+    DopNotSupportedError,
+    InvalidCellError,
+    ServiceSpecError,
+    ServiceTooLargeError,
+)
 from tangram.exec.eoe.records import ServiceInfo
 from tangram.exec.eoe.registry import ServiceSpec
 
@@ -24,8 +29,9 @@ def build_service(
 ) -> Service:
     """``spec`` built and backed up, with its figures.
 
-    ``DopNotSupportedError`` if no DoP of the service fits the node's GPUs (checked before
-    the factory runs); ``ServiceSpecError`` if the factory raised or ``memory_bytes`` is
+    ``DopNotSupportedError`` if no DoP of the service fits the node's GPUs, and
+    ``InvalidCellError`` if the node lacks an engine's home GPU (both checked before the
+    factory runs); ``ServiceSpecError`` if the factory raised or ``memory_bytes`` is
     below the measured size;
     ``ServiceTooLargeError`` if one replica plus workspace exceeds the largest of the GPUs'
     ``budgets`` (every GPU of a cell holds a whole data-parallel replica), or, for an engine
@@ -35,8 +41,8 @@ def build_service(
     its weights copied (or read from their files), so that it may refuse the service first.
     """
     check_dops(spec, len(budgets))
-    home = spec.home if spec.home is not None and 0 <= spec.home < len(budgets) else None
-    # An engine runs on its home GPU only; a home this executor lacks is refused at each call.
+    check_home(spec, len(budgets))
+    home = spec.home  # an engine runs on its home GPU only
     budget = budgets[home] if home is not None else max(budgets)
     where = (
         f"its home GPU {home} has a budget of {budget} bytes (its engine runs there only)"
@@ -111,3 +117,14 @@ def check_dops(spec: ServiceSpec, gpus: int) -> None:
         f"service {spec.name!r}{split} runs at DoPs {spec.dops} (cells of that many GPUs), "
         f"but this executor has {gpus} GPUs: no call of it could run"
     )
+
+
+def check_home(spec: ServiceSpec, gpus: int) -> None:
+    """``InvalidCellError`` when ``spec`` is an engine service whose home GPU a node of
+    ``gpus`` GPUs lacks: home=5 on 2 GPUs was registered (its engine built, its weights
+    booked on the host), and every call of it then failed with InvalidCellError."""
+    if spec.home is not None and spec.home >= gpus:
+        raise InvalidCellError(
+            f"service {spec.name!r} runs on GPU {spec.home} only (its engine lives there), "
+            f"but this executor has {gpus} GPUs: no call of it could run"
+        )

@@ -131,7 +131,8 @@ class EoeManager:
         """Build the service on the host, back it up, and make it callable.
 
         Raises ``DuplicateServiceError``, ``DopNotSupportedError`` (no DoP of the service fits
-        this executor's GPUs), ``ServiceSpecError`` (factory failed, memory_bytes below the
+        this executor's GPUs), ``InvalidCellError`` (an engine's home GPU is not one of this
+        executor's), ``ServiceSpecError`` (factory failed, memory_bytes below the
         measured size), ``ServiceTooLargeError`` (no GPU of this executor could hold
         one replica plus workspace) or ``HostMemoryError``.
         """
