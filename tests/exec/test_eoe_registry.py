@@ -293,3 +293,11 @@ def test_spec_dops_that_are_no_sequence_of_dops_are_refused_naming_them(dops: ob
     spec, and dops={1: 1} was taken as (1,)."""
     with pytest.raises(ServiceSpecError, match=r"dops must be a tuple of DoPs.*got"):
         _spec(dops=dops)
+
+
+@pytest.mark.parametrize("field", ["split", "merge"])
+def test_a_split_or_merge_that_is_no_function_is_refused_naming_it(field: str) -> None:
+    """split=5 (or merge='cat') made a spec, registered, and ran at DoP 1; every call at
+    DoP > 1 then failed ('int' object is not callable, as InputSplitError or CallFailedError)."""
+    with pytest.raises(ServiceSpecError, match=rf"{field} must be callable or None, got 5"):
+        _spec(dops=(1, 2), **{field: 5})

@@ -80,6 +80,14 @@ class ServiceSpec:
             raise ServiceSpecError(f"service {self.name!r}: factory must be callable")
         if not callable(self.call):
             raise ServiceSpecError(f"service {self.name!r}: call must be callable")
+        for field_name in ("split", "merge"):  # (else every call at DoP > 1 failed on it)
+            value = getattr(self, field_name)
+            if value is not None and not callable(value):
+                raise ServiceSpecError(
+                    f"service {self.name!r}: {field_name} must be callable or None, got {value!r}"[
+                        :300
+                    ]
+                )
         if not isinstance(self.dops, tuple | list | set | frozenset | range):
             # dops=2 was a bare TypeError ('int' object is not iterable); {1: 1} was (1,).
             raise ServiceSpecError(
