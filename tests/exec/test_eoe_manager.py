@@ -1256,3 +1256,22 @@ def test_an_interrupt_while_evicting_leaves_no_bytes_booked(managers, monkeypatc
     assert m._ledger.live == [0, 0] and m.residency() == {}
     monkeypatch.undo()
     assert m.call("a", X, dop=2).ok
+
+
+def _top_call(module: nn.Module, x: torch.Tensor) -> Any:
+    return module(x).reshape(-1, 2).topk(1)
+
+
+@pytest.mark.parametrize("dop", [1, 2])
+def test_a_torch_return_type_result_keeps_its_fields(managers, dop: int) -> None:
+    """torch's structured results (``x.topk(k)``: a tuple with .values and .indices, no named
+    tuple) came back plain tuples from the move to the host, so a caller reading
+    ``out.value.values`` failed."""
+    m = managers(config(devices=2))
+    m.register(blob_spec("top", call=_top_call))
+    out = m.call("top", X.reshape(3, 2), dop=dop)
+    assert out.ok, out.message
+    want = reference(1, 0, X.reshape(3, 2)).topk(1)
+    assert type(out.value) is type(want)
+    assert torch.equal(out.value.values, want.values)
+    assert torch.equal(out.value.indices, want.indices)

@@ -12,6 +12,7 @@ No torch import happens at module import time, so ``tangram --help`` works witho
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import re
 import threading
@@ -340,9 +341,15 @@ def merge_batch(outputs: list[Any]) -> Any:
 
 def like(value: tuple, members: list[Any]) -> tuple:
     """``members`` as a tuple of ``value``'s kind: a named tuple stays one (it came out of a
-    move, split or merge a plain tuple, so a call reading its inputs by name failed)."""
-    if hasattr(type(value), "_fields"):
-        return type(value)(*members)
+    move, split or merge a plain tuple, so a call reading its inputs by name failed), and so
+    does torch's structured result (``x.topk(k)``, a struct sequence: its
+    ``.values`` were lost on the way back to the caller)."""
+    kind = type(value)
+    if hasattr(kind, "_fields"):
+        return kind(*members)
+    if kind is not tuple and getattr(kind, "n_sequence_fields", None) == len(members):
+        with contextlib.suppress(TypeError):  # (one that takes more than its members)
+            return kind(members)
     return tuple(members)
 
 
