@@ -10,6 +10,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import pytest
@@ -1275,3 +1276,41 @@ def test_a_torch_return_type_result_keeps_its_fields(managers, dop: int) -> None
     assert type(out.value) is type(want)
     assert torch.equal(out.value.values, want.values)
     assert torch.equal(out.value.indices, want.indices)
+
+
+@dataclass(frozen=True)
+class Request:
+    """A call's inputs as a dataclass: a batch and a setting."""
+
+    x: torch.Tensor
+    scale: float = 1.0
+
+
+@dataclass
+class Reply:
+    """A call's result as a dataclass."""
+
+    head: torch.Tensor
+
+
+def _dataclass_call(module: nn.Module, inputs: Request) -> Reply:
+    inputs.x.add_(100)  # the replica's own copy: the caller's tensor must not change
+    return Reply(module.w[:4] * inputs.scale)  # (a view of the weights for scale 1)
+
+
+def test_dataclass_inputs_and_results_are_moved_as_copies(managers) -> None:
+    """A dataclass's tensors were not moved at all: the call got the caller's tensors (a
+    device mismatch on CUDA; on CPU a call changing its inputs changed the caller's), and a
+    result holding a view of the replica's weights kept the evicted replica's bytes
+    allocated for as long as the caller held it (an unverified eviction)."""
+    m = managers(config(devices=1, units=1.02))
+    m.register(blob_spec("dc", call=_dataclass_call))
+    m.register(blob_spec("next", seed=1))
+    x = X.clone()
+    kept = m.call("dc", Request(x)).unwrap()
+    assert isinstance(kept, Reply) and torch.equal(kept.head, Blob(1, 0).w[:4])
+    assert torch.equal(x, X)
+    out = m.call("next", X)
+    assert out.ok and out.evicted == (("dc", 0),), out.message
+    assert m.stats().unverified_evictions == 0
+    assert same_bytes(m.devices[0].allocated_bytes(), UNIT)

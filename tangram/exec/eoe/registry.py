@@ -13,6 +13,8 @@ No torch import happens at module import time, so ``tangram --help`` works witho
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import numbers
 import re
 import threading
@@ -372,8 +374,8 @@ def like_mapping(value: Mapping, members: dict[Any, Any]) -> Mapping:
 
 
 def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """Apply ``fn`` to every tensor inside nested tuples/lists/mappings; other values are
-    kept. Tuples and mappings keep their type where it can be rebuilt (``like``,
+    """Apply ``fn`` to every tensor inside nested tuples/lists/mappings/dataclasses; other
+    values are kept. Tuples and mappings keep their type where it can be rebuilt (``like``,
     ``like_mapping``)."""
     import torch
 
@@ -385,4 +387,20 @@ def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
         return [map_tensors(v, fn) for v in value]
     if isinstance(value, Mapping):
         return like_mapping(value, {k: map_tensors(v, fn) for k, v in value.items()})
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {
+            f.name: map_tensors(getattr(value, f.name), fn) for f in dataclasses.fields(value)
+        }
+        return with_fields(value, fields)
     return value
+
+
+def with_fields(value: Any, fields: dict[str, Any]) -> Any:
+    """A shallow copy of the dataclass instance ``value`` with ``fields`` set (frozen ones
+    too, without running its ``__post_init__`` again). A dataclass's tensors were not moved:
+    a call got the caller's tensors (a device mismatch on CUDA), and a result kept the
+    replica's device memory for as long as the caller held it."""
+    new = copy.copy(value)
+    for name, member in fields.items():
+        object.__setattr__(new, name, member)
+    return new
