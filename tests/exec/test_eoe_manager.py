@@ -1314,3 +1314,17 @@ def test_dataclass_inputs_and_results_are_moved_as_copies(managers) -> None:
     assert out.ok and out.evicted == (("dc", 0),), out.message
     assert m.stats().unverified_evictions == 0
     assert same_bytes(m.devices[0].allocated_bytes(), UNIT)
+
+
+def test_a_service_no_cell_of_its_dops_can_hold_is_refused_at_register() -> None:
+    """On GPUs of different budgets, a service of dops=(2,) that fits the larger GPU only was
+    registered (the check asked the largest budget alone), and every call of it then failed
+    with ServiceTooLargeError: each GPU of a 2-GPU cell holds a whole replica. Refused at
+    register, naming its DoPs; one that may run at DoP 1 on the larger GPU is registered."""
+    devices = [CpuDevice(0, 4 * UNIT), CpuDevice(1, UNIT // 2)]
+    with EoeManager(EoeConfig(), devices=devices) as m:
+        with pytest.raises(ServiceTooLargeError, match=r"DoPs \(2,\)"):
+            m.register(blob_spec("pair", dops=(2,)))
+        assert m.services() == () and m._host_bytes == 0
+        m.register(blob_spec("either", dops=(1, 2)))
+        assert m.call("either", X).gpus == (0,)

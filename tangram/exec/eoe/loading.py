@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 
 from tangram.exec.eoe.backup import HostBackup, LazyWeights
 from tangram.exec.eoe.bookkeeping import Service
+from tangram.exec.eoe.cells import aligned_cells
 from tangram.exec.eoe.engine import EngineBackup
 from tangram.exec.eoe.errors import (
     DopNotSupportedError,
@@ -103,6 +104,7 @@ def build_service(
             f"({info.resident_bytes} resident + {info.workspace_bytes} workspace) but "
             f"{where}; every GPU of a cell holds {held}, so no cell can run it"
         )
+    check_cells(info, budgets)
     return Service(spec, backup, info)
 
 
@@ -128,3 +130,22 @@ def check_home(spec: ServiceSpec, gpus: int) -> None:
             f"service {spec.name!r} runs on GPU {spec.home} only (its engine lives there), "
             f"but this executor has {gpus} GPUs: no call of it could run"
         )
+
+
+def check_cells(info: ServiceInfo, budgets: Sequence[int]) -> None:
+    """``ServiceTooLargeError`` unless some aligned cell of one of the service's DoPs has a
+    budget on each of its GPUs that holds ``need_bytes``: on GPUs of different budgets, a
+    service of dops=(2,) that fit the largest GPU alone was registered (only the largest
+    budget was asked), and every call of it then failed. (An engine's home GPU was checked
+    already: it runs there only.)"""
+    if info.home is not None:
+        return
+    n = len(budgets)
+    for dop in (d for d in info.dops if d <= n):
+        if any(all(budgets[g] >= info.need_bytes for g in cell) for cell in aligned_cells(n, dop)):
+            return
+    raise ServiceTooLargeError(
+        f"service {info.name!r} needs {info.need_bytes} bytes per GPU and runs at DoPs "
+        f"{info.dops}, but no aligned cell of those sizes has that on each of its GPUs "
+        f"(budgets {list(budgets)[:16]}): no call of it could run"
+    )
