@@ -17,7 +17,7 @@ import torch
 from tangram.exec.eoe import EoeConfig, EoeManager, ServiceSpec, ServiceSpecError
 from tangram.exec.eoe.devices import CpuDevice
 from tangram.exec.eoe.engine import ModuleEngine, engine_spec
-from tangram.exec.eoe.errors import InvalidCellError, ServiceTooLargeError
+from tangram.exec.eoe.errors import InvalidCellError, RestoreError, ServiceTooLargeError
 from tangram.exec.eoe.hf import load_model, teacher_logprobs
 from tangram.exec.eoe.hf_tiny import HfShape, save_model_dir
 from tangram.exec.eoe.testing import BACKEND, UNIT
@@ -369,3 +369,39 @@ def test_an_engine_whose_weight_bytes_are_no_byte_count_is_refused_naming_them(
         with pytest.raises(ServiceSpecError, match=r"weight_bytes must be a byte count.*got"):
             m.register(spec)
         assert m.services() == () and m._host_bytes == 0
+
+
+class ExitingEngine(CountedEngine):
+    """An engine whose wake-up or sleep calls sys.exit() (an engine's own code giving up)."""
+
+    def __init__(self, device: AllocatorDevice, weight_bytes: int, when: str) -> None:
+        super().__init__(device, weight_bytes)
+        self.when = when
+
+    def wake_up(self) -> None:
+        if self.when == "wake_up":
+            raise SystemExit(3)
+        super().wake_up()
+
+    def sleep(self) -> None:
+        super().sleep()
+        if self.when == "sleep":
+            raise SystemExit(3)
+
+
+def test_an_engine_that_exits_in_wake_up_or_sleep_fails_its_call_not_the_process() -> None:
+    """A sys.exit() in an engine's wake_up (or sleep) is the service's own code failing, as
+    in its call: it left manager.call without an outcome and, in the live runtime's thread
+    pool, reached the event loop, which stops on it. The call fails with RestoreError (an
+    eviction's sleep is booked as freed), the books as they were."""
+    device = AllocatorDevice(0, 4 * MIB)
+    with EoeManager(devices=[device]) as m:
+        for name in ("wake_up", "sleep"):
+            make = lambda name=name: ExitingEngine(device, 3 * MIB, name)  # noqa: E731
+            m.register(engine_spec(name, make, home=0, memory_bytes=3 * MIB))
+        out = m.call("wake_up", 1)
+        assert isinstance(out.error, RestoreError) and "SystemExit" in out.message, out
+        assert m.stats().devices[0].claimed_bytes == 0 and m.residency() == {}
+        assert m.call("sleep", 2).ok
+        m.evict("sleep")  # its sleep exits: booked as freed all the same, no SystemExit
+        assert m.stats().devices[0].claimed_bytes == 0 and m.residency() == {}

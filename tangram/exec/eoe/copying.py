@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from tangram.exec.eoe.devices import Device, is_cuda_oom
 from tangram.exec.eoe.errors import DeviceOutOfMemoryError, RestoreError, RestoreOutOfMemoryError
+from tangram.exec.eoe.execution import FAILURES
 
 if TYPE_CHECKING:
     import torch
@@ -25,7 +26,8 @@ def start_restore(
     """A replica of ``service`` (or its shard ``shard``) on ``device`` (the manager's GPU
     ``gpu``) whose copy may still run: (module, None for a shard; its device buffer; a fence to
     wait on). ``RestoreOutOfMemoryError`` for lack of memory (the budget or a real CUDA OOM),
-    ``RestoreError`` for anything else."""
+    ``RestoreError`` for anything else, a ``SystemExit`` in an engine's wake-up too (it
+    left ``manager.call`` without an outcome, and stopped the live runtime's event loop)."""
     try:
         module, storage = backup.restore(device, sync=False, shard=shard)
     except DeviceOutOfMemoryError as exc:
@@ -33,7 +35,7 @@ def start_restore(
             f"service {service!r}: out of memory restoring {int(storage_bytes(backup, shard))} bytes to "
             f"GPU {gpu}: {exc}"
         ) from exc
-    except Exception as exc:
+    except FAILURES as exc:  # (SystemExit too: an engine's wake_up is the service's own code)
         if is_cuda_oom(exc):
             raise RestoreOutOfMemoryError(
                 f"service {service!r}: CUDA out of memory restoring to GPU {gpu}: {exc}"

@@ -59,7 +59,7 @@ from tangram.exec.eoe.errors import (
     ServiceSpecError,
     UnknownServiceError,
 )
-from tangram.exec.eoe.execution import ReplicaRunner
+from tangram.exec.eoe.execution import FAILURES, ReplicaRunner
 from tangram.exec.eoe.ledger import Ledger, Started
 from tangram.exec.eoe.loading import build_service
 from tangram.exec.eoe.outcomes import call_outcome
@@ -534,14 +534,15 @@ class EoeManager:
         try:
             size, freed = drop_weights(victim, self.devices[victim.gpu], backup)
         except BaseException as exc:
-            # (An engine's sleep that raised, or an interrupt.) The replica has left the
-            # books: its claim must go too, or it stays booked for ever and calls wait for
-            # bytes nothing frees. Whatever the drop left allocated shows up as foreign
-            # memory in later plans. An interrupt is re-raised once the books are right.
+            # (An engine's sleep that raised or exited, or an interrupt.) The replica has
+            # left the books: its claim must go too, or it stays booked for ever and calls
+            # wait for bytes nothing frees. Whatever the drop left allocated shows up as
+            # foreign memory in later plans. An interrupt (no failure of the service's own
+            # code, see FAILURES) is re-raised once the books are right.
             log.exception("dropping %r from GPU %d raised", victim.service, victim.gpu)
             size, freed = victim.nbytes, 0
             victim.module = victim.storage = None
-            interrupt = None if isinstance(exc, Exception) else exc
+            interrupt = None if isinstance(exc, FAILURES) else exc
         elapsed = time.perf_counter() - t0
         with self._cond:
             self._ledger.freed(victim, size, freed, elapsed)
