@@ -1328,3 +1328,17 @@ def test_a_service_no_cell_of_its_dops_can_hold_is_refused_at_register() -> None
         assert m.services() == () and m._host_bytes == 0
         m.register(blob_spec("either", dops=(1, 2)))
         assert m.call("either", X).gpus == (0,)
+
+
+def test_a_factory_that_exits_is_refused_as_a_spec_error_not_the_process() -> None:
+    """A sys.exit() in a service's factory (its own code, as its call is) went through
+    register as SystemExit: the live runtime's start-up ended without a word about the
+    service. It is ServiceSpecError naming it, as a factory's other failures are."""
+
+    def factory() -> nn.Module:
+        raise SystemExit(2)
+
+    with EoeManager(EoeConfig(), devices=[CpuDevice(0, 4 * UNIT)]) as m:
+        with pytest.raises(ServiceSpecError, match="factory raised SystemExit"):
+            m.register(ServiceSpec("exits", factory=factory, call=checked_call()))
+        assert m.services() == () and m._host_bytes == 0

@@ -17,6 +17,7 @@ from tangram.exec.eoe.errors import (
     ServiceSpecError,
     ServiceTooLargeError,
 )
+from tangram.exec.eoe.execution import FAILURES
 from tangram.exec.eoe.records import ServiceInfo
 from tangram.exec.eoe.registry import ServiceSpec
 
@@ -60,7 +61,7 @@ def build_service(
     start = time.perf_counter()
     try:
         module = spec.factory()
-    except Exception as exc:
+    except FAILURES as exc:  # (a sys.exit() in it too: it went through register as is)
         raise ServiceSpecError(
             f"service {spec.name!r}: factory raised {type(exc).__name__}: {exc}"
         ) from exc
