@@ -301,3 +301,19 @@ def test_a_split_or_merge_that_is_no_function_is_refused_naming_it(field: str) -
     DoP > 1 then failed ('int' object is not callable, as InputSplitError or CallFailedError)."""
     with pytest.raises(ServiceSpecError, match=rf"{field} must be callable or None, got 5"):
         _spec(dops=(1, 2), **{field: 5})
+
+
+def test_a_defaultdict_keeps_its_type_and_default_through_moves_splits_and_merges() -> None:
+    """A defaultdict (its constructor takes the default first) came back a plain dict, so a
+    caller reading a key it lacks got a KeyError instead of the default."""
+    from collections import defaultdict
+
+    from tangram.exec.eoe.registry import map_tensors
+
+    value = defaultdict(list, {"x": torch.arange(4)})
+    moved = map_tensors(value, lambda t: t + 1)
+    pieces = split_batch(value, 2)
+    merged = merge_batch(pieces)
+    for got in (moved, *pieces, merged):
+        assert type(got) is defaultdict and got.default_factory is list
+    assert torch.equal(merged["x"], value["x"]) and merged["absent"] == []

@@ -18,6 +18,7 @@ import dataclasses
 import numbers
 import re
 import threading
+from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -364,9 +365,13 @@ def like_mapping(value: Mapping, members: dict[Any, Any]) -> Mapping:
     kind = type(value)
     if kind is dict:
         return members
+    if kind is defaultdict:  # (its constructor takes the default first)
+        rebuilt = kind(value.default_factory)
+        rebuilt.update(members)
+        return rebuilt
     try:
         rebuilt = kind(members)
-    except Exception:  # (a defaultdict, a read-only view: no such constructor)
+    except Exception:  # (no such constructor: a plain dict)
         return members
     if not isinstance(rebuilt, kind) or rebuilt.keys() != members.keys():
         return members
