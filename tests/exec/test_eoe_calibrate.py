@@ -9,6 +9,7 @@ import pytest
 from tangram.cli import main
 from tangram.exec.eoe.calibrate import calibrate_gpu, fit_restore, spin, stop
 from tangram.exec.eoe.config import EoeConfig
+from tangram.exec.eoe.errors import DopNotSupportedError
 from tangram.exec.eoe.manager import EoeManager
 from tangram.exec.eoe.services import example_tokens, reward_model_spec
 from tangram.trace.gpu_calibration import load_gpu_calibration
@@ -88,7 +89,6 @@ def test_the_command_writes_a_record_the_replay_reads(tmp_path, capsys) -> None:
 @pytest.mark.parametrize(
     ("devices", "service_dops", "dops", "match"),
     [
-        (1, (2,), None, r"no DoP can be measured: the service runs at DoPs \(2,\).* 1 device$"),
         (2, (1, 2), [], r"no DoP can be measured: .*DoPs \(1, 2\).* 2 devices"),
         (2, (1, 2), [1, 4], r"DoPs \[4\] cannot be measured: .*DoPs \(1, 2\).* 2 devices"),
     ],
@@ -102,6 +102,15 @@ def test_a_calibration_with_no_dop_that_fits_names_the_dops_and_the_devices(
         m.register(reward_model_spec("judge", "tiny", dops=service_dops))
         with pytest.raises(ValueError, match=match):
             calibrate_gpu(m, "judge", example_tokens(2, 8), dops=dops, busy_levels=[0], reps=1)
+
+
+def test_a_service_no_dop_of_which_fits_the_devices_is_refused_before_calibrating() -> None:
+    """A service of DoPs (2,) on 1 device: refused when registered (naming its DoPs and the
+    devices), so no calibration starts on it; it was registered and calibrate_gpu said so."""
+    with EoeManager(EoeConfig(backend="cpu", devices=1, device_memory_bytes=1 << 28)) as m:
+        with pytest.raises(DopNotSupportedError, match=r"DoPs \(2,\).* 1 GPUs"):
+            m.register(reward_model_spec("judge", "tiny", dops=(2,)))
+        assert m.services() == ()
 
 
 def test_a_service_without_dop_1_is_calibrated_at_its_own_dops() -> None:
