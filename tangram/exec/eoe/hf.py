@@ -12,8 +12,9 @@ the host backup reads each parameter straight from the safetensors files into it
 names do not cover every parameter (renamed keys, a head it lacks) is loaded with
 ``from_pretrained(path, local_files_only=True)`` instead. Restores copy from the backup.
 
-Inputs of both kinds: a LongTensor of token ids (B, T), or a dict with ``input_ids`` and
-``attention_mask`` (B, T) for a right-padded batch of different lengths; a teacher's dict may
+Inputs of both kinds: a LongTensor of token ids (B, T), or a mapping (a dict, or the
+tokenizer's own ``BatchEncoding``) with ``input_ids`` and ``attention_mask`` (B, T) for a
+right-padded batch of different lengths; a teacher's dict may
 add ``top_k`` (a LongTensor (B,) repeating one k) for the k most likely tokens at each position.
 Outputs: the teacher's ``{"token_logprobs": (B, T-1)}`` (log p(token[t+1] | tokens[:t+1]),
 float32; plus ``top_ids``/``top_logprobs`` (B, T-1, k) when asked), the reward model's scores
