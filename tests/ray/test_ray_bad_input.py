@@ -30,7 +30,9 @@ def test_a_non_object_body_is_a_bad_request_naming_it(ray_cluster: Any, body: An
         assert "JSON object" in reply["error"]["message"]
 
 
-def test_one_bad_body_in_run_many_leaves_the_others_outcomes(ray_cluster: Any) -> None:
+def test_a_body_that_is_no_document_in_run_many_is_refused_and_the_others_run(
+    ray_cluster: Any,
+) -> None:
     h = ray_cluster.handle
     good = {"id": "bad-input-good", "endpoint": "echo", "payload": {"n": 1}}
     replies = _get(h.run_many.remote([good, "junk"]))
