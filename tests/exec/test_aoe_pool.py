@@ -636,3 +636,45 @@ def test_a_prewarm_of_zero_is_accepted() -> None:
     finally:
         pool.close()
     assert fakes.made == []
+
+
+def test_a_pool_closed_with_resets_and_removals_queued_removes_their_containers() -> None:
+    """``close`` cancelled the queued jobs (``cancel_futures``): a container waiting for its
+    reset or its removal on a busy worker was then never removed by the pool (only a
+    manager's sweep of its session would find it), so a pool used alone leaked it."""
+    import threading
+
+    fakes = Fakes()
+    started, release = threading.Event(), threading.Event()
+
+    def reset(c: Any) -> str | None:
+        started.set()
+        assert release.wait(10), "the test never released the reset"
+        return None
+
+    pool = WarmPool(
+        WarmPoolConfig(max_per_key=4, workers=1), fakes.create, fakes.reset, fakes.remove
+    )
+    pool._reset = reset  # type: ignore[method-assign]
+    shutdown = pool._jobs.shutdown
+
+    def shutdown_then_release(wait: bool = True, *, cancel_futures: bool = False) -> None:
+        shutdown(wait=False, cancel_futures=cancel_futures)  # the queued jobs are cancelled now
+        release.set()  # only then does the running reset end
+        shutdown(wait=wait)
+
+    pool._jobs.shutdown = shutdown_then_release  # type: ignore[method-assign]
+    busy, queued = FakeContainer(100), FakeContainer(101)
+    for _ in range(3):
+        pool.take(KEY)
+    settle_fills = time.monotonic() + 10
+    while any(pool._filling.values()):  # the fills take the worker first
+        assert time.monotonic() < settle_fills
+        time.sleep(0.002)
+    pool.give_back(KEY, busy)  # its reset holds the one worker
+    assert started.wait(10)
+    pool.give_back(KEY, queued)  # its reset waits in the queue
+    pool.close()
+    removed = {c.n for c in fakes.removed}
+    assert {100, 101} <= removed, f"removed {sorted(removed)}"
+    assert {c.n for c in fakes.made} <= removed

@@ -22,7 +22,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -128,6 +128,9 @@ class WarmPool:
         self.counters: Counter[str] = Counter()
         self._closed = False
         self._jobs = ThreadPoolExecutor(config.workers, thread_name_prefix="tangram-pool")
+        #: The submitted jobs that carry a container (a reset or a removal), until they end:
+        #: one that ``close`` cancels before it ran still has its container to remove.
+        self._queued: dict[Future[None], Container] = {}
         self._seq = itertools.count(1)
         #: A key's prewarmed count and until when it holds without demand.
         self._floor: dict[PoolKey, tuple[int, float]] = {}
@@ -295,10 +298,22 @@ class WarmPool:
         container: Container | None,
     ) -> None:
         try:
-            self._jobs.submit(job, key, container)
+            with self._lock:
+                future = self._jobs.submit(job, key, container)
+                if container is not None:
+                    self._queued[future] = container
         except RuntimeError:  # shut down: remove it here
             if container is not None:
                 self._remove_quietly(container)
+            return
+        if container is not None:
+            future.add_done_callback(self._job_ended)
+
+    def _job_ended(self, future: Future[None]) -> None:
+        """A job ended (or ``close`` cancelled it: its container is then left to ``close``)."""
+        if not future.cancelled():
+            with self._lock:
+                self._queued.pop(future, None)
 
     def _reset_job(self, key: PoolKey, container: Container | None) -> None:
         assert container is not None
@@ -393,13 +408,17 @@ class WarmPool:
             )
 
     def close(self) -> None:
-        """Stop taking work, let running jobs end, remove every parked container."""
+        """Stop taking work, let running jobs end, remove every parked container and every
+        container whose reset or removal was still queued (those jobs are cancelled: a pool
+        used alone, with no manager's sweep after it, left them in the engine)."""
         with self._lock:
             self._closed = True
         self._jobs.shutdown(wait=True, cancel_futures=True)
         with self._lock:
             parked = [c for cs in self._parked.values() for c in cs]
+            parked += [c for f, c in self._queued.items() if f.cancelled()]
             self._parked.clear()
+            self._queued.clear()
         for container in parked:
             with contextlib.suppress(Exception):
                 self._remove(container)
