@@ -33,8 +33,8 @@ class _Containers:
         self.during_start: Callable[[], None] | None = None
 
     def blueprint(self, traj_id: str, *_: object) -> SimpleNamespace:
-        made = SimpleNamespace(traj_id=traj_id)
-        made.next_generation = lambda: made
+        made = SimpleNamespace(traj_id=traj_id, generation=1)
+        made.next_generation = lambda after=0: made
         return made
 
     def start(self, blueprint: SimpleNamespace) -> SimpleNamespace:

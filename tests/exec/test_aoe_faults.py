@@ -169,3 +169,35 @@ def test_an_exec_launcher_takes_no_action_line_from_an_earlier_actions_process(
             assert (out.exit_code, out.text) == (1, "grader: 3/10 passed\n"), out
         finally:
             m.close_trajectory("forge")
+
+
+def test_a_recreate_whose_new_container_was_left_behind_does_not_stop_later_recreates(
+    manager: Any, trajectory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recreate whose new container failed to start, and whose removal failed too, left it
+    in the engine under the next generation's name; every later recreate asked for that same
+    name and was refused 'already taken': the trajectory could never run again. Each recreate
+    now tries a generation of its own."""
+    from tangram.exec.aoe import lifecycle
+
+    traj = trajectory(manager)
+    real_create = lifecycle.containers.create
+    left: list[str] = []
+
+    def create_then_fail(client: Any, spec: Any) -> Any:
+        made = real_create(client, spec)  # in the engine under the name, as a leftover is
+        left.append(made.id)
+        raise AoeError(f"could not start container {spec.name}: (the test's failure)")
+
+    monkeypatch.setattr(lifecycle.containers, "create", create_then_fail)
+    with pytest.raises(AoeError, match="the test's failure"):
+        manager.recreate(traj)
+    monkeypatch.setattr(lifecycle.containers, "create", real_create)
+    try:
+        fresh = manager.recreate(traj)
+        assert fresh.container_id not in left
+        out = manager.run_action(traj, "echo back", (0,))
+        assert out.ok and out.text == "back\n"
+    finally:
+        for cid in left:
+            lifecycle.containers.remove(manager.client, cid)

@@ -60,12 +60,14 @@ class Blueprint:
     image: str
     memory_gb: float
     sandbox: SandboxConfig
-    #: How many containers this trajectory has had, this one included.
+    #: How many containers this trajectory has had, this one included, counting the
+    #: recreates that failed (each tries a generation, so a name of its own).
     generation: int = 1
 
-    def next_generation(self) -> Blueprint:
-        """The same container again, one generation on (for a trajectory whose container died)."""
-        return replace(self, generation=self.generation + 1)
+    def next_generation(self, after: int = 0) -> Blueprint:
+        """The same container again, one generation on (for a trajectory whose container died);
+        ``after``: the last generation already tried (a failed recreate's), to go past it."""
+        return replace(self, generation=max(self.generation, after) + 1)
 
 
 @dataclass

@@ -57,6 +57,10 @@ class Trajectory:
     #: one is then the pool's, soon another trajectory's) and could not start a new one. Its
     #: actions are refused and its close retires nothing until a recreate succeeds.
     retired: str | None = None
+    #: The last generation a recreate tried (0: none yet). Each try takes a generation of
+    #: its own, so a container a failed try left in the engine (its removal failed too) never
+    #: holds the name a later try asks for: all of them were refused 'already taken'.
+    tried: int = 0
 
 
 class AoeManager:
@@ -208,7 +212,9 @@ class AoeManager:
                     "recreate() again"
                 )
             # Same trajectory, same lock: actions waiting on it now run in the new container.
-            fresh = self._containers.start(traj.container.blueprint.next_generation())
+            blueprint = traj.container.blueprint.next_generation(after=traj.tried)
+            traj.tried = blueprint.generation
+            fresh = self._containers.start(blueprint)
             self._put_in_place(traj, fresh)
         return fresh.handle
 
