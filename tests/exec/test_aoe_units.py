@@ -971,3 +971,56 @@ def test_the_exec_transport_does_not_count_its_launchers_start_in_the_time_out(
     raw = transport.run(ActionRequest("a1", "true", {}, 30.0, 100), kills.append)
     theirs.close()
     assert kills == [] and (raw.ended, raw.exit_code) == ("exit", 0)
+
+
+def test_a_command_ending_at_its_deadline_gets_its_exit_code_from_a_slow_engine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A command whose stream closed at its deadline had only ``EXIT_CODE_WAIT_S`` (a second)
+    for the engine to record its exit: an engine that took longer (a loaded machine) made a
+    command that had ended, maybe successfully, an ``exit_unknown`` container failure. The
+    look now goes on for the kill's grace at least (bounded: an engine that never records it
+    still ends the action)."""
+    from tangram.exec.aoe import transport as transport_mod
+    from tangram.exec.aoe.transport import ActionRequest, ExecTransport
+
+    ours, theirs = socket.socketpair()
+    socket_mod = socket
+    now = [1000.0]
+    recorded_at: list[float] = []
+
+    class Api:
+        def exec_create(self, *args: object, **kwargs: object) -> dict:
+            return {"Id": "e1"}
+
+        def exec_start(self, exec_id: str, socket: bool) -> object:
+            return ours
+
+        def exec_inspect(self, exec_id: str) -> dict:
+            if not recorded_at:  # the stream closed (at the deadline): recorded 1.5 s later
+                recorded_at.append(now[0] + 1.5)
+                return {"Running": True, "ExitCode": None}
+            if now[0] < recorded_at[0]:
+                return {"Running": True, "ExitCode": None}
+            return {"Running": False, "ExitCode": 0}
+
+    class Group:
+        places = False
+
+        def enter(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def leave(self) -> None:
+            pass
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    monkeypatch.setattr(
+        transport_mod, "time", SimpleNamespace(monotonic=lambda: now[0], sleep=sleep)
+    )
+    transport = ExecTransport(Api(), "c" * 64, "1000:1000", "/work", 5.0, Group())  # type: ignore[arg-type]
+    theirs.shutdown(socket_mod.SHUT_WR)
+    raw = transport.run(ActionRequest("a1", "true", {}, 0.0001, 100), lambda why: None)
+    theirs.close()
+    assert (raw.ended, raw.exit_code) == ("exit", 0)

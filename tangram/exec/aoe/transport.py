@@ -472,7 +472,11 @@ class ExecTransport:
             self.group.leave()
         code = None
         if ended != "stuck":
-            code = exit_code(self.api, exec_id, max(deadline, time.monotonic() + EXIT_CODE_WAIT_S))
+            # The command ended (its stream closed): its exit code is the engine's to record,
+            # looked for while the action has time left and, past that, for the kill's grace
+            # at least (a second was too little for a loaded engine: exit_unknown).
+            wait_s = max(EXIT_CODE_WAIT_S, self.grace_s)
+            code = exit_code(self.api, exec_id, max(deadline, time.monotonic() + wait_s))
         if ended == "eof":
             ended = "exit"  # for a per-action exec the stream's end is the action's end
         return RawResult(code, out.content(), err.content(), ended, out.total, err.total)
