@@ -9,6 +9,7 @@ import shlex
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -678,3 +679,68 @@ def test_a_pool_closed_with_resets_and_removals_queued_removes_their_containers(
     removed = {c.n for c in fakes.removed}
     assert {100, 101} <= removed, f"removed {sorted(removed)}"
     assert {c.n for c in fakes.made} <= removed
+
+
+def test_a_reset_whose_init_died_meanwhile_never_empties_another_processes_dirs(
+    tmp_path: Path,
+) -> None:
+    """The reset emptied the work dir, /tmp, /dev/shm and /dev/mqueue through
+    ``/proc/<init>/root`` checking only that init was alive when the reset began: an init that
+    died during the reset (the container killed from outside) and whose pid the kernel gave
+    to another process (here: a process rooted at ``tmp_path``, as a host process is at /)
+    had that process's files emptied. Now the root is opened first and init must still be the
+    container's, after the open, or nothing is emptied."""
+    import subprocess
+    import sys
+
+    from tangram.exec.aoe import reset
+    from tangram.exec.aoe.reset import KEEPER_UID
+    from tangram.exec.aoe.transport import RunnerTransport
+
+    for d in ("work", "tmp"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "precious").write_text("not the container's")
+    # The process the pid went to: rooted at tmp_path, running as the keeper's uid.
+    other = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import os, sys, time; os.chroot({str(tmp_path)!r}); os.setgid({KEEPER_UID}); "
+            f"os.setuid({KEEPER_UID}); print('ready', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert other.stdout is not None and other.stdout.readline() == b"ready\n"
+        init_alive = [True]
+
+        class Control:
+            def pids(self) -> list[int]:
+                return [other.pid] if init_alive[0] else []
+
+            def background(self, on: bool) -> None:
+                pass
+
+            def grant(self, cores: Any, quota: float) -> None:
+                init_alive[0] = False  # the container is killed: its init leaves the cgroup
+
+            def park(self) -> None:
+                pass
+
+        transport = RunnerTransport(None, "c" * 64, "1000:1000", "/work", 1.0, None)  # type: ignore[arg-type]
+        stand_in = SimpleNamespace(
+            dead=None,
+            init_pid=other.pid,
+            transport=transport,
+            control=Control(),
+            group=None,
+            guarded_runner=False,
+            blueprint=SimpleNamespace(sandbox=SandboxConfig()),
+        )
+        why = reset.reset(stand_in, (0,))  # type: ignore[arg-type]
+        assert why is not None
+        assert (tmp_path / "work" / "precious").exists(), why
+        assert (tmp_path / "tmp" / "precious").exists(), why
+    finally:
+        other.kill()
+        other.wait()

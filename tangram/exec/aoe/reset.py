@@ -12,9 +12,9 @@ retires it. The reset, in order, with the container frozen (parked) when it star
    ``KEEPER_USER``, another uid than the actions', so no action could signal or ptrace them
    (the actions have no capabilities and no way to change uid: ``no-new-privileges``);
 2. the writable places (the work dir, ``/tmp``, ``/dev/shm``) are emptied from the host
-   through ``/proc/<init>/root`` (no process is left to race it; ``shutil.rmtree``'s fd-based
-   walk follows no symlink, so nothing outside the container can be reached), and checked
-   empty; then the runner (kept, or a fresh one) must answer, alone with init and the keeper;
+   through ``/proc/<init>/root``, opened once and init checked to be the container's after
+   the open (no process is left to race it; ``shutil.rmtree``'s fd-based walk follows no
+   symlink, so nothing outside the container can be reached), and checked empty; then the runner (kept, or a fresh one) must answer, alone with init and the keeper;
 3. the container is parked again (the grant's cpuset and quota put back to the parking ones).
 
 Nothing else is writable in a sandboxed container (read-only root), the environment is the
@@ -146,6 +146,29 @@ def _clear_sysv_ipc(init: int, container: Container) -> str | None:
     return None
 
 
+def _empty_writable(init: int, container: Container) -> str | None:
+    """Empty the work dir and the scratch dirs through the container's root, seen from here;
+    why not, or None. The root is opened once and init checked to be the container's after
+    the open (as ``_clear_sysv_ipc`` does): were init gone and its pid given to another
+    process meanwhile (the container killed during its reset), ``/proc/<init>/root`` was that
+    process's root, a host process's ``/``, and its /tmp and /dev/shm were emptied."""
+    try:
+        fd = os.open(f"/proc/{init}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        return f"its root cannot be opened: {exc}"
+    try:
+        if init not in processes(container):  # checked after the open: the fd is this one's
+            return "its init is gone (the pid may be another container's now)"
+        root = Path(f"/proc/self/fd/{fd}")  # the container's own mounts, seen from here
+        for d in (container.blueprint.sandbox.work_dir, *SCRATCH_DIRS):
+            where = root / d.lstrip("/")
+            if where.is_dir() and (left := empty_dir(where)):
+                return f"{d} still holds {left} after emptying"
+    finally:
+        os.close(fd)
+    return None
+
+
 def _no_kill(why: str) -> None:
     """The runner's check needs no kill: at its time-out the reset fails."""
 
@@ -230,11 +253,8 @@ def _reset_on(
     if not _wait(lambda: processes(container) <= spared, GONE_WAIT_S):
         left = sorted(processes(container) - spared)
         return f"{len(left)} process(es) survived SIGKILL: {left[:8]}"
-    root = Path(f"/proc/{init}/root")  # the container's own mounts, seen from here
-    for d in (container.blueprint.sandbox.work_dir, *SCRATCH_DIRS):
-        where = root / d.lstrip("/")
-        if where.is_dir() and (left := empty_dir(where)):
-            return f"{d} still holds {left} after emptying"
+    if left := _empty_writable(init, container):
+        return left
     if left := _clear_sysv_ipc(init, container):
         return left
     transport = container.transport
