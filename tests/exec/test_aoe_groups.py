@@ -5,6 +5,8 @@ back to the container's cgroup. The real kernel's side is in ``test_aoe_environm
 
 from __future__ import annotations
 
+import io
+import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -383,3 +385,51 @@ def test_a_launcher_pid_that_is_not_the_containers_is_never_moved_in(
     with pytest.raises(kill_mod.AoeError, match="not the container's"):
         group.enter("a1", RUNNER, launcher_stays=stays)
     assert moved == []
+
+
+def test_the_marker_kill_never_signals_a_process_that_took_a_dead_ones_pid(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The marker fallback read a pid's environment, then SIGKILLed the pid: an action's
+    process that ended between the two, its pid given at once to another process (another
+    container's, the host's), had that process killed. The process is now held by a pidfd
+    before its environment is read, and the signal goes through the pidfd (never to a
+    newcomer)."""
+    import subprocess
+
+    from tangram.exec.aoe import kill
+
+    if not Path("/proc/sys/kernel/ns_last_pid").exists() or os.geteuid() != 0:
+        pytest.skip("needs root and ns_last_pid to hand a pid on")
+    action = subprocess.Popen(["sleep", "60"], env={kill.ACTION_ENV: "a1", "PATH": "/bin:/usr/bin"})
+    newcomer: list[subprocess.Popen[bytes]] = []
+    real_open = open
+
+    def open_then_hand_on(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if path != f"/proc/{action.pid}/environ":
+            return real_open(path, *args, **kwargs)
+        with real_open(path, *args, **kwargs) as f:
+            data = f.read()
+        action.kill()  # the action's process ends here, after its environment was read
+        action.wait()
+        for _ in range(50):  # its pid to a newcomer (bounded: other forks may take it first)
+            Path("/proc/sys/kernel/ns_last_pid").write_text(str(action.pid - 1))
+            other = subprocess.Popen(["sleep", "60"])
+            if other.pid == action.pid:
+                newcomer.append(other)
+                break
+            other.kill()
+            other.wait()
+        return io.BytesIO(data)
+
+    monkeypatch.setattr(kill, "open", open_then_hand_on, raising=False)
+    try:
+        kill._kill_visible([action.pid], f"{kill.ACTION_ENV}=a1".encode())
+        if not newcomer:
+            pytest.skip("the pid was taken by another fork every time")
+        with pytest.raises(subprocess.TimeoutExpired):  # (a SIGKILL ends it at once)
+            newcomer[0].wait(timeout=2)
+    finally:
+        for p in (action, *newcomer):
+            p.kill()
+            p.wait()

@@ -398,18 +398,29 @@ def _sigkill(pid: int) -> None:
 
 
 def _kill_visible(pids: list[int], marker: bytes) -> int:
-    """SIGKILL the host processes among ``pids`` whose environment holds ``marker``; how many."""
+    """SIGKILL the host processes among ``pids`` whose environment holds ``marker``; how many.
+
+    Each is held by a pidfd before its environment is read, and signalled through it: by pid,
+    a process that ended after the read had its pid's next holder (another container's or a
+    host process) killed."""
     killed = 0
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                environ = f.read().split(b"\0")
+            pidfd = os.pidfd_open(pid)
         except OSError:
-            continue
-        if marker in environ:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
+            continue  # gone already
+        try:
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    environ = f.read().split(b"\0")
+            except OSError:
+                continue
+            if marker in environ:
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                    killed += 1
+        finally:
+            os.close(pidfd)
     return killed
 
 
