@@ -744,3 +744,85 @@ def test_a_reset_whose_init_died_meanwhile_never_empties_another_processes_dirs(
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_resets_kill_never_signals_a_process_that_took_a_listed_ones_pid(
+    tmp_path: Path,
+) -> None:
+    """The reset listed the container's processes and then SIGKILLed each by pid: one that
+    ended between the two (the last user's program exiting), its pid given at once to another
+    process (another container's, the host's), had that process killed. Each is now held by a
+    pidfd, still the container's after the open, and signalled through it."""
+    import subprocess
+    import sys
+
+    from tangram.exec.aoe import reset
+    from tangram.exec.aoe.reset import KEEPER_UID
+    from tangram.exec.aoe.transport import RunnerTransport
+
+    if not Path("/proc/sys/kernel/ns_last_pid").exists() or os.geteuid() != 0:
+        pytest.skip("needs root and ns_last_pid to hand a pid on")
+    # The container's init (rooted at tmp_path, as the keeper) and a process of its last user.
+    init = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import os, time; os.chroot({str(tmp_path)!r}); os.setgid({KEEPER_UID}); "
+            f"os.setuid({KEEPER_UID}); print('ready', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    users = subprocess.Popen(["sleep", "60"])
+    newcomer: list[subprocess.Popen[bytes]] = []
+    calls = [0]
+
+    def hand_on() -> None:
+        users.kill()  # the user's process ends right after it was listed
+        users.wait()
+        for _ in range(50):  # its pid to a newcomer (bounded: other forks may take it first)
+            Path("/proc/sys/kernel/ns_last_pid").write_text(str(users.pid - 1))
+            other = subprocess.Popen(["sleep", "60"])
+            if other.pid == users.pid:
+                newcomer.append(other)
+                return
+            other.kill()
+            other.wait()
+
+    class Control:
+        def pids(self) -> list[int]:
+            calls[0] += 1
+            if calls[0] == 3:  # the listing the kill goes by (after the None check, keepers)
+                hand_on()
+                return [init.pid, users.pid]
+            return [init.pid, users.pid] if calls[0] < 3 else []
+
+        def background(self, on: bool) -> None:
+            pass
+
+        def grant(self, cores: Any, quota: float) -> None:
+            pass
+
+        def park(self) -> None:
+            pass
+
+    try:
+        assert init.stdout is not None and init.stdout.readline() == b"ready\n"
+        transport = RunnerTransport(None, "c" * 64, "1000:1000", "/work", 1.0, None)  # type: ignore[arg-type]
+        stand_in = SimpleNamespace(
+            dead=None,
+            init_pid=init.pid,
+            transport=transport,
+            control=Control(),
+            group=None,
+            guarded_runner=False,
+            blueprint=SimpleNamespace(sandbox=SandboxConfig()),
+        )
+        reset.reset(stand_in, (0,))  # type: ignore[arg-type]
+        if not newcomer:
+            pytest.skip("the pid was taken by another fork every time")
+        with pytest.raises(subprocess.TimeoutExpired):  # (a SIGKILL ends it at once)
+            newcomer[0].wait(timeout=2)
+    finally:
+        for p in (init, users, *newcomer):
+            p.kill()
+            p.wait()

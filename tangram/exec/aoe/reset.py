@@ -3,8 +3,8 @@
 A warm pool hands a container to a new trajectory only after this succeeds; any failure
 retires it. The reset, in order, with the container frozen (parked) when it starts:
 
-1. every process but the container's init and keeper is SIGKILLed from the host, and the
-   runner too unless it runs from the exec-only shell (``guarded.py``: no action can alter
+1. every process but the container's init and keeper is SIGKILLed from the host (each held
+   by a pidfd, seen the container's after the open), and the runner too unless it runs from the exec-only shell (``guarded.py``: no action can alter
    such a runner; any other could have been altered by an action of its uid); then the
    container is thawed at a low CPU weight (``CpuControl.background``) and holds no core in
    the ledger, so it never makes an action wait for its cores; a survivor after
@@ -146,6 +146,25 @@ def _clear_sysv_ipc(init: int, container: Container) -> str | None:
     return None
 
 
+def _kill_held(container: Container, pids: set[int]) -> None:
+    """SIGKILL ``pids``, each held by a pidfd and seen the container's after the open: by
+    pid, one that ended after it was listed had its pid's next holder (another container's
+    or a host process) killed."""
+    held: dict[int, int] = {}
+    try:
+        for pid in pids:
+            with contextlib.suppress(OSError):  # gone already
+                held[pid] = os.pidfd_open(pid)
+        still = processes(container)  # after the opens: each fd is the listed process's
+        for pid, fd in held.items():
+            if pid in still:
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+    finally:
+        for fd in held.values():
+            os.close(fd)
+
+
 def _empty_writable(init: int, container: Container) -> str | None:
     """Empty the work dir and the scratch dirs through the container's root, seen from here;
     why not, or None. The root is opened once and init checked to be the container's after
@@ -243,9 +262,7 @@ def _reset_on(
         return f"its init does not run as the keeper's uid {KEEPER_UID}: not a pool container"
     if runner is not None:
         spared.add(runner)
-    for pid in processes(container) - spared:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    _kill_held(container, processes(container) - spared)
     container.control.grant(cores, float(len(cores)))
     if runner is not None:
         with contextlib.suppress(ProcessLookupError):
