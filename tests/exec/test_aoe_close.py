@@ -94,6 +94,7 @@ def manager_with(containers: _Containers) -> aoe_manager.AoeManager:
     mgr._containers = containers  # type: ignore[assignment]
     mgr._trajs = {}
     mgr._stale_volumes = {}
+    mgr._left_generation = {}
     mgr._lock = threading.Lock()
     mgr._closed = False
     mgr._reaper = None

@@ -201,3 +201,33 @@ def test_a_recreate_whose_new_container_was_left_behind_does_not_stop_later_recr
     finally:
         for cid in left:
             lifecycle.containers.remove(manager.client, cid)
+
+
+def test_a_trajectory_whose_close_could_not_remove_its_container_can_be_opened_again(
+    manager: Any, trajectory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A close whose removal the engine refused left the container under the trajectory's
+    first-generation name; every later open of that id asked for the same name and was
+    refused 'already taken' (by this very manager's leftover) until the manager's shutdown.
+    A reopen now takes a generation past the one left behind."""
+    from tangram.exec.aoe import lifecycle
+
+    traj = trajectory(manager)
+    first = manager.handle(traj)
+    real_remove = lifecycle.containers.remove
+
+    def refuse(client: Any, container_id: str) -> bool:
+        raise AoeError(f"could not remove container {container_id[:12]}: (the test's refusal)")
+
+    monkeypatch.setattr(lifecycle.containers, "remove", refuse)
+    with pytest.raises(AoeError, match="the test's refusal"):
+        manager.close_trajectory(traj)
+    monkeypatch.setattr(lifecycle.containers, "remove", real_remove)
+    try:
+        again = manager.open_trajectory(traj)
+        assert again.container_id != first.container_id
+        out = manager.run_action(traj, "echo back", (0,))
+        assert out.ok and out.text == "back\n"
+        manager.close_trajectory(traj)
+    finally:
+        real_remove(manager.client, first.container_id)

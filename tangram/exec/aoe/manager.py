@@ -95,6 +95,10 @@ class AoeManager:
         #: container outlived its retire), by id: a reopen removes it first or is refused, so a
         #: new trajectory never mounts a closed one's files.
         self._stale_volumes: dict[str, Container] = {}
+        #: Closed trajectories whose container could not be removed: the last generation they
+        #: named, by id. The container stays under that name (until the shutdown's sweep), so
+        #: a reopen goes past it: at generation 1 every reopen was refused 'already taken'.
+        self._left_generation: dict[str, int] = {}
         self._lock = threading.Lock()  # guards _trajs and _action_seq
         self._closed = False
         self._action_seq = 0
@@ -153,6 +157,10 @@ class AoeManager:
             with self._lock:
                 self._stale_volumes.pop(traj_id, None)
         blueprint = self._containers.blueprint(traj_id, memory_gb, image, sandbox)
+        with self._lock:
+            left = self._left_generation.get(traj_id)
+        if left is not None:
+            blueprint = blueprint.next_generation(after=left)
         container = self._containers.start(blueprint)
         with self._lock:
             why = (
@@ -178,6 +186,12 @@ class AoeManager:
             try:
                 if traj.retired is None:  # (else a failed recreate retired it already)
                     self._containers.retire(traj.container)
+            except BaseException:
+                with self._lock:  # its name may stay taken: a reopen goes past it
+                    self._left_generation[traj_id] = max(
+                        traj.tried, traj.container.blueprint.generation
+                    )
+                raise
             finally:
                 # Before the id is free again: a trajectory reopened under it would mount the
                 # same volume (its name is the id's), with the closed one's files in it. Tried
