@@ -231,3 +231,41 @@ def test_a_trajectory_whose_close_could_not_remove_its_container_can_be_opened_a
         manager.close_trajectory(traj)
     finally:
         real_remove(manager.client, first.container_id)
+
+
+def test_a_trajectory_whose_open_left_its_container_behind_can_be_opened_again(
+    manager: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An open whose new container failed its warm-up, and whose removal failed too, left it
+    in the engine under the trajectory's first-generation name: every later open of that id
+    was refused 'already taken' by this manager's own leftover until its shutdown. A reopen
+    now takes a generation past the failed open's."""
+    from tangram.exec.aoe import lifecycle
+
+    traj = "open-left-behind"
+    real_remove = lifecycle.containers.remove
+    real_warm_up = lifecycle.warm_up
+    left: list[str] = []
+
+    def fail_warm_up(transport: Any, name: str) -> None:
+        left.append(transport.container_id)
+        raise AoeError(f"the runner shell of {name} did not start (the test's failure)")
+
+    def refuse(client: Any, container_id: str) -> bool:
+        raise AoeError(f"could not remove container {container_id[:12]}: (the test's refusal)")
+
+    monkeypatch.setattr(lifecycle, "warm_up", fail_warm_up)
+    monkeypatch.setattr(lifecycle.containers, "remove", refuse)
+    with pytest.raises(AoeError, match="the test's failure"):
+        manager.open_trajectory(traj)
+    monkeypatch.setattr(lifecycle, "warm_up", real_warm_up)
+    monkeypatch.setattr(lifecycle.containers, "remove", real_remove)
+    try:
+        again = manager.open_trajectory(traj)
+        assert again.container_id not in left
+        out = manager.run_action(traj, "echo back", (0,))
+        assert out.ok and out.text == "back\n"
+        manager.close_trajectory(traj)
+    finally:
+        for cid in left:
+            real_remove(manager.client, cid)

@@ -95,9 +95,10 @@ class AoeManager:
         #: container outlived its retire), by id: a reopen removes it first or is refused, so a
         #: new trajectory never mounts a closed one's files.
         self._stale_volumes: dict[str, Container] = {}
-        #: Closed trajectories whose container could not be removed: the last generation they
-        #: named, by id. The container stays under that name (until the shutdown's sweep), so
-        #: a reopen goes past it: at generation 1 every reopen was refused 'already taken'.
+        #: Trajectories whose close could not remove their container, or whose open failed
+        #: (its container perhaps not removed): the last generation they named, by id. Such a
+        #: container stays under that name (until the shutdown's sweep), so a reopen goes past
+        #: it: at generation 1 every reopen was refused 'already taken'.
         self._left_generation: dict[str, int] = {}
         self._lock = threading.Lock()  # guards _trajs and _action_seq
         self._closed = False
@@ -161,7 +162,16 @@ class AoeManager:
             left = self._left_generation.get(traj_id)
         if left is not None:
             blueprint = blueprint.next_generation(after=left)
-        container = self._containers.start(blueprint)
+        try:
+            container = self._containers.start(blueprint)
+        except BaseException:
+            # A container that failed to start and could not be removed keeps its name (logged
+            # by the lifecycle): the next open of the id goes past it.
+            with self._lock:
+                self._left_generation[traj_id] = max(
+                    blueprint.generation, self._left_generation.get(traj_id, 0)
+                )
+            raise
         with self._lock:
             why = (
                 "the AOE manager was shut down while it was opened"
