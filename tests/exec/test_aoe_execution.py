@@ -706,3 +706,12 @@ def test_a_container_whose_init_pid_now_names_another_process_is_not_alive() -> 
     container.control.park = lambda: writes.append("park")  # type: ignore[method-assign]
     park(container)
     assert writes == ["thaw"]
+
+
+@pytest.mark.parametrize("action_id", [5, b"step1", ["step1"], 1.5])
+def test_an_action_id_that_is_no_text_is_refused_naming_it(action_id: Any) -> None:
+    """An action id that was no string (a number, bytes, a list) raised a bare TypeError
+    from the id's pattern ('expected string or bytes-like object'), naming neither the
+    argument nor the fault; it is now an ``AoeError`` naming the action id."""
+    with pytest.raises(AoeError, match="action id"):
+        plan_action(AoeConfig(), "true", 1, None, None, None, action_id=action_id)

@@ -78,7 +78,7 @@ def plan_action(
     )
     if problem:
         raise AoeError(problem)
-    if action_id is not None and not ACTION_ID.match(action_id):
+    if action_id is not None and (not isinstance(action_id, str) or not ACTION_ID.match(action_id)):
         raise AoeError(
             f"action id {action_id!r} must be 1-256 characters of letters, digits and _.:/@+=,-"
         )
