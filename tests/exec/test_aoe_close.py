@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -338,3 +339,22 @@ def test_a_weighted_pool_that_is_no_core_list_is_refused_naming_it(pool: object)
     mgr.open_trajectory("t")
     with pytest.raises(AoeError, match="pool"):
         mgr.run_action("t", "true", (0,), weighted=True, pool=pool)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("traj_id", [["t1"], {"t": 1}, {"t1"}])
+def test_an_unhashable_trajectory_id_is_refused_naming_it(traj_id: Any) -> None:
+    """An action, close or recreate naming its trajectory by an unhashable value (a list, a
+    dict) raised a bare TypeError from the trajectories' table ('unhashable type'), naming
+    neither the argument nor the fault; it is now an ``UnknownTrajectory`` (an ``AoeError``)
+    naming the id."""
+    from tangram.exec.aoe.errors import UnknownTrajectory
+
+    mgr = manager_with(_Containers())
+    for call in (
+        lambda: mgr.close_trajectory(traj_id),
+        lambda: mgr.recreate(traj_id),
+        lambda: mgr.run_action(traj_id, "true"),
+        lambda: mgr.handle(traj_id),
+    ):
+        with pytest.raises(UnknownTrajectory, match="trajectory id"):
+            call()

@@ -324,6 +324,8 @@ class AoeManager:
         return traj.container
 
     def _get(self, traj_id: str) -> Trajectory:
+        if not isinstance(traj_id, str):  # (an unhashable one raised a bare TypeError here)
+            raise UnknownTrajectory(traj_id_problem(traj_id) or f"trajectory id {traj_id!r}")
         with self._lock:
             traj = self._trajs.get(traj_id)
         if traj is None:
