@@ -1024,3 +1024,47 @@ def test_a_command_ending_at_its_deadline_gets_its_exit_code_from_a_slow_engine(
     raw = transport.run(ActionRequest("a1", "true", {}, 0.0001, 100), lambda why: None)
     theirs.close()
     assert (raw.ended, raw.exit_code) == ("exit", 0)
+
+
+def test_a_create_whose_run_call_fails_without_an_api_error_removes_what_it_made() -> None:
+    """``containers.create`` handled only the engine's ``APIError`` from its run call: a read
+    time-out or a lost connection (the engine slow on a loaded machine, having created and
+    started the container all the same) went out as a bare error, the container left running
+    in the engine, unknown to the manager, until the shutdown's sweep. Now the container
+    holding the name is removed when it carries this creation's own label, and the failure
+    is an ``AoeError`` naming it."""
+    import requests
+
+    from tangram.exec.aoe import containers
+
+    removed: list[str] = []
+    made: dict[str, Any] = {}
+
+    class Api:
+        def remove_container(self, cid: str, force: bool, v: bool) -> None:
+            removed.append(cid)
+
+    class Client:
+        api = Api()
+
+        class images:  # noqa: N801 - the SDK's attribute name
+            @staticmethod
+            def get(name: str) -> None:
+                return None
+
+        class containers:  # noqa: N801 - the SDK's attribute name
+            @staticmethod
+            def run(**kwargs: Any) -> Any:
+                made["it"] = SimpleNamespace(
+                    id="c" * 64, short_id="c" * 12, labels=dict(kwargs["labels"])
+                )
+                raise requests.exceptions.ReadTimeout("read timed out (60 s)")
+
+            @staticmethod
+            def get(name: str) -> Any:
+                return made["it"]
+
+    spec = ContainerSpec("n", "img", 1.0, SandboxConfig(), 100_000, 100_000, (0,), True, {})
+    with pytest.raises(AoeError, match="could not start container n"):
+        containers.create(Client(), spec)
+    assert removed == ["c" * 64]

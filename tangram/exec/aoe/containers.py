@@ -250,7 +250,8 @@ def create(client: Any, spec: ContainerSpec) -> Any:
     kwargs["labels"] = {**spec.labels, LABEL_INSTANCE: instance}
     try:
         container = client.containers.run(**kwargs)
-    except docker.errors.APIError as exc:
+    except Exception as exc:  # noqa: BLE001 - the engine's refusal, or a read time-out or lost
+        # connection after it made (and maybe started) the container: looked for either way
         holder = _holder(client, spec.name)
         if holder is not None and holder.labels.get(LABEL_INSTANCE) == instance:
             # The engine created it before failing to start it: do not leave it behind (a
@@ -303,7 +304,7 @@ def _holder(client: Any, name: str) -> Any | None:
         return client.containers.get(name)
     except docker.errors.NotFound:
         return None
-    except docker.errors.APIError as exc:
+    except Exception as exc:  # noqa: BLE001 - the engine's errors, a lost connection alike
         log.warning("could not look up container %s: %s", name, exc)
         return None
 
