@@ -1068,3 +1068,42 @@ def test_a_create_whose_run_call_fails_without_an_api_error_removes_what_it_made
     with pytest.raises(AoeError, match="could not start container n"):
         containers.create(Client(), spec)
     assert removed == ["c" * 64]
+
+
+def test_an_exec_whose_exit_code_look_fails_keeps_the_commands_output() -> None:
+    """The exec transport's look for the exit code, after the command's stream had closed,
+    let the engine's error (an inspect refused, a lost connection) out of ``run``: the
+    action, which had run, became a transport failure with its output thrown away. Its exit
+    code is now unknown (``exit_unknown``: whether it succeeded is unknown) and its output
+    kept."""
+    from tangram.exec.aoe.transport import ActionRequest, ExecTransport
+
+    ours, theirs = socket.socketpair()
+    socket_mod = socket
+    # What the command printed: one stdout frame of docker's multiplexed stream.
+    theirs.sendall(struct.pack(">BxxxL", 1, 6) + b"ran 1\n")
+    theirs.shutdown(socket_mod.SHUT_WR)
+
+    class Api:
+        def exec_create(self, *args: object, **kwargs: object) -> dict:
+            return {"Id": "e1"}
+
+        def exec_start(self, exec_id: str, socket: bool) -> object:
+            return ours
+
+        def exec_inspect(self, exec_id: str) -> dict:
+            raise ConnectionError("the engine's socket closed")
+
+    class Group:
+        places = False
+
+        def enter(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def leave(self) -> None:
+            pass
+
+    transport = ExecTransport(Api(), "c" * 64, "1000:1000", "/work", 1.0, Group())  # type: ignore[arg-type]
+    raw = transport.run(ActionRequest("a1", "true", {}, 60.0, 100), lambda why: None)
+    theirs.close()
+    assert (raw.ended, raw.exit_code, raw.stdout) == ("exit", None, b"ran 1\n")

@@ -476,7 +476,11 @@ class ExecTransport:
             # looked for while the action has time left and, past that, for the kill's grace
             # at least (a second was too little for a loaded engine: exit_unknown).
             wait_s = max(EXIT_CODE_WAIT_S, self.grace_s)
-            code = exit_code(self.api, exec_id, max(deadline, time.monotonic() + wait_s))
+            try:
+                code = exit_code(self.api, exec_id, max(deadline, time.monotonic() + wait_s))
+            except Exception as exc:  # noqa: BLE001 - the engine's errors, a lost connection
+                # The command ran: raised, its output was lost to a transport failure.
+                log.warning("the exit code of action %s could not be read: %s", req.action_id, exc)
         if ended == "eof":
             ended = "exit"  # for a per-action exec the stream's end is the action's end
         return RawResult(code, out.content(), err.content(), ended, out.total, err.total)
