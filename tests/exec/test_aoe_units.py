@@ -1107,3 +1107,44 @@ def test_an_exec_whose_exit_code_look_fails_keeps_the_commands_output() -> None:
     raw = transport.run(ActionRequest("a1", "true", {}, 60.0, 100), lambda why: None)
     theirs.close()
     assert (raw.ended, raw.exit_code, raw.stdout) == ("exit", None, b"ran 1\n")
+
+
+def test_direct_control_refuses_a_pid_whose_cgroup_is_not_the_containers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new container's grant mechanism was found from its init's host pid alone: an init
+    that had exited at once, its pid given to a host process (here one of sshd.service),
+    made the manager park (freeze) and grant that process's cgroup, a host service's. The
+    cgroup found must now be the container's (its id in the path), else direct writes are
+    refused ('direct') or the engine's ``docker update`` is used ('auto')."""
+    import functools
+
+    from tangram.exec.aoe import cgroups, lifecycle
+    from tangram.exec.aoe.cgroups import CgroupV2, DockerUpdate
+
+    proc = tmp_path / "proc"
+    (proc / "7").mkdir(parents=True)
+    (proc / "7" / "cgroup").write_text("0::/system.slice/sshd.service\n")
+    d = tmp_path / "cg" / "system.slice" / "sshd.service"
+    d.mkdir(parents=True)
+    for name in ("cpu.max", "cpuset.cpus", "cgroup.procs", "cgroup.freeze"):
+        (d / name).write_text("")
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(f"30 1 0:30 / {tmp_path / 'cg'} rw - cgroup2 cgroup2 rw,nsdelegate\n")
+    monkeypatch.setattr(
+        lifecycle,
+        "direct_control",
+        functools.partial(cgroups.direct_control, proc=proc, mountinfo=mountinfo),
+    )
+    container_id = "abc" * 21 + "d"
+    made = object.__new__(lifecycle.Lifecycle)
+    made.topology = SimpleNamespace(cores=(0, 1))  # type: ignore[assignment]
+    made._warned_fallback = False
+    made.client = SimpleNamespace(api=None)
+    made.config = AoeConfig(cgroup_mode="direct")
+    with pytest.raises(AoeError, match="sshd.service"):
+        made._control(container_id, 7)
+    made.config = AoeConfig(cgroup_mode="auto")
+    control = made._control(container_id, 7)
+    assert not isinstance(control, CgroupV2) and isinstance(control, DockerUpdate)
+    assert (d / "cgroup.freeze").read_text() == ""

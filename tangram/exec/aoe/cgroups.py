@@ -503,12 +503,23 @@ def direct_control(
     park_cores: tuple[int, ...],
     proc: Path = Path("/proc"),
     mountinfo: Path = Path("/proc/self/mountinfo"),
+    *,
+    container_id: str | None = None,
 ) -> CpuControl:
     """A file-writing ``CpuControl`` for the container whose init has host pid ``pid``.
 
-    Raises ``AoeError`` naming the missing or unwritable file when direct writes cannot work.
-    """
+    Raises ``AoeError`` naming the missing or unwritable file when direct writes cannot work,
+    or, given ``container_id``, naming the cgroup found when it is not that container's (its
+    id not in the path): an init that exited at once may have its pid given to a host
+    process, whose cgroup (a host service's) was then frozen at the park and granted."""
     version, dirs = find_cgroup_dirs(pid, proc, mountinfo)
+    if container_id is not None:
+        foreign = sorted({str(d) for d in dirs.values() if container_id not in str(d)})
+        if foreign:
+            raise AoeError(
+                f"process {pid}'s cgroup {foreign[0]} is not container {container_id[:12]}'s "
+                "(its init exited and the pid went to another process?)"
+            )
     if version == 1:
         if "freezer" not in dirs:
             raise AoeError("cgroup v1 host without a freezer hierarchy: cannot park by freezing")

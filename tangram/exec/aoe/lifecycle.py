@@ -383,7 +383,7 @@ class Lifecycle:
         if cfg.cgroup_mode == "docker":
             return DockerUpdate(self.client.api, container_id, *args)
         try:
-            return direct_control(pid, *args)
+            return direct_control(pid, *args, container_id=container_id)
         except AoeError as exc:
             if cfg.cgroup_mode == "direct":
                 raise
