@@ -232,12 +232,18 @@ def _slim_actions(result) -> pd.DataFrame:
 
 
 def _slim_timeline(result, resolution_s: float = 1.0) -> pd.DataFrame:
-    """Usage over time sampled every ``resolution_s`` (the step function's value there)."""
+    """Usage over time sampled every ``resolution_s`` (the step function's value there).
+
+    Before the first row nothing is held or busy (0); held units the simulator did not sample
+    (a policy that ignores capacity: ``timeline_frame`` has them NaN) stay NaN, unknown.
+    """
     from tangram.sim.metrics import timeline_frame
 
     tl = timeline_frame(result)
     grid = pd.DataFrame({"time": np.arange(0.0, result.makespan + resolution_s, resolution_s)})
     tl = pd.merge_asof(grid, tl.sort_values("time"), on="time", direction="backward").fillna(0)
+    if not result.held_sampled:
+        tl[["held_cores", "held_gpus", "api_in_flight"]] = np.nan
     tl.insert(0, "policy", result.policy)
     cols = ["held_cores", "held_gpus", "busy_cores", "busy_gpus", "api_in_flight"]
     tl[cols] = tl[cols].astype("float32")

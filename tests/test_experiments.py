@@ -221,3 +221,23 @@ def test_sensitivity_smoke_varies_each_assumption_and_reports_ratios(tmp_path):
     assert pop.offered_load.between(0, 1).all()  # busy <= provisioned GPU-seconds
     md = (tmp_path / "sensitivity.md").read_text()
     assert "offered load" in md and "Pod startup and pod shape" in md
+
+
+def test_slim_timeline_keeps_held_unknown_for_a_policy_that_ignores_capacity():
+    """``lower-bound`` takes nothing from the pool, so the simulator's timeline has its held
+    units NaN (unknown); the experiments' trimmed timeline filled them with 0, so its Parquet
+    showed lower-bound holding nothing while its busy units were above 0."""
+    from tangram.sim.config import SimConfig
+    from tangram.sim.driver import Simulation
+    from tangram.sim.workloads import generate
+
+    trace = generate("coding", batch=4, steps=1, seed=0)
+    from tangram.core import load_cluster
+
+    cluster = load_cluster("paper")
+    floor = common._slim_timeline(Simulation(trace, cluster, SimConfig(policy="lower-bound")).run())
+    assert floor["busy_cores"].max() > 0
+    assert floor[["held_cores", "held_gpus", "api_in_flight"]].isna().all().all()
+    held = common._slim_timeline(Simulation(trace, cluster, SimConfig(policy="tangram")).run())
+    assert held[["held_cores", "held_gpus", "busy_cores"]].notna().all().all()
+    assert held["held_cores"].iloc[0] == 0 and held["held_cores"].max() > 0
