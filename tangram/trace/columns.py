@@ -10,7 +10,7 @@ import json
 import math
 from typing import Any
 
-from tangram.trace.errors import TraceError
+from tangram.trace.errors import TraceError, loads_unique
 from tangram.trace.row import FIELDS, REQUIRED, TraceRow, row_to_mapping
 
 _FLOAT_FIELDS = (
@@ -67,7 +67,9 @@ def from_cell(name: str, value: Any) -> Any:
         return int(value)  # int column promoted to float by missing values
     if name == "curve" and isinstance(value, str):
         try:
-            return json.loads(value)
+            return loads_unique(value)
         except json.JSONDecodeError as exc:
             raise TraceError(f"not valid JSON: {exc.msg}", field="curve") from None
+        except TraceError as exc:  # a repeated key inside the curve object
+            raise TraceError(f"key {exc.field!r} appears more than once", field="curve") from None
     return value

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 
 class TraceError(ValueError):
@@ -37,3 +39,18 @@ class TraceError(ValueError):
             where=self.where or where,
             path=self.path or path,
         )
+
+
+def loads_unique(text: str | bytes) -> Any:
+    """``json.loads`` that refuses an object with a repeated key (TraceError naming the key):
+    plain ``json.loads`` keeps the last value and drops the others without a word."""
+    return json.loads(text, object_pairs_hook=_unique_keys)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise TraceError("the key appears more than once in one JSON object", field=key)
+        obj[key] = value
+    return obj

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tangram.trace.columns import DTYPES, from_cell, to_flat
-from tangram.trace.errors import TraceError
+from tangram.trace.errors import TraceError, loads_unique
 from tangram.trace.header import (
     HEADER_KEY,
     check_fields_of_version,
@@ -41,13 +41,15 @@ def read_jsonl(path: str | Path) -> Trace:
         if not text.strip():
             continue
         try:
-            obj = json.loads(text)
+            obj = loads_unique(text)
         except json.JSONDecodeError as exc:
             raise TraceError(
                 f"not valid JSON ({exc.msg} at column {exc.colno})",
                 where=f"line {lineno}",
                 path=path,
             ) from None
+        except TraceError as exc:  # a repeated key
+            raise exc.located(where=f"line {lineno}", path=path) from None
         if meta is None:
             meta = meta_from_header(obj, path, f"line {lineno}")
             version = obj[HEADER_KEY]
@@ -159,11 +161,13 @@ def read_parquet(path: str | Path) -> Trace:
             path=path,
         )
     try:
-        header = json.loads(raw)
+        header = loads_unique(raw)
     except json.JSONDecodeError as exc:
         raise TraceError(
             f"header is not valid JSON: {exc.msg}", field=HEADER_KEY, where="header", path=path
         ) from None
+    except TraceError as exc:  # a repeated key
+        raise exc.located(where="header", path=path) from None
     meta = meta_from_header(header, path, "header")
     unknown = [c for c in table.column_names if c not in FIELDS]
     if unknown:

@@ -282,3 +282,34 @@ def test_a_data_frame_written_by_pandas_is_refused_with_the_way_to_convert_it(tm
         load_trace(path)
     write_trace(Trace.from_dataframe(pd.read_parquet(path)), path)
     assert load_trace(path).rows == trace.rows
+
+
+def test_a_repeated_key_in_a_jsonl_row_is_refused_naming_key_and_line(tmp_path):
+    """JSON keeps the last of a repeated key, so a row reading ``"t1_s": 0.5, ..., "t1_s": 50``
+    loaded as 50 without a word; it is refused, naming the key and the line."""
+    path = tmp_path / "dup.jsonl"
+    row = json.dumps(good(1))[:-1] + ', "t1_s": 50.0}'
+    path.write_text(json.dumps(HEADER) + "\n" + json.dumps(good(0)) + "\n" + row + "\n")
+    with pytest.raises(TraceError) as info:
+        load_trace(path)
+    assert (info.value.where, info.value.field) == ("line 3", "t1_s")
+    assert "more than once" in str(info.value) and "dup.jsonl" in str(info.value)
+    head = tmp_path / "head.jsonl"
+    head.write_text('{"tangram_trace": 1, "tangram_trace": 2}\n' + json.dumps(good(0)) + "\n")
+    with pytest.raises(TraceError, match=r"line 1: field 'tangram_trace': .*more than once"):
+        load_trace(head)
+
+
+def test_a_repeated_key_in_a_parquet_header_or_curve_is_refused(tmp_path):
+    path = parquet_with(tmp_path, [0.5])
+    table = pq.read_table(path).replace_schema_metadata(
+        {"tangram_trace": '{"tangram_trace": 1, "workload": "a", "workload": "b"}'}
+    )
+    pq.write_table(table, path)
+    with pytest.raises(TraceError, match=r"header: field 'workload': .*more than once"):
+        load_trace(path)
+    trace = Trace((TraceRow(**good(0)),), {})
+    df = trace.to_dataframe()
+    df["curve"] = '{"serial_fraction": 0.1, "serial_fraction": 0.9}'
+    with pytest.raises(TraceError, match=r"row 0: field 'curve': key 'serial_fraction'"):
+        Trace.from_dataframe(df)
