@@ -63,15 +63,20 @@ def read_jsonl(path: str | Path) -> Trace:
     return checked_trace(rows, meta, lambda i: f"line {lines[i]}", path)
 
 
+_BOM = b"\xef\xbb\xbf"  # the UTF-8 byte-order mark
+
+
 def _numbered_lines(path: Path) -> Iterator[tuple[int, str]]:
     """The file's lines (gunzipped for ``.gz``) with their 1-based numbers, each decoded as
-    UTF-8 on its own, so a bad byte is reported at its line. A file that cannot be opened or
-    decompressed (a directory, not gzip, truncated or corrupt) raises TraceError naming it."""
+    UTF-8 on its own, so a bad byte is reported at its line; a byte-order mark opening the
+    file is dropped. A file that cannot be opened or decompressed (a directory, not gzip, truncated or corrupt) raises TraceError naming it."""
     gz = path.name.endswith(".gz")
     reached = 0
     try:
         with gzip.open(path, "rb") if gz else open(path, "rb") as fh:
             for reached, raw in enumerate(fh, start=1):
+                if reached == 1 and raw.startswith(_BOM):
+                    raw = raw[len(_BOM) :]  # as editors on Windows write it
                 yield reached, _decoded(raw, path, reached)
     except (OSError, EOFError, zlib.error) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)

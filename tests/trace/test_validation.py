@@ -313,3 +313,19 @@ def test_a_repeated_key_in_a_parquet_header_or_curve_is_refused(tmp_path):
     df["curve"] = '{"serial_fraction": 0.1, "serial_fraction": 0.9}'
     with pytest.raises(TraceError, match=r"row 0: field 'curve': key 'serial_fraction'"):
         Trace.from_dataframe(df)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
+def test_a_utf8_byte_order_mark_opening_a_jsonl_trace_is_accepted(tmp_path, suffix):
+    """Editors on Windows open a UTF-8 file with a byte-order mark; the trace was refused as
+    "line 1: not valid JSON (Unexpected UTF-8 BOM)"."""
+    text = "".join(json.dumps(o) + "\n" for o in [HEADER, good(0)])
+    data = b"\xef\xbb\xbf" + text.encode()
+    path = tmp_path / f"bom{suffix}"
+    path.write_bytes(gzip.compress(data) if suffix.endswith(".gz") else data)
+    trace = load_trace(path)
+    assert trace.meta == {"workload": "test"} and trace.rows == (TraceRow(**good(0)),)
+    # Only at the very start: a mark inside the file is still not JSON.
+    path.write_bytes(text.encode() + b"\xef\xbb\xbf" + json.dumps(good(1)).encode() + b"\n")
+    with pytest.raises(TraceError, match="line 3: not valid JSON"):
+        load_trace(path if suffix == ".jsonl" else path.rename(tmp_path / "plain.jsonl"))
