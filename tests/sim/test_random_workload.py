@@ -144,3 +144,23 @@ def test_tangram_sim_cluster_flag_still_wins_over_the_traces_cluster(capsys, tmp
     assert json.loads(capsys.readouterr().out)["cluster"] == "paper"
     assert main(["sim", "--policy", "tangram", "--json"]) == 0  # bundled trace: paper as before
     assert json.loads(capsys.readouterr().out)["cluster"] == "paper"
+
+
+def test_bench_sim_runs_a_random_instance_on_its_own_cluster():
+    """``tangram bench sim --workload random`` ran the instance on the paper cluster, not the
+    cluster the instance carries (which ``tangram sim`` uses), so its rate was of another
+    problem; it runs on the instance's cluster and names it."""
+    from tangram.sim.bench import run_bench
+    from tangram.sim.config import SimConfig
+    from tangram.sim.driver import simulate
+    from tangram.sim.instances import trace_cluster
+    from tangram.sim.workloads import generate
+
+    row = run_bench(workload="random", batch=4, repeats=1, seed=3)
+    trace = generate("random", batch=4, steps=1, seed=3)
+    own = trace_cluster(trace)
+    assert own is not None and own.name != "paper"
+    assert row["cluster"] == own.name
+    expected = simulate(trace, own, SimConfig(policy="tangram", seed=3)).makespan
+    assert row["simulated_s"] == pytest.approx(expected)
+    assert run_bench(workload="coding", batch=4, repeats=1)["cluster"] == "paper"
