@@ -70,3 +70,40 @@ def test_a_bad_flag_is_refused_at_once_naming_it(
     assert flag in err and "Traceback" not in err, err
     last = err.strip().splitlines()[-1]
     assert last.startswith(f"tangram {argv[0]}"), last  # the command, not the profiled program
+
+
+#: Counts that ran for hours or exhausted memory without a word: ``--queued 10000000`` built ten
+#: million actions before the first timed event, ``--jobs 100000`` forked every worker at once.
+#: Parsed only (before the bounds they were accepted, and running them is what hung).
+COUNT_CASES = [
+    (["bench", "scheduler", "--queued", "256", "10000000"], "--queued", "65,536"),
+    (["bench", "scheduler", "--running", "10000000"], "--running", "65,536"),
+    (["bench", "scheduler", "--events", "100000000"], "--events", "100,000"),
+    (["bench", "sim", "--repeats", "100000"], "--repeats", "100"),
+    (["bench", "robustness", "--instances", "100000000"], "--instances", "100,000"),
+    (["bench", "robustness", "--jobs", "100000"], "--jobs", "256"),
+]
+
+
+@pytest.mark.parametrize(("argv", "flag", "bound"), COUNT_CASES, ids=lambda v: str(v))
+def test_a_count_past_any_use_is_refused_naming_its_bound(
+    capsys: pytest.CaptureFixture[str], argv: list[str], flag: str, bound: str
+) -> None:
+    from tangram.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and flag in err and f"at most {bound}" in err, err
+
+
+def test_the_documented_count_defaults_still_parse() -> None:
+    from tangram.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["bench", "scheduler"])
+    assert (args.queued, args.running, args.events) == ([256, 1024, 2048, 8192], 1024, 2000)
+    assert parser.parse_args(["bench", "sim"]).repeats == 3
+    args = parser.parse_args(["bench", "robustness", "--instances", "50", "--jobs", "8"])
+    assert (args.instances, args.jobs) == (50, 8)
+    assert parser.parse_args(["bench", "robustness"]).instances == 200

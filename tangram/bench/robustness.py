@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from tangram.report import add_json_flag, emit, non_negative_int, positive_int
+from tangram.report import add_json_flag, emit, int_in, non_negative_int, positive_int
 
 DEFAULT_POLICY = "tangram"
 #: The static baselines: fixed DoP in powers of two (1, 2, 4, 8, 16; the others between add
@@ -49,6 +49,11 @@ METRICS: dict[str, str] = {"act_mean_s": "mean ACT", "act_p99_s": "p99 ACT", "st
 MARGINS = (0.05, 0.20)
 DEFAULT_INSTANCES = 200
 DEFAULT_WORST = 3
+#: Bounds of the count flags. An instance replays every policy (about 0.4 s on one core), so
+#: 100,000 per family is more than a day; ``--jobs`` forks every worker at once (a fork pool
+#: starts all of them), so ``--jobs 100000`` exhausted memory before the first replay.
+INSTANCES_MAX = 100_000
+JOBS_MAX = 256
 
 
 @dataclass(frozen=True)
@@ -371,7 +376,7 @@ def run_bench(
     if jobs > 1:
         from concurrent.futures import ProcessPoolExecutor
 
-        with ProcessPoolExecutor(jobs) as pool:
+        with ProcessPoolExecutor(min(jobs, len(tasks))) as pool:
             for record in pool.map(_run_task, tasks, chunksize=4):
                 records.append(record)
                 if progress:
@@ -488,9 +493,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--instances",
-        type=positive_int,
+        type=int_in(1, INSTANCES_MAX, "each replays every policy: more runs for days"),
         default=DEFAULT_INSTANCES,
-        help=f"instances per family (default {DEFAULT_INSTANCES})",
+        help=f"instances per family (default {DEFAULT_INSTANCES}; at most {INSTANCES_MAX:,})",
     )
     p.add_argument(
         "--seed", type=non_negative_int, default=0, help="instance i has seed SEED + i (>= 0)"
@@ -518,9 +523,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--jobs",
-        type=positive_int,
+        type=int_in(1, JOBS_MAX, "each is a process started at once; more cores are rare"),
         default=1,
-        help="worker processes (default 1; the figures are the same for any number)",
+        help="worker processes (default 1; the figures are the same for any number; at most "
+        f"{JOBS_MAX})",
     )
     p.add_argument(
         "--oversubscription",

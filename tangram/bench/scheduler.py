@@ -28,9 +28,14 @@ from tangram.core.decision import Start
 from tangram.core.policies import make_policy
 from tangram.core.resources import ClusterSpec, ResourceKind
 from tangram.core.scheduler import Scheduler
-from tangram.report import add_json_flag, emit, non_negative_int, positive_int
+from tangram.report import add_json_flag, emit, int_in, non_negative_int, positive_int
 
 QUEUE_SIZES = (256, 1024, 2048, 8192)
+#: Bounds of the count flags: past them one run takes hours or exhausts memory without a word
+#: (``--queued 10000000`` built ten million actions before the first timed event).
+QUEUED_MAX = 65_536
+RUNNING_MAX = 65_536
+EVENTS_MAX = 100_000
 
 
 def _action(
@@ -227,10 +232,24 @@ def _track(heap: list[tuple[float, str]], decisions: list) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("scheduler", help="decision time per event on the paper cluster")
-    parser.add_argument("--queued", type=positive_int, nargs="+", default=list(QUEUE_SIZES))
-    parser.add_argument("--running", type=positive_int, default=1024)
     parser.add_argument(
-        "--events", type=positive_int, default=2000, help="completions replayed per queue size"
+        "--queued",
+        type=int_in(1, QUEUED_MAX, "8x the 8,192 the target names; every event plans over it"),
+        nargs="+",
+        default=list(QUEUE_SIZES),
+        help=f"queue sizes (default {' '.join(map(str, QUEUE_SIZES))}; at most {QUEUED_MAX:,})",
+    )
+    parser.add_argument(
+        "--running",
+        type=int_in(1, RUNNING_MAX, "64x the default; each sits in a projection heap"),
+        default=1024,
+        help=f"long actions started first (default 1024; at most {RUNNING_MAX:,})",
+    )
+    parser.add_argument(
+        "--events",
+        type=int_in(1, EVENTS_MAX, "a p99 over more events moves no further"),
+        default=2000,
+        help=f"completions replayed per queue size (default 2000; at most {EVENTS_MAX:,})",
     )
     parser.add_argument("--policy", default="tangram")
     parser.add_argument("--seed", type=non_negative_int, default=0)
