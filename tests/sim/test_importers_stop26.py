@@ -200,3 +200,16 @@ def test_an_openhands_row_the_format_refuses_names_the_file_and_event(tmp_path):
     )
     with pytest.raises(TraceImportError, match=r"run\.json: events, event 1: field 't1_s'"):
         import_openhands(events, min_t1_s=0.0)
+
+
+def test_a_byte_order_mark_opening_an_imported_file_is_accepted(tmp_path) -> None:
+    """A .traj or output.jsonl saved by an editor on Windows opens with a UTF-8 byte-order
+    mark; the importers refused it as "not JSON (line 1, column 1: Unexpected UTF-8 BOM)"."""
+    traj = write_traj(tmp_path / "r.traj")
+    plain = import_swe_agent(traj)
+    traj.write_bytes(b"\xef\xbb\xbf" + traj.read_bytes())
+    assert import_swe_agent(traj).rows == plain.rows
+    out = write_jsonl(tmp_path / "output.jsonl", [record()])
+    plain = import_openhands(out)
+    out.write_bytes(b"\xef\xbb\xbf" + out.read_bytes())
+    assert import_openhands(out).rows == plain.rows

@@ -40,7 +40,7 @@ def located(path: Path, where: str) -> Iterator[None]:
 def read_json(path: Path, what: str) -> Any:
     """Parse a whole file as one JSON document, or fail naming the file and the position."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # (a byte-order mark may open it)
     except UnicodeDecodeError:
         raise TraceImportError(path, f"not a text file; expected {what}") from None
     except OSError as exc:
@@ -57,7 +57,7 @@ def read_jsonl(path: Path, what: str) -> list[tuple[int, Any]]:
     """Parse a JSON-lines file into (line number, object) pairs, skipping blank lines."""
     out = []
     try:
-        with path.open(encoding="utf-8") as fh:
+        with path.open(encoding="utf-8-sig") as fh:  # (idem)
             for lineno, line in enumerate(fh, start=1):
                 if not line.strip():
                     continue
