@@ -273,7 +273,7 @@ def load_gpu_calibration(path: str | Path) -> GpuCalibration:
     """Read a record from a ``.json`` or ``.toml`` file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8-sig")  # (a byte-order mark may open it)
     except OSError as exc:
         raise CalibrationError(f"{path}: cannot read the calibration: {exc}") from None
     except UnicodeDecodeError as exc:  # JSON and TOML are UTF-8; the bare error named no file

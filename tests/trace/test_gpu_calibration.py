@@ -321,3 +321,21 @@ def test_overhead_points_are_the_mean_observed_overhead_per_busy_level() -> None
     points = overhead_points(rows, record(), host_cores=2)
     # g* at 2 busy (mean 3), h* at 0; one call at 1 busy is too few for a point.
     assert points == (CallOverhead(0.0, 0.5), CallOverhead(2.0, 3.0))
+
+
+@pytest.mark.parametrize("suffix", [".json", ".toml"])
+def test_a_record_opening_with_a_byte_order_mark_loads(tmp_path, suffix) -> None:
+    """An editor on Windows saves UTF-8 with a byte-order mark; the record was refused as
+    "not valid json: Unexpected UTF-8 BOM" (TOML: "Invalid statement")."""
+    r = record()
+    data = json.loads(r.write(tmp_path / "r.json").read_text())
+    if suffix == ".toml":
+        lines = [f"{k} = {json.dumps(v)}" for k, v in data.items() if k != "call_times"]
+        for p in data["call_times"]:
+            lines += ["[[call_times]]", *(f"{k} = {json.dumps(v)}" for k, v in p.items())]
+        text = "\n".join(lines) + "\n"
+    else:
+        text = json.dumps(data)
+    path = tmp_path / f"bom{suffix}"
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert load_gpu_calibration(path) == r
