@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from tangram.trace.errors import TraceError, loads_unique
 from tangram.trace.row import TIME_MAX_S, is_nonnegative_number
 
 #: The record's format version (``version`` on disk).
@@ -281,9 +282,11 @@ def load_gpu_calibration(path: str | Path) -> GpuCalibration:
             f"{path}: not UTF-8 text (byte {exc.start}): a calibration record is JSON or TOML"
         ) from None
     try:
-        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+        data = tomllib.loads(text) if path.suffix == ".toml" else loads_unique(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
         raise CalibrationError(
             f"{path}: not valid {path.suffix.lstrip('.') or 'JSON'}: {exc}"
         ) from None
+    except TraceError as exc:  # a repeated key (JSON would keep its last value)
+        raise CalibrationError(f"{path}: key {exc.field!r}: {exc.reason}") from None
     return GpuCalibration.from_dict(data, str(path))

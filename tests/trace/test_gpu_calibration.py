@@ -339,3 +339,13 @@ def test_a_record_opening_with_a_byte_order_mark_loads(tmp_path, suffix) -> None
     path = tmp_path / f"bom{suffix}"
     path.write_bytes(b"\xef\xbb\xbf" + text.encode())
     assert load_gpu_calibration(path) == r
+
+
+def test_a_key_repeated_in_a_json_record_is_refused_naming_it(tmp_path) -> None:
+    """JSON keeps the last of a repeated key: a record saying ``"restore_gbps"`` twice loaded the
+    second figure without a word (TOML refuses a repeated key itself)."""
+    text = json.dumps(record().to_dict())
+    path = tmp_path / "r.json"
+    path.write_text(text[:-1] + ', "restore_gbps": 999.0}')
+    with pytest.raises(CalibrationError, match=r"r\.json: .*'restore_gbps'.*more than once"):
+        load_gpu_calibration(path)
