@@ -71,9 +71,10 @@ def phrase(figure: Figure, ours: Any, theirs: Any) -> str | None:
     if math.isnan(a) or math.isnan(b):
         if math.isnan(a) and math.isnan(b):
             return f"{figure.label} unknown for both"
-        known = b if math.isnan(a) else a
-        side = "ours" if math.isnan(a) else "theirs"
-        return f"{figure.label} unknown for {side} ({format_number(known)}{figure.unit} vs -)"
+        # Ours first, as in "0 vs 12.5": the unknown side reads "-".
+        if math.isnan(a):
+            return f"{figure.label} unknown for ours (- vs {format_number(b)}{figure.unit})"
+        return f"{figure.label} unknown for theirs ({format_number(a)}{figure.unit} vs -)"
     if a == 0 and b == 0:
         return None
     ratio = b / a if a != 0 else math.inf

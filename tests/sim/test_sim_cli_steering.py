@@ -375,7 +375,9 @@ def test_ratios_with_a_zero_or_unknown_side_are_worded():
     assert phrase(held, 0.0, 0.0) is None  # nothing of this kind held: not a figure to compare
     assert phrase(held, 0.0, 12.5) == "held core-s 0.000 vs 12.500"
     assert phrase(held, 12.5, 0.0) == "held core-s 12.500 vs 0.000"
-    assert phrase(held, float("nan"), 3.0) == "held core-s unknown for ours (3.000 vs -)"
+    # Ours first, as in "0.000 vs 12.500": ours unknown read "(3.000 vs -)", as if ours were 3.
+    assert phrase(held, float("nan"), 3.0) == "held core-s unknown for ours (- vs 3.000)"
+    assert phrase(held, 3.0, float("nan")) == "held core-s unknown for theirs (3.000 vs -)"
     assert phrase(held, 2.0, 5.0) == "held core-s 2.50x fewer"
     assert phrase(held, 5.0, 2.0) == "held core-s 2.50x more"
     assert phrase(held, 5.0, 5.01) == "held core-s the same"
