@@ -575,6 +575,12 @@ def parse_args(description: str, argv: Sequence[str] | None = None) -> Args:
         help="the elastic policy the `tangram` variants run (default: the paper's, tangram-paper)",
     )
     a = p.parse_args(argv)
+    from tangram.core.policies import make_policy
+
+    try:  # an unknown name failed inside the first run, as a traceback
+        make_policy(a.policy)
+    except ValueError as exc:
+        p.error(f"--policy {a.policy}: {exc}")
     global ELASTIC
     ELASTIC = a.policy
     seeds = list(range(1 if a.smoke else a.seeds))

@@ -241,3 +241,14 @@ def test_slim_timeline_keeps_held_unknown_for_a_policy_that_ignores_capacity():
     held = common._slim_timeline(Simulation(trace, cluster, SimConfig(policy="tangram")).run())
     assert held[["held_cores", "held_gpus", "busy_cores"]].notna().all().all()
     assert held["held_cores"].iloc[0] == 0 and held["held_cores"].max() > 0
+
+
+def test_an_unknown_policy_is_refused_before_any_run(capsys):
+    """``--policy nosuch`` was taken as given: the script generated its first trace and failed
+    inside the run with a ValueError traceback; it is refused at once, naming the flag."""
+    with pytest.raises(SystemExit) as exit_:
+        common.parse_args("d", ["--policy", "nosuch"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--policy nosuch" in err and "unknown policy" in err
+    assert common.parse_args("d", ["--policy", "tangram"]).policy == "tangram"
+    common.parse_args("d", [])  # (the paper's, by default; parse_args sets it as ELASTIC)
