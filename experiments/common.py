@@ -559,7 +559,7 @@ def parse_args(description: str, argv: Sequence[str] | None = None) -> Args:
     p.add_argument(
         "--workers",
         type=positive_int,
-        default=int(os.environ.get("TANGRAM_WORKERS", min(2, os.cpu_count() or 1))),
+        default=None,  # $TANGRAM_WORKERS, checked below, or 2
         help="processes (default $TANGRAM_WORKERS or 2)",
     )
     p.add_argument("--out", type=Path, default=RESULTS, help="output folder")
@@ -575,6 +575,12 @@ def parse_args(description: str, argv: Sequence[str] | None = None) -> Args:
         help="the elastic policy the `tangram` variants run (default: the paper's, tangram-paper)",
     )
     a = p.parse_args(argv)
+    if a.workers is None:  # int() of a bad value was a traceback; 0 or -2 bypassed the check
+        env = os.environ.get("TANGRAM_WORKERS")
+        try:
+            a.workers = min(2, os.cpu_count() or 1) if env is None else positive_int(env)
+        except argparse.ArgumentTypeError as exc:
+            p.error(f"TANGRAM_WORKERS={env!r} (the default of --workers): {exc}")
     from tangram.core.policies import make_policy
 
     try:  # an unknown name failed inside the first run, as a traceback

@@ -252,3 +252,17 @@ def test_an_unknown_policy_is_refused_before_any_run(capsys):
     assert exit_.value.code == 2 and "--policy nosuch" in err and "unknown policy" in err
     assert common.parse_args("d", ["--policy", "tangram"]).policy == "tangram"
     common.parse_args("d", [])  # (the paper's, by default; parse_args sets it as ELASTIC)
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-2"])
+def test_a_bad_tangram_workers_is_refused_naming_it(monkeypatch, capsys, value):
+    """``TANGRAM_WORKERS=abc`` ended the script in a ValueError traceback before parsing (an
+    int() of the default), and 0 or -2 were taken as given, bypassing --workers' check."""
+    monkeypatch.setenv("TANGRAM_WORKERS", value)
+    with pytest.raises(SystemExit) as exit_:
+        common.parse_args("d", [])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"TANGRAM_WORKERS={value!r}" in err, err
+    assert common.parse_args("d", ["--workers", "3"]).workers == 3  # the flag wins
+    monkeypatch.setenv("TANGRAM_WORKERS", "4")
+    assert common.parse_args("d", []).workers == 4
