@@ -738,10 +738,13 @@ carries the warm-up's mean overhead per busy-core level (`call_overheads`).
 
 
 def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, str(ROOT))
+    from tangram.report import positive_int  # --seeds 0: an error naming it, not an empty run
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--trajectories", type=int, default=Params.trajectories)
-    p.add_argument("--actions", type=int, default=Params.actions)
+    p.add_argument("--seeds", type=positive_int, default=3)
+    p.add_argument("--trajectories", type=positive_int, default=Params.trajectories)
+    p.add_argument("--actions", type=positive_int, default=Params.actions)
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--smoke", action="store_true", help="2 trajectories x 6 actions, one seed")
     p.add_argument(
@@ -778,7 +781,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     seeds = [0] if args.smoke else list(range(args.seeds))
     args.out.mkdir(parents=True, exist_ok=True)
-    sys.path.insert(0, str(ROOT))
     from tangram.exec.runtime import discover_cluster
 
     cluster, _ = discover_cluster()

@@ -266,3 +266,19 @@ def test_a_bad_tangram_workers_is_refused_naming_it(monkeypatch, capsys, value):
     assert common.parse_args("d", ["--workers", "3"]).workers == 3  # the flag wins
     monkeypatch.setenv("TANGRAM_WORKERS", "4")
     assert common.parse_args("d", []).workers == 4
+
+
+@pytest.mark.parametrize("script", ["fidelity", "ray_fidelity"])
+@pytest.mark.parametrize("flag", ["--seeds", "--trajectories", "--actions"])
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_the_live_fidelity_counts_must_be_positive(capsys, script, flag, value):
+    """``--seeds 0`` (or -1) ran no seed and then summarised nothing; ``--trajectories 0`` or
+    ``--actions -1`` started a live run of an empty workload. Each is refused naming the flag
+    (parsed before anything starts: ``--recalibrate`` alone would be refused after it)."""
+    import importlib
+
+    module = importlib.import_module(script)
+    with pytest.raises(SystemExit) as exit_:
+        module.main([flag, value, "--recalibrate", "--out", "/nonexistent-dir"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"argument {flag}: must be >= 1" in err, err
