@@ -135,7 +135,9 @@ def main(argv=None) -> int:
     from tangram.report import positive_int  # --seeds 0 is an error, not "the default"
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", nargs="*", choices=EXPERIMENTS, help="run these experiments only")
+    p.add_argument(
+        "--only", nargs="+", choices=EXPERIMENTS, help="run these experiments only (one or more)"
+    )
     p.add_argument(
         "--seeds", type=positive_int, help="seeds per experiment (default: each script's, 3)"
     )

@@ -282,3 +282,16 @@ def test_the_live_fidelity_counts_must_be_positive(capsys, script, flag, value):
         module.main([flag, value, "--recalibrate", "--out", "/nonexistent-dir"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and f"argument {flag}: must be >= 1" in err, err
+
+
+def test_run_all_only_without_names_is_refused_not_every_experiment(monkeypatch, capsys, tmp_path):
+    """``run_all.py --only`` with no name gave an empty list, read as "not given", so it ran
+    every experiment (hours); it is refused naming --only. The runs are recorded, not made."""
+    made: list[list[str]] = []
+    monkeypatch.setattr(run_all.subprocess, "run", lambda cmd, **kw: made.append(cmd))
+    with pytest.raises(SystemExit) as exit_:
+        run_all.main(["--only", "--smoke", "--out", str(tmp_path)])
+    assert exit_.value.code == 2 and "--only" in capsys.readouterr().err
+    assert made == []
+    run_all.main(["--only", "coding_act", "--smoke", "--out", str(tmp_path)])
+    assert made and {Path(cmd[1]).name for cmd in made} == {"coding_act.py"}
