@@ -179,6 +179,11 @@ class Trace:
         unknown = [c for c in df.columns if c not in FIELDS]
         if unknown:
             raise TraceError("unknown column", field=str(unknown[0]), where="columns")
+        repeated = [c for c in dict.fromkeys(df.columns) if list(df.columns).count(c) > 1]
+        if repeated:  # (``df[name]`` is then a frame: an AttributeError below)
+            raise TraceError(
+                "the column appears more than once", field=repeated[0], where="columns"
+            )
         columns = {name: df[name].tolist() for name in df.columns}
         rows = []
         for i in range(len(df)):

@@ -329,3 +329,14 @@ def test_a_utf8_byte_order_mark_opening_a_jsonl_trace_is_accepted(tmp_path, suff
     path.write_bytes(text.encode() + b"\xef\xbb\xbf" + json.dumps(good(1)).encode() + b"\n")
     with pytest.raises(TraceError, match="line 3: not valid JSON"):
         load_trace(path if suffix == ".jsonl" else path.rename(tmp_path / "plain.jsonl"))
+
+
+def test_a_dataframe_with_a_repeated_column_is_refused_naming_it():
+    """Two ``t1_s`` columns (a concat along the wrong axis) crashed with AttributeError
+    ("'DataFrame' object has no attribute 'tolist'"): ``df[name]`` is then a frame."""
+    import pandas as pd
+
+    df = Trace((TraceRow(**good(0)),), {}).to_dataframe()
+    df = pd.concat([df, df[["t1_s"]] * 100], axis=1)
+    with pytest.raises(TraceError, match=r"^columns: field 't1_s': .*more than once"):
+        Trace.from_dataframe(df)
