@@ -249,3 +249,16 @@ def test_a_setting_that_draws_past_the_format_is_named(workload, setting, value,
     message = str(info.value)
     assert f"workload {workload!r} drew an action the trace format refuses" in message
     assert f"field {field!r}" in message and f"{setting}={value!r}" in message
+
+
+@pytest.mark.parametrize("name", ["env_max_units", "reward_max_units", "setup_max_units"])
+def test_a_coding_cpu_cap_past_any_node_is_refused_naming_it(name):
+    """``--set env_max_units=100000000`` was taken: no node has more than 4096 cores, so the
+    capacity-respecting policies cap it there, but ``lower-bound`` (which ignores capacity)
+    listed every core count up to it and ran out of memory. It is refused naming the bound."""
+    from tangram.core.cluster_file import MAX_CORES_PER_NODE
+
+    with pytest.raises(ValueError, match=rf"{name}: must lie in \[1, {MAX_CORES_PER_NODE}\]"):
+        generate("coding", batch=1, **{name: 10**8})
+    trace = generate("coding", batch=1, **{name: MAX_CORES_PER_NODE})
+    assert trace.rows

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tangram.core.cluster_file import MAX_CORES_PER_NODE
 from tangram.sim.workloads.base import (
     REWARD_SYNCS,
     counts_lognormal,
@@ -125,8 +126,15 @@ class CodingParams:
             "reward_serial_beta",
         ):
             require(getattr(self, name) > 0, name, "must be > 0")
-        require(self.env_max_units >= 1, "env_max_units", "must be >= 1")
-        require(self.reward_max_units >= 1, "reward_max_units", "must be >= 1")
+        # At most a node's cores: the policies that respect capacity cap there anyway, and
+        # lower-bound (which ignores it) listed every count up to 10**8 and ran out of memory.
+        for name in ("env_max_units", "reward_max_units", "setup_max_units"):
+            value = getattr(self, name)
+            require(
+                1 <= value <= MAX_CORES_PER_NODE,
+                name,
+                f"must lie in [1, {MAX_CORES_PER_NODE}] (a node's most cores), got {value!r}",
+            )
         require(0 < self.busy_share < 1, "busy_share", "must lie in (0, 1)")
         require(
             0 <= self.memory_gb_min <= self.memory_gb_max, "memory_gb_min", "must be in [0, max]"
@@ -134,7 +142,6 @@ class CodingParams:
         require(self.setup_t1_mean_s >= 0, "setup_t1_mean_s", "must be >= 0 (0: no setup)")
         require(self.setup_t1_sigma >= 0, "setup_t1_sigma", "must be >= 0")
         require(0 <= self.setup_serial_fraction <= 1, "setup_serial_fraction", "must lie in [0, 1]")
-        require(self.setup_max_units >= 1, "setup_max_units", "must be >= 1")
         require(
             self.reward_sync in REWARD_SYNCS,
             "reward_sync",
