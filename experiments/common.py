@@ -351,12 +351,19 @@ def run_jobs(jobs: Sequence[Job], *, workers: int = 1, desc: str = "runs") -> pd
 # --------------------------------------------------------------------------- aggregation
 def aggregate(df: pd.DataFrame, keys: list[str], metrics: Iterable[str]) -> pd.DataFrame:
     """Mean and std over seeds of ``metrics``, grouped by ``keys``: columns ``m_mean``, ``m_std``
-    and ``seeds``."""
+    and ``seeds`` (the runs that gave figures), plus ``stalled`` (those that stalled, NaN
+    figures) where the runs have that column: counting them in ``seeds`` read "mean over 2
+    seeds" of one seed's figure."""
     metrics = [m for m in metrics if m in df.columns]
     g = df.groupby(keys, sort=False)
     out = g[metrics].agg(["mean", "std"])
     out.columns = [f"{m}_{stat}" for m, stat in out.columns]
-    out["seeds"] = g.size()
+    if "stalled" in df.columns:
+        ran = df["stalled"].isna().rename("_ran")
+        out["seeds"] = ran.groupby([df[k] for k in keys], sort=False).sum().astype(int)
+        out["stalled"] = g.size() - out["seeds"]
+    else:
+        out["seeds"] = g.size()
     return out.reset_index()
 
 

@@ -295,3 +295,22 @@ def test_run_all_only_without_names_is_refused_not_every_experiment(monkeypatch,
     assert made == []
     run_all.main(["--only", "coding_act", "--smoke", "--out", str(tmp_path)])
     assert made and {Path(cmd[1]).name for cmd in made} == {"coding_act.py"}
+
+
+def test_aggregate_counts_only_the_seeds_that_gave_figures():
+    """A run that stalled has NaN figures and its reason in ``stalled``: the mean left it out
+    but ``seeds`` counted it, so a table read "mean over 2 seeds" of one seed's figure. It
+    counts the seeds that ran, and ``stalled`` those that did not."""
+    runs = pd.DataFrame(
+        {
+            "batch": [1, 1, 1, 1],
+            "seed": [0, 0, 1, 1],
+            "variant": ["a", "b", "a", "b"],
+            "x": [2.0, 1.0, float("nan"), 2.0],
+            "stalled": [None, None, "pods held at a barrier", None],
+        }
+    )
+    agg = common.aggregate(runs, ["batch", "variant"], ["x"]).set_index("variant")
+    assert agg.loc["a", "x_mean"] == 2.0 and agg.loc["a", "seeds"] == 1
+    assert agg.loc["a", "stalled"] == 1 and agg.loc["b", "stalled"] == 0
+    assert agg.loc["b", "seeds"] == 2 and agg.loc["b", "x_mean"] == 1.5
