@@ -122,6 +122,10 @@ def run_bench(
     collecting: list[int] = []  # the cyclic collector's time inside every timed call
     walls: list[int] = []  # every timed call's wall time, in the order of the two above
     running_seen: list[int] = []
+    #: The queue each timed finish decided over: --queued, plus any background action that did
+    #: not fit (``--running`` past what runs at once: the figures were labelled with --queued
+    #: alone while the decisions ran over hundreds more).
+    queued_seen: list[int] = []
     collector = _CollectorClock()
 
     def step(record: bool) -> None:
@@ -130,6 +134,8 @@ def run_bench(
             raise ValueError(nothing_running(cluster, policy, queued))
         t_fin, victim = heapq.heappop(heap)
         now = max(now, t_fin)
+        if record:
+            queued_seen.append(sched.queued)
         g0, c0, t0 = collector.spent_ns, time.thread_time_ns(), time.perf_counter_ns()
         decisions = sched.finish(victim, now)
         elapsed, used = time.perf_counter_ns() - t0, time.thread_time_ns() - c0
@@ -167,6 +173,7 @@ def run_bench(
     used_us = np.array(cpu) / 1000.0
     return {
         "queued": queued,
+        "queued_mean": float(np.mean(queued_seen)),
         "running_mean": float(np.mean(running_seen)),
         "events": int(both.size),
         "p50_us": float(np.percentile(both, 50)),
