@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 from tangram.core.action import Action
 from tangram.core.cells import unit_options_on
+from tangram.core.cluster_file import MAX_CORES_PER_NODE
 from tangram.core.resources import ClusterSpec, CpuNodeSpec, GpuNodeSpec, ResourceKind
 from tangram.core.state import CapacityError
 
@@ -121,10 +122,16 @@ class OptionsBuilder:
         kind = action.resource
         if kind is ResourceKind.CPU:
             top = action.max_units
-            if self.respects_capacity:
-                cap = self._node_cores.get(node, self._max_node_cores)
-                if cap < top:
-                    top = cap
+            # A policy that ignores capacity (``lower-bound``) ignores the node's size too, but
+            # not the largest node a cluster file may declare: unbounded, a trace's max_units
+            # of 10**11 listed every core count up to it (a MemoryError).
+            cap = (
+                self._node_cores.get(node, self._max_node_cores)
+                if self.respects_capacity
+                else MAX_CORES_PER_NODE
+            )
+            if cap < top:
+                top = cap
             units = self._unit_ranges.get(top)
             if units is None:
                 units = self._unit_ranges[top] = tuple(range(1, top + 1))

@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tangram.bench.robustness import BASELINES
+from tangram.core.cluster_file import MAX_CORES_PER_NODE
 from tangram.core.resources import ClusterSpec, CpuNodeSpec
 from tangram.sim.bounds import ActionNeed, capacity_bound, group_flow_bound, srpt_completions
 from tangram.sim.config import Overheads, RolloutConfig, SimConfig
@@ -195,3 +196,14 @@ def test_a_gpu_call_no_node_holds_is_unrunnable_in_the_bound():
     assert action_need(gpu(60.0, replicas=True), cluster) is None
     assert action_need(gpu(200.0), cluster) is None
     assert action_need(gpu(60.0), cluster) is not None  # 2 x 40 GB on "large", 4 x 16 on "small"
+
+
+def test_lower_bound_copes_with_any_max_units_a_trace_may_hold() -> None:
+    # max_units 10**11, no serial part: the bound ignores the node's size (as above) but not
+    # the largest node a cluster file may declare (MAX_CORES_PER_NODE cores): t1 / 4096 s.
+    # (Unbounded, the core listed every count up to 10**11 before choosing: a MemoryError.)
+    trace = cpu_trace(1, t1=4096.0, max_units=10**11)
+    result = simulate(trace, two_cores(), SimConfig("lower-bound"))
+    (record,) = result.actions
+    assert record.units == MAX_CORES_PER_NODE
+    assert record.finish - record.start == 1.0
