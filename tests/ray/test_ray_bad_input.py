@@ -201,3 +201,33 @@ def test_a_body_nested_too_deep_in_dict_or_list_subclasses_is_a_bad_request() ->
     for name, method, reply in asyncio.run(main()):
         assert reply["error"]["code"] == "bad_request", (name, method, reply)
         assert "deeper than 64 levels" in reply["error"]["message"], (name, method, reply)
+
+
+def _plain_actor_call(method: str, *args: Any) -> dict[str, Any]:
+    """``SchedulerActor.method(*args)`` over a plain runtime (the echo API, no cluster)."""
+    from tangram.core.resources import ApiEndpointSpec, ClusterSpec
+    from tangram.exec.ray.config import RayConfig
+    from tangram.exec.ray.scheduler import SchedulerActor
+    from tangram.exec.runtime.api import ApiExecutor, echo
+    from tangram.exec.runtime.runtime import Runtime
+
+    async def main() -> dict[str, Any]:
+        cluster = ClusterSpec(name="plain", apis=(ApiEndpointSpec("echo", concurrency=4),))
+        async with Runtime(cluster, api=ApiExecutor({"echo": echo})) as rt:
+            actor = SchedulerActor(RayConfig())
+            actor.runtime = rt
+            return await asyncio.wait_for(getattr(actor, method)(*args), CALL_S)
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("trajectory", [["a"], {"id": "a"}, 5, None])
+@pytest.mark.parametrize("method", ["close_trajectory", "recreate_trajectory"])
+def test_a_trajectory_id_that_is_no_string_is_a_bad_request_naming_it(
+    method: str, trajectory: Any
+) -> None:
+    # A list or dict id raised TypeError (unhashable) out of the runtime's lookup: the Ray
+    # caller got a bare RayTaskError instead of the reply every other bad argument gets.
+    reply = _plain_actor_call(method, trajectory)
+    assert reply["error"]["code"] == "bad_request", reply
+    assert "trajectory" in reply["error"]["message"] and "string" in reply["error"]["message"]

@@ -93,6 +93,13 @@ def _check_id(action_id: Any) -> None:
         raise BadRequest(f"action id: expected a string, got {type(action_id).__name__}")
 
 
+def _check_trajectory(trajectory: Any) -> None:
+    """A trajectory id a Ray caller named must be a string: a list or dict raised
+    ``TypeError`` (unhashable) out of the runtime's lookup, a bare Ray error to the caller."""
+    if not isinstance(trajectory, str):
+        raise BadRequest(f"trajectory id: expected a string, got {type(trajectory).__name__}")
+
+
 def settle_heap() -> None:
     """Keep what is alive once the actor serves (Ray's and Tangram's modules, the runtime:
     ~250,000 objects) out of the collector's full passes, which otherwise scan it all once per
@@ -237,6 +244,7 @@ class SchedulerActor:
     async def close_trajectory(self, trajectory: str) -> dict[str, Any]:
         try:
             rt = self._rt()
+            _check_trajectory(trajectory)
             info = await rt.close_trajectory(rt.public_trajectory(trajectory))
             return {"value": trajectory_doc(info)}
         except LiveError as exc:
@@ -245,6 +253,7 @@ class SchedulerActor:
     async def recreate_trajectory(self, trajectory: str) -> dict[str, Any]:
         try:
             rt = self._rt()
+            _check_trajectory(trajectory)
             info = await rt.recreate_trajectory(rt.public_trajectory(trajectory))
             return {"value": trajectory_doc(info)}
         except LiveError as exc:
