@@ -231,3 +231,12 @@ def test_a_trajectory_id_that_is_no_string_is_a_bad_request_naming_it(
     reply = _plain_actor_call(method, trajectory)
     assert reply["error"]["code"] == "bad_request", reply
     assert "trajectory" in reply["error"]["message"] and "string" in reply["error"]["message"]
+
+
+@pytest.mark.parametrize("spec", [{"endpoint": "echo", "payload": 1}, None, "echo"])
+def test_run_spec_of_no_action_spec_is_a_bad_request_naming_it(spec: Any) -> None:
+    # run_spec read spec.trajectory first: a dict (the document run takes), None or a string
+    # raised AttributeError out of the actor, a bare RayTaskError to the Ray caller.
+    reply = _plain_actor_call("run_spec", spec)
+    assert reply["error"]["code"] == "bad_request", reply
+    assert "ActionSpec" in reply["error"]["message"], reply

@@ -296,10 +296,15 @@ class SchedulerActor:
         ``Outcome`` itself, for drivers that build specs as the runtime's own callers do."""
         try:
             rt = self._rt()
+            if not isinstance(spec, ActionSpec):
+                raise BadRequest(
+                    f"run_spec: expected an ActionSpec, got {type(spec).__name__} (documents "
+                    "go to run)"
+                )
             rt.public_trajectory(spec.trajectory)
             return {"value": await rt.result(await rt.submit(spec))}
         except LiveError as exc:
-            return error_reply(self._explain(exc, spec.trajectory))
+            return error_reply(self._explain(exc, getattr(spec, "trajectory", None)))
 
     async def clear_trace(self) -> None:
         """Forget the actions recorded so far (a warm-up's); later ones are recorded."""
