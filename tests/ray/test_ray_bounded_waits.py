@@ -103,3 +103,49 @@ def test_stop_shuts_the_agents_down_when_closing_the_runtime_raises(
         asyncio.run(actor.stop())
     assert done == ["shutdown", "kill"]
     assert "closing the runtime failed; stopping the agents anyway" in caplog.text
+
+
+def test_stop_asks_every_agent_to_shut_down_without_waiting_for_a_hung_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``stop`` asked the agents one after another, each waited for up to 60 s: with two hung
+    agents it passed ``service.stop``'s 120 s, the actor was killed mid-stop, and the agents
+    after them were neither shut down nor killed (detached, their containers left). All are
+    asked at once, then all killed, whatever each answered."""
+    import ray
+
+    asked: list[str] = []
+    killed: list[str] = []
+    answers: dict[str, asyncio.Future[None]] = {}
+
+    def agent(name: str) -> Any:
+        def remote() -> asyncio.Future[None]:
+            asked.append(name)
+            answers[name] = asyncio.get_running_loop().create_future()
+            return answers[name]
+
+        return SimpleNamespace(name=name, shutdown=SimpleNamespace(remote=remote))
+
+    monkeypatch.setattr(ray, "kill", lambda handle: killed.append(handle.name))
+    actor = scheduler.SchedulerActor(RayConfig())
+    for name in ("a", "b", "c"):
+        actor.fleet.add(gpu_report(name), agent(name))
+
+    async def go() -> list[str]:
+        stopping = asyncio.ensure_future(actor._stop_agents())
+        for _ in range(20):  # (loop turns, no clock: each agent's ask is one turn away)
+            await asyncio.sleep(0)
+        seen = list(asked)  # (before any answer: a hung agent holds no other's shutdown)
+        for _ in range(10):  # now each answers (one fails), in whatever order they were asked
+            for name, answer in list(answers.items()):
+                if not answer.done():
+                    if name == "a":
+                        answer.set_exception(RuntimeError("its node is wedged"))
+                    else:
+                        answer.set_result(None)
+            await asyncio.sleep(0)
+        await asyncio.wait_for(stopping, 30.0)
+        return seen
+
+    assert sorted(asyncio.run(go())) == ["a", "b", "c"]
+    assert sorted(killed) == ["a", "b", "c"]

@@ -124,6 +124,20 @@ async def catalog_of(member: Any) -> dict[str, Any]:
         ) from None
 
 
+#: Seconds an agent has to shut down at the scheduler's stop (then it is killed all the same).
+AGENT_SHUTDOWN_S = 60.0
+
+
+async def _shut_down(handle: Any) -> None:
+    """Ask one agent to shut down (its containers removed), then kill it, whatever it said."""
+    import ray
+
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(handle.shutdown.remote(), AGENT_SHUTDOWN_S)
+    with contextlib.suppress(Exception):
+        ray.kill(handle)
+
+
 class SchedulerActor:
     """The scheduler of the cluster and its agents (wrapped by ``ray.remote`` in ``service``)."""
 
@@ -206,16 +220,13 @@ class SchedulerActor:
             await self._stop_agents()
 
     async def _stop_agents(self) -> None:
-        """Close the direct channels; shut every live agent down and kill it."""
+        """Close the direct channels; shut every live agent down and kill it. All are asked at
+        once, each for up to ``AGENT_SHUTDOWN_S``: asked one after another, two hung agents
+        took past ``service.stop``'s time-out, the actor was killed mid-stop, and the agents
+        after them were left (detached) with their containers."""
         self.fleet.close_channels()
-        import ray
-
-        for member in self.fleet.members():
-            if member.alive:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(member.handle.shutdown.remote(), 60.0)
-                with contextlib.suppress(Exception):
-                    ray.kill(member.handle)
+        live = [m for m in self.fleet.members() if m.alive]
+        await asyncio.gather(*(_shut_down(m.handle) for m in live))
 
     async def alive(self) -> bool:
         """The agents' check that their scheduler still runs."""
