@@ -302,3 +302,46 @@ def test_a_node_joining_again_does_not_hold_up_the_watch(monkeypatch) -> None:
             await w.rt.close()
 
     asyncio.run(go())
+
+
+def test_a_node_that_joins_again_while_its_loss_is_handled_is_not_fenced_after(
+    monkeypatch,
+) -> None:
+    """A lost node's trajectories are closed before its handling ends, and a close waits for
+    the trajectory's running actions (a GPU call on another node may run for minutes); the
+    node may join again meanwhile. The handling's last fence then held the joined node's
+    memory and GPUs for good: nothing was placed there again, and no later check lifted it."""
+
+    async def go() -> None:
+        w = Watch(
+            monkeypatch,
+            RayConfig(direct_calls=False),
+            lambda nodes: [(report("id-a2", "a", 1, 8.0, gpus=2), Agent())],
+        )
+        await w.rt.start()
+        closing, release = asyncio.Event(), asyncio.Event()
+
+        async def slow_close(trajectory: str) -> None:  # (its running actions still ending)
+            closing.set()
+            await release.wait()
+            w.rt.trajs.by_id.pop(trajectory, None)
+
+        monkeypatch.setattr(w.rt, "close_trajectory", slow_close)
+        w.rt.trajs.by_id["t"] = SimpleNamespace(id="t", node="a", active={})  # type: ignore[assignment]
+        state = w.rt.scheduler.state
+        try:
+            w.members.fleet.lose("a", "its agent died")
+            await asyncio.wait_for(closing.wait(), 5)
+            assert state.cpu["a"].memory_free_gb == 0.0  # fenced while lost
+            await asyncio.wait_for(w.members.join(ray_node("id-a2", "a")), 5)
+            assert w.members.fleet.alive("a") and state.cpu["a"].memory_free_gb == 8.0
+            release.set()
+            await asyncio.wait_for(asyncio.gather(*w.members._tasks), 5)
+            assert w.members.fences.get("a") in (None, [])
+            assert state.cpu["a"].memory_free_gb == 8.0 and state.gpu["a"].free_gpus == 2
+        finally:
+            release.set()
+            w.rt.trajs.by_id.pop("t", None)
+            await w.rt.close()
+
+    asyncio.run(go())

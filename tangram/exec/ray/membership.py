@@ -285,7 +285,8 @@ class Membership:
         task.add_done_callback(self._tasks.discard)
 
     async def evacuate(self, name: str, why: str) -> None:
-        """The node is gone: fence its memory, end its trajectories' actions, close them."""
+        """The node is gone: fence its memory, end its trajectories' actions, close them, and
+        fence what they freed unless the node joined again meanwhile (its fence would stay)."""
         rt = self._rt()
         if isinstance(rt.gpu, RayGpuExecutor) and name in rt.gpu.residency:
             rt.gpu.report(name, {})  # its models went with it
@@ -302,7 +303,8 @@ class Membership:
         for traj in doomed:
             with contextlib.suppress(Exception):
                 await rt.close_trajectory(traj.id)
-        self.fence(name)
+        if not self.fleet.alive(name):  # (a close waits for running actions: it may be back)
+            self.fence(name)
 
     def fence(self, name: str) -> None:
         """Hold a lost node's free capacity in the core, so nothing is placed there: its free
