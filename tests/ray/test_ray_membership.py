@@ -345,3 +345,29 @@ def test_a_node_that_joins_again_while_its_loss_is_handled_is_not_fenced_after(
             await w.rt.close()
 
     asyncio.run(go())
+
+
+def test_an_agent_lost_to_silence_is_killed(monkeypatch) -> None:
+    """A node lost because its agent left a ping unanswered (a stall, not a death): its
+    actions end ``node_lost`` ('submit it again') and its trajectories are closed without a
+    call to it, but the agent was left running, detached: the actions ran on beside their
+    resends and its containers stayed until the scheduler actor died. It is killed (its AOE
+    watchdog then removes the containers)."""
+    import ray
+
+    killed: list[Any] = []
+    monkeypatch.setattr(ray, "kill", lambda handle, **kw: killed.append(handle))
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+
+    async def go() -> None:
+        agent = Agent(None)
+        w = watched(monkeypatch, agent)
+        await w.rt.start()
+        try:
+            await asyncio.wait_for(w.check(), 5)
+            assert not w.members.fleet.alive("a")
+            assert killed == [agent]
+        finally:
+            await w.rt.close()
+
+    asyncio.run(go())

@@ -271,6 +271,9 @@ class Membership:
 
     # ------------------------------------------------------------------ a loss
     def _lost(self, name: str, why: str) -> None:
+        member = self.fleet.by_name.get(name)
+        if member is not None:
+            _kill_agent(member.handle, name)
         self._background(self.evacuate(name, why))
 
     def cancel_background(self) -> None:
@@ -345,3 +348,18 @@ class Membership:
         if self.runtime is None:
             raise RuntimeError("the scheduler actor is not started: call start() first")
         return self.runtime
+
+
+def _kill_agent(handle: Any, name: str) -> None:
+    """Kill a lost node's agent. One lost to silence (a stall) still ran, detached: the actions
+    told ``node_lost`` ran on beside their resends, and the containers of its trajectories
+    (closed without a call to it) stayed until the scheduler actor died. Killed, its AOE
+    watchdog removes them; for an agent or node already dead this does nothing."""
+    import ray
+
+    if not ray.is_initialized():  # (no Ray here: no actor to kill; ray.kill would start one)
+        return
+    try:
+        ray.kill(handle)
+    except Exception as exc:  # noqa: BLE001 - gone already, or Ray cannot reach it now
+        log.debug("killing the agent of lost node %s: %s", name, exc)
