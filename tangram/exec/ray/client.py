@@ -7,7 +7,10 @@ service's schema, and outcomes come back as the same documents (``outcome_from_d
 runtime error raises ``ServiceError`` with its code and the HTTP status the service would
 answer; retryable ones (overloaded, capacity short) are retried after their hint, ``retries``
 times. If the scheduler actor dies, a call raises ``ServiceError`` with code
-``scheduler_lost`` at once (Ray reports the death; nothing waits).
+``scheduler_lost`` at once (Ray reports the death; nothing waits). If it cannot be reached
+for a moment (Ray's ``ActorUnavailableError``: the call may or may not have run), a call safe
+to resend (its id makes it the same action) is sent again, ``retries`` times; any other, or
+the last, raises ``scheduler_unreachable``: its effect is unknown, not lost.
 
 As with the HTTP clients, each operation is described once (``RayCall``: the actor method,
 its arguments, whether a retry is safe, how to read the answer); ``AsyncRayClient`` and
@@ -28,8 +31,13 @@ from tangram.exec.service.calls import action_body
 from tangram.exec.service.retry import ServiceError
 from tangram.exec.service.schema import outcome_from_doc
 
-#: The code of a call whose scheduler actor died (or could not be reached).
+#: The code of a call whose scheduler actor died.
 SCHEDULER_LOST = "scheduler_lost"
+#: The code of a call whose scheduler actor could not be reached for a moment (Ray's
+#: ``ActorUnavailableError``): the actor may still run it, and may have.
+SCHEDULER_UNREACHABLE = "scheduler_unreachable"
+#: Seconds before a call safe to resend is sent again while the actor cannot be reached.
+UNAVAILABLE_PAUSE_S = 1.0
 
 
 def _same(value: Any) -> Any:
@@ -134,6 +142,30 @@ def _dead() -> tuple[type[BaseException], ...]:
     return (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError)
 
 
+def _unreachable(exc: BaseException) -> ServiceError:
+    return ServiceError(
+        503,
+        SCHEDULER_UNREACHABLE,
+        f"the Tangram scheduler actor could not be reached ({type(exc).__name__}: {exc}); it "
+        "may still run what it accepted, this call included: read its outcome, or send it "
+        "again with the same id (never run twice)",
+    )
+
+
+def _resend_after(exc: BaseException, safe: bool, attempt: int, retries: int) -> float:
+    """Seconds before sending a call again after Ray failed it with ``exc`` (the actor died
+    or could not be reached); raises the caller's ``ServiceError`` when it must not be sent
+    again. Unreachable is not dead: telling the caller ``scheduler_lost`` (resend with new
+    ids) ran twice an action the actor had accepted and still ran."""
+    import ray
+
+    if not isinstance(exc, ray.exceptions.ActorUnavailableError):
+        raise _lost(exc) from exc
+    if not safe or attempt == retries:
+        raise _unreachable(exc) from exc
+    return UNAVAILABLE_PAUSE_S
+
+
 def _pause(exc: ServiceError, call: RayCall, attempt: int, retries: int) -> float:
     """Seconds to wait before retrying ``call`` after ``exc``; re-raises when it must not."""
     if not (call.retry and exc.retryable) or attempt == retries:
@@ -152,7 +184,8 @@ class AsyncRayClient:
             try:
                 reply = await getattr(self.handle, call.method).remote(*call.args)
             except _dead() as exc:
-                raise _lost(exc) from exc
+                await asyncio.sleep(_resend_after(exc, call.retry, attempt, self.retries))
+                continue
             try:
                 return call.read(unwrap(reply))
             except ServiceError as exc:
@@ -193,8 +226,9 @@ class AsyncRayClient:
         for attempt in range(self.retries + 1):
             try:
                 replies = await self.handle.run_many.remote([batch.bodies[i] for i in todo])
-            except _dead() as exc:
-                raise _lost(exc) from exc
+            except _dead() as exc:  # (each action's id: the batch is safe to send again)
+                await asyncio.sleep(_resend_after(exc, True, attempt, self.retries))
+                continue
             todo, pause = batch.read(todo, replies, attempt == self.retries)
             if not todo:
                 break
@@ -224,7 +258,8 @@ class RayClient:
             try:
                 reply = ray.get(getattr(self.handle, call.method).remote(*call.args))
             except _dead() as exc:
-                raise _lost(exc) from exc
+                time.sleep(_resend_after(exc, call.retry, attempt, self.retries))
+                continue
             try:
                 return call.read(unwrap(reply))
             except ServiceError as exc:
@@ -264,8 +299,9 @@ class RayClient:
         for attempt in range(self.retries + 1):
             try:
                 replies = ray.get(self.handle.run_many.remote([batch.bodies[i] for i in todo]))
-            except _dead() as exc:
-                raise _lost(exc) from exc
+            except _dead() as exc:  # (each action's id: the batch is safe to send again)
+                time.sleep(_resend_after(exc, True, attempt, self.retries))
+                continue
             todo, pause = batch.read(todo, replies, attempt == self.retries)
             if not todo:
                 break
