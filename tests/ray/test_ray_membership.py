@@ -371,3 +371,30 @@ def test_an_agent_lost_to_silence_is_killed(monkeypatch) -> None:
             await w.rt.close()
 
     asyncio.run(go())
+
+
+def test_two_ray_nodes_under_one_new_name_get_one_agent(monkeypatch) -> None:
+    """Two Ray nodes that come up under the same Tangram name (one ``tangram-name`` label on
+    both) were both adopted in the same check: two agents, the second replacing the first in
+    the fleet under that name while the core kept the first's node (the second's add
+    refused), so the node's calls went to the other machine and the first agent was never
+    stopped. One is adopted; the other is left, and said so."""
+
+    async def go() -> None:
+        w = Watch(
+            monkeypatch,
+            RayConfig(direct_calls=False),
+            lambda nodes: [(report(n["NodeID"], "b", 4, 32.0), Agent()) for n in nodes],
+        )
+        w.table = [ray_node("id-a", "a"), ray_node("id-b1", "b"), ray_node("id-b2", "b")]
+        await w.rt.start()
+        try:
+            await w.check()
+            await w.check()
+            assert w.spawned == ["id-b1"]
+            assert w.members.fleet.by_name["b"].report.ray_node == "id-b1"
+            assert [n.name for n in w.rt.cluster.cpu_nodes] == ["a", "b"]
+        finally:
+            await w.rt.close()
+
+    asyncio.run(go())

@@ -58,6 +58,10 @@ class Membership:
         #: Ray nodes where a node of the cluster is joining now (its agent starting).
         self.joining: set[str] = set()
         self.tried: set[str] = set()
+        #: Ray node -> the Tangram name its agent is starting under (a join or an adoption).
+        self.starting: dict[str, str] = {}
+        #: Ray nodes left because another Ray node has their Tangram name (said once).
+        self.clashes: set[str] = set()
         #: Nodes of the cluster file with no Ray node yet (fenced until one joins).
         self.absent: set[str] = set()
         self._fence_seq = 0
@@ -167,21 +171,52 @@ class Membership:
         known |= self.adopting | self.tried | self.joining
         if not cfg.join_new_nodes:
             known |= set(self.unplaced)
+        claimed = self._claimed_names()
         for node in nodes:
             if not node.get("Alive") or node["NodeID"] in known:
                 continue
             name = node_name(node["NodeID"], node.get("Labels") or {})
+            if name in claimed:
+                self._clash(node["NodeID"], name)
+                continue
             member = self.fleet.by_name.get(name)
             if (member is not None and not member.alive) or name in self.absent:
                 # In the background, as an adoption: an agent's start (torch, Docker, the
                 # models) may take minutes, and the watch's pings must go on meanwhile.
                 self.joining.add(node["NodeID"])
-                self._background(self._join(node))
+                self._start_under(node, name, self._join(node))
+                claimed.add(name)
             elif member is None:
                 self.unplaced[node["NodeID"]] = name
                 if cfg.join_new_nodes:
                     self.adopting.add(node["NodeID"])  # (now: the next check skips it)
-                    self._background(self.adopt(node))
+                    self._start_under(node, name, self.adopt(node))
+                    claimed.add(name)
+
+    def _claimed_names(self) -> set[str]:
+        """The Tangram names an agent holds (alive) or is starting under: another Ray node
+        under one of them is not taken (two agents under one name: the second replaced the
+        first in the fleet, the core kept the first's node, and calls went to the other)."""
+        alive = {m.report.name for m in self.fleet.members() if m.alive}
+        return alive | set(self.starting.values())
+
+    def _clash(self, ray_id: str, name: str) -> None:
+        """Ray node ``ray_id`` has a Tangram name another Ray node holds: left, said once."""
+        if ray_id not in self.clashes:
+            self.clashes.add(ray_id)
+            log.warning(
+                "Ray node %s has the Tangram name %r of another Ray node: not used (set a "
+                "distinct tangram-name label)",
+                ray_id,
+                name,
+            )
+
+    def _start_under(self, node: dict[str, Any], name: str, work: Any) -> None:
+        """Run a join or an adoption (``work``) in the background, ``name`` claimed till it ends."""
+        ray_id = node["NodeID"]
+        self.starting[ray_id] = name
+        task = self._background(work)
+        task.add_done_callback(lambda _: self.starting.pop(ray_id, None))
 
     async def _join(self, node: dict[str, Any]) -> None:
         """``join`` from the watch: a failure is logged, and a later check tries again."""
@@ -281,11 +316,12 @@ class Membership:
         for task in list(self._tasks):
             task.cancel()
 
-    def _background(self, work: Any) -> None:
-        """Run ``work`` (a coroutine) on the actor's loop, kept until it ends."""
+    def _background(self, work: Any) -> asyncio.Task[Any]:
+        """Run ``work`` (a coroutine) on the actor's loop, kept until it ends; its task."""
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def evacuate(self, name: str, why: str) -> None:
         """The node is gone: fence its memory, end its trajectories' actions, close them, and
