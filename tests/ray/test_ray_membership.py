@@ -398,3 +398,25 @@ def test_two_ray_nodes_under_one_new_name_get_one_agent(monkeypatch) -> None:
             await w.rt.close()
 
     asyncio.run(go())
+
+
+def test_a_start_on_two_ray_nodes_under_one_name_fails_naming_it(monkeypatch) -> None:
+    """With a cluster file the start never built a spec from the reports (whose check refuses
+    a name two Ray nodes share): both nodes got an agent, the second replaced the first in
+    the fleet, and the first ran on, detached and unknown, until the scheduler died. The
+    start fails naming the name, as without a file, and kills the agents it made."""
+    import ray
+
+    killed: list[Any] = []
+    monkeypatch.setattr(ray, "kill", lambda handle, **kw: killed.append(handle))
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    first, second = Agent(), Agent()
+
+    async def spawn(nodes, cfg, owner, *, undeclared=False):  # noqa: ANN001, ANN202
+        return [(report("id-1", "a", 1, 8.0), first), (report("id-2", "a", 1, 8.0), second)], {}
+
+    monkeypatch.setattr(agents, "spawn", spawn)
+    members = Membership(RayConfig(cluster=CLUSTER, direct_calls=False), owner=None)
+    with pytest.raises(ValueError, match=r"two Ray nodes share the Tangram name\(s\) \['a'\]"):
+        asyncio.run(members.spawn([ray_node("id-1", "a"), ray_node("id-2", "a")]))
+    assert killed == [first, second] and members.fleet.members() == []

@@ -24,7 +24,7 @@ from typing import Any
 
 from tangram.exec.ray import agents
 from tangram.exec.ray.channel import new_key
-from tangram.exec.ray.config import RayConfig
+from tangram.exec.ray.config import LABEL_NAME, RayConfig
 from tangram.exec.ray.executors import RayCpuExecutor, RayGpuExecutor
 from tangram.exec.ray.fleet import NODE_LOST, Fleet
 from tangram.exec.ray.nodes import NodeReport, node_name
@@ -72,10 +72,20 @@ class Membership:
     async def spawn(
         self, nodes: list[dict[str, Any]], *, undeclared: bool = False
     ) -> list[NodeReport]:
-        """Agents on ``nodes``, in the fleet; their reports."""
+        """Agents on ``nodes``, in the fleet; their reports. ``ValueError`` (the agents
+        killed) when two of them share a Tangram name: the second replaced the first in the
+        fleet, which ran on, detached and unknown."""
         started, unplaced = await agents.spawn(
             nodes, self.config, self.owner, undeclared=undeclared
         )
+        names = [report.name for report, _ in started]
+        shared = sorted({n for n in names if names.count(n) > 1})
+        if shared:  # (as ``cluster_spec`` refuses without a cluster file)
+            for report, handle in started:
+                _kill_agent(handle, report.name)
+            raise ValueError(
+                f"two Ray nodes share the Tangram name(s) {shared}: set {LABEL_NAME} on each"
+            )
         self.unplaced.update(unplaced)
         members = [self.fleet.add(report, handle) for report, handle in started]
         if self.config.direct_calls:
