@@ -240,3 +240,13 @@ def test_run_spec_of_no_action_spec_is_a_bad_request_naming_it(spec: Any) -> Non
     reply = _plain_actor_call("run_spec", spec)
     assert reply["error"]["code"] == "bad_request", reply
     assert "ActionSpec" in reply["error"]["message"], reply
+
+
+@pytest.mark.parametrize("bodies", [None, 5, {"endpoint": "echo", "payload": 1}, "echo"])
+def test_run_many_of_no_list_is_one_bad_request_naming_it(bodies: Any) -> None:
+    # None or a number raised TypeError (not iterable) out of the actor, a bare RayTaskError;
+    # a dict ran its keys and a string its characters, one 'not a JSON object' per item.
+    replies = _plain_actor_call("run_many", bodies)
+    assert len(replies) == 1, replies
+    err = replies[0]["error"]
+    assert err["code"] == "bad_request" and "list of action documents" in err["message"], err

@@ -298,7 +298,13 @@ class SchedulerActor:
         """``run`` for each document, in one actor call; the replies in order, once all ended.
         A document whose ``run`` raises gets an ``internal`` error reply of its own: raising
         failed the whole call, the others' outcomes lost while they ran (and a caller
-        resending the batch with new ids ran them twice)."""
+        resending the batch with new ids ran them twice). ``bodies`` that are no list (or
+        tuple) get one ``bad_request`` reply naming it: None raised ``TypeError`` out of the
+        actor, and a dict ran its keys, a string its characters."""
+        if not isinstance(bodies, list | tuple):
+            what = type(bodies).__name__
+            problem = f"run_many: expected a list of action documents, got {what}"
+            return [error_reply(BadRequest(problem))]
         replies = await asyncio.gather(*(self.run(body) for body in bodies), return_exceptions=True)
         return [_reply_of(r) for r in replies]
 
