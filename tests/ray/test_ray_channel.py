@@ -160,3 +160,46 @@ def test_closing_the_server_closes_its_connections_and_stops_listening() -> None
         time.sleep(0.02)
     assert not [t.name for t in threading.enumerate() if t.name.startswith("tangram-direct")]
     assert [m for m, _ in handler.calls] == ["run_cpu"]
+
+
+def test_closing_the_channels_at_stop_loses_no_node() -> None:
+    """The scheduler's stop closes the channels on purpose, then shuts each agent down. A call
+    still in flight on one (a GPU call past its deadline, which nobody waits for) failed with
+    ``ChannelClosed``, which lost its node: a 'node lost' warning, an evacuation on the
+    closing runtime, and the agent killed (as a lost node's is) while its shutdown ran. The
+    call ends, the node stays a member to shut down."""
+    from types import SimpleNamespace
+
+    from tangram.exec.ray.fleet import Fleet, NodeLost
+    from tangram.exec.ray.nodes import NodeReport
+
+    key, handler = new_key(), Handler()
+    server = AgentServer(handler, "127.0.0.1", key, threads=4)
+    lost: list[str] = []
+
+    async def go() -> None:
+        fleet = Fleet()
+        fleet.on_lost.append(lambda name, why: lost.append(why))
+
+        async def serve_direct(k: bytes) -> tuple[str, int]:
+            return server.address
+
+        handle = SimpleNamespace(serve_direct=SimpleNamespace(remote=serve_direct))
+        member = fleet.add(NodeReport("id-a", "a", ((0,),), 8.0, None), handle)
+        await fleet.connect(member, key)
+        assert member.channel is not None
+        call = asyncio.ensure_future(fleet.call("a", "run_cpu", 2.0, "cut at stop"))
+        for _ in range(500):  # (at most 5 s: the call reaches the agent)
+            if handler.calls:
+                break
+            await asyncio.sleep(0.01)
+        fleet.close_channels()
+        with pytest.raises(NodeLost):
+            await asyncio.wait_for(call, 5.0)
+        assert member.alive
+
+    try:
+        asyncio.run(go())
+    finally:
+        server.close()
+    assert lost == []

@@ -64,6 +64,9 @@ class Fleet:
         self.by_name: dict[str, Member] = {}
         #: Called once per lost node (the scheduler actor ends its trajectories).
         self.on_lost: list[Callable[[str, str], None]] = []
+        #: The channels were closed on purpose (the scheduler stops): a closed one loses no
+        #: node (``close_channels``).
+        self.stopping = False
 
     def add(self, report: NodeReport, handle: Any) -> Member:
         member = Member(report, handle)
@@ -120,6 +123,8 @@ class Fleet:
             exc = done.exception()
             if exc is None:
                 out.set_result(done.result())
+            elif self.stopping and isinstance(exc, ChannelClosed | ray.exceptions.RayActorError):
+                out.set_exception(NodeLost(name, "the scheduler stopped while the call ran"))
             elif isinstance(exc, ChannelClosed):
                 self.lose(name, f"its agent's connection closed ({exc})")
             elif isinstance(exc, ray.exceptions.RayActorError | ray.exceptions.ActorDiedError):
@@ -134,7 +139,11 @@ class Fleet:
             member.pending.discard(out)
 
     def close_channels(self) -> None:
-        """Close every direct channel on purpose (the scheduler shuts down)."""
+        """Close every direct channel on purpose (the scheduler shuts down). The calls still in
+        flight end with ``NodeLost``; no node is lost for it: that logged every node with
+        such a call as lost, evacuated it on the closing runtime and killed its agent while
+        the stop shut it down."""
+        self.stopping = True
         for member in self.by_name.values():
             if member.channel is not None:
                 member.channel.close()
