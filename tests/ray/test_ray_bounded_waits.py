@@ -149,3 +149,56 @@ def test_stop_asks_every_agent_to_shut_down_without_waiting_for_a_hung_one(
 
     assert sorted(asyncio.run(go())) == ["a", "b", "c"]
     assert sorted(killed) == ["a", "b", "c"]
+
+
+def test_status_asks_the_gpu_agents_for_their_counters_at_once() -> None:
+    """``status`` read each GPU agent's EOE counters one after another, each for up to 5 s:
+    with n stalled GPU nodes (not yet lost) a status took 5n s. All are asked at once; a
+    node that does not answer keeps its last counters."""
+    from tangram.core.resources import ApiEndpointSpec, ClusterSpec, GpuNodeSpec
+    from tangram.exec.ray.executors import RayGpuExecutor
+    from tangram.exec.ray.nodes import ServiceEntry
+    from tangram.exec.runtime.api import ApiExecutor
+    from tangram.exec.runtime.runtime import Runtime
+
+    names = ("g1", "g2", "g3")
+    cluster = ClusterSpec(
+        "gpus",
+        gpu_nodes=tuple(
+            GpuNodeSpec(n, gpus=2, gpu_memory_gb=2.0, host_memory_gb=8.0) for n in names
+        ),
+        apis=(ApiEndpointSpec("echo", 4),),
+    )
+    asked: list[str] = []
+    answers: dict[str, asyncio.Future[dict[str, Any]]] = {}
+
+    def agent(name: str) -> Any:
+        def remote() -> asyncio.Future[dict[str, Any]]:
+            asked.append(name)
+            answers[name] = asyncio.get_running_loop().create_future()
+            return answers[name]
+
+        return SimpleNamespace(stats=SimpleNamespace(remote=remote))
+
+    async def go() -> list[str]:
+        actor = scheduler.SchedulerActor(RayConfig())
+        catalog = {"reward": ServiceEntry(dops=(1, 2), size_gb=0.1, replicas=True)}
+        gpu = RayGpuExecutor(actor.fleet, cluster, catalog)
+        actor.runtime = Runtime(cluster, gpu=gpu, api=ApiExecutor({}))  # type: ignore[arg-type]
+        for name in names:
+            actor.fleet.add(gpu_report(name), agent(name))
+        refresh = asyncio.ensure_future(actor._refresh_stats())
+        for _ in range(20):  # (loop turns, no clock)
+            await asyncio.sleep(0)
+        seen = list(asked)
+        for _ in range(10):  # g2 never answers; the others do, as they are asked
+            for name, answer in list(answers.items()):
+                if name != "g2" and not answer.done():
+                    answer.set_result({"calls": 1})
+            await asyncio.sleep(0)
+        answers["g2"].set_exception(RuntimeError("stalled"))  # (its 5 s, without the wait)
+        await asyncio.wait_for(refresh, 30.0)
+        assert set(gpu.eoe.counters) == {"g1", "g3"}
+        return seen
+
+    assert asyncio.run(go()) == list(names)

@@ -124,6 +124,8 @@ async def catalog_of(member: Any) -> dict[str, Any]:
         ) from None
 
 
+#: Seconds a GPU agent has to send its EOE counters for a ``status``.
+STATS_S = 5.0
 #: Seconds an agent has to shut down at the scheduler's stop (then it is killed all the same).
 AGENT_SHUTDOWN_S = 60.0
 
@@ -376,14 +378,21 @@ class SchedulerActor:
 
     # ------------------------------------------------------------------ helpers
     async def _refresh_stats(self) -> None:
+        """Each live GPU agent's EOE counters, all asked at once (one after another, n
+        stalled nodes made a status take n times ``STATS_S``); a node that does not answer
+        within ``STATS_S`` keeps its last ones."""
         rt = self._rt()
-        if not isinstance(rt.gpu, RayGpuExecutor):
+        gpu = rt.gpu
+        if not isinstance(gpu, RayGpuExecutor):
             return
-        for member in self.fleet.members():
-            if member.alive and member.report.gpus is not None:
-                with contextlib.suppress(Exception):
-                    stats = await asyncio.wait_for(member.handle.stats.remote(), 5.0)
-                    rt.gpu.eoe.counters[member.report.name] = stats
+
+        async def refresh(member: Any) -> None:
+            with contextlib.suppress(Exception):
+                stats = await asyncio.wait_for(member.handle.stats.remote(), STATS_S)
+                gpu.eoe.counters[member.report.name] = stats
+
+        held = [m for m in self.fleet.members() if m.alive and m.report.gpus is not None]
+        await asyncio.gather(*(refresh(m) for m in held))
 
     def _explain(self, exc: LiveError, trajectory: Any) -> LiveError:
         """A trajectory lost with its node says so (and that it can be reopened)."""
