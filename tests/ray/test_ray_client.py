@@ -98,3 +98,12 @@ def test_the_waiting_client_sends_again_too(monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(ServiceError) as err:
         ray_client.RayClient(h, retries=2).submit(id="s2", endpoint="echo", payload=1)
     assert err.value.code == ray_client.SCHEDULER_UNREACHABLE and len(h.sent) == 3
+
+
+@pytest.mark.parametrize("retries", [-1, 1.5, "3", True])
+def test_a_retry_count_that_is_no_count_is_refused_naming_it(retries: Any) -> None:
+    # -1 sent nothing and raised AssertionError('unreachable') at the first call; 1.5 and '3'
+    # raised TypeError inside range() there, far from the mistake.
+    for cls in (ray_client.AsyncRayClient, ray_client.RayClient):
+        with pytest.raises(ValueError, match=r"retries must be an integer >= 0"):
+            cls(Handle(unavailable), retries=retries)

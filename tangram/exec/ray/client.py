@@ -173,11 +173,19 @@ def _pause(exc: ServiceError, call: RayCall, attempt: int, retries: int) -> floa
     return min(5.0, exc.retry_after_s or 0.5)
 
 
+def _check_retries(retries: Any) -> int:
+    """``retries`` as given, if a count: -1 sent nothing and raised ``AssertionError`` at the
+    first call, 1.5 a ``TypeError`` from ``range`` there, far from the mistake."""
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries must be an integer >= 0, got {retries!r}")
+    return retries
+
+
 class AsyncRayClient:
     """Asynchronous: ``await AsyncRayClient(handle).run(command=..., trajectory=...)``."""
 
     def __init__(self, handle: Any, *, retries: int = 8) -> None:
-        self.handle, self.retries = handle, retries
+        self.handle, self.retries = handle, _check_retries(retries)
 
     async def _do(self, call: RayCall) -> Any:
         for attempt in range(self.retries + 1):
@@ -249,7 +257,7 @@ class RayClient:
     """Synchronous: the same methods as ``AsyncRayClient``, each waiting for its answer."""
 
     def __init__(self, handle: Any, *, retries: int = 8) -> None:
-        self.handle, self.retries = handle, retries
+        self.handle, self.retries = handle, _check_retries(retries)
 
     def _do(self, call: RayCall) -> Any:
         import ray
