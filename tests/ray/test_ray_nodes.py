@@ -3,6 +3,8 @@ bad ones refused naming the label, and the same nodes give the same spec in any 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -90,3 +92,13 @@ def test_the_local_clusters_labels_are_valid_ray_labels() -> None:
 
     for labels in LOCAL_NODES.values():
         validate_node_label_syntax(labels)  # what ``ray start --labels`` checks
+
+
+@pytest.mark.parametrize("threads", [-1, 0, 1.5, "2", True])
+def test_torch_threads_that_is_no_thread_count_is_refused_naming_it(threads: Any) -> None:
+    # -1 failed every GPU agent's start with torch's own error, far from the setting; 0 was
+    # read as 'torch's default' and 1.5 as 1, without a word.
+    from tangram.exec.ray.config import RayConfig
+
+    with pytest.raises(ValueError, match=r"torch_threads must be None or an integer >= 1"):
+        RayConfig(torch_threads=threads)

@@ -84,3 +84,8 @@ class RayConfig:
             )
         if isinstance(self.prewarm, bool) or not isinstance(self.prewarm, int) or self.prewarm < 0:
             raise ValueError(f"prewarm must be an integer >= 0, got {self.prewarm!r}")
+        threads = self.torch_threads
+        if threads is not None and (
+            isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+        ):  # (-1 failed each GPU agent's start in torch; 0 read as its default, 1.5 as 1)
+            raise ValueError(f"torch_threads must be None or an integer >= 1, got {threads!r}")
