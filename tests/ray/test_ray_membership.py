@@ -420,3 +420,39 @@ def test_a_start_on_two_ray_nodes_under_one_name_fails_naming_it(monkeypatch) ->
     with pytest.raises(ValueError, match=r"two Ray nodes share the Tangram name\(s\) \['a'\]"):
         asyncio.run(members.spawn([ray_node("id-1", "a"), ray_node("id-2", "a")]))
     assert killed == [first, second] and members.fleet.members() == []
+
+
+def test_a_lost_nodes_trajectories_are_closed_at_once(monkeypatch) -> None:
+    """A lost node's trajectories were closed one after another, and a close waits for the
+    trajectory's running actions (a GPU call on another node may run for minutes): the
+    others stayed open meanwhile, accepting actions that could only end ``node_lost``. All
+    their closes begin at once (each ends its trajectory's waiting actions as it begins)."""
+
+    async def go() -> None:
+        w = Watch(monkeypatch, RayConfig(direct_calls=False), lambda nodes: [])
+        await w.rt.start()
+        begun: list[str] = []
+        release = asyncio.Event()
+
+        async def slow_close(trajectory: str) -> None:
+            begun.append(trajectory)
+            await release.wait()
+            w.rt.trajs.by_id.pop(trajectory, None)
+
+        monkeypatch.setattr(w.rt, "close_trajectory", slow_close)
+        for t in ("t1", "t2", "t3"):
+            w.rt.trajs.by_id[t] = SimpleNamespace(id=t, node="a", active={})  # type: ignore[assignment]
+        try:
+            w.members.fleet.lose("a", "its agent died")
+            for _ in range(20):  # (loop turns, no clock)
+                await asyncio.sleep(0)
+            assert begun == ["t1", "t2", "t3"]
+            release.set()
+            await asyncio.wait_for(asyncio.gather(*w.members._tasks), 5)
+        finally:
+            release.set()
+            for t in ("t1", "t2", "t3"):
+                w.rt.trajs.by_id.pop(t, None)
+            await w.rt.close()
+
+    asyncio.run(go())

@@ -18,7 +18,6 @@ absent, and what a loss or a join does to the runtime (``docs/ray.md``, "Faults"
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any
 
@@ -349,9 +348,10 @@ class Membership:
                 if rec.outcome is None and rec.phase in WAITING:
                     rt.host.end_waiting(rec, "error", info)
             self.lost_trajectories[traj.id] = f"lost with node {name}: {why}"
-        for traj in doomed:
-            with contextlib.suppress(Exception):
-                await rt.close_trajectory(traj.id)
+        # At once: a close waits for its trajectory's running actions (a GPU call elsewhere
+        # may run for minutes), and one after another left the others open meanwhile,
+        # accepting actions that could only end node_lost.
+        await asyncio.gather(*(rt.close_trajectory(t.id) for t in doomed), return_exceptions=True)
         if not self.fleet.alive(name):  # (a close waits for running actions: it may be back)
             self.fence(name)
 
