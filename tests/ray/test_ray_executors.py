@@ -5,6 +5,7 @@ replicas or layer shards, so ``Action.service_replicas`` reaches the core on Ray
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -231,3 +232,43 @@ def test_a_call_that_ray_refuses_to_send_leaves_nothing_in_flight() -> None:
     with pytest.raises(TypeError, match="cannot serialize"):
         asyncio.run(fleet.call("g", "call_gpu", "reward", [1], (0,), 4.0))
     assert member.pending == set()
+
+
+def test_an_agent_shuts_down_when_its_scheduler_died_not_when_it_was_unreachable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The agent's watch took Ray's ActorUnavailableError (the scheduler actor could not be
+    reached for a moment: a RayActorError, 'may or may not have been executed') for its
+    death: the agent removed its containers and exited, and its node was lost with every
+    action and trajectory on it. It asks again; only a death shuts it down."""
+    import ray
+
+    from tangram.exec.ray import agent as agent_module
+
+    answers = [
+        ray.exceptions.ActorUnavailableError("the head is unreachable for now", None),
+        ray.exceptions.GetTimeoutError("busy"),
+        ray.exceptions.ActorDiedError(),
+    ]
+    asked: list[int] = []
+    done: list[str] = []
+
+    def get(ref: Any, timeout: float | None = None) -> Any:
+        asked.append(1)
+        raise answers[len(asked) - 1]
+
+    class Exit(BaseException):
+        pass
+
+    def exit_(code: int) -> None:
+        done.append("exit")
+        raise Exit
+
+    monkeypatch.setattr(ray, "get", get)
+    monkeypatch.setattr(agent_module, "WATCH_EVERY_S", 0.0)
+    monkeypatch.setattr(agent_module.os, "_exit", exit_)
+    scheduler = SimpleNamespace(alive=SimpleNamespace(remote=lambda: None))
+    a = SimpleNamespace(report=SimpleNamespace(name="w1"), shutdown=lambda: done.append("shutdown"))
+    with pytest.raises(Exit):
+        NodeAgent._watch_owner(a, scheduler)  # type: ignore[arg-type]
+    assert len(asked) == 3 and done == ["shutdown", "exit"]

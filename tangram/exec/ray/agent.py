@@ -133,6 +133,10 @@ class NodeAgent:
             threading.Event().wait(WATCH_EVERY_S)
             try:
                 ray.get(scheduler.alive.remote(), timeout=WATCH_EVERY_S * 10)
+            except ray.exceptions.ActorUnavailableError:
+                # Not gone: unreachable for now (a RayActorError too). Taken for a death, the
+                # agent removed its containers and exited, and its node was lost for it.
+                continue
             except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError):
                 log.warning("the scheduler actor is gone: node %s shuts down", self.report.name)
                 self.shutdown()
