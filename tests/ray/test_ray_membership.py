@@ -456,3 +456,42 @@ def test_a_lost_nodes_trajectories_are_closed_at_once(monkeypatch) -> None:
             await w.rt.close()
 
     asyncio.run(go())
+
+
+def test_a_ping_that_finds_the_agent_unreachable_for_a_moment_loses_nothing(monkeypatch) -> None:
+    """Ray's ActorUnavailableError (the agent unreachable for now: a RayActorError, not a
+    death) on a ping lost the node at once as 'its agent died': its actions ended
+    ``node_lost``, its trajectories were closed, its agent killed. It is asked again; only
+    an agent unreachable for ``lost_after_s`` is lost (saying so)."""
+    import ray
+
+    class Unreachable:
+        def __init__(self, times: int) -> None:
+            self.asked = 0
+
+            def remote() -> Any:
+                self.asked += 1
+                answer: concurrent.futures.Future[bool] = concurrent.futures.Future()
+                if self.asked <= times:
+                    answer.set_exception(ray.exceptions.ActorUnavailableError("a blip", None))
+                else:
+                    answer.set_result(True)
+                return SimpleNamespace(future=lambda: answer)
+
+            self.ping = SimpleNamespace(remote=remote)
+
+    async def go(times: int) -> tuple[bool, str, int]:
+        agent = Unreachable(times)
+        w = watched(monkeypatch, agent)
+        await w.rt.start()
+        try:
+            await asyncio.wait_for(w.check(), 5)
+            member = w.members.fleet.by_name["a"]
+            return member.alive, member.why, agent.asked
+        finally:
+            await w.rt.close()
+
+    alive, why, asked = asyncio.run(go(times=1))
+    assert alive and asked == 2, why
+    alive, why, asked = asyncio.run(go(times=10**6))  # (asked every ping_every_s: 0.05 s)
+    assert not alive and "unreachable for 0.3 s" in why and asked >= 2

@@ -128,44 +128,12 @@ class Membership:
                 log.exception("checking the nodes failed")
 
     async def check(self) -> None:
-        import ray
-
+        """One look: ping the live agents (``_ping``, in the background), fence the lost
+        nodes' freed capacity, and read Ray's node table for deaths, returns and new nodes."""
         cfg = self.config
         live = [m for m in self.fleet.members() if m.alive]
-
-        async def ping(member: Any) -> None:
-            # Silence is one ping unanswered for ``lost_after_s`` after it was sent, not the
-            # time since the last answer this watch took in: when the scheduler's own event
-            # loop falls behind (a loaded host), answers that arrived meanwhile are taken in
-            # before the ping's time-out fires, where "now - last answer" counted the watch's
-            # own lag and lost every node at once (2-21 s on a loaded 2-core machine).
-            name = member.report.name
-
-            def current() -> bool:  # (not a node lost, or one that joined again, since)
-                return member.alive and self.fleet.by_name.get(name) is member
-
-            # Not wait_for: since Python 3.12 it is asyncio.timeout, which cancels the waiting
-            # task when its timer fires even where the answer came (while this loop was
-            # blocked) and only the task's wake-up was still queued. An ObjectRef's future is
-            # wrapped at once (its answer lands without a task step of ours in between).
-            answer = asyncio.wrap_future(member.handle.ping.remote().future())
-            await asyncio.wait({answer}, timeout=cfg.lost_after_s)
-            if not answer.done():
-                answer.cancel()
-                if current():
-                    how_long = f"{cfg.lost_after_s:g} s"
-                    self.fleet.lose(name, f"its agent did not answer a ping for {how_long}")
-                return
-            try:
-                answer.result()
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as exc:
-                if current():
-                    self.fleet.lose(name, f"its agent died ({type(exc).__name__})")
-            except Exception:  # noqa: BLE001 - a failed ping: the next ones decide
-                log.debug("ping of node %s failed", name, exc_info=True)
-
         for member in live:  # each ping runs to its answer or its time-out, past this check
-            self._background(ping(member))
+            self._background(self._ping(member))
         await asyncio.sleep(0)
         for member in self.fleet.members():
             if not member.alive:
@@ -201,6 +169,52 @@ class Membership:
                     self.adopting.add(node["NodeID"])  # (now: the next check skips it)
                     self._start_under(node, name, self.adopt(node))
                     claimed.add(name)
+
+    async def _ping(self, member: Any) -> None:
+        """Ping ``member``'s agent; lose its node when the ping goes unanswered for
+        ``lost_after_s`` after it was sent, or Ray says the agent died.
+
+        Silence is one ping unanswered for ``lost_after_s`` after it was sent, not the time
+        since the last answer this watch took in: when the scheduler's own event loop falls
+        behind (a loaded host), answers that arrived meanwhile are taken in before the ping's
+        time-out fires, where "now - last answer" counted the watch's own lag and lost every
+        node at once (2-21 s on a loaded 2-core machine). Ray's ``ActorUnavailableError``
+        (unreachable for now, not dead) is asked again every ``ping_every_s`` within that
+        window: taken for a death, a blip lost the node, its actions and trajectories."""
+        import ray
+
+        cfg, name = self.config, member.report.name
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + cfg.lost_after_s
+        how_long = f"{cfg.lost_after_s:g} s"
+
+        def lose(why: str) -> None:  # (not a node lost, or one that joined again, since)
+            if member.alive and self.fleet.by_name.get(name) is member:
+                self.fleet.lose(name, why)
+
+        while True:
+            # Not wait_for: since Python 3.12 it is asyncio.timeout, which cancels the waiting
+            # task when its timer fires even where the answer came (while this loop was
+            # blocked) and only the task's wake-up was still queued. An ObjectRef's future is
+            # wrapped at once (its answer lands without a task step of ours in between).
+            answer = asyncio.wrap_future(member.handle.ping.remote().future())
+            await asyncio.wait({answer}, timeout=max(0.0, deadline - loop.time()))
+            if not answer.done():
+                answer.cancel()
+                return lose(f"its agent did not answer a ping for {how_long}")
+            try:
+                answer.result()
+                return
+            except ray.exceptions.ActorUnavailableError:
+                pass  # (below: asked again within the window)
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as exc:
+                return lose(f"its agent died ({type(exc).__name__})")
+            except Exception:  # noqa: BLE001 - a failed ping: the next ones decide
+                log.debug("ping of node %s failed", name, exc_info=True)
+                return
+            await asyncio.sleep(min(cfg.ping_every_s, max(0.0, deadline - loop.time())))
+            if loop.time() >= deadline:
+                return lose(f"its agent was unreachable for {how_long}")
 
     def _claimed_names(self) -> set[str]:
         """The Tangram names an agent holds (alive) or is starting under: another Ray node
