@@ -107,3 +107,13 @@ def test_a_retry_count_that_is_no_count_is_refused_naming_it(retries: Any) -> No
     for cls in (ray_client.AsyncRayClient, ray_client.RayClient):
         with pytest.raises(ValueError, match=r"retries must be an integer >= 0"):
             cls(Handle(unavailable), retries=retries)
+
+
+def test_an_open_with_an_id_is_not_resent_when_its_effect_is_unknown() -> None:
+    # A resent open of an id the first call did open is a 409 'already open': the caller
+    # was told its open failed although it succeeded. (Retryable errors, which mean 'not
+    # done', are still retried.)
+    h = Handle(unavailable)
+    with pytest.raises(ServiceError) as err:
+        asyncio.run(ray_client.AsyncRayClient(h).open_trajectory("t-1", memory_gb=1.0))
+    assert err.value.code == ray_client.SCHEDULER_UNREACHABLE and len(h.sent) == 1

@@ -9,8 +9,9 @@ answer; retryable ones (overloaded, capacity short) are retried after their hint
 times. If the scheduler actor dies, a call raises ``ServiceError`` with code
 ``scheduler_lost`` at once (Ray reports the death; nothing waits). If it cannot be reached
 for a moment (Ray's ``ActorUnavailableError``: the call may or may not have run), a call safe
-to resend (its id makes it the same action) is sent again, ``retries`` times; any other, or
-the last, raises ``scheduler_unreachable``: its effect is unknown, not lost.
+to resend (its id and content make it the same action: actions, not opens) is sent again,
+``retries`` times; any other, or the last, raises ``scheduler_unreachable``: its effect is
+unknown, not lost.
 
 As with the HTTP clients, each operation is described once (``RayCall``: the actor method,
 its arguments, whether a retry is safe, how to read the answer); ``AsyncRayClient`` and
@@ -51,11 +52,14 @@ def _maybe_outcome(doc: dict[str, Any]) -> Outcome | None:
 @dataclass(frozen=True)
 class RayCall:
     """One operation: ``actor.method(*args)``, retried when ``retry`` and the error is
-    retryable (the same id: never a second action), its value read by ``read``."""
+    retryable (the same id: never a second action), its value read by ``read``; sent again
+    when the actor could not be reached (its effect unknown) only when ``resend``: the same
+    id and content are the same action (an open resent is 'already open', not the open)."""
 
     method: str
     args: tuple[Any, ...] = ()
     retry: bool = False
+    resend: bool = False
     read: Callable[[Any], Any] = _same
 
 
@@ -68,11 +72,12 @@ def open_trajectory(
 
 
 def run(action: dict[str, Any]) -> RayCall:
-    return RayCall("run", (action_body(**action),), retry=True, read=outcome_from_doc)
+    body = action_body(**action)
+    return RayCall("run", (body,), retry=True, resend=True, read=outcome_from_doc)
 
 
 def submit(action: dict[str, Any]) -> RayCall:
-    return RayCall("submit", (action_body(**action),), retry=True)
+    return RayCall("submit", (action_body(**action),), retry=True, resend=True)
 
 
 def result(id: str, wait_s: float) -> RayCall:
@@ -192,7 +197,7 @@ class AsyncRayClient:
             try:
                 reply = await getattr(self.handle, call.method).remote(*call.args)
             except _dead() as exc:
-                await asyncio.sleep(_resend_after(exc, call.retry, attempt, self.retries))
+                await asyncio.sleep(_resend_after(exc, call.resend, attempt, self.retries))
                 continue
             try:
                 return call.read(unwrap(reply))
@@ -266,7 +271,7 @@ class RayClient:
             try:
                 reply = ray.get(getattr(self.handle, call.method).remote(*call.args))
             except _dead() as exc:
-                time.sleep(_resend_after(exc, call.retry, attempt, self.retries))
+                time.sleep(_resend_after(exc, call.resend, attempt, self.retries))
                 continue
             try:
                 return call.read(unwrap(reply))
