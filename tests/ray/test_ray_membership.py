@@ -495,3 +495,26 @@ def test_a_ping_that_finds_the_agent_unreachable_for_a_moment_loses_nothing(monk
     assert alive and asked == 2, why
     alive, why, asked = asyncio.run(go(times=10**6))  # (asked every ping_every_s: 0.05 s)
     assert not alive and "unreachable for 0.3 s" in why and asked >= 2
+
+
+def test_a_node_with_nothing_to_run_that_comes_up_under_a_lost_name_is_tried_once(
+    monkeypatch,
+) -> None:
+    """A Ray node under a lost node's name whose agent finds nothing to run (labels with no
+    cores and no GPUs: the agent is killed at once) was joined again at every check: a new
+    agent process started and killed every ``ping_every_s`` for as long as it stayed up. It
+    is tried once, as a node that is adopted."""
+
+    async def go() -> None:
+        w = Watch(monkeypatch, RayConfig(direct_calls=False), lambda nodes: [])
+        w.table = [ray_node("id-a2", "a")]  # node a's Ray node is gone; an empty one is up
+        await w.rt.start()
+        try:
+            w.members.fleet.lose("a", "its agent died")
+            for _ in range(3):
+                await w.check()
+            assert w.spawned == ["id-a2"]
+        finally:
+            await w.rt.close()
+
+    asyncio.run(go())

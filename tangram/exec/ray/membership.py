@@ -260,7 +260,8 @@ class Membership:
         old = self.fleet.by_name.get(name)
         # (undeclared: the core has the node, declared by the file or adopted since)
         reports = await self.spawn([node], undeclared=True)
-        if not reports:
+        if not reports:  # nothing to run there: tried once (joined again, an agent per check)
+            self.tried.add(node["NodeID"])
             return
         report = reports[0]
         cpu = rt.scheduler.state.cpu.get(name)
