@@ -518,3 +518,31 @@ def test_a_node_with_nothing_to_run_that_comes_up_under_a_lost_name_is_tried_onc
             await w.rt.close()
 
     asyncio.run(go())
+
+
+def test_agents_made_before_one_that_cannot_be_made_are_killed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Making an agent can raise (Ray refuses the actor: a bad node id, a name in use) after
+    the agents of the nodes before it were made: those, detached, were left running (AOE,
+    EOE, the models' host backups) until the scheduler actor died. They are killed."""
+    import ray
+
+    killed: list[str] = []
+
+    class Handle:
+        def __init__(self, node: str, labels: dict[str, str], *args: Any) -> None:
+            if labels["tangram-name"] == "b":
+                raise ValueError("Ray refused the actor")
+            self.name = labels["tangram-name"]
+
+    class Actor:
+        def options(self, **kw: Any) -> Any:
+            return SimpleNamespace(remote=Handle)
+
+    monkeypatch.setattr(ray, "remote", lambda cls: Actor())
+    monkeypatch.setattr(ray, "kill", lambda handle: killed.append(handle.name))
+    nodes = [ray_node("a" * 56, "a"), ray_node("b" * 56, "b")]  # (Ray checks the ids' form)
+    with pytest.raises(ValueError, match="Ray refused the actor"):
+        asyncio.run(agents.spawn(nodes, RayConfig(), owner=None))
+    assert killed == ["a"]

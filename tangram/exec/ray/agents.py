@@ -30,7 +30,6 @@ async def spawn(
     reports and handles, and the nodes a cluster file lacks (Ray id -> name), left out
     unless ``undeclared`` (a node that joins: its agent reports what it finds)."""
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     agent_cls = ray.remote(NodeAgent)
     settings = {
@@ -40,38 +39,22 @@ async def spawn(
         "services": config.services,
         "torch_threads": config.torch_threads,
     }
-    handles, unplaced = [], {}
-    for node in nodes:
-        labels = node.get("Labels") or {}
-        name = node_name(node["NodeID"], labels)
-        if not undeclared and config.cluster is not None and name not in node_names(config.cluster):
-            unplaced[node["NodeID"]] = name  # not in the cluster file
-            continue
-        handle = agent_cls.options(
-            num_cpus=0,
-            max_concurrency=AGENT_THREADS,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
-            name=f"tangram-agent-{name}-{time.time_ns()}",
-            namespace=config.namespace,
-            # Not owned by the scheduler actor: Ray would kill an owned agent with it, AOE's
-            # watchdog process too, and leave its containers. A detached agent outlives the
-            # actor, sees it gone (``NodeAgent._watch_owner``), removes them, exits.
-            lifetime="detached",
-        ).remote(
-            node["NodeID"],
-            labels,
-            node["Resources"].get("memory", 0.0),
-            settings,
-            declared(config.cluster, name),
-        )
-        handles.append(handle)
+    handles: list[Any] = []
+    unplaced: dict[str, str] = {}
     try:
+        for node in nodes:
+            name = node_name(node["NodeID"], node.get("Labels") or {})
+            if not (undeclared or config.cluster is None or name in node_names(config.cluster)):
+                unplaced[node["NodeID"]] = name  # not in the cluster file
+                continue
+            handles.append(_make_agent(agent_cls, node, name, settings, config))
         reports = await asyncio.wait_for(
             asyncio.gather(*(h.describe.remote(owner) for h in handles)), AGENT_START_S
         )
     except BaseException:
         # Detached: an agent not killed here outlives this spawn (its AOE and EOE managers,
-        # its models' host backups) for as long as the scheduler actor lives.
+        # its models' host backups) for as long as the scheduler actor lives; those made
+        # before one Ray refused to make too.
         for handle in handles:
             with contextlib.suppress(Exception):
                 ray.kill(handle)
@@ -83,6 +66,31 @@ async def spawn(
             continue
         out.append((report, handle))
     return out, unplaced
+
+
+def _make_agent(
+    agent_cls: Any, node: dict[str, Any], name: str, settings: dict[str, Any], config: RayConfig
+) -> Any:
+    """A detached agent pinned to ``node`` (its handle; Ray may refuse to make it)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return agent_cls.options(
+        num_cpus=0,
+        max_concurrency=AGENT_THREADS,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
+        name=f"tangram-agent-{name}-{time.time_ns()}",
+        namespace=config.namespace,
+        # Not owned by the scheduler actor: Ray would kill an owned agent with it, AOE's
+        # watchdog process too, and leave its containers. A detached agent outlives the
+        # actor, sees it gone (``NodeAgent._watch_owner``), removes them, exits.
+        lifetime="detached",
+    ).remote(
+        node["NodeID"],
+        node.get("Labels") or {},
+        node["Resources"].get("memory", 0.0),
+        settings,
+        declared(config.cluster, name),
+    )
 
 
 def node_names(cluster: ClusterSpec) -> set[str]:
