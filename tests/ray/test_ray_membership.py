@@ -327,7 +327,7 @@ def test_a_node_that_joins_again_while_its_loss_is_handled_is_not_fenced_after(
             w.rt.trajs.by_id.pop(trajectory, None)
 
         monkeypatch.setattr(w.rt, "close_trajectory", slow_close)
-        w.rt.trajs.by_id["t"] = SimpleNamespace(id="t", node="a", active={})  # type: ignore[assignment]
+        w.rt.trajs.by_id["t"] = SimpleNamespace(id="t", node="a", active={}, ephemeral=False)  # type: ignore[assignment]
         state = w.rt.scheduler.state
         try:
             w.members.fleet.lose("a", "its agent died")
@@ -441,7 +441,7 @@ def test_a_lost_nodes_trajectories_are_closed_at_once(monkeypatch) -> None:
 
         monkeypatch.setattr(w.rt, "close_trajectory", slow_close)
         for t in ("t1", "t2", "t3"):
-            w.rt.trajs.by_id[t] = SimpleNamespace(id=t, node="a", active={})  # type: ignore[assignment]
+            w.rt.trajs.by_id[t] = SimpleNamespace(id=t, node="a", active={}, ephemeral=False)  # type: ignore[assignment]
         try:
             w.members.fleet.lose("a", "its agent died")
             for _ in range(20):  # (loop turns, no clock)
@@ -546,3 +546,32 @@ def test_agents_made_before_one_that_cannot_be_made_are_killed(
     with pytest.raises(ValueError, match="Ray refused the actor"):
         asyncio.run(agents.spawn(nodes, RayConfig(), owner=None))
     assert killed == ["a"]
+
+
+def test_a_lost_nodes_private_trajectories_are_not_listed_as_lost(monkeypatch) -> None:
+    """A lost node's /run_code containers (private trajectories, a fresh id per request) were
+    listed in ``lost_trajectories`` with the clients' ones: shown by every status, though no
+    client may name them, and kept for ever, since only a reopen of the id removes an entry
+    and none is ever reopened. They are closed, not listed."""
+
+    async def go() -> dict[str, str]:
+        w = Watch(monkeypatch, RayConfig(direct_calls=False), lambda nodes: [])
+        await w.rt.start()
+
+        async def close(trajectory: str) -> None:
+            w.rt.trajs.by_id.pop(trajectory, None)
+
+        monkeypatch.setattr(w.rt, "close_trajectory", close)
+        for t, private in (("client-1", False), ("rc-1", True)):
+            w.rt.trajs.by_id[t] = SimpleNamespace(id=t, node="a", active={}, ephemeral=private)  # type: ignore[assignment]
+        try:
+            w.members.fleet.lose("a", "its agent died")
+            await asyncio.wait_for(asyncio.gather(*w.members._tasks), 5)
+            assert "rc-1" not in w.rt.trajs.by_id  # (closed all the same)
+            return dict(w.members.lost_trajectories)
+        finally:
+            for t in ("client-1", "rc-1"):
+                w.rt.trajs.by_id.pop(t, None)
+            await w.rt.close()
+
+    assert list(asyncio.run(go())) == ["client-1"]

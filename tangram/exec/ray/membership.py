@@ -362,7 +362,8 @@ class Membership:
             for rec in list(traj.active.values()):
                 if rec.outcome is None and rec.phase in WAITING:
                     rt.host.end_waiting(rec, "error", info)
-            self.lost_trajectories[traj.id] = f"lost with node {name}: {why}"
+            if not traj.ephemeral:  # (a /run_code container: private, its id never reused)
+                self.lost_trajectories[traj.id] = f"lost with node {name}: {why}"
         # At once: a close waits for its trajectory's running actions (a GPU call elsewhere
         # may run for minutes), and one after another left the others open meanwhile,
         # accepting actions that could only end node_lost.
