@@ -541,3 +541,31 @@ def test_build_runtime_stops_the_executors_it_made_when_the_runtime_refuses_the_
     with pytest.raises(ValueError, match="drives one GPU node"):
         builder.build_runtime(cluster, gpu_backend="cpu", services=[])
     assert sorted(stopped_managers) == ["aoe", "eoe"]
+
+
+def test_an_action_started_with_no_time_left_ends_as_never_started_without_its_executor() -> None:
+    """An action whose start came at (or after) its deadline (the start and the deadline's
+    timer in one event-loop iteration) ended "the time-out passed at its start" with a start
+    time and units, as a time-out of a started action: ``/run_code`` answered
+    ``TimeLimitExceeded`` (not retried by SandboxFusion's client) for a command that never
+    ran. It now ends without calling its executor, as a time-out that never started."""
+    calls: list[Any] = []
+
+    class Counting(ApiExecutor):
+        async def execute(self, *args: Any, **kw: Any) -> Any:
+            calls.append(kw["time_left_s"])
+            return await super().execute(*args, **kw)
+
+    async def body(rt: Runtime) -> None:
+        def late() -> None:  # the start comes after the action's deadline (clock moved on)
+            rt.host._t0 -= 100.0
+
+        rt.host.before_start = late
+        out = await rt.run(ActionSpec(ApiWork("echo", 1), timeout_s=5.0))
+        assert out.status == "timeout" and "never started" in out.error.message, out
+        assert out.start_s is None and out.units is None, out
+        assert out.timings.exec_s == 0.0
+        assert calls == []
+        assert rt.scheduler.state.api["echo"].in_flight == 0, "its slot was given back"
+
+    with_executor(Counting({"echo": echo}), body)

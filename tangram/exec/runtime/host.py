@@ -271,9 +271,13 @@ class LiveHost:
     async def _execute(self, rec: LiveAction) -> None:
         start = rec.start
         assert start is not None and rec.started_at is not None
+        time_left_s = rec.deadline - self.now()
+        if time_left_s <= 0:
+            self._never_ran(rec, f"timed out after {rec.deadline - rec.arrival:g} s")
+            return
         try:
             result = await rec.executor.execute(
-                rec.spec.work, start, trajectory=rec.traj, time_left_s=rec.deadline - self.now()
+                rec.spec.work, start, trajectory=rec.traj, time_left_s=time_left_s
             )
         except asyncio.CancelledError:
             status, error = rec.interrupt or (
@@ -300,10 +304,22 @@ class LiveHost:
             wait_s=result.wait_s,
         )
 
+    def _never_ran(self, rec: LiveAction, why: str) -> None:
+        """``rec`` was started with no time left (its start and its deadline came in one
+        event-loop iteration): its executor is not called and it ends as a time-out that
+        never started (no start time, no units), as one timed out in the queue does; not as
+        a time-out of a started action (``/run_code`` answered ``TimeLimitExceeded`` for a
+        command that never ran, which SandboxFusion's client does not retry)."""
+        self.finish(rec)
+        rec.started_at = None
+        message = f"{why} before its executor could start it; it never started"
+        self.end(rec, "timeout", error=ErrorInfo("timeout", message))
+
     def _unstarted(self, rec: LiveAction, task: asyncio.Task[None]) -> None:
-        """``rec``'s task was cancelled before its first step (a deadline or a client's
-        cancel right after the start): ``_execute`` never ran, so its units and its outcome
-        are given here, as its ``CancelledError`` branch would have."""
+        """``rec``'s task was cancelled before its first step (a deadline, a client's
+        cancel or the shutdown right after the start): ``_execute`` never ran, so its units
+        and its outcome are given here, as an action that never started (no start time: its
+        executor was never called, so a client may safely send it again)."""
         if not task.cancelled() or rec.outcome is not None:
             return
         status, error = rec.interrupt or (
@@ -311,6 +327,7 @@ class LiveHost:
             ErrorInfo("cancelled", "the action was interrupted"),
         )
         self.finish(rec)
+        rec.started_at = None
         self.end(rec, status, error=error)
 
     # ------------------------------------------------------------------ deadlines, cancels
