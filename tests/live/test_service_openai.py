@@ -369,3 +369,33 @@ def test_pooling_serves_float_encoding_only(served: Any) -> None:
     assert post(served, "/pooling", {**body, "encoding_format": "float"}).status_code == 200
     r = post(served, "/pooling", {**body, "encoding_format": "base64"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "encoding_format"
+
+
+def test_a_call_the_shutdown_cut_after_it_started_is_not_retried_by_openai_clients(
+    served: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU call the shutdown cut while it ran was answered 500, which the official client
+    retries by itself (every 5xx): the call ran again. The answer now says
+    ``x-should-retry: false`` (which the client obeys) and that it is not run again."""
+    from types import SimpleNamespace
+
+    from tangram.exec.runtime.records import ErrorInfo
+
+    calls: list[Any] = []
+
+    async def cut(spec: Any) -> Any:
+        calls.append(spec)
+        error = ErrorInfo("shutting_down", "the runtime shut down while the action ran (5 s)")
+        return SimpleNamespace(ok=False, status="error", error=error, start_s=1.0)
+
+    monkeypatch.setattr(served.runtime, "run", cut)
+    r = post(served, "/pooling", {"model": "rm", "input": "w1 w2"})
+    assert r.status_code == 500 and r.headers["x-should-retry"] == "false", r.headers
+    assert "not run again" in r.json()["error"]["message"]
+    calls.clear()
+    client = openai.OpenAI(base_url=served.url + "/v1", api_key="x", max_retries=2)
+    with pytest.raises(openai.InternalServerError):
+        client.completions.create(
+            model="teacher", prompt="w1 w2", max_tokens=0, echo=True, logprobs=0
+        )
+    assert len(calls) == 1, "the client did not send the call again"

@@ -212,7 +212,10 @@ class OpenAiRoutes:
     async def _call(self, model: str, inputs: dict[str, Any]) -> Any:
         """One GPU action of ``model`` on ``inputs``; its value, or the error as OpenAI's:
         a refusal at its own status (429 and 503 with ``Retry-After``), an outcome that is
-        retryable (the service shut down while it waited) 503, a time-out 504, others 500."""
+        retryable (the service shut down while it waited) 503, a time-out 504, others 500.
+        An error of a call that started (it ran, in part or in full: the shutdown cut it, it
+        timed out or failed) says ``x-should-retry: false``: OpenAI's clients retry every 5xx
+        by themselves, which ran the call a second time (the service runs nothing twice)."""
         try:
             outcome = await self.runtime.run(ActionSpec(work=GpuWork(model, inputs)))
         except LiveError as exc:
@@ -228,13 +231,21 @@ class OpenAiRoutes:
             error = outcome.error
             retryable = error is not None and error.retryable
             status = 503 if retryable else 504 if outcome.status == "timeout" else 500
+            ran = getattr(outcome, "start_s", None) is not None
+            note = (
+                "; it started and is not run again: send a new request if it should run"
+                if ran
+                else ""
+            )
             raise OpenAiError(
                 f"the call of {model!r} ended with {outcome.status}"
-                + (f": {error.message}" if error is not None else ""),
+                + (f": {error.message}" if error is not None else "")
+                + note,
                 status=status,
                 code=error.code if error is not None else outcome.status,
                 kind="server_error",
                 retry_after_s=1.0 if retryable else None,
+                should_retry=False if ran else None,
             )
         return outcome.value
 

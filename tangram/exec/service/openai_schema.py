@@ -45,6 +45,7 @@ class OpenAiError(Exception):
         code: str | None = None,
         kind: str = "invalid_request_error",
         retry_after_s: float | None = None,
+        should_retry: bool | None = None,
     ) -> None:
         super().__init__(message)
         self.message, self.param, self.status, self.code, self.kind = (
@@ -56,13 +57,20 @@ class OpenAiError(Exception):
         )
         #: A back-off hint for a retryable refusal (429, 503): sent as ``Retry-After``.
         self.retry_after_s = retry_after_s
+        #: False for a call that ran (in part or in full): sent as ``x-should-retry``, which
+        #: OpenAI's clients obey over their own rule (they retry every 5xx, 408, 409, 429).
+        self.should_retry = should_retry
 
     def headers(self) -> dict[str, str]:
         """``Retry-After`` (whole seconds, at least 1) and ``X-Retry-After-S`` when retryable,
-        as the rest of the service sends them."""
+        as the rest of the service sends them; ``x-should-retry`` when it is known."""
+        found = {}
+        if self.should_retry is not None:
+            found["x-should-retry"] = "true" if self.should_retry else "false"
         if self.retry_after_s is None:
-            return {}
+            return found
         return {
+            **found,
             "Retry-After": str(max(1, math.ceil(self.retry_after_s))),
             "X-Retry-After-S": f"{self.retry_after_s:.3f}",
         }
