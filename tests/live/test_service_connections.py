@@ -178,3 +178,47 @@ def test_tangram_serve_takes_the_limits_with_their_defaults() -> None:
     args = build_parser().parse_args([*given, "--max-output-bytes", "4096"])
     assert (args.header_timeout_s, args.body_timeout_s, args.max_connections) == (2.0, 3.0, 9)
     assert args.max_output_bytes == 4096
+
+
+@pytest.mark.parametrize(
+    ("request_line", "family"),
+    [
+        (b"POST /run_code HTTP/1.1", "sandbox"),
+        (b"POST /v1/completions HTTP/1.1", "openai"),
+        (b"POST /pooling?x=1 HTTP/1.1", "openai"),
+        (b"POST /v1/actions HTTP/1.1", "tangram"),
+    ],
+)
+def test_a_connection_beyond_the_bound_is_refused_in_its_routes_shape(
+    request_line: bytes, family: str
+) -> None:
+    """The refusal was Tangram's error document on every path: a SandboxFusion client read no
+    ``status`` from ``/run_code``'s, an OpenAI client no ``type`` from the OpenAI routes'."""
+    limits = ConnectionLimits(header_timeout_s=60.0, body_timeout_s=60.0, max_connections=2)
+    with served(limits) as service:
+        held = connect(service, 2, b"")
+        try:
+            time.sleep(0.2)  # the service has accepted them
+            extra = socket.create_connection(address(service), timeout=10.0)
+            extra.sendall(request_line + b"\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+            answer = b""
+            for _ in range(100):  # bounded: the answer is small and comes at once
+                chunk = extra.recv(65536)
+                if not chunk:
+                    break
+                answer += chunk
+            extra.close()
+        finally:
+            for s in held:
+                s.close()
+    assert answer.startswith(b"HTTP/1.1 429") and b"Retry-After: 1" in answer, answer[:200]
+    doc = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+    assert "2 connections" in doc["error"]["message"]
+    if family == "sandbox":
+        assert doc["status"] == "SandboxError" and doc["run_result"] is None, doc
+        assert doc["error"]["code"] == "overloaded" and doc["error"]["retryable"] is True
+    elif family == "openai":
+        assert doc["error"]["type"] == "rate_limit_error" and "status" not in doc, doc
+        assert doc["error"]["code"] == "overloaded"
+    else:
+        assert doc["error"]["retryable"] is True and "status" not in doc, doc

@@ -12,12 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 
 from aiohttp import web
 
 from tangram.exec.runtime.errors import Overloaded
 from tangram.exec.service.limits import ConnectionLimits
+from tangram.exec.service.openai_routes import OPENAI_PATHS
+from tangram.exec.service.openai_schema import OpenAiError
+from tangram.exec.service.sandbox_fusion import refusal_doc
 from tangram.exec.service.schema import error_doc
+
+#: SandboxFusion's route: its refusals are answered in its shape.
+RUN_CODE_PATH = "/run_code"
 
 #: How long a refused connection may take to send its request's headers before the answer.
 REFUSAL_WAIT_S = 1.0
@@ -25,13 +32,23 @@ REFUSAL_WAIT_S = 1.0
 REFUSAL_READ_BYTES = 64 * 1024
 
 
-def refusal_bytes(max_connections: int) -> bytes:
-    """The whole HTTP answer to a connection beyond the bound."""
-    doc = error_doc(
-        Overloaded.code,
-        f"the service has {max_connections} connections open (its --max-connections); retry later",
-        retryable=True,
+def refusal_bytes(max_connections: int, path: str = "") -> bytes:
+    """The whole HTTP answer to a connection beyond the bound whose request is for ``path``,
+    in its route family's shape: ``/run_code`` SandboxFusion's ``SandboxError`` (with
+    Tangram's error document, as its other refusals), an OpenAI-style route OpenAI's error,
+    any other path (or a request line not read) Tangram's error document."""
+    message = (
+        f"the service has {max_connections} connections open (its --max-connections); retry later"
     )
+    refused = Overloaded(message, retry_after_s=1.0)
+    if path == RUN_CODE_PATH:
+        doc = refusal_doc(refused)
+    elif path in OPENAI_PATHS:
+        doc = OpenAiError(
+            message, status=refused.http_status, code=refused.code, kind="rate_limit_error"
+        ).doc()
+    else:
+        doc = error_doc(refused.code, message, retryable=True)
     body = json.dumps(doc).encode()
     head = (
         f"HTTP/1.1 {Overloaded.http_status} Too Many Requests\r\n"
@@ -42,11 +59,20 @@ def refusal_bytes(max_connections: int) -> bytes:
     return head.encode() + body
 
 
+def request_path(head: bytes) -> str:
+    """The path (without its query) of the request line that starts ``head``; "" if none."""
+    line = head.split(b"\r\n", 1)[0].split(b" ")
+    if len(line) < 2:
+        return ""
+    return line[1].split(b"?", 1)[0].decode("latin-1")
+
+
 class Refusal(asyncio.Protocol):
     """A connection beyond the bound: read its headers (at most ``REFUSAL_WAIT_S``), answer
-    429 and close. Waiting for the headers lets the client read the answer instead of a reset."""
+    429 in the shape of its path's route family (``answer``, by path) and close. Waiting for
+    the headers lets the client read the answer instead of a reset."""
 
-    def __init__(self, answer: bytes) -> None:
+    def __init__(self, answer: Callable[[str], bytes]) -> None:
         self.answer = answer
         self.seen = b""
         self.transport: asyncio.Transport | None = None
@@ -76,7 +102,7 @@ class Refusal(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
         if transport is not None and not transport.is_closing():
-            transport.write(self.answer)
+            transport.write(self.answer(request_path(self.seen)))
             transport.close()
 
 
@@ -108,7 +134,11 @@ class GuardedSite(web.BaseSite):
     ) -> None:
         super().__init__(runner, backlog=4096)
         self.host, self.requested_port, self.limits = host, port, limits
-        self.answer = refusal_bytes(limits.max_connections)
+        #: The refusal of each route family, made once (by ``_refusal``'s key).
+        self.answers = {
+            key: refusal_bytes(limits.max_connections, key) for key in ("", RUN_CODE_PATH)
+        }
+        self.answers["openai"] = refusal_bytes(limits.max_connections, "/v1/completions")
         self.handler_kwargs = limits.handler_kwargs()
         self.refused = 0
 
@@ -131,11 +161,17 @@ class GuardedSite(web.BaseSite):
             self._protocol, self.host, self.requested_port, backlog=4096, reuse_address=True
         )
 
+    def _refusal(self, path: str) -> bytes:
+        """The refusal of ``path``'s route family."""
+        if path in OPENAI_PATHS:
+            return self.answers["openai"]
+        return self.answers[RUN_CODE_PATH if path == RUN_CODE_PATH else ""]
+
     def _protocol(self) -> asyncio.BaseProtocol:
         server = self._runner.server
         assert server is not None
         if len(server.connections) >= self.limits.max_connections:
             self.refused += 1
-            return Refusal(self.answer)
+            return Refusal(self._refusal)
         loop = asyncio.get_running_loop()
         return ErrorDocHandler(server, loop=loop, **self.handler_kwargs)
