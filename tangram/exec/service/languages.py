@@ -25,6 +25,8 @@ _GO_ENV = "GOCACHE=/tmp/.gocache HOME=/tmp GO111MODULE=off GOFLAGS=-buildvcs=fal
 
 #: The script that builds the compilers image, when running from a source checkout.
 BUILD_SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "ensure-compilers-image.sh"
+#: The longest the image's build may take (seconds).
+BUILD_TIMEOUT_S = 1800
 
 
 @dataclass(frozen=True)
@@ -89,22 +91,40 @@ class ImageBuilds:
         await asyncio.get_running_loop().run_in_executor(None, self._ensure, client, image)
 
     def _ensure(self, client: Any, image: str) -> None:
+        """``_build`` under the lock; any failure of it (the engine's error, the build's
+        time-out, a script that cannot be run) is a ``LiveError``, which ``/run_code``
+        answers as a ``SandboxError`` (it was a plain 500 without SandboxFusion's shape)."""
+        with self._lock:
+            try:
+                self._build(client, image)
+            except LiveError:
+                raise
+            except subprocess.TimeoutExpired as exc:
+                raise LiveError(
+                    f"building {image} did not finish in {exc.timeout:g} s; nothing ran"
+                ) from None
+            except Exception as exc:  # noqa: BLE001 - the engine's or the script's failure
+                raise LiveError(
+                    f"image {image!r} could not be checked or built "
+                    f"({type(exc).__name__}: {str(exc)[-300:]}); nothing ran"
+                ) from None
+
+    def _build(self, client: Any, image: str) -> None:
         from tangram.exec.aoe.images import has_image
 
-        with self._lock:
-            if image in self._ready or has_image(client, image):
-                self._ready.add(image)
-                return
-            if image != COMPILERS_IMAGE or not self.script.exists():
-                raise LiveError(f"image {image!r} is not in the engine and cannot be built here")
-            done = subprocess.run(
-                [str(self.script)], capture_output=True, text=True, check=False, timeout=1800
-            )
-            if done.returncode != 0 or not has_image(client, image):
-                raise LiveError(
-                    f"building {image} failed (exit {done.returncode}): {done.stderr.strip()[-500:]}"
-                )
+        if image in self._ready or has_image(client, image):
             self._ready.add(image)
+            return
+        if image != COMPILERS_IMAGE or not self.script.exists():
+            raise LiveError(f"image {image!r} is not in the engine and cannot be built here")
+        done = subprocess.run(
+            [str(self.script)], capture_output=True, text=True, check=False, timeout=BUILD_TIMEOUT_S
+        )
+        if done.returncode != 0 or not has_image(client, image):
+            raise LiveError(
+                f"building {image} failed (exit {done.returncode}): {done.stderr.strip()[-500:]}"
+            )
+        self._ready.add(image)
 
 
 __all__ = ["ALIASES", "LANGUAGES", "PYTHON_IMAGE", "ImageBuilds", "Language", "resolve"]
