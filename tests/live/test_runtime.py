@@ -689,3 +689,21 @@ def test_an_http_endpoint_s_failure_does_not_show_its_url_to_clients() -> None:
     assert out.status == "error" and out.error is not None, out
     assert out.error.code == "endpoint_failed" and "503" in out.error.message, out.error
     assert "hunter2" not in out.error.message and "topsecret" not in out.error.message
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://[hunter2-token]/call", "http://user:pw@hunter2-host:12hunter2/call"],
+    ids=["bad host", "bad port"],
+)
+def test_an_http_endpoint_s_invalid_url_is_not_shown_to_clients(url: str) -> None:
+    """An ``--api`` URL that httpx refuses to use raised ``httpx.InvalidURL``, which is not an
+    ``httpx.HTTPError``: it went through ``HttpEndpoint`` with its message, which quotes the
+    URL's host or port (the operator's secrets may be there), to every client calling it.
+    It is now an ``EndpointError`` that names only its kind."""
+    from tangram.exec.runtime import http_endpoint
+    from tangram.exec.runtime.api import EndpointError
+
+    with pytest.raises(EndpointError) as info:
+        asyncio.run(http_endpoint(url)({"x": 1}))
+    assert "InvalidURL" in str(info.value) and "hunter2" not in str(info.value), info.value

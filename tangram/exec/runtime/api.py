@@ -224,6 +224,13 @@ class HttpEndpoint:
             response = await self._client.post(self.url, json=payload)
         except httpx.HTTPError as exc:
             raise EndpointError(f"{type(exc).__name__}: {self._hidden(str(exc))}") from None
+        except Exception as exc:  # noqa: BLE001 - httpx.InvalidURL, an IDNA error, ...
+            # Not httpx's request errors: their messages quote parts of the URL (its host,
+            # its port) that ``_hidden`` cannot find, so only the kind is said.
+            raise EndpointError(
+                f"{type(exc).__name__}: the endpoint's URL could not be used (the operator's "
+                "configuration; its message is not shown, as it may quote the URL)"
+            ) from None
         if response.is_error:  # (httpx's own message quotes the URL)
             raise EndpointError(
                 f"the endpoint answered HTTP {response.status_code} {response.reason_phrase}"
@@ -235,7 +242,11 @@ class HttpEndpoint:
         (``user:token@``) or keys (``?api_key=``), and an error's message goes to clients."""
         import httpx
 
-        for shown in {self.url, str(httpx.URL(self.url))}:
+        try:
+            shown_as = {self.url, str(httpx.URL(self.url))}
+        except Exception:  # noqa: BLE001 - a URL httpx cannot parse: as the operator wrote it
+            shown_as = {self.url}
+        for shown in shown_as:
             text = text.replace(shown, "<the endpoint's URL>")
         return text
 
