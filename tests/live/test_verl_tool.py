@@ -124,9 +124,9 @@ def test_release_of_a_trajectory_already_gone_is_done_not_raised() -> None:
     """``release`` of a trajectory the service no longer has (its container closed by a
     restart of the service, or by the operator) raised the 404 out of verl's agent loop,
     failing the rollout over a container that was gone already: there is nothing left to
-    release. Other errors still raise."""
+    release. (Other errors are logged, not raised: ``test_verl_tool_release``.)"""
     from tangram.exec.integrations.verl_tool import TangramSandboxTool
-    from tangram.exec.service import ServeOptions, ServiceError, ServiceThread
+    from tangram.exec.service import ServeOptions, ServiceThread
     from tests.live.test_service_ids import fake_cpu_runtime
 
     with ServiceThread(fake_cpu_runtime, ServeOptions(port=0)) as svc:
@@ -140,10 +140,6 @@ def test_release_of_a_trajectory_already_gone_is_done_not_raised() -> None:
             assert traj not in tool._calls
 
         asyncio.run(lifecycle())
-        bad = TangramSandboxTool({"tangram_url": svc.url, "image": "fake"})
-        with pytest.raises(ServiceError) as info:
-            asyncio.run(bad.release("bad/id"))
-        assert info.value.status != 404
 
 
 @pytest.mark.parametrize(

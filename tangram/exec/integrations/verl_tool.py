@@ -192,14 +192,29 @@ class TangramSandboxTool(BaseTool):
     async def release(self, instance_id: str, **kwargs: Any) -> None:
         """Close the trajectory: its container (and everything in it) goes. One the service
         no longer has (closed by a restart of the service, or by the operator) is released
-        already: its 404 raised out of verl's agent loop, failing the rollout over nothing."""
+        already: its 404 raised out of verl's agent loop, failing the rollout over nothing.
+
+        Nothing raises out of it: verl's agent loop calls it in a ``finally`` with no guard of
+        its own, so any other error (the service unreachable, a 503 while it shuts down)
+        failed the whole rollout. Each is logged; the container is left to the service (its
+        shutdown removes its containers, the operator's ``DELETE`` one left behind)."""
         self._calls.pop(instance_id, None)
         try:
             await self.client.close_trajectory(instance_id)
         except ServiceError as exc:
-            if exc.code != UnknownTrajectory.code:
-                raise
-            log.info("trajectory %s was gone already: %s", instance_id, exc.message)
+            if exc.code == UnknownTrajectory.code:
+                log.info("trajectory %s was gone already: %s", instance_id, exc.message)
+                return
+            log.warning(
+                "releasing trajectory %s failed (left to the service): %s", instance_id, exc
+            )
+        except Exception as exc:  # noqa: BLE001 - the transport's: verl must not see it
+            log.warning(
+                "releasing trajectory %s failed (left to the service): %s: %s",
+                instance_id,
+                type(exc).__name__,
+                exc,
+            )
 
     async def _run(self, traj: str, command: str) -> Any:
         s = self.settings
