@@ -399,3 +399,23 @@ def test_a_call_the_shutdown_cut_after_it_started_is_not_retried_by_openai_clien
             model="teacher", prompt="w1 w2", max_tokens=0, echo=True, logprobs=0
         )
     assert len(calls) == 1, "the client did not send the call again"
+
+
+def test_an_answer_that_fails_after_the_call_ran_is_not_retried_by_openai_clients(
+    served: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call that ran but whose answer could not be made (the service's value of a shape
+    the route cannot read) was a plain 500, which OpenAI's clients retry by themselves: the
+    call ran again, and again. It now says ``x-should-retry: false``."""
+    from types import SimpleNamespace
+
+    calls: list[Any] = []
+
+    async def odd(spec: Any) -> Any:
+        calls.append(spec)
+        return SimpleNamespace(ok=True, status="result", error=None, value=["?"], start_s=1.0)
+
+    monkeypatch.setattr(served.runtime, "run", odd)
+    r = post(served, "/pooling", {"model": "rm", "input": "w1 w2"})
+    assert r.status_code == 500 and r.headers["x-should-retry"] == "false", r.headers
+    assert len(calls) == 1

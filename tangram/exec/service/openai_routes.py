@@ -12,6 +12,7 @@ answered in OpenAI's shape (``openai_schema``).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import json
 import logging
@@ -53,6 +54,7 @@ def answers_errors(handler: Callable[[Any, web.Request], Awaitable[web.Response]
 
     @functools.wraps(handler)
     async def wrapped(self: Any, request: web.Request) -> web.Response:
+        ran = RAN.set(False)
         try:
             return await handler(self, request)
         except (asyncio.CancelledError, ConnectionResetError):
@@ -60,11 +62,27 @@ def answers_errors(handler: Callable[[Any, web.Request], Awaitable[web.Response]
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise  # (not an error)
-            return _answer(as_openai_error(request, exc), exc)
+            return _answer(_after_run(as_openai_error(request, exc)), exc)
         except Exception as exc:  # noqa: BLE001 - each is answered, in OpenAI's shape
-            return _answer(as_openai_error(request, exc), exc)
+            return _answer(_after_run(as_openai_error(request, exc)), exc)
+        finally:
+            RAN.reset(ran)
 
     return wrapped
+
+
+#: Whether the request's GPU call started (set by ``OpenAiRoutes._call``; each request is a
+#: task of its own, so of its own context).
+RAN: contextvars.ContextVar[bool] = contextvars.ContextVar("tangram_openai_ran", default=False)
+
+
+def _after_run(error: OpenAiError) -> OpenAiError:
+    """``error`` of a request whose GPU call had started (its answer failed to be made: a
+    service's value of an unexpected shape, say) says ``x-should-retry: false``: OpenAI's
+    clients retry a 500 by themselves, which ran the call again."""
+    if RAN.get() and error.should_retry is None:
+        error.should_retry = False
+    return error
 
 
 def _answer(error: OpenAiError, exc: Exception) -> web.Response:
@@ -227,6 +245,8 @@ class OpenAiRoutes:
                 kind=_kind(exc.http_status),
                 retry_after_s=hint if hint is not None else (1.0 if exc.retryable else None),
             ) from None
+        if getattr(outcome, "start_s", None) is not None:
+            RAN.set(True)
         if not outcome.ok:
             error = outcome.error
             retryable = error is not None and error.retryable
