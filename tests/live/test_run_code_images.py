@@ -87,3 +87,44 @@ def test_a_build_that_fails_to_run_is_a_sandbox_error(
     doc = answer(runtime)
     assert doc["status"] == "SandboxError" and "nothing ran" in doc["message"], doc
     assert runtime.opened == []
+
+
+def test_requests_waiting_for_a_build_hold_no_thread_of_the_default_executor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each request waiting for the toolchain image's build (up to 30 minutes) held a thread
+    of the loop's default executor, blocked on the build's lock: a few such requests filled
+    it, stalling everything else the service runs there (a large body's parsing, the
+    trace's writing, the executors' shutdown) until the build ended. They now wait in the
+    builds' own one-thread queue."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    building = threading.Event()
+    release = threading.Event()
+    builds = ImageBuilds()
+
+    def build(client: Any, image: str) -> None:
+        building.set()
+        release.wait(60)  # (bounded: the test sets it)
+
+    monkeypatch.setattr(builds, "_build", build)
+
+    async def main() -> bool:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(2))
+        waiting = [asyncio.ensure_future(builds.ensure(None, "img")) for _ in range(4)]
+        for _ in range(3000):  # bounded: the build starts at once
+            if building.is_set():
+                break
+            await asyncio.sleep(0.01)
+        try:
+            # Another user of the default executor runs while the build goes on.
+            done = await asyncio.wait_for(loop.run_in_executor(None, lambda: True), 10)
+        except TimeoutError:
+            done = False
+        release.set()
+        await asyncio.gather(*waiting)
+        return done
+
+    assert asyncio.run(main()), "the default executor was full of requests waiting for a build"

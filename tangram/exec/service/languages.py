@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,12 +84,17 @@ class ImageBuilds:
         self.script = script
         self._lock = threading.Lock()
         self._ready: set[str] = set()
+        #: One thread of its own: the requests waiting for a build (up to 30 minutes) wait in
+        #: its queue, not on threads of the loop's default executor, which they filled (one
+        #: blocked on the lock each) and so stalled what else the service runs there (a
+        #: large body's parsing, the trace's writing, the executors' shutdown).
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tangram-image-build")
 
     async def ensure(self, client: Any, image: str) -> None:
         """Return once ``image`` is in the engine; ``LiveError`` when it cannot be built."""
         if image in self._ready:
             return
-        await asyncio.get_running_loop().run_in_executor(None, self._ensure, client, image)
+        await asyncio.get_running_loop().run_in_executor(self._pool, self._ensure, client, image)
 
     def _ensure(self, client: Any, image: str) -> None:
         """``_build`` under the lock; any failure of it (the engine's error, the build's
