@@ -329,6 +329,9 @@ def test_an_action_that_cannot_be_journaled_does_not_run(tmp_path: Path) -> None
     assert out.status == "error" and out.error is not None
     assert out.error.code == "journal_failed" and out.error.retryable
     assert log.calls["never"] == 0
+    # It never started: no start time nor units (they said it ran, so the OpenAI-style
+    # routes told clients not to retry a call that never ran).
+    assert out.start_s is None and out.units is None, out
 
 
 def test_a_value_that_cannot_be_encoded_costs_only_its_own_value(tmp_path: Path) -> None:

@@ -188,6 +188,7 @@ class LiveHost:
             except Exception as exc:  # noqa: BLE001 - the action must not run unrecorded
                 log.exception("could not record %s before its start; it does not run", rec.id)
                 self.finish(rec)
+                rec.started_at = None  # (it never started: no start time, no units)
                 message = f"the service could not record the action before running it: {exc}"
                 self.end(rec, "error", error=ErrorInfo("journal_failed", message, True))
                 return
