@@ -342,6 +342,15 @@ def test_refusals_and_retryable_ends_keep_their_status_and_back_off_hint(
     assert r.status_code == 503 and r.headers["Retry-After"] == "1", r.text
     assert r.json()["error"]["code"] == "shutting_down"
 
+    async def no_memory(spec: Any) -> Any:  # started, but the call did not run: retryable
+        error = ErrorInfo("restore_out_of_memory", "the restore ran out of memory", True)
+        return SimpleNamespace(ok=False, status="error", error=error, start_s=1.0)
+
+    monkeypatch.setattr(served.runtime, "run", no_memory)
+    r = post(served, "/pooling", body)
+    assert r.status_code == 503 and "x-should-retry" not in r.headers, r.headers
+    assert "not run again" not in r.json()["error"]["message"]
+
 
 @pytest.mark.parametrize(
     ("extra", "param"),

@@ -245,13 +245,14 @@ class OpenAiRoutes:
                 kind=_kind(exc.http_status),
                 retry_after_s=hint if hint is not None else (1.0 if exc.retryable else None),
             ) from None
-        if getattr(outcome, "start_s", None) is not None:
+        error = outcome.error
+        retryable = error is not None and error.retryable
+        # (A retryable outcome did not run, started or not: EOE's restore ran out of memory.)
+        ran = getattr(outcome, "start_s", None) is not None and not retryable
+        if ran:
             RAN.set(True)
         if not outcome.ok:
-            error = outcome.error
-            retryable = error is not None and error.retryable
             status = 503 if retryable else 504 if outcome.status == "timeout" else 500
-            ran = getattr(outcome, "start_s", None) is not None
             note = (
                 "; it started and is not run again: send a new request if it should run"
                 if ran
