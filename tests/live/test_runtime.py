@@ -707,3 +707,16 @@ def test_an_http_endpoint_s_invalid_url_is_not_shown_to_clients(url: str) -> Non
     with pytest.raises(EndpointError) as info:
         asyncio.run(http_endpoint(url)({"x": 1}))
     assert "InvalidURL" in str(info.value) and "hunter2" not in str(info.value), info.value
+
+
+def test_an_http_endpoint_s_payload_json_cannot_hold_is_named_as_the_payload() -> None:
+    """(55bf31f took every error of the request for one of its URL's: a payload JSON cannot
+    hold, NaN, was said to be the operator's URL.) The payload's error keeps its message."""
+    from tangram.exec.runtime import http_endpoint
+
+    with pytest.raises(ValueError, match="JSON") as info:
+        asyncio.run(http_endpoint("http://127.0.0.1:9/call")(float("nan")))
+    assert "URL" not in str(info.value)
+    with pytest.raises(UnicodeEncodeError) as info:  # (a lone surrogate, which JSON can send)
+        asyncio.run(http_endpoint("http://127.0.0.1:9/call")({"q": "\ud800"}))
+    assert "URL" not in str(info.value)

@@ -217,6 +217,7 @@ class HttpEndpoint:
 
     async def __call__(self, payload: Any) -> Any:
         import httpx
+        import idna  # (httpx's: its host names)
 
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=self.timeout_s)
@@ -224,9 +225,10 @@ class HttpEndpoint:
             response = await self._client.post(self.url, json=payload)
         except httpx.HTTPError as exc:
             raise EndpointError(f"{type(exc).__name__}: {self._hidden(str(exc))}") from None
-        except Exception as exc:  # noqa: BLE001 - httpx.InvalidURL, an IDNA error, ...
+        except (httpx.InvalidURL, idna.IDNAError) as exc:
             # Not httpx's request errors: their messages quote parts of the URL (its host,
-            # its port) that ``_hidden`` cannot find, so only the kind is said.
+            # its port) that ``_hidden`` cannot find, so only the kind is said. (A payload
+            # JSON cannot hold, a TypeError or ValueError, goes on with its own message.)
             raise EndpointError(
                 f"{type(exc).__name__}: the endpoint's URL could not be used (the operator's "
                 "configuration; its message is not shown, as it may quote the URL)"
