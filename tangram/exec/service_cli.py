@@ -456,6 +456,7 @@ def api_endpoints(items: list[str], declared: set[str] | None = None) -> dict[st
             raise ValueError(f"--api {item!r}: expected NAME=http(s)://...")
         if name in endpoints:
             raise ValueError(f"--api {name!r} is given twice")
+        _check_url(name, url)
         if declared is not None and name not in declared:
             raise ValueError(
                 f"--api {item!r}: the cluster declares no API endpoint {name!r} "
@@ -463,6 +464,21 @@ def api_endpoints(items: list[str], declared: set[str] | None = None) -> dict[st
             )
         endpoints[name] = http_endpoint(url)
     return endpoints
+
+
+def _check_url(name: str, url: str) -> None:
+    """``ValueError`` naming ``--api NAME`` when httpx cannot use its URL (a bad port, host or
+    character): accepted, every call of the endpoint failed, and only as 'the URL could not
+    be used', since its message, which may quote the URL's secrets, goes to clients."""
+    import httpx
+    import idna
+
+    try:
+        host = httpx.Request("POST", url).url.host  # (as HttpEndpoint's call makes it)
+    except (httpx.InvalidURL, idna.IDNAError) as exc:
+        raise ValueError(f"--api {name}: its URL cannot be used: {exc}") from None
+    if not host:
+        raise ValueError(f"--api {name}: its URL has no host")
 
 
 def runtime_config(args: argparse.Namespace, scratch: contextlib.ExitStack) -> Any:

@@ -85,6 +85,10 @@ def test_bench_service_json(capsys: pytest.CaptureFixture[str]) -> None:
         (["--no-gpu", "--model", "x=reward:/nowhere"], "--no-gpu"),
         (["--api", "nosuch=http://127.0.0.1:9/"], "nosuch"),
         (["--api", "echo=http://127.0.0.1:9/", "--api", "echo=http://127.0.0.1:8/"], "twice"),
+        (["--api", "echo=http://u:pw@127.0.0.1:12ab/"], "--api echo: its URL cannot be used"),
+        (["--api", "echo=http://[bad-host]/"], "--api echo: its URL cannot be used"),
+        (["--api", "echo=http://xn--bad-host/"], "--api echo: its URL cannot be used"),
+        (["--api", "echo=http:///path"], "--api echo: its URL has no host"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else v,
 )
