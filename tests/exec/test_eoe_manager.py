@@ -1342,3 +1342,63 @@ def test_a_factory_that_exits_is_refused_as_a_spec_error_not_the_process() -> No
         with pytest.raises(ServiceSpecError, match="factory raised SystemExit"):
             m.register(ServiceSpec("exits", factory=factory, call=checked_call()))
         assert m.services() == () and m._host_bytes == 0
+
+
+def _cache_call(module: nn.Module, x: torch.Tensor) -> Any:
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    view = module.w[:4].view(1, 1, 1, 4)
+    cache.update(view, view * 2, 0)
+    # On a GPU the cache's tensors are device memory of their own; a CPU device counts only
+    # the replica's buffer, so here the cache holds a view of the weights instead.
+    cache.layers[0].keys = view
+    return {"cache": cache, "x": x}
+
+
+def test_a_dynamic_cache_in_a_result_is_copied_to_the_host(managers) -> None:
+    """A result holding an object of another kind than tensor, mapping, sequence or
+    dataclass (a transformers DynamicCache, its tensors in its layers' attributes) was
+    handed back as it was: its tensors stayed the replica's device memory (a view of the
+    weights here) for as long as the caller held it, an unverified eviction. Such an object
+    comes back a shallow copy with its tensors copied to the host."""
+    from transformers import DynamicCache
+
+    m = managers(config(devices=1, units=1.02))
+    m.register(blob_spec("cached", call=_cache_call))
+    m.register(blob_spec("next", seed=1))
+    kept = m.call("cached", X).unwrap()
+    cache = kept["cache"]
+    assert isinstance(cache, DynamicCache)
+    keys = cache.layers[0].keys
+    assert torch.equal(keys.flatten(), Blob(1, 0).w[:4])
+    out = m.call("next", X)
+    assert out.ok and out.evicted == (("cached", 0),), out.message
+    assert m.stats().unverified_evictions == 0
+    assert same_bytes(m.devices[0].allocated_bytes(), UNIT)
+    assert torch.equal(cache.layers[0].values.flatten(), 2 * Blob(1, 0).w[:4])
+
+
+class _Node:
+    """An object holding a tensor and (through a list) itself."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t = t
+        self.around = [self]
+        self.label = "node"
+
+
+def test_objects_holding_tensors_are_copied_once_cycles_and_all() -> None:
+    """map_tensors copies an object holding tensors in its attributes (a cycle back to it
+    points at the copy), and leaves an object without tensors as it is."""
+    from tangram.exec.eoe.registry import map_tensors
+
+    node = _Node(torch.ones(2))
+    plain = _Node.__new__(_Node)
+    plain.label = "no tensors"
+    out = map_tensors({"n": node, "p": plain}, lambda t: t * 3)
+    new = out["n"]
+    assert new is not node and torch.equal(new.t, torch.full((2,), 3.0))
+    assert new.around[0] is new and new.label == "node"
+    assert torch.equal(node.t, torch.ones(2))  # the original is untouched
+    assert out["p"] is plain

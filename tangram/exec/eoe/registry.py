@@ -18,6 +18,7 @@ import dataclasses
 import numbers
 import re
 import threading
+import types
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -379,25 +380,80 @@ def like_mapping(value: Mapping, members: dict[Any, Any]) -> Mapping:
 
 
 def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """Apply ``fn`` to every tensor inside nested tuples/lists/mappings/dataclasses; other
-    values are kept. Tuples and mappings keep their type where it can be rebuilt (``like``,
-    ``like_mapping``)."""
+    """Apply ``fn`` to every tensor inside nested tuples/lists/mappings/dataclasses and other
+    objects holding tensors in their attributes; other values are kept. Tuples and mappings
+    keep their type where it can be rebuilt (``like``, ``like_mapping``); an object of another
+    kind (a transformers ``DynamicCache`` and its layers) that holds tensors comes back a
+    shallow copy with them mapped (``_map_object``)."""
+    return _map(value, fn, {})
+
+
+def _map(value: Any, fn: Callable[[torch.Tensor], torch.Tensor], memo: dict[int, Any]) -> Any:
     import torch
 
     if isinstance(value, torch.Tensor):
         return fn(value)
     if isinstance(value, tuple):
-        return like(value, [map_tensors(v, fn) for v in value])
+        return like(value, [_map(v, fn, memo) for v in value])
     if isinstance(value, list):
-        return [map_tensors(v, fn) for v in value]
+        return [_map(v, fn, memo) for v in value]
     if isinstance(value, Mapping):
-        return like_mapping(value, {k: map_tensors(v, fn) for k, v in value.items()})
+        return like_mapping(value, {k: _map(v, fn, memo) for k, v in value.items()})
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = {
-            f.name: map_tensors(getattr(value, f.name), fn) for f in dataclasses.fields(value)
-        }
+        fields = {f.name: _map(getattr(value, f.name), fn, memo) for f in dataclasses.fields(value)}
         return with_fields(value, fields)
-    return value
+    return _map_object(value, fn, memo)
+
+
+def _map_object(
+    value: Any, fn: Callable[[torch.Tensor], torch.Tensor], memo: dict[int, Any]
+) -> Any:
+    """``value``, an object of no kind above, with the tensors in its attributes mapped: a
+    shallow copy when its ``__dict__`` holds tensors (at any depth), else ``value`` itself.
+    Such an object (an HF ``DynamicCache``) was handed back as it was: a result's tensors
+    stayed the replica's device memory for as long as the caller held it. ``TypeError`` for
+    one holding tensors that cannot be copied (``copy.copy`` fails, or gives the object
+    itself). Tensors in ``__slots__`` or C-level state are not reached (see docs/eoe.md)."""
+    if id(value) in memo:  # (a cycle back to it, or one object reached twice: one copy)
+        return memo[id(value)]
+    state = getattr(value, "__dict__", None)
+    if not isinstance(state, dict) or isinstance(value, type | types.ModuleType):
+        return value
+    if not _holds_tensors(state, set()):
+        return value
+    try:
+        new = copy.copy(value)
+    except Exception as exc:
+        raise TypeError(
+            f"a {type(value).__name__} holding tensors cannot be copied: {exc}"[:300]
+        ) from exc
+    if new is value or getattr(new, "__dict__", None) is state:
+        raise TypeError(f"a {type(value).__name__} holding tensors cannot be copied")
+    memo[id(value)] = new
+    for name, member in list(state.items()):
+        new.__dict__[name] = _map(member, fn, memo)
+    return new
+
+
+def _holds_tensors(value: Any, seen: set[int]) -> bool:
+    """Whether a tensor is reachable in ``value`` the way ``_map`` walks it."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, str | bytes | numbers.Number | type | types.ModuleType) or value is None:
+        return False
+    if id(value) in seen:
+        return False
+    seen.add(id(value))
+    if isinstance(value, tuple | list):
+        return any(_holds_tensors(v, seen) for v in value)
+    if isinstance(value, Mapping):
+        return any(_holds_tensors(v, seen) for v in value.values())
+    if dataclasses.is_dataclass(value):
+        return any(_holds_tensors(getattr(value, f.name), seen) for f in dataclasses.fields(value))
+    state = getattr(value, "__dict__", None)
+    return isinstance(state, dict) and any(_holds_tensors(v, seen) for v in state.values())
 
 
 def with_fields(value: Any, fields: dict[str, Any]) -> Any:
