@@ -587,6 +587,7 @@ def test_dop_and_cell_errors(managers) -> None:
         ({"gpus": (0.9,)}, InvalidCellError, "tuple of GPU indices"),
         ({"gpus": (True,)}, InvalidCellError, "tuple of GPU indices"),
         ({"gpus": ("1",)}, InvalidCellError, "tuple of GPU indices"),
+        ({"dop": [1]}, DopNotSupportedError, "not [1]"),
     ],
 )
 def test_a_dop_or_cell_of_the_wrong_type_is_refused_naming_it(
@@ -594,12 +595,14 @@ def test_a_dop_or_cell_of_the_wrong_type_is_refused_naming_it(
 ) -> None:
     """dop=2.0 and gpus=0 came back as 'unexpected TypeError in the executor' (our bug, by
     its words), dop=True ran at DoP 1 with the outcome's dop True, gpus=(0.9,) ran on GPU 0
-    (int() truncated it) and gpus=('1',) on GPU 1."""
+    (int() truncated it) and gpus=('1',) on GPU 1. The refused call's outcome kept the raw
+    dop ('1', 2.0, a list) where CallOutcome.dop is an int: 0 when there is none."""
     m = managers(config(devices=2, units=4))
     m.register(blob_spec("any", dops=(1, 2)))
     out = m.call("any", X, **kw)
     assert isinstance(out.error, error), out
     assert words in out.message, out.message
+    assert type(out.dop) is int and out.dop == 0, out.dop
     assert m.stats().errors_by_type.get("ExecutorError") is None
 
 

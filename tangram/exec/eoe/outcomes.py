@@ -4,6 +4,7 @@ its traceback only as text, so no frame keeps a replica's weights alive.
 
 from __future__ import annotations
 
+import numbers
 import time
 import traceback
 from typing import Any
@@ -36,7 +37,7 @@ def call_outcome(
             status=OK if ok else ERROR,
             value=value,
             error=error,
-            dop=dop or 0,
+            dop=as_dop(dop),
             total_s=time.perf_counter() - start,
             detail=detail,
         )
@@ -46,7 +47,7 @@ def call_outcome(
         value=value,
         error=error,
         gpus=state.cell,
-        dop=len(state.cell) if state.cell else (dop or 0),
+        dop=len(state.cell) if state.cell else as_dop(dop),
         hit=state.hit(ok),
         restored_gpus=tuple(state.restored),
         evicted=tuple(state.evicted),
@@ -57,6 +58,15 @@ def call_outcome(
         total_s=time.perf_counter() - start,
         detail=detail,
     )
+
+
+def as_dop(dop: object) -> int:
+    """The outcome's DoP: ``dop`` as an int when it is a whole number (numpy's too), else 0
+    (none). A call refused over its dop kept the raw value ('1', 2.0, True, a list) in
+    ``CallOutcome.dop``, an int field that the runtime's records read as one."""
+    if isinstance(dop, bool) or not isinstance(dop, numbers.Integral):
+        return 0
+    return int(dop)
 
 
 def drop_tracebacks(exc: BaseException) -> None:
