@@ -1262,6 +1262,30 @@ def test_an_interrupt_while_evicting_leaves_no_bytes_booked(managers, monkeypatc
     assert m.call("a", X, dop=2).ok
 
 
+def test_an_interrupted_eviction_delivers_its_residency_change(managers, monkeypatch) -> None:
+    """An explicit eviction interrupted while it dropped a replica took the replicas out of
+    the residency but skipped the delivery: on_residency_change heard of it only at the
+    next manager call (never, if none came), and the scheduler kept counting the service
+    resident there. The change is delivered before the interrupt propagates."""
+    import tangram.exec.eoe.manager as manager_module
+
+    def interrupted(replica: object, device: object, backup: object) -> tuple[int, int]:
+        raise KeyboardInterrupt
+
+    events: list[tuple[str, tuple[int, ...], bool]] = []
+    m = managers(
+        config(devices=2, units=4), on_residency_change=lambda s, g, r: events.append((s, g, r))
+    )
+    m.register(blob_spec("a"))
+    assert m.call("a", X, dop=2).ok
+    assert events == [("a", (0, 1), True)]
+    monkeypatch.setattr(manager_module, "drop_weights", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        m.evict("a")
+    assert m.residency() == {}
+    assert events == [("a", (0, 1), True), ("a", (0, 1), False)]
+
+
 def _top_call(module: nn.Module, x: torch.Tensor) -> Any:
     return module(x).reshape(-1, 2).topk(1)
 
