@@ -1286,6 +1286,57 @@ def test_an_interrupted_eviction_delivers_its_residency_change(managers, monkeyp
     assert events == [("a", (0, 1), True), ("a", (0, 1), False)]
 
 
+def _interrupt_at(code: Any, line: int) -> Callable[..., Any]:
+    """A trace function raising KeyboardInterrupt once, as ``code`` reaches ``line``."""
+    fired: list[bool] = []
+
+    def local(frame: Any, event: str, arg: object) -> Any:
+        if event == "line" and frame.f_lineno == line and not fired:
+            fired.append(True)
+            raise KeyboardInterrupt
+        return local
+
+    def trace(frame: Any, event: str, arg: object) -> Any:
+        return local if frame.f_code is code else None
+
+    return trace
+
+
+def test_an_interrupt_anywhere_starting_the_copies_leaves_the_books_at_their_start(
+    managers,
+) -> None:
+    """_start_copies booked a copy's bytes live, then listed it for the undo: an interrupt
+    between the two (a KeyboardInterrupt) left the bytes booked live on that GPU for good,
+    hiding as much foreign memory from every later plan there. The bytes are booked once
+    the restore is done, with the replica; an interrupt at any line of _start_copies now
+    leaves the books as they were."""
+    import sys
+
+    import tangram.exec.eoe.manager as manager_module
+
+    code = manager_module.EoeManager._start_copies.__code__
+    lines = sorted(
+        {ln for *_, ln in code.co_lines() if ln is not None and ln > code.co_firstlineno}
+    )
+    m = managers(config(devices=2, units=4))
+    m.register(blob_spec("a"))
+    assert lines
+    for line in lines:
+        sys.settrace(_interrupt_at(code, line))
+        try:
+            m.call("a", X, dop=2)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        m.evict("a")
+        assert m._ledger.live == [0, 0], line
+        assert [d.claimed_bytes for d in m.stats().devices] == [0, 0], line
+        assert m._ledger.replicas == {} and m.residency() == {}, line
+    assert m.call("a", X, dop=2).ok
+    assert m._ledger.live == [UNIT, UNIT] or BACKEND == "cuda"
+
+
 def _top_call(module: nn.Module, x: torch.Tensor) -> Any:
     return module(x).reshape(-1, 2).topk(1)
 

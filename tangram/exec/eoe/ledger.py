@@ -145,26 +145,23 @@ class Ledger:
 
     # --- restores and evictions ---------------------------------------------------------------
 
-    def copy_started(self, gpu: int, size: int) -> None:
-        """A restore allocated ``size`` bytes on ``gpu``."""
-        self.live[gpu] += size
-
     def restores_done(
         self, reps: list[Replica], started: list[Started], failure: EoeError | None
     ) -> None:
         """The copies of ``reps`` finished (``started`` of them began). All or nothing: on a
-        failure every placeholder is dropped with its claim, and what was copied is let go."""
+        failure every placeholder is dropped with its claim, and what was copied is let go.
+        The copies' bytes are booked live here, on success only (see
+        ``EoeManager._start_copies``)."""
         for rep, module, storage, _ in started:
             size = int(storage.numel())
             if failure is None:
+                self.live[rep.gpu] += size
                 rep.module, rep.storage, rep.ready = module, storage, True
                 rep.last_used = next(self._tick)
                 if rep.engine:
                     self.engines[rep.gpu] += rep.claim
                 self.counters.restores += 1
                 self.counters.bytes_restored += rep.moved(size)
-            else:
-                self.live[rep.gpu] -= size
         if failure is None:
             self._feed.push(reps[0].service, [r.gpu for r in reps], True)
         else:

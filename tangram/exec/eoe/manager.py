@@ -484,8 +484,15 @@ class EoeManager:
     def _start_copies(
         self, svc: Service, reps: list[Replica], started: list[Started]
     ) -> EoeError | None:
-        """Start the copy of each of ``reps`` in turn, appending each to ``started`` as its
-        bytes are booked live; the first failure stops it and is returned."""
+        """Start the copy of each of ``reps`` in turn, appending each to ``started``; the
+        first failure stops it and is returned.
+
+        Nothing is booked here: the bytes are booked live when the restore is done
+        (``Ledger.restores_done``), with the replica. Booked here and then listed, an
+        interrupt between the two left them booked live for good, hiding as much foreign
+        memory from every later plan on that GPU; a copy not listed yet is let go with the
+        interrupt's frames. (No plan reads these GPUs' memory meanwhile: the restoring call
+        holds their device locks.)"""
         for rep in reps:
             try:
                 shard = rep.gpu % svc.info.shards if svc.info.shards > 1 else None
@@ -494,9 +501,7 @@ class EoeManager:
                 )
             except EoeError as exc:
                 return exc
-            with self._cond:  # booked live and listed together: undone together
-                self._ledger.copy_started(rep.gpu, int(storage.numel()))
-                started.append((rep, module, storage, fence))
+            started.append((rep, module, storage, fence))
             del module, storage
         return None
 
