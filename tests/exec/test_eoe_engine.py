@@ -405,3 +405,64 @@ def test_an_engine_that_exits_in_wake_up_or_sleep_fails_its_call_not_the_process
         assert m.call("sleep", 2).ok
         m.evict("sleep")  # its sleep exits: booked as freed all the same, no SystemExit
         assert m.stats().devices[0].claimed_bytes == 0 and m.residency() == {}
+
+
+class _OneAtATimeEngine:
+    """A stand-in for vLLM's LLM, which is not thread-safe: records a call entering while
+    another is inside. The first call stays inside until a second enters (or a bounded
+    wait passes), so two calls that may overlap do."""
+
+    weight_bytes = 1024
+
+    def __init__(self) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self.inside = 0
+        self.overlaps = 0
+        self.calls = 0
+        self.second = threading.Event()
+
+    def wake_up(self) -> None:
+        pass
+
+    def sleep(self) -> None:
+        pass
+
+    def __call__(self, inputs: Any) -> Any:
+        with self._lock:
+            self.inside += 1
+            self.calls += 1
+            first = self.calls == 1
+            if self.inside > 1:
+                self.overlaps += 1
+        if first:
+            self.second.wait(1.0)  # (bounded: with calls serialised no second enters)
+        else:
+            self.second.set()
+        with self._lock:
+            self.inside -= 1
+        return inputs
+
+
+def test_calls_of_one_engine_never_run_at_once_with_calls_per_gpu_above_1() -> None:
+    """With calls_per_gpu > 1 two calls of one engine service both pinned its one replica
+    and ran on the engine at once, though vLLM's LLM is not thread-safe (its scheduler and
+    KV cache are one request stream). Calls of one engine now run one at a time; the wait
+    counts as queueing."""
+    import threading
+
+    engine = _OneAtATimeEngine()
+    with eoe_manager(1, 8, calls_per_gpu=2) as m:
+        m.register(engine_spec("e", lambda: engine, home=0, memory_bytes=MIB))
+        outs: list[Any] = []
+        threads = [
+            threading.Thread(target=lambda i=i: outs.append(m.call("e", torch.tensor([i]))))
+            for i in range(2)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert len(outs) == 2 and all(o.ok for o in outs), outs
+        assert engine.calls == 2 and engine.overlaps == 0

@@ -19,6 +19,7 @@ engine's cache) and the manager claims that on its GPU's budget.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -81,6 +82,9 @@ class EngineBackup:
         self.tensor_bytes = self.nbytes = weight_bytes
         self.shard_bytes = (self.nbytes,)
         self.awake = False
+        #: Held by the call running on the engine: calls of one engine run one at a time
+        #: (``EoeManager._engine_turn``).
+        self.turn = threading.Lock()
 
     def restore(
         self, device: Device, *, sync: bool = True, shard: int | None = None

@@ -40,7 +40,7 @@ import math
 import numbers
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from tangram.exec.eoe.bookkeeping import CallState, Replica, Service
@@ -292,11 +292,12 @@ class EoeManager:
         self._admit(state, request)
         try:
             replicas = self._prepare(state)
-            t0 = time.perf_counter()
-            try:
-                return self._runner.run(state.service, replicas, inputs)
-            finally:  # a call that raised ran too: its time is its exec_s
-                state.exec_s = time.perf_counter() - t0
+            with self._engine_turn(state):
+                t0 = time.perf_counter()
+                try:
+                    return self._runner.run(state.service, replicas, inputs)
+                finally:  # a call that raised ran too: its time is its exec_s
+                    state.exec_s = time.perf_counter() - t0
         finally:
             with self._cond:
                 self._ledger.release(state)
@@ -305,6 +306,28 @@ class EoeManager:
             if closed:  # close() evicted the idle replicas, not this call's: they go now
                 with contextlib.suppress(EoeError):  # (another call still uses them)
                     self.evict(state.service.info.name)
+
+    @contextlib.contextmanager
+    def _engine_turn(self, state: CallState) -> Iterator[None]:
+        """For an engine service, hold its engine's turn while the call runs: calls of one
+        engine run one at a time (vLLM's ``LLM`` is not thread-safe, and with calls_per_gpu
+        > 1 two calls pinning its one replica ran on it at once). The wait keeps the call's
+        deadline and counts as queueing; other services need no turn."""
+        turn = getattr(state.service.backup, "turn", None)
+        if turn is None:
+            yield
+            return
+        t0 = time.perf_counter()
+        try:
+            taken = turn.acquire(blocking=False)  # free: no wait, whatever the deadline
+            while not taken:
+                taken = turn.acquire(timeout=state.wait_s("its engine"))
+        finally:
+            state.queue_s += time.perf_counter() - t0
+        try:
+            yield
+        finally:
+            turn.release()
 
     def _check_open(self) -> None:
         if self._closed:
