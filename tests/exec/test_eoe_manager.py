@@ -1286,6 +1286,20 @@ def test_an_interrupted_eviction_delivers_its_residency_change(managers, monkeyp
     assert events == [("a", (0, 1), True), ("a", (0, 1), False)]
 
 
+def _interruptible_lines(code: Any) -> list[int]:
+    """The lines of ``code``'s body where an interrupt may land: those starting with an
+    instruction other than a NOP (a ``try:`` line; an exception raised there by a trace
+    function is covered by no handler, which no real interrupt does)."""
+    import dis
+
+    first: dict[int, str] = {}
+    for ins in dis.get_instructions(code):
+        line = ins.positions.lineno if ins.positions else None
+        if line is not None and line > code.co_firstlineno:
+            first.setdefault(line, ins.opname)
+    return sorted(line for line, op in first.items() if op != "NOP")
+
+
 def _interrupt_at(code: Any, line: int) -> Callable[..., Any]:
     """A trace function raising KeyboardInterrupt once, as ``code`` reaches ``line``."""
     fired: list[bool] = []
@@ -1315,9 +1329,7 @@ def test_an_interrupt_anywhere_starting_the_copies_leaves_the_books_at_their_sta
     import tangram.exec.eoe.manager as manager_module
 
     code = manager_module.EoeManager._start_copies.__code__
-    lines = sorted(
-        {ln for *_, ln in code.co_lines() if ln is not None and ln > code.co_firstlineno}
-    )
+    lines = _interruptible_lines(code)
     m = managers(config(devices=2, units=4))
     m.register(blob_spec("a"))
     assert lines
@@ -1335,6 +1347,42 @@ def test_an_interrupt_anywhere_starting_the_copies_leaves_the_books_at_their_sta
         assert m._ledger.replicas == {} and m.residency() == {}, line
     assert m.call("a", X, dop=2).ok
     assert m._ledger.live == [UNIT, UNIT] or BACKEND == "cuda"
+
+
+@pytest.mark.parametrize("method", ["_run", "_admit"])
+def test_an_interrupt_anywhere_admitting_a_call_gives_its_slots_back(managers, method: str) -> None:
+    """_run admitted the call (took a call slot on each GPU of its cell) before the try
+    whose finally gives them back: an interrupt once the slots were taken (in _admit's
+    own finally, or before the try began) kept them taken for good, and with
+    calls_per_gpu=1 those GPUs never ran a call again (every later call there waited
+    until its timeout). An interrupt at any line of _admit, or of _run but the two that
+    release (a finally's own lines cannot be covered in Python), now leaves no slot
+    taken."""
+    import inspect
+    import sys
+
+    import tangram.exec.eoe.manager as manager_module
+
+    function = getattr(manager_module.EoeManager, method)
+    source, first = inspect.getsourcelines(function)
+    releases = [first + i for i, text in enumerate(source) if "_ledger.release(state)" in text]
+    skip = {ln for r in releases for ln in (r - 1, r)}
+    code = function.__code__
+    lines = [ln for ln in _interruptible_lines(code) if ln not in skip]
+    m = managers(config(devices=2, units=4))
+    m.register(blob_spec("a"))
+    assert lines
+    for line in lines:
+        sys.settrace(_interrupt_at(code, line))
+        try:
+            m.call("a", X, dop=2)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        assert m._ledger.busy == [0, 0], line
+        assert all(rep.pins == 0 for rep in m._ledger.replicas.values()), line
+        assert m.call("a", X, dop=2, timeout_s=30).ok, line
 
 
 def _top_call(module: nn.Module, x: torch.Tensor) -> Any:

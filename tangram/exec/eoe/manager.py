@@ -288,9 +288,14 @@ class EoeManager:
         return outcome
 
     def _run(self, state: CallState, request: Request, inputs: Any) -> Any:
-        """Admit the call to a cell, make its replicas resident and pinned, run it, release."""
-        self._admit(state, request)
+        """Admit the call to a cell, make its replicas resident and pinned, run it, release.
+
+        Admitted inside the try whose finally releases: admitted before it, an interrupt
+        once the slots were taken (in _admit's finally, or before the try began) kept them
+        for good, and those GPUs ran no call again. (A call never admitted releases
+        nothing.)"""
         try:
+            self._admit(state, request)
             replicas = self._prepare(state)
             with self._engine_turn(state):
                 t0 = time.perf_counter()
