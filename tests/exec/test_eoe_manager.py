@@ -1385,6 +1385,40 @@ def test_an_interrupt_anywhere_admitting_a_call_gives_its_slots_back(managers, m
         assert m.call("a", X, dop=2, timeout_s=30).ok, line
 
 
+@pytest.mark.parametrize("method", ["_make_room", "_carry_out"])
+def test_an_interrupt_anywhere_carrying_out_a_plan_frees_its_evictees(
+    managers, method: str
+) -> None:
+    """A plan's evictees leave the books when it is booked and are freed later: an interrupt
+    in between (at the call of _carry_out, or before its try)
+    never freed them, so their bytes stayed claimed on their GPUs for good and every later
+    call there waited for memory nothing would free. Those left are freed on the way out."""
+    import sys
+
+    import tangram.exec.eoe.manager as manager_module
+
+    code = getattr(manager_module.EoeManager, method).__code__
+    for line in _interruptible_lines(code):
+        m = managers(config(devices=2, units=1.5))  # room for one service per GPU
+        m.register(blob_spec("a"))
+        m.register(blob_spec("b", seed=1))
+        assert m.call("a", X, dop=2).ok
+        sys.settrace(_interrupt_at(code, line))
+        try:
+            m.call("b", X, dop=2)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        led = m._ledger
+        for g in range(2):
+            held = sum(r.claim for r in led.replicas.values() if r.gpu == g)
+            assert led.claimed[g] == held, (line, g)
+        assert all(r.ready and not r.pins for r in led.replicas.values()), line
+        assert m.call("b", X, dop=2, timeout_s=10).ok, line
+        m.close()
+
+
 def _top_call(module: nn.Module, x: torch.Tensor) -> Any:
     return module(x).reshape(-1, 2).topk(1)
 

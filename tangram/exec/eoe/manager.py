@@ -441,7 +441,11 @@ class EoeManager:
                         state.queue_s += time.perf_counter() - t0
                     return False
                 victims, placeholders = self._ledger.book(state, plan)
-            self._carry_out(state, victims, placeholders)
+            try:  # (an interrupt before _carry_out's own try: the same undo)
+                self._carry_out(state, victims, placeholders)
+            except BaseException as exc:
+                self._undo(victims, placeholders, exc)
+                raise
         return True
 
     def _lock_cell(self, state: CallState, stack: contextlib.ExitStack) -> None:
@@ -465,18 +469,20 @@ class EoeManager:
     def _carry_out(
         self, state: CallState, victims: list[Replica], placeholders: list[Replica]
     ) -> None:
-        """Free the evictees, then restore the placeholders (the caller holds the device locks)."""
-        t0 = time.perf_counter()
+        """Free the evictees, then restore the placeholders (the caller holds the device locks).
+
+        ``victims`` is emptied as they are freed; on any failure or interrupt, ``_undo``
+        frees those left (they had left the books: an interrupt before they were freed kept
+        their bytes claimed for good, and calls waited for memory nothing would free)."""
         restored = False
+        t0 = time.perf_counter()
         try:
             state.evict_s += self._free_all(victims)
             t0 = time.perf_counter()
             self._restore(state.service, placeholders)
             restored = True
         except BaseException as exc:
-            with self._cond:
-                self._ledger.abandon(placeholders, exc)
-                self._cond.notify_all()
+            self._undo(victims, placeholders, exc)
             raise
         finally:
             elapsed = time.perf_counter() - t0
@@ -485,6 +491,19 @@ class EoeManager:
             if placeholders:
                 with self._cond:
                     self._ledger.restore_time(elapsed, completed=restored)
+
+    def _undo(
+        self, victims: list[Replica], placeholders: list[Replica], exc: BaseException
+    ) -> None:
+        """After a failure carrying out a plan: free the evictees not freed yet, abandon the
+        placeholders not settled (both idempotent: called again on the way out, it does
+        nothing)."""
+        try:
+            self._free_all(victims)
+        finally:
+            with self._cond:
+                self._ledger.abandon(placeholders, exc)
+                self._cond.notify_all()
 
     def _restore(self, svc: Service, reps: list[Replica]) -> None:
         """Restore ``reps`` (placeholders this call owns): start every copy, then wait for all.
@@ -586,15 +605,18 @@ class EoeManager:
 
     def _free_all(self, victims: list[Replica]) -> float:
         """``_free`` each of ``victims`` (taken out of the books already), past an interrupt
-        freeing one: the others' bytes stayed claimed for good. The first interrupt is
-        re-raised once all are freed. Returns the seconds it took."""
+        freeing one: the others' bytes stayed claimed for good. Each leaves ``victims`` once
+        freed, so a second pass frees only what is left. The first interrupt is re-raised
+        once all are freed. Returns the seconds it took."""
         total = 0.0
         interrupt: BaseException | None = None
-        for victim in victims:
+        while victims:
             try:
-                total += self._free(victim)
+                total += self._free(victims[0])
             except BaseException as exc:
                 interrupt = interrupt or exc
+            finally:
+                del victims[0]
         if interrupt is not None:
             raise interrupt
         return total
@@ -620,7 +642,7 @@ class EoeManager:
                         raise ServiceInUseError(plan.reason)
                     reps = self._ledger.take_out(plan.evict)
                 freed = sum(rep.moved(rep.nbytes) for rep in reps)
-                self._free_all(reps)
+                self._free_all(list(reps))
         finally:  # an interrupt freeing them: the replicas left the residency all the same
             self._feed.deliver()
         return EvictOutcome(service, tuple(r.gpu for r in reps), freed, time.perf_counter() - start)
