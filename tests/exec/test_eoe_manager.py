@@ -821,12 +821,15 @@ def test_a_call_waiting_for_another_calls_restore_on_its_gpu_keeps_its_time_out(
 def test_a_service_named_by_no_string_is_refused_naming_it(managers, name: object) -> None:
     """A call naming its service by a list (or a dict) came back as 'unexpected TypeError in
     the executor: unhashable type' (our bug, by its words) and evict/info raised that
-    TypeError bare; None and 0 were 'unknown service' beside the registered names."""
+    TypeError bare; None and 0 were 'unknown service' beside the registered names. The
+    outcome kept the object itself as its service (a str field: a list or dict there made
+    the frozen outcome unhashable); it is now the object's repr."""
     m = managers(config())
     m.register(blob_spec("a"))
     out = m.call(name, X)  # type: ignore[arg-type]
     assert isinstance(out.error, UnknownServiceError), out
     assert "a service is named by a string" in out.message and repr(name) in out.message
+    assert out.service == repr(name)
     for refused in (m.evict, m.info, m.spec, m.unregister):
         with pytest.raises(UnknownServiceError, match="named by a string"):
             refused(name)  # type: ignore[arg-type]

@@ -23,7 +23,11 @@ def call_outcome(
     start: float,
 ) -> CallOutcome:
     """The outcome of a call of ``service`` that began at ``start`` (perf_counter seconds);
-    ``state`` is None when it failed before it was admitted."""
+    ``state`` is None when it failed before it was admitted. A ``service`` that is no
+    string (the call was refused for it) is given as its repr: the outcome kept the object
+    itself in its str field (a list or dict made the frozen outcome unhashable)."""
+    if not isinstance(service, str):
+        service = repr(service)[:300]
     detail = ""
     if error is not None:
         # The traceback's frames would keep the replica's weights alive (and an evicted
