@@ -1388,7 +1388,7 @@ def test_an_interrupt_anywhere_admitting_a_call_gives_its_slots_back(managers, m
         assert m.call("a", X, dop=2, timeout_s=30).ok, line
 
 
-@pytest.mark.parametrize("method", ["_make_room", "_carry_out"])
+@pytest.mark.parametrize("method", ["_make_room", "_carry_out", "_free_all", "_free"])
 def test_an_interrupt_anywhere_carrying_out_a_plan_frees_its_evictees(
     managers, method: str
 ) -> None:
@@ -1417,6 +1417,8 @@ def test_an_interrupt_anywhere_carrying_out_a_plan_frees_its_evictees(
         for g in range(2):
             held = sum(r.claim for r in led.replicas.values() if r.gpu == g)
             assert led.claimed[g] == held, (line, g)
+            live = sum(r.nbytes for r in led.replicas.values() if r.gpu == g)
+            assert led.live[g] == live or BACKEND == "cuda", (line, g)
         assert all(r.ready and not r.pins for r in led.replicas.values()), line
         assert m.call("b", X, dop=2, timeout_s=10).ok, line
         m.close()

@@ -54,6 +54,8 @@ class Replica:
         "error",
         "engine",
         "engine_bytes",
+        "unbooked",
+        "dropped",
     )
 
     def __init__(
@@ -73,6 +75,11 @@ class Replica:
         self.storage: torch.Tensor | None = None
         self.settled = threading.Event()
         self.error: EoeError | None = None
+        #: Evicted and its bytes unbooked (``Ledger.freed``): freeing it again does nothing.
+        self.unbooked = False
+        #: Its buffer's bytes, taken as it is evicted, before they are dropped (a second
+        #: try at freeing it books those, not the 0 bytes left).
+        self.dropped: int | None = None
 
     @property
     def nbytes(self) -> int:

@@ -205,7 +205,11 @@ class Ledger:
         return reps
 
     def freed(self, victim: Replica, size: int, freed: int, seconds: float) -> None:
-        """An evicted replica's ``size`` bytes were dropped, ``freed`` of them seen freed."""
+        """An evicted replica's ``size`` bytes were dropped, ``freed`` of them seen freed
+        (once: a replica unbooked already is left as it is)."""
+        if victim.unbooked:
+            return
+        victim.unbooked = True
         self.claimed[victim.gpu] -= victim.claim
         self.live[victim.gpu] -= size
         if victim.engine:

@@ -577,14 +577,19 @@ class EoeManager:
     def _free(self, victim: Replica) -> float:
         """Drop an evicted replica's weights and unbook it; the caller holds its device lock.
 
-        Returns the seconds it took.
+        Returns the seconds it took (0 for a replica unbooked already).
         """
+        if victim.unbooked:
+            return 0.0
         t0 = time.perf_counter()
+        if victim.dropped is None:
+            victim.dropped = victim.nbytes
         svc = self._services.get(victim.service)
         backup = None if svc is None else svc.backup
         interrupt: BaseException | None = None
         try:
-            size, freed = drop_weights(victim, self.devices[victim.gpu], backup)
+            _, freed = drop_weights(victim, self.devices[victim.gpu], backup)
+            size = victim.dropped or 0
         except BaseException as exc:
             # (An engine's sleep that raised or exited, or an interrupt.) The replica has
             # left the books: its claim must go too, or it stays booked for ever and calls
@@ -592,7 +597,7 @@ class EoeManager:
             # foreign memory in later plans. An interrupt (no failure of the service's own
             # code, see FAILURES) is re-raised once the books are right.
             log.exception("dropping %r from GPU %d raised", victim.service, victim.gpu)
-            size, freed = victim.nbytes, 0
+            size, freed = victim.dropped or 0, 0
             victim.module = victim.storage = None
             interrupt = None if isinstance(exc, FAILURES) else exc
         elapsed = time.perf_counter() - t0
@@ -606,17 +611,24 @@ class EoeManager:
     def _free_all(self, victims: list[Replica]) -> float:
         """``_free`` each of ``victims`` (taken out of the books already), past an interrupt
         freeing one: the others' bytes stayed claimed for good. Each leaves ``victims`` once
-        freed, so a second pass frees only what is left. The first interrupt is re-raised
-        once all are freed. Returns the seconds it took."""
+        unbooked, so a second pass frees only what is left; one an interrupt kept from being
+        unbooked at all (it landed before ``_free`` booked it: it was skipped, its bytes
+        claimed for good) is tried once more. The first interrupt is re-raised once all are
+        freed. Returns the seconds it took."""
         total = 0.0
         interrupt: BaseException | None = None
+        tries = 0
         while victims:
+            victim = victims[0]
+            tries += 1
             try:
-                total += self._free(victims[0])
+                total += self._free(victim)
             except BaseException as exc:
                 interrupt = interrupt or exc
             finally:
-                del victims[0]
+                if victim.unbooked or tries >= 2:
+                    del victims[0]
+                    tries = 0
         if interrupt is not None:
             raise interrupt
         return total
