@@ -1424,6 +1424,36 @@ def test_an_interrupt_anywhere_carrying_out_a_plan_frees_its_evictees(
         m.close()
 
 
+def test_an_interrupt_anywhere_in_an_eviction_frees_what_it_took_out(managers) -> None:
+    """evict() took the replicas out of the books, then freed them: an interrupt in between
+    (at the line that sums their bytes, or the one calling _free_all) never freed them, so
+    their bytes stayed claimed on their GPUs for good. Those taken out are now freed on
+    the way out."""
+    import sys
+
+    import tangram.exec.eoe.manager as manager_module
+
+    code = manager_module.EoeManager.evict.__code__
+    for line in _interruptible_lines(code):
+        m = managers(config(devices=2, units=4))
+        m.register(blob_spec("a"))
+        assert m.call("a", X, dop=2).ok
+        sys.settrace(_interrupt_at(code, line))
+        try:
+            m.evict("a")
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        led = m._ledger
+        for g in range(2):
+            held = sum(r.claim for r in led.replicas.values() if r.gpu == g)
+            assert led.claimed[g] == held, (line, g)
+            live = sum(r.nbytes for r in led.replicas.values() if r.gpu == g)
+            assert led.live[g] == live or BACKEND == "cuda", (line, g)
+        m.close()
+
+
 def _top_call(module: nn.Module, x: torch.Tensor) -> Any:
     return module(x).reshape(-1, 2).topk(1)
 

@@ -644,17 +644,22 @@ class EoeManager:
         self._service(service)
         targets = eviction_targets(gpus, len(self.devices))
         start = time.perf_counter()
+        reps: list[Replica] = []
         try:
             with contextlib.ExitStack() as stack:
                 for g in targets:
                     stack.enter_context(self._device_locks[g])
-                with self._cond:
-                    plan = plan_evict(service, targets, self._ledger.replicas)
-                    if plan.busy:
-                        raise ServiceInUseError(plan.reason)
-                    reps = self._ledger.take_out(plan.evict)
-                freed = sum(rep.moved(rep.nbytes) for rep in reps)
-                self._free_all(list(reps))
+                try:
+                    with self._cond:
+                        plan = plan_evict(service, targets, self._ledger.replicas)
+                        if plan.busy:
+                            raise ServiceInUseError(plan.reason)
+                        reps = self._ledger.take_out(plan.evict)
+                    freed = sum(rep.moved(rep.nbytes) for rep in reps)
+                    self._free_all(list(reps))
+                except BaseException:  # an interrupt once they were taken out: free them
+                    self._free_all(list(reps))  # (those freed already are left as they are)
+                    raise
         finally:  # an interrupt freeing them: the replicas left the residency all the same
             self._feed.deliver()
         return EvictOutcome(service, tuple(r.gpu for r in reps), freed, time.perf_counter() - start)
