@@ -54,9 +54,18 @@ def test_replay_of_a_live_run_matches_its_act(tmp_path: Path) -> None:
     assert live_queue > 0.1, "the run should queue on the quota"
     report = replay(path)
     assert report.actions == 30 and report.policy == "tangram"
-    for key in ("p50", "p95", "mean"):
-        assert abs(report.error[key]) < 0.10, (key, report.error, report.live, report.sim)
     assert set(report.by_resource) == {"api"}
+    # How late the machine ran the live run: its sleeps overshoot when the event loop waits
+    # for a CPU (a loaded machine), and so does the hand-over from one finished call to the
+    # next queued one, which the replay charges as the run's mean overhead.
+    slowdown = max(r.obs_exec_s / r.t1_s for r in trace.rows)
+    on_time = slowdown <= 1.1
+    # Replayed with the measured durations: close when the machine kept time. Under load the
+    # late hand-overs lengthen the live queue on the quota, and the replay can only err short
+    # (p50 -11% at load 6 with every duration measured): what holds either way.
+    for key in ("p50", "p95", "mean"):
+        err = report.error[key]
+        assert (abs(err) if on_time else err) < 0.10, (key, slowdown, report.error)
     # With the declared curves the simulator predicts execution from t1_s (the sleep asked
     # for). On a machine that delivered it, the replay is close; on a loaded one the sleeps
     # overshoot, and the replay can only err short: what holds either way.
@@ -64,8 +73,7 @@ def test_replay_of_a_live_run_matches_its_act(tmp_path: Path) -> None:
     # them, so the two-sided bound needs every sleep on time, not the median (under load the
     # median was 1.05 while the replay erred 34% short).
     curve = replay(path, durations="curve")
-    slowdown = max(r.obs_exec_s / r.t1_s for r in trace.rows)
-    if slowdown <= 1.1:
+    if on_time:
         assert abs(curve.error["p50"]) < 0.25, (slowdown, curve.error)
     else:
         assert curve.error["p50"] < 0.05, (slowdown, curve.error)
