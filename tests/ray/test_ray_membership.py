@@ -262,7 +262,7 @@ def test_agents_made_for_a_spawn_that_fails_are_killed(monkeypatch: pytest.Monke
         def options(self, **kw: Any) -> Any:
             return SimpleNamespace(remote=Handle)
 
-    monkeypatch.setattr(ray, "remote", lambda cls: Actor())
+    monkeypatch.setattr(agents, "agent_class", lambda: Actor())
     monkeypatch.setattr(ray, "kill", lambda handle: killed.append(handle.name))
     nodes = [ray_node("a" * 56, "a"), ray_node("b" * 56, "b")]  # (Ray checks the ids' form)
     with pytest.raises(RuntimeError, match="agent b failed to start"):
@@ -540,7 +540,7 @@ def test_agents_made_before_one_that_cannot_be_made_are_killed(
         def options(self, **kw: Any) -> Any:
             return SimpleNamespace(remote=Handle)
 
-    monkeypatch.setattr(ray, "remote", lambda cls: Actor())
+    monkeypatch.setattr(agents, "agent_class", lambda: Actor())
     monkeypatch.setattr(ray, "kill", lambda handle: killed.append(handle.name))
     nodes = [ray_node("a" * 56, "a"), ray_node("b" * 56, "b")]  # (Ray checks the ids' form)
     with pytest.raises(ValueError, match="Ray refused the actor"):

@@ -49,6 +49,20 @@ DIRECT_THREADS = 256
 _readings = threading.Lock()
 _stamps = itertools.count(1)
 
+#: The agent's concurrency group for the scheduler's control calls (pings, stats, shutdown,
+#: pid), with threads of its own (``agents.CONTROL_THREADS``): in the default group they
+#: queued behind the calls holding its threads (each CPU action or GPU call sent through Ray
+#: holds one for its whole time), so an agent busy with that many actions left its pings
+#: unanswered and was lost for it, its actions ending ``node_lost`` though they ran.
+CONTROL_GROUP = "control"
+
+
+def _control(method: Any) -> Any:
+    """Run ``method`` in ``CONTROL_GROUP``: what ``ray.method(concurrency_group=...)`` sets
+    (this module does not import Ray: importing the package does not)."""
+    method.__ray_concurrency_group__ = CONTROL_GROUP
+    return method
+
 
 class NodeAgent:
     """One node's executors (its ``report`` says what it runs); wrapped by ``ray.remote``."""
@@ -159,9 +173,11 @@ class NodeAgent:
     def _direct_call(self, method: str, args: tuple[Any, ...]) -> Any:
         return getattr(self, method)(*args)
 
+    @_control
     def ping(self) -> str:
         return self.report.name
 
+    @_control
     def pid(self) -> int:
         """This agent's process id (fault tests kill it)."""
         return os.getpid()
@@ -241,6 +257,7 @@ class NodeAgent:
         with _readings:
             return result, dict(gpu.eoe.residency()), next(_stamps)
 
+    @_control
     def stats(self) -> dict[str, Any]:
         """EOE's counters here (restores, evictions), for the status and the trace header."""
         if self.gpu is None:
@@ -257,6 +274,7 @@ class NodeAgent:
             "residency": dict(self.gpu.eoe.residency()),
         }
 
+    @_control
     def shutdown(self) -> None:
         """Remove this node's containers and free its devices (once)."""
         with self._closing:

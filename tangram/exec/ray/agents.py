@@ -12,15 +12,18 @@ import time
 from typing import Any
 
 from tangram.core.resources import ClusterSpec
-from tangram.exec.ray.agent import NodeAgent
+from tangram.exec.ray.agent import CONTROL_GROUP, NodeAgent
 from tangram.exec.ray.config import RayConfig
 from tangram.exec.ray.nodes import NodeReport, node_name
 
 #: How long an agent may take to start (torch import, Docker connection, model registration).
 AGENT_START_S = 180.0
 #: Threads of a node agent (a threaded actor): calls it runs at once (a running CPU action or
-#: GPU call holds one; pings need one free).
+#: GPU call sent through Ray holds one).
 AGENT_THREADS = 256
+#: Threads of its control group (``agent.CONTROL_GROUP``: pings, stats, shutdown), apart from
+#: those: an agent whose threads all run actions still answers its pings.
+CONTROL_THREADS = 4
 
 
 async def spawn(
@@ -31,7 +34,7 @@ async def spawn(
     unless ``undeclared`` (a node that joins: its agent reports what it finds)."""
     import ray
 
-    agent_cls = ray.remote(NodeAgent)
+    agent_cls = agent_class()
     settings = {
         "gpu_memory_gb": config.gpu_memory_gb,
         "aoe": dict(config.aoe),
@@ -66,6 +69,14 @@ async def spawn(
             continue
         out.append((report, handle))
     return out, unplaced
+
+
+def agent_class(cls: type = NodeAgent) -> Any:
+    """``cls`` (``NodeAgent``) as a Ray actor class with its control group's threads (Ray
+    takes concurrency groups in ``ray.remote`` only, not in ``options``)."""
+    import ray
+
+    return ray.remote(concurrency_groups={CONTROL_GROUP: CONTROL_THREADS})(cls)
 
 
 def _make_agent(
