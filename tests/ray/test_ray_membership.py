@@ -575,3 +575,42 @@ def test_a_lost_nodes_private_trajectories_are_not_listed_as_lost(monkeypatch) -
             await w.rt.close()
 
     assert list(asyncio.run(go())) == ["client-1"]
+
+
+def test_an_open_whose_node_is_lost_while_its_container_is_made_is_a_retryable_node_lost(
+    monkeypatch,
+) -> None:
+    """An open whose node was lost while its agent made the container was the runtime's
+    wrapper of the executor's ``NodeLost``: a 500 (code ``error``) not to be retried, though
+    nothing was opened and the open sent again is placed on another node. It is the
+    retryable ``node_lost`` (503), which the Ray clients resend with the same id."""
+    from tangram.exec.ray.client import unwrap
+    from tangram.exec.ray.scheduler import SchedulerActor
+    from tangram.exec.service.retry import ServiceError
+
+    async def go() -> None:
+        w = Watch(monkeypatch, RayConfig(direct_calls=False), lambda nodes: [])
+        actor = SchedulerActor(RayConfig(direct_calls=False))
+        actor.members, actor.fleet, actor.runtime = w.members, w.members.fleet, w.rt
+        making: concurrent.futures.Future[str] = concurrent.futures.Future()  # never made
+        agent = w.members.fleet.by_name["a"].handle
+        agent.open = SimpleNamespace(remote=lambda *args: SimpleNamespace(future=lambda: making))
+        await w.rt.start()
+        try:
+            opening = asyncio.ensure_future(actor.open_trajectory({"id": "t", "memory_gb": 1}))
+            for _ in range(20):  # (loop turns, no clock: the open is out on the agent)
+                await asyncio.sleep(0)
+            assert not opening.done()
+            w.members.fleet.lose("a", "its agent died (RayActorError)")
+            reply = await asyncio.wait_for(opening, 5)
+            err = reply["error"]
+            assert err["code"] == "node_lost" and err["retryable"], reply
+            assert "node a was lost" in err["message"]
+            with pytest.raises(ServiceError) as raised:
+                unwrap(reply)
+            assert raised.value.status == 503 and raised.value.retryable
+            assert "t" not in w.rt.trajs.by_id  # nothing opened: the id is free
+        finally:
+            await w.rt.close()
+
+    asyncio.run(go())

@@ -26,6 +26,7 @@ from typing import Any
 from tangram.exec.ray import agents
 from tangram.exec.ray.config import RayConfig
 from tangram.exec.ray.executors import RayCpuExecutor, RayGpuExecutor
+from tangram.exec.ray.fleet import NODE_LOST, NodeLost
 from tangram.exec.ray.membership import Membership
 from tangram.exec.ray.nodes import cluster_spec
 from tangram.exec.runtime.api import ApiExecutor, builtin_endpoints
@@ -54,6 +55,27 @@ def error_reply(exc: LiveError) -> dict[str, Any]:
             "message": exc.message,
             "retryable": exc.retryable,
             "retry_after_s": exc.retry_after_s,
+        }
+    }
+
+
+def open_error_reply(exc: LiveError) -> dict[str, Any]:
+    """An open's error as the Ray client's reply. One whose container's node was lost while it
+    was made (or before: placed there as the node's loss was handled) is the retryable
+    ``node_lost`` (503), not the runtime's wrapper of the executor's error (a 500, not to be
+    retried): nothing was opened (the id is free, the agent killed with what it made), and
+    the open sent again is placed on another node."""
+    cause = exc.__cause__
+    if not isinstance(cause, NodeLost):
+        return error_reply(exc)
+    message = f"{cause}: the container was not made there; open it again (another node)"
+    return {
+        "error": {
+            "code": NODE_LOST,
+            "message": message,
+            "retryable": True,
+            "retry_after_s": None,
+            "http_status": 503,
         }
     }
 
@@ -250,7 +272,7 @@ class SchedulerActor:
             fields = parse_trajectory(None if body is None else _object(body, "a trajectory"))
             info = await self._rt().open_trajectory(**fields)
         except LiveError as exc:
-            return error_reply(exc)
+            return open_error_reply(exc)
         self.members.lost_trajectories.pop(info.id, None)
         return {"value": trajectory_doc(info)}
 
