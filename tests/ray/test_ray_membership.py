@@ -614,3 +614,62 @@ def test_an_open_whose_node_is_lost_while_its_container_is_made_is_a_retryable_n
             await w.rt.close()
 
     asyncio.run(go())
+
+
+TWO = ClusterSpec(
+    "two",
+    cpu_nodes=tuple(CpuNodeSpec(n, cores=1, numa_domains=1, memory_gb=8.0) for n in ("a", "b")),
+    apis=(ApiEndpointSpec("echo", 4),),
+)
+
+
+class Containers(Agent):
+    """An agent whose containers open and close at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+        def done(value: Any) -> Any:
+            answer: concurrent.futures.Future[Any] = concurrent.futures.Future()
+            answer.set_result(value)
+            return SimpleNamespace(future=lambda: answer)
+
+        self.open = SimpleNamespace(remote=lambda traj, *args: done(f"c-{traj}"))
+        self.close = SimpleNamespace(remote=lambda traj: done(None))
+
+
+def test_an_open_waiting_for_room_is_not_placed_on_a_lost_node_its_closes_free(
+    monkeypatch,
+) -> None:
+    """A lost node's trajectories are closed after its free memory is fenced, and each close
+    gave its memory back to the core before the evacuation's last fence: an open waiting for
+    room, woken by that close, was placed on the lost node (the roomiest) and failed there
+    (``node_lost``), where it would have waited for room on another. A lost node's closed
+    trajectory's memory is fenced before the waiting opens are told."""
+
+    async def go() -> None:
+        members = Membership(RayConfig(direct_calls=False), owner=None)
+        cpu = RayCpuExecutor(members.fleet, TWO)
+        rt = Runtime(TWO, RuntimeConfig(), cpu=cpu, api=ApiExecutor({}))  # type: ignore[arg-type]
+        cpu.scheduler = rt.scheduler
+        members.runtime = rt
+        for name in ("a", "b"):
+            members.fleet.add(report(f"id-{name}", name, 1, 8.0), Containers())
+        await rt.start()
+        try:
+            assert (await rt.open_trajectory("ta", memory_gb=8.0)).node == "a"
+            assert (await rt.open_trajectory("tb", memory_gb=8.0)).node == "b"
+            waiting = asyncio.ensure_future(rt.open_trajectory("w", memory_gb=8.0, wait_s=30.0))
+            for _ in range(20):  # (loop turns, no clock: it waits for room)
+                await asyncio.sleep(0)
+            assert not waiting.done()
+            members.fleet.lose("a", "its agent died (RayActorError)")
+            await asyncio.wait_for(asyncio.gather(*members._tasks), 5)  # the evacuation
+            assert "ta" not in rt.trajs.by_id
+            assert not waiting.done(), waiting  # (failed on a, before: node_lost)
+            await rt.close_trajectory("tb")  # room on b, the node alive
+            assert (await asyncio.wait_for(waiting, 5)).node == "b"
+        finally:
+            await rt.close()
+
+    asyncio.run(go())

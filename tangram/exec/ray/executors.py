@@ -94,6 +94,8 @@ class RayCpuExecutor:
         self.containers.pop(traj, None)
         if node is not None and self.fleet.alive(node):
             await self.fleet.call(node, "close", traj)
+        elif node is not None:  # (the runtime gave its memory back; the opens waiting for
+            self.fleet.freed(node)  # room are told after this: a lost node's is fenced first)
 
     async def recreate(self, traj: str) -> Handle:
         cid = await self.fleet.call(self.placed[traj], "recreate", traj)

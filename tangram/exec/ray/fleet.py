@@ -64,6 +64,9 @@ class Fleet:
         self.by_name: dict[str, Member] = {}
         #: Called once per lost node (the scheduler actor ends its trajectories).
         self.on_lost: list[Callable[[str, str], None]] = []
+        #: Called when a lost node's container memory has just returned to the core (a
+        #: trajectory there closed), before anything waiting for room is told (``freed``).
+        self.on_freed: list[Callable[[str], None]] = []
         #: The channels were closed on purpose (the scheduler stops): a closed one loses no
         #: node (``close_channels``).
         self.stopping = False
@@ -147,6 +150,14 @@ class Fleet:
         for member in self.by_name.values():
             if member.channel is not None:
                 member.channel.close()
+
+    def freed(self, name: str) -> None:
+        """Capacity of lost node ``name`` has just returned to the core: fence it now. Left to
+        the evacuation's last fence (or the watch's next check), it was free meanwhile, and an
+        open waiting for room (woken by that close) was placed on the lost node: its open then
+        failed ``node_lost``, where it would have waited for room elsewhere."""
+        for listener in self.on_freed:
+            listener(name)
 
     def lose(self, name: str, why: str) -> None:
         """Mark the node lost: every call in flight to it ends with ``NodeLost`` now."""

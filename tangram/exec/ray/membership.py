@@ -43,6 +43,7 @@ class Membership:
         self.owner = owner
         self.fleet = Fleet()
         self.fleet.on_lost.append(self._lost)
+        self.fleet.on_freed.append(self._freed)
         #: The runtime whose core the fences hold (set once it is made).
         self.runtime: Runtime | None = None
         #: Trajectories lost with their node: id -> why.
@@ -334,6 +335,11 @@ class Membership:
         if member is not None:
             _kill_agent(member.handle, name)
         self._background(self.evacuate(name, why))
+
+    def _freed(self, name: str) -> None:
+        """A lost node's trajectory closed: fence the memory it gave back, at once."""
+        if self.runtime is not None and not self.fleet.alive(name):
+            self.fence(name)
 
     def cancel_background(self) -> None:
         """Cancel the pings and adoptions in flight (at shutdown)."""
