@@ -102,3 +102,20 @@ def test_torch_threads_that_is_no_thread_count_is_refused_naming_it(threads: Any
 
     with pytest.raises(ValueError, match=r"torch_threads must be None or an integer >= 1"):
         RayConfig(torch_threads=threads)
+
+
+@pytest.mark.parametrize("field", ["ping_every_s", "lost_after_s", "gpu_memory_gb"])
+@pytest.mark.parametrize("value", [float("inf"), "1", True, None])
+def test_a_fault_bound_that_is_no_finite_number_is_refused_naming_it(
+    field: str, value: Any
+) -> None:
+    # ping_every_s=inf (with lost_after_s=inf) was taken: the watch slept for ever (no ping,
+    # no death Ray reports, no join noticed); '1' or None raised TypeError from a comparison,
+    # naming nothing; True was 1.
+    from tangram.exec.ray.config import RayConfig
+
+    bounds = {"ping_every_s": 1.0, "lost_after_s": 30.0, field: value}
+    if field == "ping_every_s" and value == float("inf"):
+        bounds["lost_after_s"] = value  # (else refused as fewer than two pings)
+    with pytest.raises(ValueError, match=rf"{field} must be a positive number"):
+        RayConfig(**bounds)

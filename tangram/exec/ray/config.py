@@ -8,6 +8,7 @@ from typing import Any
 
 from tangram.core.resources import ApiEndpointSpec, ClusterSpec
 from tangram.exec.runtime.config import RuntimeConfig
+from tangram.exec.runtime.records import is_finite_number
 
 #: Ray node labels a deployment may set on a node (``ray start --labels``) to shape its agent:
 #: the host cores its containers get (a cpulist, "" for none), its GPUs ("cpu-N" for N
@@ -74,9 +75,12 @@ class RayConfig:
     join_new_nodes: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("ping_every_s", "lost_after_s", "gpu_memory_gb"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        for name, unit in (("ping_every_s", "s"), ("lost_after_s", "s"), ("gpu_memory_gb", "GB")):
+            value = getattr(self, name)
+            # (inf pings, with an inf lost_after_s: the watch slept for ever, no ping sent, no
+            # death or join noticed; '1' or None: a TypeError naming nothing; True: 1)
+            if not (is_finite_number(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number ({unit}), got {value!r}")
         if self.lost_after_s < 2 * self.ping_every_s:
             raise ValueError(
                 f"lost_after_s ({self.lost_after_s:g}) must be at least two pings "
