@@ -673,3 +673,36 @@ def test_an_open_waiting_for_room_is_not_placed_on_a_lost_node_its_closes_free(
             await rt.close()
 
     asyncio.run(go())
+
+
+def test_a_node_whose_join_fails_is_tried_again_after_a_growing_pause(monkeypatch) -> None:
+    """A Ray node under a lost node's name whose agent cannot start (a label it refuses: its
+    describe raises) was joined again at every check: an agent process started and killed
+    every ``ping_every_s`` for as long as the node stayed up. It is tried again after a
+    pause that doubles with each failure (up to ``JOIN_RETRY_MAX_S``)."""
+
+    def refuse(nodes: Any) -> Any:
+        raise ValueError("label tangram-gpus='3': a node has 1, 2, 4 or 8 GPUs")
+
+    async def go() -> None:
+        w = Watch(monkeypatch, RayConfig(ping_every_s=0.05, lost_after_s=10.0), refuse)
+        w.table = [ray_node("id-a2", "a")]  # node a's Ray node is gone; a bad one is up
+        await w.rt.start()
+        try:
+            w.members.fleet.lose("a", "its agent died")
+            await w.check()
+            assert w.spawned == ["id-a2"]
+            for _ in range(5):  # (checks within the first pause, 0.1 s)
+                await w.check()
+            assert w.spawned == ["id-a2"]
+            await asyncio.sleep(0.15)
+            await w.check()  # the pause is over: tried again, then a longer pause (0.2 s)
+            assert w.spawned == ["id-a2", "id-a2"]
+            await asyncio.sleep(0.15)
+            await w.check()
+            assert w.spawned == ["id-a2", "id-a2"]
+            assert not w.members.fleet.alive("a")
+        finally:
+            await w.rt.close()
+
+    asyncio.run(go())

@@ -33,6 +33,10 @@ from tangram.exec.runtime.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
+#: The longest pause between two tries at joining a node whose join failed (the pause doubles
+#: from ``ping_every_s`` with each failure up to this).
+JOIN_RETRY_MAX_S = 60.0
+
 
 class Membership:
     """The agents (``fleet``), lost and absent nodes, fences, and the watch that updates them."""
@@ -58,6 +62,8 @@ class Membership:
         #: Ray nodes where a node of the cluster is joining now (its agent starting).
         self.joining: set[str] = set()
         self.tried: set[str] = set()
+        #: Ray nodes whose join failed: how many times, and the loop time of the next try.
+        self.join_failures: dict[str, tuple[int, float]] = {}
         #: Ray node -> the Tangram name its agent is starting under (a join or an adoption).
         self.starting: dict[str, str] = {}
         #: Ray nodes left because another Ray node has their Tangram name (said once).
@@ -150,9 +156,12 @@ class Membership:
         if not cfg.join_new_nodes:
             known |= set(self.unplaced)
         claimed = self._claimed_names()
+        now = asyncio.get_running_loop().time()
         for node in nodes:
             if not node.get("Alive") or node["NodeID"] in known:
                 continue
+            if self.join_failures.get(node["NodeID"], (0, now))[1] > now:
+                continue  # (its join failed: tried again after a pause)
             name = node_name(node["NodeID"], node.get("Labels") or {})
             if name in claimed:
                 self._clash(node["NodeID"], name)
@@ -244,14 +253,25 @@ class Membership:
 
     async def _join(self, node: dict[str, Any]) -> None:
         """``join`` from the watch: a failure is logged, and a later check tries again."""
+        ray_id = node["NodeID"]
         try:
             await self.join(node)
-        except Exception:  # noqa: BLE001 - the watch goes on; the next check tries again
+        except Exception:  # noqa: BLE001 - the watch goes on; a later check tries again
+            # After a pause that doubles with each failure: tried at every check, a node whose
+            # agent cannot start (a label it refuses, a start that times out) had an agent
+            # process started and killed every ping_every_s for as long as it stayed up.
+            failures = self.join_failures.get(ray_id, (0, 0.0))[0] + 1
+            pause = min(JOIN_RETRY_MAX_S, self.config.ping_every_s * 2**failures)
+            self.join_failures[ray_id] = (failures, asyncio.get_running_loop().time() + pause)
             log.exception(
-                "node %s could not join", node_name(node["NodeID"], node.get("Labels") or {})
+                "node %s could not join (tried again in %g s)",
+                node_name(ray_id, node.get("Labels") or {}),
+                pause,
             )
+        else:
+            self.join_failures.pop(ray_id, None)
         finally:
-            self.joining.discard(node["NodeID"])
+            self.joining.discard(ray_id)
 
     async def join(self, node: dict[str, Any]) -> None:
         """A node of the cluster (lost, or declared and absent) is up on a Ray node: a new
