@@ -706,3 +706,29 @@ def test_a_node_whose_join_fails_is_tried_again_after_a_growing_pause(monkeypatc
             await w.rt.close()
 
     asyncio.run(go())
+
+
+def test_a_lost_trajectory_reopened_by_any_api_is_no_longer_listed_as_lost(monkeypatch) -> None:
+    """Only the Ray-native open took a reopened trajectory off ``lost_trajectories``: one
+    reopened over HTTP (the runtime's own open) stayed listed as lost while it was open, and
+    once closed, a Ray-native call naming it was told it was lost with its node."""
+    from tangram.exec.ray.scheduler import SchedulerActor
+    from tangram.exec.runtime.errors import UnknownTrajectory
+
+    async def go() -> None:
+        w = Watch(monkeypatch, RayConfig(direct_calls=False), lambda nodes: [])
+        w.members.fleet.by_name["a"].handle = Containers()
+        actor = SchedulerActor(RayConfig(direct_calls=False))
+        actor.members, actor.fleet, actor.runtime = w.members, w.members.fleet, w.rt
+        w.members.lost_trajectories["t"] = "lost with node b: its agent died"
+        await w.rt.start()
+        try:
+            await w.rt.open_trajectory("t", memory_gb=1.0)  # (as the HTTP route does)
+            assert "t" not in w.members.lost_trajectories
+            await w.rt.close_trajectory("t")
+            told = actor._explain(UnknownTrajectory("trajectory 't' is not open"), "t")
+            assert "lost" not in told.message, told.message
+        finally:
+            await w.rt.close()
+
+    asyncio.run(go())

@@ -87,6 +87,7 @@ class RayCpuExecutor:
                 del self.placed[traj]
             raise
         self.containers[traj] = cid
+        self.fleet.opened(node, traj)
         return Handle(cid)
 
     async def close(self, traj: str) -> None:

@@ -67,6 +67,9 @@ class Fleet:
         #: Called when a lost node's container memory has just returned to the core (a
         #: trajectory there closed), before anything waiting for room is told (``freed``).
         self.on_freed: list[Callable[[str], None]] = []
+        #: Called when a trajectory's container was made on a node (node, trajectory), by
+        #: whichever API opened it.
+        self.on_opened: list[Callable[[str, str], None]] = []
         #: The channels were closed on purpose (the scheduler stops): a closed one loses no
         #: node (``close_channels``).
         self.stopping = False
@@ -158,6 +161,11 @@ class Fleet:
         failed ``node_lost``, where it would have waited for room elsewhere."""
         for listener in self.on_freed:
             listener(name)
+
+    def opened(self, name: str, trajectory: str) -> None:
+        """A container of ``trajectory`` now runs on node ``name``."""
+        for listener in self.on_opened:
+            listener(name, trajectory)
 
     def lose(self, name: str, why: str) -> None:
         """Mark the node lost: every call in flight to it ends with ``NodeLost`` now."""

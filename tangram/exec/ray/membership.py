@@ -48,6 +48,7 @@ class Membership:
         self.fleet = Fleet()
         self.fleet.on_lost.append(self._lost)
         self.fleet.on_freed.append(self._freed)
+        self.fleet.on_opened.append(self._opened)
         #: The runtime whose core the fences hold (set once it is made).
         self.runtime: Runtime | None = None
         #: Trajectories lost with their node: id -> why.
@@ -360,6 +361,13 @@ class Membership:
         """A lost node's trajectory closed: fence the memory it gave back, at once."""
         if self.runtime is not None and not self.fleet.alive(name):
             self.fence(name)
+
+    def _opened(self, name: str, trajectory: str) -> None:
+        """A trajectory lost with its node is open again (reopened by the Ray-native API or
+        over HTTP): no longer lost. Only the Ray-native open took it off the list, so one
+        reopened over HTTP stayed listed as lost while open, and once closed its 404s said
+        it was lost with its node."""
+        self.lost_trajectories.pop(trajectory, None)
 
     def cancel_background(self) -> None:
         """Cancel the pings and adoptions in flight (at shutdown)."""

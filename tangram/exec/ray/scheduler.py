@@ -273,7 +273,6 @@ class SchedulerActor:
             info = await self._rt().open_trajectory(**fields)
         except LiveError as exc:
             return open_error_reply(exc)
-        self.members.lost_trajectories.pop(info.id, None)
         return {"value": trajectory_doc(info)}
 
     async def close_trajectory(self, trajectory: str) -> dict[str, Any]:
