@@ -28,11 +28,13 @@ class Handler:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
+        self.waited: list[float] = []
         self.lock = threading.Lock()
 
-    def __call__(self, method: str, args: tuple[Any, ...]) -> Any:
+    def __call__(self, method: str, args: tuple[Any, ...], waited_s: float = 0.0) -> Any:
         with self.lock:
             self.calls.append((method, args))
+            self.waited.append(waited_s)
         if method == "open":
             raise KeyError(f"no trajectory {args[0]}")
         if method == "close":
@@ -203,3 +205,38 @@ def test_closing_the_channels_at_stop_loses_no_node() -> None:
     finally:
         server.close()
     assert lost == []
+
+
+def test_an_action_that_waited_for_a_thread_on_the_agent_gets_only_the_time_it_has_left() -> None:
+    """A direct call waits for a thread of the agent's pool when all run calls (more actions
+    at once than threads, on a node with many cores): its action's time-out runs meanwhile.
+    The agent gave it its whole time-out from when a thread took it, so one that waited past
+    its deadline ran after the scheduler had ended it (a time-out). It gets what is left,
+    and one with nothing left ends as a time-out that never ran."""
+    from tangram.exec.ray.agent import NodeAgent
+
+    key, handler = new_key(), Handler()
+    server = AgentServer(handler, "127.0.0.1", key, threads=1)
+
+    async def go() -> None:
+        ch = await Channel.open(server.address, key, lambda why: None)
+        first = ch.send("run_cpu", (0.5, "first"))  # holds the one thread
+        second = ch.send("run_cpu", (0.0, "second"))
+        assert await asyncio.gather(first, second) == [{"echo": "first"}, {"echo": "second"}]
+        ch.close()
+
+    try:
+        asyncio.run(go())
+    finally:
+        server.close()
+    assert handler.waited[0] < 0.3 <= 0.4 <= handler.waited[1], handler.waited
+    labels = {"tangram-name": "n", "tangram-cores": "", "tangram-gpus": "0"}
+    agent = NodeAgent("id-n", labels, 0.0, {})
+    seen: list[float] = []
+    agent.run_cpu = lambda *args: seen.append(args[3]) or "ran"  # type: ignore[method-assign]
+    run = ("t", "true", (0,), 1.0, None, None, False)
+    assert agent._direct_call("run_cpu", run, 0.25) == "ran" and seen == [0.75]
+    late = agent._direct_call("run_cpu", run, 1.5)
+    assert late.status == "timeout" and "never ran" in late.error.message and seen == [0.75]
+    out, residency, _ = agent._direct_call("call_gpu", ("reward", [1], (0,), 0.5), 0.6)
+    assert out.status == "timeout" and residency == {}

@@ -35,6 +35,7 @@ from tangram.exec.ray.nodes import (
     memory_gb,
     node_name,
 )
+from tangram.exec.runtime.records import ErrorInfo
 from tangram.exec.runtime.result import ExecResult
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,9 @@ log = logging.getLogger(__name__)
 WATCH_EVERY_S = 1.0
 #: Threads for the direct channel's calls (each running CPU action or GPU call holds one).
 DIRECT_THREADS = 256
+
+#: The direct calls that run an action within its time-out (``timeout_s``, their 4th argument).
+TIMED = frozenset({"run_cpu", "call_gpu"})
 
 #: Stamps of the residency readings GPU calls' answers carry (one agent per process): a larger
 #: stamp is a later reading, so the scheduler keeps the latest in whatever order answers come.
@@ -170,8 +174,33 @@ class NodeAgent:
             self._direct = AgentServer(self._direct_call, host, key, DIRECT_THREADS)
         return self._direct.address
 
-    def _direct_call(self, method: str, args: tuple[Any, ...]) -> Any:
+    def _direct_call(self, method: str, args: tuple[Any, ...], waited_s: float = 0.0) -> Any:
+        """A direct call, ``waited_s`` after it arrived (the channel's threads all busy). An
+        action's time-out (``timeout_s``, its 4th argument) ran meanwhile: it gets what is
+        left, and one with nothing left ends as a time-out that never ran. Given its whole
+        time-out, an action that waited past it ran after the scheduler had ended it (a
+        time-out, 'the node's executor did not report the kill'), the command running with
+        no outcome left to give."""
+        if method in TIMED and len(args) > 3 and args[3] is not None and waited_s > 0:
+            left = args[3] - waited_s
+            if left <= 0:
+                return self._never_ran(method, waited_s)
+            args = (*args[:3], left, *args[4:])
         return getattr(self, method)(*args)
+
+    def _never_ran(self, method: str, waited_s: float) -> Any:
+        """The answer of an action whose time-out passed while it waited for a thread here."""
+        message = (
+            f"it waited {waited_s:.3g} s for a thread on node {self.report.name} and its "
+            "time-out passed before it started; it never ran"
+        )
+        result = ExecResult("timeout", error=ErrorInfo("timeout", message))
+        if method == "run_cpu":
+            return result
+        gpu = self.gpu
+        residency = dict(gpu.eoe.residency()) if gpu is not None else {}
+        with _readings:
+            return result, residency, next(_stamps)
 
     @_control
     def ping(self) -> str:

@@ -31,6 +31,7 @@ import pickle
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -73,11 +74,17 @@ def _dumps(obj: Any) -> bytes:
 
 # ---------------------------------------------------------------------------- agent side
 class AgentServer:
-    """Serves ``handler(method, args)`` to authenticated connections, each call on a thread of
-    its own pool (calls block: a CPU action runs for its command's whole time)."""
+    """Serves ``handler(method, args, waited_s)`` to authenticated connections, each call on a
+    thread of its own pool (calls block: a CPU action runs for its command's whole time);
+    ``waited_s``: how long the call waited for a thread since its frame was read (its time-out
+    runs meanwhile: ``NodeAgent._direct_call``)."""
 
     def __init__(
-        self, handler: Callable[[str, tuple[Any, ...]], Any], host: str, key: bytes, threads: int
+        self,
+        handler: Callable[[str, tuple[Any, ...], float], Any],
+        host: str,
+        key: bytes,
+        threads: int,
     ) -> None:
         self.handler, self.key = handler, key
         self._listener = socket.create_server((host, 0), backlog=16)
@@ -150,18 +157,21 @@ class AgentServer:
                     payload = _read_exactly(stream, size)
                 except (OSError, EOFError):
                     return
+                received = time.monotonic()
                 try:
-                    self._pool.submit(self._answer, conn, send_lock, rid, payload)
+                    self._pool.submit(self._answer, conn, send_lock, rid, payload, received)
                 except RuntimeError:  # the pool is shut: the server closed
                     return
 
-    def _answer(self, conn: socket.socket, lock: threading.Lock, rid: int, payload: bytes) -> None:
+    def _answer(
+        self, conn: socket.socket, lock: threading.Lock, rid: int, payload: bytes, received: float
+    ) -> None:
         ok = False
         try:
             method, args = pickle.loads(payload)
             if method not in DIRECT_METHODS:
                 raise ValueError(f"{method!r} is not a direct call")
-            value, ok = self.handler(method, args), True
+            value, ok = self.handler(method, args, time.monotonic() - received), True
         except Exception as exc:  # noqa: BLE001 - the caller gets the agent's exception
             value = exc
         data, ok = _reply(value, ok)
