@@ -732,3 +732,38 @@ def test_a_lost_trajectory_reopened_by_any_api_is_no_longer_listed_as_lost(monke
             await w.rt.close()
 
     asyncio.run(go())
+
+
+def test_a_recreate_whose_node_is_lost_meanwhile_says_the_trajectory_was_lost(
+    monkeypatch,
+) -> None:
+    """A recreate whose node was lost while its agent made the new container was the
+    runtime's wrapper of the executor's ``NodeLost``: a 500 ('could not recreate'), though
+    the trajectory is lost with its node (closed by its loss), as any later call naming it
+    is told. It is that 404, naming the node."""
+    from tangram.exec.ray.scheduler import SchedulerActor
+
+    async def go() -> None:
+        w = Watch(monkeypatch, RayConfig(direct_calls=False), lambda nodes: [])
+        agent = Containers()
+        making: concurrent.futures.Future[str] = concurrent.futures.Future()  # never made
+        agent.recreate = SimpleNamespace(remote=lambda traj: SimpleNamespace(future=lambda: making))
+        w.members.fleet.by_name["a"].handle = agent
+        actor = SchedulerActor(RayConfig(direct_calls=False))
+        actor.members, actor.fleet, actor.runtime = w.members, w.members.fleet, w.rt
+        await w.rt.start()
+        try:
+            await w.rt.open_trajectory("t", memory_gb=1.0)
+            recreating = asyncio.ensure_future(actor.recreate_trajectory("t"))
+            for _ in range(20):  # (loop turns, no clock: the recreate is out on the agent)
+                await asyncio.sleep(0)
+            assert not recreating.done()
+            w.members.fleet.lose("a", "its agent died (RayActorError)")
+            err = (await asyncio.wait_for(recreating, 5))["error"]
+            assert err["code"] == "unknown_trajectory" and "lost with node a" in err["message"]
+            await asyncio.wait_for(asyncio.gather(*w.members._tasks), 5)
+            assert "t" in w.members.lost_trajectories
+        finally:
+            await w.rt.close()
+
+    asyncio.run(go())

@@ -80,6 +80,19 @@ def open_error_reply(exc: LiveError) -> dict[str, Any]:
     }
 
 
+def _lost_in_recreate(exc: LiveError, trajectory: str) -> LiveError:
+    """A recreate whose node was lost while its agent made the new container was the runtime's
+    wrapper of the executor's ``NodeLost`` (a 500, 'could not recreate'): the trajectory is
+    lost with its node (its loss closes it), as a later call naming it is told (a 404)."""
+    cause = exc.__cause__
+    if not isinstance(cause, NodeLost):
+        return exc
+    return UnknownTrajectory(
+        f"trajectory {trajectory!r} is not open: it was lost with node {cause.node}: "
+        f"{cause.why}; open it again (it is placed on another node) and resend its actions"
+    )
+
+
 def _reply_of(reply: dict[str, Any] | BaseException) -> dict[str, Any]:
     """One ``run`` of a ``run_many``: its reply, or the exception it raised as an ``internal``
     error (as the HTTP API's 500; not retryable: the action may have been accepted)."""
@@ -291,7 +304,7 @@ class SchedulerActor:
             info = await rt.recreate_trajectory(rt.public_trajectory(trajectory))
             return {"value": trajectory_doc(info)}
         except LiveError as exc:
-            return error_reply(self._explain(exc, trajectory))
+            return error_reply(self._explain(_lost_in_recreate(exc, trajectory), trajectory))
 
     async def trajectories(self) -> dict[str, Any]:
         return {"value": [trajectory_doc(t) for t in self._rt().public_trajectories()]}
