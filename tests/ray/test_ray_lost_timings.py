@@ -64,3 +64,34 @@ def test_a_lost_nodes_action_reports_its_time_out_there_as_execution(
     assert result.status == "error" and result.error.code == NODE_LOST
     assert result.error.retryable
     assert result.exec_s == pytest.approx(7.0)
+
+
+@pytest.mark.parametrize("kind", ["cpu", "gpu"])
+def test_an_action_started_on_a_node_lost_already_says_it_did_not_run(kind: str) -> None:
+    """A start on a node lost already (a GPU cell its ending actions freed, used again before
+    the watch fenced it) is never sent; it ended saying 'the action may not have finished
+    there', as one whose call was out, though it never ran. It says it did not run, no
+    execution time."""
+    from tangram.exec.ray.fleet import Fleet
+    from tangram.exec.ray.nodes import GpuPlan, NodeReport
+
+    async def main() -> Any:
+        fleet = Fleet()
+        name = "c1" if kind == "cpu" else "g1"
+        fleet.add(NodeReport(f"id-{name}", name, ((0,),), 8.0, GpuPlan(4, "cpu", 2.0)), None)
+        fleet.lose(name, "its agent died (test)")
+        if kind == "cpu":
+            ex: Any = RayCpuExecutor(fleet, CPU_CLUSTER)
+            work: Any = CpuWork(command="true")
+            start = Start(0.0, None, "c1", 1, "test", cores=(0,))  # type: ignore[arg-type]
+        else:
+            ex = RayGpuExecutor(fleet, GPU_CLUSTER, {})
+            work = GpuWork(service="reward", inputs=[[1]])
+            start = Start(0.0, None, "g1", 1, "test", gpus=(0,))  # type: ignore[arg-type]
+        return await ex.execute(work, start, trajectory="t", time_left_s=60.0)
+
+    result = asyncio.run(main())
+    assert result.status == "error" and result.error.code == NODE_LOST
+    assert result.error.retryable and result.exec_s == 0.0
+    assert "did not run" in result.error.message
+    assert "may not have finished" not in result.error.message

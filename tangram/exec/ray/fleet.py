@@ -27,17 +27,24 @@ DIRECT_START_S = 30.0
 
 
 class NodeLost(Exception):
-    """A call to an agent whose node is lost (or was lost while the call ran)."""
+    """A call to an agent whose node is lost (or was lost while the call ran); ``sent``:
+    whether the call went out to the agent (False: the node was lost already)."""
 
-    def __init__(self, node: str, why: str) -> None:
+    def __init__(self, node: str, why: str, *, sent: bool = True) -> None:
         super().__init__(f"node {node} was lost: {why}")
-        self.node, self.why = node, why
+        self.node, self.why, self.sent = node, why, sent
 
 
 def lost_result(err: NodeLost, exec_s: float = 0.0) -> ExecResult:
     """The outcome of an action whose node was lost: a retryable ``node_lost`` error; its
     ``exec_s`` the time its call was out on the node (it ran there, as far as anyone knows:
-    not the runtime's overhead)."""
+    not the runtime's overhead). One never sent (its node lost before: a cell the lost node's
+    ending actions freed, used again before its fence) did not run, and says so."""
+    if not err.sent:
+        message = (
+            f"{err}; the action was not sent there and did not run: submit it again (a new id)"
+        )
+        return ExecResult("error", error=ErrorInfo(NODE_LOST, message, retryable=True))
     message = f"{err}; the action may not have finished there: submit it again (a new id)"
     return ExecResult(
         "error", error=ErrorInfo(NODE_LOST, message, retryable=True), exec_s=max(0.0, exec_s)
@@ -110,7 +117,7 @@ class Fleet:
         The calls on actions' paths take the direct channel when there is one."""
         member = self.by_name.get(name)
         if member is None or not member.alive:
-            raise NodeLost(name, member.why if member else "no agent runs there")
+            raise NodeLost(name, member.why if member else "no agent runs there", sent=False)
         import ray
 
         loop = asyncio.get_running_loop()
