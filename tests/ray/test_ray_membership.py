@@ -767,3 +767,38 @@ def test_a_recreate_whose_node_is_lost_meanwhile_says_the_trajectory_was_lost(
             await w.rt.close()
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize(
+    ("cores", "memory_gb", "gpus", "said"),
+    [(1, 8.0, 1, "1 GPUs, not 2"), (0, 8.0, 2, "no container cores"), (1, 4.0, 0, "no GPUs")],
+)
+def test_a_lost_node_that_comes_back_smaller_is_not_joined(
+    monkeypatch, cores: int, memory_gb: float, gpus: int, said: str
+) -> None:
+    """A lost node that came back smaller than the core's node (a replaced machine, other
+    labels) was joined with a warning: the core kept its shape and granted cores its agent
+    refuses (each such action an executor error) and cells of GPUs its EOE lacks. It is
+    not joined: it stays lost and fenced, saying why, and is not tried again."""
+
+    async def go() -> None:
+        w = Watch(
+            monkeypatch,
+            RayConfig(direct_calls=False),
+            lambda nodes: [(report("id-a2", "a", cores, memory_gb, gpus=gpus), Agent())],
+        )
+        w.table = [ray_node("id-a2", "a")]  # node a's Ray node is gone; a smaller one is up
+        await w.rt.start()
+        state = w.rt.scheduler.state
+        try:
+            w.members.fleet.lose("a", "its agent died")
+            await w.check()
+            await w.check()
+            assert w.spawned == ["id-a2"]  # tried once
+            assert not w.members.fleet.alive("a")
+            assert said in w.members.nodes_doc()["a"]["why"]
+            assert state.cpu["a"].memory_free_gb == 0.0 and state.gpu["a"].free_gpus == 0
+        finally:
+            await w.rt.close()
+
+    asyncio.run(go())

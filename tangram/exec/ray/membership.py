@@ -288,9 +288,23 @@ class Membership:
         report = reports[0]
         cpu = rt.scheduler.state.cpu.get(name)
         gpu = rt.scheduler.state.gpu.get(name)
+        short = short_of(report, cpu.spec if cpu else None, gpu.spec if gpu else None)
+        self.absent.discard(name)
+        if short:
+            # The core keeps the node's shape: joined, it granted cores the agent refuses
+            # (every such action an executor error) and cells of GPUs its EOE lacks.
+            self.tried.add(node["NodeID"])
+            self.fleet.lose(name, f"it came up smaller than the cluster's node ({short})")
+            log.error(
+                "node %s came up on Ray node %s smaller than the cluster's node (%s): not "
+                "joined, it stays lost (start it with the cluster's shape)",
+                name,
+                node["NodeID"],
+                short,
+            )
+            return
         if (cpu and report.cpu_spec() != cpu.spec) or (gpu and report.gpu_spec() != gpu.spec):
             log.warning("node %s joined with another shape than the cluster's", name)
-        self.absent.discard(name)
         self.unfence(report.name)
         if isinstance(rt.gpu, RayGpuExecutor):
             rt.gpu.report(report.name, {})  # a new agent: nothing resident yet
@@ -444,6 +458,26 @@ class Membership:
         if self.runtime is None:
             raise RuntimeError("the scheduler actor is not started: call start() first")
         return self.runtime
+
+
+def short_of(report: NodeReport, cpu: Any, gpu: Any) -> str:
+    """What ``report`` lacks of the core's CPU and GPU specs of its node (``cpu``, ``gpu``:
+    None where the core has none) that its agent could not serve: cores, GPUs; '' if
+    nothing. (Memory is not: without a label it is Ray's reading of the node's free memory
+    at its start, a little different at each start.)"""
+    missing = []
+    found_cpu, found_gpu = report.cpu_spec(), report.gpu_spec()
+    if cpu is not None:
+        if found_cpu is None:
+            missing.append("no container cores")
+        elif found_cpu.cores < cpu.cores:
+            missing.append(f"{found_cpu.cores} cores, not {cpu.cores}")
+    if gpu is not None:
+        if found_gpu is None:
+            missing.append("no GPUs")
+        elif found_gpu.gpus < gpu.gpus:
+            missing.append(f"{found_gpu.gpus} GPUs, not {gpu.gpus}")
+    return "; ".join(missing)
 
 
 def _kill_agent(handle: Any, name: str) -> None:
