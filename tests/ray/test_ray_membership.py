@@ -802,3 +802,34 @@ def test_a_lost_node_that_comes_back_smaller_is_not_joined(
             await w.rt.close()
 
     asyncio.run(go())
+
+
+def test_the_lost_trajectories_kept_are_the_latest_few(monkeypatch) -> None:
+    """An entry of ``lost_trajectories`` went only when its id was opened again, so ids never
+    reused (one per episode) piled up over the actor's life with every node lost, each
+    ``status()`` sending them all. The latest ``LOST_KEPT`` are kept."""
+    from tangram.exec.ray import membership
+
+    monkeypatch.setattr(membership, "LOST_KEPT", 3, raising=False)
+
+    async def go() -> list[str]:
+        w = Watch(monkeypatch, RayConfig(direct_calls=False), lambda nodes: [])
+        await w.rt.start()
+
+        async def close(trajectory: str) -> None:
+            w.rt.trajs.by_id.pop(trajectory, None)
+
+        monkeypatch.setattr(w.rt, "close_trajectory", close)
+        ids = [f"episode-{i}" for i in range(5)]
+        for t in ids:
+            w.rt.trajs.by_id[t] = SimpleNamespace(id=t, node="a", active={}, ephemeral=False)  # type: ignore[assignment]
+        try:
+            w.members.fleet.lose("a", "its agent died")
+            await asyncio.wait_for(asyncio.gather(*w.members._tasks), 5)
+            return list(w.members.lost_trajectories)
+        finally:
+            for t in ids:
+                w.rt.trajs.by_id.pop(t, None)
+            await w.rt.close()
+
+    assert asyncio.run(go()) == ["episode-2", "episode-3", "episode-4"]

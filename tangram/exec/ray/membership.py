@@ -33,6 +33,10 @@ from tangram.exec.runtime.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
+#: Trajectories kept in ``lost_trajectories`` (the latest lost; an older one's 404 no longer
+#: says it was lost with its node).
+LOST_KEPT = 10_000
+
 #: The longest pause between two tries at joining a node whose join failed (the pause doubles
 #: from ``ping_every_s`` with each failure up to this).
 JOIN_RETRY_MAX_S = 60.0
@@ -411,13 +415,24 @@ class Membership:
                 if rec.outcome is None and rec.phase in WAITING:
                     rt.host.end_waiting(rec, "error", info)
             if not traj.ephemeral:  # (a /run_code container: private, its id never reused)
-                self.lost_trajectories[traj.id] = f"lost with node {name}: {why}"
+                self._list_lost(traj.id, f"lost with node {name}: {why}")
         # At once: a close waits for its trajectory's running actions (a GPU call elsewhere
         # may run for minutes), and one after another left the others open meanwhile,
         # accepting actions that could only end node_lost.
         await asyncio.gather(*(rt.close_trajectory(t.id) for t in doomed), return_exceptions=True)
         if not self.fleet.alive(name):  # (a close waits for running actions: it may be back)
             self.fence(name)
+
+    def _list_lost(self, trajectory: str, why: str) -> None:
+        """List ``trajectory`` as lost, keeping the latest ``LOST_KEPT``: an entry goes only
+        when its id is opened again, and trajectories whose ids are never reused (one per
+        episode) piled up over the actor's life with every node lost, each ``status()``
+        sending all of them."""
+        lost = self.lost_trajectories
+        lost.pop(trajectory, None)  # (listed again: the latest)
+        lost[trajectory] = why
+        while len(lost) > LOST_KEPT:
+            del lost[next(iter(lost))]
 
     def fence(self, name: str) -> None:
         """Hold a lost node's free capacity in the core, so nothing is placed there: its free
