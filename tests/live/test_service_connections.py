@@ -222,3 +222,42 @@ def test_a_connection_beyond_the_bound_is_refused_in_its_routes_shape(
         assert doc["error"]["code"] == "overloaded"
     else:
         assert doc["error"]["retryable"] is True and "status" not in doc, doc
+
+
+def refused_answer(service: ServiceThread, request: bytes) -> bytes:
+    """What a connection beyond the bound reads after sending ``request`` whole (in one
+    ``sendall``, as a client writes a request before it reads the answer)."""
+    extra = socket.create_connection(address(service), timeout=10.0)
+    try:
+        extra.sendall(request)
+        answer = b""
+        for _ in range(100):  # bounded: the answer is small and comes at once
+            chunk = extra.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+        return answer
+    finally:
+        extra.close()
+
+
+def test_a_connection_beyond_the_bound_reads_its_429_while_it_still_sends_its_body() -> None:
+    """The refusal was written and the socket closed with the client's body unread: the
+    kernel reset the connection, and a client still writing its body failed with a reset or
+    a broken pipe, never reading the 429 it retries on (it is drained now, then closed)."""
+    limits = ConnectionLimits(header_timeout_s=60.0, body_timeout_s=60.0, max_connections=2)
+    body = json.dumps({"endpoint": "echo", "payload": "x" * (16 << 20)}).encode()
+    head = b"POST /v1/actions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    with served(limits) as service:
+        held = connect(service, 2, b"")
+        try:
+            time.sleep(0.2)  # the service has accepted them
+            for _ in range(3):
+                request = head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+                answer = refused_answer(service, request)
+                assert answer.startswith(b"HTTP/1.1 429"), answer[:200]
+                doc = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+                assert doc["error"]["code"] == "overloaded", doc
+        finally:
+            for s in held:
+                s.close()

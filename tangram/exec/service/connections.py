@@ -28,8 +28,14 @@ RUN_CODE_PATH = "/run_code"
 
 #: How long a refused connection may take to send its request's headers before the answer.
 REFUSAL_WAIT_S = 1.0
-#: The most bytes read (and dropped) from a refused connection.
+#: The most bytes of a refused connection's request head that are kept (to find its path).
 REFUSAL_READ_BYTES = 64 * 1024
+#: After the answer, how long a refused connection may go on sending its request (its body)
+#: before it is closed, and how many bytes of it are read and dropped at most (a body the
+#: service would take: 64 MiB, and its head). Closing with unread bytes resets the
+#: connection, and a client still sending its body then reads a reset, not the 429.
+REFUSAL_LINGER_S = 5.0
+REFUSAL_DRAIN_BYTES = 64 * 1024 * 1024 + REFUSAL_READ_BYTES
 
 
 def refusal_bytes(max_connections: int, path: str = "") -> bytes:
@@ -69,14 +75,21 @@ def request_path(head: bytes) -> str:
 
 class Refusal(asyncio.Protocol):
     """A connection beyond the bound: read its headers (at most ``REFUSAL_WAIT_S``), answer
-    429 in the shape of its path's route family (``answer``, by path) and close. Waiting for
-    the headers lets the client read the answer instead of a reset."""
+    429 in the shape of its path's route family (``answer``, by path), then end its sending
+    side and read and drop what the client still sends (its body: at most
+    ``REFUSAL_DRAIN_BYTES``, for at most ``REFUSAL_LINGER_S``) until it closes too. Waiting
+    for the headers, and draining the body, let the client read the answer instead of a
+    reset (a socket closed with bytes unread is reset, and a client still writing its body
+    then failed with a broken pipe or a reset, never reading the 429 it should retry on)."""
 
     def __init__(self, answer: Callable[[str], bytes]) -> None:
         self.answer = answer
         self.seen = b""
         self.transport: asyncio.Transport | None = None
         self.timer: asyncio.TimerHandle | None = None
+        #: Whether the answer was sent (the connection is then being drained).
+        self.answered = False
+        self.drained = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -84,13 +97,19 @@ class Refusal(asyncio.Protocol):
         self.timer = asyncio.get_running_loop().call_later(REFUSAL_WAIT_S, self.finish)
 
     def data_received(self, data: bytes) -> None:
+        if self.answered:
+            self.drained += len(data)
+            if self.drained >= REFUSAL_DRAIN_BYTES:
+                self.close()
+            return
         self.seen = (self.seen + data)[-REFUSAL_READ_BYTES:]
         if b"\r\n\r\n" in self.seen or len(self.seen) >= REFUSAL_READ_BYTES:
             self.finish()
 
     def eof_received(self) -> bool:
-        self.finish()
-        return False
+        self.finish()  # (the answer, if not sent yet: the client may still read it)
+        self.close()
+        return True  # (``close`` closes it once the answer is written)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self.timer is not None:
@@ -98,11 +117,26 @@ class Refusal(asyncio.Protocol):
         self.transport = None
 
     def finish(self) -> None:
+        """Answer, end the sending side and drain what comes until the client closes (or
+        the linger passes)."""
+        transport = self.transport
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.answered or transport is None or transport.is_closing():
+            return
+        self.answered = True
+        transport.write(self.answer(request_path(self.seen)))
+        if not transport.can_write_eof():
+            self.close()
+            return
+        transport.write_eof()
+        self.timer = asyncio.get_running_loop().call_later(REFUSAL_LINGER_S, self.close)
+
+    def close(self) -> None:
         transport, self.transport = self.transport, None
         if self.timer is not None:
             self.timer.cancel()
         if transport is not None and not transport.is_closing():
-            transport.write(self.answer(request_path(self.seen)))
             transport.close()
 
 
