@@ -261,3 +261,28 @@ def test_a_connection_beyond_the_bound_reads_its_429_while_it_still_sends_its_bo
         finally:
             for s in held:
                 s.close()
+
+
+@pytest.mark.parametrize("body_bytes", [0, 70_000, 1 << 20])
+def test_a_refusals_shape_follows_its_path_whatever_comes_after_the_headers(
+    body_bytes: int,
+) -> None:
+    """The refusal kept the last 64 KiB it read to find the request's path: when the headers
+    and more than 64 KiB of body came in one read, the request line was dropped and a
+    ``/run_code`` client got Tangram's document, with no ``status`` to read."""
+    limits = ConnectionLimits(header_timeout_s=60.0, body_timeout_s=60.0, max_connections=2)
+    body = b"{" + b" " * max(0, body_bytes - 2) + b"}" if body_bytes else b""
+    head = b"POST /run_code HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    with served(limits) as service:
+        held = connect(service, 2, b"")
+        try:
+            time.sleep(0.2)  # the service has accepted them
+            request = head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+            answer = refused_answer(service, request)
+        finally:
+            for s in held:
+                s.close()
+    assert answer.startswith(b"HTTP/1.1 429"), answer[:200]
+    doc = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+    assert doc["status"] == "SandboxError" and doc["run_result"] is None, doc
+    assert doc["error"]["code"] == "overloaded", doc

@@ -102,7 +102,10 @@ class Refusal(asyncio.Protocol):
             if self.drained >= REFUSAL_DRAIN_BYTES:
                 self.close()
             return
-        self.seen = (self.seen + data)[-REFUSAL_READ_BYTES:]
+        # The first bytes are kept: they hold the request line, whose path picks the
+        # answer's shape (the last ones, kept before, lost it when the headers and the
+        # body's start came in one read).
+        self.seen = (self.seen + data)[:REFUSAL_READ_BYTES]
         if b"\r\n\r\n" in self.seen or len(self.seen) >= REFUSAL_READ_BYTES:
             self.finish()
 
