@@ -143,3 +143,23 @@ def test_the_docs_list_the_status_each_error_class_declares() -> None:
             documented[code] = (int(status), "(retryable)" in codes)
     documented.pop("unauthorized")  # the token middleware's, not a runtime error
     assert documented == {c: (cls.http_status, cls.retryable) for c, cls in ERRORS.items()}
+
+
+def test_an_unexpected_failure_of_run_code_answers_in_sandbox_fusions_shape_too(
+    svc: ServiceThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug inside ``/run_code`` answered Tangram's 500 alone: SandboxFusion's clients read
+    its ``status`` and ``message``, and found neither."""
+    from tangram.exec.service import app
+
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(app, "run_code", broken)
+    r = httpx.post(f"{svc.url}/run_code", json={"code": "print(1)"}, timeout=30)
+    assert r.status_code == 500, r.text
+    doc = r.json()
+    assert doc["status"] == "SandboxError" and doc["run_result"] is None, doc
+    assert doc["compile_result"] is None and doc["files"] == {}, doc
+    assert "RuntimeError: a bug" in doc["message"], doc
+    assert doc["error"]["code"] == "internal" and doc["error"]["retryable"] is False, doc

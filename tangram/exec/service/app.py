@@ -258,11 +258,7 @@ class ServiceApp:
             raise  # the client went away: nothing to answer
         except Exception as exc:
             log.exception("%s %s failed", request.method, request.path)
-            message = f"internal error: {type(exc).__name__}: {exc}"
-            tenant = _tenant(request)
-            if tenant is not None:
-                message = tenant.clean(message)
-            return web.json_response(error_doc("internal", message), status=500)
+            return internal_error(request, exc)
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -555,7 +551,26 @@ class ServiceApp:
             return web.json_response(
                 http_refusal_doc(exc), status=exc.status, headers=_kept_headers(exc)
             )
+        except ConnectionResetError:
+            raise  # the client went away (``ClientGone`` included): nothing to answer
+        except Exception as exc:  # a bug: SandboxFusion's clients read its shape all the same
+            log.exception("%s %s failed", request.method, request.path)
+            return internal_error(request, exc, sandbox=True)
         return web.json_response(answer)
+
+
+def internal_error(request: web.Request, exc: Exception, *, sandbox: bool = False) -> web.Response:
+    """The 500 answering an unexpected exception: the error document, and for ``/run_code``
+    (``sandbox``) SandboxFusion's ``SandboxError`` too, as its every other error answer: its
+    clients read ``status`` and ``message``, which Tangram's document alone lacked."""
+    message = f"internal error: {type(exc).__name__}: {exc}"
+    tenant = _tenant(request)
+    if tenant is not None:
+        message = tenant.clean(message)
+    doc = error_doc("internal", message)
+    if sandbox:
+        doc = {**sandbox_error(message), **doc}
+    return web.json_response(doc, status=500)
 
 
 #: The tenant a request's token names (absent or None: the operator, or no token at all).
