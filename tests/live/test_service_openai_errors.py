@@ -35,6 +35,7 @@ def openai_error(r: httpx.Response, status: int) -> dict[str, Any]:
     error = r.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}, error
     assert isinstance(error["message"], str) and error["message"], error
+    assert isinstance(error["code"], str) and error["code"], error
     return error
 
 
@@ -94,3 +95,19 @@ def test_a_refusal_before_the_handler_is_in_the_openai_shape_too() -> None:
             assert wrong.headers["Allow"] == "POST"
         finally:
             gate.set()
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/pooling", "/get_reward"])
+@pytest.mark.parametrize(
+    "body",
+    [b"{", b"[1, 2]", b'{"a": 1, "a": 2}', b"", b'{"x": NaN}', b'{"input": "a"}'],
+    ids=["not JSON", "not an object", "a key twice", "empty", "NaN", "no model"],
+)
+def test_a_bad_body_is_a_400_with_a_code(svc: ServiceThread, path: str, body: bytes) -> None:
+    """A body the routes refused answered OpenAI's shape with ``code`` null, where every
+    other error of theirs names one (``model_not_found``, ``overloaded``, ``http_413``) and
+    vLLM's always carry one: a client branching on it read nothing."""
+    headers = {"Content-Type": "application/json"}
+    r = httpx.post(svc.url + path, content=body, headers=headers, timeout=30)
+    error = openai_error(r, 400)
+    assert error["type"] == "invalid_request_error" and error["code"] == "bad_request", error

@@ -225,7 +225,10 @@ class OpenAiRoutes:
         try:
             return await read_json(request, timeout_s=self.body_timeout_s)
         except LiveError as exc:
-            raise OpenAiError(exc.message, status=exc.http_status) from None
+            status = exc.http_status
+            raise OpenAiError(
+                exc.message, status=status, code=exc.code, kind=_kind(status)
+            ) from None
 
     async def _call(self, model: str, inputs: dict[str, Any]) -> Any:
         """One GPU action of ``model`` on ``inputs``; its value, or the error as OpenAI's:

@@ -34,7 +34,10 @@ TEXT_SLACK = 4
 
 
 class OpenAiError(Exception):
-    """A request the endpoint refuses: HTTP ``status`` and OpenAI's error fields."""
+    """A request the endpoint refuses: HTTP ``status`` and OpenAI's error fields. ``code``
+    left out is ``bad_request`` for a 400 (the service's code for the same refusal on its
+    other routes), else ``http_<status>``: never null (vLLM's errors always carry a code, and
+    a client branching on it could not tell a bad request from anything else)."""
 
     def __init__(
         self,
@@ -48,6 +51,8 @@ class OpenAiError(Exception):
         should_retry: bool | None = None,
     ) -> None:
         super().__init__(message)
+        if code is None:  # (null told a client nothing: every error names what it is)
+            code = "bad_request" if status == 400 else f"http_{status}"
         self.message, self.param, self.status, self.code, self.kind = (
             message,
             param,
