@@ -163,3 +163,27 @@ def test_an_unexpected_failure_of_run_code_answers_in_sandbox_fusions_shape_too(
     assert doc["compile_result"] is None and doc["files"] == {}, doc
     assert "RuntimeError: a bug" in doc["message"], doc
     assert doc["error"]["code"] == "internal" and doc["error"]["retryable"] is False, doc
+
+
+def test_the_services_own_refusals_of_run_code_answer_in_sandbox_fusions_shape_too() -> None:
+    """A missing token (401) and a method ``/run_code`` does not take (405) were answered in
+    Tangram's shape alone, before the route's handler: SandboxFusion's clients read no
+    ``status``, where every other refusal of the route carries both shapes."""
+    cluster = ClusterSpec(name="errors", apis=(ApiEndpointSpec("echo", concurrency=8),))
+
+    def make() -> Runtime:
+        return Runtime(cluster, RuntimeConfig(max_pending=50), api=ApiExecutor({"echo": echo}))
+
+    with ServiceThread(make, ServeOptions(port=0, token="op")) as service:
+        url = f"{service.url}/run_code"
+        answers = [
+            (httpx.post(url, json={"code": "print(1)"}, timeout=30), 401, "unauthorized"),
+            (httpx.get(url, headers={"Authorization": "Bearer op"}, timeout=30), 405, "http_405"),
+        ]
+    for r, status, code in answers:
+        assert r.status_code == status, r.text
+        doc = r.json()
+        assert doc["status"] == "SandboxError" and doc["run_result"] is None, doc
+        assert doc["error"]["code"] == code and doc["message"] == doc["error"]["message"], doc
+    assert answers[0][0].headers["WWW-Authenticate"] == "Bearer"
+    assert answers[1][0].headers["Allow"] == "POST"

@@ -29,6 +29,7 @@ from tangram.exec.runtime.errors import BadRequest, Conflict, Forbidden, LiveErr
 from tangram.exec.runtime.records import Outcome, check_id
 from tangram.exec.service.body import ClientGone, read_json
 from tangram.exec.service.causes import translate
+from tangram.exec.service.connections import RUN_CODE_PATH
 from tangram.exec.service.limits import DEFAULT_MAX_OUTPUT_BYTES
 from tangram.exec.service.metrics import CONTENT_TYPE, ServiceMetrics
 from tangram.exec.service.openai_routes import (
@@ -96,9 +97,13 @@ def http_refusal_doc(exc: web.HTTPException) -> dict[str, Any]:
     return {**sandbox_error(str(doc["error"].get("message", exc.reason))), **doc}
 
 
-def http_error_response(request: web.Request, exc: web.HTTPException) -> web.Response:
-    """aiohttp's refusal (404, 405, 413 ...) as the service's error document. A 405 keeps its
-    ``Allow`` header (RFC 9110 requires it) and names the methods the path takes."""
+def http_error_response(
+    request: web.Request, exc: web.HTTPException, *, sandbox: bool = False
+) -> web.Response:
+    """aiohttp's refusal (404, 405, 413 ...) as the service's error document, and for
+    ``/run_code`` (``sandbox``) SandboxFusion's ``SandboxError`` too, as its other refusals.
+    A 405 keeps its ``Allow`` header (RFC 9110 requires it) and names the methods the path
+    takes."""
     message = exc.reason
     headers = {}
     allow = exc.headers.get("Allow")
@@ -106,6 +111,8 @@ def http_error_response(request: web.Request, exc: web.HTTPException) -> web.Res
         headers["Allow"] = allow
         message = f"{exc.reason}: {request.method} {request.path} takes {allow}"
     doc = error_doc("http_" + str(exc.status), message)
+    if sandbox:
+        doc = {**sandbox_error(message), **doc}
     return web.json_response(doc, status=exc.status, headers=headers)
 
 
@@ -248,6 +255,8 @@ class ServiceApp:
         except web.HTTPException as exc:
             if exc.status >= 400 and request.path in OPENAI_PATHS:
                 return openai_answer(request, exc)  # (a method the path does not take)
+            if exc.status >= 400 and request.path == RUN_CODE_PATH:
+                return http_error_response(request, exc, sandbox=True)  # (ditto)
             if exc.status >= 400 and exc.content_type != "application/json":
                 return http_error_response(request, exc)
             raise
@@ -274,11 +283,10 @@ class ServiceApp:
             message = "missing or wrong token: send 'Authorization: Bearer TOKEN'"
             if request.path in OPENAI_PATHS:
                 return unauthorized_answer(message)
-            return web.json_response(
-                error_doc("unauthorized", message),
-                status=401,
-                headers={"WWW-Authenticate": "Bearer"},
-            )
+            doc = error_doc("unauthorized", message)
+            if request.path == RUN_CODE_PATH:  # SandboxFusion's clients read its shape
+                doc = {**sandbox_error(message), **doc}
+            return web.json_response(doc, status=401, headers={"WWW-Authenticate": "Bearer"})
         if request.method == "POST" and request.path in CALL_PATHS:
             with self._place_for_request(request):
                 return await handler(request)
