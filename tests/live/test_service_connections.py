@@ -286,3 +286,46 @@ def test_a_refusals_shape_follows_its_path_whatever_comes_after_the_headers(
     doc = json.loads(answer.split(b"\r\n\r\n", 1)[1])
     assert doc["status"] == "SandboxError" and doc["run_result"] is None, doc
     assert doc["error"]["code"] == "overloaded", doc
+
+
+@pytest.mark.parametrize(
+    "bad_head",
+    [
+        b"POST /v1/actions HTTP/1.1\r\nHost: x\r\nBad Header\r\nContent-Length: %d\r\n\r\n",
+        b"POST /v1/actions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nContent-Length: 5\r\n\r\n",
+    ],
+    ids=["a header without a colon", "two lengths"],
+)
+def test_a_malformed_request_still_sending_its_body_reads_its_400(bad_head: bytes) -> None:
+    """aiohttp closed a malformed request's connection with its body unread: the kernel reset
+    it, and the client, still writing the body, failed with a reset or a broken pipe, never
+    reading the 400 naming what was wrong. The drained connections are forgotten too: with a
+    bound of 2, the service still serves after three of them."""
+    limits = ConnectionLimits(header_timeout_s=60.0, body_timeout_s=60.0, max_connections=2)
+    body = b"x" * (16 << 20)
+    with served(limits) as service:
+        for _ in range(3):
+            s = socket.create_connection(address(service), timeout=10.0)
+            try:
+                s.sendall(bad_head % len(body) + body)
+                answer = b""
+                for _ in range(100):  # bounded: the answer is small and comes at once
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    answer += chunk
+            finally:
+                s.close()
+            assert answer.startswith(b"HTTP/1.0 400") or answer.startswith(b"HTTP/1.1 400"), answer[
+                :200
+            ]
+            doc = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+            assert doc["error"]["code"] == "bad_request", doc
+        end = time.monotonic() + DEADLINE_S
+        while time.monotonic() < end:  # the drained ones are gone once their closes are seen
+            try:
+                served_meanwhile(service)
+                break
+            except Exception:  # noqa: BLE001 - refused while the closes are processed
+                time.sleep(0.1)
+        served_meanwhile(service)

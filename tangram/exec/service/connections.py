@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -73,23 +74,72 @@ def request_path(head: bytes) -> str:
     return line[1].split(b"?", 1)[0].decode("latin-1")
 
 
+class Drain(asyncio.Protocol):
+    """A connection answered for good: its sending side is ended (``linger``) and what the
+    client still sends (the rest of its request) is read and dropped, at most
+    ``REFUSAL_DRAIN_BYTES`` for at most ``REFUSAL_LINGER_S``, until it closes too. A socket
+    closed with bytes unread is reset by the kernel, and a client still writing its request
+    then failed with a broken pipe or a reset, never reading the answer it was sent (a 429
+    to retry on, a 400 naming what is wrong). ``on_lost``: told when the connection is gone
+    (the protocol it was taken from, to forget it)."""
+
+    def __init__(
+        self,
+        transport: asyncio.Transport,
+        on_lost: Callable[[BaseException | None], None] | None = None,
+    ) -> None:
+        self.transport = transport
+        self.on_lost = on_lost
+        self.drained = 0
+        self.timer = asyncio.get_running_loop().call_later(REFUSAL_LINGER_S, self.close)
+
+    def data_received(self, data: bytes) -> None:
+        self.drained += len(data)
+        if self.drained >= REFUSAL_DRAIN_BYTES:
+            self.close()
+
+    def eof_received(self) -> bool:
+        self.close()
+        return True  # (``close`` closes it once the answer is written)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.timer.cancel()
+        on_lost, self.on_lost = self.on_lost, None
+        if on_lost is not None:
+            on_lost(exc)
+
+    def close(self) -> None:
+        self.timer.cancel()
+        if not self.transport.is_closing():
+            self.transport.close()
+
+
+def linger(
+    transport: asyncio.Transport, on_lost: Callable[[BaseException | None], None] | None = None
+) -> Drain:
+    """Hand ``transport``, whose answer is written, to a ``Drain``: its sending side ends
+    once the answer is out, and it closes when the client does (or the drain's bounds)."""
+    drain = Drain(transport, on_lost)
+    transport.set_protocol(drain)
+    transport.resume_reading()  # (aiohttp pauses a connection whose requests pile up)
+    if transport.can_write_eof():
+        transport.write_eof()
+    else:
+        drain.close()
+    return drain
+
+
 class Refusal(asyncio.Protocol):
     """A connection beyond the bound: read its headers (at most ``REFUSAL_WAIT_S``), answer
-    429 in the shape of its path's route family (``answer``, by path), then end its sending
-    side and read and drop what the client still sends (its body: at most
-    ``REFUSAL_DRAIN_BYTES``, for at most ``REFUSAL_LINGER_S``) until it closes too. Waiting
-    for the headers, and draining the body, let the client read the answer instead of a
-    reset (a socket closed with bytes unread is reset, and a client still writing its body
-    then failed with a broken pipe or a reset, never reading the 429 it should retry on)."""
+    429 in the shape of its path's route family (``answer``, by path), then ``linger``: the
+    rest of its request is drained, so the client reads the answer instead of a reset.
+    Waiting for the headers lets the client read the answer instead of a reset."""
 
     def __init__(self, answer: Callable[[str], bytes]) -> None:
         self.answer = answer
         self.seen = b""
         self.transport: asyncio.Transport | None = None
         self.timer: asyncio.TimerHandle | None = None
-        #: Whether the answer was sent (the connection is then being drained).
-        self.answered = False
-        self.drained = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -97,11 +147,6 @@ class Refusal(asyncio.Protocol):
         self.timer = asyncio.get_running_loop().call_later(REFUSAL_WAIT_S, self.finish)
 
     def data_received(self, data: bytes) -> None:
-        if self.answered:
-            self.drained += len(data)
-            if self.drained >= REFUSAL_DRAIN_BYTES:
-                self.close()
-            return
         # The first bytes are kept: they hold the request line, whose path picks the
         # answer's shape (the last ones, kept before, lost it when the headers and the
         # body's start came in one read).
@@ -110,42 +155,39 @@ class Refusal(asyncio.Protocol):
             self.finish()
 
     def eof_received(self) -> bool:
-        self.finish()  # (the answer, if not sent yet: the client may still read it)
-        self.close()
-        return True  # (``close`` closes it once the answer is written)
+        drain = self.finish()  # (the client may still read the answer)
+        if drain is not None:
+            drain.close()
+        return True  # (closed once the answer is written)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self.timer is not None:
             self.timer.cancel()
         self.transport = None
 
-    def finish(self) -> None:
-        """Answer, end the sending side and drain what comes until the client closes (or
-        the linger passes)."""
-        transport = self.transport
-        if self.timer is not None:
-            self.timer.cancel()
-        if self.answered or transport is None or transport.is_closing():
-            return
-        self.answered = True
-        transport.write(self.answer(request_path(self.seen)))
-        if not transport.can_write_eof():
-            self.close()
-            return
-        transport.write_eof()
-        self.timer = asyncio.get_running_loop().call_later(REFUSAL_LINGER_S, self.close)
-
-    def close(self) -> None:
+    def finish(self) -> Drain | None:
+        """Answer and drain (None if the connection is gone)."""
         transport, self.transport = self.transport, None
         if self.timer is not None:
             self.timer.cancel()
-        if transport is not None and not transport.is_closing():
-            transport.close()
+        if transport is None or transport.is_closing():
+            return None
+        transport.write(self.answer(request_path(self.seen)))
+        return linger(transport)
 
 
 class ErrorDocHandler(web.RequestHandler):
     """aiohttp's connection handler, whose own error answers (a malformed request line or
-    header, which never reaches the application) are the service's error document too."""
+    header, which never reaches the application) are the service's error document too.
+    Such a connection is closed after its answer, once the rest of the request is drained
+    (``linger``): closed at once, with the request's body unread, it was reset, and a client
+    still sending its body failed with a reset instead of reading its 400."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: Whether the answer being made ends the connection with a request left unread.
+        self.linger_after = False
+        self.drain: Drain | None = None
 
     def handle_error(
         self,
@@ -159,7 +201,27 @@ class ErrorDocHandler(web.RequestHandler):
         code = "bad_request" if status == 400 else "internal" if status == 500 else f"http_{status}"
         answer = web.json_response(error_doc(code, text.strip()), status=status)
         answer.force_close()
+        # (A body aiohttp still parses is drained by aiohttp itself; one it cannot parse,
+        # the request's being malformed, is left on the socket.)
+        self.linger_after = request.content.is_eof()
         return answer
+
+    async def finish_response(
+        self, request: web.BaseRequest, resp: web.StreamResponse, start_time: float | None
+    ) -> tuple[web.StreamResponse, bool]:
+        done = await super().finish_response(request, resp, start_time)
+        transport = self.transport
+        if self.linger_after and not done[1] and transport is not None:
+            assert isinstance(transport, asyncio.Transport)
+            if not transport.is_closing():
+                self.transport = None  # (aiohttp's closing of it is the drain's now)
+                self.drain = linger(transport, on_lost=self.connection_lost)
+        return done
+
+    async def shutdown(self, timeout: float | None = 15.0) -> None:
+        if self.drain is not None:
+            self.drain.close()
+        await super().shutdown(timeout)
 
 
 class GuardedSite(web.BaseSite):
