@@ -25,7 +25,6 @@ import asyncio
 import base64
 import logging
 import shlex
-import uuid
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -147,10 +146,16 @@ class TangramSandboxTool(BaseTool):
     async def create(
         self, instance_id: str | None = None, **kwargs: Any
     ) -> tuple[str, ToolResponse]:
-        """Open the trajectory's container; its id is the instance id."""
-        traj = instance_id or f"verl-{uuid.uuid4().hex[:16]}"
-        s = self.settings
-        await self.client.open_trajectory(traj, memory_gb=s.memory_gb, image=s.image, wait_s=60)
+        """Open the trajectory's container; its id is the instance id. Without one, the
+        client makes the id up: an open it retries after a lost answer is then known as its
+        own (the 409 is read as the first attempt's open). Made up here, the id was the
+        caller's to the client, whose 409 raised: verl never learnt the instance, so it never
+        released it, and its container held the node's memory until the service stopped."""
+        s, given = self.settings, instance_id or None
+        doc = await self.client.open_trajectory(
+            given, memory_gb=s.memory_gb, image=s.image, wait_s=60
+        )
+        traj = given if given is not None else str(doc["id"])
         self._calls[traj] = 0
         return traj, ToolResponse()
 
