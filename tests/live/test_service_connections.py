@@ -329,3 +329,48 @@ def test_a_malformed_request_still_sending_its_body_reads_its_400(bad_head: byte
             except Exception:  # noqa: BLE001 - refused while the closes are processed
                 time.sleep(0.1)
         served_meanwhile(service)
+
+
+@pytest.mark.parametrize("path", [b"/v1/actions", b"/run_code", b"/v1/completions"])
+@pytest.mark.parametrize(
+    "bad_chunk",
+    [b"zz\r\nabc\r\n", b"3\r\nabcdef\r\n0\r\n\r\n"],
+    ids=["a chunk size not hexadecimal", "a chunk longer than its size"],
+)
+@pytest.mark.parametrize("pause_s", [0.0, 0.3], ids=["in one write", "after a pause"])
+def test_a_malformed_chunked_body_is_a_400_at_once_and_the_only_answer(
+    path: bytes, bad_chunk: bytes, pause_s: float
+) -> None:
+    """aiohttp's parser, failing on a body that came after the handler began reading it,
+    dropped the body's reader without a word: the handler waited out the body time-out and
+    answered 408 blaming a slow client, and aiohttp's own 400 followed on the same
+    connection, a second answer to one request. It is one 400 at once now, naming the
+    broken framing, in the route's shape."""
+    limits = ConnectionLimits(header_timeout_s=60.0, body_timeout_s=30.0, max_connections=64)
+    head = b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head += b'Transfer-Encoding: chunked\r\n\r\n5\r\n{"a":\r\n'
+    with served(limits) as service:
+        s = socket.create_connection(address(service), timeout=10.0)
+        try:
+            started = time.monotonic()
+            if pause_s:
+                s.sendall(head)
+                time.sleep(pause_s)  # the handler reads the body by now
+                s.sendall(bad_chunk)
+            else:
+                s.sendall(head + bad_chunk)
+            answer = b""
+            for _ in range(100):  # bounded: the answer is small and comes at once
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                answer += chunk
+            took = time.monotonic() - started
+        finally:
+            s.close()
+        served_meanwhile(service)
+    assert answer.count(b"HTTP/1.") == 1, answer  # one answer, then the connection closes
+    assert answer.split(b" ", 2)[1] == b"400", answer[:300]
+    assert took < 10.0, took
+    doc = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+    assert "chunk" in json.dumps(doc).lower() or "LF" in json.dumps(doc), doc

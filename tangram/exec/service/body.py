@@ -34,6 +34,8 @@ async def read_json(request: web.Request, *, timeout_s: float, optional: bool = 
     try:
         async with asyncio.timeout(timeout_s):
             data = await request.read()
+    except MalformedBody as exc:
+        raise BadRequest(str(exc)) from None
     except ConnectionResetError:
         raise ClientGone(
             f"the client went away before its body arrived whole ({_received(request)})"
@@ -53,6 +55,12 @@ async def read_json(request: web.Request, *, timeout_s: float, optional: bool = 
     if len(data) > THREAD_BYTES:
         return await asyncio.to_thread(parse_json, data, optional=optional)
     return parse_json(data, optional=optional)
+
+
+class MalformedBody(Exception):
+    """The request's body broke the HTTP framing as it came (a chunk size that is not
+    hexadecimal, a chunk longer than it said): set on the body's reader by the connection's
+    handler (``connections.ErrorDocHandler``), so the read fails at once, a 400 naming it."""
 
 
 class ClientGone(ConnectionResetError):

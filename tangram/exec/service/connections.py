@@ -16,8 +16,10 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import _ErrInfo
 
 from tangram.exec.runtime.errors import Overloaded
+from tangram.exec.service.body import MalformedBody
 from tangram.exec.service.limits import ConnectionLimits
 from tangram.exec.service.openai_routes import OPENAI_PATHS
 from tangram.exec.service.openai_schema import OpenAiError
@@ -189,6 +191,37 @@ class ErrorDocHandler(web.RequestHandler):
         self.linger_after = False
         self.drain: Drain | None = None
 
+    def data_received(self, data: bytes) -> None:
+        queued = len(self._messages)
+        super().data_received(data)
+        if len(self._messages) > queued:
+            self._body_broke()
+
+    def _body_broke(self) -> None:
+        """aiohttp's parser, failing on a request's body (a malformed chunk), drops the
+        body's reader without a word and queues a 400 for after that request: the handler
+        reading the body waited out the body time-out (a 408 blaming a slow client, 60 s
+        later), and the 400 followed as a second answer on the connection. The reader is
+        given the parser's error instead (``MalformedBody``: the route answers 400 at once,
+        in its shape, naming it), the queued 400 is dropped, and the connection closes
+        after the answer, draining what comes meanwhile (its framing is lost)."""
+        messages = self._messages
+        error = messages[-1][0]
+        if not isinstance(error, _ErrInfo):
+            return
+        # The newest request's body: one queued before the error, else the one being read.
+        payload = messages[-2][1] if len(messages) > 1 else None
+        if payload is None and self._current_request is not None:
+            payload = self._current_request.content
+        if payload is None or payload.is_eof():
+            return  # (the error is in a next request's head: aiohttp answers it)
+        messages.pop()
+        payload.set_exception(
+            MalformedBody(f"the request body is malformed: {str(error.message).strip()}")
+        )
+        self.linger_after = True
+        self.close()  # (no request after this one: data until its answer is dropped)
+
     def handle_error(
         self,
         request: web.BaseRequest,
@@ -216,6 +249,9 @@ class ErrorDocHandler(web.RequestHandler):
             if not transport.is_closing():
                 self.transport = None  # (aiohttp's closing of it is the drain's now)
                 self.drain = linger(transport, on_lost=self.connection_lost)
+                # Nothing more of the connection is aiohttp's to read: not the body left
+                # (a broken one raised its error at aiohttp's own lingering read of it).
+                self.force_close()
         return done
 
     async def shutdown(self, timeout: float | None = 15.0) -> None:
