@@ -7,6 +7,7 @@ bounded in count and time.
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import time
 from collections.abc import Iterator
@@ -374,3 +375,25 @@ def test_a_malformed_chunked_body_is_a_400_at_once_and_the_only_answer(
     assert took < 10.0, took
     doc = json.loads(answer.split(b"\r\n\r\n", 1)[1])
     assert "chunk" in json.dumps(doc).lower() or "LF" in json.dumps(doc), doc
+
+
+def test_a_malformed_request_is_one_log_line_not_a_stack_trace(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """aiohttp logged each malformed request at ERROR with its traceback (some 15 lines): any
+    client could fill the service's log with them. It is one INFO line, as a client's hang-up
+    is."""
+    with served(LIMITS) as service, caplog.at_level(logging.DEBUG):
+        for _ in range(3):
+            s = socket.create_connection(address(service), timeout=10.0)
+            try:
+                s.sendall(b"POST /v1/actions HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n")
+                assert s.recv(65536).split(b" ", 2)[1] == b"400"
+            finally:
+                s.close()
+        served_meanwhile(service)
+    traced = [r for r in caplog.records if r.exc_info or r.levelno >= logging.WARNING]
+    assert not traced, [(r.name, r.levelname, r.getMessage()) for r in traced]
+    lines = [r for r in caplog.records if "malformed request" in r.getMessage()]
+    assert len(lines) == 3 and all(r.levelno == logging.INFO for r in lines), lines
+    assert "Invalid header token" in lines[0].getMessage()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,8 @@ from tangram.exec.service.openai_routes import OPENAI_PATHS
 from tangram.exec.service.openai_schema import OpenAiError
 from tangram.exec.service.sandbox_fusion import refusal_doc
 from tangram.exec.service.schema import error_doc
+
+log = logging.getLogger(__name__)
 
 #: SandboxFusion's route: its refusals are answered in its shape.
 RUN_CODE_PATH = "/run_code"
@@ -229,8 +232,17 @@ class ErrorDocHandler(web.RequestHandler):
         exc: BaseException | None = None,
         message: str | None = None,
     ) -> web.StreamResponse:
-        plain = super().handle_error(request, status, exc, message)  # logs; may raise
-        text = message or getattr(plain, "text", None) or f"HTTP {status}"
+        if status < 500:  # the client's malformed request: one line, not a stack trace
+            # (aiohttp logged each at ERROR with its traceback: any client could fill the
+            # service's log with them.)
+            why = str(message or exc or f"HTTP {status}").strip().replace("\n", " ")
+            log.info("a malformed request from %s, answered %d: %s", request.remote, status, why)
+            if request.writer.output_size > 0:  # (as aiohttp: an answer is on its way)
+                raise ConnectionError("an answer was sent already, the error cannot be")
+            text = message or f"HTTP {status}"
+        else:
+            plain = super().handle_error(request, status, exc, message)  # logs; may raise
+            text = message or getattr(plain, "text", None) or f"HTTP {status}"
         code = "bad_request" if status == 400 else "internal" if status == 500 else f"http_{status}"
         answer = web.json_response(error_doc(code, text.strip()), status=status)
         answer.force_close()
