@@ -8,6 +8,7 @@ import contextlib
 import inspect
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -445,3 +446,41 @@ def test_a_retry_after_that_is_a_date_or_garbage_is_still_retried() -> None:
         busy = httpx.Response(429, text="<html>slow down</html>", headers={"Retry-After": hint})
         got, requests = both([busy, done], lambda c: c.submit(endpoint="e", id="x1"))
         assert got == "x1" and len(requests) == 2, (hint, got)
+
+
+def test_result_waits_as_long_as_asked_past_the_services_cap() -> None:
+    """``result(id, wait_s)`` sent one poll: behind a service whose cap on a wait (its
+    ``max_wait_s``) is shorter, it answered None at the cap however long the caller asked to
+    wait (and a wait past the client's read time-out timed out, was sent again and raised
+    ``ReadTimeout``). It polls in turns until ``wait_s`` has passed."""
+    gate = threading.Event()
+
+    async def gated(payload: Any) -> Any:
+        while not gate.is_set():
+            await asyncio.sleep(0.02)
+        return payload
+
+    cluster = ClusterSpec(name="waits", apis=(ApiEndpointSpec("gate", concurrency=4),))
+
+    def make() -> Runtime:
+        return Runtime(cluster, RuntimeConfig(max_pending=8), api=ApiExecutor({"gate": gated}))
+
+    with ServiceThread(make, ServeOptions(port=0, max_wait_s=0.3)) as service:
+        with Client(service.url, retries=0) as c:
+            aid = c.submit(endpoint="gate", payload="late")
+            started = time.monotonic()
+            assert c.result(aid, wait_s=1.0) is None  # not done: None once 1 s has passed
+            assert time.monotonic() - started >= 0.95
+            threading.Timer(1.0, gate.set).start()
+            got = c.result(aid, wait_s=30.0)
+            assert got is not None and got.value == "late"
+
+        async def main() -> Any:
+            async with AsyncClient(service.url, retries=0) as c:
+                aid = await c.submit(endpoint="gate", payload="later")
+                return await c.result(aid, wait_s=5.0)
+
+        gate.clear()
+        threading.Timer(1.0, gate.set).start()
+        got = asyncio.run(main())
+        assert got is not None and got.value == "later"

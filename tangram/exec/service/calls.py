@@ -9,6 +9,7 @@ send a call, sleep a pause. ``AsyncClient`` and ``Client`` are those two transpo
 from __future__ import annotations
 
 import math
+import time
 import uuid
 from collections.abc import Generator, Mapping
 from pathlib import Path
@@ -174,10 +175,23 @@ def run(action: Mapping[str, Any], max_wait_s: float) -> Operation[Outcome]:
     return outcome_from_doc(doc["outcome"])
 
 
-def result(id: str, wait_s: float = 0.0) -> Operation[Outcome | None]:
-    """The outcome if it came within ``wait_s`` seconds, else None."""
-    doc = (yield poll(id, wait_s)).json()
-    return outcome_from_doc(doc["outcome"]) if doc["outcome"] else None
+def result(id: str, wait_s: float = 0.0, max_wait_s: float = math.inf) -> Operation[Outcome | None]:
+    """The outcome if it came within ``wait_s`` seconds (``math.inf``: until it comes), else
+    None. A longer wait than one poll may last (the client's ``max_wait_s``, which its read
+    time-out allows; the service's cap, 300 s, after which it answers without the outcome)
+    is polled in turns until ``wait_s`` has passed: in one poll, None came at the service's
+    cap however long the caller asked to wait, and a wait past the read time-out timed out
+    and was sent again until the retries ran out (``ReadTimeout``, not None)."""
+    end = time.monotonic() + wait_s
+    ask = min(wait_s, max_wait_s)
+    while True:
+        doc = (yield poll(id, ask)).json()
+        if doc["outcome"]:
+            return outcome_from_doc(doc["outcome"])
+        left = end - time.monotonic()
+        if not left > 0:
+            return None
+        ask = min(left, max_wait_s)
 
 
 def state(id: str) -> Operation[str]:

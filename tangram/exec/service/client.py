@@ -150,7 +150,7 @@ class AsyncClient:
         return await self._do(calls.run(action, self.max_wait_s))
 
     async def result(self, id: str, wait_s: float = 0.0) -> Outcome | None:
-        return await self._do(calls.result(id, wait_s))
+        return await self._do(calls.result(id, wait_s, self.max_wait_s))
 
     async def state(self, id: str) -> str:
         return await self._do(calls.state(id))
@@ -258,7 +258,7 @@ class Client:
         return self._do(calls.run(action, self.max_wait_s))
 
     def result(self, id: str, wait_s: float = 0.0) -> Outcome | None:
-        return self._do(calls.result(id, wait_s))
+        return self._do(calls.result(id, wait_s, self.max_wait_s))
 
     def state(self, id: str) -> str:
         return self._do(calls.state(id))
