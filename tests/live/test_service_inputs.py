@@ -382,3 +382,28 @@ def test_a_java_jar_whose_name_holds_the_class_path_separator_is_refused() -> No
     assert "'files'" in str(info.value)
     for ok in ({**body, "language": "python"}, {**body, "files": {"lib:v1.txt": ""}}):
         assert "lib:v1" in next(iter(parse_run_code(ok, RunCodeSettings(), 16.0).files))
+
+
+#: Every field of an action, null where unset: as a client writes its schema whole.
+ALL_NULL: dict[str, Any] = dict.fromkeys(
+    ["id", "trajectory", "resource", "max_units", "t1_s", "serial_fraction", "curve"]
+    + ["timeout_s", "task", "kind", "malleable", "wait", "command", "env", "max_output_bytes"]
+    + ["service", "inputs", "endpoint", "payload"]
+)
+
+
+def test_another_resources_fields_sent_as_null_are_absent(svc: ServiceThread) -> None:
+    """A null is an absent field (docs/live.md), but another resource's work field sent as
+    null ('"service": null' beside a command) was refused: 'say what to run' (two kinds of
+    work seemed named) or 'unknown field', so a client writing every field of its schema,
+    null when unset, had its every action refused."""
+    body = {**ALL_NULL, "command": "echo nulls", "trajectory": "t", "wait": True}
+    r = httpx.post(f"{svc.url}/v1/actions", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json()["outcome"]["status"] == "result", r.text
+    spec, _ = parse_action({**ALL_NULL, "endpoint": "echo", "payload": 1}, max_output_bytes=CAP)
+    assert (spec.resource, spec.work.payload) == ("api", 1)
+    spec, _ = parse_action({**ALL_NULL, "service": "m", "inputs": [1]}, max_output_bytes=CAP)
+    assert spec.resource == "gpu"
+    with pytest.raises(BadRequest, match="unknown field 'bogus'"):  # (a typo still is one)
+        parse_action({"endpoint": "echo", "bogus": None}, max_output_bytes=CAP)

@@ -75,14 +75,20 @@ def _typed(body: Mapping[str, Any], name: str, kind: type | tuple[type, ...], wh
     return value
 
 
+#: Every field an action may have, whatever its resource.
+ACTION_FIELDS = COMMON_FIELDS.union(*WORK_FIELDS.values())
+
+
 def resource_of(body: Mapping[str, Any]) -> str:
-    """The resource: given, or inferred from the one work field present."""
+    """The resource: given, or inferred from the one work field present (a field sent as
+    null is absent: ``"service": null`` beside a ``command`` says nothing)."""
     given = body.get("resource")
     if given is not None:
         if not isinstance(given, str) or given not in WORK_FIELDS:
             raise BadRequest(f"field 'resource': must be cpu, gpu or api, got {given!r}")
         return str(given)
-    found = [r for r, names in WORK_FIELDS.items() if names & set(body) - {"env"}]
+    present = {k for k, v in body.items() if v is not None}
+    found = [r for r, names in WORK_FIELDS.items() if names & present - {"env"}]
     if len(found) != 1:
         raise BadRequest(
             "say what to run: exactly one of 'command' (cpu), 'service' + 'inputs' (gpu) or "
@@ -102,7 +108,11 @@ def parse_action(body: Any, *, max_output_bytes: int) -> tuple[ActionSpec, float
     body = require_object(body, "an action")
     resource = resource_of(body)
     allowed = COMMON_FIELDS | WORK_FIELDS[resource]
-    unknown = sorted(set(body) - allowed)
+    # (Another resource's field sent as null is absent, as every null is: a client writing
+    # each field of its schema, null when unset, was refused its every action.)
+    unknown = sorted(
+        k for k, v in body.items() if k not in allowed and (v is not None or k not in ACTION_FIELDS)
+    )
     if unknown:
         raise BadRequest(
             f"unknown field {unknown[0]!r} for a {resource} action; allowed: {sorted(allowed)}"
