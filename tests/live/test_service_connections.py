@@ -397,3 +397,25 @@ def test_a_malformed_request_is_one_log_line_not_a_stack_trace(
     lines = [r for r in caplog.records if "malformed request" in r.getMessage()]
     assert len(lines) == 3 and all(r.levelno == logging.INFO for r in lines), lines
     assert "Invalid header token" in lines[0].getMessage()
+
+
+def test_the_service_loads_with_an_aiohttp_without_the_private_error_record(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``connections`` imported aiohttp's private ``_ErrInfo`` by name (cbb849a): an aiohttp
+    without it (``aiohttp>=3.9`` is all the project asks) failed the service's import. It
+    is looked up, and without it a broken body is left to aiohttp, as before."""
+    import importlib
+
+    from aiohttp import web_protocol
+
+    import tangram.exec.service.connections as connections
+
+    monkeypatch.delattr(web_protocol, "_ErrInfo")
+    try:
+        reloaded = importlib.reload(connections)
+        assert reloaded._ERR_INFO is None
+    finally:
+        monkeypatch.undo()
+        importlib.reload(connections)
+    assert connections._ERR_INFO is web_protocol._ErrInfo

@@ -16,8 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from aiohttp import web
-from aiohttp.web_protocol import _ErrInfo
+from aiohttp import web, web_protocol
 
 from tangram.exec.runtime.errors import Overloaded
 from tangram.exec.service.body import MalformedBody
@@ -28,6 +27,11 @@ from tangram.exec.service.sandbox_fusion import refusal_doc
 from tangram.exec.service.schema import error_doc
 
 log = logging.getLogger(__name__)
+
+#: aiohttp's queued answer to a request its parser failed on (private: absent from another
+#: aiohttp, ``ErrorDocHandler`` leaves a broken body to aiohttp, as it did, rather than fail
+#: the service's import).
+_ERR_INFO: type | None = getattr(web_protocol, "_ErrInfo", None)
 
 #: SandboxFusion's route: its refusals are answered in its shape.
 RUN_CODE_PATH = "/run_code"
@@ -195,12 +199,13 @@ class ErrorDocHandler(web.RequestHandler):
         self.drain: Drain | None = None
 
     def data_received(self, data: bytes) -> None:
-        queued = len(self._messages)
+        messages = getattr(self, "_messages", None)
+        queued = len(messages) if messages is not None else 0
         super().data_received(data)
-        if len(self._messages) > queued:
-            self._body_broke()
+        if messages is not None and len(messages) > queued and _ERR_INFO is not None:
+            self._body_broke(messages)
 
-    def _body_broke(self) -> None:
+    def _body_broke(self, messages: Any) -> None:
         """aiohttp's parser, failing on a request's body (a malformed chunk), drops the
         body's reader without a word and queues a 400 for after that request: the handler
         reading the body waited out the body time-out (a 408 blaming a slow client, 60 s
@@ -208,14 +213,14 @@ class ErrorDocHandler(web.RequestHandler):
         given the parser's error instead (``MalformedBody``: the route answers 400 at once,
         in its shape, naming it), the queued 400 is dropped, and the connection closes
         after the answer, draining what comes meanwhile (its framing is lost)."""
-        messages = self._messages
         error = messages[-1][0]
-        if not isinstance(error, _ErrInfo):
+        if _ERR_INFO is None or not isinstance(error, _ERR_INFO):
             return
         # The newest request's body: one queued before the error, else the one being read.
         payload = messages[-2][1] if len(messages) > 1 else None
-        if payload is None and self._current_request is not None:
-            payload = self._current_request.content
+        current = getattr(self, "_current_request", None)
+        if payload is None and current is not None:
+            payload = current.content
         if payload is None or payload.is_eof():
             return  # (the error is in a next request's head: aiohttp answers it)
         messages.pop()
@@ -256,7 +261,8 @@ class ErrorDocHandler(web.RequestHandler):
     ) -> tuple[web.StreamResponse, bool]:
         done = await super().finish_response(request, resp, start_time)
         transport = self.transport
-        if self.linger_after and not done[1] and transport is not None:
+        reset = done[1] if isinstance(done, tuple) else bool(done)  # (older aiohttp: reset)
+        if self.linger_after and not reset and transport is not None:
             assert isinstance(transport, asyncio.Transport)
             if not transport.is_closing():
                 self.transport = None  # (aiohttp's closing of it is the drain's now)
