@@ -11,9 +11,10 @@ from tests.live.conftest import live_cluster
 
 
 def cpu_only_service(
-    docker_client: Any, *, max_pending: int = 256, warm_pool: int = 0
+    docker_client: Any, *, max_pending: int = 256, warm_pool: int = 0, run_code: Any = None
 ) -> Iterator[Any]:
-    """The service, its AOE manager with a warm pool of ``warm_pool`` per key (0: none)."""
+    """The service, its AOE manager with a warm pool of ``warm_pool`` per key (0: none);
+    ``run_code``: the ``/run_code`` settings (None: the defaults)."""
     from tangram.exec.aoe import AoeConfig
     from tangram.exec.aoe.config import WarmPoolConfig
     from tangram.exec.runtime import RuntimeConfig, build_runtime
@@ -28,7 +29,8 @@ def cpu_only_service(
             docker_client=docker_client,
         )
 
-    thread = ServiceThread(make, ServeOptions(port=0))
+    options = ServeOptions(port=0) if run_code is None else ServeOptions(port=0, run_code=run_code)
+    thread = ServiceThread(make, options)
     thread.start()
     try:
         yield thread
