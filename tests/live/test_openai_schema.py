@@ -164,3 +164,29 @@ def test_ids_decoding_to_one_text_keep_the_highest_log_prob_in_top_logprobs() ->
         assert lp["tokens"] == ["a", "\ufffd"]
         want = -1.0 if top else -3.0
         assert lp["top_logprobs"] == [None, {"\ufffd": want}], lp["top_logprobs"]
+
+
+def test_a_log_prob_of_minus_infinity_is_vllms_floor_so_the_answer_is_strict_json() -> None:
+    """A token the model gives probability 0 (-inf) went out as ``-Infinity``, which JSON
+    lacks (strict parsers refuse the whole answer); vLLM answers -9999.0 there, in
+    ``token_logprobs`` and ``top_logprobs`` alike."""
+    import json
+
+    import torch
+
+    from tangram.exec.service.openai_schema import CompletionRequest, Prompt, completion_doc
+
+    texts = {4: "a", 5: "b", 6: "c", 7: "d"}
+    tok = SimpleNamespace(batch_decode=lambda rows, **_: [texts[r[0]] for r in rows])
+    frontend = SimpleNamespace(tokenizer=tok)
+    item = Prompt((4, 7), "ad", (0, 1))
+    value = {
+        "token_logprobs": torch.tensor([[-float("inf")]]),
+        "top_ids": torch.tensor([[[5, 6]]]),
+        "top_logprobs": torch.tensor([[[-0.5, -float("inf")]]]),
+    }
+    doc = completion_doc(CompletionRequest("m", (item,), 2), value, frontend)
+    lp = doc["choices"][0]["logprobs"]
+    assert lp["token_logprobs"] == [None, -9999.0]
+    assert lp["top_logprobs"] == [None, {"b": -0.5, "c": -9999.0, "d": -9999.0}]
+    json.dumps(doc, allow_nan=False)  # (raises on -inf or NaN)

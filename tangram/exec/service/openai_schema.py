@@ -333,6 +333,18 @@ def _ident(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+#: vLLM's floor for a log-prob it answers: a token of probability 0 (-inf, e.g. one a model's
+#: mask rules out) is -9999.0, since JSON has no infinity (Python's encoder writes
+#: ``-Infinity``, which strict parsers, JavaScript's among them, refuse).
+LOGPROB_FLOOR = -9999.0
+
+
+def _finite(logps: list[float]) -> list[float]:
+    """``logps`` with -inf raised to ``LOGPROB_FLOOR``, as vLLM's completions do (its
+    ``max(logprob, -9999.0)``, which leaves a NaN as it is)."""
+    return [LOGPROB_FLOOR if lp < LOGPROB_FLOOR else lp for lp in logps]
+
+
 def completion_doc(
     req: CompletionRequest, value: Mapping[str, Any], frontend: Any
 ) -> dict[str, Any]:
@@ -350,14 +362,14 @@ def completion_doc(
     choices = []
     for i, p in enumerate(req.prompts):
         n = len(p.ids)
-        logps = value["token_logprobs"][i, : n - 1].tolist()
+        logps = _finite(value["token_logprobs"][i, : n - 1].tolist())
         tokens = [text_of[x] for x in p.ids]
         # As vLLM's, for any ``logprobs`` (0 too): None, then per position the top entries
         # and the prompt's own token (with 0, that token alone).
         top: list[dict[str, float] | None] = [None]
         if top_ids is not None:
             ids_k = top_ids[i]
-            lps_k = value["top_logprobs"][i, : n - 1].tolist()
+            lps_k = [_finite(row) for row in value["top_logprobs"][i, : n - 1].tolist()]
         for t in range(n - 1):
             pairs: list[tuple[str, float]] = []
             if top_ids is not None:
