@@ -23,6 +23,15 @@ from tangram.exec.aoe.transport import RawResult
 RUNNER, CHILD, GRANDCHILD = 101, 202, 303
 
 
+@pytest.fixture(autouse=True)
+def pidfds_by_pid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fake trees' pids are no processes: a pidfd "holds" its pid and is signalled by
+    ``os.kill``, which the tests replace (the real pidfds are in the pid-reuse tests)."""
+    monkeypatch.setattr(kill_mod, "_pidfd_open", lambda pid: pid)
+    monkeypatch.setattr(kill_mod, "_pidfd_send_signal", lambda fd, sig: kill_mod.os.kill(fd, sig))
+    monkeypatch.setattr(kill_mod, "_close_fd", lambda fd: None)
+
+
 @pytest.fixture(params=[1, 2], ids=["v1", "v2"])
 def group(request: pytest.FixtureRequest, tmp_path: Path) -> CgroupGroup:
     freezer = FREEZERS[request.param]
@@ -425,6 +434,74 @@ def test_the_marker_kill_never_signals_a_process_that_took_a_dead_ones_pid(
     monkeypatch.setattr(kill, "open", open_then_hand_on, raising=False)
     try:
         kill._kill_visible([action.pid], f"{kill.ACTION_ENV}=a1".encode())
+        if not newcomer:
+            pytest.skip("the pid was taken by another fork every time")
+        with pytest.raises(subprocess.TimeoutExpired):  # (a SIGKILL ends it at once)
+            newcomer[0].wait(timeout=2)
+    finally:
+        for p in (action, *newcomer):
+            p.kill()
+            p.wait()
+
+
+def _hand_pid_on(gone: Any) -> Any:
+    """End process ``gone`` and start a newcomer with its pid (None when another fork took
+    it every time)."""
+    import subprocess
+
+    gone.kill()
+    gone.wait()
+    for _ in range(50):  # bounded: other forks may take the pid first
+        Path("/proc/sys/kernel/ns_last_pid").write_text(str(gone.pid - 1))
+        other = subprocess.Popen(["sleep", "60"])
+        if other.pid == gone.pid:
+            return other
+        other.kill()
+        other.wait()
+    return None
+
+
+@pytest.mark.parametrize("when", ["kill", "leave"])
+def test_the_action_cgroup_never_signals_a_process_that_took_a_listed_ones_pid(
+    group: CgroupGroup, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """The action cgroup's kill (each round) and ``leave`` (what an earlier kill left) read
+    the group's processes and then SIGKILLed each by pid: one that ended between the two (a
+    kept survivor dying at last, a process killed in a round before), its pid given at once
+    to another process (another container's, the host's), had that process killed. Each is
+    now held by a pidfd, seen still in the group after the open, and signalled through it."""
+    import subprocess
+
+    if not Path("/proc/sys/kernel/ns_last_pid").exists() or os.geteuid() != 0:
+        pytest.skip("needs root and ns_last_pid to hand a pid on")
+    monkeypatch.setattr(kill_mod, "_pidfd_open", os.pidfd_open)
+    monkeypatch.setattr(kill_mod, "_pidfd_send_signal", kill_mod.signal.pidfd_send_signal)
+    monkeypatch.setattr(kill_mod, "_close_fd", os.close)
+    monkeypatch.setattr(kill_mod, "GONE_WAIT_S", 0.01)
+    procs = group.dir / "cgroup.procs"
+    group.enter("a1", RUNNER, launcher_stays=True)
+    action = subprocess.Popen(["sleep", "60"])
+    newcomer: list[Any] = []
+    if when == "leave":  # an earlier kill could not kill it: kept in the group
+        group._kept.add(action.pid)
+    procs.write_text(f"{RUNNER}\n{action.pid}\n")
+    real_procs = group._procs
+
+    def listed_then_handed_on() -> set[int]:
+        listed = real_procs()
+        if not newcomer and action.pid in listed:
+            procs.write_text(f"{RUNNER}\n")  # it ended right after it was listed
+            other = _hand_pid_on(action)
+            if other is not None:
+                newcomer.append(other)
+        return listed
+
+    monkeypatch.setattr(group, "_procs", listed_then_handed_on)
+    try:
+        if when == "kill":
+            group.kill()
+        else:
+            group.leave()
         if not newcomer:
             pytest.skip("the pid was taken by another fork every time")
         with pytest.raises(subprocess.TimeoutExpired):  # (a SIGKILL ends it at once)

@@ -182,8 +182,7 @@ class CgroupGroup(ActionGroup):
                 self._kept |= left
                 self._killing = False
             self._kept &= left  # (those that died are forgotten)
-            for pid in self._kept:
-                _sigkill(pid)
+            self._sigkill_members(self._kept)
             if not left - self._kept:
                 return  # the usual case: nothing left running but the runner, no write
             self._move_survivors_out()
@@ -233,8 +232,7 @@ class CgroupGroup(ActionGroup):
                 if frozen:
                     _wait(lambda: self.freezer.is_frozen(self.dir), FREEZE_WAIT_S)
                 victims = self._procs() - {self._spare}
-                for pid in victims:
-                    _sigkill(pid)
+                self._sigkill_members(victims)
             finally:
                 if frozen:
                     self._try_thaw()
@@ -243,6 +241,27 @@ class CgroupGroup(ActionGroup):
         survivors = alive()
         self._kept |= survivors
         return KillReport("cgroup", len(survivors))
+
+    def _sigkill_members(self, pids: set[int]) -> None:
+        """SIGKILL those of ``pids`` still in the group, each held by a pidfd opened before
+        the group is read again and signalled through it: by pid, one listed that ended
+        before its signal (a kept survivor dying at last, a process killed in an unfrozen
+        round) had its pid's next holder, another container's or a host process, killed."""
+        held: dict[int, int] = {}
+        try:
+            for pid in pids:
+                fd = _hold(pid)
+                if fd is not None:
+                    held[pid] = fd
+            if not held:
+                return
+            members = self._procs()  # after the opens: each fd is the listed process's
+            for pid, fd in held.items():
+                if pid in members:
+                    _sigkill_held(fd, pid)
+        finally:
+            for fd in held.values():
+                _release(fd)
 
     def _try_freeze(self) -> bool:
         """Freeze the group (for a kill or a move); False when the freezer refused (EBUSY,
@@ -386,11 +405,34 @@ def _wait(done: Callable[[], bool], timeout_s: float) -> bool:
         delay = min(delay * 2, 0.02)
 
 
-def _sigkill(pid: int) -> None:
-    """SIGKILL ``pid``; one already gone is fine, one that may not be signalled (EPERM) is
-    logged and left to the survivors' count."""
+#: The pidfd calls, apart so the fake cgroup trees' tests can stand in for them.
+_pidfd_open = os.pidfd_open
+_pidfd_send_signal = signal.pidfd_send_signal
+_close_fd = os.close
+
+
+def _hold(pid: int) -> int | None:
+    """A pidfd holding process ``pid`` (its pid is not reused while it is open), or None when
+    it is gone or cannot be held (logged: it is then left to the survivors' count)."""
     try:
-        os.kill(pid, signal.SIGKILL)
+        return _pidfd_open(pid)
+    except ProcessLookupError:
+        return None
+    except OSError as exc:
+        log.warning("could not hold process %d to kill it: %s", pid, exc)
+        return None
+
+
+def _release(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        _close_fd(fd)
+
+
+def _sigkill_held(fd: int, pid: int) -> None:
+    """SIGKILL the process pidfd ``fd`` holds (pid ``pid``); one already gone is fine, one
+    that may not be signalled (EPERM) is logged and left to the survivors' count."""
+    try:
+        _pidfd_send_signal(fd, signal.SIGKILL)
     except ProcessLookupError:
         pass
     except OSError as exc:
