@@ -826,3 +826,88 @@ def test_a_resets_kill_never_signals_a_process_that_took_a_listed_ones_pid(
         for p in (init, users, *newcomer):
             p.kill()
             p.wait()
+
+
+def test_a_reset_never_continues_a_process_that_took_its_kept_runners_pid(
+    tmp_path: Path,
+) -> None:
+    """A reset that keeps the runner (the exec-only shell) sent it SIGCONT by pid, in case an
+    action had stopped it: a runner gone since it was found alive (the container killed from
+    outside), its pid given to another process (another container's, the host's) that was
+    stopped, had that process continued. The runner is now held by a pidfd, seen the
+    container's after the open, and signalled through it."""
+    import signal
+    import subprocess
+    import sys
+
+    from tangram.exec.aoe import reset
+    from tangram.exec.aoe.reset import KEEPER_UID
+    from tangram.exec.aoe.transport import RunnerTransport
+
+    if not Path("/proc/sys/kernel/ns_last_pid").exists() or os.geteuid() != 0:
+        pytest.skip("needs root and ns_last_pid to hand a pid on")
+    init = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import os, time; os.chroot({str(tmp_path)!r}); os.setgid({KEEPER_UID}); "
+            f"os.setuid({KEEPER_UID}); print('ready', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    runner = subprocess.Popen(["sleep", "60"])
+    newcomer: list[subprocess.Popen[bytes]] = []
+    runner_gone = [False]
+
+    def hand_on() -> None:
+        runner.kill()  # the container is killed from outside: its runner ends
+        runner.wait()
+        runner_gone[0] = True
+        for _ in range(50):  # its pid to a newcomer (bounded: other forks may take it first)
+            Path("/proc/sys/kernel/ns_last_pid").write_text(str(runner.pid - 1))
+            other = subprocess.Popen(["sleep", "60"])
+            if other.pid == runner.pid:
+                os.kill(other.pid, signal.SIGSTOP)  # stopped, as the host's processes may be
+                newcomer.append(other)
+                return
+            other.kill()
+            other.wait()
+
+    class Control:
+        def pids(self) -> list[int]:
+            return [init.pid] + ([] if runner_gone[0] else [runner.pid])
+
+        def background(self, on: bool) -> None:
+            pass
+
+        def grant(self, cores: Any, quota: float) -> None:
+            hand_on()  # after the runner was found alive and spared, before its SIGCONT
+
+        def park(self) -> None:
+            pass
+
+    def state(pid: int) -> str:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+    try:
+        assert init.stdout is not None and init.stdout.readline() == b"ready\n"
+        transport = RunnerTransport(None, "c" * 64, "1000:1000", "/work", 1.0, None)  # type: ignore[arg-type]
+        transport.pid = runner.pid
+        transport._reader = SimpleNamespace(eof=False)  # type: ignore[assignment]
+        stand_in = SimpleNamespace(
+            dead=None,
+            init_pid=init.pid,
+            transport=transport,
+            control=Control(),
+            group=None,
+            guarded_runner=True,
+            blueprint=SimpleNamespace(sandbox=SandboxConfig()),
+        )
+        reset.reset(stand_in, (0,))  # type: ignore[arg-type]
+        if not newcomer:
+            pytest.skip("the pid was taken by another fork every time")
+        assert state(newcomer[0].pid) == "T", "the stopped newcomer was continued"
+    finally:
+        for p in (init, runner, *newcomer):
+            p.kill()
+            p.wait()

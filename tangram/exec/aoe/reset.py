@@ -146,10 +146,10 @@ def _clear_sysv_ipc(init: int, container: Container) -> str | None:
     return None
 
 
-def _kill_held(container: Container, pids: set[int]) -> None:
-    """SIGKILL ``pids``, each held by a pidfd and seen the container's after the open: by
-    pid, one that ended after it was listed had its pid's next holder (another container's
-    or a host process) killed."""
+def _signal_held(container: Container, pids: set[int], sig: int) -> None:
+    """Send ``sig`` to ``pids``, each held by a pidfd and seen the container's after the
+    open: by pid, one that ended after it was listed had its pid's next holder (another
+    container's or a host process) killed (or, for a SIGCONT, continued)."""
     held: dict[int, int] = {}
     try:
         for pid in pids:
@@ -159,7 +159,7 @@ def _kill_held(container: Container, pids: set[int]) -> None:
         for pid, fd in held.items():
             if pid in still:
                 with contextlib.suppress(ProcessLookupError):
-                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    signal.pidfd_send_signal(fd, sig)
     finally:
         for fd in held.values():
             os.close(fd)
@@ -262,11 +262,14 @@ def _reset_on(
         return f"its init does not run as the keeper's uid {KEEPER_UID}: not a pool container"
     if runner is not None:
         spared.add(runner)
-    _kill_held(container, processes(container) - spared)
+    _signal_held(container, processes(container) - spared, signal.SIGKILL)
     container.control.grant(cores, float(len(cores)))
     if runner is not None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(runner, signal.SIGCONT)  # an action may have stopped it
+        # An action may have stopped it. Held by a pidfd and seen the container's, as the
+        # kill's: a runner gone meanwhile (the container killed from outside) may have its
+        # pid given to another process, and a stopped one (a host's, another container's)
+        # was continued.
+        _signal_held(container, {runner}, signal.SIGCONT)
     if not _wait(lambda: processes(container) <= spared, GONE_WAIT_S):
         left = sorted(processes(container) - spared)
         return f"{len(left)} process(es) survived SIGKILL: {left[:8]}"
