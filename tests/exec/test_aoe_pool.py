@@ -911,3 +911,28 @@ def test_a_reset_never_continues_a_process_that_took_its_kept_runners_pid(
         for p in (init, runner, *newcomer):
             p.kill()
             p.wait()
+
+
+def test_a_prewarm_after_the_pool_is_closed_is_refused() -> None:
+    """A prewarm of a closed pool set its floor and made nothing, silently: its caller took
+    it for done. It is now an ``AoeError`` saying the pool is closed."""
+    fakes = Fakes()
+    pool = WarmPool(WarmPoolConfig(max_per_key=4), fakes.create, fakes.reset, fakes.remove)
+    pool.close()
+    with pytest.raises(AoeError, match="closed"):
+        pool.prewarm(KEY, 2)
+    assert fakes.made == []
+
+
+def test_a_prewarm_after_the_managers_shutdown_is_refused(docker_client: Any) -> None:
+    """``AoeManager.prewarm`` after the shutdown returned True (containers on their way)
+    while its closed pool made none. It is now an ``AoeError`` saying the manager is shut
+    down."""
+    from tangram.exec.aoe import AoeManager
+
+    cfg = AoeConfig(image=PYTHON_IMAGE, warm_pool=WarmPoolConfig(2), cleanup_orphans=False)
+    manager = AoeManager(cfg, client=docker_client)
+    manager.shutdown()
+    with pytest.raises(AoeError, match="shut down"):
+        manager.prewarm(1)
+    assert manager.pool_stats() is not None and not manager.pool_stats().parked

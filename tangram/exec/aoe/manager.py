@@ -270,8 +270,11 @@ class AoeManager:
     ) -> bool:
         """Have ``count`` parked containers of this kind made in the background for the warm
         pool (``AoeConfig.warm_pool``); False when there is no pool for it. A ``count`` that is
-        no whole number from 0 is an ``AoeError`` naming it, pool or not."""
+        no whole number from 0 is an ``AoeError`` naming it, pool or not, and so is a prewarm
+        once the manager is shut down (its pool closed, nothing is made: True said it was)."""
         count = prewarm_count(count)
+        if self._closed:
+            raise AoeError("the AOE manager is shut down: nothing can be prewarmed")
         blueprint = self._containers.blueprint("(prewarm)", memory_gb, image, sandbox)
         return self._containers.prewarm(blueprint, count)
 

@@ -217,9 +217,12 @@ class WarmPool:
 
     def prewarm(self, key: PoolKey, count: int) -> None:
         """Create up to ``count`` parked containers of ``key`` now (bounded by the limits);
-        they are kept while ``prewarm_s`` lasts even without demand."""
+        they are kept while ``prewarm_s`` lasts even without demand. ``AoeError`` once the
+        pool is closed (it made nothing, and its caller took the prewarm for done)."""
         count = prewarm_count(count)
         with self._lock:
+            if self._closed:
+                raise AoeError("the warm pool is closed: nothing can be prewarmed")
             self._floor[key] = (count, self._clock() + self.config.prewarm_s)
         self._refill(key)
 
