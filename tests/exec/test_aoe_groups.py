@@ -321,17 +321,44 @@ def test_the_thaw_before_a_retried_removal_thaws_the_action_cgroup_too(
     from tangram.exec.aoe import cgroups, containers
 
     freezer = FREEZERS[version]
-    for d in (tmp_path, tmp_path / GROUP_NAME):
-        d.mkdir(exist_ok=True)
+    cgroup = tmp_path / ("c" * 64)  # the container's cgroup (its id in the path)
+    for d in (cgroup, cgroup / GROUP_NAME):
+        d.mkdir(parents=True, exist_ok=True)
         (d / freezer.file).write_text(freezer.frozen)
     key = "freezer" if version == 1 else "unified"
-    monkeypatch.setattr(cgroups, "find_cgroup_dirs", lambda pid: (version, {key: tmp_path}))
+    monkeypatch.setattr(cgroups, "find_cgroup_dirs", lambda pid, *a: (version, {key: cgroup}))
     monkeypatch.setattr(containers, "state", lambda client, cid: {"Pid": 4242})
     monkeypatch.setattr(containers, "local_pid", lambda pid, cid: pid)
     client = SimpleNamespace(api=SimpleNamespace(unpause=lambda cid: None))
     containers.thaw(client, "c" * 64)
-    assert (tmp_path / freezer.file).read_text() == freezer.thawed
-    assert (tmp_path / GROUP_NAME / freezer.file).read_text() == freezer.thawed
+    assert (cgroup / freezer.file).read_text() == freezer.thawed
+    assert (cgroup / GROUP_NAME / freezer.file).read_text() == freezer.thawed
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_the_thaw_before_a_retried_removal_never_thaws_a_cgroup_not_the_containers(
+    version: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``containers.thaw`` saw the container's init by its pid (``local_pid``) and then read
+    that pid's cgroups again to thaw them: an init that died in between (the container being
+    removed), its pid given to another process, had that process's cgroup (a host service's,
+    frozen on purpose) and its child thawed. A cgroup whose path lacks the container's id is
+    now left alone."""
+    from tangram.exec.aoe import cgroups, containers
+
+    freezer = FREEZERS[version]
+    foreign = tmp_path / "system.slice" / "frozen-on-purpose.service"
+    for d in (foreign, foreign / GROUP_NAME):
+        d.mkdir(parents=True, exist_ok=True)
+        (d / freezer.file).write_text(freezer.frozen)
+    key = "freezer" if version == 1 else "unified"
+    monkeypatch.setattr(cgroups, "find_cgroup_dirs", lambda pid, *a: (version, {key: foreign}))
+    monkeypatch.setattr(containers, "state", lambda client, cid: {"Pid": 4242})
+    monkeypatch.setattr(containers, "local_pid", lambda pid, cid: pid)
+    client = SimpleNamespace(api=SimpleNamespace(unpause=lambda cid: None))
+    containers.thaw(client, "c" * 64)
+    assert (foreign / freezer.file).read_text() == freezer.frozen
+    assert (foreign / GROUP_NAME / freezer.file).read_text() == freezer.frozen
 
 
 def test_a_new_runner_that_reuses_the_old_ones_pid_is_moved_in(group: CgroupGroup) -> None:

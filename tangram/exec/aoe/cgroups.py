@@ -496,6 +496,26 @@ def find_cgroup_dirs(
     raise AoeError(f"no cgroup hierarchy with the cpu controller found for pid {pid}")
 
 
+def container_cgroup_dirs(
+    pid: int,
+    container_id: str,
+    proc: Path = Path("/proc"),
+    mountinfo: Path = Path("/proc/self/mountinfo"),
+) -> tuple[int, dict[str, Path]]:
+    """``find_cgroup_dirs`` of container ``container_id``'s init, host pid ``pid``;
+    ``AoeError`` naming the cgroup found when it is not that container's (its id not in the
+    path): an init that exited, its pid given to another process since it was seen the
+    container's, would have that process's cgroup (a host service's) written."""
+    version, dirs = find_cgroup_dirs(pid, proc, mountinfo)
+    foreign = sorted({str(d) for d in dirs.values() if container_id not in str(d)})
+    if foreign:
+        raise AoeError(
+            f"process {pid}'s cgroup {foreign[0]} is not container {container_id[:12]}'s "
+            "(its init exited and the pid went to another process?)"
+        )
+    return version, dirs
+
+
 def direct_control(
     pid: int,
     period_us: int,
@@ -512,14 +532,10 @@ def direct_control(
     or, given ``container_id``, naming the cgroup found when it is not that container's (its
     id not in the path): an init that exited at once may have its pid given to a host
     process, whose cgroup (a host service's) was then frozen at the park and granted."""
-    version, dirs = find_cgroup_dirs(pid, proc, mountinfo)
     if container_id is not None:
-        foreign = sorted({str(d) for d in dirs.values() if container_id not in str(d)})
-        if foreign:
-            raise AoeError(
-                f"process {pid}'s cgroup {foreign[0]} is not container {container_id[:12]}'s "
-                "(its init exited and the pid went to another process?)"
-            )
+        version, dirs = container_cgroup_dirs(pid, container_id, proc, mountinfo)
+    else:
+        version, dirs = find_cgroup_dirs(pid, proc, mountinfo)
     if version == 1:
         if "freezer" not in dirs:
             raise AoeError("cgroup v1 host without a freezer hierarchy: cannot park by freezing")

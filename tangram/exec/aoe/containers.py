@@ -385,7 +385,7 @@ def thaw(client: Any, container_id: str) -> None:
     and v1's frozen processes do not die of SIGKILL (every removal failed). Best effort."""
     import docker.errors
 
-    from tangram.exec.aoe.cgroups import FREEZER_DIR, FREEZERS, find_cgroup_dirs
+    from tangram.exec.aoe.cgroups import FREEZER_DIR, FREEZERS, container_cgroup_dirs
     from tangram.exec.aoe.kill import GROUP_NAME
 
     with contextlib.suppress(docker.errors.APIError):
@@ -399,7 +399,9 @@ def thaw(client: Any, container_id: str) -> None:
     if pid is None:
         return
     with contextlib.suppress(AoeError, OSError):
-        version, dirs = find_cgroup_dirs(pid)
+        # Its id in the path (else AoeError): the init may have died since ``local_pid`` saw
+        # it, its pid given to a host process, whose frozen cgroup was thawed here.
+        version, dirs = container_cgroup_dirs(pid, container_id)
         directory = dirs.get(FREEZER_DIR[version])
         if directory is not None:
             with contextlib.suppress(AoeError, OSError):  # (none made: no action ran)
