@@ -537,3 +537,27 @@ def test_the_action_cgroup_never_signals_a_process_that_took_a_listed_ones_pid(
         for p in (action, *newcomer):
             p.kill()
             p.wait()
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_the_action_cgroup_is_never_made_in_a_cgroup_not_the_containers(
+    version: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``action_group`` found the container's cgroup from its init's pid, seen the
+    container's a moment before (``local_pid``): an init that died in between, its pid
+    given to another process, had the action cgroup made in that process's cgroup (a host
+    service's). A cgroup whose path lacks the container's id is now refused (the marker
+    fallback, logged)."""
+    from tangram.exec.aoe import cgroups
+
+    freezer = FREEZERS[version]
+    foreign = tmp_path / "system.slice" / "host.service"
+    foreign.mkdir(parents=True)
+    (foreign / freezer.file).write_text(freezer.thawed)
+    key = "freezer" if version == 1 else "unified"
+    found = lambda pid, *a: (version, {key: foreign})  # noqa: E731
+    monkeypatch.setattr(cgroups, "find_cgroup_dirs", found)
+    monkeypatch.setattr(kill_mod, "find_cgroup_dirs", found, raising=False)
+    made = kill_mod.action_group(None, "c" * 64, 4242, "1000:1000", lambda: None)
+    assert not isinstance(made, CgroupGroup)
+    assert not (foreign / GROUP_NAME).exists()

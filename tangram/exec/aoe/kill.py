@@ -40,7 +40,7 @@ from tangram.exec.aoe.cgroups import (
     FREEZERS,
     CgroupGone,
     Freezer,
-    find_cgroup_dirs,
+    container_cgroup_dirs,
 )
 from tangram.exec.aoe.errors import AoeError
 from tangram.exec.aoe.records import KillReport
@@ -371,11 +371,14 @@ def action_group(
     pids: Callable[[], list[int] | None],
 ) -> ActionGroup:
     """The action cgroup when this process can make one in the container's cgroup (the
-    engine is local and we may write there), otherwise the environment-marker fallback."""
+    engine is local and we may write there), otherwise the environment-marker fallback. The
+    cgroup must carry the container's id: ``init_pid`` was seen the container's a moment
+    before, and an init that died in between, its pid given to another process, had the
+    group made in that process's cgroup (a host service's), its launchers refused there."""
     why = "the engine's processes are not visible here"
     if init_pid is not None:
         try:
-            version, dirs = find_cgroup_dirs(init_pid)
+            version, dirs = container_cgroup_dirs(init_pid, container_id)
             parent = dirs.get(FREEZER_DIR[version])
             if parent is None:
                 raise AoeError("no freezer cgroup for the container")
