@@ -715,3 +715,102 @@ def test_an_action_id_that_is_no_text_is_refused_naming_it(action_id: Any) -> No
     argument nor the fault; it is now an ``AoeError`` naming the action id."""
     with pytest.raises(AoeError, match="action id"):
         plan_action(AoeConfig(), "true", 1, None, None, None, action_id=action_id)
+
+
+def _interruptible_lines(code: Any) -> list[int]:
+    """The lines of ``code``'s body where an interrupt may land: those starting with an
+    instruction other than a NOP (a ``try:`` line; an exception raised there by a trace
+    function is covered by no handler, which no real interrupt does)."""
+    import dis
+
+    first: dict[int, str] = {}
+    for ins in dis.get_instructions(code):
+        line = ins.positions.lineno if ins.positions else None
+        if line is not None and line > code.co_firstlineno:
+            first.setdefault(line, ins.opname)
+    return sorted(line for line, op in first.items() if op != "NOP")
+
+
+def _interrupt_at(code: Any, line: int) -> Callable[..., Any]:
+    """A trace function raising KeyboardInterrupt once, as ``code`` reaches ``line``."""
+    fired: list[bool] = []
+
+    def local(frame: Any, event: str, arg: object) -> Any:
+        if event == "line" and frame.f_lineno == line and not fired:
+            fired.append(True)
+            raise KeyboardInterrupt
+        return local
+
+    def trace(frame: Any, event: str, arg: object) -> Any:
+        return local if frame.f_code is code else None
+
+    return trace
+
+
+def test_an_interrupt_anywhere_running_an_action_gives_its_cores_back() -> None:
+    """``ActionRunner.run`` took the action's cores from the ledger before the ``try`` whose
+    ``finally`` gives them back: an interrupt (a KeyboardInterrupt: a notebook's, a CLI's)
+    once they were taken kept them for good, so every later action on those cores waited
+    until its deadline (for ever without one) and the action's id stayed "already holds
+    cores". An interrupt at any line of ``run`` (but the release's own, in the finally)
+    now leaves the ledger as it was."""
+    import inspect
+    import sys
+
+    function = ActionRunner.run
+    source, first = inspect.getsourcelines(function)
+    releases = [first + i for i, text in enumerate(source) if "self.ledger.release(" in text]
+    code = function.__code__
+    lines = [ln for ln in _interruptible_lines(code) if ln not in releases]
+    assert lines
+    for line in lines:
+        runner, container, ledger, _ = setup()
+        sys.settrace(_interrupt_at(code, line))
+        try:
+            runner.run(container, "a1", plan(), None, time.perf_counter())
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        assert ledger.free_cores() == TOPOLOGY.cores, line
+        assert (
+            runner.run(
+                container, "a1", plan(), None, time.perf_counter(), deadline=time.monotonic() + 5
+            ).status
+            == "ok"
+        ), line
+
+
+@pytest.mark.parametrize("method", ["acquire", "_wait_for"])
+def test_an_interrupt_anywhere_taking_cores_in_the_ledger_keeps_none(method: str) -> None:
+    """``CoreLedger.acquire`` granted the cores (``_assign``) and then returned them: an
+    interrupt in between (at the line returning them) left them owned by an action whose
+    caller never had them, nobody to release them: kept for good. An interrupt at any line
+    of the wait (but its own handlers') now takes the grant back."""
+    import inspect
+    import sys
+
+    from tangram.exec.aoe.ledger import CoreLedger as Ledger
+
+    function = getattr(Ledger, method)
+    source, first = inspect.getsourcelines(function)
+    handlers = set()
+    for i, text in enumerate(source):  # the except/finally clauses' own lines
+        if text.strip() in ("except BaseException:", "finally:"):
+            handlers.update(range(first + i, first + i + 5))
+    code = function.__code__
+    lines = [ln for ln in _interruptible_lines(code) if ln not in handlers]
+    assert lines
+    for line in lines:
+        ledger = Ledger(TOPOLOGY)
+        sys.settrace(_interrupt_at(code, line))
+        try:
+            got = ledger.acquire("a1", (0, 1))
+        except KeyboardInterrupt:
+            got = None
+        finally:
+            sys.settrace(None)
+        if got is not None:
+            ledger.release("a1", "t", 2.0)
+        assert ledger.free_cores() == TOPOLOGY.cores, line
+        assert not ledger._waiting and not ledger.holds("a1"), line

@@ -232,43 +232,50 @@ class ActionRunner:
             return outcome(judge.late(times["queue_s"]), ())
         key = ledger_key(traj_id, aid)
         granted = self.ledger.acquire(key, plan.cores, deadline)
-        times["queue_s"] = time.perf_counter() - t0
-        if granted is None:  # the deadline passed while its cores were held by others
-            return outcome(judge.late(times["queue_s"]), ())
-        timeout_s = plan.timeout_s
-        if deadline is not None:
-            timeout_s = min(timeout_s, deadline - time.monotonic())
-            if timeout_s <= 0:  # it passed while the cores were waited for: never granted
-                self.ledger.release(key, traj_id, plan.quota, record_as=aid)
-                return outcome(judge.late(times["queue_s"]), ())
-        env_all = action_env(granted, plan.quota, env, plan.threads, plan.pool)
-        request = ActionRequest(aid, plan.script, env_all, timeout_s, plan.max_output_bytes)
-        oom_before = _oom_kills(container)
-        kills: list[KillReport] = []
-        running = RunningGrant(
-            container, self.ledger, aid, granted, plan.quota, plan.pool, ledger_key=key
-        )
+        # From here the cores are the action's: an interrupt (a KeyboardInterrupt) anywhere
+        # below still gives them back (taken before this try, they were kept for good, and
+        # every later action on them waited until its deadline, for ever without one).
         try:
-            raw = self._granted_run(container, running, request, times, kills, on_grant)
-        finally:
-            running.end()  # before the park: no resize writes into a parked container
-            t_revoke = time.perf_counter()
+            times["queue_s"] = time.perf_counter() - t0
+            if granted is None:  # the deadline passed while its cores were held by others
+                return outcome(judge.late(times["queue_s"]), ())
+            timeout_s = plan.timeout_s
+            if deadline is not None:
+                timeout_s = min(timeout_s, deadline - time.monotonic())
+                if timeout_s <= 0:  # it passed while the cores were waited for: never granted
+                    return outcome(judge.late(times["queue_s"]), ())  # (released below)
+            env_all = action_env(granted, plan.quota, env, plan.threads, plan.pool)
+            request = ActionRequest(aid, plan.script, env_all, timeout_s, plan.max_output_bytes)
+            oom_before = _oom_kills(container)
+            kills: list[KillReport] = []
+            running = RunningGrant(
+                container, self.ledger, aid, granted, plan.quota, plan.pool, ledger_key=key
+            )
             try:
-                park(container)
-            except CgroupGone:
-                pass
-            except (AoeError, OSError) as exc:
-                # The cores go back all the same (kept, every later action asking for them
-                # waited for ever); the container, left running unparked, takes no more
-                # actions: a recreate or a close removes it.
-                log.warning("action %s: %s could not be parked: %s", aid, traj_id, exc)
-                stopped = self._stop(container)
-                container.dead = container.dead or (
-                    f"container {container.handle.short_id} could not be parked after action "
-                    f"{aid}: {exc}; {stopped}"
-                )
+                raw = self._granted_run(container, running, request, times, kills, on_grant)
             finally:
-                times["revoke_s"] = time.perf_counter() - t_revoke
+                running.end()  # before the park: no resize writes into a parked container
+                t_revoke = time.perf_counter()
+                try:
+                    park(container)
+                except CgroupGone:
+                    pass
+                except (AoeError, OSError) as exc:
+                    # The cores go back all the same (kept, every later action asking for
+                    # them waited for ever); the container, left running unparked, takes no
+                    # more actions: a recreate or a close removes it.
+                    log.warning("action %s: %s could not be parked: %s", aid, traj_id, exc)
+                    stopped = self._stop(container)
+                    container.dead = container.dead or (
+                        f"container {container.handle.short_id} could not be parked after "
+                        f"action {aid}: {exc}; {stopped}"
+                    )
+                finally:
+                    times["revoke_s"] = time.perf_counter() - t_revoke
+                    self.ledger.release(key, traj_id, plan.quota, record_as=aid)
+        finally:
+            # (The key is this call's alone: its trajectory's actions run one at a time.)
+            if granted is not None and self.ledger.holds(key):
                 self.ledger.release(key, traj_id, plan.quota, record_as=aid)
         if isinstance(raw, judge.Verdict):
             return outcome(raw, granted)  # the command never ran

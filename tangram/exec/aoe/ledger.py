@@ -81,27 +81,50 @@ class CoreLedger:
                 raise AoeError(f"action id {action_id!r} already waits for cores")
             self._waiting.append(req)
             try:
-                while True:
-                    if req.granted is not None:
-                        # Granted by another thread's ``_assign`` while we waited (maybe just
-                        # before a close): ours, to run and release; refused, nobody would.
-                        return req.granted
-                    if self._closed:
-                        raise AoeError(f"core ledger closed: {self._closed}")
-                    self._assign()
-                    if req.granted is not None:
-                        return req.granted
-                    if deadline is None:
-                        self._cond.wait()
-                        continue
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return None  # (the finally takes the request out of the queue)
-                    self._cond.wait(left)
+                return self._wait_for(req, deadline)
+            except BaseException:
+                # Granted, yet not handed to the caller (an interrupt, a KeyboardInterrupt,
+                # after the grant): nobody would release them, kept for good.
+                if req.granted is not None:
+                    self._ungrant(req)
+                raise
             finally:
                 if req in self._waiting:
                     self._waiting.remove(req)
                     self._cond.notify_all()
+
+    def _wait_for(self, req: _Request, deadline: float | None) -> tuple[int, ...] | None:
+        """``acquire``'s wait for ``req`` (queued); the caller holds the lock."""
+        while True:
+            if req.granted is not None:
+                # Granted by another thread's ``_assign`` while we waited (maybe just
+                # before a close): ours, to run and release; refused, nobody would.
+                return req.granted
+            if self._closed:
+                raise AoeError(f"core ledger closed: {self._closed}")
+            self._assign()
+            if req.granted is not None:
+                return req.granted
+            if deadline is None:
+                self._cond.wait()
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None  # (acquire's finally takes the request out of the queue)
+            self._cond.wait(left)
+
+    def _ungrant(self, req: _Request) -> None:
+        """Take back the cores granted to ``req`` (the caller holds the lock), unlogged."""
+        for core in req.granted or ():
+            if self._owner.get(core) == req.action_id:
+                del self._owner[core]
+        self._since.pop(req.action_id, None)
+        self._cond.notify_all()
+
+    def holds(self, action_id: str) -> bool:
+        """Whether ``action_id`` holds cores now."""
+        with self._cond:
+            return action_id in self._since
 
     def _assign(self) -> None:
         """Grant waiting requests in arrival order; a later one may pass an earlier one only
