@@ -269,3 +269,33 @@ def test_a_trajectory_whose_open_left_its_container_behind_can_be_opened_again(
     finally:
         for cid in left:
             real_remove(manager.client, cid)
+
+
+def test_an_action_interrupted_mid_run_is_killed_and_leaves_the_next_alone(
+    any_manager: Any, trajectory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interrupt (a KeyboardInterrupt: a notebook's, a CLI's) while the transport read an
+    action's output left the action running: moved out of the action cgroup by ``leave``,
+    it went on past its time-out where no later kill took it, and the runner, still busy
+    with it, gave its output and end marker to the next action as that one's stdout. The
+    action is now killed on the way out, and the runner replaced."""
+    from tangram.exec.aoe import transport
+
+    traj = trajectory(any_manager)
+    real = transport.collect
+
+    def interrupted(*args: Any, **kwargs: Any) -> str:
+        time.sleep(0.5)  # the action has started
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(transport, "collect", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        any_manager.run_action(traj, "sleep 2; echo old > /work/old-ran; echo old", 1)
+    monkeypatch.setattr(transport, "collect", real)
+    assert any_manager.free_cores() == any_manager.topology.cores
+    out = any_manager.run_action(traj, "echo new", 1, timeout_s=30)
+    assert out.ok and out.stdout == b"new\n", out
+    later = any_manager.run_action(
+        traj, "sleep 3; test -e /work/old-ran && echo ran || echo killed", 1, timeout_s=30
+    )
+    assert later.ok and later.stdout == b"killed\n", later

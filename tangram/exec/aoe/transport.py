@@ -422,6 +422,26 @@ def collect(
     return killed or "exit"
 
 
+def _collect_or_kill(
+    reader: FrameReader,
+    out: Capture,
+    err: Capture,
+    deadline: float,
+    grace_s: float,
+    kill: Callable[[str], None],
+    finished: Callable[[], bool],
+) -> str:
+    """``collect``, the action killed when it raises (an interrupt, a KeyboardInterrupt, in
+    the caller's thread): left running, the action went on past its time-out (moved out of
+    the action cgroup by ``leave``, where no later kill took it), and a runner still busy
+    with it gave its output and end marker to the next action as that one's stdout."""
+    try:
+        return collect(reader, out, err, deadline, grace_s, kill, finished)
+    except BaseException:
+        kill("interrupted")
+        raise
+
+
 class ExecTransport:
     """One ``docker exec`` per action."""
 
@@ -466,7 +486,9 @@ class ExecTransport:
             # a loaded machine) is not the command's time.
             deadline = time.monotonic() + req.timeout_s
             send(raw, frame(req.action_id, req), req.timeout_s)
-            ended = collect(reader, out, err, deadline, self.grace_s, kill, lambda: reader.eof)
+            ended = _collect_or_kill(
+                reader, out, err, deadline, self.grace_s, kill, lambda: reader.eof
+            )
         finally:
             attached.close()
             self.group.leave()
@@ -560,12 +582,16 @@ class RunnerTransport:
             self.group.enter(req.action_id, self.pid, launcher_stays=True)
             try:
                 send(self._sock, data, deadline - time.monotonic())
-            except AoeError:
+            except BaseException:  # (an interrupt, too)
                 reader.eof = True  # the runner may hold half an action: a fresh one next time
                 raise
-            ended = collect(
-                reader, out, err, deadline, self.grace_s, kill, lambda: out.done and err.done
-            )
+            try:
+                ended = _collect_or_kill(
+                    reader, out, err, deadline, self.grace_s, kill, lambda: out.done and err.done
+                )
+            except BaseException:
+                reader.eof = True  # still busy with the action: a fresh runner next time
+                raise
             if ended == "eof":
                 # The runner died mid-action (an action can SIGKILL it: same uid): what the
                 # action started is still in the group; kill it as at a time-out, or leave()
