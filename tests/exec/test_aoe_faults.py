@@ -299,3 +299,17 @@ def test_an_action_interrupted_mid_run_is_killed_and_leaves_the_next_alone(
         traj, "sleep 3; test -e /work/old-ran && echo ran || echo killed", 1, timeout_s=30
     )
     assert later.ok and later.stdout == b"killed\n", later
+
+
+@pytest.mark.parametrize("image", ["Bad Name", "x:y:z", "UPPER", "../etc"])
+def test_an_image_name_the_engine_cannot_read_is_refused_naming_it(
+    manager: Any, image: str
+) -> None:
+    """An image name the engine cannot parse (its 400 "no such image" for a space, two
+    tags, upper case) raised the SDK's bare APIError out of open_trajectory, and one
+    reaching another engine path ('..': a 404 "page not found") a bare NotFound: neither
+    the AoeError (or ImageMissing) AOE's callers expect. Each is now one, naming the image."""
+    before = set(manager.trajectories())
+    with pytest.raises(AoeError, match="image"):
+        manager.open_trajectory("bad-image", image=image)
+    assert set(manager.trajectories()) == before

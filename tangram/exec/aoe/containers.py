@@ -240,11 +240,15 @@ def create(client: Any, spec: ContainerSpec) -> Any:
 
     try:
         client.images.get(spec.image)
-    except docker.errors.ImageNotFound:
+    except docker.errors.NotFound:  # (a name with '..' in it reaches another of its paths)
         raise ImageMissing(
             f"image {spec.image!r} is not in the local Docker engine (nothing can be pulled "
             "here): build it with scripts/ensure-docker.sh"
         ) from None
+    except Exception as exc:  # noqa: BLE001 - a name the engine cannot parse (its 400), a
+        # lost connection: raised bare, out of open_trajectory, naming neither the argument
+        # nor the fault in AOE's terms
+        raise AoeError(f"image {spec.image!r} could not be looked up in the engine: {exc}") from exc
     instance = uuid.uuid4().hex
     kwargs = create_kwargs(spec)
     kwargs["labels"] = {**spec.labels, LABEL_INSTANCE: instance}
