@@ -626,6 +626,7 @@ def test_a_deadline_that_is_no_time_is_refused_naming_it(deadline: Any) -> None:
     [
         (123, None, "image of trajectory 't' must be"),
         (b"busybox", None, "image of trajectory 't' must be"),
+        ("", None, "image of trajectory 't' must be an image name"),
         (None, {"user": "root"}, "sandbox of trajectory 't' must be a SandboxConfig"),
     ],
 )
@@ -634,7 +635,8 @@ def test_an_image_or_sandbox_of_the_wrong_kind_is_refused_naming_it(
 ) -> None:
     """A sandbox given as a dict raised a bare AttributeError ('dict' object has no attribute
     'relaxations'); an image that is no name (a number, bytes) went to the engine, whose
-    answer named neither the argument nor the fault."""
+    answer named neither the argument nor the fault; an empty name was taken for none, and
+    the trajectory got the manager's default image without a word."""
     lifecycle = Lifecycle(AoeConfig(), None, TOPOLOGY, "s1")
     with pytest.raises(AoeError, match=message):
         lifecycle.blueprint("t", None, image, sandbox)

@@ -198,9 +198,9 @@ class Lifecycle:
                 f"sandbox of trajectory {traj_id!r} must be a SandboxConfig, "
                 f"got {type(sandbox).__name__}"
             )
-        if image is not None and not isinstance(image, str):
-            raise AoeError(
-                f"image of trajectory {traj_id!r} must be an image name (a string), "
+        if image is not None and (not isinstance(image, str) or not image):
+            raise AoeError(  # ("" was taken for no image: the default, silently)
+                f"image of trajectory {traj_id!r} must be an image name (a non-empty string), "
                 f"got {type(image).__name__} {image!r}"
             )
         if sandbox is not None and sandbox.relaxations():
