@@ -415,8 +415,10 @@ _close_fd = os.close
 
 
 def _hold(pid: int) -> int | None:
-    """A pidfd holding process ``pid`` (its pid is not reused while it is open), or None when
-    it is gone or cannot be held (logged: it is then left to the survivors' count)."""
+    """A pidfd for the process that has pid ``pid`` now (a signal through it reaches that
+    process or none, never a later holder of the pid: the pid itself may still be reused, so
+    the caller checks the process is the one it listed after the open), or None when it is
+    gone or cannot be held (logged: it is then left to the survivors' count)."""
     try:
         return _pidfd_open(pid)
     except ProcessLookupError:
