@@ -513,6 +513,34 @@ def test_bad_configuration_is_refused_with_the_field_named() -> None:
         AoeConfig(transport="ssh")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"network": "no"}, "network"),
+        ({"network": 0}, "network"),
+        ({"read_only_root": "false"}, "read_only_root"),
+        ({"memory_limit": None}, "memory_limit"),
+        ({"no_new_privileges": 1}, "no_new_privileges"),
+        ({"drop_all_capabilities": "yes"}, "drop_all_capabilities"),
+        ({"user": 1000}, "user"),
+        ({"user": None}, "user"),
+        ({"work_dir": None}, "work_dir"),
+        ({"work_volume": 7}, "work_volume"),
+        ({"work_size_mb": True}, "work_size_mb"),
+        ({"cap_add": (1,)}, "cap_add"),
+    ],
+)
+def test_a_sandbox_field_of_the_wrong_type_is_refused_naming_it(
+    kw: dict[str, object], field: str
+) -> None:
+    """SandboxConfig took any value: network='no' (a string, truthy) gave the container a
+    network, a user or work_dir that is no string raised a bare AttributeError far from
+    here (at the manager's start), True passed as a size of 1 MB, a capability that is no
+    string a bare TypeError. Each is now an AoeError naming the field."""
+    with pytest.raises(AoeError, match=f"SandboxConfig.{field}"):
+        SandboxConfig(**kw)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("user", ["0:1000", "root:1000", "00", "+0", "0000:0", "", ":1000"])
 def test_every_spelling_of_root_is_a_relaxation_and_never_pooled(user: str) -> None:
     """Docker runs each of these as uid 0 (``docker run --user 0:1000 ... id``: uid=0(root);

@@ -72,6 +72,27 @@ class SandboxConfig:
     cap_add: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        # Each field of its own type first: network='no' (a string, so truthy) gave the
+        # container a network, and user=1000 or work_dir=None raised a bare AttributeError
+        # far from here, naming neither the field nor the fault.
+        for name in (
+            "network",
+            "read_only_root",
+            "memory_limit",
+            "no_new_privileges",
+            "drop_all_capabilities",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise AoeError(f"SandboxConfig.{name} must be True or False, got {value!r}")
+        for name in ("user", "work_dir"):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise AoeError(f"SandboxConfig.{name} must be a string, got {value!r}")
+        if self.work_volume is not None and not isinstance(self.work_volume, str):
+            raise AoeError(
+                f"SandboxConfig.work_volume must be None or a string, got {self.work_volume!r}"
+            )
         if self.work_volume is not None and not _VOLUME.match(self.work_volume):
             raise AoeError(
                 f"SandboxConfig.work_volume must be a docker volume name ([A-Za-z0-9_.-], no "
@@ -83,10 +104,12 @@ class SandboxConfig:
             )
         for name in ("work_size_mb", "tmp_size_mb"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise AoeError(f"SandboxConfig.{name} must be a positive integer, got {value!r}")
         if self.pids_limit is not None and (
-            not isinstance(self.pids_limit, int) or self.pids_limit < 8
+            isinstance(self.pids_limit, bool)
+            or not isinstance(self.pids_limit, int)
+            or self.pids_limit < 8
         ):
             raise AoeError(
                 f"SandboxConfig.pids_limit must be None or >= 8, got {self.pids_limit!r}"
@@ -96,7 +119,7 @@ class SandboxConfig:
                 f"SandboxConfig.cap_add must be a tuple, got {type(self.cap_add).__name__}"
             )
         for cap in self.cap_add:
-            if not _CAPABILITY.match(cap):
+            if not isinstance(cap, str) or not _CAPABILITY.match(cap):
                 raise AoeError(f"SandboxConfig.cap_add: {cap!r} is not a capability name")
 
     @property
