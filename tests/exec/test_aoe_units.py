@@ -541,6 +541,37 @@ def test_a_sandbox_field_of_the_wrong_type_is_refused_naming_it(
         SandboxConfig(**kw)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"max_output_bytes": 1.5}, "max_output_bytes"),
+        ({"cfs_period_us": 100_000.0}, "cfs_period_us"),
+        ({"park_quota_us": True}, "park_quota_us"),
+        ({"memory_gb": "2"}, "memory_gb"),
+        ({"memory_gb": True}, "memory_gb"),
+        ({"kill_grace_s": None}, "kill_grace_s"),
+        ({"reaper": "no"}, "reaper"),
+        ({"cleanup_orphans": 0}, "cleanup_orphans"),
+        ({"use_init": "yes"}, "use_init"),
+        ({"image": 5}, "image"),
+        ({"image": ""}, "image"),
+        ({"sandbox": {}}, "sandbox"),
+        ({"warm_pool": 4}, "warm_pool"),
+        ({"docker_base_url": 2375}, "docker_base_url"),
+    ],
+)
+def test_a_manager_setting_of_the_wrong_type_is_refused_naming_it(
+    kw: dict[str, object], field: str
+) -> None:
+    """AoeConfig took most fields of any type: max_output_bytes=1.5 failed every action
+    naming the action's own argument, cfs_period_us=100000.0 every open (the engine's JSON
+    refusal), reaper='no' (truthy) started the watchdog, a sandbox given as a dict raised a
+    bare AttributeError at the manager's start, memory_gb='2' a bare TypeError. Each is now
+    an AoeError naming the field."""
+    with pytest.raises(AoeError, match=f"AoeConfig.{field}"):
+        AoeConfig(**kw)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("user", ["0:1000", "root:1000", "00", "+0", "0000:0", "", ":1000"])
 def test_every_spelling_of_root_is_a_relaxation_and_never_pooled(user: str) -> None:
     """Docker runs each of these as uid 0 (``docker run --user 0:1000 ... id``: uid=0(root);

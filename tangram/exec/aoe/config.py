@@ -248,6 +248,7 @@ class AoeConfig:
     warm_pool: WarmPoolConfig = field(default_factory=WarmPoolConfig)
 
     def __post_init__(self) -> None:
+        self._check_types()
         if self.cgroup_mode not in ("auto", "direct", "docker"):
             raise AoeError(
                 f"AoeConfig.cgroup_mode must be auto, direct or docker, got {self.cgroup_mode!r}"
@@ -275,6 +276,39 @@ class AoeConfig:
         if self.max_output_bytes < 1:
             raise AoeError(
                 f"AoeConfig.max_output_bytes must be positive, got {self.max_output_bytes}"
+            )
+
+    def _check_types(self) -> None:
+        """Each field of its own type, else an ``AoeError`` naming it: max_output_bytes=1.5
+        failed every action naming the action's argument, cfs_period_us=100000.0 every open
+        (the engine's JSON refusal), reaper='no' (truthy) started the watchdog, a sandbox
+        given as a dict raised a bare AttributeError at the start, memory_gb='2' a bare
+        TypeError here."""
+        for name in ("cfs_period_us", "park_quota_us", "max_output_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise AoeError(f"AoeConfig.{name} must be a whole number, got {value!r}")
+        for name in ("memory_gb", "default_timeout_s", "kill_grace_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise AoeError(f"AoeConfig.{name} must be a number, got {value!r}")
+        for name in ("use_init", "cleanup_orphans", "reaper"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise AoeError(f"AoeConfig.{name} must be True or False, got {value!r}")
+        if not isinstance(self.image, str) or not self.image:
+            raise AoeError(f"AoeConfig.image must be an image name, got {self.image!r}")
+        if not isinstance(self.sandbox, SandboxConfig):
+            raise AoeError(
+                f"AoeConfig.sandbox must be a SandboxConfig, got {type(self.sandbox).__name__}"
+            )
+        if not isinstance(self.warm_pool, WarmPoolConfig):
+            raise AoeError(
+                f"AoeConfig.warm_pool must be a WarmPoolConfig, got {type(self.warm_pool).__name__}"
+            )
+        if self.docker_base_url is not None and not isinstance(self.docker_base_url, str):
+            raise AoeError(
+                f"AoeConfig.docker_base_url must be None or a URL, got {self.docker_base_url!r}"
             )
 
     def describe(self) -> dict[str, object]:
