@@ -572,6 +572,25 @@ def test_a_manager_setting_of_the_wrong_type_is_refused_naming_it(
         AoeConfig(**kw)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"window_s": "60"}, "window_s"),
+        ({"prewarm_s": None}, "prewarm_s"),
+        ({"window_s": True}, "window_s"),
+        ({"workers": True}, "workers"),
+    ],
+)
+def test_a_warm_pool_setting_of_the_wrong_type_is_refused_naming_it(
+    kw: dict[str, object], field: str
+) -> None:
+    """WarmPoolConfig's window_s='60' or prewarm_s=None raised a bare TypeError from its own
+    check, naming neither the field nor the fault, and True passed as one worker or one
+    second. Each is now an AoeError naming the field."""
+    with pytest.raises(AoeError, match=f"WarmPoolConfig.{field}"):
+        WarmPoolConfig(**kw)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("user", ["0:1000", "root:1000", "00", "+0", "0000:0", "", ":1000"])
 def test_every_spelling_of_root_is_a_relaxation_and_never_pooled(user: str) -> None:
     """Docker runs each of these as uid 0 (``docker run --user 0:1000 ... id``: uid=0(root);

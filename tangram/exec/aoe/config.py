@@ -187,10 +187,13 @@ class WarmPoolConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise AoeError(f"WarmPoolConfig.{name} must be an integer >= 0, got {value!r}")
-        if not isinstance(self.workers, int) or self.workers < 1:
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             raise AoeError(f"WarmPoolConfig.workers must be >= 1, got {self.workers!r}")
         for name in ("window_s", "prewarm_s"):
             value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                # ('60' raised a bare TypeError from the comparison below)
+                raise AoeError(f"WarmPoolConfig.{name} must be a number, got {value!r}")
             if not (value > 0 and math.isfinite(value)):  # NaN fails it too
                 raise AoeError(f"WarmPoolConfig.{name} must be positive and finite, got {value}")
 
