@@ -591,6 +591,17 @@ def test_a_warm_pool_setting_of_the_wrong_type_is_refused_naming_it(
         WarmPoolConfig(**kw)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("work_dir", ["/tmp", "/work/../tmp", "/work/..", "/", "/work/", "/proc"])
+def test_a_work_dir_that_is_no_plain_place_of_its_own_is_refused_naming_it(work_dir: str) -> None:
+    """SandboxConfig held work_dir only to start with '/': '/work/../tmp' had the engine
+    mount a second tmpfs over /tmp, '/tmp' replaced /tmp's own tmpfs (mode 1777, 64 MB)
+    with the work dir's without a word, and '/work/..' failed every open with the engine's
+    "destination can't be '/'". A work dir must now be a plain absolute path of its own."""
+    with pytest.raises(AoeError, match="SandboxConfig.work_dir"):
+        SandboxConfig(work_dir=work_dir)
+    assert SandboxConfig(work_dir="/home/sandbox/work").work_dir == "/home/sandbox/work"
+
+
 @pytest.mark.parametrize("user", ["0:1000", "root:1000", "00", "+0", "0000:0", "", ":1000"])
 def test_every_spelling_of_root_is_a_relaxation_and_never_pooled(user: str) -> None:
     """Docker runs each of these as uid 0 (``docker run --user 0:1000 ... id``: uid=0(root);

@@ -8,6 +8,7 @@ is. The sandbox is strict by default; every field that loosens it is named by
 from __future__ import annotations
 
 import math
+import posixpath
 import re
 from dataclasses import dataclass, field, fields
 from typing import Literal
@@ -30,6 +31,9 @@ SANDBOX_USER = "1000:1000"
 MAX_TIMEOUT_S = 30 * 86400.0
 
 _CAPABILITY = re.compile(r"^(CAP_)?[A-Z_]+$")
+#: Where the work dir may not be: the root, the container's other writable places (a reset
+#: empties those on its own), the kernel's file systems.
+_NOT_WORK_DIRS = frozenset({"/", "/tmp", "/dev", "/dev/shm", "/dev/mqueue", "/proc", "/sys"})
 #: A docker volume name (no '/': a path would be bind-mounted from the host, read-write).
 _VOLUME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,200}\Z")
 
@@ -48,7 +52,8 @@ class SandboxConfig:
     - ``user``: the uid:gid actions run as; root is a relaxation.
     - ``read_only_root``: the image's filesystem is read-only; only ``work_dir`` and ``/tmp``
       (tmpfs) are writable.
-    - ``work_dir``, ``work_size_mb``: the writable working directory, a tmpfs of that size
+    - ``work_dir``, ``work_size_mb``: the writable working directory (a plain absolute path,
+      not the root, /tmp, /dev, /proc or /sys), a tmpfs of that size
       owned by the sandbox user (counts against the memory limit), or the named docker volume
       ``work_volume`` when given: each trajectory gets its own (``work_volume``-<digest>),
       which survives its ``recreate`` and a restart of the service, and is removed when the
@@ -101,6 +106,14 @@ class SandboxConfig:
         if not self.work_dir.startswith("/"):
             raise AoeError(
                 f"SandboxConfig.work_dir must be an absolute path, got {self.work_dir!r}"
+            )
+        if posixpath.normpath(self.work_dir) != self.work_dir or self.work_dir in _NOT_WORK_DIRS:
+            # '/work/../tmp' mounted a second tmpfs over /tmp, '/tmp' replaced /tmp's own
+            # (mode 1777, 64 MB) with the work dir's, '/' failed the engine's create
+            raise AoeError(
+                "SandboxConfig.work_dir must be a plain absolute path (no '..', '.', '//' or "
+                f"trailing '/') other than {', '.join(sorted(_NOT_WORK_DIRS))}, "
+                f"got {self.work_dir!r}"
             )
         for name in ("work_size_mb", "tmp_size_mb"):
             value = getattr(self, name)
