@@ -816,3 +816,70 @@ def test_an_interrupt_anywhere_taking_cores_in_the_ledger_keeps_none(method: str
             ledger.release("a1", "t", 2.0)
         assert ledger.free_cores() == TOPOLOGY.cores, line
         assert not ledger._waiting and not ledger.holds("a1"), line
+
+
+class _NamedStarts:
+    """A lifecycle whose containers hold their names as the engine's do: a start asking for
+    a name a live container holds is refused 'already taken'."""
+
+    def __init__(self) -> None:
+        self.live: set[tuple[str, int]] = set()
+
+    def blueprint(self, traj_id: str, memory_gb: Any, image: Any, sandbox: Any) -> Blueprint:
+        return Blueprint(traj_id, "img", 1.0, SandboxConfig())
+
+    def start(self, blueprint: Blueprint) -> Any:
+        name = (blueprint.traj_id, blueprint.generation)
+        if name in self.live:
+            raise AoeError(f"container name {name} is already taken")
+        self.live.add(name)
+        return SimpleNamespace(blueprint=blueprint, handle=SimpleNamespace(name=name), name=name)
+
+    def discard(self, container: Any) -> None:
+        self.live.discard(container.name)
+
+    retire = discard
+
+
+def test_an_interrupt_anywhere_opening_a_trajectory_leaves_no_container_holding_its_name() -> None:
+    """``open_trajectory`` put the container it started in the books after the start: an
+    interrupt in between (a KeyboardInterrupt) left it running, unknown to the manager,
+    its name (the trajectory's generation 1) taken, so every later open of the id in the
+    session was refused 'already taken'. An interrupt at any line of the open (but its
+    handler's) now discards it or leaves it the trajectory's, and the id opens again."""
+    import inspect
+    import sys
+    import threading
+
+    from tangram.exec.aoe.manager import AoeManager
+
+    function = AoeManager.open_trajectory
+    source, first = inspect.getsourcelines(function)
+    handlers = {  # the handlers' own lines (an interrupt there is covered by nothing)
+        ln
+        for i, t in enumerate(source)
+        if t.strip() == "except BaseException:"
+        for ln in range(first + i, first + i + 8)
+    }
+    code = function.__code__
+    lines = [ln for ln in _interruptible_lines(code) if ln not in handlers]
+    assert lines
+    for line in lines:
+        m = AoeManager.__new__(AoeManager)
+        m._lock, m._closed = threading.Lock(), False
+        m._trajs, m._stale_volumes, m._left_generation = {}, {}, {}
+        starts = _NamedStarts()
+        m._containers = starts  # type: ignore[assignment]
+        sys.settrace(_interrupt_at(code, line))
+        try:
+            m.open_trajectory("t")
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        held = {t.container.name for t in m._trajs.values()}
+        assert starts.live == held, line  # nothing running unknown to the manager
+        if "t" in m._trajs:
+            starts.discard(m._trajs.pop("t").container)  # (closed)
+        m.open_trajectory("t")  # the id opens again
+        assert "t" in m._trajs, line

@@ -37,7 +37,7 @@ from tangram.exec.aoe.errors import AoeError, UnknownTrajectory
 from tangram.exec.aoe.execution import ActionRunner, OnGrant, check_deadline, plan_action
 from tangram.exec.aoe.images import connect
 from tangram.exec.aoe.ledger import CoreLedger
-from tangram.exec.aoe.lifecycle import Container, Lifecycle
+from tangram.exec.aoe.lifecycle import Blueprint, Container, Lifecycle
 from tangram.exec.aoe.pool import PoolStats, prewarm_count
 from tangram.exec.aoe.records import ActionOutcome, ContainerHandle, GrantRecord
 from tangram.exec.aoe.topology import NumaTopology, as_topology, read_host_topology
@@ -172,19 +172,41 @@ class AoeManager:
                     blueprint.generation, self._left_generation.get(traj_id, 0)
                 )
             raise
+        try:
+            with self._lock:
+                why = (
+                    "the AOE manager was shut down while it was opened"
+                    if self._closed
+                    else "it was opened twice at once"
+                    if traj_id in self._trajs
+                    else None
+                )
+                if why is None:
+                    self._trajs[traj_id] = Trajectory(container)
+                    return container.handle
+            raise AoeError(f"trajectory {traj_id!r} cannot be opened: {why}")
+        except BaseException:
+            # Not handed over (lost a race, or an interrupt: a KeyboardInterrupt between the
+            # start and the books): discarded, and the next open of the id goes past its
+            # generation, which a failed removal leaves taken. An interrupt here left it
+            # running, unknown, its name refusing every reopen 'already taken'.
+            self._unopened(traj_id, blueprint, container)
+            raise
+
+    def _unopened(self, traj_id: str, blueprint: Blueprint, container: Container) -> None:
+        """Discard ``container``, started for ``traj_id`` and not handed over (unless the
+        trajectory holds it after all); its removal's failure is logged."""
         with self._lock:
-            why = (
-                "the AOE manager was shut down while it was opened"
-                if self._closed
-                else "it was opened twice at once"
-                if traj_id in self._trajs
-                else None
+            traj = self._trajs.get(traj_id)
+            if traj is not None and traj.container is container:
+                return  # (interrupted after the books took it: it is the trajectory's)
+            self._left_generation[traj_id] = max(
+                blueprint.generation, self._left_generation.get(traj_id, 0)
             )
-            if why is None:
-                self._trajs[traj_id] = Trajectory(container)
-                return container.handle
-        self._containers.discard(container)
-        raise AoeError(f"trajectory {traj_id!r} cannot be opened: {why}")
+        try:
+            self._containers.discard(container)
+        except Exception as exc:  # noqa: BLE001 - AoeError or the engine's own errors
+            log.warning("trajectory %r: its unopened container was not removed: %s", traj_id, exc)
 
     def close_trajectory(self, traj_id: str) -> None:
         """Remove the trajectory's container (after its running action, if any, ends) and its
