@@ -833,7 +833,8 @@ class _NamedStarts:
         if name in self.live:
             raise AoeError(f"container name {name} is already taken")
         self.live.add(name)
-        return SimpleNamespace(blueprint=blueprint, handle=SimpleNamespace(name=name), name=name)
+        handle = SimpleNamespace(name=name, short_id=f"{name}")
+        return SimpleNamespace(blueprint=blueprint, handle=handle, name=name)
 
     def discard(self, container: Any) -> None:
         self.live.discard(container.name)
@@ -883,3 +884,51 @@ def test_an_interrupt_anywhere_opening_a_trajectory_leaves_no_container_holding_
             starts.discard(m._trajs.pop("t").container)  # (closed)
         m.open_trajectory("t")  # the id opens again
         assert "t" in m._trajs, line
+
+
+@pytest.mark.parametrize("method", ["recreate", "_put_in_place"])
+def test_an_interrupt_anywhere_recreating_leaves_no_container_nobodys(method: str) -> None:
+    """``recreate`` retired the old container and then said so (``traj.retired``): an
+    interrupt in between (a KeyboardInterrupt) left the trajectory running its actions in a
+    container retired under it (a pooled one reset and handed to another trajectory). And it
+    started the fresh container and then put it in place: an interrupt in between left it
+    running, nobody's, until the shutdown's sweep (a pooled one counted busy for good). An
+    interrupt at any line of the recreate (but its handlers') now leaves the trajectory no
+    retired container and nothing running nobody's, and a recreate works."""
+    import inspect
+    import sys
+    import threading
+
+    from tangram.exec.aoe.manager import AoeManager, Trajectory
+
+    function = getattr(AoeManager, method)
+    source, first = inspect.getsourcelines(function)
+    handlers = {
+        ln
+        for i, t in enumerate(source)
+        if t.strip() == "except BaseException:"
+        for ln in range(first + i, first + i + 9)
+    }
+    code = function.__code__
+    lines = [ln for ln in _interruptible_lines(code) if ln not in handlers]
+    assert lines
+    for line in lines:
+        m = AoeManager.__new__(AoeManager)
+        m._lock, m._closed = threading.Lock(), False
+        m._trajs, m._stale_volumes, m._left_generation = {}, {}, {}
+        starts = _NamedStarts()
+        m._containers = starts  # type: ignore[assignment]
+        traj = m._trajs["t"] = Trajectory(starts.start(Blueprint("t", "img", 1.0, SandboxConfig())))
+        sys.settrace(_interrupt_at(code, line))
+        try:
+            m.recreate("t")
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        if traj.retired is None:  # its container is its own, never a retired one
+            assert traj.container.name in starts.live, line
+        assert starts.live <= {traj.container.name}, line  # nothing running nobody's
+        starts.discard(traj.container)  # (an old one left by an interrupt before its retire)
+        m.recreate("t")
+        assert traj.retired is None and starts.live == {traj.container.name}, line

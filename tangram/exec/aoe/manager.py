@@ -203,10 +203,19 @@ class AoeManager:
             self._left_generation[traj_id] = max(
                 blueprint.generation, self._left_generation.get(traj_id, 0)
             )
+        self._discard_quietly(container)
+
+    def _discard_quietly(self, container: Container) -> None:
+        """Discard a container that was never the trajectory's; its removal's failure is
+        logged (raised, it hid why the container was not taken)."""
         try:
             self._containers.discard(container)
         except Exception as exc:  # noqa: BLE001 - AoeError or the engine's own errors
-            log.warning("trajectory %r: its unopened container was not removed: %s", traj_id, exc)
+            log.warning(
+                "container %s, never a trajectory's, was not removed: %s",
+                container.handle.short_id,
+                exc,
+            )
 
     def close_trajectory(self, traj_id: str) -> None:
         """Remove the trajectory's container (after its running action, if any, ends) and its
@@ -248,35 +257,51 @@ class AoeManager:
         with traj.lock:
             self._check_open(traj)  # (a shutdown while we waited closed it)
             if traj.retired is None:
-                self._containers.retire(traj.container)
-                # From here the old container is not the trajectory's (a pooled one is reset
-                # and handed to the next trajectory): never used again, even when no new one
-                # can be started below.
+                # From the retire on the old container is not the trajectory's (a pooled one
+                # is reset and handed to the next trajectory): never used again, even when
+                # no new one can be started below. Said before the retire: said after it, an
+                # interrupt (a KeyboardInterrupt) in between left the trajectory running its
+                # actions in a container the pool gave another trajectory. (Interrupted
+                # before the retire runs, the old container stays until the shutdown's sweep.)
                 traj.retired = (
                     f"trajectory {traj_id!r} has no container: a recreate retired container "
                     f"{traj.container.handle.short_id} and could not start a new one; call "
                     "recreate() again"
                 )
+                try:
+                    self._containers.retire(traj.container)
+                except Exception:
+                    traj.retired = None  # not retired (its removal failed): still the trajectory's
+                    raise
             # Same trajectory, same lock: actions waiting on it now run in the new container.
             blueprint = traj.container.blueprint.next_generation(after=traj.tried)
             traj.tried = blueprint.generation
             fresh = self._containers.start(blueprint)
-            self._put_in_place(traj, fresh)
+            try:
+                self._put_in_place(traj, fresh)
+            except BaseException:
+                # A shutdown meanwhile, or an interrupt (a KeyboardInterrupt) before it was in
+                # place, which left it running, nobody's, until the shutdown's sweep (a pooled
+                # one counted busy for good).
+                if traj.container is fresh:
+                    traj.retired = None  # (in place, interrupted before this was said)
+                else:
+                    self._discard_quietly(fresh)
+                raise
         return fresh.handle
 
     def _put_in_place(self, traj: Trajectory, fresh: Container) -> None:
         """Make ``fresh`` the trajectory's container, unless the manager was shut down while it
         was made: the shutdown then passed this trajectory by (its old container retired, the
-        new one not yet in place) and released the reaper, so ``fresh`` is discarded here and
-        ``AoeError`` raised. Checked and set under ``_lock``, where ``shutdown`` sets
+        new one not yet in place) and released the reaper, so ``AoeError`` is raised (and
+        ``recreate`` discards ``fresh``). Checked and set under ``_lock``, where ``shutdown`` sets
         ``_closed``: either the shutdown finds ``fresh`` in place, or this finds it closed."""
         with self._lock:
             live = not self._closed
             if live:
                 traj.container = fresh
                 traj.retired = None
-        if not live:
-            self._containers.discard(fresh)
+        if not live:  # (``recreate`` discards it)
             raise AoeError(
                 f"the AOE manager was shut down while trajectory "
                 f"{fresh.blueprint.traj_id!r} was recreated"
