@@ -561,3 +561,48 @@ def test_the_action_cgroup_is_never_made_in_a_cgroup_not_the_containers(
     made = kill_mod.action_group(None, "c" * 64, 4242, "1000:1000", lambda: None)
     assert not isinstance(made, CgroupGroup)
     assert not (foreign / GROUP_NAME).exists()
+
+
+class _SlowFreezer:
+    """A freezer whose freezing completes only at the third look (processes still running
+    meanwhile, as a real one's take a moment)."""
+
+    def __init__(self, real: Any) -> None:
+        self.real, self.looks = real, 0
+
+    def freeze(self, directory: Path) -> None:
+        self.looks = 0
+        self.real.freeze(directory)
+
+    def thaw(self, directory: Path) -> None:
+        self.real.thaw(directory)
+
+    def is_frozen(self, directory: Path) -> bool:
+        self.looks += 1
+        return self.looks >= 3
+
+
+def test_what_an_action_left_is_read_for_its_move_only_once_the_group_is_frozen(
+    group: CgroupGroup,
+) -> None:
+    """``leave`` moved what an action left back to the container's cgroup by pid, read right
+    after the freeze was asked for, while its processes still ran: one that exited after the
+    read, its pid given to another process (the container's init, which is not frozen,
+    reaps it), had that process (a host's) moved into the container's cgroup, frozen at its
+    park. The group is now seen frozen before it is read, as the kill does."""
+    group.enter("a1", RUNNER, launcher_stays=True)
+    (group.dir / "cgroup.procs").write_text(f"{RUNNER}\n{CHILD}\n")
+    freezer = _SlowFreezer(group.freezer)
+    group.freezer = freezer  # type: ignore[assignment]
+    seen: list[int] = []
+    real_procs = group._procs
+
+    def procs() -> set[int]:
+        seen.append(freezer.looks)
+        return real_procs()
+
+    group._procs = procs  # type: ignore[method-assign]
+    moved = _recorded_moves(group)
+    group.leave()
+    assert moved == [f"{CHILD}->{group.parent.name}"]
+    assert seen[-1] >= 3, seen  # the listing the moves went by came once it was frozen

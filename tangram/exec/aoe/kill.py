@@ -197,6 +197,12 @@ class CgroupGroup(ActionGroup):
         logged and the rest go on."""
         frozen = self._try_freeze()
         try:
+            if frozen:
+                # Frozen indeed before they are read (as the kill waits): moves go by pid, and
+                # one still running that exited after the read, its pid given to another
+                # process (the container's init, not frozen, reaps it), had that process (a
+                # host's) moved into the container's cgroup, frozen at its park.
+                _wait(lambda: self.freezer.is_frozen(self.dir), FREEZE_WAIT_S)
             for pid in self._procs() - {self._resident} - self._kept:
                 try:
                     self._move(pid, self.parent)
