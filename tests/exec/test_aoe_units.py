@@ -1237,3 +1237,38 @@ def test_direct_control_refuses_a_pid_whose_cgroup_is_not_the_containers(
     control = made._control(container_id, 7)
     assert not isinstance(control, CgroupV2) and isinstance(control, DockerUpdate)
     assert (d / "cgroup.freeze").read_text() == ""
+
+
+def test_two_threads_making_the_runners_shell_at_once_both_get_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``guarded.host_shell`` made its copy in a temporary file named by the pid alone: two
+    threads making the first copy at once (a warm pool's fills at a service's start) wrote
+    the same file, and the one that renamed it second found it gone: None, so its container
+    ran an ordinary runner, whose memory its actions can read (to forge later actions'
+    output). Each call now copies into a file of its own."""
+    import shutil
+    import threading
+
+    from tangram.exec.aoe import guarded
+
+    if os.geteuid() != 0 or not any(guarded._static(p) for p in guarded.SOURCES):
+        pytest.skip("needs root and a static busybox")
+    monkeypatch.setattr(guarded, "HOST_COPY", tmp_path / "run" / "runner-busybox")
+    real_copy = shutil.copyfile
+    got: list[Any] = []
+
+    def copy_then_another(src: Any, dst: Any) -> Any:
+        done = real_copy(src, dst)
+        if not got:  # the first call: a second thread makes its copy meanwhile
+            got.append("busy")
+            other = threading.Thread(target=lambda: got.append(guarded.host_shell()))
+            other.start()
+            other.join(30)
+        return done
+
+    monkeypatch.setattr(guarded.shutil, "copyfile", copy_then_another)
+    first = guarded.host_shell()
+    assert got[1:] == [guarded.HOST_COPY]
+    assert first == guarded.HOST_COPY
+    assert sorted(p.name for p in guarded.HOST_COPY.parent.iterdir()) == ["runner-busybox"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 #: Where the shell is mounted in a container, and where the host keeps its copy.
@@ -45,13 +46,23 @@ def host_shell() -> Path | None:
     source = next((p for p in SOURCES if _static(p)), None)
     if source is None:
         return None
+    # A temporary file of this call's own: named by the pid alone, two threads making the
+    # first copy at once (a warm pool's fills at a service's start) wrote the same file, and
+    # the one renamed second found it gone, so its container ran an ordinary runner (whose
+    # memory its actions can read); or the first renamed a copy the second was still
+    # rewriting from its start.
+    tmp: str | None = None
     try:
         HOST_COPY.parent.mkdir(parents=True, exist_ok=True)
-        tmp = HOST_COPY.with_name(f".{HOST_COPY.name}.{os.getpid()}")
+        fd, tmp = tempfile.mkstemp(prefix=f".{HOST_COPY.name}.", dir=HOST_COPY.parent)
+        os.close(fd)
         shutil.copyfile(source, tmp)
         os.chmod(tmp, 0o711)
         os.replace(tmp, HOST_COPY)
     except OSError:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         return None
     return HOST_COPY
 
