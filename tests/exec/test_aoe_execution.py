@@ -932,3 +932,23 @@ def test_an_interrupt_anywhere_recreating_leaves_no_container_nobodys(method: st
         starts.discard(traj.container)  # (an old one left by an interrupt before its retire)
         m.recreate("t")
         assert traj.retired is None and starts.live == {traj.container.name}, line
+
+
+@pytest.mark.parametrize("weighted", ["no", "false", 0, None, 1])
+def test_a_weighted_flag_that_is_no_bool_is_refused_naming_it(weighted: Any) -> None:
+    """``run_action(weighted=...)`` took any value for its truth: 'no' or 'false' (strings,
+    truthy) gave the action a weighted grant (the whole pool, no quota, a CPU weight)
+    instead of its exclusive cores, and None or 0 an exclusive one, without a word. A flag
+    that is no bool is now an AoeError naming it, before anything runs."""
+    import threading
+
+    from tangram.exec.aoe.manager import AoeManager, Trajectory
+
+    runner, container, ledger, log = setup()
+    m = AoeManager.__new__(AoeManager)
+    m._lock, m._closed, m._action_seq = threading.Lock(), False, 0
+    m._trajs = {"t": Trajectory(container)}
+    m.ledger, m.topology, m.config, m._actions = ledger, TOPOLOGY, AoeConfig(), runner
+    with pytest.raises(AoeError, match="weighted"):
+        m.run_action("t", "true", (0,), weighted=weighted)
+    assert log == [] and ledger.free_cores() == TOPOLOGY.cores

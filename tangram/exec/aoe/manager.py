@@ -431,6 +431,8 @@ class AoeManager:
         traj = self._get(traj_id)
         self.ledger.validate(cores)
         check_deadline(deadline)
+        if not isinstance(weighted, bool):  # ('no', a string, was truthy: a weighted grant)
+            raise AoeError(f"weighted must be True or False, got {weighted!r}")
         if weighted:
             pool = _core_list("pool", self.topology.cores if pool is None else pool)
             self.ledger.validate(pool)
