@@ -952,3 +952,79 @@ def test_a_weighted_flag_that_is_no_bool_is_refused_naming_it(weighted: Any) -> 
     with pytest.raises(AoeError, match="weighted"):
         m.run_action("t", "true", (0,), weighted=weighted)
     assert log == [] and ledger.free_cores() == TOPOLOGY.cores
+
+
+class _CountingPool:
+    """A warm pool that counts what is busy: taken, less what came back or was untaken."""
+
+    def __init__(self, parked: int) -> None:
+        self.parked, self.busy, self.back = parked, 0, 0
+
+    def take(self, key: Any) -> Any:
+        self.busy += 1
+        if not self.parked:
+            return None
+        self.parked -= 1
+        return _pooled(key)
+
+    def untake(self, key: Any) -> None:
+        self.busy -= 1
+
+    def give_back(self, key: Any, container: Any) -> None:
+        self.busy -= 1
+        self.back += 1
+
+
+def _pooled(key: Any) -> Container:
+    handle = ContainerHandle("(warm pool)", "c" * 64, "pool1", "img", 1.0)
+    made = Container(
+        Blueprint("(warm pool)", "img", 1.0, SandboxConfig()),
+        handle,
+        None,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        None,
+    )
+    made.pool_key = key
+    return made
+
+
+@pytest.mark.parametrize("parked", [0, 1], ids=["cold", "warm"])
+def test_an_interrupt_anywhere_taking_a_pooled_container_loses_none(parked: int) -> None:
+    """``Lifecycle.start`` took a container from the warm pool (counted busy) and then made
+    it the trajectory's: an interrupt in between (a KeyboardInterrupt) lost it, running, and
+    kept it counted busy for good (the key's target one too high: a container more parked
+    for ever). An interrupt at any line of the start (but its handler's) now gives it back."""
+    import inspect
+    import sys
+
+    from tangram.exec.aoe.config import WarmPoolConfig
+
+    function = Lifecycle.start
+    source, first = inspect.getsourcelines(function)
+    handlers = {
+        ln
+        for i, t in enumerate(source)
+        if t.strip() == "except BaseException:"
+        for ln in range(first + i, first + i + 6)
+    }
+    code = function.__code__
+    lines = [ln for ln in _interruptible_lines(code) if ln not in handlers]
+    assert lines
+    for line in lines:
+        lifecycle = Lifecycle(AoeConfig(warm_pool=WarmPoolConfig(2)), None, TOPOLOGY, "s1")
+        assert lifecycle.pool is not None
+        lifecycle.pool.close()
+        pool = _CountingPool(parked)
+        lifecycle.pool = pool  # type: ignore[assignment]
+        lifecycle._create_pooled = _pooled  # type: ignore[method-assign]
+        sys.settrace(_interrupt_at(code, line))
+        try:
+            got = lifecycle.start(Blueprint("t", "img", 1.0, SandboxConfig()))
+        except KeyboardInterrupt:
+            got = None
+        finally:
+            sys.settrace(None)
+        if got is not None:
+            lifecycle.retire(got)  # (the trajectory closed)
+        assert pool.busy == 0, line

@@ -247,17 +247,23 @@ class Lifecycle:
                 guarded.host_shell(),
             )
         found = self.pool.take(key)
-        if found is None:
-            try:
+        # Counted busy from the take on: an interrupt (a KeyboardInterrupt) before the
+        # container was handed out lost it, running, and kept it counted busy (the key's
+        # target one too high) for good; it goes back to the pool instead.
+        try:
+            if found is None:
                 found = self._create_pooled(key)
-            except BaseException:
+            found.blueprint = blueprint
+            found.handle = replace(
+                found.handle, traj_id=blueprint.traj_id, generation=blueprint.generation
+            )
+            return found
+        except BaseException:
+            if found is None:
                 self.pool.untake(key)
-                raise
-        found.blueprint = blueprint
-        found.handle = replace(
-            found.handle, traj_id=blueprint.traj_id, generation=blueprint.generation
-        )
-        return found
+            else:
+                self.retire(found)  # (reset in the background, or removed if dead)
+            raise
 
     def prewarm(self, blueprint: Blueprint, count: int) -> bool:
         """Have ``count`` parked containers of the blueprint's kind made in the background;
