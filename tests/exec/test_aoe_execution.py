@@ -1028,3 +1028,25 @@ def test_an_interrupt_anywhere_taking_a_pooled_container_loses_none(parked: int)
         if got is not None:
             lifecycle.retire(got)  # (the trajectory closed)
         assert pool.busy == 0, line
+
+
+def test_a_call_after_the_shutdown_says_the_manager_is_shut_down() -> None:
+    """After the shutdown (its trajectories closed) an action, close, recreate or handle of
+    a trajectory was refused 'no open container ...; call open_trajectory first', which the
+    caller then did, to be refused again for another reason: the manager was shut down.
+    The refusal now says so."""
+    import threading
+
+    from tangram.exec.aoe.errors import UnknownTrajectory
+    from tangram.exec.aoe.manager import AoeManager
+
+    m = AoeManager.__new__(AoeManager)
+    m._lock, m._closed, m._trajs = threading.Lock(), True, {}
+    for call in (
+        lambda: m.run_action("t", "true"),
+        lambda: m.close_trajectory("t"),
+        lambda: m.recreate("t"),
+        lambda: m.handle("t"),
+    ):
+        with pytest.raises(UnknownTrajectory, match="shut down"):
+            call()

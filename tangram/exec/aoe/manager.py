@@ -378,6 +378,11 @@ class AoeManager:
             raise UnknownTrajectory(traj_id_problem(traj_id) or f"trajectory id {traj_id!r}")
         with self._lock:
             traj = self._trajs.get(traj_id)
+            closed = self._closed
+        if traj is None and closed:  # (not "call open_trajectory first": an open is refused)
+            raise UnknownTrajectory(
+                f"no open container for trajectory {traj_id!r}: the AOE manager is shut down"
+            )
         if traj is None:
             raise UnknownTrajectory(
                 f"no open container for trajectory {traj_id!r}; call open_trajectory first"
