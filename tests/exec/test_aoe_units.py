@@ -1272,3 +1272,11 @@ def test_two_threads_making_the_runners_shell_at_once_both_get_it(
     assert got[1:] == [guarded.HOST_COPY]
     assert first == guarded.HOST_COPY
     assert sorted(p.name for p in guarded.HOST_COPY.parent.iterdir()) == ["runner-busybox"]
+
+
+def test_a_manager_or_pool_setting_may_be_any_real_number() -> None:
+    """numpy's numbers are real numbers: a time or a memory size given as one is taken."""
+    import numpy as np
+
+    assert AoeConfig(memory_gb=np.float32(2.0), default_timeout_s=np.int64(5)).memory_gb == 2.0
+    assert WarmPoolConfig(window_s=np.float64(30.0)).window_s == 30.0

@@ -8,6 +8,7 @@ is. The sandbox is strict by default; every field that loosens it is named by
 from __future__ import annotations
 
 import math
+import numbers
 import posixpath
 import re
 from dataclasses import dataclass, field, fields
@@ -204,7 +205,7 @@ class WarmPoolConfig:
             raise AoeError(f"WarmPoolConfig.workers must be >= 1, got {self.workers!r}")
         for name in ("window_s", "prewarm_s"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 # ('60' raised a bare TypeError from the comparison below)
                 raise AoeError(f"WarmPoolConfig.{name} must be a number, got {value!r}")
             if not (value > 0 and math.isfinite(value)):  # NaN fails it too
@@ -306,7 +307,7 @@ class AoeConfig:
                 raise AoeError(f"AoeConfig.{name} must be a whole number, got {value!r}")
         for name in ("memory_gb", "default_timeout_s", "kill_grace_s"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise AoeError(f"AoeConfig.{name} must be a number, got {value!r}")
         for name in ("use_init", "cleanup_orphans", "reaper"):
             value = getattr(self, name)
