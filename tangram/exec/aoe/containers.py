@@ -434,22 +434,30 @@ def describe_death(st: dict[str, Any] | None) -> str:
     return ", ".join(parts)
 
 
-#: Tries of a container listing, which inspects each container it lists: one removed in
-#: between (by another manager, a reaper) fails it with NotFound.
-LIST_ATTEMPTS = 5
+@dataclass(frozen=True)
+class Listed:
+    """A container as the engine's list gives it: its id, name and labels."""
+
+    id: str
+    name: str
+    labels: dict[str, str]
 
 
-def session_containers(client: Any, session: str | None = None) -> list[Any]:
-    """Containers made by AOE managers (all, or one session's), running or not."""
-    import docker.errors
-
+def session_containers(client: Any, session: str | None = None) -> list[Listed]:
+    """Containers made by AOE managers (all, or one session's), running or not, from one
+    call of the engine's list. The SDK's ``containers.list`` inspects each container it
+    lists, and one removed in between (by another manager, a reaper: AOE's own churn) failed
+    it with NotFound; five tries in a row failed under the churn of managers side by side,
+    and the NotFound came out of a new manager's constructor (its orphan sweep)."""
     label = f"{LABEL_SESSION}={session}" if session else LABEL
-    for _ in range(LIST_ATTEMPTS - 1):
-        try:
-            return client.containers.list(all=True, filters={"label": label})
-        except docker.errors.NotFound:  # one was removed between the list and its inspect
-            continue
-    return client.containers.list(all=True, filters={"label": label})
+    return [
+        Listed(
+            row["Id"],
+            next(iter(row.get("Names") or ()), row["Id"][:12]).lstrip("/"),
+            dict(row.get("Labels") or {}),
+        )
+        for row in client.api.containers(all=True, filters={"label": label})
+    ]
 
 
 def remove_orphans(client: Any) -> list[str]:
