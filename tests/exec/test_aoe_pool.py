@@ -873,6 +873,10 @@ def test_a_reset_never_continues_a_process_that_took_its_kept_runners_pid(
             other = subprocess.Popen(["sleep", "60"])
             if other.pid == runner.pid:
                 os.kill(other.pid, signal.SIGSTOP)  # stopped, as the host's processes may be
+                deadline = time.monotonic() + 10
+                while state(other.pid) != "T":  # (the stop takes effect once it is scheduled)
+                    assert time.monotonic() < deadline, "the newcomer never stopped"
+                    time.sleep(0.01)
                 newcomer.append(other)
                 return
             other.kill()
