@@ -945,3 +945,48 @@ def test_a_prewarm_after_the_managers_shutdown_is_refused(docker_client: Any) ->
     with pytest.raises(AoeError, match="shut down"):
         manager.prewarm(1)
     assert manager.pool_stats() is not None and not manager.pool_stats().parked
+
+
+def test_an_interrupt_anywhere_taking_a_parked_container_loses_none() -> None:
+    """``WarmPool.take`` counted the key busy and popped a parked container before it
+    handed it out: an interrupt in between (a KeyboardInterrupt) lost the container,
+    running, neither parked nor anyone's, and kept the key counted busy for good. An
+    interrupt at any line of the take (but its handler's) now puts it back."""
+    import inspect
+    import sys
+
+    from tests.exec.test_aoe_execution import _interrupt_at, _interruptible_lines
+
+    function = WarmPool.take
+    source, first = inspect.getsourcelines(function)
+    handlers = {
+        ln
+        for i, t in enumerate(source)
+        if t.strip() == "except BaseException:"
+        for ln in range(first + i, first + i + 6)
+    }
+    code = function.__code__
+    lines = [ln for ln in _interruptible_lines(code) if ln not in handlers]
+    assert lines
+    for line in lines:
+        fakes = Fakes()
+        pool = WarmPool(WarmPoolConfig(max_per_key=0), fakes.create, fakes.reset, fakes.remove)
+        try:
+            parked = FakeContainer(1)
+            pool._parked[KEY] = [parked]
+            sys.settrace(_interrupt_at(code, line))
+            try:
+                got = pool.take(KEY)
+            except KeyboardInterrupt:
+                got = None
+            finally:
+                sys.settrace(None)
+            if got is not None:
+                assert got is parked, line
+                pool.give_back(KEY, got)  # (its trajectory closed)
+                settle(pool)
+            else:
+                assert pool._parked.get(KEY) == [parked], line
+            assert pool._demand.busy[KEY] == 0, line
+        finally:
+            pool.close()

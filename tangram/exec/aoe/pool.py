@@ -77,11 +77,14 @@ class Demand:
         self.busy: Counter[PoolKey] = Counter()
         self._peaks: dict[PoolKey, deque[tuple[float, int]]] = {}
 
-    def change(self, key: PoolKey, delta: int, now: float) -> None:
+    def change(self, key: PoolKey, delta: int, now: float) -> bool:
+        """Count ``delta`` more busy; True (a caller records that it counted in the same
+        line, where no interrupt lands between the two)."""
         self.busy[key] += delta
         marks = self._peaks.setdefault(key, deque())
         marks.append((now, self.busy[key]))
         self._trim(marks, now)
+        return True
 
     def peak(self, key: PoolKey, now: float) -> int:
         marks = self._peaks.get(key)
@@ -177,24 +180,38 @@ class WarmPool:
         A parked container that died while it waited (killed, removed by someone else) is
         removed, never handed out: its trajectory's first action would fail, blamed on a
         client that had only opened it."""
-        with self._lock:
-            self._forget_idle()
-            self._demand.change(key, +1, self._clock())
-        while True:
+        # Counted busy, and maybe a parked container popped: an interrupt (a
+        # KeyboardInterrupt) before it was handed out lost it, running, and kept the key
+        # counted busy for good; the container goes back to the parked ones instead.
+        held: Container | None = None
+        counted = False
+        try:
             with self._lock:
-                parked = self._parked.get(key)
-                found = parked.pop() if parked else None
-            # Looked at outside the lock: the engine may be asked (milliseconds).
-            if found is None or self._alive(found):
-                break
-            log.warning("warm pool: parked container %s died; removed", found.handle.short_id)
+                self._forget_idle()
+                counted = self._demand.change(key, +1, self._clock())
+            while True:
+                with self._lock:
+                    parked = self._parked.get(key)
+                    held = found = parked.pop() if parked else None
+                # Looked at outside the lock: the engine may be asked (milliseconds).
+                if found is None or self._alive(found):
+                    break
+                log.warning("warm pool: parked container %s died; removed", found.handle.short_id)
+                with self._lock:
+                    self.counters["died_parked"] += 1
+                held = None
+                self._submit(self._remove_job, key, found)
             with self._lock:
-                self.counters["died_parked"] += 1
-            self._submit(self._remove_job, key, found)
-        with self._lock:
-            self.counters["hits" if found else "misses"] += 1
-        self._refill(key)
-        return found
+                self.counters["hits" if found else "misses"] += 1
+            self._refill(key)
+            return found
+        except BaseException:
+            with self._lock:
+                if counted:
+                    self._demand.change(key, -1, self._clock())
+                if held is not None:
+                    self._parked.setdefault(key, []).append(held)
+            raise
 
     def untake(self, key: PoolKey) -> None:
         """A ``take`` whose container was never made (its create failed)."""
