@@ -285,18 +285,18 @@ def test_an_action_interrupted_mid_run_is_killed_and_leaves_the_next_alone(
     real = transport.collect
 
     def interrupted(*args: Any, **kwargs: Any) -> str:
-        time.sleep(0.5)  # the action has started
+        time.sleep(1.0)  # the action has started (a runner starts it within milliseconds)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(transport, "collect", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        any_manager.run_action(traj, "sleep 2; echo old > /work/old-ran; echo old", 1)
+        any_manager.run_action(traj, "sleep 3; echo old > /work/old-ran; echo old", 1)
     monkeypatch.setattr(transport, "collect", real)
     assert any_manager.free_cores() == any_manager.topology.cores
     out = any_manager.run_action(traj, "echo new", 1, timeout_s=30)
     assert out.ok and out.stdout == b"new\n", out
     later = any_manager.run_action(
-        traj, "sleep 3; test -e /work/old-ran && echo ran || echo killed", 1, timeout_s=30
+        traj, "sleep 4; test -e /work/old-ran && echo ran || echo killed", 1, timeout_s=30
     )
     assert later.ok and later.stdout == b"killed\n", later
 
