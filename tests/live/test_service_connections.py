@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import httpx
 import pytest
 
 from tangram.core.resources import ApiEndpointSpec, ClusterSpec
@@ -419,3 +420,22 @@ def test_the_service_loads_with_an_aiohttp_without_the_private_error_record(
         monkeypatch.undo()
         importlib.reload(connections)
     assert connections._ERR_INFO is web_protocol._ErrInfo
+
+
+def test_connections_refused_beyond_the_bound_are_counted_in_the_metrics() -> None:
+    """An operator saw no refusal of ``--max-connections`` anywhere in ``/metrics``."""
+    limits = ConnectionLimits(header_timeout_s=60.0, body_timeout_s=60.0, max_connections=2)
+    line = 'tangram_actions_refused_total{reason="connections"} '
+    with served(limits) as service:
+        held = connect(service, 2, b"")
+        try:
+            time.sleep(0.2)  # the service has accepted them
+            for _ in range(3):
+                answer = refused_answer(service, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert answer.startswith(b"HTTP/1.1 429"), answer[:200]
+        finally:
+            for s in held:
+                s.close()
+        time.sleep(0.2)  # (the held connections closed: the scrape gets a place)
+        text = httpx.get(f"{service.url}/metrics", timeout=30).text
+    assert line + "3.0" in text, [t for t in text.splitlines() if "refused" in t]

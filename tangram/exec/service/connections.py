@@ -283,9 +283,16 @@ class GuardedSite(web.BaseSite):
     whose connection handlers answer malformed requests with the error document."""
 
     def __init__(
-        self, runner: web.BaseRunner, host: str, port: int, limits: ConnectionLimits
+        self,
+        runner: web.BaseRunner,
+        host: str,
+        port: int,
+        limits: ConnectionLimits,
+        on_refused: Callable[[], None] | None = None,
     ) -> None:
+        """``on_refused`` is called at each refusal (the metrics count them)."""
         super().__init__(runner, backlog=4096)
+        self.on_refused = on_refused
         self.host, self.requested_port, self.limits = host, port, limits
         #: The refusal of each route family, made once (by ``_refusal``'s key).
         self.answers = {
@@ -325,6 +332,8 @@ class GuardedSite(web.BaseSite):
         assert server is not None
         if len(server.connections) >= self.limits.max_connections:
             self.refused += 1
+            if self.on_refused is not None:
+                self.on_refused()
             return Refusal(self._refusal)
         loop = asyncio.get_running_loop()
         return ErrorDocHandler(server, loop=loop, **self.handler_kwargs)

@@ -100,7 +100,13 @@ async def start_site(runtime: Runtime, opts: ServeOptions) -> tuple[web.AppRunne
         ).build()
         runner = web.AppRunner(app, shutdown_timeout=5.0, **opts.limits.handler_kwargs())
         await runner.setup()
-        site = GuardedSite(runner, opts.host, opts.port, opts.limits)
+        site = GuardedSite(
+            runner,
+            opts.host,
+            opts.port,
+            opts.limits,
+            on_refused=lambda: runtime.counters.update(("refused_connections",)),
+        )
         await site.start()
     except BaseException:
         # (The address taken, say: the runtime it started is closed, its journal's lock
