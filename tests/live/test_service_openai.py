@@ -156,7 +156,11 @@ def test_the_official_openai_client_calls_both_endpoints(served: Any) -> None:
     assert out.choices[0].text == text
     assert out.choices[0].logprobs.token_logprobs[0] is None
     assert len(out.choices[0].logprobs.tokens) == 8
-    assert [m.id for m in client.models.list()] == ["rm", "teacher"]
+    models = client.models.list()
+    assert [m.id for m in models] == ["rm", "teacher"]
+    # (OpenAI's Model has created, an int: the pydantic model validates when asked.)
+    for m in models:
+        openai.types.Model.model_validate(m.model_dump())
     pooled = client.post("/pooling", body={"model": "rm", "input": [text]}, cast_to=object)
     assert isinstance(pooled["data"][0]["data"][0], float)
     with pytest.raises(openai.BadRequestError) as info:

@@ -16,6 +16,7 @@ import contextvars
 import functools
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -277,8 +278,17 @@ class OpenAiRoutes:
 
     @answers_errors
     async def models(self, request: web.Request) -> web.Response:
+        # OpenAI's model object has ``created`` (Unix seconds; vLLM's model card gives the
+        # time of the answer, as here): a client that validates the object refused it.
+        created = int(time.time())
         data = [
-            {"id": name, "object": "model", "owned_by": "tangram", "kind": fe.kind}
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "tangram",
+                "kind": fe.kind,
+            }
             for name, fe in sorted(self._frontends().items())
         ]
         return web.json_response({"object": "list", "data": data})
