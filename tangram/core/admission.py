@@ -29,7 +29,7 @@ class Admission:
     """Feasibility checks, container placement and memory, and the actions waiting for memory."""
 
     __slots__ = ("cluster", "state", "options", "respects_capacity", "trajectories", "seen")
-    __slots__ += ("waiting_for_memory", "_max_node_gpus", "_max_gpu_mem")
+    __slots__ += ("waiting_for_memory", "fenced", "_max_node_gpus", "_max_gpu_mem")
 
     def __init__(
         self,
@@ -46,6 +46,8 @@ class Admission:
         self.seen: set[str] = set()
         #: CPU actions whose new container finds no node with room yet, in arrival order.
         self.waiting_for_memory: dict[str, Action] = {}
+        #: Fenced nodes (``Scheduler.fence_node``; node -> holder): no container goes there.
+        self.fenced: dict[str, str] = {}
         self._read(cluster)
 
     def add_node(self, cluster: ClusterSpec) -> None:
@@ -122,10 +124,15 @@ class Admission:
         return None
 
     def bind(self, traj: TrajectoryState, memory_gb: float, node: str | None) -> bool:
-        """Reserve the container's memory on a node: the given one, else the roomiest."""
+        """Reserve the container's memory on a node: the given one, else the roomiest; never
+        a fenced one (``Scheduler.fence_node``; its memory is held, yet a container asking
+        for none fitted there)."""
+        fenced = self.fenced
         if node is None:
             candidates = sorted(
-                self.state.cpu.values(),
+                [n for n in self.state.cpu.values() if n.spec.name not in fenced]
+                if fenced
+                else self.state.cpu.values(),
                 key=lambda n: (-n.memory_free_gb, n.containers, n.spec.name),
             )
             fitting = [n for n in candidates if n.memory_free_gb + 1e-9 >= memory_gb]
@@ -134,7 +141,7 @@ class Admission:
             chosen = fitting[0]
         else:
             chosen = self.state.cpu[node]
-            if chosen.memory_free_gb + 1e-9 < memory_gb:
+            if node in fenced or chosen.memory_free_gb + 1e-9 < memory_gb:
                 return False
         chosen.take_memory(memory_gb)
         chosen.containers += 1

@@ -183,6 +183,11 @@ class DriverLoop:
         """A node joined the running cluster: work waiting for room may start there."""
         self.apply(self.scheduler.add_node(node, now), now)
 
+    def unfence_node(self, node: str, now: float) -> None:
+        """A fenced node's capacity is back (``Scheduler.unfence_node``): queued work may
+        start there."""
+        self.apply(self.scheduler.unfence_node(node, now), now)
+
     def withdraw(self, action_id: str, now: float) -> bool:
         """Take back a waiting action: buffered or queued in the core (False: not waiting).
         Taken from the core's queue, the actions it held back may start now (a pass)."""

@@ -107,6 +107,11 @@ class Scheduler:
         self._seen = self.admission.seen
         self._placed_node = self.admission.placed_node
         self._options_for = self.option_builder.for_action
+        #: Fenced nodes (``fence_node``): node -> the holder of their GPUs; shared with the
+        #: admission, which places no container there. Empty: nothing is fenced.
+        self.fenced: dict[str, str] = self.admission.fenced
+        #: Container memory each fenced CPU node's fence holds (GB).
+        self.fenced_memory_gb: dict[str, float] = {}
 
     # ------------------------------------------------------------------ events
     def submit(self, action: Action, now: float) -> list[Decision]:
@@ -211,7 +216,9 @@ class Scheduler:
         ctx.closed = [trajectory]
         node = self.admission.release(trajectory)
         self.policy.on_trajectory_close(ctx, trajectory)
-        if node is not None:
+        if node is not None and node in self.fenced:
+            self._hold_fenced(node)  # (its memory to the fence: no container placed there)
+        elif node is not None:
             ctx.dirty[("cpu", node)] = None
             self._retry_memory_waiters(ctx)
         return self._pass(ctx)
@@ -302,6 +309,62 @@ class Scheduler:
             self._widen_gpu_options()
             ctx.dirty[GPU_DOMAIN] = None
         return self._pass(ctx)
+
+    def fence_node(self, node: str, holder: str) -> None:
+        """Hold node ``node``'s free capacity so nothing new is placed there (a driver's node
+        that is lost or not up yet): its free GPUs go to ``holder`` (``GpuNodeState.owner``),
+        its free container memory to the fence (``fenced_memory_gb``), no container is
+        placed there (``Admission.bind``), and the GPUs and memory its running actions and
+        containers give back go straight to the fence (``_release``, ``close_trajectory``),
+        so no pass starts work on them. A fenced node fenced again holds what is free now.
+        CPU actions of containers already there are not held (they have no other node: the
+        driver ends them). Unknown node: ``ValueError``."""
+        if node not in self.state.cpu and node not in self.state.gpu:
+            raise ValueError(f"fence of unknown node {node!r}")
+        if not isinstance(holder, str) or not holder:
+            raise ValueError(f"fence of {node!r}: the holder must be a non-empty str")
+        old = self.fenced.get(node)
+        if old is not None and old != holder:
+            raise ValueError(f"node {node!r} is fenced by {old!r}, not {holder!r}")
+        self.fenced[node] = holder
+        self._hold_fenced(node)
+
+    def unfence_node(self, node: str, now: float) -> list[Decision]:
+        """Lift ``fence_node``: the node's fenced GPUs and memory are free again, and a pass
+        over its domains starts queued work there (the containers waiting for memory are
+        retried). Not fenced: nothing changes, no decision."""
+        holder = self.fenced.pop(node, None)
+        if holder is None:
+            return []
+        ctx = self._begin(now)
+        gpu = self.state.gpu.get(node)
+        if gpu is not None:
+            held = tuple(g for g, owner in enumerate(gpu.owner) if owner == holder)
+            for g in held:
+                gpu.give((g,), holder)
+            if held:
+                ctx.dirty[GPU_DOMAIN] = None
+        memory = self.fenced_memory_gb.pop(node, 0.0)
+        cpu = self.state.cpu.get(node)
+        if cpu is not None:
+            cpu.give_memory(memory)
+            ctx.dirty[("cpu", node)] = None
+            self._retry_memory_waiters(ctx)
+        return self._pass(ctx)
+
+    def _hold_fenced(self, node: str) -> None:
+        """The fenced node's free GPUs and container memory go to its fence."""
+        gpu = self.state.gpu.get(node)
+        if gpu is not None:
+            holder = self.fenced[node]
+            for g, owner in enumerate(gpu.owner):
+                if owner is None:
+                    gpu.take((g,), holder)
+        cpu = self.state.cpu.get(node)
+        if cpu is not None and cpu.memory_free_gb > 0:
+            free = cpu.memory_free_gb
+            cpu.take_memory(free)
+            self.fenced_memory_gb[node] = self.fenced_memory_gb.get(node, 0.0) + free
 
     def report_residency(
         self,
@@ -510,6 +573,9 @@ class Scheduler:
         if action.resource is ResourceKind.CPU:
             self.state.cpu[start.node].release_granted(start.cores)
         elif action.resource is ResourceKind.GPU:
-            self.state.gpu[start.node].give(start.gpus, action.id)
+            gpu = self.state.gpu[start.node]
+            gpu.give(start.gpus, action.id)
+            if self.fenced and start.node in self.fenced:  # (to the fence: no pass starts there)
+                gpu.take(start.gpus, self.fenced[start.node])
         else:
             self.state.api[action.service or ""].give()

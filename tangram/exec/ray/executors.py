@@ -93,10 +93,8 @@ class RayCpuExecutor:
     async def close(self, traj: str) -> None:
         node = self.placed.pop(traj, None)
         self.containers.pop(traj, None)
-        if node is not None and self.fleet.alive(node):
-            await self.fleet.call(node, "close", traj)
-        elif node is not None:  # (the runtime gave its memory back; the opens waiting for
-            self.fleet.freed(node)  # room are told after this: a lost node's is fenced first)
+        if node is not None and self.fleet.alive(node):  # (a lost node's memory, given
+            await self.fleet.call(node, "close", traj)  # back, went to its fence in the core)
 
     async def recreate(self, traj: str) -> Handle:
         cid = await self.fleet.call(self.placed[traj], "recreate", traj)

@@ -38,8 +38,8 @@ class NodeLost(Exception):
 def lost_result(err: NodeLost, exec_s: float = 0.0) -> ExecResult:
     """The outcome of an action whose node was lost: a retryable ``node_lost`` error; its
     ``exec_s`` the time its call was out on the node (it ran there, as far as anyone knows:
-    not the runtime's overhead). One never sent (its node lost before: a cell the lost node's
-    ending actions freed, used again before its fence) did not run, and says so."""
+    not the runtime's overhead). One never sent (its node lost before it started: the core
+    fences a lost node at once, so none is known to) did not run, and says so."""
     if not err.sent:
         message = (
             f"{err}; the action was not sent there and did not run: submit it again (a new id)"
@@ -71,9 +71,6 @@ class Fleet:
         self.by_name: dict[str, Member] = {}
         #: Called once per lost node (the scheduler actor ends its trajectories).
         self.on_lost: list[Callable[[str, str], None]] = []
-        #: Called when a lost node's container memory has just returned to the core (a
-        #: trajectory there closed), before anything waiting for room is told (``freed``).
-        self.on_freed: list[Callable[[str], None]] = []
         #: Called when a trajectory's container was made on a node (node, trajectory), by
         #: whichever API opened it.
         self.on_opened: list[Callable[[str, str], None]] = []
@@ -160,14 +157,6 @@ class Fleet:
         for member in self.by_name.values():
             if member.channel is not None:
                 member.channel.close()
-
-    def freed(self, name: str) -> None:
-        """Capacity of lost node ``name`` has just returned to the core: fence it now. Left to
-        the evacuation's last fence (or the watch's next check), it was free meanwhile, and an
-        open waiting for room (woken by that close) was placed on the lost node: its open then
-        failed ``node_lost``, where it would have waited for room elsewhere."""
-        for listener in self.on_freed:
-            listener(name)
 
     def opened(self, name: str, trajectory: str) -> None:
         """A container of ``trajectory`` now runs on node ``name``."""

@@ -5,9 +5,10 @@ absent, and what a loss or a join does to the runtime (``docs/ray.md``, "Faults"
   marks it dead, or it has not answered pings for ``lost_after_s``: ``Fleet.lose`` ends its
   calls in flight with ``node_lost``; ``evacuate`` ends its trajectories' waiting actions the
   same way, closes the trajectories (listed in ``lost_trajectories``) and fences the node.
-- A **fence** holds a node's free capacity in the core, so nothing is placed there: its free
-  container memory (a trajectory that holds it) and its free GPUs (a fence holder; cells
-  still held by ending actions are fenced as they end, at the next check).
+- A **fence** holds a node's free capacity in the core, so nothing is placed there
+  (``Scheduler.fence_node``): its free container memory and its free GPUs (a fence holder);
+  the cells its ending actions free and the memory its closing containers free go to the
+  fence in the same step, before any pass could place work there.
 - A node of the cluster that comes up on a Ray node (lost before, or declared by a cluster
   file and absent) **joins**: a new agent, the fence lifted, its capacity back in the core.
 - A Ray node under a name the cluster lacks is **adopted** (``RayConfig.join_new_nodes``):
@@ -51,14 +52,11 @@ class Membership:
         self.owner = owner
         self.fleet = Fleet()
         self.fleet.on_lost.append(self._lost)
-        self.fleet.on_freed.append(self._freed)
         self.fleet.on_opened.append(self._opened)
         #: The runtime whose core the fences hold (set once it is made).
         self.runtime: Runtime | None = None
         #: Trajectories lost with their node: id -> why.
         self.lost_trajectories: dict[str, str] = {}
-        #: Node -> the core trajectories fencing its memory while it is lost.
-        self.fences: dict[str, list[str]] = {}
         #: Ray nodes with a name the cluster spec does not have, not used (Ray id -> name):
         #: with ``join_new_nodes`` only while their agent starts, or if it could not.
         self.unplaced: dict[str, str] = {}
@@ -75,7 +73,6 @@ class Membership:
         self.clashes: set[str] = set()
         #: Nodes of the cluster file with no Ray node yet (fenced until one joins).
         self.absent: set[str] = set()
-        self._fence_seq = 0
         #: The key of the agents' direct channels (``channel``), new for each scheduler.
         self.key = new_key()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -123,7 +120,8 @@ class Membership:
                 "gpus": gpu.gpus if gpu else 0,
                 "in_flight": len(m.pending),
                 "direct": m.channel is not None and m.channel.closed is None,
-                "fenced": bool(self.fences.get(m.report.name)),
+                "fenced": self.runtime is not None
+                and m.report.name in self.runtime.scheduler.fenced,
             }
         for name in sorted(self.absent):
             doc[name] = {"alive": False, "why": "declared, not up yet", "fenced": True}
@@ -140,8 +138,8 @@ class Membership:
                 log.exception("checking the nodes failed")
 
     async def check(self) -> None:
-        """One look: ping the live agents (``_ping``, in the background), fence the lost
-        nodes' freed capacity, and read Ray's node table for deaths, returns and new nodes."""
+        """One look: ping the live agents (``_ping``, in the background), check the lost
+        nodes are fenced, and read Ray's node table for deaths, returns and new nodes."""
         cfg = self.config
         live = [m for m in self.fleet.members() if m.alive]
         for member in live:  # each ping runs to its answer or its time-out, past this check
@@ -149,7 +147,7 @@ class Membership:
         await asyncio.sleep(0)
         for member in self.fleet.members():
             if not member.alive:
-                self.fence(member.report.name)  # cells freed since by actions that ended
+                self.fence(member.report.name)  # (the core fenced them at the loss: a no-op)
         nodes = await agents.all_nodes()
         by_id = {n["NodeID"]: n for n in nodes}
         for member in self.fleet.members():
@@ -373,12 +371,13 @@ class Membership:
         member = self.fleet.by_name.get(name)
         if member is not None:
             _kill_agent(member.handle, name)
-        self._background(self.evacuate(name, why))
-
-    def _freed(self, name: str) -> None:
-        """A lost node's trajectory closed: fence the memory it gave back, at once."""
-        if self.runtime is not None and not self.fleet.alive(name):
+        if self.runtime is not None:
+            # Now, not in the evacuation's task: the calls told node_lost just now end before
+            # it runs, and their cells (or a failed open's memory) went back to the core, whose
+            # pass started queued GPU calls there (never sent, ending node_lost) while a node
+            # alive had room.
             self.fence(name)
+        self._background(self.evacuate(name, why))
 
     def _opened(self, name: str, trajectory: str) -> None:
         """A trajectory lost with its node is open again (reopened by the Ray-native API or
@@ -435,39 +434,22 @@ class Membership:
             del lost[next(iter(lost))]
 
     def fence(self, name: str) -> None:
-        """Hold a lost node's free capacity in the core, so nothing is placed there: its free
-        container memory (a trajectory that holds it) and its free GPUs (held by a fence;
-        a cell a running action holds is fenced when it ends: the watch calls this again)."""
+        """Hold a lost (or absent) node's free capacity in the core, so nothing is placed
+        there (``Scheduler.fence_node``): its free container memory and its free GPUs, and
+        what its ending actions and closing containers give back from now on."""
         rt = self._rt()
         state = rt.scheduler.state
-        holder = f"~lost~{name}"
-        gpus = state.gpu.get(name)
-        if gpus is not None:
-            for g, owner in enumerate(gpus.owner):
-                if owner is None:
-                    gpus.take((g,), holder)
-        cpu = state.cpu.get(name)
-        if cpu is None or cpu.memory_free_gb <= 1e-9:
-            return
-        self._fence_seq += 1
-        fence = f"{holder}~{self._fence_seq}"
-        placed = rt.scheduler.open_trajectory(
-            fence, rt.host.now(), memory_gb=cpu.memory_free_gb, node=name
-        )
-        if placed is not None:
-            self.fences.setdefault(name, []).append(fence)
+        if name in state.cpu or name in state.gpu:
+            rt.scheduler.fence_node(name, f"~lost~{name}")
 
     def unfence(self, name: str) -> None:
-        """Give a returned node's capacity back to the core."""
+        """Give a returned node's capacity back to the core: queued GPU calls and containers
+        waiting for memory may start there at once, and the opens waiting for room are told."""
         rt = self._rt()
-        holder = f"~lost~{name}"
-        gpus = rt.scheduler.state.gpu.get(name)
-        if gpus is not None:
-            for g, owner in enumerate(gpus.owner):
-                if owner == holder:
-                    gpus.give((g,), holder)
-        for fence in self.fences.pop(name, []):
-            rt.host.close_trajectory(fence)  # (a pass over the node: CPU work may start)
+        if name not in rt.scheduler.fenced or rt.closing:
+            return
+        rt.host.loop.unfence_node(name, rt.host.now())
+        self._background(rt.trajs._notify_capacity())
 
     def _rt(self) -> Runtime:
         if self.runtime is None:
