@@ -94,7 +94,7 @@ def unwrap(reply: dict[str, Any]) -> Any:
         return reply["value"]
     err = reply["error"]
     cls = ERRORS.get(err["code"])
-    # (a code that is no runtime error's, ``node_lost``, may carry its HTTP status)
+    # (a code that is no runtime error's, from another version, may carry its HTTP status)
     status = cls.http_status if cls is not None else int(err.get("http_status") or 500)
     raise ServiceError(
         status,

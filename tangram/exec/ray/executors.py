@@ -22,6 +22,7 @@ from tangram.core.scheduler import Scheduler
 from tangram.exec.ray.fleet import Fleet, NodeLost, lost_result
 from tangram.exec.ray.nodes import ServiceEntry
 from tangram.exec.runtime.cpu import CpuExecutor
+from tangram.exec.runtime.errors import NodeLostError, UnknownTrajectory
 from tangram.exec.runtime.executor import OnDeadline
 from tangram.exec.runtime.gpu import GpuExecutor
 from tangram.exec.runtime.records import CpuWork, ErrorInfo, GpuWork
@@ -82,9 +83,13 @@ class RayCpuExecutor:
         self.placed[traj] = node
         try:
             cid = await self.fleet.call(node, "open", traj, memory_gb, image)
-        except BaseException:
+        except BaseException as exc:
             if self.placed.get(traj) == node:  # (nothing made: the runtime forgets the id)
                 del self.placed[traj]
+            if isinstance(exc, NodeLost):  # (retryable: sent again, placed on a node alive)
+                raise NodeLostError(
+                    f"{exc}: the container was not made there; open it again (another node)"
+                ) from exc
             raise
         self.containers[traj] = cid
         self.fleet.opened(node, traj)
@@ -97,7 +102,13 @@ class RayCpuExecutor:
             await self.fleet.call(node, "close", traj)  # back, went to its fence in the core)
 
     async def recreate(self, traj: str) -> Handle:
-        cid = await self.fleet.call(self.placed[traj], "recreate", traj)
+        try:
+            cid = await self.fleet.call(self.placed[traj], "recreate", traj)
+        except NodeLost as exc:  # (the trajectory is lost with its node: its loss closes it)
+            raise UnknownTrajectory(
+                f"trajectory {traj!r} is not open: it was lost with node {exc.node}: "
+                f"{exc.why}; open it again (it is placed on another node) and resend its actions"
+            ) from exc
         self.containers[traj] = cid
         return Handle(cid)
 

@@ -26,7 +26,6 @@ from typing import Any
 from tangram.exec.ray import agents
 from tangram.exec.ray.config import RayConfig
 from tangram.exec.ray.executors import RayCpuExecutor, RayGpuExecutor
-from tangram.exec.ray.fleet import NODE_LOST, NodeLost
 from tangram.exec.ray.membership import Membership
 from tangram.exec.ray.nodes import cluster_spec
 from tangram.exec.runtime.api import ApiExecutor, builtin_endpoints
@@ -57,40 +56,6 @@ def error_reply(exc: LiveError) -> dict[str, Any]:
             "retry_after_s": exc.retry_after_s,
         }
     }
-
-
-def open_error_reply(exc: LiveError) -> dict[str, Any]:
-    """An open's error as the Ray client's reply. One whose container's node was lost while it
-    was made (or before: placed there as the node's loss was handled) is the retryable
-    ``node_lost`` (503), not the runtime's wrapper of the executor's error (a 500, not to be
-    retried): nothing was opened (the id is free, the agent killed with what it made), and
-    the open sent again is placed on another node."""
-    cause = exc.__cause__
-    if not isinstance(cause, NodeLost):
-        return error_reply(exc)
-    message = f"{cause}: the container was not made there; open it again (another node)"
-    return {
-        "error": {
-            "code": NODE_LOST,
-            "message": message,
-            "retryable": True,
-            "retry_after_s": None,
-            "http_status": 503,
-        }
-    }
-
-
-def _lost_in_recreate(exc: LiveError, trajectory: str) -> LiveError:
-    """A recreate whose node was lost while its agent made the new container was the runtime's
-    wrapper of the executor's ``NodeLost`` (a 500, 'could not recreate'): the trajectory is
-    lost with its node (its loss closes it), as a later call naming it is told (a 404)."""
-    cause = exc.__cause__
-    if not isinstance(cause, NodeLost):
-        return exc
-    return UnknownTrajectory(
-        f"trajectory {trajectory!r} is not open: it was lost with node {cause.node}: "
-        f"{cause.why}; open it again (it is placed on another node) and resend its actions"
-    )
 
 
 def _reply_of(reply: dict[str, Any] | BaseException) -> dict[str, Any]:
@@ -285,7 +250,7 @@ class SchedulerActor:
             fields = parse_trajectory(None if body is None else _object(body, "a trajectory"))
             info = await self._rt().open_trajectory(**fields)
         except LiveError as exc:
-            return open_error_reply(exc)
+            return error_reply(exc)  # (node_lost: the executor's own, 503 retryable)
         return {"value": trajectory_doc(info)}
 
     async def close_trajectory(self, trajectory: str) -> dict[str, Any]:
@@ -304,7 +269,7 @@ class SchedulerActor:
             info = await rt.recreate_trajectory(rt.public_trajectory(trajectory))
             return {"value": trajectory_doc(info)}
         except LiveError as exc:
-            return error_reply(self._explain(_lost_in_recreate(exc, trajectory), trajectory))
+            return error_reply(self._explain(exc, trajectory))
 
     async def trajectories(self) -> dict[str, Any]:
         return {"value": [trajectory_doc(t) for t in self._rt().public_trajectories()]}

@@ -108,6 +108,16 @@ class CapacityShort(LiveError):
         self.retry_after_s = retry_after_s
 
 
+class NodeLostError(LiveError):
+    """The node that was to make or run it was lost meanwhile (a multi-node runtime: a
+    container's open whose node's agent died): nothing was made there, and the same request
+    sent again is placed on a node alive. Retry (the same id)."""
+
+    code = "node_lost"
+    retryable = True
+    http_status = 503
+
+
 class NotCancellable(LiveError):
     """A cancel of an action that is already running on an executor that cannot interrupt it."""
 
@@ -142,6 +152,7 @@ __all__ = [
     "ExecutorMissing",
     "Forbidden",
     "LiveError",
+    "NodeLostError",
     "NotCancellable",
     "Overloaded",
     "ShuttingDown",

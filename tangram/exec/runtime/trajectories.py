@@ -222,7 +222,7 @@ class Trajectories:
             traj.ready.exception()  # retrieved: no "never retrieved" warning
             self.host.close_trajectory(traj_id, opened=False)
             await self._notify_capacity()
-            if isinstance(exc, Exception):
+            if isinstance(exc, Exception) and not isinstance(exc, LiveError):
                 raise LiveError(
                     f"could not create the container of trajectory {traj_id!r}: "
                     f"{type(exc).__name__}: {exc}"
@@ -344,6 +344,8 @@ class Trajectories:
                 raise UnknownTrajectory(
                     f"trajectory {trajectory!r} was closed while its container was recreated"
                 ) from exc
+            if isinstance(exc, LiveError):  # (the executor's own answer: a 500 hid it)
+                raise
             raise LiveError(
                 f"could not recreate the container of {trajectory!r}: {type(exc).__name__}: {exc}"
             ) from exc
