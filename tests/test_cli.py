@@ -204,3 +204,30 @@ def test_bench_scheduler_reports_the_queue_its_decisions_ran_over():
     over = run_bench(4, running=2000, events=3)
     assert over["queued"] == 4 and over["queued_mean"] > 700
     assert run_bench(4, running=64, events=3)["queued_mean"] == 4.0
+
+
+def test_sim_reads_a_cluster_file_that_is_no_regular_file(tmp_path, capsys):
+    """A path that exists but is no regular file was refused as "no such file": /dev/null,
+    and a pipe (``--cluster <(...)``), which is read as trace files are. An empty file (or
+    /dev/null) is refused as empty, not as a cluster that "describes no CPU node"."""
+    import os
+    import threading
+    from pathlib import Path
+
+    assert main(["sim", "--cluster", os.devnull, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"{os.devnull}: (file): empty" in err and "no such file" not in err
+    (tmp_path / "empty.toml").write_text("# nothing yet\n")
+    assert main(["sim", "--cluster", str(tmp_path / "empty.toml"), "--quiet"]) == 2
+    assert "empty.toml: (file): empty" in capsys.readouterr().err
+    fifo = tmp_path / "cluster-pipe"
+    os.mkfifo(fifo)
+    text = (Path(__file__).parents[1] / "tangram" / "clusters" / "local.toml").read_text()
+    writer = threading.Thread(target=lambda: fifo.write_text(text, encoding="utf-8"))
+    writer.start()
+    try:
+        argv = ["sim", "--workload", "coding", "--batch", "2", "--policy", "tangram"]
+        assert main([*argv, "--cluster", str(fifo), "--quiet", "--json"]) == 0
+    finally:
+        writer.join(timeout=60)
+    assert json.loads(capsys.readouterr().out)["cluster"] == "local"

@@ -79,6 +79,10 @@ def load_cluster(name_or_path: str | Path) -> ClusterSpec:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ClusterFileError(source, "(syntax)", str(exc)) from None
+    if not data:  # (an empty file, or only comments: say so, not "describes no node")
+        raise ClusterFileError(
+            source, "(file)", "empty: no cluster description (name, cpu_node, gpu_node, api...)"
+        )
     return parse_cluster(data, source)
 
 
@@ -95,8 +99,10 @@ def _read(name_or_path: str | Path) -> tuple[str, str]:
     if path.suffix == ".toml" or path.exists():
         if path.is_dir():  # it exists: "no such file" would send the user looking for it
             raise ClusterFileError(str(path), "(file)", "a directory, not a cluster file")
-        if not path.is_file():
+        if not path.exists():
             raise ClusterFileError(str(path), "(file)", "no such file")
+        # A path that exists but is no regular file (a pipe, as ``--cluster <(...)`` gives,
+        # or /dev/null) is read as a trace file is: "no such file" named a file that is there.
         return _text(path), str(path)
     bundled = resources.files("tangram.clusters") / f"{name_or_path}.toml"
     if not bundled.is_file():
