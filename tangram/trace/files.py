@@ -19,6 +19,7 @@ from tangram.trace.errors import TraceError, loads_unique
 from tangram.trace.header import (
     HEADER_KEY,
     check_fields_of_version,
+    check_meta,
     fields_of_version,
     header_object,
     meta_from_header,
@@ -98,6 +99,7 @@ def _decoded(raw: bytes, path: Path, lineno: int) -> str:
 def write_jsonl(trace: Trace, path: str | Path) -> None:
     """Write the header then one compact object per row (fields at their defaults omitted)."""
     path = Path(path)
+    check_meta(trace.meta, path)  # (a NaN there would write a file no reader takes)
     lines = [json.dumps(header_object(trace.meta, trace.format_version()), separators=(",", ":"))]
     lines += [
         json.dumps(row_to_mapping(row, drop_defaults=True), separators=(",", ":"))
@@ -139,6 +141,7 @@ def write_parquet(trace: Trace, path: str | Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    check_meta(trace.meta, path)  # (a NaN there would write a file no reader takes)
     version = trace.format_version()
     schema = _arrow_schema(trace.meta, version)
     columns = schema.names

@@ -6,6 +6,7 @@ a data frame in ``df.attrs``; all under the key ``HEADER_KEY``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,41 @@ def meta_from_header(header: Any, path: str | Path, where: str) -> dict[str, Any
             where=where,
             path=path,
         )
-    return {k: v for k, v in header.items() if k != HEADER_KEY}
+    meta = {k: v for k, v in header.items() if k != HEADER_KEY}
+    check_meta(meta, path, where)
+    return meta
+
+
+def check_meta(meta: Mapping[str, Any], path: str | Path | None, where: str = "header") -> None:
+    """Refuse a number in the meta that is not finite (``NaN``, ``Infinity``: not JSON, though
+    Python's json reads and writes them), naming its key path (``params.sigma``): it was
+    carried silently, and ``tangram sim --json`` printed it as null."""
+    bad = _non_finite(meta, "")
+    if bad is not None:
+        key, value = bad
+        raise TraceError(
+            f"must be a finite number, got {value!r}",
+            field=key,
+            where=where,
+            path=path,
+        )
+
+
+def _non_finite(value: Any, key: str) -> tuple[str, float] | None:
+    """The key path and value of the first non-finite float in ``value``, or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (key, value)
+    if isinstance(value, Mapping):
+        items: Any = ((f"{key}.{k}" if key else str(k), v) for k, v in value.items())
+    elif isinstance(value, list | tuple):
+        items = ((f"{key}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    for sub_key, sub in items:
+        found = _non_finite(sub, sub_key)
+        if found is not None:
+            return found
+    return None
 
 
 def header_object(meta: Mapping[str, Any], version: int = 1) -> dict[str, Any]:

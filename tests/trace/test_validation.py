@@ -340,3 +340,26 @@ def test_a_dataframe_with_a_repeated_column_is_refused_naming_it():
     df = pd.concat([df, df[["t1_s"]] * 100], axis=1)
     with pytest.raises(TraceError, match=r"^columns: field 't1_s': .*more than once"):
         Trace.from_dataframe(df)
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
+def test_a_header_number_that_is_not_finite_is_refused_naming_its_key(tmp_path, value):
+    """A header holding NaN or Infinity (not JSON, though Python's json reads it) was taken,
+    and ``tangram sim --json`` printed the value as null: a silently changed meta. It is
+    refused naming the file, the place and the key's path, in JSONL and Parquet headers; a
+    writer refuses such a meta rather than write a file no reader takes."""
+    text = '{"tangram_trace": 1, "params": {"sigmas": [0.5, ' + value + "]}}\n"
+    path = tmp_path / "nan.jsonl"
+    path.write_text(text + json.dumps(good(0)) + "\n")
+    with pytest.raises(TraceError, match=r"nan.jsonl, line 1: field 'params.sigmas\[1\]': "):
+        load_trace(path)
+    table = pq.read_table(parquet_with(tmp_path, [0.5]))
+    table = table.replace_schema_metadata({"tangram_trace": text})
+    pq.write_table(table, tmp_path / "nan.parquet")
+    with pytest.raises(TraceError, match=r"header: field 'params.sigmas\[1\]': .*finite"):
+        load_trace(tmp_path / "nan.parquet")
+    trace = Trace((TraceRow(**good(0)),), {"seed": float(value)})
+    for name in ("out.jsonl", "out.parquet"):
+        with pytest.raises(TraceError, match=r"header: field 'seed': must be a finite number"):
+            write_trace(trace, tmp_path / name)
+        assert not (tmp_path / name).exists()
