@@ -111,7 +111,8 @@ def _read(name_or_path: str | Path) -> tuple[str, str]:
             "(name)",
             f"not a file and not a bundled cluster; bundled: {bundled_clusters()}",
         )
-    return bundled.read_text(), f"<bundled {name_or_path}.toml>"
+    source = f"<bundled {name_or_path}.toml>"
+    return _decoded(bundled.read_bytes(), source), source
 
 
 def _text(path: Path) -> str:
@@ -121,12 +122,18 @@ def _text(path: Path) -> str:
         data = path.read_bytes()
     except OSError as exc:
         raise ClusterFileError(str(path), "(file)", f"cannot read: {exc.strerror}") from None
+    return _decoded(data, str(path))
+
+
+def _decoded(data: bytes, source: str) -> str:
+    """UTF-8 whatever the locale (a bundled file read as locale text failed under LANG=C
+    with PYTHONUTF8=0 on its first non-ASCII byte, a UnicodeDecodeError traceback)."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         raise ClusterFileError(
-            str(path), "(file)", f"not valid UTF-8 (line {line}); TOML files are UTF-8"
+            source, "(file)", f"not valid UTF-8 (line {line}); TOML files are UTF-8"
         ) from None
 
 

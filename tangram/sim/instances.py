@@ -76,5 +76,5 @@ def write_instance(trace: Trace, cluster: ClusterSpec, directory: Path, name: st
     directory.mkdir(parents=True, exist_ok=True)
     trace_path, cluster_path = directory / f"{name}.jsonl", directory / f"{name}.toml"
     write_trace(trace, trace_path)
-    cluster_path.write_text(cluster_toml(cluster))
+    cluster_path.write_text(cluster_toml(cluster), encoding="utf-8")  # (TOML is UTF-8)
     return {"trace": str(trace_path), "cluster": str(cluster_path)}
