@@ -101,6 +101,13 @@ def _steps(data: Any, file: Path) -> list[dict[str, Any]]:
     for i, entry in enumerate(steps):
         if not isinstance(entry, dict) or "action" not in entry:
             raise TraceImportError(file, f"trajectory step {i} has no 'action'")
+        action = entry["action"]
+        if not isinstance(action, str):  # (its kind, the command's first token, was "empty")
+            raise TraceImportError(
+                file,
+                f"trajectory step {i}: 'action' must be a string (the command run), "
+                f"got {type(action).__name__} {action!r}",
+            )
     return steps
 
 
