@@ -112,7 +112,8 @@ def _steps(data: Any, file: Path) -> list[dict[str, Any]]:
 
 
 def _exit_status(data: dict[str, Any], file: Path) -> Any:
-    """The run's ``info.exit_status`` (kept in the meta), or None where ``info`` has none."""
+    """The run's ``info.exit_status`` (kept in the meta): a string, or None where ``info``
+    has none."""
     info = data.get("info")
     if info is None:
         return None
@@ -120,7 +121,16 @@ def _exit_status(data: dict[str, Any], file: Path) -> Any:
         raise TraceImportError(
             file, f"'info' must be an object (with 'exit_status'), got {type(info).__name__}"
         )
-    return info.get("exit_status")
+    status = info.get("exit_status")
+    if status is not None and not isinstance(status, str):
+        # (kept in the trace's header: a NaN there made it a file no strict reader takes,
+        # refused at the writing as the output's header, not as this file's)
+        raise TraceImportError(
+            file,
+            f"'info.exit_status' must be a string (how the run ended) or null, "
+            f"got {type(status).__name__} {status!r}",
+        )
+    return status
 
 
 def _execution_time(entry: dict[str, Any], pos: int, file: Path) -> float:
