@@ -11,12 +11,13 @@ Definitions (docs/metrics.md gives them with symbols):
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from tangram.sim.driver import SimResult
+from tangram.sim.driver import SimResult, StepRecord, TrajectoryRecord
 
 
 def actions_frame(result: SimResult) -> pd.DataFrame:
@@ -51,21 +52,52 @@ def actions_frame(result: SimResult) -> pd.DataFrame:
                 "max_units": r.row.max_units,
             }
         )
-    return pd.DataFrame(rows)
+    # (The columns are named even with no row: a frame without them, for a run of no action,
+    # failed in summary and by_kind with KeyError 'outcome' and wrote a Parquet file of none.)
+    return pd.DataFrame(rows, columns=ACTION_COLUMNS)
+
+
+#: The columns of :func:`actions_frame`, in order.
+ACTION_COLUMNS = [
+    "action_id",
+    "trajectory",
+    "step",
+    "position",
+    "task",
+    "kind",
+    "resource",
+    "service",
+    "arrival",
+    "start",
+    "finish",
+    "queue_s",
+    "overhead_s",
+    "exec_s",
+    "act_s",
+    "units",
+    "node",
+    "restored",
+    "evictions",
+    "deferrals",
+    "outcome",
+    "reason",
+    "t1_s",
+    "max_units",
+]
 
 
 def trajectories_frame(result: SimResult) -> pd.DataFrame:
-    df = pd.DataFrame([vars(t) for t in result.trajectories])
-    if not df.empty:
-        df["duration_s"] = df["end"] - df["start"]
+    columns = [f.name for f in dataclasses.fields(TrajectoryRecord)]
+    df = pd.DataFrame([vars(t) for t in result.trajectories], columns=columns)
+    df["duration_s"] = df["end"] - df["start"]
     return df
 
 
 def steps_frame(result: SimResult) -> pd.DataFrame:
-    df = pd.DataFrame([vars(s) for s in result.steps])
-    if not df.empty:
-        df["rollout_s"] = df["rollout_end"] - df["start"]
-        df["duration_s"] = df["end"] - df["start"]
+    columns = [f.name for f in dataclasses.fields(StepRecord)]
+    df = pd.DataFrame([vars(s) for s in result.steps], columns=columns)
+    df["rollout_s"] = df["rollout_end"] - df["start"]
+    df["duration_s"] = df["end"] - df["start"]
     return df
 
 
