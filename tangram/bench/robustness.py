@@ -274,15 +274,23 @@ def worst_margin(record: dict[str, Any]) -> float:
 
 
 def write_worst(
-    records: Sequence[dict[str, Any]], out: Path, per_family: int, warm_gpus: bool | str = True
+    records: Sequence[dict[str, Any]],
+    out: Path,
+    per_family: int,
+    warm_gpus: bool | str = True,
+    oversubscription: float = 0.0,
 ) -> list[dict[str, Any]]:
     """Write the ``per_family`` worst instances of each family as trace + cluster files; each
-    one's replay command starts the GPUs as the benchmark did (``warm_gpus``)."""
+    one's replay command starts the GPUs as the benchmark did (``warm_gpus``) and charges the
+    same time-slicing (``oversubscription``: without it, a run of ``--oversubscription 0.5``
+    replayed to other figures than those reported)."""
     from tangram.sim.config import warm_gpus_flag
     from tangram.sim.instances import write_instance
 
     start = warm_gpus_flag(warm_gpus)
     start_flag = "" if start == "once" else f" --warm-gpus {start}"
+    if oversubscription:
+        start_flag += f" --set overheads.oversubscription_slowdown={oversubscription!r}"
 
     written = []
     families = dict.fromkeys(r["family"] for r in records)
@@ -397,7 +405,7 @@ def run_bench(
         "families": {
             f: family_summary([r for r in records if r["family"] == f], policies) for f in families
         },  # fmt: skip
-        "worst": write_worst(records, out, worst, warm_gpus) if out else [],
+        "worst": write_worst(records, out, worst, warm_gpus, oversubscription) if out else [],
         "instances": [{k: v for k, v in r.items() if k != "_instance"} for r in records],
     }
     doc["wall_s"] = time.perf_counter() - t0

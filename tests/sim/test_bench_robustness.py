@@ -253,3 +253,23 @@ def test_a_worst_instances_command_runs_from_an_out_with_a_space(tmp_path, capsy
     [written] = write_worst([record], tmp_path / "worst runs", 1)
     argv = shlex.split(written["replay"])
     assert argv[:2] == ["tangram", "sim"] and main([*argv[1:], "--quiet"]) == 0
+
+
+def test_a_worst_instances_command_charges_the_benchs_time_slicing(tmp_path, capsys):
+    """With ``--oversubscription`` the worst instances' replay command left the slowdown
+    out, so it replayed them to other figures than the benchmark reported."""
+    import shlex
+
+    from tangram.bench.robustness import run_bench
+
+    doc = run_bench(instances=1, seed=1, families=("cpu",), policies=("k8s-burstable:1",),
+                    out=tmp_path, worst=1, oversubscription=0.5)  # fmt: skip
+    [written] = doc["worst"]
+    [record] = doc["instances"]
+    assert main([*shlex.split(written["replay"])[1:], "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["results"]
+    assert [r["policy"] for r in rows] == ["tangram", "k8s-burstable:1"]
+    for row in rows:
+        reported = record["runs"][row["policy"]]
+        assert row["act_mean_s"] == pytest.approx(reported["act_mean_s"], rel=1e-9)
+        assert row["step_mean_s"] == pytest.approx(reported["step_s"], rel=1e-9)
