@@ -231,3 +231,20 @@ def test_sim_reads_a_cluster_file_that_is_no_regular_file(tmp_path, capsys):
     finally:
         writer.join(timeout=60)
     assert json.loads(capsys.readouterr().out)["cluster"] == "local"
+
+
+def test_sim_reads_a_cluster_file_opened_by_a_byte_order_mark(tmp_path, capsys):
+    """Editors on Windows open a UTF-8 file with a byte-order mark: a cluster file holding one
+    was refused as "(syntax): Invalid statement (at line 1, column 1)", a line that reads
+    right, where trace files and calibration records take it. A mark inside stays an error."""
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "tangram" / "clusters" / "local.toml").read_bytes()
+    path = tmp_path / "windows.toml"
+    path.write_bytes(b"\xef\xbb\xbf" + text)
+    argv = ["sim", "--workload", "coding", "--batch", "2", "--policy", "tangram", "--quiet"]
+    assert main([*argv, "--cluster", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cluster"] == "local"
+    path.write_bytes(text + b"\xef\xbb\xbf")
+    assert main([*argv, "--cluster", str(path)]) == 2
+    assert "windows.toml: (syntax)" in capsys.readouterr().err

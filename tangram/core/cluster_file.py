@@ -127,9 +127,12 @@ def _text(path: Path) -> str:
 
 def _decoded(data: bytes, source: str) -> str:
     """UTF-8 whatever the locale (a bundled file read as locale text failed under LANG=C
-    with PYTHONUTF8=0 on its first non-ASCII byte, a UnicodeDecodeError traceback)."""
+    with PYTHONUTF8=0 on its first non-ASCII byte, a UnicodeDecodeError traceback); a
+    byte-order mark opening the file is dropped, as editors on Windows write it and as trace
+    files and calibration records take it (tomllib refused it as "Invalid statement (at line
+    1, column 1)", a line that reads right)."""
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         raise ClusterFileError(
