@@ -506,7 +506,7 @@ class Report:
             "",
         ]
         path = out / f"{self.name}.md"
-        path.write_text("\n".join(lines))
+        path.write_text("\n".join(lines), encoding="utf-8")
         pd.DataFrame(
             [
                 {

@@ -395,7 +395,9 @@ def run_seed(
     return {
         "seed": seed,
         "gpu_model": gpu_model,
-        "gpu_calibration": json.loads(record_path.read_text()) if record_path.exists() else None,
+        "gpu_calibration": (
+            json.loads(record_path.read_text(encoding="utf-8")) if record_path.exists() else None
+        ),
         "calibration": asdict(cal),
         "calibration_after": asdict(after),
         "live": live,
@@ -514,7 +516,7 @@ def write_outputs(runs: list[dict[str, Any]], params: Params, out: Path, argv: l
         "runs": runs,
         "summary": summary,
     }
-    (out / "fidelity.json").write_text(json.dumps(doc, indent=2, default=str))
+    (out / "fidelity.json").write_text(json.dumps(doc, indent=2, default=str), encoding="utf-8")
     lines = [
         "# Fidelity: live run on this machine vs its replay in the simulator",
         "",
@@ -645,7 +647,7 @@ def write_outputs(runs: list[dict[str, Any]], params: Params, out: Path, argv: l
         "",
         GAP_TEXT,
     ]
-    (out / "fidelity.md").write_text("\n".join(lines) + "\n")
+    (out / "fidelity.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     claims = [
         (
             "simulated vs live ACT, observed durations",
@@ -667,7 +669,7 @@ def write_outputs(runs: list[dict[str, Any]], params: Params, out: Path, argv: l
             f'"{claim}",{metric},<= 10%,{ours},{s["p95"]["mean"]},{std},fidelity,'
             "python experiments/fidelity.py"
         )
-    (out / "fidelity.claims.csv").write_text("\n".join(rows) + "\n")
+    (out / "fidelity.claims.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
 
 
 GAP_TEXT = """\
@@ -785,7 +787,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cluster, _ = discover_cluster()
     if args.replay_only:
-        doc = json.loads((args.out / "fidelity.json").read_text())
+        doc = json.loads((args.out / "fidelity.json").read_text(encoding="utf-8"))
         runs = doc["runs"]
         for run in runs:
             path = args.out / f"fidelity-trace-seed{run['seed']}.jsonl.gz"

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     from tangram.trace.gpu_calibration import CallOverhead, CallTime, GpuCalibration
     from tangram.trace.host_load import contention_points, overhead_points
 
-    doc = json.loads((args.runs / "fidelity.json").read_text())
+    doc = json.loads((args.runs / "fidelity.json").read_text(encoding="utf-8"))
     seeds = [r["seed"] for r in doc["runs"]]
     traces = {s: load_trace(args.runs / f"fidelity-trace-seed{s}.jsonl.gz") for s in seeds}
 
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     named = {DEFAULT_RUNS.resolve(): "", (HERE / "results").resolve(): "-latest"}
     stem = "fidelity-gpu-loo" + named.get(runs, f"-{runs.name}")
     where = runs.relative_to(HERE.parent) if runs.is_relative_to(HERE.parent) else runs
-    (args.out / f"{stem}.json").write_text(json.dumps(results, indent=2))
+    (args.out / f"{stem}.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
     lines = [
         f"# GPU call model, one seed left out ({where}/)",
         "",
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             ]
             errs = " | ".join(f"{e['p50']:+.1%} | {e['p95']:+.1%}" for e in cells)
             lines.append(f"| {row['seed']} | {mode} | {errs} | {slow} |")
-    (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))
     return 0
 

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp())
     results = []
     for run_name, runs in RUNS.items():
-        doc = json.loads((runs / "fidelity.json").read_text())
+        doc = json.loads((runs / "fidelity.json").read_text(encoding="utf-8"))
         seeds = [r["seed"] for r in doc["runs"]]
         traces = {s: load_trace(runs / f"fidelity-trace-seed{s}.jsonl.gz") for s in seeds}
         samples: dict[tuple[int, str], list] = {}
@@ -91,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
                     row[name] = {k: err.by_resource["gpu"]["error"][k] for k in ("p50", "p95")}
                 results.append(row)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "fidelity-gpu-sparse.json").write_text(json.dumps(results, indent=2))
+    (args.out / "fidelity-gpu-sparse.json").write_text(
+        json.dumps(results, indent=2), encoding="utf-8"
+    )
     lines = [
         "# GPU record from warm-up-sized samples of another seed (fallback check)",
         "",
@@ -129,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['capped']['p50']:+.1%} | {r['capped']['p95']:+.1%} | "
             f"{r['uncapped']['p50']:+.1%} | {r['uncapped']['p95']:+.1%} |"
         )
-    (args.out / "fidelity-gpu-sparse.md").write_text("\n".join(lines) + "\n")
+    (args.out / "fidelity-gpu-sparse.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines[:16]))
     return 0
 

@@ -161,7 +161,7 @@ def report(runs: list[dict[str, Any]], params: Any, info: Any, out: Path, argv: 
         "summary_by_resource": summary,
         "target_p95": F.TARGET,
     }
-    (out / "ray-fidelity.json").write_text(json.dumps(doc, indent=2, default=str))
+    (out / "ray-fidelity.json").write_text(json.dumps(doc, indent=2, default=str), encoding="utf-8")
     print(f"wrote {out / 'ray-fidelity.json'}")
     return 0
 
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     argv_used = list(argv if argv is not None else sys.argv[1:])
     if args.replay_only:
-        doc = json.loads((args.out / "ray-fidelity.json").read_text())
+        doc = json.loads((args.out / "ray-fidelity.json").read_text(encoding="utf-8"))
         for run in doc["runs"]:
             run["replay"] = replays(args.out / f"ray-fidelity-trace-seed{run['seed']}.jsonl.gz")
         return report(doc["runs"], doc["params"], doc["cluster"], args.out, doc["argv"])

@@ -122,12 +122,14 @@ def update_doc(out: Path, doc: Path = DOC) -> bool:
         return False
     side_by_side_figures(out, claims)
     times = run_times(out)
-    text = doc.read_text()
+    text = doc.read_text(encoding="utf-8")
     if BEGIN not in text or END not in text:
         return False
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    doc.write_text(head + BEGIN + "\n" + results_table(claims, times) + "\n" + END + tail)
+    doc.write_text(
+        head + BEGIN + "\n" + results_table(claims, times) + "\n" + END + tail, encoding="utf-8"
+    )
     return True
 
 

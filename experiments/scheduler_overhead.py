@@ -116,7 +116,9 @@ def main(argv=None) -> int:
     agg = aggregate(runs, ["key", "workload", "batch", "variant"], METRICS)
     write_tables(args.out, NAME, runs, agg)
     bench = bench_scheduler(args.smoke)
-    (args.out / f"{NAME}.bench.json").write_text(json.dumps(bench, indent=2) + "\n")
+    (args.out / f"{NAME}.bench.json").write_text(
+        json.dumps(bench, indent=2) + "\n", encoding="utf-8"
+    )
 
     # ---- figure
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))

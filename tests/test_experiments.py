@@ -314,3 +314,41 @@ def test_aggregate_counts_only_the_seeds_that_gave_figures():
     assert agg.loc["a", "x_mean"] == 2.0 and agg.loc["a", "seeds"] == 1
     assert agg.loc["a", "stalled"] == 1 and agg.loc["b", "stalled"] == 0
     assert agg.loc["b", "seeds"] == 2 and agg.loc["b", "x_mean"] == 1.5
+
+
+def test_reports_and_the_results_doc_are_utf8_under_a_non_utf8_locale(tmp_path):
+    """Every report writes "mean ± std" (and µs): under LC_ALL=C without UTF-8 mode the
+    locale's encoding is ASCII, so Report.write failed with a UnicodeEncodeError at the end
+    of the run, and run_all's update of the results doc could not read or write it."""
+    import os
+    import textwrap
+
+    script = textwrap.dedent(
+        f"""
+        import locale, sys
+        from pathlib import Path
+        assert locale.getpreferredencoding(False).lower() not in ("utf-8", "utf8")
+        sys.path.insert(0, {str(EXPERIMENTS)!r})
+        import common, run_all
+        out = Path(sys.argv[1])
+        common.Report(
+            name="coding_act", title="t", claim="c", command="python x.py",
+            claims=[common.Claim("c", "m", "4.3x", "1.5 \\u00b1 0.1x", 1.5, 0.1)],
+            sections=[("mean \\u00b1 std", "2 \\u00b5s")],
+        ).write(out)
+        doc = out / "doc.md"
+        doc.write_bytes(("\\u00b1 intro\\n" + run_all.BEGIN + "\\nold\\n" + run_all.END + "\\n").encode())
+        assert run_all.update_doc(out, doc)
+        print("ok")
+        """
+    )
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0",
+           "PYTHONCOERCECLOCALE": "0", "MPLBACKEND": "Agg"}  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        capture_output=True, text=True, encoding="utf-8", env=env, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+    text = (tmp_path / "coding_act.md").read_text(encoding="utf-8")
+    assert "mean ± std" in text and "2 µs" in text
+    assert "| 1.5 ± 0.1x |" in (tmp_path / "doc.md").read_text(encoding="utf-8")
