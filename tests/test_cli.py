@@ -248,3 +248,36 @@ def test_sim_reads_a_cluster_file_opened_by_a_byte_order_mark(tmp_path, capsys):
     path.write_bytes(text + b"\xef\xbb\xbf")
     assert main([*argv, "--cluster", str(path)]) == 2
     assert "windows.toml: (syntax)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["sim", "import", "robustness"])
+def test_a_file_that_cannot_be_written_is_an_error_naming_the_flag(
+    command, tmp_path, monkeypatch, capsys
+):
+    """An OSError writing the output (no permission, a full disk, a read-only file system:
+    the checks before the run cannot see them all, root passing os.access) ended `tangram
+    sim --out`, `tangram import -o` and `tangram bench robustness --out` in a traceback."""
+    import errno
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "out" / "x"))
+
+    if command == "sim":
+        monkeypatch.setattr("tangram.sim.metrics.write_results", full)
+        argv = ["sim", "--workload", "coding", "--batch", "2", "--policy", "tangram"]
+        argv += ["--quiet", "--out", str(tmp_path / "out")]
+        flag = "--out"
+    elif command == "import":
+        monkeypatch.setattr("tangram.trace.write_trace", full)
+        traj = tmp_path / "run.traj"
+        traj.write_text(json.dumps({"trajectory": [{"action": "ls", "execution_time": 1.0}]}))
+        argv = ["import", "swe-agent", str(traj), "-o", str(tmp_path / "out" / "t.jsonl")]
+        flag = "-o"
+    else:
+        monkeypatch.setattr("tangram.sim.instances.write_instance", full)
+        argv = ["bench", "robustness", "--instances", "1", "--seed", "1", "--families", "cpu"]
+        argv += ["--quiet", "--out", str(tmp_path / "out")]
+        flag = "--out"
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"error: {flag} {tmp_path / 'out'}" in err and "No space left on device" in err

@@ -299,7 +299,13 @@ def write_worst(
         for r in sorted(mine, key=lambda r: (-worst_margin(r), r["seed"]))[:per_family]:
             key = max(METRICS, key=lambda k: np.nan_to_num(r["best"][k]["margin"], nan=-1.0))
             trace, cluster = r["_instance"]
-            paths = write_instance(trace, cluster, out, f"{family}-seed{r['seed']}")
+            try:
+                paths = write_instance(trace, cluster, out, f"{family}-seed{r['seed']}")
+            except OSError as exc:  # (no permission, a full disk: a traceback after the run)
+                where = exc.filename or out
+                raise ValueError(
+                    f"--out {out}: cannot write {where}: {exc.strerror or exc}"
+                ) from None
             best = r["best"][key]["policy"]
             written.append(
                 {

@@ -15,11 +15,12 @@ resize the cluster.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import sys
 import textwrap
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -408,7 +409,8 @@ def main(args: argparse.Namespace) -> int:
         rejected = acts[acts["outcome"] == "rejected"] if len(acts) else acts
         reasons[policy] = {str(k): int(v) for k, v in rejected["reason"].value_counts().items()}
         if args.out:
-            files[policy] = write_results(result, args.out, actions=acts, timeline=tl)
+            with out_errors(args.out):
+                files[policy] = write_results(result, args.out, actions=acts, timeline=tl)
             frames[policy], timelines[policy] = acts, tl
     bar.close()
     doc = {
@@ -426,7 +428,9 @@ def main(args: argparse.Namespace) -> int:
     if args.out and frames:
         from tangram.sim.plots import comparison_figure
 
-        doc["figure"] = str(comparison_figure(frames, timelines, Path(args.out) / "comparison.png"))
+        with out_errors(args.out):
+            figure = comparison_figure(frames, timelines, Path(args.out) / "comparison.png")
+        doc["figure"] = str(figure)
     source = args.workload or Path(args.trace or DEFAULT_TRACE).name
     title = f"{source} on {cluster.name}: {len(trace)} actions"
     if args.wide:
@@ -453,6 +457,18 @@ def main(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+@contextlib.contextmanager
+def out_errors(out: Path) -> Iterator[None]:
+    """An OSError writing under ``--out`` (no permission, a full disk, a read-only file
+    system) as a ValueError naming the flag and the path, not a traceback: the directory
+    check before the run (``check_out_dir``) cannot see them all (root passes os.access)."""
+    try:
+        yield
+    except OSError as exc:
+        where = exc.filename or out
+        raise ValueError(f"--out {out}: cannot write {where}: {exc.strerror or exc}") from None
 
 
 def all_rejected_message(

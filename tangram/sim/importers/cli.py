@@ -12,6 +12,7 @@ permutation, each slot after a seeded start offset). The trace format follows ``
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from tangram.report import add_json_flag, emit, positive_int
@@ -62,6 +63,8 @@ def check_out(out: Path) -> None:
         if parent.exists():
             if not parent.is_dir():
                 raise ValueError(f"-o {out}: {parent} exists and is not a directory")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise ValueError(f"-o {out}: directory {parent} is not writable")
             return
 
 
@@ -112,8 +115,12 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError("--max-offset-s applies to tiling: give --batch N")
     from tangram.trace import write_trace
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_trace(trace, args.out)
+    try:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        write_trace(trace, args.out)
+    except OSError as exc:  # (no permission, a full disk: a traceback, after all the import)
+        where = exc.filename or args.out
+        raise ValueError(f"-o {args.out}: cannot write {where}: {exc.strerror or exc}") from None
     tiling = trace.meta.get("tiling", {})
     doc = {
         "out": str(args.out),
