@@ -40,3 +40,24 @@ def test_a_swe_agent_exit_status_that_is_not_a_string_is_refused_naming_the_file
     for ok in ("submitted", None):
         path = write_traj(tmp_path / "r.traj", step, info={"exit_status": ok})
         assert import_swe_agent(path).meta["exit_status"] == {"r": ok}
+
+
+def test_a_tiling_flag_without_batch_is_refused_before_the_import(tmp_path, capsys):
+    """``--seed S`` without ``--batch`` was ignored without a word (the trace written
+    untiled, as if the seed had been used); ``--max-offset-s`` was refused, but only once
+    every file had been imported. Both are refused at once, and nothing is written."""
+    from tangram.cli import main
+
+    ok = write_traj(tmp_path / "r.traj", {"action": "ls", "execution_time": 0.5})
+    out = tmp_path / "t.jsonl"
+    for flag, value in (("--seed", "3"), ("--max-offset-s", "1.5")):
+        assert main(["import", "swe-agent", str(ok), "-o", str(out), flag, value]) == 2
+        assert f"{flag} applies to tiling: give --batch N" in capsys.readouterr().err
+        assert not out.exists()
+    # A refused --max-offset-s reads no file: a missing one is not what is reported.
+    argv = ["import", "swe-agent", str(tmp_path / "absent.traj"), "-o", str(out)]
+    assert main([*argv, "--max-offset-s", "1"]) == 2
+    assert "--max-offset-s applies to tiling" in capsys.readouterr().err
+    assert (
+        main(["import", "swe-agent", str(ok), "-o", str(out), "--batch", "2", "--seed", "3"]) == 0
+    )

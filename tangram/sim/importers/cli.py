@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=positive_int,
         help="tile into one RL step of N trajectories (round-robin over a seeded permutation)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the tiling (default 0)")
+    p.add_argument("--seed", type=int, help="seed of the tiling (with --batch; default 0)")
     p.add_argument(
         "--max-offset-s",
         type=float,
@@ -100,8 +100,13 @@ def check_not_an_input(out: Path, files: list[Path]) -> None:
 
 def main(args: argparse.Namespace) -> int:
     params = kwargs_for(IMPORTERS[args.source], args.settings, f"importer {args.source!r}")
-    if args.seed < 0:
-        raise ValueError(f"--seed must be >= 0, got {args.seed}")
+    if args.batch is None:  # (refused before the import; they were ignored, or refused after)
+        for flag, value in (("--seed", args.seed), ("--max-offset-s", args.max_offset_s)):
+            if value is not None:
+                raise ValueError(f"{flag} applies to tiling: give --batch N")
+    seed = 0 if args.seed is None else args.seed
+    if seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {seed}")
     check_files(args.files)
     check_out(args.out)
     check_not_an_input(args.out, args.files)
@@ -110,9 +115,7 @@ def main(args: argparse.Namespace) -> int:
     trace = merge(traces, [str(p) for p in args.files])
     imported = len(trace.trajectories())
     if args.batch is not None:
-        trace = tile(trace, args.batch, args.seed, args.max_offset_s)
-    elif args.max_offset_s is not None:
-        raise ValueError("--max-offset-s applies to tiling: give --batch N")
+        trace = tile(trace, args.batch, seed, args.max_offset_s)
     from tangram.trace import write_trace
 
     try:
@@ -132,7 +135,7 @@ def main(args: argparse.Namespace) -> int:
         "unanswered_actions": unanswered,
     }
     how = (
-        f"tiled from {imported} imported trajectories, seed {args.seed}, start offsets "
+        f"tiled from {imported} imported trajectories, seed {seed}, start offsets "
         f"uniform in [0, {tiling['max_offset_s']:.3g}) s"
         if tiling
         else f"from {len(args.files)} file{'s' if len(args.files) > 1 else ''}"
