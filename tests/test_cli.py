@@ -281,3 +281,49 @@ def test_a_file_that_cannot_be_written_is_an_error_naming_the_flag(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert f"error: {flag} {tmp_path / 'out'}" in err and "No space left on device" in err
+
+
+DEEP = "[" * 100_000 + "]" * 100_000  # (past the JSON and TOML parsers' recursion)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "argv", "message"),
+    [
+        ("t.jsonl", '{"tangram_trace": 1}\n' + DEEP + "\n", ["sim", "--trace"],
+         "t.jsonl, line 2: JSON nested too deeply"),
+        ("t.jsonl", '{"tangram_trace": 1, "x": ' + DEEP + "}\n", ["sim", "--trace"],
+         "t.jsonl, line 1: JSON nested too deeply"),
+        # Within the parser's reach, past what the header may hold (the walk, the writer and
+        # --json's printing recurse through it).
+        ("t.jsonl", '{"tangram_trace": 1, "x": ' + "[" * 500 + "]" * 500 + "}\n",
+         ["sim", "--trace"], "t.jsonl, line 1: field 'x" + "[0]" * 63 + "': nested more than 64"),
+        ("r.traj", '{"trajectory": ' + DEEP + "}", ["import", "swe-agent"],
+         "r.traj: JSON nested too deeply"),
+        ("output.jsonl", DEEP + "\n", ["import", "openhands"],
+         "output.jsonl: line 1: JSON nested too deeply"),
+        ("c.toml", "a = " + DEEP + "\n", ["sim", "--cluster"],
+         "c.toml: (syntax): arrays or tables nested too deeply"),
+        ("g.json", DEEP, ["replay", "any.jsonl", "--gpu-calibration"],
+         "g.json: JSON nested too deeply"),
+    ],
+)  # fmt: skip
+def test_input_nested_past_the_parsers_recursion_is_an_error_not_a_traceback(
+    name, text, argv, message, tmp_path, capsys
+):
+    """JSON (a trace line or header, an imported run, a calibration record) or TOML (a
+    cluster file) nested tens of thousands of levels deep ended in a RecursionError
+    traceback; it is an error naming the file and the line."""
+    path = tmp_path / name
+    path.write_text(text)
+    tail = ["-o", str(tmp_path / "out.jsonl")] if argv[0] == "import" else ["--quiet"]
+    assert main([*argv, str(path), *tail] if argv[0] != "replay" else [*argv, str(path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_a_setting_nested_past_the_parsers_recursion_is_an_error(capsys):
+    deep = "[" * 50_000 + "]" * 50_000
+    argv = ["sim", "--workload", "mopd", "--batch", "1", "--quiet"]
+    assert main([*argv, "--set", f"teachers={deep}"]) == 2
+    err = capsys.readouterr().err
+    assert "--set teachers=" in err and "JSON nested too deeply" in err

@@ -79,6 +79,10 @@ def load_cluster(name_or_path: str | Path) -> ClusterSpec:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ClusterFileError(source, "(syntax)", str(exc)) from None
+    except RecursionError:  # (arrays nested past tomllib's recursion: a traceback)
+        raise ClusterFileError(
+            source, "(syntax)", "arrays or tables nested too deeply to parse"
+        ) from None
     if not data:  # (an empty file, or only comments: say so, not "describes no node")
         raise ClusterFileError(
             source, "(file)", "empty: no cluster description (name, cpu_node, gpu_node, api...)"

@@ -193,6 +193,8 @@ def _json_if_text(value: Any, where: str) -> Any:
         return json.loads(value)
     except json.JSONDecodeError as exc:
         raise OverrideError(f"{where}: not valid JSON ({exc.msg}): {value!r}") from None
+    except RecursionError:  # ([[[[... past the parser's recursion: a traceback)
+        raise OverrideError(f"{where}: JSON nested too deeply: {value[:40]!r}...") from None
 
 
 def _coerce_union(tp: Any, value: Any, where: str) -> Any:

@@ -70,6 +70,8 @@ def from_cell(name: str, value: Any) -> Any:
             return loads_unique(value)
         except json.JSONDecodeError as exc:
             raise TraceError(f"not valid JSON: {exc.msg}", field="curve") from None
-        except TraceError as exc:  # a repeated key inside the curve object
+        except TraceError as exc:  # a repeated key inside the curve object, or too deep
+            if exc.field is None:
+                raise TraceError(exc.reason, field="curve") from None
             raise TraceError(f"key {exc.field!r} appears more than once", field="curve") from None
     return value

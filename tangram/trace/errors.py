@@ -41,10 +41,19 @@ class TraceError(ValueError):
         )
 
 
+#: The reason given for JSON nested past what the parser can recurse into.
+TOO_DEEP = "JSON nested too deeply (arrays or objects past Python's recursion limit)"
+
+
 def loads_unique(text: str | bytes) -> Any:
     """``json.loads`` that refuses an object with a repeated key (TraceError naming the key):
-    plain ``json.loads`` keeps the last value and drops the others without a word."""
-    return json.loads(text, object_pairs_hook=_unique_keys)
+    plain ``json.loads`` keeps the last value and drops the others without a word. JSON
+    nested past the recursion limit (``[[[[...``) is a TraceError too (``TOO_DEEP``, no
+    field), not a RecursionError traceback."""
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except RecursionError:
+        raise TraceError(TOO_DEEP) from None
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -199,7 +199,7 @@ def _written_by_pandas(metadata: Mapping[bytes, bytes]) -> str:
     trace" left the user no way forward. Empty for any other file."""
     try:
         attrs = json.loads(metadata.get(b"PANDAS_ATTRS", b"{}"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         return ""
     if not isinstance(attrs, Mapping) or HEADER_KEY not in attrs:
         return ""

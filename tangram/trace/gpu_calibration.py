@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tangram.trace.errors import TraceError, loads_unique
+from tangram.trace.errors import TOO_DEEP, TraceError, loads_unique
 from tangram.trace.row import TIME_MAX_S, is_nonnegative_number
 
 #: The record's format version (``version`` on disk).
@@ -287,6 +287,9 @@ def load_gpu_calibration(path: str | Path) -> GpuCalibration:
         raise CalibrationError(
             f"{path}: not valid {path.suffix.lstrip('.') or 'JSON'}: {exc}"
         ) from None
-    except TraceError as exc:  # a repeated key (JSON would keep its last value)
-        raise CalibrationError(f"{path}: key {exc.field!r}: {exc.reason}") from None
+    except TraceError as exc:  # a repeated key (JSON would keep its last value), or too deep
+        key = f"key {exc.field!r}: " if exc.field else ""
+        raise CalibrationError(f"{path}: {key}{exc.reason}") from None
+    except RecursionError:  # (TOML arrays nested past the parser's recursion)
+        raise CalibrationError(f"{path}: {TOO_DEEP.replace('JSON', 'TOML')}") from None
     return GpuCalibration.from_dict(data, str(path))

@@ -64,36 +64,37 @@ def meta_from_header(header: Any, path: str | Path, where: str) -> dict[str, Any
     return meta
 
 
+#: Deepest nesting of the header's meta (the service's JSON bodies have the same bound): far
+#: past any real meta (a cluster is 3 levels), far below where walking it, writing it or
+#: printing it (``--json``) would exhaust Python's recursion.
+META_DEPTH_MAX = 64
+
+
 def check_meta(meta: Mapping[str, Any], path: str | Path | None, where: str = "header") -> None:
     """Refuse a number in the meta that is not finite (``NaN``, ``Infinity``: not JSON, though
     Python's json reads and writes them), naming its key path (``params.sigma``): it was
-    carried silently, and ``tangram sim --json`` printed it as null."""
-    bad = _non_finite(meta, "")
-    if bad is not None:
-        key, value = bad
-        raise TraceError(
-            f"must be a finite number, got {value!r}",
-            field=key,
-            where=where,
-            path=path,
-        )
-
-
-def _non_finite(value: Any, key: str) -> tuple[str, float] | None:
-    """The key path and value of the first non-finite float in ``value``, or None."""
-    if isinstance(value, float):
-        return None if math.isfinite(value) else (key, value)
-    if isinstance(value, Mapping):
-        items: Any = ((f"{key}.{k}" if key else str(k), v) for k, v in value.items())
-    elif isinstance(value, list | tuple):
-        items = ((f"{key}[{i}]", v) for i, v in enumerate(value))
-    else:
-        return None
-    for sub_key, sub in items:
-        found = _non_finite(sub, sub_key)
-        if found is not None:
-            return found
-    return None
+    carried silently, and ``tangram sim --json`` printed it as null. Refuse a meta nested
+    deeper than ``META_DEPTH_MAX``, naming the key path where it passes the bound."""
+    stack: list[tuple[str, Any, int]] = [("", meta, 0)]
+    while stack:
+        key, value, depth = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            raise TraceError(
+                f"must be a finite number, got {value!r}", field=key, where=where, path=path
+            )
+        if isinstance(value, Mapping):
+            items: list[tuple[str, Any]] = [
+                (f"{key}.{k}" if key else str(k), v) for k, v in value.items()
+            ]
+        elif isinstance(value, list | tuple):
+            items = [(f"{key}[{i}]", v) for i, v in enumerate(value)]
+        else:
+            continue
+        if depth >= META_DEPTH_MAX and items:
+            raise TraceError(
+                f"nested more than {META_DEPTH_MAX} levels deep", field=key, where=where, path=path
+            )
+        stack += [(k, v, depth + 1) for k, v in reversed(items)]
 
 
 def header_object(meta: Mapping[str, Any], version: int = 1) -> dict[str, Any]:

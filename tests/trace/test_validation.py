@@ -363,3 +363,18 @@ def test_a_header_number_that_is_not_finite_is_refused_naming_its_key(tmp_path, 
         with pytest.raises(TraceError, match=r"header: field 'seed': must be a finite number"):
             write_trace(trace, tmp_path / name)
         assert not (tmp_path / name).exists()
+
+
+def test_json_nested_past_the_parsers_recursion_is_refused_in_parquet_and_frames(tmp_path):
+    """A Parquet header or a ``curve`` cell nested past the JSON parser's recursion ended in
+    a RecursionError traceback; it is a TraceError naming the place and the field."""
+    deep = "[" * 100_000 + "]" * 100_000
+    path = parquet_with(tmp_path, [0.5])
+    table = pq.read_table(path).replace_schema_metadata({"tangram_trace": deep})
+    pq.write_table(table, path)
+    with pytest.raises(TraceError, match=r"bad\.parquet, header: JSON nested too deeply"):
+        load_trace(path)
+    df = Trace((TraceRow(**good(0)),), {}).to_dataframe()
+    df["curve"] = deep
+    with pytest.raises(TraceError, match=r"^row 0: field 'curve': JSON nested too deeply"):
+        Trace.from_dataframe(df)

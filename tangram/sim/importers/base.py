@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tangram.trace import TraceError
+from tangram.trace.errors import TOO_DEEP
 
 
 class TraceImportError(ValueError):
@@ -51,6 +52,8 @@ def read_json(path: Path, what: str) -> Any:
         raise TraceImportError(
             path, f"not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); expected {what}"
         ) from None
+    except RecursionError:  # ([[[[... past the parser's recursion: a traceback)
+        raise TraceImportError(path, f"{TOO_DEEP}; expected {what}") from None
 
 
 def read_jsonl(path: Path, what: str) -> list[tuple[int, Any]]:
@@ -66,6 +69,10 @@ def read_jsonl(path: Path, what: str) -> list[tuple[int, Any]]:
                 except json.JSONDecodeError as exc:
                     raise TraceImportError(
                         path, f"line {lineno} is not JSON ({exc.msg}); expected {what}"
+                    ) from None
+                except RecursionError:  # (idem)
+                    raise TraceImportError(
+                        path, f"line {lineno}: {TOO_DEEP}; expected {what}"
                     ) from None
     except UnicodeDecodeError:
         # The decoder reads ahead of the lines: the line is where the bad byte sits.
