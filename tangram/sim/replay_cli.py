@@ -204,6 +204,18 @@ def replay(
 
     if isinstance(runs, bool) or not isinstance(runs, int) or not 1 <= runs <= RUNS_MAX:
         raise ValueError(f"runs {_runs_reason(runs)}")
+    for flag, name, value in (
+        ("--grant-s", "aoe_grant_s", grant_s),
+        ("--api-call-s", "api_call_s", api_call_s),
+        ("--exec-noise", "exec_noise_sigma", exec_noise),
+    ):
+        if value is None:
+            continue
+        try:  # (the error named overheads.aoe_grant_s, a setting the user never gave, and
+            # only once the trace was read and measured)
+            Overheads(**{name: value})
+        except ValueError as exc:
+            raise ValueError(f"{flag} {value!r}: {exc}") from None
     trace = load_trace(trace_path)
     meta = trace.meta
     if policy is not None and not policy.strip():  # it fell back to the header's, silently

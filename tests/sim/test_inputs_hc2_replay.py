@@ -160,3 +160,22 @@ def test_live_results_the_simulation_rejects_are_named_not_dropped(tmp_path, cap
     assert main(["replay", str(path), "--cluster", "local"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "1 of 2 actions that ended with a result live are left out" in out
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "setting"),
+    [
+        ("--grant-s", "-1", "overheads.aoe_grant_s"),
+        ("--api-call-s", "nan", "overheads.api_call_s"),
+        ("--exec-noise", "100", "overheads.exec_noise_sigma"),
+    ],
+)
+def test_a_bad_overhead_flag_is_refused_naming_the_flag(tmp_path, capsys, flag, value, setting):
+    # It named only overheads.aoe_grant_s (a setting the user never gave), and only once the
+    # trace had been read: a missing trace was reported instead of the bad flag.
+    path = live_trace(tmp_path)
+    assert main(["replay", path, "--cluster", "local", flag, value]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {flag} {float(value)!r}: {setting}" in err
+    assert main(["replay", str(tmp_path / "absent.jsonl"), flag, value]) == 2
+    assert f"error: {flag} " in capsys.readouterr().err
