@@ -7,6 +7,7 @@ import json
 import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
 
@@ -48,6 +49,17 @@ def seconds_in(low: float, high: float) -> Callable[[str], float]:
         return value
 
     return parse
+
+
+def path_arg(text: str) -> Path:
+    """An argparse type for a file or directory path: not empty. ``Path("")`` is ``.``, so an
+    empty argument (an unset shell variable: ``--out "$OUT"``) wrote results into the current
+    directory, or imported every run under it, without a word."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            f"an empty path ({text!r}: an unset shell variable?); give a file or directory"
+        )
+    return Path(text)
 
 
 def positive_int(text: str) -> int:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tangram.cli import main as cli_main
@@ -107,3 +109,36 @@ def test_the_documented_count_defaults_still_parse() -> None:
     args = parser.parse_args(["bench", "robustness", "--instances", "50", "--jobs", "8"])
     assert (args.instances, args.jobs) == (50, 8)
     assert parser.parse_args(["bench", "robustness"]).instances == 200
+
+
+#: An empty path is ``Path("")``, which is ``.``: ``--out ""`` (an unset ``$OUT``) wrote the
+#: results into the current directory, and ``tangram import swe-agent ""`` imported every run
+#: under it, without a word; the others were refused naming '.' and a file type ''.
+EMPTY_PATH_CASES = [
+    (["sim", "--trace", "", "--quiet"], "argument --trace"),
+    (["sim", "--workload", "coding", "--batch", "1", "--out", ""], "argument --out"),
+    (["bench", "robustness", "--instances", "1", "--out", " "], "argument --out"),
+    (["import", "swe-agent", "", "-o", "t.jsonl"], "argument files"),
+    (["import", "swe-agent", "r.traj", "-o", ""], "argument -o/--out"),
+    (["replay", ""], "argument trace"),
+    (["replay", "t.jsonl", "--gpu-calibration", ""], "argument --gpu-calibration"),
+]
+
+
+@pytest.mark.parametrize(("argv", "flag"), EMPTY_PATH_CASES, ids=lambda v: str(v))
+def test_an_empty_path_is_refused_naming_the_argument(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    argv: list[str],
+    flag: str,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r.traj").write_text('{"trajectory": [{"action": "ls", "execution_time": 1}]}')
+    try:
+        code = cli_main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code == 2 and f"{flag}: an empty path" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.traj"]  # nothing written here

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from tangram.report import add_json_flag, emit, int_in, non_negative_int, positive_int
+from tangram.report import add_json_flag, emit, int_in, non_negative_int, path_arg, positive_int
 
 DEFAULT_POLICY = "tangram"
 #: The static baselines: fixed DoP in powers of two (1, 2, 4, 8, 16; the others between add
@@ -520,7 +520,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="comma-separated families of the random workload (default cpu,gpu,mixed)",
     )
     p.add_argument(
-        "--out", type=Path, help="write the worst instances here as trace + cluster files"
+        "--out", type=path_arg, help="write the worst instances here as trace + cluster files"
     )
     p.add_argument(
         "--worst",

@@ -25,7 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from tangram.core.cluster_file import load_cluster
-from tangram.report import add_json_flag, emit, fit_columns, non_negative_int, positive_int
+from tangram.report import (
+    add_json_flag,
+    emit,
+    fit_columns,
+    non_negative_int,
+    path_arg,
+    positive_int,
+)
 from tangram.sim.cluster_size import resize
 from tangram.sim.compare import WIDTH, closing_lines
 from tangram.sim.config import WARM_GPUS_FLAG, Overheads, RolloutConfig, SimConfig
@@ -79,7 +86,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument(
         "--trace",
-        type=Path,
+        type=path_arg,
         help="trace file (.jsonl, .jsonl.gz, .parquet); default: bundled coding trace",
     )
     src.add_argument(
@@ -165,7 +172,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="list what --set can change (the workload's parameters with --workload), then exit",
     )
     p.add_argument(
-        "--out", type=Path, help="write per-action/trajectory/step Parquet and a plot here"
+        "--out", type=path_arg, help="write per-action/trajectory/step Parquet and a plot here"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_json_flag(p)

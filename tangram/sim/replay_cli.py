@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tangram.report import add_json_flag, emit, positive_int
+from tangram.report import add_json_flag, emit, path_arg, positive_int
 from tangram.trace import TraceError, load_trace
 from tangram.trace.calibrate import (
     DURATIONS,
@@ -91,7 +91,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("trace", type=Path, help="a live trace (.jsonl, .jsonl.gz, .parquet)")
+    p.add_argument("trace", type=path_arg, help="a live trace (.jsonl, .jsonl.gz, .parquet)")
     p.add_argument("--policy", help="policy (default: the one recorded in the trace)")
     p.add_argument("--cluster", help="bundled name or TOML path (default: the recorded one)")
     p.add_argument(
@@ -124,7 +124,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--gpu-calibration",
-        type=Path,
+        type=path_arg,
         action="append",
         default=[],
         metavar="PATH",

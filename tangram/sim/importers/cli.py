@@ -15,7 +15,7 @@ import argparse
 import os
 from pathlib import Path
 
-from tangram.report import add_json_flag, emit, positive_int
+from tangram.report import add_json_flag, emit, path_arg, positive_int
 from tangram.sim.importers import IMPORTERS, import_trace
 from tangram.sim.importers.tile import merge, tile
 from tangram.sim.overrides import add_set_flag, kwargs_for
@@ -28,8 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__.split("\n\n", 1)[1],
     )
     p.add_argument("source", choices=sorted(IMPORTERS), help="the files' format")
-    p.add_argument("files", nargs="+", type=Path, help="files (or a directory for swe-agent)")
-    p.add_argument("-o", "--out", type=Path, required=True, help="trace file to write")
+    p.add_argument("files", nargs="+", type=path_arg, help="files (or a directory for swe-agent)")
+    p.add_argument("-o", "--out", type=path_arg, required=True, help="trace file to write")
     p.add_argument(
         "--batch",
         type=positive_int,
