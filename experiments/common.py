@@ -557,7 +557,7 @@ class Args:
 
 
 def parse_args(description: str, argv: Sequence[str] | None = None) -> Args:
-    from tangram.report import positive_int  # --seeds 0 or --workers 0: an error naming it
+    from tangram.report import path_arg, positive_int  # --seeds 0: an error naming it
 
     p = argparse.ArgumentParser(description=description)
     p.add_argument(
@@ -569,7 +569,7 @@ def parse_args(description: str, argv: Sequence[str] | None = None) -> Args:
         default=None,  # $TANGRAM_WORKERS, checked below, or 2
         help="processes (default $TANGRAM_WORKERS or 2)",
     )
-    p.add_argument("--out", type=Path, default=RESULTS, help="output folder")
+    p.add_argument("--out", type=path_arg, default=RESULTS, help="output folder")
     p.add_argument(
         "--smoke",
         action="store_true",

@@ -741,13 +741,13 @@ carries the warm-up's mean overhead per busy-core level (`call_overheads`).
 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
-    from tangram.report import positive_int  # --seeds 0: an error naming it, not an empty run
+    from tangram.report import path_arg, positive_int  # --seeds 0, --out '': errors
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=positive_int, default=3)
     p.add_argument("--trajectories", type=positive_int, default=Params.trajectories)
     p.add_argument("--actions", type=positive_int, default=Params.actions)
-    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--out", type=path_arg, default=RESULTS)
     p.add_argument("--smoke", action="store_true", help="2 trajectories x 6 actions, one seed")
     p.add_argument(
         "--gpu-refit",

@@ -167,13 +167,13 @@ def report(runs: list[dict[str, Any]], params: Any, info: Any, out: Path, argv: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tangram.report import positive_int  # --seeds 0: an error naming it, not an empty run
+    from tangram.report import path_arg, positive_int  # --seeds 0, --out '': errors
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=positive_int, default=2)
     p.add_argument("--trajectories", type=positive_int, default=6)
     p.add_argument("--actions", type=positive_int, default=30)
-    p.add_argument("--out", type=Path, default=F.RESULTS)
+    p.add_argument("--out", type=path_arg, default=F.RESULTS)
     p.add_argument("--smoke", action="store_true", help="2 trajectories x 6 actions, one seed")
     p.add_argument(
         "--replay-only", action="store_true", help="redo the replays of the traces in --out"

@@ -134,7 +134,7 @@ def update_doc(out: Path, doc: Path = DOC) -> bool:
 
 
 def main(argv=None) -> int:
-    from tangram.report import positive_int  # --seeds 0 is an error, not "the default"
+    from tangram.report import path_arg, positive_int  # --seeds 0: an error, not "the default"
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
@@ -144,7 +144,7 @@ def main(argv=None) -> int:
         "--seeds", type=positive_int, help="seeds per experiment (default: each script's, 3)"
     )
     p.add_argument("--workers", type=positive_int, help="processes per experiment")
-    p.add_argument("--out", type=Path, default=HERE / "results")
+    p.add_argument("--out", type=path_arg, default=HERE / "results")
     p.add_argument("--smoke", action="store_true", help="tiny configuration, for tests")
     p.add_argument("--docs-only", action="store_true", help="only rebuild docs/experiments.md")
     a = p.parse_args(argv)

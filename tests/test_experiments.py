@@ -352,3 +352,22 @@ def test_reports_and_the_results_doc_are_utf8_under_a_non_utf8_locale(tmp_path):
     text = (tmp_path / "coding_act.md").read_text(encoding="utf-8")
     assert "mean ± std" in text and "2 µs" in text
     assert "| 1.5 ± 0.1x |" in (tmp_path / "doc.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("script", ["common", "run_all"])
+def test_an_empty_out_is_refused_not_the_current_directory(capsys, monkeypatch, script):
+    """``--out ""`` (an unset ``$OUT``) is ``Path("")``, that is ``.``: the results were written
+    into the current directory without a word."""
+
+    def no_run(*args, **kwargs):  # (before the fix run_all ran every experiment, for hours)
+        raise AssertionError(f"an experiment was started: {args}")
+
+    monkeypatch.setattr(run_all.subprocess, "run", no_run)
+    monkeypatch.setattr(run_all, "update_doc", no_run)
+    with pytest.raises(SystemExit) as exit_:
+        if script == "common":
+            common.parse_args("d", ["--out", ""])
+        else:
+            run_all.main(["--out", ""])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "argument --out: an empty path" in err
