@@ -277,8 +277,13 @@ class Scheduler:
     def forget(self, action_id: str) -> None:
         """Stop remembering an ended action's id, which the core keeps to refuse its reuse: a
         driver that guards ids itself (the live runtime's journal) calls this, so a long run
-        does not keep every id it ever saw. Reusing a forgotten id is the driver's to refuse."""
-        if action_id not in self._running and action_id not in self.backlog.domain_of:
+        does not keep every id it ever saw. Reusing a forgotten id is the driver's to refuse.
+        An id still queued, waiting for its container's memory or running stays known."""
+        if (
+            action_id not in self._running
+            and action_id not in self.backlog.domain_of
+            and action_id not in self.admission.waiting_for_memory
+        ):
             self._seen.discard(action_id)
 
     def tick(self, now: float) -> list[Decision]:
