@@ -143,6 +143,9 @@ class Scheduler:
         for action_id in finished:
             if action_id not in running:
                 raise KeyError(f"finish of {action_id!r}, which is not running")
+        if len(finished) > 1 and len(set(finished)) < len(finished):
+            twice = next(a for i, a in enumerate(finished) if a in finished[:i])
+            raise ValueError(f"finish of {twice!r} given twice at one instant")
         if not arrived and self._skip_idle and self._finished_idle(now, finished):
             return []
         placed_node = self._placed_node

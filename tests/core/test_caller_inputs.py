@@ -1,6 +1,8 @@
 """The scheduler's callers' inputs and call orders: a refused input raises naming what is
 wrong and leaves the scheduler as it was; nothing malformed is accepted silently."""
 
+import pytest
+
 from tangram.core import (
     Action,
     ClusterSpec,
@@ -36,3 +38,32 @@ def test_an_id_waiting_for_its_containers_memory_is_not_forgotten():
     assert isinstance(start, Start) and start.action.trajectory == "B"
     sched.finish("b", 3.0)
     assert sched.state.cpu["n"].free_cores == 4 and not sched.running
+
+
+def _snapshot(sched):
+    """What a refused call must leave as it was: the running set, queues, free units."""
+    node = sched.state.cpu["n"]
+    return (
+        {aid: r.start for aid, r in sched.running.items()},
+        {d: list(q) for d, q in sched.queues.items()},
+        [list(d) for d in node.free_by_numa],
+        node.free_cores,
+        node.memory_free_gb,
+        sched.state.held_cores,
+        sched.now,
+    )
+
+
+@pytest.mark.parametrize("policy", ["tangram", "fixed:1"])
+def test_a_finish_given_twice_at_one_instant_is_refused_and_changes_nothing(policy):
+    """finish_many with an id twice passed the check (each was running) and popped it twice:
+    its cores were returned, then a bare KeyError left the pass undone (the action queued
+    behind it never started, its id not running, whatever the caller then did)."""
+    sched = Scheduler(ONE, make_policy(policy))
+    sched.submit_many([cpu(f"a{i}", f"T{i}") for i in range(5)], 0.0)  # a4 waits
+    before = _snapshot(sched)
+    with pytest.raises(ValueError, match="'a0' given twice"):
+        sched.finish_many(["a1", "a0", "a0"], 1.0)
+    assert _snapshot(sched) == before
+    (start,) = sched.finish_many(["a0"], 1.0)
+    assert start.action.id == "a4"
