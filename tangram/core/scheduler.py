@@ -12,6 +12,7 @@ insertion-ordered containers, so the same events always give the same decisions.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,6 +43,7 @@ __all__ = [
 ]
 
 _CLOSED = "trajectory {} closed while the action was queued"
+_INF = math.inf
 
 
 def capabilities_of(policy: object) -> Capabilities:
@@ -139,6 +141,8 @@ class Scheduler:
     ) -> list[Decision]:
         """All events of one instant: completions first (their units return), then arrivals,
         then a single scheduling pass over every domain they touched."""
+        if not self.now - 1e-9 <= now < _INF:  # (before anything changes)
+            self._refuse_time(now)
         running = self._running
         for action_id in finished:
             if action_id not in running:
@@ -176,6 +180,8 @@ class Scheduler:
 
         Optional: a CPU action of an unopened trajectory opens it with the action's memory.
         """
+        if not self.now - 1e-9 <= now < _INF:  # (before the container is placed)
+            self._refuse_time(now)
         self.now = max(self.now, now)
         if node is not None and node not in self.state.cpu:
             raise ValueError(f"trajectory {trajectory!r}: unknown CPU node {node!r}")
@@ -246,6 +252,8 @@ class Scheduler:
         drops what it kept under its id. False when it is not waiting: already started, ended,
         or never submitted.
         """
+        if not self.now - 1e-9 <= now < _INF:
+            self._refuse_time(now)
         self.now = max(self.now, now)
         if self.admission.waiting_for_memory.pop(action_id, None) is not None:
             return True
@@ -421,17 +429,25 @@ class Scheduler:
     # ------------------------------------------------------------------ internals
     def _clock_to(self, now: float) -> None:
         """Move the core's time to an event's (never backwards); a due wake-up is spent."""
-        if now < self.now - 1e-9:
-            raise ValueError(f"time went backwards: event at {now} after {self.now}")
+        if not self.now - 1e-9 <= now < _INF:
+            self._refuse_time(now)
         if now > self.now:
             self.now = now
         if self.wakeup is not None and self.wakeup <= now:
             self.wakeup = None
 
+    def _refuse_time(self, now: object) -> None:
+        """An event's time that is not a finite number at or after the core's (``now`` failed
+        ``self.now - 1e-9 <= now < inf``): NaN compared false with every time and was taken,
+        an infinite one refused every later event as going backwards."""
+        if not isinstance(now, int | float) or isinstance(now, bool) or not math.isfinite(now):
+            raise ValueError(f"event time must be a finite number of seconds, got {now!r}")
+        raise ValueError(f"time went backwards: event at {now} after {self.now}")
+
     def _begin(self, now: float) -> Context:
         """A pass at ``now``: the clock moves (``_clock_to``, inline), dead queue entries go."""
-        if now < self.now - 1e-9:
-            raise ValueError(f"time went backwards: event at {now} after {self.now}")
+        if not self.now - 1e-9 <= now < _INF:
+            self._refuse_time(now)
         if now > self.now:
             self.now = now
         if self.wakeup is not None and self.wakeup <= now:

@@ -67,3 +67,45 @@ def test_a_finish_given_twice_at_one_instant_is_refused_and_changes_nothing(poli
     assert _snapshot(sched) == before
     (start,) = sched.finish_many(["a0"], 1.0)
     assert start.action.id == "a4"
+
+
+BAD_TIMES = [float("nan"), float("inf"), -float("inf"), 4.0]
+
+
+@pytest.mark.parametrize("now", BAD_TIMES)
+@pytest.mark.parametrize("event", ["lone", "batch", "finish", "tick", "close", "withdraw"])
+def test_an_event_at_a_time_not_finite_or_before_the_cores_is_refused_changing_nothing(event, now):
+    """NaN compared false with every time and was taken (decisions at time NaN); an infinite
+    time was taken and every later event refused as going backwards; and a lone CPU arrival
+    at an earlier time was marked seen before its time was checked, so the same action sent
+    again at the right time was refused as a duplicate."""
+    sched = Scheduler(ONE, make_policy("fixed:1"))
+    sched.submit_many([cpu(f"a{i}", "T") for i in range(5)], 5.0)  # a4 queued
+    before = _snapshot(sched)
+    calls = {
+        "lone": lambda: sched.submit(cpu("b", "T"), now),
+        "batch": lambda: sched.submit_many([cpu("b", "T"), cpu("c", "U")], now),
+        "finish": lambda: sched.finish("a0", now),
+        "tick": lambda: sched.tick(now),
+        "close": lambda: sched.close_trajectory("T", now),
+        "withdraw": lambda: sched.withdraw("a4", now),
+    }
+    with pytest.raises(ValueError, match="finite number|went backwards"):
+        calls[event]()
+    assert _snapshot(sched) == before and sched.trajectories["T"].node == "n"
+    assert [d.action.id for d in sched.finish("a0", 6.0)] == ["a4"]
+    assert sched.submit(cpu("b", "T"), 6.0) == [] and "b" in sched.domain_of  # no duplicate
+
+
+@pytest.mark.parametrize("now", BAD_TIMES)
+def test_an_open_at_a_bad_time_places_no_container(now):
+    """open_trajectory placed the container (its memory taken) and then raised 'time went
+    backwards' from the pass it began, leaving the trajectory open on a call that failed; a
+    NaN or infinite time was taken."""
+    sched = Scheduler(ONE, make_policy("tangram"))
+    sched.submit(cpu("a", "T"), 5.0)
+    before = _snapshot(sched)
+    with pytest.raises(ValueError, match="finite number|went backwards"):
+        sched.open_trajectory("U", now, memory_gb=4.0)
+    assert _snapshot(sched) == before and "U" not in sched.trajectories
+    assert sched.open_trajectory("U", 6.0, memory_gb=4.0) == "n"
