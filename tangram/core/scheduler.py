@@ -13,6 +13,7 @@ insertion-ordered containers, so the same events always give the same decisions.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -182,9 +183,18 @@ class Scheduler:
         """
         if not self.now - 1e-9 <= now < _INF:  # (before the container is placed)
             self._refuse_time(now)
-        self.now = max(self.now, now)
         if node is not None and node not in self.state.cpu:
             raise ValueError(f"trajectory {trajectory!r}: unknown CPU node {node!r}")
+        if (
+            not isinstance(memory_gb, numbers.Real)
+            or isinstance(memory_gb, bool)
+            or not 0 <= memory_gb < _INF
+        ):
+            raise ValueError(
+                f"trajectory {trajectory!r}: memory_gb must be a finite number >= 0, "
+                f"got {memory_gb!r}"
+            )
+        self.now = max(self.now, now)
         traj = self.admission.trajectory(trajectory)
         if traj.node is None and self.respects_capacity:
             self.admission.bind(traj, memory_gb, node)

@@ -109,3 +109,17 @@ def test_an_open_at_a_bad_time_places_no_container(now):
         sched.open_trajectory("U", now, memory_gb=4.0)
     assert _snapshot(sched) == before and "U" not in sched.trajectories
     assert sched.open_trajectory("U", 6.0, memory_gb=4.0) == "n"
+
+
+@pytest.mark.parametrize("memory_gb", [-4.0, float("nan"), float("inf"), "4", None, True])
+def test_an_open_with_memory_not_a_finite_number_at_least_zero_is_refused(memory_gb):
+    """A negative memory_gb was taken from the node's free memory, which grew past the node's
+    (16 GB node, -5: 21 GB free), so containers were placed in memory it does not have; NaN
+    or inf left the trajectory unplaced as if memory were short, a string raised a bare
+    TypeError."""
+    sched = Scheduler(ONE, make_policy("tangram"))
+    sched.submit(cpu("a", "T", memory_gb=2.0), 0.0)
+    before = _snapshot(sched)
+    with pytest.raises(ValueError, match="'U': memory_gb must be a finite number >= 0"):
+        sched.open_trajectory("U", 1.0, memory_gb=memory_gb)
+    assert _snapshot(sched) == before and "U" not in sched.trajectories
