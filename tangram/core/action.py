@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
 from tangram.core.cells import CELL_SIZES
@@ -12,6 +13,16 @@ from tangram.core.resources import ResourceKind
 
 class ActionError(ValueError):
     """An action record that cannot be scheduled as written; the message names the field."""
+
+
+def _finite_at_least_zero(value: object) -> bool:
+    """A real number, finite and >= 0, not a bool (True is no amount of memory)."""
+    return (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    )
 
 
 @dataclass(frozen=True)
@@ -66,12 +77,18 @@ class Action:
             raise ActionError(
                 f"{where}: curve must be an ElasticityCurve, got {type(self.curve).__name__}"
             )
-        if not math.isfinite(self.arrival) or self.arrival < 0:
+        if not _finite_at_least_zero(self.arrival):
             raise ActionError(f"{where}: arrival must be a finite time >= 0, got {self.arrival!r}")
-        if not isinstance(self.max_units, int) or self.max_units < 1:
+        if (
+            not isinstance(self.max_units, int)
+            or isinstance(self.max_units, bool)
+            or self.max_units < 1
+        ):
             raise ActionError(f"{where}: max_units must be an integer >= 1, got {self.max_units!r}")
-        if self.memory_gb < 0 or self.service_size_gb < 0:
-            raise ActionError(f"{where}: memory_gb and service_size_gb must be >= 0")
+        for key in ("memory_gb", "service_size_gb"):
+            value = getattr(self, key)
+            if not _finite_at_least_zero(value):
+                raise ActionError(f"{where}: {key} must be a finite number >= 0, got {value!r}")
         if self.resource in (ResourceKind.GPU, ResourceKind.API) and not self.service:
             raise ActionError(f"{where}: a {self.resource.value} action must name its service")
         if self.resource is ResourceKind.API and self.max_units != 1:

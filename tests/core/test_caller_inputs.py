@@ -5,6 +5,7 @@ import pytest
 
 from tangram.core import (
     Action,
+    ActionError,
     ClusterSpec,
     CpuNodeSpec,
     Inelastic,
@@ -123,3 +124,25 @@ def test_an_open_with_memory_not_a_finite_number_at_least_zero_is_refused(memory
     with pytest.raises(ValueError, match="'U': memory_gb must be a finite number >= 0"):
         sched.open_trajectory("U", 1.0, memory_gb=memory_gb)
     assert _snapshot(sched) == before and "U" not in sched.trajectories
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("memory_gb", float("nan")),
+        ("memory_gb", float("inf")),
+        ("memory_gb", "2"),
+        ("memory_gb", True),
+        ("service_size_gb", float("nan")),
+        ("service_size_gb", None),
+        ("max_units", True),
+        ("arrival", "0"),
+        ("arrival", True),
+    ],
+)
+def test_an_action_field_that_is_no_finite_amount_is_refused_naming_it(field, value):
+    """A NaN memory_gb was taken: the action's container compared false with every node's
+    free memory and waited for memory for ever (never started or rejected); a string raised a
+    bare TypeError naming no field; True was taken as 1 unit."""
+    with pytest.raises(ActionError, match=f"{field} must be"):
+        Action("a", "T", ResourceKind.CPU, Inelastic(1.0), **{field: value})
