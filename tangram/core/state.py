@@ -342,9 +342,32 @@ class ClusterState:
     ) -> None:
         """The executor (or the simulator's residency model) says one copy of a service was
         restored as the cell ``gpus`` (whole replicas: one report per GPU, ``cells.copies_on``),
-        or that it left these GPUs; ``size_gb``, when it knows it, the model's size."""
-        state = self.gpu[node]
+        or that it left these GPUs; ``size_gb``, when it knows it, the model's size.
+
+        A report naming no GPU node, GPUs the node does not have (a negative index read as one
+        from the end) or a size that is no finite number is refused before anything changes."""
+        state = self.gpu.get(node) if isinstance(node, str) else None
+        if state is None:
+            raise KeyError(f"residency report for {service!r}: unknown GPU node {node!r}")
         gpus = tuple(gpus)
+        n = state.spec.gpus
+        bad = [g for g in gpus if isinstance(g, bool) or not isinstance(g, int) or not 0 <= g < n]
+        if bad or len(set(gpus)) != len(gpus):
+            raise ValueError(
+                f"residency report for {service!r} on {node}: gpus {gpus} are not distinct "
+                f"GPUs of its {n} (0..{n - 1})"
+            )
+        if not isinstance(service, str) or not service:
+            raise ValueError(f"residency report on {node}: service must be a non-empty name")
+        if size_gb is not None and (
+            isinstance(size_gb, bool)
+            or not isinstance(size_gb, int | float)
+            or not 0 <= size_gb < float("inf")
+        ):
+            raise ValueError(
+                f"residency report for {service!r} on {node}: size_gb must be a finite number "
+                f">= 0 or None, got {size_gb!r}"
+            )
         if resident and size_gb is not None and size_gb > 0:
             state.size_gb[service] = float(size_gb)
         for g in gpus:

@@ -8,6 +8,7 @@ from tangram.core import (
     ActionError,
     ClusterSpec,
     CpuNodeSpec,
+    GpuNodeSpec,
     Inelastic,
     Reject,
     ResourceKind,
@@ -146,3 +147,35 @@ def test_an_action_field_that_is_no_finite_amount_is_refused_naming_it(field, va
     bare TypeError naming no field; True was taken as 1 unit."""
     with pytest.raises(ActionError, match=f"{field} must be"):
         Action("a", "T", ResourceKind.CPU, Inelastic(1.0), **{field: value})
+
+
+GPU_CLUSTER = ClusterSpec("g", gpu_nodes=(GpuNodeSpec("g0", 4, 40.0, 100.0),))
+
+
+@pytest.mark.parametrize(
+    ("node", "gpus", "service", "size_gb", "error", "match"),
+    [
+        ("g9", (0,), "rm", None, KeyError, "unknown GPU node 'g9'"),
+        ("g0", (-1,), "rm", None, ValueError, r"gpus \(-1,\) are not distinct GPUs"),
+        ("g0", (0, 1, 2, 7), "rm", None, ValueError, "are not distinct GPUs of its 4"),
+        ("g0", (1, 1), "rm", None, ValueError, "are not distinct"),
+        ("g0", (0,), "rm", float("inf"), ValueError, "size_gb must be a finite number"),
+        ("g0", (0,), "rm", float("nan"), ValueError, "size_gb must be a finite number"),
+        ("g0", (0,), "", None, ValueError, "service must be a non-empty name"),
+    ],
+)
+@pytest.mark.parametrize("resident", [True, False])
+def test_a_residency_report_of_gpus_the_node_lacks_is_refused_changing_nothing(
+    node, gpus, service, size_gb, error, match, resident
+):
+    """GPU -1 was read as the node's last (a copy recorded on a GPU it is not on, calls placed
+    there as resident); GPUs past the node's recorded the ones before them and raised a bare
+    IndexError; an unknown node a bare KeyError; an infinite size was kept as the model's."""
+    sched = Scheduler(GPU_CLUSTER, make_policy("tangram"))
+    sched.report_residency("g0", (2, 3), "rm", True, 10.0)
+    state = sched.state.gpu["g0"]
+    before = ([set(r) for r in state.resident], [dict(s) for s in state.shape], dict(state.size_gb))
+    with pytest.raises(error, match=match):
+        sched.report_residency(node, gpus, service, resident, size_gb)
+    after = ([set(r) for r in state.resident], [dict(s) for s in state.shape], dict(state.size_gb))
+    assert after == before
