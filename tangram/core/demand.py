@@ -10,8 +10,12 @@ knowledge of the workload; ``tangram.sim.demand``.)
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from tangram.core.cells import CELL_SIZES
 
 
 @dataclass(frozen=True)
@@ -29,12 +33,25 @@ class ServiceDemand:
     replicas: bool = False
 
     def __post_init__(self) -> None:
-        if not self.service:
+        if not isinstance(self.service, str) or not self.service:
             raise ValueError("ServiceDemand.service must be a non-empty name")
-        if self.replica_gpus < 1:
-            raise ValueError(f"{self.service}: replica_gpus must be >= 1, got {self.replica_gpus}")
-        if not self.gpu_seconds >= 0:
-            raise ValueError(f"{self.service}: gpu_seconds must be >= 0, got {self.gpu_seconds}")
+        # A replica is one aligned cell: 3 GPUs (or 1.5) passed here and raised out of the
+        # policy's pass at the first call, a CapacityError or a TypeError.
+        if isinstance(self.replica_gpus, bool) or self.replica_gpus not in CELL_SIZES:
+            raise ValueError(
+                f"{self.service}: replica_gpus must be a cell size {CELL_SIZES}, "
+                f"got {self.replica_gpus!r}"
+            )
+        for key in ("gpu_seconds", "size_gb"):
+            value = getattr(self, key)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, numbers.Real)
+                or not 0 <= value < math.inf
+            ):
+                raise ValueError(
+                    f"{self.service}: {key} must be a finite number >= 0, got {value!r}"
+                )
 
 
 def size_replicas(demands: Iterable[ServiceDemand], total_gpus: int) -> dict[str, int]:

@@ -216,8 +216,18 @@ class Scheduler:
 
     def expect(self, demands: tuple[ServiceDemand, ...]) -> None:
         """Tell the policy the load each GPU service is expected to get, before any action
-        (``tangram.core.demand``: a static baseline sizes its replicas from it)."""
-        self.policy.expect(tuple(demands))
+        (``tangram.core.demand``: a static baseline sizes its replicas from it). A service
+        declared twice, or an entry that is no ``ServiceDemand``, is refused (``ValueError``)
+        before the policy hears of any: it raised out of the first call's pass."""
+        demands = tuple(demands)
+        seen: set[str] = set()
+        for d in demands:
+            if not isinstance(d, ServiceDemand):
+                raise ValueError(f"expect: {d!r} is no ServiceDemand")
+            if d.service in seen:
+                raise ValueError(f"expect: service {d.service!r} is declared twice")
+            seen.add(d.service)
+        self.policy.expect(demands)
 
     def close_trajectory(
         self, trajectory: str, now: float, *, opened: bool = True

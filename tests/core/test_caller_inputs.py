@@ -16,6 +16,7 @@ from tangram.core import (
     Start,
     make_policy,
 )
+from tangram.core.demand import ServiceDemand
 
 ONE = ClusterSpec("one", (CpuNodeSpec("n", 4, 1, 16.0),))
 
@@ -179,3 +180,37 @@ def test_a_residency_report_of_gpus_the_node_lacks_is_refused_changing_nothing(
         sched.report_residency(node, gpus, service, resident, size_gb)
     after = ([set(r) for r in state.resident], [dict(s) for s in state.shape], dict(state.size_gb))
     assert after == before
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("replica_gpus", 3),
+        ("replica_gpus", 1.5),
+        ("replica_gpus", True),
+        ("gpu_seconds", float("inf")),
+        ("size_gb", float("nan")),
+        ("size_gb", -5.0),
+    ],
+)
+def test_a_demand_of_no_cell_or_no_finite_amount_is_refused_naming_the_field(field, value):
+    """replica_gpus of 3 (or 1.5) was taken, and sglang-sized raised a CapacityError (or a
+    TypeError) out of the pass of the first GPU call, which stayed queued with nothing to start
+    it; a NaN or negative size_gb, an infinite load were taken."""
+    fields = {"service": "m", "replica_gpus": 1, "gpu_seconds": 10.0, "size_gb": 10.0}
+    with pytest.raises(ValueError, match=f"{field} must be"):
+        ServiceDemand(**{**fields, field: value})
+
+
+def test_a_service_expected_twice_is_refused_before_the_policy_hears_of_it():
+    """Declared twice, the later demand replaced the earlier in sglang-sized's table and the
+    first GPU call's pass raised 'declared twice' from the sizing, the call queued for ever."""
+    sched = Scheduler(GPU_CLUSTER, make_policy("sglang-sized"))
+    with pytest.raises(ValueError, match="service 'm' is declared twice"):
+        sched.expect((ServiceDemand("m", 1, 10.0), ServiceDemand("m", 2, 5.0)))
+    with pytest.raises(ValueError, match="no ServiceDemand"):
+        sched.expect(({"service": "m"},))
+    sched.expect((ServiceDemand("m", 2, 10.0),))
+    call = Action("g", "T", ResourceKind.GPU, Inelastic(1.0), max_units=4, service="m")
+    (start,) = sched.submit(call, 0.0)
+    assert isinstance(start, Start) and start.gpus == (0, 1)
