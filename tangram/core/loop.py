@@ -147,9 +147,13 @@ class DriverLoop:
         """Hand the instant's completions and arrivals to the core in one pass; apply."""
         self.flush_requested = False
         arrived, finished = self.arrivals, self.finishes
+        if self.host is None:  # detached: the events are dropped, the core never sees them
+            if arrived or finished:
+                self.arrivals, self.finishes = [], []
+            return
         if arrived:
             self.arrivals = []
-        elif not finished or self.host is None:
+        elif not finished:
             return
         if finished:
             self.finishes = []
@@ -172,16 +176,19 @@ class DriverLoop:
     def wake(self, when: float, now: float) -> None:
         """The timer armed for ``when`` fired: tick the core (rate tokens may be free now)."""
         self.armed.discard(when)
-        self.apply(self.scheduler.tick(now), now)
+        if self.host is not None:  # (detached: dropped)
+            self.apply(self.scheduler.tick(now), now)
 
     def close_trajectory(self, trajectory: str, now: float, *, opened: bool = True) -> None:
         """The trajectory ended: its queued actions are rejected, its container freed
         (``opened`` False: a failed open is undone, the actions labelled with it stay)."""
-        self.apply(self.scheduler.close_trajectory(trajectory, now, opened=opened), now)
+        if self.host is not None:  # (detached: dropped)
+            self.apply(self.scheduler.close_trajectory(trajectory, now, opened=opened), now)
 
     def add_node(self, node: CpuNodeSpec | GpuNodeSpec, now: float) -> None:
         """A node joined the running cluster: work waiting for room may start there."""
-        self.apply(self.scheduler.add_node(node, now), now)
+        if self.host is not None:  # (detached: dropped)
+            self.apply(self.scheduler.add_node(node, now), now)
 
     def unfence_node(self, node: str, now: float) -> None:
         """A fenced node's capacity is back (``Scheduler.unfence_node``): queued work may
@@ -201,7 +208,9 @@ class DriverLoop:
 
     def detach(self) -> None:
         """Forget the host (the driver is done): the host holds the loop, so this breaks the
-        reference cycle and lets reference counting free both. Later events are dropped."""
+        reference cycle and lets reference counting free both. Later events are dropped: the
+        core never sees them (a flush, wake, close or node join does nothing), since no host
+        would carry out what they decide."""
         self.host = None  # type: ignore[assignment]
         self._handlers = {}
         self._handed = self._settled = self._request_flush = None

@@ -17,6 +17,7 @@ from tangram.core import (
     make_policy,
 )
 from tangram.core.demand import ServiceDemand
+from tangram.core.loop import DriverLoop
 
 ONE = ClusterSpec("one", (CpuNodeSpec("n", 4, 1, 16.0),))
 
@@ -214,3 +215,45 @@ def test_a_service_expected_twice_is_refused_before_the_policy_hears_of_it():
     call = Action("g", "T", ResourceKind.GPU, Inelastic(1.0), max_units=4, service="m")
     (start,) = sched.submit(call, 0.0)
     assert isinstance(start, Start) and start.gpus == (0, 1)
+
+
+class _Host:
+    request_flush = handed = settled = None
+
+    def __init__(self):
+        self.decided = []
+
+    def start(self, d):
+        self.decided.append(d)
+
+    reject = defer = start
+
+    def arm_wakeup(self, when):
+        pass
+
+    def pass_failed(self, arrived, finished, error):
+        raise error
+
+
+def test_events_after_the_loop_is_detached_are_dropped_before_the_core_sees_them():
+    """detach promised that later events are dropped, but a flush with a buffered arrival
+    still handed it to the core, which started it (its cores held for good, nobody to run
+    it) before the loop raised a bare KeyError for want of a handler; a close or a node join
+    changed the core the same way."""
+    sched = Scheduler(ONE, make_policy("tangram"))
+    host = _Host()
+    loop = DriverLoop(sched, host)
+    loop.arrive(cpu("a", "T"))
+    loop.flush(0.0)
+    assert [d.action.id for d in host.decided] == ["a"]
+    loop.detach()
+    before = _snapshot(sched)
+    loop.arrive(cpu("b", "T"))
+    loop.finish("a")
+    loop.flush(1.0)
+    loop.close_trajectory("T", 1.0)
+    loop.add_node(CpuNodeSpec("m", 4, 1, 16.0), 1.0)
+    loop.wake(1.0, 1.0)
+    assert _snapshot(sched) == before and "b" not in sched.admission.seen
+    assert not loop.arrivals and not loop.finishes
+    assert list(sched.trajectories) == ["T"] and list(sched.state.cpu) == ["n"]
