@@ -89,6 +89,15 @@ class Action:
             value = getattr(self, key)
             if not _finite_at_least_zero(value):
                 raise ActionError(f"{where}: {key} must be a finite number >= 0, got {value!r}")
+        for key in ("task", "kind"):
+            if not isinstance(getattr(self, key), str):
+                raise ActionError(f"{where}: {key} must be a string, got {getattr(self, key)!r}")
+        # Names the core keys its queues and nodes by: a list there raised 'unhashable' out
+        # of the queueing, the action half queued.
+        for key in ("service", "node"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ActionError(f"{where}: {key} must be a non-empty name or None, got {value!r}")
         if self.resource in (ResourceKind.GPU, ResourceKind.API) and not self.service:
             raise ActionError(f"{where}: a {self.resource.value} action must name its service")
         if self.resource is ResourceKind.API and self.max_units != 1:

@@ -257,3 +257,16 @@ def test_events_after_the_loop_is_detached_are_dropped_before_the_core_sees_them
     assert _snapshot(sched) == before and "b" not in sched.admission.seen
     assert not loop.arrivals and not loop.finishes
     assert list(sched.trajectories) == ["T"] and list(sched.state.cpu) == ["n"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("service", ["m"]), ("service", 5), ("service", ""), ("node", 5), ("task", None), ("kind", 3)],
+)
+def test_an_action_naming_its_service_or_node_by_no_string_is_refused(field, value):
+    """service=['m'] was taken: the GPU call's queueing raised 'unhashable type' with the
+    action half queued (in the domain's queue, not its service's), and the pass never ran;
+    a number passed as a service or node name, None as a task label."""
+    fields = {"service": "m", field: value}
+    with pytest.raises(ActionError, match=f"{field} must be"):
+        Action("g", "T", ResourceKind.GPU, Inelastic(1.0), **fields)
