@@ -290,6 +290,8 @@ class Scheduler:
         """A pass over the domains withdrawals left since (none: no pass). A withdrawn action
         may have held the others back (a FCFS head waiting for more units than are free, a
         call a cell was kept for): without it they may start now, not at the next event."""
+        if not self.now - 1e-9 <= now < _INF:  # (before the domains are taken)
+            self._refuse_time(now)
         vacated, self._vacated = self._vacated, {}
         if not vacated:
             return []

@@ -270,3 +270,20 @@ def test_an_action_naming_its_service_or_node_by_no_string_is_refused(field, val
     fields = {"service": "m", field: value}
     with pytest.raises(ActionError, match=f"{field} must be"):
         Action("g", "T", ResourceKind.GPU, Inelastic(1.0), **fields)
+
+
+@pytest.mark.parametrize("now", BAD_TIMES)
+def test_a_pass_after_withdrawals_at_a_bad_time_keeps_the_domains_for_the_next(now):
+    """after_withdrawals took the withdrawals' domains and then its pass refused the time:
+    the domains were lost, so the actions a withdrawn one held back waited for the next event
+    (fixed:2 on 4 cores: a 2-core FCFS head withdrawn, the one behind it stayed queued)."""
+    sched = Scheduler(ONE, make_policy("fixed:2"))
+    sched.submit_many([cpu("r", "R", units=2), cpu("s", "S", units=1)], 5.0)  # 1 core free
+    sched.submit_many([cpu("h", "H", units=2), cpu("b", "B", units=1)], 5.0)  # h heads
+    assert set(sched.domain_of) == {"h", "b"}
+    assert sched.withdraw("h", 5.0)
+    with pytest.raises(ValueError, match="finite number|went backwards"):
+        sched.after_withdrawals(now)
+    assert sched.withdraw("nobody", 5.0) is False  # (no new withdrawal: the old domains only)
+    (start,) = sched.after_withdrawals(5.0)
+    assert start.action.id == "b"
