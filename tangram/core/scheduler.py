@@ -151,6 +151,9 @@ class Scheduler:
         if len(finished) > 1 and len(set(finished)) < len(finished):
             twice = next(a for i, a in enumerate(finished) if a in finished[:i])
             raise ValueError(f"finish of {twice!r} given twice at one instant")
+        for action in arrived:  # (before the completions return their units)
+            if not isinstance(action, Action):
+                raise TypeError(f"an arrival must be an Action, got {action!r}")
         if not arrived and self._skip_idle and self._finished_idle(now, finished):
             return []
         placed_node = self._placed_node

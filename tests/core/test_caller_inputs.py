@@ -287,3 +287,17 @@ def test_a_pass_after_withdrawals_at_a_bad_time_keeps_the_domains_for_the_next(n
     assert sched.withdraw("nobody", 5.0) is False  # (no new withdrawal: the old domains only)
     (start,) = sched.after_withdrawals(5.0)
     assert start.action.id == "b"
+
+
+@pytest.mark.parametrize("junk", [None, "a9", {"id": "a9"}])
+def test_an_arrival_that_is_no_action_is_refused_before_the_completions_beside_it(junk):
+    """advance returned the finished action's units and then raised an AttributeError on the
+    arrival beside it: the finish was taken but its pass never ran (the action waiting for
+    those units stayed queued), though the call was refused."""
+    sched = Scheduler(ONE, make_policy("fixed:1"))
+    sched.submit_many([cpu(f"a{i}", f"T{i}") for i in range(5)], 0.0)  # a4 waits
+    before = _snapshot(sched)
+    with pytest.raises(TypeError, match="an arrival must be an Action"):
+        sched.advance(1.0, finished=["a0"], arrived=[cpu("b", "B"), junk])
+    assert _snapshot(sched) == before and "b" not in sched.admission.seen
+    assert [d.action.id for d in sched.finish("a0", 1.0)] == ["a4"]
