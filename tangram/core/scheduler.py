@@ -186,6 +186,8 @@ class Scheduler:
         """
         if not self.now - 1e-9 <= now < _INF:  # (before the container is placed)
             self._refuse_time(now)
+        if not isinstance(trajectory, str) or not trajectory:  # (as an Action's trajectory)
+            raise ValueError(f"a trajectory needs a non-empty string id, got {trajectory!r}")
         if node is not None and node not in self.state.cpu:
             raise ValueError(f"trajectory {trajectory!r}: unknown CPU node {node!r}")
         if (

@@ -301,3 +301,14 @@ def test_an_arrival_that_is_no_action_is_refused_before_the_completions_beside_i
         sched.advance(1.0, finished=["a0"], arrived=[cpu("b", "B"), junk])
     assert _snapshot(sched) == before and "b" not in sched.admission.seen
     assert [d.action.id for d in sched.finish("a0", 1.0)] == ["a4"]
+
+
+@pytest.mark.parametrize("trajectory", ["", None, 7])
+def test_an_open_of_a_trajectory_no_action_can_name_is_refused(trajectory):
+    """open_trajectory('') placed a container (its memory held until a close) for a
+    trajectory no action can belong to (an Action refuses an empty trajectory id)."""
+    sched = Scheduler(ONE, make_policy("tangram"))
+    before = _snapshot(sched)
+    with pytest.raises(ValueError, match="a trajectory needs a non-empty string id"):
+        sched.open_trajectory(trajectory, 0.0, memory_gb=4.0)
+    assert _snapshot(sched) == before and not sched.trajectories
