@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -173,7 +174,7 @@ class Tabulated(ElasticityCurve):
     def __post_init__(self) -> None:
         if len(self.points) < 1:
             raise CurveError("tabulated curve needs at least one (units, seconds) point")
-        pts = sorted((int(u), float(t)) for u, t in self.points)
+        pts = sorted((_whole_units("tabulated curve", u), float(t)) for u, t in self.points)
         units = [u for u, _ in pts]
         if units[0] != 1:
             raise CurveError(
@@ -273,7 +274,7 @@ def fit_amdahl(measurements: Sequence[tuple[int, float]]) -> FitReport:
 
     if len(measurements) < 2:
         raise CurveError("fitting needs at least two (units, seconds) measurements")
-    pts = tuple(sorted((int(u), float(t)) for u, t in measurements))
+    pts = tuple(sorted((_whole_units("measurement", u), float(t)) for u, t in measurements))
     for u, t in pts:
         if u < 1:
             raise CurveError(f"measurement at units={u}: units must be >= 1")
@@ -290,6 +291,17 @@ def fit_amdahl(measurements: Sequence[tuple[int, float]]) -> FitReport:
     curve = Amdahl(t1_seconds=a + b, serial_fraction=a / (a + b))
     errs = [(curve.duration(u) - t) / t for u, t in pts]
     return FitReport(curve, math.sqrt(sum(e * e for e in errs) / len(errs)), pts)
+
+
+def _whole_units(what: str, units: Any) -> int:
+    """A point's units as an int: a whole number, not a bool (int() made 1.5 units 1 and
+    True 1, so a point was read at a unit count it was never measured at)."""
+    if isinstance(units, bool) or not isinstance(units, numbers.Integral):
+        raise CurveError(
+            f"{what}: units must be a whole number (an integer), "
+            f"got {type(units).__name__} {units!r}"
+        )
+    return int(units)
 
 
 def _curve_number(kind: str, key: str, value: Any) -> float:

@@ -312,3 +312,16 @@ def test_an_open_of_a_trajectory_no_action_can_name_is_refused(trajectory):
     with pytest.raises(ValueError, match="a trajectory needs a non-empty string id"):
         sched.open_trajectory(trajectory, 0.0, memory_gb=4.0)
     assert _snapshot(sched) == before and not sched.trajectories
+
+
+@pytest.mark.parametrize("units", [1.5, 2.0, True])
+def test_a_curve_point_at_units_that_are_no_whole_number_is_refused(units):
+    """Tabulated and fit_amdahl read units with int(): a point measured at 1.5 units was
+    taken as one at 1 (the tabulated curve then timed 1 unit at 1.5 units' time), True as 1;
+    the curve dicts (a trace's, the service's) refused them already."""
+    from tangram.core.curves import CurveError, Tabulated, fit_amdahl
+
+    with pytest.raises(CurveError, match="units must be a whole number"):
+        Tabulated(((1, 4.0), (units, 3.0), (4, 1.0)))
+    with pytest.raises(CurveError, match="units must be a whole number"):
+        fit_amdahl([(units, 3.0), (4, 1.0)])
