@@ -38,6 +38,12 @@ def _finite(value: object, *, low: float, strict: bool) -> bool:
     return value > low if strict else value >= low
 
 
+def _whole(value: object) -> bool:
+    """An int that is no bool: True passed ``isinstance(_, int)`` (and ``in (1, 2, 4, 8)``)
+    and made a node of one core, one GPU, one call."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _require_positive(value: object, key: str) -> None:
     _require(
         _finite(value, low=0, strict=True), key, f"must be a positive finite number, got {value!r}"
@@ -63,12 +69,12 @@ class CpuNodeSpec:
 
     def __post_init__(self) -> None:
         _require(
-            isinstance(self.cores, int) and self.cores >= 1,
+            _whole(self.cores) and self.cores >= 1,
             "cores",
             f"must be a positive integer, got {self.cores!r}",
         )
         _require(
-            isinstance(self.numa_domains, int) and self.numa_domains >= 1,
+            _whole(self.numa_domains) and self.numa_domains >= 1,
             "numa_domains",
             f"must be a positive integer, got {self.numa_domains!r}",
         )
@@ -99,7 +105,7 @@ class GpuNodeSpec:
 
     def __post_init__(self) -> None:
         _require(
-            self.gpus in GPU_CELL_SIZES,
+            _whole(self.gpus) and self.gpus in GPU_CELL_SIZES,
             "gpus",
             f"must be one of {GPU_CELL_SIZES} (aligned cells), got {self.gpus!r}",
         )
@@ -131,7 +137,7 @@ class ApiEndpointSpec:
 
     def __post_init__(self) -> None:
         _require(
-            isinstance(self.concurrency, int) and self.concurrency >= 1,
+            _whole(self.concurrency) and self.concurrency >= 1,
             "concurrency",
             f"must be a positive integer, got {self.concurrency!r}",
         )
@@ -142,7 +148,7 @@ class ApiEndpointSpec:
             f"got {self.rate_per_s!r}",
         )
         _require(
-            isinstance(self.burst, int) and self.burst >= 1,
+            _whole(self.burst) and self.burst >= 1,
             "burst",
             f"must be a positive integer, got {self.burst!r}",
         )

@@ -6,6 +6,7 @@ import pytest
 from tangram.core import (
     Action,
     ActionError,
+    ApiEndpointSpec,
     ClusterSpec,
     CpuNodeSpec,
     GpuNodeSpec,
@@ -18,6 +19,7 @@ from tangram.core import (
 )
 from tangram.core.demand import ServiceDemand
 from tangram.core.loop import DriverLoop
+from tangram.core.resources import SpecError
 
 ONE = ClusterSpec("one", (CpuNodeSpec("n", 4, 1, 16.0),))
 
@@ -325,3 +327,20 @@ def test_a_curve_point_at_units_that_are_no_whole_number_is_refused(units):
         Tabulated(((1, 4.0), (units, 3.0), (4, 1.0)))
     with pytest.raises(CurveError, match="units must be a whole number"):
         fit_amdahl([(units, 3.0), (4, 1.0)])
+
+
+@pytest.mark.parametrize(
+    ("make", "key"),
+    [
+        (lambda: CpuNodeSpec("n", True, 1, 16.0), "cores"),
+        (lambda: CpuNodeSpec("n", 4, True, 16.0), "numa_domains"),
+        (lambda: GpuNodeSpec("g", True, 40.0, 100.0), "gpus"),
+        (lambda: ApiEndpointSpec("web", True), "concurrency"),
+        (lambda: ApiEndpointSpec("web", 2, 1.0, True), "burst"),
+    ],
+)
+def test_a_node_or_endpoint_counted_by_a_bool_is_refused(make, key):
+    """True passed isinstance(_, int) (and 'in (1, 2, 4, 8)'), so a node added with cores=True
+    (add_node, ClusterSpec) was taken as one core, gpus=True as one GPU."""
+    with pytest.raises(SpecError, match=f"{key}: must be"):
+        make()
