@@ -7,6 +7,7 @@ surfaces as a ``CapacityError`` at the decision that caused it instead of silent
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from numbers import Integral, Real
 
 from tangram.core.cells import cell_problem, copy_serves, free_cells
 from tangram.core.numa import numa_picks
@@ -351,7 +352,9 @@ class ClusterState:
             raise KeyError(f"residency report for {service!r}: unknown GPU node {node!r}")
         gpus = tuple(gpus)
         n = state.spec.gpus
-        bad = [g for g in gpus if isinstance(g, bool) or not isinstance(g, int) or not 0 <= g < n]
+        bad = [
+            g for g in gpus if isinstance(g, bool) or not isinstance(g, Integral) or not 0 <= g < n
+        ]
         if bad or len(set(gpus)) != len(gpus):
             raise ValueError(
                 f"residency report for {service!r} on {node}: gpus {gpus} are not distinct "
@@ -361,7 +364,7 @@ class ClusterState:
             raise ValueError(f"residency report on {node}: service must be a non-empty name")
         if size_gb is not None and (
             isinstance(size_gb, bool)
-            or not isinstance(size_gb, int | float)
+            or not isinstance(size_gb, Real)
             or not 0 <= size_gb < float("inf")
         ):
             raise ValueError(

@@ -344,3 +344,13 @@ def test_a_node_or_endpoint_counted_by_a_bool_is_refused(make, key):
     (add_node, ClusterSpec) was taken as one core, gpus=True as one GPU."""
     with pytest.raises(SpecError, match=f"{key}: must be"):
         make()
+
+
+def test_a_residency_report_may_name_its_gpus_and_size_by_numpy_numbers():
+    """(The check added above took only Python ints and floats.)"""
+    import numpy as np
+
+    sched = Scheduler(GPU_CLUSTER, make_policy("tangram"))
+    sched.report_residency("g0", (np.int64(2), np.int64(3)), "rm", True, np.float32(10.0))
+    assert sched.state.gpu["g0"].is_resident("rm", (2, 3))
+    assert sched.state.gpu["g0"].size_gb == {"rm": 10.0}
