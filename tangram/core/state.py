@@ -373,6 +373,9 @@ class ClusterState:
             )
         if resident and size_gb is not None and size_gb > 0:
             state.size_gb[service] = float(size_gb)
+        # The cell as calls name it (ascending): a copy reported as (1, 0) was recorded as a
+        # cell no call runs on, and calls on (0, 1) paid a restore for a copy already there.
+        gpus = tuple(sorted(int(g) for g in gpus))
         for g in gpus:
             if resident:
                 state.resident[g].add(service)

@@ -354,3 +354,16 @@ def test_a_residency_report_may_name_its_gpus_and_size_by_numpy_numbers():
     sched.report_residency("g0", (np.int64(2), np.int64(3)), "rm", True, np.float32(10.0))
     assert sched.state.gpu["g0"].is_resident("rm", (2, 3))
     assert sched.state.gpu["g0"].size_gb == {"rm": 10.0}
+
+
+def test_a_copy_reported_on_gpus_out_of_order_serves_the_calls_on_its_cell():
+    """A copy reported as (1, 0) was recorded as restored on the cell (1, 0), which no call
+    runs on (cells ascend), so a call on (0, 1) was priced a restore of a copy already there."""
+    sched = Scheduler(GPU_CLUSTER, make_policy("tangram"))
+    sched.report_residency("g0", (1, 0), "rm", True, 30.0)
+    assert sched.state.gpu["g0"].is_resident("rm", (0, 1))
+    call = Action(
+        "g", "T", ResourceKind.GPU, Inelastic(1.0), max_units=2, service="rm", service_size_gb=30.0
+    )
+    (start,) = sched.submit(call, 0.0)
+    assert start.gpus == (0, 1) and not start.restore
