@@ -1597,3 +1597,35 @@ def test_objects_holding_tensors_are_copied_once_cycles_and_all() -> None:
     assert new.around[0] is new and new.label == "node"
     assert torch.equal(node.t, torch.ones(2))  # the original is untouched
     assert out["p"] is plain
+
+
+def test_an_interrupt_anywhere_taking_a_cells_device_locks_leaves_none_taken(managers) -> None:
+    """_lock_cell acquired a device lock and only then, on the next lines, handed its release
+    to the call's exit stack: an interrupt in between (at the loop's test, or at the line
+    registering the release) kept that GPU's device lock for good, and every later call
+    needing memory there (or an eviction there) waited on it for ever. An interrupt at any
+    line of _lock_cell now leaves every device lock free."""
+    import sys
+
+    import tangram.exec.eoe.manager as manager_module
+
+    code = manager_module.EoeManager._lock_cell.__code__
+    lines = _interruptible_lines(code)
+    assert lines
+    for line in lines:
+        m = managers(config(devices=2, units=4))
+        m.register(blob_spec("a"))
+        sys.settrace(_interrupt_at(code, line))
+        try:
+            m.call("a", X, dop=2)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        held = [g for g, lock in enumerate(m._device_locks) if lock.locked()]
+        for g in held:  # (so that closing the manager does not wait on them for ever)
+            m._device_locks[g].release()
+        assert held == [], line
+        assert m.call("a", X, dop=2, timeout_s=10).ok, line
+        assert m.evict("a").gpus == (0, 1), line
+        m.close()

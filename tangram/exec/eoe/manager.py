@@ -454,17 +454,35 @@ class EoeManager:
         Another call restoring or evicting on a GPU of the cell (calls_per_gpu > 1) holds its
         lock for as long as that takes: the wait keeps the call's deadline
         (``QueueTimeoutError``) and counts as queueing, as every other wait for memory does.
+
+        The release is on ``stack`` before any lock is taken, and each acquire's result is
+        recorded on the acquire's own line: a lock taken and then handed to ``stack`` on a later line
+        stayed held for good when an interrupt came in between, and every later call needing
+        memory on that GPU (and its eviction) waited on it for ever.
         """
+        held: dict[int, bool] = {}
+        stack.callback(self._release_held, held)
         t0 = time.perf_counter()
         try:
             for g in state.cell:  # the cell is sorted: locks are taken in index order
                 lock = self._device_locks[g]
-                taken = lock.acquire(blocking=False)  # free: no wait, whatever the deadline
-                while not taken:
-                    taken = lock.acquire(timeout=state.wait_s("memory"))
-                stack.callback(lock.release)
+                held[g] = lock.acquire(blocking=False)  # free: no wait, whatever the deadline
+                while not held[g]:
+                    held[g] = lock.acquire(timeout=state.wait_s("memory"))
         finally:
             state.queue_s += time.perf_counter() - t0
+
+    def _release_held(self, held: dict[int, bool]) -> None:
+        """Release the device locks ``held`` marks as taken, each once (its mark cleared on
+        the line releasing it), past an interrupt releasing one."""
+        try:
+            for g in sorted(held, reverse=True):
+                if held[g]:
+                    held[g] = self._device_locks[g].release() is not None  # False: released
+        finally:
+            for g in held:
+                if held[g]:
+                    held[g] = self._device_locks[g].release() is not None
 
     def _carry_out(
         self, state: CallState, victims: list[Replica], placeholders: list[Replica]
