@@ -1629,3 +1629,56 @@ def test_an_interrupt_anywhere_taking_a_cells_device_locks_leaves_none_taken(man
         assert m.call("a", X, dop=2, timeout_s=10).ok, line
         assert m.evict("a").gpus == (0, 1), line
         m.close()
+
+
+class _EchoEngine:
+    """An engine doing nothing but echo its inputs."""
+
+    weight_bytes = 1024
+
+    def wake_up(self) -> None:
+        pass
+
+    def sleep(self) -> None:
+        pass
+
+    def __call__(self, inputs: Any) -> Any:
+        return inputs
+
+
+def test_an_interrupt_anywhere_taking_an_engines_turn_gives_it_back(managers) -> None:
+    """_engine_turn took the engine's turn and only then entered the try whose finally gives
+    it back: an interrupt in between (at the loop's test, or at the line counting the wait
+    in its finally) kept the turn for good, and every later call of that engine waited for
+    it until its timeout (for ever without one). An interrupt at any line of _engine_turn
+    now leaves the turn free (but the two that give it back: a finally's own lines cannot
+    be covered in Python)."""
+    import inspect
+    import sys
+
+    import tangram.exec.eoe.manager as manager_module
+    from tangram.exec.eoe.engine import engine_spec
+
+    function = manager_module.EoeManager._engine_turn.__wrapped__
+    source, first = inspect.getsourcelines(function)
+    releases = [first + i for i, text in enumerate(source) if "turn.release()" in text]
+    skip = {ln for r in releases for ln in (r - 1, r)}
+    code = function.__code__
+    lines = [ln for ln in _interruptible_lines(code) if ln not in skip]
+    m = managers(config(devices=1, units=4))
+    m.register(engine_spec("e", _EchoEngine, home=0, memory_bytes=UNIT))
+    turn = m._service("e").backup.turn
+    assert lines
+    for line in lines:
+        sys.settrace(_interrupt_at(code, line))
+        try:
+            m.call("e", X)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        held = turn.locked()
+        if held:
+            turn.release()
+        assert not held, line
+        assert m.call("e", X, timeout_s=10).ok, line

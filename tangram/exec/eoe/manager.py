@@ -317,22 +317,29 @@ class EoeManager:
         """For an engine service, hold its engine's turn while the call runs: calls of one
         engine run one at a time (vLLM's ``LLM`` is not thread-safe, and with calls_per_gpu
         > 1 two calls pinning its one replica ran on it at once). The wait keeps the call's
-        deadline and counts as queueing; other services need no turn."""
+        deadline and counts as queueing; other services need no turn.
+
+        The turn is taken inside the try whose finally gives it back, its acquire's result
+        recorded on the acquire's own line: taken before that try, an interrupt in between
+        (at the loop's test, or counting the wait) kept it for good, and no later call of
+        that engine ran."""
         turn = getattr(state.service.backup, "turn", None)
         if turn is None:
             yield
             return
-        t0 = time.perf_counter()
+        taken = False
         try:
-            taken = turn.acquire(blocking=False)  # free: no wait, whatever the deadline
-            while not taken:
-                taken = turn.acquire(timeout=state.wait_s("its engine"))
-        finally:
-            state.queue_s += time.perf_counter() - t0
-        try:
+            t0 = time.perf_counter()
+            try:
+                taken = turn.acquire(blocking=False)  # free: no wait, whatever the deadline
+                while not taken:
+                    taken = turn.acquire(timeout=state.wait_s("its engine"))
+            finally:
+                state.queue_s += time.perf_counter() - t0
             yield
         finally:
-            turn.release()
+            if taken:
+                turn.release()
 
     def _check_open(self) -> None:
         if self._closed:
