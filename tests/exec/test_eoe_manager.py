@@ -213,13 +213,18 @@ def test_a_callback_may_call_back_into_the_manager(managers) -> None:
 # --- in-use replicas are never evicted --------------------------------------------------------
 
 
-@pytest.mark.parametrize("timeout_s", [float("nan"), "1", True])
+@pytest.mark.parametrize(
+    "timeout_s",
+    [float("nan"), "1", True, -1.0, -1, float("-inf"), pytest.param(-(10**400), id="-10**400")],
+)
 def test_a_time_out_that_is_no_number_of_seconds_is_refused_naming_it(
     managers, timeout_s: object
 ) -> None:
     """timeout_s=NaN passed every deadline check ('left <= 0' is false) and the call waited
     for the busy service's memory for ever; '1' came back as 'unexpected TypeError in the
-    executor' (our bug, by its words)."""
+    executor' (our bug, by its words); a negative one was taken for a deadline passed
+    already, a QueueTimeoutError as if the call had waited its time (-10**400: an
+    OverflowError, 'unexpected' again)."""
     started, release = threading.Event(), threading.Event()
     m = managers(config(devices=1, units=1.02))
     m.register(blob_spec("busy", call=_blocking_call(started, release)))
@@ -239,6 +244,18 @@ def test_a_time_out_that_is_no_number_of_seconds_is_refused_naming_it(
         release.set()
         t.join(10)
         waiter.join(10)
+
+
+@pytest.mark.parametrize(
+    "timeout_s", [0, 0.0, 5, float("inf"), pytest.param(10**400, id="10**400")]
+)
+def test_a_time_out_of_0_or_more_seconds_is_taken(managers, timeout_s: object) -> None:
+    """0 (no wait: a free cell still runs the call), inf and an int past any float (no
+    bound: it was an OverflowError, 'unexpected' in the executor) are time-outs."""
+    m = managers(config(devices=1))
+    m.register(blob_spec("a"))
+    out = m.call("a", X, timeout_s=timeout_s)
+    assert out.ok, out.message
 
 
 def _blocking_call(started: threading.Event, release: threading.Event) -> Callable:

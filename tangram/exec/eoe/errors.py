@@ -69,7 +69,7 @@ class InputSplitError(EoeError, ValueError):
 
 class CallArgumentError(EoeError, ValueError):
     """An argument of the call is not one it can take (its ``timeout_s``: a number of
-    seconds, not NaN); it never ran."""
+    seconds, 0 or more, not NaN); it never ran."""
 
 
 class QueueTimeoutError(EoeError):

@@ -83,6 +83,29 @@ def _check_indices(devices: tuple[Device, ...]) -> None:
         raise ValueError(f"devices must be indexed 0..n-1 in order, got indices {indices[:16]}")
 
 
+def _seconds(timeout_s: object) -> float:
+    """``timeout_s`` as seconds (0 or more; inf: no bound), or ``CallArgumentError`` naming
+    it: NaN passed every deadline check (the call waited for ever), a negative one was
+    taken for a deadline passed already (a ``QueueTimeoutError``, as if the call had waited),
+    and an int too large for a float was an OverflowError, reported as the executor's bug
+    (it is no bound now)."""
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real):
+        raise CallArgumentError(
+            f"timeout_s must be a number of seconds or None, got {timeout_s!r}"[:300]
+        )
+    try:
+        seconds = float(timeout_s)
+    except OverflowError:  # an int past any float: no bound (or a deadline long passed)
+        seconds = math.inf if timeout_s > 0 else -math.inf
+    except (ValueError, TypeError):
+        seconds = math.nan
+    if math.isnan(seconds) or seconds < 0:
+        raise CallArgumentError(
+            f"timeout_s must be a number of seconds (0 or more) or None, got {timeout_s!r}"[:300]
+        )
+    return seconds
+
+
 class EoeManager:
     """The GPU executor: register services, call them on cells, report residency.
 
@@ -263,15 +286,7 @@ class EoeManager:
             svc = self._service(service)
             request = check_request(svc.info, dop, gpus, self._budgets)
             dop = request.dop
-            if timeout_s is not None and (
-                isinstance(timeout_s, bool)
-                or not isinstance(timeout_s, numbers.Real)
-                or math.isnan(timeout_s)
-            ):  # NaN passed every deadline check: the call waited for ever
-                raise CallArgumentError(
-                    f"timeout_s must be a number of seconds or None, got {timeout_s!r}"
-                )
-            deadline = None if timeout_s is None else start + timeout_s
+            deadline = None if timeout_s is None else start + _seconds(timeout_s)
             state = CallState(svc, deadline=deadline)
             value = self._run(state, request, inputs)
         except EoeError as exc:
