@@ -1699,3 +1699,53 @@ def test_an_interrupt_anywhere_taking_an_engines_turn_gives_it_back(managers) ->
             turn.release()
         assert not held, line
         assert m.call("e", X, timeout_s=10).ok, line
+
+
+class _Unshowable:
+    """A value whose repr raises."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+@pytest.mark.parametrize(
+    ("kw", "error", "named"),
+    [
+        ({"service": _Unshowable()}, UnknownServiceError, "string"),
+        ({"service": 10**5000}, UnknownServiceError, "string"),
+        ({"dop": _Unshowable()}, DopNotSupportedError, "DoPs"),
+        ({"dop": 10**5000}, DopNotSupportedError, "DoPs"),
+        ({"gpus": _Unshowable()}, InvalidCellError, "gpus"),
+        ({"gpus": [_Unshowable()]}, InvalidCellError, "gpus"),
+        ({"gpus": (10**5000,)}, InvalidCellError, "GPU"),
+        ({"timeout_s": -(10**5000)}, CallArgumentError, "timeout_s"),
+        ({"timeout_s": _Unshowable()}, CallArgumentError, "timeout_s"),
+    ],
+    ids=[
+        "service-unshowable",
+        "service-huge-int",
+        "dop-unshowable",
+        "dop-huge-int",
+        "gpus-unshowable",
+        "gpus-holding-unshowable",
+        "gpus-huge-int",
+        "timeout-huge-negative-int",
+        "timeout-unshowable",
+    ],
+)
+def test_a_call_argument_that_cannot_be_shown_is_refused_naming_it(
+    managers, kw: dict, error: type, named: str
+) -> None:
+    """An argument quoted in its refusal with !r whose repr raised (its __repr__, or an int
+    past str's 4,300 digits) made the refusal's own message raise: a service so named made
+    call() raise (past 'never raises'), any other argument came back as 'unexpected
+    RuntimeError in the executor' (our bug, by its words). Each is refused with its own
+    error, naming the argument."""
+    m = managers(config(devices=2))
+    m.register(blob_spec("a"))
+    service = kw.pop("service", "a")
+    out = m.call(service, X, **kw)
+    assert isinstance(out.error, error), out.message
+    assert named in out.message and "repr raised" in out.message, out.message
+    assert isinstance(out.service, str) and len(out.service) <= 300
+    assert m.call("a", X).ok

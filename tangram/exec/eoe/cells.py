@@ -13,7 +13,7 @@ from typing import Any
 
 from tangram.core import cells as core
 from tangram.core.cells import CELL_SIZES, Cell, cell_sizes, is_aligned_cell
-from tangram.exec.eoe.errors import InvalidCellError
+from tangram.exec.eoe.errors import InvalidCellError, shown
 
 __all__ = [
     "CELL_SIZES",
@@ -35,8 +35,20 @@ def aligned_cells(n_devices: int, size: int) -> tuple[Cell, ...]:
 
 
 def validate_cell(gpus: Iterable[Any], n_devices: int, dop: int | None = None) -> Cell:
-    """``gpus`` as a sorted cell, or ``InvalidCellError`` saying what is wrong with it."""
-    return core.validate_cell(gpus, n_devices, dop, error=InvalidCellError)
+    """``gpus`` as a sorted cell, or ``InvalidCellError`` saying what is wrong with it.
+
+    Whatever else reading them raises is that error too: gpus whose repr raised (or holding
+    an int past str's digit limit) made the rule's own message raise, and the call was
+    reported as the executor's bug."""
+    try:
+        return core.validate_cell(gpus, n_devices, dop, error=InvalidCellError)
+    except InvalidCellError:
+        raise
+    except Exception as exc:
+        raise InvalidCellError(
+            f"gpus must be a tuple of GPU indices (0..{n_devices - 1}), got {shown(gpus)} "
+            f"({type(exc).__name__} reading them)"
+        ) from None
 
 
 def best_cell(

@@ -8,6 +8,18 @@ Every error that concerns one call is returned in that call's ``CallOutcome`` (s
 from __future__ import annotations
 
 
+def shown(value: object, limit: int = 300) -> str:
+    """``repr(value)`` for an error's message, cut to ``limit`` characters; a value that
+    cannot be shown (its ``__repr__`` raised; an int past str's 4,300 digits) is named by its
+    type. A caller's value quoted with ``!r`` whose repr raised made the error's own message
+    raise: a call reported as the executor's bug, or a call that raised out of ``call``."""
+    try:
+        text = repr(value)
+    except Exception as exc:
+        return f"<a {type(value).__name__} whose repr raised {type(exc).__name__}>"[:limit]
+    return text[:limit]
+
+
 class EoeError(Exception):
     """Base class of every EOE error."""
 

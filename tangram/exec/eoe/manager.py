@@ -58,6 +58,7 @@ from tangram.exec.eoe.errors import (
     ServiceInUseError,
     ServiceSpecError,
     UnknownServiceError,
+    shown,
 )
 from tangram.exec.eoe.execution import FAILURES, ReplicaRunner
 from tangram.exec.eoe.ledger import Ledger, Started
@@ -91,7 +92,7 @@ def _seconds(timeout_s: object) -> float:
     (it is no bound now)."""
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real):
         raise CallArgumentError(
-            f"timeout_s must be a number of seconds or None, got {timeout_s!r}"[:300]
+            f"timeout_s must be a number of seconds or None, got {shown(timeout_s)}"
         )
     try:
         seconds = float(timeout_s)
@@ -101,7 +102,7 @@ def _seconds(timeout_s: object) -> float:
         seconds = math.nan
     if math.isnan(seconds) or seconds < 0:
         raise CallArgumentError(
-            f"timeout_s must be a number of seconds (0 or more) or None, got {timeout_s!r}"[:300]
+            f"timeout_s must be a number of seconds (0 or more) or None, got {shown(timeout_s)}"
         )
     return seconds
 
@@ -231,7 +232,7 @@ class EoeManager:
         TypeError, reported as the executor's own bug)."""
         if not isinstance(name, str):
             raise UnknownServiceError(
-                f"a service is named by a string, got {type(name).__name__} {name!r}"[:300]
+                f"a service is named by a string, got {type(name).__name__} {shown(name)}"
             )
         with self._cond:
             svc = self._services.get(name)
@@ -253,7 +254,9 @@ class EoeManager:
         ``ValueError`` for a GPU this executor lacks (it was an empty order, as if idle)."""
         n = len(self.devices)
         if isinstance(gpu, bool) or not isinstance(gpu, numbers.Integral) or not 0 <= gpu < n:
-            raise ValueError(f"GPU {gpu!r} is no GPU index of this executor: this executor has {n}")
+            raise ValueError(
+                f"GPU {shown(gpu)} is no GPU index of this executor: this executor has {n}"
+            )
         with self._cond:
             return self._ledger.lru_order(int(gpu))
 

@@ -10,7 +10,7 @@ import traceback
 from typing import Any
 
 from tangram.exec.eoe.bookkeeping import CallState
-from tangram.exec.eoe.errors import EoeError
+from tangram.exec.eoe.errors import EoeError, shown
 from tangram.exec.eoe.records import ERROR, OK, CallOutcome
 
 
@@ -27,7 +27,7 @@ def call_outcome(
     string (the call was refused for it) is given as its repr: the outcome kept the object
     itself in its str field (a list or dict made the frozen outcome unhashable)."""
     if not isinstance(service, str):
-        service = repr(service)[:300]
+        service = shown(service)
     detail = ""
     if error is not None:
         # The traceback's frames would keep the replica's weights alive (and an evicted

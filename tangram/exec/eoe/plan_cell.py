@@ -14,7 +14,12 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from tangram.exec.eoe.cells import Cell, aligned_cells, validate_cell
-from tangram.exec.eoe.errors import DopNotSupportedError, InvalidCellError, ServiceTooLargeError
+from tangram.exec.eoe.errors import (
+    DopNotSupportedError,
+    InvalidCellError,
+    ServiceTooLargeError,
+    shown,
+)
 from tangram.exec.eoe.records import ServiceInfo
 
 
@@ -41,7 +46,9 @@ def check_request(
         dop = len(cell) if cell is not None else info.shards
     # A whole number (numpy's too): 2.0 reached range() as 'unexpected TypeError', True ran as 1.
     if isinstance(dop, bool) or not isinstance(dop, numbers.Integral) or dop not in info.dops:
-        raise DopNotSupportedError(f"service {info.name!r} supports DoPs {info.dops}, not {dop!r}")
+        raise DopNotSupportedError(
+            f"service {info.name!r} supports DoPs {info.dops}, not {shown(dop)}"
+        )
     if dop > n:
         raise DopNotSupportedError(
             f"DoP {dop} needs a cell of {dop} GPUs but this executor has {n}"

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from tangram.exec.eoe.cells import Cell
+from tangram.exec.eoe.errors import shown
 
 #: A replica's key: (service, gpu).
 Key = tuple[str, int]
@@ -217,12 +218,12 @@ def eviction_targets(gpus: Iterable[int] | None, n_gpus: int) -> tuple[int, ...]
             else [g for g in named if isinstance(g, bool) or not isinstance(g, numbers.Integral)]
         )
         if odd:
-            raise ValueError(f"gpus must be GPU indices (ints), got {odd[:8]!r}"[:300])
+            raise ValueError(f"gpus must be GPU indices (ints), got {shown(odd[:8])}")
         gpus = [int(g) for g in named]  # type: ignore[union-attr]
     targets = tuple(sorted(set(range(n_gpus) if gpus is None else gpus)))
     bad = [g for g in targets if not 0 <= g < n_gpus]
     if bad:
-        raise ValueError(f"GPUs {bad} do not exist (this executor has {n_gpus})")
+        raise ValueError(f"GPUs {shown(bad[:8])} do not exist (this executor has {n_gpus})")
     return targets
 
 

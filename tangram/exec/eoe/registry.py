@@ -25,7 +25,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tangram.core.cells import CELL_SIZES
-from tangram.exec.eoe.errors import DuplicateServiceError, ServiceSpecError, UnknownServiceError
+from tangram.exec.eoe.errors import (
+    DuplicateServiceError,
+    ServiceSpecError,
+    UnknownServiceError,
+    shown,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -208,7 +213,7 @@ class ServiceRegistry:
 
     def _unknown(self, name: str) -> str:
         known = ", ".join(sorted(self._specs)) or "none"
-        return f"unknown service {name!r} (registered: {known})"
+        return f"unknown service {shown(name)} (registered: {known})"
 
     def names(self) -> tuple[str, ...]:
         with self._lock:
