@@ -1749,3 +1749,47 @@ def test_a_call_argument_that_cannot_be_shown_is_refused_naming_it(
     assert named in out.message and "repr raised" in out.message, out.message
     assert isinstance(out.service, str) and len(out.service) <= 300
     assert m.call("a", X).ok
+
+
+def test_an_interrupt_anywhere_running_a_calls_parts_waits_for_every_part(managers) -> None:
+    """ReplicaRunner.run started the other replicas' parts on its pool and waited for them
+    after running the first: an interrupt in between (or while it waited for one of them)
+    left the parts still running when the call ended and gave back its pins and slots, so
+    another call could run on those GPUs at once (past calls_per_gpu) and an eviction could
+    drop a replica a part still computed on. An interrupt at any line of run now ends the
+    call only once every part it started has ended."""
+    import sys
+
+    from tangram.exec.eoe.execution import ReplicaRunner
+
+    ended: list[float] = []
+
+    def call(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if threading.current_thread().name.startswith("eoe-replica"):  # a part on the pool
+            time.sleep(0.1)
+        out = module(x)
+        ended.append(time.perf_counter())
+        return out
+
+    code = ReplicaRunner.run.__code__
+    lines = _interruptible_lines(code)
+    m = managers(config(devices=2, units=4))
+    m.register(blob_spec("a", call=call))
+    late: list[int] = []
+    assert lines
+    for line in lines:
+        ended.clear()
+        sys.settrace(_interrupt_at(code, line))
+        try:
+            m.call("a", X, dop=2)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        returned = time.perf_counter()
+        time.sleep(0.3)  # (a part still running ends meanwhile)
+        if any(t > returned for t in ended):
+            late.append(line)
+        assert m._ledger.busy == [0, 0], line
+    assert late == [], late
+    assert m.call("a", X, dop=2).ok

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
 
 from tangram.exec.eoe.devices import Device, is_cuda_oom, no_grad_on
@@ -48,24 +48,27 @@ class ReplicaRunner:
         parts = [inputs] if len(replicas) == 1 else self._split(spec, inputs, len(replicas))
         jobs = list(zip(replicas, parts, strict=False))
         own: ThreadPoolExecutor | None = None
-        with self._lock:  # (so close cannot shut the pool between its look-up and the submits)
-            if len(jobs) > 1 and self._closed:  # a call running past close: threads of its own
-                own = ThreadPoolExecutor(len(jobs) - 1, thread_name_prefix="eoe-replica")
-            pool = own or (self._executor() if len(jobs) > 1 else None)
-            futures = [pool.submit(self._run_part, spec, rep, part) for rep, part in jobs[1:]]  # type: ignore[union-attr]
+        futures: list[Future[Any]] = []
         results: list[Any] = []
         errors: list[BaseException] = []
         try:
-            results.append(self._run_part(spec, *jobs[0]))
-        except BaseException as exc:
-            errors.append(exc)
-        for fut in futures:
+            with self._lock:  # (so close cannot shut the pool between its look-up and submits)
+                if len(jobs) > 1 and self._closed:  # a call running past close: own threads
+                    own = ThreadPoolExecutor(len(jobs) - 1, thread_name_prefix="eoe-replica")
+                pool = own or (self._executor() if len(jobs) > 1 else None)
+                for rep, part in jobs[1:]:
+                    futures.append(pool.submit(self._run_part, spec, rep, part))  # type: ignore[union-attr]
             try:
-                results.append(fut.result())
+                results.append(self._run_part(spec, *jobs[0]))
             except BaseException as exc:
                 errors.append(exc)
-        if own is not None:
-            own.shutdown(wait=True)
+            for fut in futures:
+                try:
+                    results.append(fut.result())
+                except BaseException as exc:
+                    errors.append(exc)
+        finally:  # the call's pins and slots go when it ends: no part may still run then
+            _settle(futures, own)
         if errors:
             raise errors[0]
         if len(results) == 1:
@@ -146,6 +149,25 @@ class ReplicaRunner:
             self._closed = True
         if pool is not None:
             pool.shutdown(wait=True)
+
+
+def _settle(futures: list[Future[Any]], own: ThreadPoolExecutor | None) -> None:
+    """Wait for every part a call started, past an interrupt while waiting (re-raised once all
+    have ended), then shut the call's own pool down. An interrupt before the parts were
+    waited for (or while one was) ended the call with parts still running on its replicas:
+    its pins and call slots were given back, so another call could run on those GPUs at once
+    and an eviction could drop a replica a part still computed on."""
+    interrupt: BaseException | None = None
+    for fut in futures:
+        while not fut.done():
+            try:
+                wait([fut])
+            except BaseException as exc:
+                interrupt = interrupt or exc
+    if own is not None:
+        own.shutdown(wait=True)
+    if interrupt is not None:
+        raise interrupt
 
 
 def to_device(tensor: torch.Tensor, device: Device) -> torch.Tensor:
