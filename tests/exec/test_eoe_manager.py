@@ -1793,3 +1793,51 @@ def test_an_interrupt_anywhere_running_a_calls_parts_waits_for_every_part(manage
         assert m._ledger.busy == [0, 0], line
     assert late == [], late
     assert m.call("a", X, dop=2).ok
+
+
+class _Unsayable(Exception):
+    """A service's exception whose str raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no str")
+
+
+def _raise_unsayable(*args: object) -> Any:
+    raise _Unsayable
+
+
+class _UnsayableEngine(_EchoEngine):
+    """An engine whose wake-up raises an exception whose str raises."""
+
+    def wake_up(self) -> None:
+        raise _Unsayable
+
+
+def test_a_services_exception_whose_message_cannot_be_read_fails_its_call_as_its_own(
+    managers,
+) -> None:
+    """A service's exception quoted with {exc} whose str raised made the wrapping error's own
+    message raise: its call, split, merge or engine wake-up failing came back as
+    'unexpected RuntimeError in the executor' (our bug, by its words), and its factory
+    failing went through register as that RuntimeError, no ServiceSpecError. Each is the
+    service's own error, naming the exception's type."""
+    from tangram.exec.eoe.engine import engine_spec
+
+    m = managers(config(devices=2, units=4))
+    m.register(blob_spec("call", call=_raise_unsayable))
+    m.register(blob_spec("split", split=_raise_unsayable))
+    m.register(blob_spec("merge", merge=_raise_unsayable))
+    m.register(engine_spec("engine", _UnsayableEngine, home=0, memory_bytes=UNIT))
+    for service, dop, error in [
+        ("call", 1, CallFailedError),
+        ("call", 2, CallFailedError),
+        ("split", 2, InputSplitError),
+        ("merge", 2, CallFailedError),
+        ("engine", 1, RestoreError),
+    ]:
+        out = m.call(service, X, dop=dop)
+        assert isinstance(out.error, error), (service, dop, out.message)
+        assert "_Unsayable" in out.message and "could not be read" in out.message, out.message
+    with pytest.raises(ServiceSpecError, match="factory raised _Unsayable"):
+        m.register(ServiceSpec("factory", factory=_raise_unsayable, call=checked_call()))
+    assert "engine" not in m.residency() and m.services() == ("call", "engine", "merge", "split")

@@ -10,7 +10,12 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from tangram.exec.eoe.devices import Device, is_cuda_oom
-from tangram.exec.eoe.errors import DeviceOutOfMemoryError, RestoreError, RestoreOutOfMemoryError
+from tangram.exec.eoe.errors import (
+    DeviceOutOfMemoryError,
+    RestoreError,
+    RestoreOutOfMemoryError,
+    told,
+)
 from tangram.exec.eoe.execution import FAILURES
 
 if TYPE_CHECKING:
@@ -33,15 +38,15 @@ def start_restore(
     except DeviceOutOfMemoryError as exc:
         raise RestoreOutOfMemoryError(
             f"service {service!r}: out of memory restoring {int(storage_bytes(backup, shard))} bytes to "
-            f"GPU {gpu}: {exc}"
+            f"GPU {gpu}: {told(exc)}"
         ) from exc
     except FAILURES as exc:  # (SystemExit too: an engine's wake_up is the service's own code)
         if is_cuda_oom(exc):
             raise RestoreOutOfMemoryError(
-                f"service {service!r}: CUDA out of memory restoring to GPU {gpu}: {exc}"
+                f"service {service!r}: CUDA out of memory restoring to GPU {gpu}: {told(exc)}"
             ) from exc
         raise RestoreError(
-            f"service {service!r}: restoring to GPU {gpu} failed: {type(exc).__name__}: {exc}"
+            f"service {service!r}: restoring to GPU {gpu} failed: {type(exc).__name__}: {told(exc)}"
         ) from exc
     return module, storage, device.fence()
 

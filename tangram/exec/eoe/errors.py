@@ -20,6 +20,17 @@ def shown(value: object, limit: int = 300) -> str:
     return text[:limit]
 
 
+def told(exc: BaseException) -> str:
+    """``str(exc)`` for an error's message; an exception whose ``__str__`` raised is said to
+    have none readable. A service's exception quoted with ``{exc}`` whose str raised made
+    the wrapping error's own message raise: the call was reported as the executor's bug (a
+    factory's, as no ServiceSpecError)."""
+    try:
+        return str(exc)
+    except Exception as error:
+        return f"<its message could not be read: {type(error).__name__}>"
+
+
 class EoeError(Exception):
     """Base class of every EOE error."""
 

@@ -10,7 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
 
 from tangram.exec.eoe.devices import Device, is_cuda_oom, no_grad_on
-from tangram.exec.eoe.errors import CallFailedError, InputSplitError
+from tangram.exec.eoe.errors import CallFailedError, InputSplitError, told
 from tangram.exec.eoe.registry import ServiceSpec, map_tensors
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ class ReplicaRunner:
         except FAILURES as exc:
             raise CallFailedError(
                 f"service {spec.name!r}: merging the results of {len(results)} replicas failed: "
-                f"{type(exc).__name__}: {exc}"
+                f"{type(exc).__name__}: {told(exc)}"
             ) from exc
 
     @staticmethod
@@ -98,7 +98,8 @@ class ReplicaRunner:
             raise
         except FAILURES as exc:
             raise InputSplitError(
-                f"service {spec.name!r}: cannot split the inputs across {n} replicas: {exc}"
+                f"service {spec.name!r}: cannot split the inputs across {n} replicas: "
+                f"{type(exc).__name__}: {told(exc)}"
             ) from exc
         if not 1 <= len(parts) <= n:
             raise InputSplitError(
@@ -131,7 +132,7 @@ class ReplicaRunner:
         except FAILURES as exc:
             oom = " (out of memory)" if is_cuda_oom(exc) else ""
             raise CallFailedError(
-                f"service {spec.name!r} raised {type(exc).__name__} on GPU {rep.gpu}{oom}: {exc}"
+                f"service {spec.name!r} raised {type(exc).__name__} on GPU {rep.gpu}{oom}: {told(exc)}"
             ) from exc
 
     def _executor(self) -> ThreadPoolExecutor:

@@ -15,7 +15,7 @@ from typing import Any
 from tangram.exec.eoe.bookkeeping import CallState, Counters, Replica
 from tangram.exec.eoe.cells import Cell
 from tangram.exec.eoe.devices import Device, DeviceFigures
-from tangram.exec.eoe.errors import EoeError, RestoreError
+from tangram.exec.eoe.errors import EoeError, RestoreError, told
 from tangram.exec.eoe.plan_cell import NodeLoad
 from tangram.exec.eoe.plan_room import GpuMemory, Key, RoomPlan, lru
 from tangram.exec.eoe.records import CallOutcome, DeviceStats, EoeStats
@@ -186,7 +186,7 @@ class Ledger:
         for rep in reps:
             if rep.settled.is_set():
                 continue
-            rep.error = RestoreError(f"restore abandoned: {type(exc).__name__}: {exc}")
+            rep.error = RestoreError(f"restore abandoned: {type(exc).__name__}: {told(exc)}")
             self._forget(rep)
             rep.settled.set()
 

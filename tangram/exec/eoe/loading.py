@@ -16,6 +16,7 @@ from tangram.exec.eoe.errors import (
     InvalidCellError,
     ServiceSpecError,
     ServiceTooLargeError,
+    told,
 )
 from tangram.exec.eoe.execution import FAILURES
 from tangram.exec.eoe.records import ServiceInfo
@@ -63,7 +64,7 @@ def build_service(
         module = spec.factory()
     except FAILURES as exc:  # (a sys.exit() in it too: it went through register as is)
         raise ServiceSpecError(
-            f"service {spec.name!r}: factory raised {type(exc).__name__}: {exc}"
+            f"service {spec.name!r}: factory raised {type(exc).__name__}: {told(exc)}"
         ) from exc
     if spec.backend == "engine":
         backup = EngineBackup(module, spec.home)

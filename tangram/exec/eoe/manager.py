@@ -59,6 +59,7 @@ from tangram.exec.eoe.errors import (
     ServiceSpecError,
     UnknownServiceError,
     shown,
+    told,
 )
 from tangram.exec.eoe.execution import FAILURES, ReplicaRunner
 from tangram.exec.eoe.ledger import Ledger, Started
@@ -296,7 +297,7 @@ class EoeManager:
             error = exc
         except Exception as exc:  # a bug of ours or of torch: still one outcome for the call
             log.exception("EOE call of %r failed unexpectedly", service)
-            error = ExecutorError(f"unexpected {type(exc).__name__} in the executor: {exc}")
+            error = ExecutorError(f"unexpected {type(exc).__name__} in the executor: {told(exc)}")
             error.__cause__ = exc
         finally:
             self._feed.deliver()
@@ -604,7 +605,7 @@ class EoeManager:
         except Exception as exc:  # (a CUDA error surfaces at the synchronize)
             return failure or RestoreError(
                 f"service {svc.spec.name!r}: waiting for its copies failed: "
-                f"{type(exc).__name__}: {exc}"
+                f"{type(exc).__name__}: {told(exc)}"
             )
         return failure
 

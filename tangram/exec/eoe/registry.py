@@ -30,6 +30,7 @@ from tangram.exec.eoe.errors import (
     ServiceSpecError,
     UnknownServiceError,
     shown,
+    told,
 )
 
 if TYPE_CHECKING:
@@ -430,7 +431,7 @@ def _map_object(
         new = copy.copy(value)
     except Exception as exc:
         raise TypeError(
-            f"a {type(value).__name__} holding tensors cannot be copied: {exc}"[:300]
+            f"a {type(value).__name__} holding tensors cannot be copied: {told(exc)}"[:300]
         ) from exc
     if new is value or getattr(new, "__dict__", None) is state:
         raise TypeError(f"a {type(value).__name__} holding tensors cannot be copied")
