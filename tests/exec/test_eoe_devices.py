@@ -145,3 +145,33 @@ def test_config_numbers_of_the_wrong_type_are_refused_naming_them(kwargs: dict, 
     ("empty(): argument 'pin_memory' must be bool, not str")."""
     with pytest.raises(ValueError, match=words):
         EoeConfig(**kwargs)
+
+
+class _Unshowable:
+    """A value whose repr raises."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        "backend",
+        "devices",
+        "device_memory_bytes",
+        "memory_fraction",
+        "calls_per_gpu",
+        "host_memory_bytes",
+        "pin_host_memory",
+    ],
+)
+@pytest.mark.parametrize("value", [_Unshowable(), -(10**5000)], ids=["unshowable", "huge-int"])
+def test_a_config_value_that_cannot_be_shown_is_refused_naming_it(
+    field: str, value: object
+) -> None:
+    """A bad value quoted in its refusal with !r whose repr raised (its __repr__, or an int
+    past str's 4,300 digits) made the refusal's own message raise: a RuntimeError, or a
+    ValueError saying 'Exceeds the limit', naming no field. Each is refused naming it."""
+    with pytest.raises(ValueError, match=rf"^{field} must be .*whose repr raised"):
+        EoeConfig(**{field: value})

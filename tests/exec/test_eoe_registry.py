@@ -317,3 +317,49 @@ def test_a_defaultdict_keeps_its_type_and_default_through_moves_splits_and_merge
     for got in (moved, *pieces, merged):
         assert type(got) is defaultdict and got.default_factory is list
     assert torch.equal(merged["x"], value["x"]) and merged["absent"] == []
+
+
+class _Unshowable:
+    """A value whose repr raises."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+_HUGE = -(10**5000)  # an int past str's 4,300 digits: its repr raises ValueError
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"name": _Unshowable()}, "service name"),
+        ({"name": _HUGE}, "service name"),
+        ({"dops": _Unshowable()}, "dops must be a tuple"),
+        ({"dops": (_Unshowable(),)}, "dops must be distinct whole numbers"),
+        ({"dops": (_HUGE,)}, "dops must be distinct whole numbers"),
+        ({"memory_bytes": _HUGE}, "memory_bytes must be"),
+        ({"workspace_bytes": _HUGE}, "workspace_bytes must be"),
+        ({"shards": _HUGE}, "shards must be"),
+        ({"backend": _Unshowable()}, "backend must be"),
+        ({"backend": "engine", "home": _HUGE, "memory_bytes": 1}, "home must be"),
+    ],
+    ids=[
+        "name-unshowable",
+        "name-huge-int",
+        "dops-unshowable",
+        "dops-holding-unshowable",
+        "dops-huge-int",
+        "memory_bytes-huge-int",
+        "workspace_bytes-huge-int",
+        "shards-huge-int",
+        "backend-unshowable",
+        "home-huge-int",
+    ],
+)
+def test_a_spec_field_that_cannot_be_shown_is_refused_naming_it(kwargs: dict, words: str) -> None:
+    """A bad field quoted in its refusal with !r whose repr raised (its __repr__, or an int
+    past str's 4,300 digits) made the refusal's own message raise: the spec failed with
+    that RuntimeError or ValueError ('Exceeds the limit'), naming no field, and no
+    ServiceSpecError. Each is refused naming the field."""
+    with pytest.raises(ServiceSpecError, match=words):
+        _spec(**kwargs)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass
 
+from tangram.exec.eoe.errors import shown
+
 GIB = 1 << 30
 
 #: Per-device budget on CPU when none is configured.
@@ -51,14 +53,14 @@ class EoeConfig:
 
     def __post_init__(self) -> None:
         if self.backend not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"backend must be 'auto', 'cpu' or 'cuda', got {self.backend!r}")
+            raise ValueError(f"backend must be 'auto', 'cpu' or 'cuda', got {shown(self.backend)}")
         if self.devices is not None and (not _whole(self.devices) or self.devices < 1):
-            raise ValueError(f"devices must be a positive int or None, got {self.devices!r}")
+            raise ValueError(f"devices must be a positive int or None, got {shown(self.devices)}")
         if self.device_memory_bytes is not None and (
             not _whole(self.device_memory_bytes) or self.device_memory_bytes < 1
         ):
             raise ValueError(
-                f"device_memory_bytes must be a positive int or None, got {self.device_memory_bytes!r}"
+                f"device_memory_bytes must be a positive int or None, got {shown(self.device_memory_bytes)}"
             )
         fraction = self.memory_fraction
         if (
@@ -66,16 +68,18 @@ class EoeConfig:
             or not isinstance(fraction, numbers.Real)
             or not 0 < fraction <= 1
         ):
-            raise ValueError(f"memory_fraction must be a number in (0, 1], got {fraction!r}")
+            raise ValueError(f"memory_fraction must be a number in (0, 1], got {shown(fraction)}")
         if not _whole(self.calls_per_gpu) or self.calls_per_gpu < 1:
-            raise ValueError(f"calls_per_gpu must be a positive int, got {self.calls_per_gpu!r}")
+            raise ValueError(
+                f"calls_per_gpu must be a positive int, got {shown(self.calls_per_gpu)}"
+            )
         if self.host_memory_bytes is not None and (
             not _whole(self.host_memory_bytes) or self.host_memory_bytes < 1
         ):
             raise ValueError(
-                f"host_memory_bytes must be a positive int or None, got {self.host_memory_bytes!r}"
+                f"host_memory_bytes must be a positive int or None, got {shown(self.host_memory_bytes)}"
             )
         if not isinstance(self.pin_host_memory, bool | None):
             raise ValueError(
-                f"pin_host_memory must be True, False or None, got {self.pin_host_memory!r}"
+                f"pin_host_memory must be True, False or None, got {shown(self.pin_host_memory)}"
             )

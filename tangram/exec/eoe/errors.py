@@ -16,7 +16,7 @@ def shown(value: object, limit: int = 300) -> str:
     try:
         text = repr(value)
     except Exception as exc:
-        return f"<a {type(value).__name__} whose repr raised {type(exc).__name__}>"[:limit]
+        return f"<{type(value).__name__} object whose repr raised {type(exc).__name__}>"[:limit]
     return text[:limit]
 
 

@@ -84,7 +84,7 @@ class ServiceSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
             raise ServiceSpecError(
-                f"service name {self.name!r} is invalid: use letters, digits and _.:/@+-, "
+                f"service name {shown(self.name)} is invalid: use letters, digits and _.:/@+-, "
                 "starting with a letter or digit"
             )
         if not callable(self.factory):
@@ -95,7 +95,7 @@ class ServiceSpec:
             value = getattr(self, field_name)
             if value is not None and not callable(value):
                 raise ServiceSpecError(
-                    f"service {self.name!r}: {field_name} must be callable or None, got {value!r}"[
+                    f"service {self.name!r}: {field_name} must be callable or None, got {shown(value)}"[
                         :300
                     ]
                 )
@@ -103,12 +103,12 @@ class ServiceSpec:
             # dops=2 was a bare TypeError ('int' object is not iterable); {1: 1} was (1,).
             raise ServiceSpecError(
                 f"service {self.name!r}: dops must be a tuple of DoPs (cell sizes from "
-                f"{CELL_SIZES}), got {self.dops!r}"
+                f"{CELL_SIZES}), got {shown(self.dops)}"
             )
         object.__setattr__(self, "dops", tuple(self.dops))
         if self.backend not in BACKENDS:
             raise ServiceSpecError(
-                f"service {self.name!r}: backend must be one of {BACKENDS}, got {self.backend!r}"
+                f"service {self.name!r}: backend must be one of {BACKENDS}, got {shown(self.backend)}"
             )
         if (self.backend == "engine") != (self.home is not None):
             raise ServiceSpecError(
@@ -126,7 +126,7 @@ class ServiceSpec:
             )
         if not _whole(self.shards) or self.shards not in CELL_SIZES:
             raise ServiceSpecError(
-                f"service {self.name!r}: shards must be one of {CELL_SIZES}, got {self.shards!r}"
+                f"service {self.name!r}: shards must be one of {CELL_SIZES}, got {shown(self.shards)}"
             )
         if self.shards > 1 and tuple(self.dops) == (1,):
             object.__setattr__(self, "dops", (self.shards,))  # the default: its one cell size
@@ -134,7 +134,7 @@ class ServiceSpec:
         if self.shards > 1 and dops != (self.shards,):
             raise ServiceSpecError(
                 f"service {self.name!r}: a service split into {self.shards} shards runs on "
-                f"cells of {self.shards} GPUs only: dops must be ({self.shards},), got {dops!r}"
+                f"cells of {self.shards} GPUs only: dops must be ({self.shards},), got {shown(dops)}"
             )
         if (
             not dops
@@ -143,7 +143,7 @@ class ServiceSpec:
         ):
             raise ServiceSpecError(
                 f"service {self.name!r}: dops must be distinct whole numbers from "
-                f"{CELL_SIZES}, got {self.dops!r}"
+                f"{CELL_SIZES}, got {shown(self.dops)}"
             )
         object.__setattr__(self, "dops", tuple(sorted(dops)))
         if self.memory_bytes is not None and (
@@ -151,12 +151,12 @@ class ServiceSpec:
         ):
             raise ServiceSpecError(
                 f"service {self.name!r}: memory_bytes must be a non-negative int or None, "
-                f"got {self.memory_bytes!r}"
+                f"got {shown(self.memory_bytes)}"
             )
         if not _whole(self.workspace_bytes) or self.workspace_bytes < 0:
             raise ServiceSpecError(
                 f"service {self.name!r}: workspace_bytes must be a non-negative int, "
-                f"got {self.workspace_bytes!r}"
+                f"got {shown(self.workspace_bytes)}"
             )
 
     def _check_home(self) -> None:
@@ -166,7 +166,7 @@ class ServiceSpec:
         home = self.home
         if isinstance(home, bool) or not isinstance(home, numbers.Integral) or home < 0:
             raise ServiceSpecError(
-                f"service {self.name!r}: home must be a GPU index (an int >= 0), got {home!r}"
+                f"service {self.name!r}: home must be a GPU index (an int >= 0), got {shown(home)}"
             )
         object.__setattr__(self, "home", int(home))
 
