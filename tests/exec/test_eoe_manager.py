@@ -191,6 +191,28 @@ def test_a_failing_callback_does_not_break_calls(managers) -> None:
     assert m.call("a", X).ok
 
 
+def test_a_callback_that_exits_is_logged_and_the_call_still_ends_with_its_outcome(
+    managers,
+) -> None:
+    """A sys.exit() in on_residency_change (the scheduler's code, as a service's call is its
+    own) went through the delivery in call's finally: the call that ran ended with no
+    outcome (SystemExit out of call(), which 'never raises'; in the live runtime's thread
+    pool it reached the event loop) and was never counted, and evict() raised it too once
+    it had evicted. It is logged and skipped like a callback's other errors."""
+    seen: list[tuple[str, tuple[int, ...], bool]] = []
+
+    def exits(service: str, gpus: tuple[int, ...], resident: bool) -> None:
+        seen.append((service, gpus, resident))
+        raise SystemExit(3)
+
+    m = managers(config(), on_residency_change=exits)
+    m.register(blob_spec("a"))
+    out = m.call("a", X)
+    assert out.ok and seen == [("a", (0,), True)]
+    assert m.evict("a").gpus == (0,) and seen[-1] == ("a", (0,), False)
+    assert m.stats().calls == 1 and m.call("a", X).ok
+
+
 def test_a_callback_may_call_back_into_the_manager(managers) -> None:
     seen: list[dict] = []
     holder: list[EoeManager] = []

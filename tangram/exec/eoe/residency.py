@@ -36,7 +36,10 @@ class ResidencyFeed:
                 self._changes.append((service, gpus, resident))
 
     def deliver(self) -> None:
-        """Deliver the queued changes in order; a callback that raises is logged and skipped."""
+        """Deliver the queued changes in order; a callback that raises is logged and skipped,
+        a sys.exit() in it too (the scheduler's own code, as a service's is in its call:
+        ``execution.FAILURES``). A SystemExit went through the delivery in ``call``'s
+        finally: the call that ran ended with no outcome and was never counted."""
         if self._callback is None:
             return
         with self._delivering:
@@ -47,5 +50,5 @@ class ResidencyFeed:
                     change = self._changes.popleft()
                 try:
                     self._callback(*change)
-                except Exception:
+                except (Exception, SystemExit):
                     log.exception("on_residency_change%r raised", change)
