@@ -1863,3 +1863,63 @@ def test_a_services_exception_whose_message_cannot_be_read_fails_its_call_as_its
     with pytest.raises(ServiceSpecError, match="factory raised _Unsayable"):
         m.register(ServiceSpec("factory", factory=_raise_unsayable, call=checked_call()))
     assert "engine" not in m.residency() and m.services() == ("call", "engine", "merge", "split")
+
+
+def _code_of(function: Any, name: str | None = None) -> Any:
+    """The code object of ``function``, or of the function ``name`` nested in it."""
+    import types
+
+    code = function.__code__
+    if name is None:
+        return code
+    return next(c for c in code.co_consts if isinstance(c, types.CodeType) and c.co_name == name)
+
+
+@pytest.mark.parametrize(
+    ("method", "nested"), [("register", None), ("register", "admit"), ("unregister", None)]
+)
+def test_an_interrupt_anywhere_registering_or_unregistering_keeps_the_books_whole(
+    managers, method: str, nested: str | None
+) -> None:
+    """register reserved the backup's host bytes and then recorded the reservation on the
+    next line, and added the spec to the registry before its service: an interrupt between
+    either pair kept the bytes reserved for good (a later register refused over the host
+    budget) or left the name in the registry without its service (registering it again a
+    DuplicateServiceError, calling it an UnknownServiceError, for good). unregister, which
+    forgot the service, its spec and its bytes on three lines, left the same halves. An
+    interrupt at any line of them now leaves the service registered or not, wholly (but
+    the two lines of unregister's finally: a finally's own lines cannot be covered)."""
+    import inspect
+    import sys
+
+    import tangram.exec.eoe.manager as manager_module
+
+    function = getattr(manager_module.EoeManager, method)
+    source, first = inspect.getsourcelines(function)
+    removes = [first + i for i, text in enumerate(source) if "_registry.remove(service)" in text]
+    skip = {ln for r in removes for ln in (r - 1, r)}
+    code = _code_of(function, nested)
+    lines = [ln for ln in _interruptible_lines(code) if ln not in skip]
+    assert lines
+    for line in lines:
+        m = managers(config(devices=1, units=4, host_memory_bytes=2 * UNIT))
+        if method == "unregister":
+            m.register(blob_spec("a"))
+        sys.settrace(_interrupt_at(code, line))
+        try:
+            if method == "unregister":
+                m.unregister("a")
+            else:
+                m.register(blob_spec("a"))
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        assert set(m._services) == set(m.services()), line
+        assert m._host_bytes == sum(s.backup.nbytes for s in m._services.values()), line
+        if "a" in m.services():
+            assert m.call("a", X).ok, line
+            m.unregister("a")
+        m.register(blob_spec("a"))
+        m.register(blob_spec("b", seed=1))  # (the host budget holds two)
+        m.close()

@@ -181,9 +181,11 @@ class EoeManager:
                         f"the backups to {self._host_bytes + size} bytes, over the host "
                         f"budget of {limit} bytes"
                     )
-                self._host_bytes += size
-                reserved = size
+                # (One line: reserved, then recorded on the next, an interrupt in between
+                # kept the bytes reserved for good.)
+                self._host_bytes, reserved = self._host_bytes + size, size
 
+        svc: Service | None = None
         try:
             svc = build_service(spec, pin=self._pin_host, budgets=self._budgets, admit=admit)
             with self._cond:
@@ -192,9 +194,25 @@ class EoeManager:
                 self._services[spec.name] = svc
         except BaseException:
             with self._cond:
-                self._host_bytes -= reserved
+                self._undo_register(spec, svc, reserved)
             raise
         return svc.info
+
+    def _undo_register(self, spec: ServiceSpec, svc: Service | None, reserved: int) -> None:
+        """(Under the condition.) Undo a register that failed or was interrupted: its host
+        bytes go back, and its spec, if the registry took it without its service (an
+        interrupt in between left the name registered without a service for good). One
+        registered all the same (an interrupt as the lock was let go) stays, with its bytes."""
+        if svc is not None and self._services.get(spec.name) is svc:
+            return
+        self._host_bytes -= reserved
+        name = spec.name
+        if (
+            name not in self._services
+            and name in self._registry
+            and self._registry.get(name) is spec
+        ):
+            self._registry.remove(name)
 
     def unregister(self, service: str) -> None:
         """Evict the service everywhere and forget it (``ServiceInUseError`` if a call uses it).
@@ -213,9 +231,14 @@ class EoeManager:
                 raise ServiceInUseError(
                     f"service {service!r} was restored again while unregistering"
                 )
-            del self._services[service]
-            self._registry.remove(service)
-            self._host_bytes -= svc.backup.nbytes
+            # The service and its bytes go on one line, its spec after it, whatever comes
+            # in between (on three lines, an interrupt left halves: a name registered
+            # without its service, or bytes reserved for no service, for good).
+            try:
+                self._host_bytes -= self._services.pop(service).backup.nbytes
+            finally:
+                if service not in self._services and service in self._registry:
+                    self._registry.remove(service)
 
     def services(self) -> tuple[str, ...]:
         return self._registry.names()
