@@ -1923,3 +1923,38 @@ def test_an_interrupt_anywhere_registering_or_unregistering_keeps_the_books_whol
         m.register(blob_spec("a"))
         m.register(blob_spec("b", seed=1))  # (the host budget holds two)
         m.close()
+
+
+@pytest.mark.parametrize("method", ["take_slots", "pin"])
+def test_an_interrupt_anywhere_taking_slots_or_pins_leaves_none_taken(
+    managers, method: str
+) -> None:
+    """Ledger.take_slots counted a call slot on each GPU and then recorded the cell on a
+    later line, and Ledger.pin counted a pin and then listed the replica: an interrupt in
+    between left a slot no release gave back (with calls_per_gpu=1 that GPU ran no call
+    again) or a pin none took off (the replica never evicted again). Each is now counted
+    and recorded on one line."""
+    import sys
+
+    from tangram.exec.eoe.ledger import Ledger
+
+    code = getattr(Ledger, method).__code__
+    lines = _interruptible_lines(code)
+    assert lines
+    for line in lines:
+        m = managers(config(devices=2, units=1.5))
+        m.register(blob_spec("a"))
+        m.register(blob_spec("b", seed=1))
+        assert m.call("a", X, dop=2).ok  # (pin_only: a's pins come from Ledger.pin alone)
+        sys.settrace(_interrupt_at(code, line))
+        try:
+            m.call("a", X, dop=2)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        assert m._ledger.busy == [0, 0], line
+        assert all(rep.pins == 0 for rep in m._ledger.replicas.values()), line
+        out = m.call("b", X, dop=2, timeout_s=5)  # evicts a: no pin may hold it
+        assert out.ok and sorted(out.evicted) == [("a", 0), ("a", 1)], (line, out.message)
+        m.close()

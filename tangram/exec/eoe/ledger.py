@@ -81,18 +81,21 @@ class Ledger:
     # --- a call's lifetime --------------------------------------------------------------------
 
     def take_slots(self, state: CallState, cell: Cell) -> None:
-        """The call runs on ``cell``: one call slot on each of its GPUs."""
+        """The call runs on ``cell``: one call slot on each of its GPUs, each taken and added
+        to ``state.cell`` (what ``release`` gives back) on one line. Taken all, then the cell
+        recorded on a later line, an interrupt in between kept the slots for good."""
         for g in cell:
-            self.busy[g] += 1
-        state.cell = cell
+            self.busy[g], state.cell = self.busy[g] + 1, (*state.cell, g)
 
     def pin(self, state: CallState) -> None:
-        """The call pins its service's replica on every GPU of its cell (all are booked)."""
+        """The call pins its service's replica on every GPU of its cell (all are booked), each
+        pin counted and listed in ``state.pinned`` (what ``release`` takes off) on one line:
+        counted, then listed on the next, an interrupt in between kept the replica pinned
+        (never evicted) for good."""
         name = state.service.info.name
         for g in state.cell:
             rep = self.replicas[(name, g)]
-            rep.pins += 1
-            state.pinned.append(rep)
+            rep.pins, state.pinned = rep.pins + 1, [*state.pinned, rep]
 
     def book(self, state: CallState, plan: RoomPlan) -> tuple[list[Replica], list[Replica]]:
         """Book a GO plan: evictees leave the residency now (their bytes stay claimed until
