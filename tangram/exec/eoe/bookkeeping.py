@@ -103,6 +103,9 @@ class CallState:
     #: perf_counter() time after which waiting (for GPUs or memory) fails; None: wait forever.
     deadline: float | None = None
     cell: Cell = ()
+    #: The GPUs whose call slot the call holds (``cell`` stays the cell once they are given
+    #: back: the outcome reports it).
+    slots: Cell = ()
     pinned: list[Replica] = field(default_factory=list)
     workspace_gpus: list[int] = field(default_factory=list)
     restored: list[int] = field(default_factory=list)

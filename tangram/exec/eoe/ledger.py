@@ -82,10 +82,12 @@ class Ledger:
 
     def take_slots(self, state: CallState, cell: Cell) -> None:
         """The call runs on ``cell``: one call slot on each of its GPUs, each taken and added
-        to ``state.cell`` (what ``release`` gives back) on one line. Taken all, then the cell
-        recorded on a later line, an interrupt in between kept the slots for good."""
+        to ``state.cell`` and ``state.slots`` (what ``release`` gives back) in one statement.
+        Taken all, then the cell recorded on a later line, an interrupt in between kept the
+        slots for good."""
+        busy = self.busy
         for g in cell:
-            self.busy[g], state.cell = self.busy[g] + 1, (*state.cell, g)
+            busy[g], state.cell, state.slots = busy[g] + 1, (*state.cell, g), (*state.slots, g)
 
     def pin(self, state: CallState) -> None:
         """The call pins its service's replica on every GPU of its cell (all are booked), each
@@ -130,18 +132,23 @@ class Ledger:
         return victims, placeholders
 
     def release(self, state: CallState) -> None:
-        """Give back what the call holds: pins (its replicas were used now), workspaces, slots."""
+        """Give back what the call holds: pins (its replicas were used now), workspaces, slots.
+
+        Each given back and struck from ``state`` on one line, so a second call gives back
+        only what is left: given back all, then struck off together, an interrupt part-way
+        kept the rest (pins, workspace bytes, call slots) for good."""
         tick = next(self._tick)
-        for rep in state.pinned:
-            rep.pins -= 1
-            rep.last_used = tick
-        for g in state.workspace_gpus:
-            self.claimed[g] -= state.service.info.workspace_bytes
-            self.workspaces[g] -= state.service.info.workspace_bytes
-        for g in state.cell:
-            self.busy[g] -= 1
-        state.pinned.clear()
-        state.workspace_gpus.clear()
+        ws, gpus = state.service.info.workspace_bytes, state.workspace_gpus
+        claimed, workspaces, busy = self.claimed, self.workspaces, self.busy
+        while state.pinned:
+            state.pinned[-1].last_used = tick
+            state.pinned.pop().pins -= 1
+        while gpus:  # (one physical line: a statement over several has line events inside)
+            g = gpus[-1]
+            claimed[g], workspaces[g], _ = claimed[g] - ws, workspaces[g] - ws, gpus.pop()
+        while state.slots:
+            g = state.slots[-1]
+            busy[g], state.slots = busy[g] - 1, state.slots[:-1]
 
     def count(self, outcome: CallOutcome) -> None:
         self.counters.count(outcome)

@@ -347,7 +347,10 @@ class EoeManager:
                     state.exec_s = time.perf_counter() - t0
         finally:
             with self._cond:
-                self._ledger.release(state)
+                try:
+                    self._ledger.release(state)
+                finally:  # (past an interrupt giving them back: what is left goes)
+                    self._ledger.release(state)
                 self._cond.notify_all()
                 closed = self._closed
             if closed:  # close() evicted the idle replicas, not this call's: they go now
