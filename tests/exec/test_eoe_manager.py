@@ -1993,3 +1993,39 @@ def test_an_interrupt_anywhere_releasing_a_call_gives_back_all_it_held(managers)
         out = m.call("b", X, dop=2, timeout_s=5)  # evicts a: no pin may hold it
         assert out.ok and sorted(out.evicted) == [("a", 0), ("a", 1)], (line, out.message)
         m.close()
+
+
+def test_an_interrupt_anywhere_unbooking_an_evicted_replica_leaves_the_books_right(
+    managers,
+) -> None:
+    """Ledger.freed marked an evicted replica unbooked and took its bytes off on the next
+    lines: an interrupt in between kept its bytes claimed and live on its GPU for good (no
+    second try books a replica marked unbooked), and every later call needing them there
+    waited for memory nothing would free. They now go in one statement."""
+    import sys
+
+    from tangram.exec.eoe.ledger import Ledger
+
+    code = Ledger.freed.__code__
+    lines = _interruptible_lines(code)
+    assert lines
+    for line in lines:
+        m = managers(config(devices=2, units=1.5))  # room for one service per GPU
+        m.register(blob_spec("a"))
+        m.register(blob_spec("b", seed=1))
+        assert m.call("a", X, dop=2).ok
+        sys.settrace(_interrupt_at(code, line))
+        try:
+            m.call("b", X, dop=2)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        led = m._ledger
+        for g in range(2):
+            held = sum(r.claim for r in led.replicas.values() if r.gpu == g)
+            assert led.claimed[g] == held, (line, g)
+            live = sum(r.nbytes for r in led.replicas.values() if r.gpu == g)
+            assert led.live[g] == live or BACKEND == "cuda", (line, g)
+        assert m.call("b", X, dop=2, timeout_s=10).ok, line
+        m.close()

@@ -219,11 +219,17 @@ class Ledger:
         (once: a replica unbooked already is left as it is)."""
         if victim.unbooked:
             return
-        victim.unbooked = True
-        self.claimed[victim.gpu] -= victim.claim
-        self.live[victim.gpu] -= size
-        if victim.engine:
-            self.engines[victim.gpu] -= victim.claim
+        # Unbooked in one statement (marked unbooked first, its bytes on the next lines, an
+        # interrupt in between kept them claimed and live for good: no second try books a
+        # replica marked unbooked).
+        g, claim, engine = victim.gpu, victim.claim, victim.claim if victim.engine else 0
+        claimed, live, engines = self.claimed, self.live, self.engines
+        victim.unbooked, claimed[g], live[g], engines[g] = (
+            True,
+            claimed[g] - claim,
+            live[g] - size,
+            engines[g] - engine,
+        )
         c = self.counters
         c.evictions += 1
         c.bytes_evicted += victim.moved(size)
