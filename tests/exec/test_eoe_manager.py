@@ -2029,3 +2029,42 @@ def test_an_interrupt_anywhere_unbooking_an_evicted_replica_leaves_the_books_rig
             assert led.live[g] == live or BACKEND == "cuda", (line, g)
         assert m.call("b", X, dop=2, timeout_s=10).ok, line
         m.close()
+
+
+@pytest.mark.parametrize("method", ["book", "pin"])
+def test_an_interrupt_anywhere_booking_a_plan_leaves_the_books_right(managers, method: str) -> None:
+    """Ledger.book took a plan's evictees out of the books, booked its placeholders, pinned
+    and claimed the workspaces, and only then returned the lists _make_room undoes from: an
+    interrupt part-way (in book, or in the pin it calls) left evictees out of the books and
+    of every list, their bytes claimed on their GPUs for good, and placeholders claiming
+    bytes no one restored or gave back; later calls there waited for memory nothing would
+    free. Each is listed in the caller's lists in the statement that books it, and undone
+    from there."""
+    import sys
+
+    from tangram.exec.eoe.ledger import Ledger
+
+    code = getattr(Ledger, method).__code__
+    lines = _interruptible_lines(code)
+    assert lines
+    for line in lines:
+        m = managers(config(devices=2, units=1.6))  # room for one service per GPU
+        m.register(blob_spec("a"))
+        m.register(blob_spec("b", seed=1, workspace_bytes=64))
+        assert m.call("a", X, dop=2).ok
+        sys.settrace(_interrupt_at(code, line))
+        try:
+            m.call("b", X, dop=2)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        led = m._ledger
+        for g in range(2):
+            held = sum(r.claim for r in led.replicas.values() if r.gpu == g)
+            assert led.claimed[g] == held and led.workspaces[g] == 0, (line, g)
+            live = sum(r.nbytes for r in led.replicas.values() if r.gpu == g)
+            assert led.live[g] == live or BACKEND == "cuda", (line, g)
+        assert all(r.ready and not r.pins for r in led.replicas.values()), line
+        assert m.call("b", X, dop=2, timeout_s=10).ok, line
+        m.close()

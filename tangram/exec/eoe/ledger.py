@@ -99,37 +99,48 @@ class Ledger:
             rep = self.replicas[(name, g)]
             rep.pins, state.pinned = rep.pins + 1, [*state.pinned, rep]
 
-    def book(self, state: CallState, plan: RoomPlan) -> tuple[list[Replica], list[Replica]]:
+    def book(
+        self,
+        state: CallState,
+        plan: RoomPlan,
+        victims: list[Replica],
+        placeholders: list[Replica],
+    ) -> None:
         """Book a GO plan: evictees leave the residency now (their bytes stay claimed until
         freed), placeholders claim the restores, the call pins its replicas and claims its
-        workspace. Returns (evictees, placeholders), for the manager to carry out."""
+        workspace. The evictees and placeholders are listed in ``victims`` and
+        ``placeholders``, the caller's, for the manager to carry out (or undo): each is
+        listed in the statement that books it. Returned once booked all, an interrupt
+        part-way left evictees out of the books and out of every list (their bytes claimed
+        for good) and placeholders claiming bytes no one would restore or give back."""
         info = state.service.info
-        victims = []
+        name, ws, rs, feed = info.name, info.workspace_bytes, self.replicas, self._feed
+        claimed, workspaces = self.claimed, self.workspaces
         for key in plan.evict:
-            victim = self.replicas.pop(key)
-            victims.append(victim)
-            self._feed.push(victim.service, (victim.gpu,), False)
             state.evicted.append(key)
-        placeholders = []
+            _ = victims.append(rs.pop(key)), feed.push(key[0], (key[1],), False)
         engine = state.service.spec.backend == "engine"
         for g in plan.restore:
             rep = Replica(
-                info.name,
+                name,
                 g,
                 info.resident_bytes,
                 engine=engine,
                 engine_bytes=info.weight_bytes if engine else 0,
             )
-            self.replicas[(info.name, g)] = rep
-            self.claimed[g] += rep.claim
-            placeholders.append(rep)
+            rs[(name, g)], claimed[g], placeholders[len(placeholders) :] = (
+                rep,
+                claimed[g] + rep.claim,
+                [rep],
+            )
         self.pin(state)
-        if info.workspace_bytes:
+        if ws:
             for g in state.cell:
-                self.claimed[g] += info.workspace_bytes
-                self.workspaces[g] += info.workspace_bytes
-                state.workspace_gpus.append(g)
-        return victims, placeholders
+                claimed[g], workspaces[g], state.workspace_gpus = (
+                    claimed[g] + ws,
+                    workspaces[g] + ws,
+                    [*state.workspace_gpus, g],
+                )
 
     def release(self, state: CallState) -> None:
         """Give back what the call holds: pins (its replicas were used now), workspaces, slots.

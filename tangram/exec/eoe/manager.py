@@ -469,33 +469,35 @@ class EoeManager:
         False means the plan said wait: the locks were released and the call waited; retry.
         """
         info = state.service.info
+        victims: list[Replica] = []  # (filled as the plan is booked: an interrupt booking
+        placeholders: list[Replica] = []  # it, or after, undoes what is listed)
         with contextlib.ExitStack() as stack:
             self._lock_cell(state, stack)
-            with self._cond:
-                self._check_open()
-                self._check_registered(state.service)
-                plan = plan_room(
-                    info.name,
-                    state.cell,
-                    self._ledger.replicas,
-                    self._ledger.memory(state.cell, self.devices, self._budgets),
-                    resident_bytes=info.resident_bytes,
-                    workspace_bytes=info.workspace_bytes,
-                )
-                if plan.verdict is Verdict.NEVER:
-                    raise RestoreOutOfMemoryError(plan.reason)
-                if plan.verdict is Verdict.WAIT:
-                    t0 = time.perf_counter()
-                    stack.close()  # release the device locks before waiting
-                    try:
-                        self._cond.wait(state.wait_s("memory"))
-                    finally:
-                        state.queue_s += time.perf_counter() - t0
-                    return False
-                victims, placeholders = self._ledger.book(state, plan)
-            try:  # (an interrupt before _carry_out's own try: the same undo)
+            try:
+                with self._cond:
+                    self._check_open()
+                    self._check_registered(state.service)
+                    plan = plan_room(
+                        info.name,
+                        state.cell,
+                        self._ledger.replicas,
+                        self._ledger.memory(state.cell, self.devices, self._budgets),
+                        resident_bytes=info.resident_bytes,
+                        workspace_bytes=info.workspace_bytes,
+                    )
+                    if plan.verdict is Verdict.NEVER:
+                        raise RestoreOutOfMemoryError(plan.reason)
+                    if plan.verdict is Verdict.WAIT:
+                        t0 = time.perf_counter()
+                        stack.close()  # release the device locks before waiting
+                        try:
+                            self._cond.wait(state.wait_s("memory"))
+                        finally:
+                            state.queue_s += time.perf_counter() - t0
+                        return False
+                    self._ledger.book(state, plan, victims, placeholders)
                 self._carry_out(state, victims, placeholders)
-            except BaseException as exc:
+            except BaseException as exc:  # (an interrupt before _carry_out's own try too)
                 self._undo(victims, placeholders, exc)
                 raise
         return True
