@@ -2068,3 +2068,46 @@ def test_an_interrupt_anywhere_booking_a_plan_leaves_the_books_right(managers, m
         assert all(r.ready and not r.pins for r in led.replicas.values()), line
         assert m.call("b", X, dop=2, timeout_s=10).ok, line
         m.close()
+
+
+def test_an_interrupt_anywhere_finishing_a_restore_leaves_the_books_right(managers) -> None:
+    """Ledger.restores_done booked a restored replica's bytes live and gave it its buffer on
+    the next line: an interrupt in between kept the bytes booked live for good (the undo
+    dropped the placeholder and its claim, not the live bytes), hiding as much foreign
+    memory from every later plan on that GPU; one after the replica was made ready left
+    its bytes live once the undo dropped it. Booked in one statement, and a ready
+    placeholder dropped with its live bytes (and its residency reported gone)."""
+    import sys
+
+    from tangram.exec.eoe.ledger import Ledger
+
+    code = Ledger.restores_done.__code__
+    lines = _interruptible_lines(code)
+    assert lines
+    for line in lines:
+        events: list[tuple[str, tuple[int, ...], bool]] = []
+        m = managers(
+            config(devices=2, units=4), on_residency_change=lambda *e, seen=events: seen.append(e)
+        )
+        m.register(blob_spec("a"))
+        sys.settrace(_interrupt_at(code, line))
+        try:
+            m.call("a", X, dop=2)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        led = m._ledger
+        for g in range(2):
+            held = sum(r.claim for r in led.replicas.values() if r.gpu == g)
+            assert led.claimed[g] == held, (line, g)
+            live = sum(r.nbytes for r in led.replicas.values() if r.gpu == g)
+            assert led.live[g] == live or BACKEND == "cuda", (line, g)
+        assert all(r.ready and not r.pins for r in led.replicas.values()), line
+        out = m.call("a", X, dop=2, timeout_s=10)
+        assert out.ok, (line, out.message)
+        resident: set[int] = set()
+        for _, gpus, on in events:
+            resident = resident | set(gpus) if on else resident - set(gpus)
+        assert resident == {0, 1} and m.residency() == {"a": (0, 1)}, (line, events)
+        m.close()

@@ -173,14 +173,22 @@ class Ledger:
         failure every placeholder is dropped with its claim, and what was copied is let go.
         The copies' bytes are booked live here, on success only (see
         ``EoeManager._start_copies``)."""
+        live, engines = self.live, self.engines
         for rep, module, storage, _ in started:
             size = int(storage.numel())
             if failure is None:
-                self.live[rep.gpu] += size
-                rep.module, rep.storage, rep.ready = module, storage, True
+                # Booked live and made ready in one statement (booked live first, an
+                # interrupt before the replica had its buffer kept the bytes live for good;
+                # ``_forget`` unbooks a ready one).
+                g, engine = rep.gpu, rep.claim if rep.engine else 0
+                live[g], engines[g], rep.module, rep.storage, rep.ready = (
+                    live[g] + size,
+                    engines[g] + engine,
+                    module,
+                    storage,
+                    True,
+                )
                 rep.last_used = next(self._tick)
-                if rep.engine:
-                    self.engines[rep.gpu] += rep.claim
                 self.counters.restores += 1
                 self.counters.bytes_restored += rep.moved(size)
         if failure is None:
@@ -212,11 +220,23 @@ class Ledger:
             rep.settled.set()
 
     def _forget(self, placeholder: Replica) -> None:
-        """Drop a failed placeholder and its claim, if it is still the booked one."""
-        key = (placeholder.service, placeholder.gpu)
+        """Drop a failed placeholder and its claim, if it is still the booked one; one made
+        ready already (an interrupt finishing its restore) with its live bytes and its
+        residency, reported gone if it was reported (each in one statement)."""
+        key, g = (placeholder.service, placeholder.gpu), placeholder.gpu
         if self.replicas.get(key) is placeholder:
-            del self.replicas[key]
-            self.claimed[placeholder.gpu] -= placeholder.claim
+            _, self.claimed[g] = self.replicas.pop(key), self.claimed[g] - placeholder.claim
+        if placeholder.ready:
+            size, engine = placeholder.nbytes, placeholder.claim if placeholder.engine else 0
+            live, engines = self.live, self.engines
+            live[g], engines[g], placeholder.ready, placeholder.module, placeholder.storage = (
+                live[g] - size,
+                engines[g] - engine,
+                False,
+                None,
+                None,
+            )
+            self._feed.push(placeholder.service, (g,), False)
 
     def take_out(self, keys: Sequence[Key]) -> list[Replica]:
         """An explicit eviction: the replicas leave the residency now (bytes claimed until freed)."""
