@@ -4,6 +4,7 @@ dies mid-action, a command that does not exist, a time-out, too much output, out
 from __future__ import annotations
 
 import base64
+import contextlib
 import shlex
 import threading
 import time
@@ -297,6 +298,80 @@ def test_an_action_interrupted_mid_run_is_killed_and_leaves_the_next_alone(
     assert out.ok and out.stdout == b"new\n", out
     later = any_manager.run_action(
         traj, "sleep 4; test -e /work/old-ran && echo ran || echo killed", 1, timeout_s=30
+    )
+    assert later.ok and later.stdout == b"killed\n", later
+
+
+def test_an_action_interrupted_right_after_its_send_never_runs(
+    any_manager: Any, trajectory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interrupt (a KeyboardInterrupt) landing once the action was sent, before its
+    output was read: the exec transport killed nothing (its launcher read the line and ran
+    the action, moved out of the group by ``leave``), the runner transport neither (the
+    runner, spared, read it and started it); the caller had been told it was interrupted.
+    The launcher is now killed with the action (the runner frozen with it: either the
+    action never started, or it is in the group, killed there)."""
+    from tangram.exec.aoe import transport
+
+    traj = trajectory(any_manager)
+    real = transport.send
+
+    def sent_then_interrupted(*args: Any, **kwargs: Any) -> None:
+        real(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(transport, "send", sent_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        any_manager.run_action(traj, "sleep 2; echo old > /work/old-ran", 1)
+    monkeypatch.setattr(transport, "send", real)
+    assert any_manager.free_cores() == any_manager.topology.cores
+    later = any_manager.run_action(
+        traj, "sleep 4; test -e /work/old-ran && echo ran || echo killed", 1, timeout_s=30
+    )
+    assert later.ok and later.stdout == b"killed\n", later
+
+
+def test_an_action_interrupted_before_the_runner_read_it_never_runs(
+    manager: Any, trajectory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner transport: an interrupt landing before the runner had started the action
+    it was sent (the runner held here by SIGSTOP, as a loaded machine holds it) had the kill
+    find nothing of the action and spare the runner, which started it afterwards (once
+    continued), after the caller was told it was interrupted. The runner is now killed
+    with the action's group, before it reads the line."""
+    import os
+    import signal
+
+    from tangram.exec.aoe import transport
+
+    traj = trajectory(manager)
+    assert manager.run_action(traj, "true", 1).ok  # the runner is up
+    runner = manager._container(traj).transport
+    assert isinstance(runner, transport.RunnerTransport) and runner.pid is not None
+    held = os.pidfd_open(runner.pid)
+    real_send, real_collect = transport.send, transport.collect
+
+    def stopped_then_sent(*args: Any, **kwargs: Any) -> None:
+        signal.pidfd_send_signal(held, signal.SIGSTOP)
+        real_send(*args, **kwargs)
+
+    def interrupted(*args: Any, **kwargs: Any) -> str:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(transport, "send", stopped_then_sent)
+    monkeypatch.setattr(transport, "collect", interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            manager.run_action(traj, "echo old > /work/old-ran", 1)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(held, signal.SIGCONT)
+        os.close(held)
+    monkeypatch.setattr(transport, "send", real_send)
+    monkeypatch.setattr(transport, "collect", real_collect)
+    assert manager.free_cores() == manager.topology.cores
+    later = manager.run_action(
+        traj, "sleep 2; test -e /work/old-ran && echo ran || echo killed", 1, timeout_s=30
     )
     assert later.ok and later.stdout == b"killed\n", later
 

@@ -91,6 +91,12 @@ class ActionGroup(ABC):
         """SIGKILL every process of the current action, keep everything else."""
 
     @abstractmethod
+    def drop_launcher(self) -> None:
+        """The next ``kill`` takes the launcher (the runner) too, before it can start what it
+        was sent: an action whose call was interrupted before the runner started it was
+        started after the kill, which had found nothing of it."""
+
+    @abstractmethod
     def close(self) -> None:
         """The container is going: remove what the group made."""
 
@@ -214,6 +220,13 @@ class CgroupGroup(ActionGroup):
             if frozen:
                 self._try_thaw()
 
+    def drop_launcher(self) -> None:
+        """The runner is no longer spared (nor resident: a fresh one is moved in): frozen
+        with the rest, it is killed wherever it is, the action it was sent unread or started
+        (the action then in the group, killed with it)."""
+        self._spare = None
+        self._resident = None
+
     def kill(self) -> KillReport:
         """Freeze, SIGKILL all but the runner, thaw, in up to ``KILL_ROUNDS`` rounds; what
         is still alive at the end (or everything, when this raises) is kept in the group."""
@@ -327,6 +340,9 @@ class MarkerGroup(ActionGroup):
 
     def close(self) -> None:
         pass  # nothing was made
+
+    def drop_launcher(self) -> None:
+        pass  # the runner cannot be told from the container's other processes (docs/aoe.md)
 
     def kill(self) -> KillReport:
         if self._action is not None:

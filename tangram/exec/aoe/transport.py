@@ -422,24 +422,17 @@ def collect(
     return killed or "exit"
 
 
-def _collect_or_kill(
-    reader: FrameReader,
-    out: Capture,
-    err: Capture,
-    deadline: float,
-    grace_s: float,
-    kill: Callable[[str], None],
-    finished: Callable[[], bool],
-) -> str:
-    """``collect``, the action killed when it raises (an interrupt, a KeyboardInterrupt, in
-    the caller's thread): left running, the action went on past its time-out (moved out of
-    the action cgroup by ``leave``, where no later kill took it), and a runner still busy
-    with it gave its output and end marker to the next action as that one's stdout."""
-    try:
-        return collect(reader, out, err, deadline, grace_s, kill, finished)
-    except BaseException:
-        kill("interrupted")
-        raise
+def _abort(group: ActionGroup, kill: Callable[[str], None], exc: BaseException) -> None:
+    """Kill an action whose send or collect raised (an interrupt, a KeyboardInterrupt, in the
+    caller's thread; a failed send), launcher included (``ActionGroup.drop_launcher``): left
+    running, the action went on past its time-out (moved out of the action cgroup by
+    ``leave``, where no later kill took it), and a runner still busy with it gave its output
+    and end marker to the next action as that one's stdout. The runner must die with it:
+    spared, one that had not yet read the action it was sent (the interrupt landing right
+    after the send) started it after the kill, which had found nothing, and the caller had
+    already been told it was interrupted."""
+    group.drop_launcher()
+    kill("interrupted" if not isinstance(exc, Exception) else "send failed")
 
 
 class ExecTransport:
@@ -485,10 +478,12 @@ class ExecTransport:
             # From the send on, as the runner's: the launcher's start (the engine's, seconds on
             # a loaded machine) is not the command's time.
             deadline = time.monotonic() + req.timeout_s
-            send(raw, frame(req.action_id, req), req.timeout_s)
-            ended = _collect_or_kill(
-                reader, out, err, deadline, self.grace_s, kill, lambda: reader.eof
-            )
+            try:
+                send(raw, frame(req.action_id, req), req.timeout_s)
+                ended = collect(reader, out, err, deadline, self.grace_s, kill, lambda: reader.eof)
+            except BaseException as exc:  # the launcher may hold the line: killed with the rest
+                _abort(self.group, kill, exc)
+                raise
         finally:
             attached.close()
             self.group.leave()
@@ -582,15 +577,14 @@ class RunnerTransport:
             self.group.enter(req.action_id, self.pid, launcher_stays=True)
             try:
                 send(self._sock, data, deadline - time.monotonic())
-            except BaseException:  # (an interrupt, too)
-                reader.eof = True  # the runner may hold half an action: a fresh one next time
-                raise
-            try:
-                ended = _collect_or_kill(
+                ended = collect(
                     reader, out, err, deadline, self.grace_s, kill, lambda: out.done and err.done
                 )
-            except BaseException:
-                reader.eof = True  # still busy with the action: a fresh runner next time
+            except BaseException as exc:  # (an interrupt, too)
+                # The runner may hold (part of) the action, unread or started: killed with
+                # the action's processes, a fresh one next time.
+                reader.eof = True
+                _abort(self.group, kill, exc)
                 raise
             if ended == "eof":
                 # The runner died mid-action (an action can SIGKILL it: same uid): what the
