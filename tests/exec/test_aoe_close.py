@@ -217,6 +217,42 @@ def test_an_open_whose_start_a_shutdown_overtook_says_so_and_removes_what_it_mad
     assert _unretired(containers) == []
 
 
+@pytest.mark.parametrize("method", ["open_trajectory", "recreate"])
+def test_a_start_a_shutdown_overtook_keeps_the_watchdog_until_its_discard(
+    method: str, monkeypatch: pytest.MonkeyPatch
+):
+    """An open or recreate whose start a shutdown overtook discards the container it made
+    after the shutdown's sweep; the shutdown had released the watchdog already, so a
+    discard the engine refused left the container for good. The watchdog is now released
+    by the last start in flight, after its discard: it sweeps what the discard left."""
+    containers = _Containers()
+    mgr = manager_with(containers)
+    if method == "recreate":
+        mgr.open_trajectory("t1")
+    watchdog = object()
+    mgr._reaper = watchdog  # type: ignore[assignment]
+
+    def release(held: object) -> None:
+        if held is not None:
+            assert held is watchdog
+            containers.events.append("release watchdog")
+
+    monkeypatch.setattr(aoe_manager.reaper, "release", release)
+
+    def shutdown_then_refuse() -> None:
+        mgr.shutdown()
+        containers.fail_retire = True  # the engine refuses the discard's removal
+
+    containers.during_start = shutdown_then_refuse
+    with pytest.raises(AoeError, match="shut down"):
+        getattr(mgr, method)("t1")
+    events = containers.events
+    assert events.count("release watchdog") == 1, events
+    assert events[-2:] == ["retire t1", "release watchdog"], events
+    mgr.shutdown()  # (idempotent: nothing released twice)
+    assert containers.events.count("release watchdog") == 1
+
+
 def test_a_retire_that_fails_with_an_engine_error_does_not_stop_the_shutdown(
     caplog: pytest.LogCaptureFixture,
 ):

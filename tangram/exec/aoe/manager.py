@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +71,13 @@ class AoeManager:
     manager, or call ``shutdown()``; containers are also removed at interpreter exit and, if
     the process is killed, by the watchdog.
     """
+
+    #: Opens and recreates past their check that the manager is open, by count: the shutdown
+    #: leaves its watchdog's release to the last of them (``_start_in_flight``).
+    _in_flight: int = 0
+    #: The shutdown has swept (its watchdog released, or left to the last start in flight).
+    _swept: bool = False
+    _reaper: subprocess.Popen[bytes] | None = None
 
     def __init__(self, config: AoeConfig | None = None, *, client: Any = None) -> None:
         self.config = config or AoeConfig()
@@ -162,36 +169,58 @@ class AoeManager:
             left = self._left_generation.get(traj_id)
         if left is not None:
             blueprint = blueprint.next_generation(after=left)
+        with self._start_in_flight():
+            try:
+                container = self._containers.start(blueprint)
+            except BaseException:
+                # A container that failed to start and could not be removed keeps its name
+                # (logged by the lifecycle): the next open of the id goes past it.
+                with self._lock:
+                    self._left_generation[traj_id] = max(
+                        blueprint.generation, self._left_generation.get(traj_id, 0)
+                    )
+                raise
+            try:
+                with self._lock:
+                    why = (
+                        "the AOE manager was shut down while it was opened"
+                        if self._closed
+                        else "it was opened twice at once"
+                        if traj_id in self._trajs
+                        else None
+                    )
+                    if why is None:
+                        self._trajs[traj_id] = Trajectory(container)
+                        return container.handle
+                raise AoeError(f"trajectory {traj_id!r} cannot be opened: {why}")
+            except BaseException:
+                # Not handed over (lost a race, or an interrupt: a KeyboardInterrupt between
+                # the start and the books): discarded, and the next open of the id goes past
+                # its generation, which a failed removal leaves taken. An interrupt here left
+                # it running, unknown, its name refusing every reopen 'already taken'.
+                self._unopened(traj_id, blueprint, container)
+                raise
+
+    @contextlib.contextmanager
+    def _start_in_flight(self) -> Iterator[None]:
+        """Around an open's or a recreate's start until its container is handed over or
+        discarded: ``AoeError`` when the manager is shut down, else counted, and the
+        shutdown's watchdog released only once none is in flight (by the last one). Released
+        at the shutdown, a container such a start made after the shutdown's sweep and then
+        failed to discard (the engine refused the removal) stayed for good."""
+        with self._lock:
+            if self._closed:
+                raise AoeError("the AOE manager is shut down")
+            self._in_flight += 1
         try:
-            container = self._containers.start(blueprint)
-        except BaseException:
-            # A container that failed to start and could not be removed keeps its name (logged
-            # by the lifecycle): the next open of the id goes past it.
+            yield
+        finally:
             with self._lock:
-                self._left_generation[traj_id] = max(
-                    blueprint.generation, self._left_generation.get(traj_id, 0)
-                )
-            raise
-        try:
-            with self._lock:
-                why = (
-                    "the AOE manager was shut down while it was opened"
-                    if self._closed
-                    else "it was opened twice at once"
-                    if traj_id in self._trajs
-                    else None
-                )
-                if why is None:
-                    self._trajs[traj_id] = Trajectory(container)
-                    return container.handle
-            raise AoeError(f"trajectory {traj_id!r} cannot be opened: {why}")
-        except BaseException:
-            # Not handed over (lost a race, or an interrupt: a KeyboardInterrupt between the
-            # start and the books): discarded, and the next open of the id goes past its
-            # generation, which a failed removal leaves taken. An interrupt here left it
-            # running, unknown, its name refusing every reopen 'already taken'.
-            self._unopened(traj_id, blueprint, container)
-            raise
+                self._in_flight -= 1
+                watchdog = self._reaper if self._swept and not self._in_flight else None
+                if watchdog is not None:
+                    self._reaper = None
+            reaper.release(watchdog)  # it sweeps what a failed discard left
 
     def _unopened(self, traj_id: str, blueprint: Blueprint, container: Container) -> None:
         """Discard ``container``, started for ``traj_id`` and not handed over (unless the
@@ -276,18 +305,19 @@ class AoeManager:
             # Same trajectory, same lock: actions waiting on it now run in the new container.
             blueprint = traj.container.blueprint.next_generation(after=traj.tried)
             traj.tried = blueprint.generation
-            fresh = self._containers.start(blueprint)
-            try:
-                self._put_in_place(traj, fresh)
-            except BaseException:
-                # A shutdown meanwhile, or an interrupt (a KeyboardInterrupt) before it was in
-                # place, which left it running, nobody's, until the shutdown's sweep (a pooled
-                # one counted busy for good).
-                if traj.container is fresh:
-                    traj.retired = None  # (in place, interrupted before this was said)
-                else:
-                    self._discard_quietly(fresh)
-                raise
+            with self._start_in_flight():
+                fresh = self._containers.start(blueprint)
+                try:
+                    self._put_in_place(traj, fresh)
+                except BaseException:
+                    # A shutdown meanwhile, or an interrupt (a KeyboardInterrupt) before it
+                    # was in place, which left it running, nobody's, until the shutdown's
+                    # sweep (a pooled one counted busy for good).
+                    if traj.container is fresh:
+                        traj.retired = None  # (in place, interrupted before this was said)
+                    else:
+                        self._discard_quietly(fresh)
+                    raise
         return fresh.handle
 
     def _put_in_place(self, traj: Trajectory, fresh: Container) -> None:
@@ -489,8 +519,15 @@ class AoeManager:
             except Exception as exc:  # noqa: BLE001 - the engine's errors; the reaper is next
                 log.warning("the shutdown could not sweep this session's containers: %s", exc)
         finally:
-            reaper.release(self._reaper)  # the reaper finds nothing left and exits
-            self._reaper = None
+            # The reaper finds nothing left and exits; while an open or recreate is still in
+            # flight, released by the last of them (``_start_in_flight``), once what it made
+            # is handed over (then removed above or by the reaper) or discarded.
+            with self._lock:
+                self._swept = True
+                watchdog = None if self._in_flight else self._reaper
+                if watchdog is not None:
+                    self._reaper = None
+            reaper.release(watchdog)
 
     def _retire_at_shutdown(self, traj: Trajectory) -> None:
         """Close ``traj`` and retire its container; any error is logged, not raised: one
