@@ -139,3 +139,39 @@ def test_bench_aoe_reports_every_figure(
     assert set(doc["targets"]) >= {"grant_revoke_p99_under_1ms", "aoe_overhead_under_1pct"}
     judged = [v for k, v in doc["targets"].items() if "_under_" in k]
     assert judged and all(isinstance(v, bool) for v in judged), doc["targets"]
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--iterations", "0"),
+        ("--iterations", "-5"),
+        ("--iterations", "1000000000"),
+        ("--docker-iterations", "0"),
+        ("--docker-iterations", "100000000"),
+        ("--actions", "0"),
+        ("--actions", "1000000000"),
+        ("--exec-actions", "-1"),
+        ("--exec-actions", "100000000"),
+        ("--seconds", "0"),
+        ("--seconds", "100000"),
+    ],
+)
+def test_bench_aoe_refuses_a_count_out_of_bounds_naming_the_flag(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``tangram bench aoe`` took any count past 0: --iterations 1000000000 or --seconds
+    100000 ran for days (or filled memory with timings) without a word, and a count below 1
+    was refused on stdout, as output, with exit 2 but no usage. Each count is now held to
+    [1, its bound], refused by the parser naming the flag, before anything runs."""
+    from tangram.exec.aoe import bench
+
+    def never(**kwargs: Any) -> dict[str, Any]:
+        raise AssertionError("the benchmark ran")
+
+    monkeypatch.setattr(bench, "measure", never)
+    with pytest.raises(SystemExit) as exited:
+        main(["bench", "aoe", flag, value])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert flag in err and ("must be >= 1" in err or "must be at most" in err), err

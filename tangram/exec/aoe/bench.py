@@ -24,11 +24,21 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tangram.report import add_json_flag, emit
+from tangram.report import add_json_flag, emit, int_in
 
 #: Targets from the issue: grant+revoke p99 by direct writes, AOE overhead per 1-s action.
 TARGET_GRANT_P99_S = 1e-3
 TARGET_OVERHEAD_SHARE = 0.01
+
+#: The most each count may ask for (``tangram bench aoe`` refuses more, naming the flag): a
+#: count past it runs for hours (a grant pair ~50 us, a runner action ~1 ms, a docker update
+#: or exec ~50 ms, a 1-second action a second per transport) or fills memory with timings,
+#: without a word, where the figures stopped moving long before.
+ITERATIONS_MAX = 1_000_000
+DOCKER_ITERATIONS_MAX = 10_000
+ACTIONS_MAX = 100_000
+EXEC_ACTIONS_MAX = 10_000
+SECONDS_MAX = 600
 
 
 def _pct(values: Sequence[float], q: float) -> float:
@@ -194,28 +204,43 @@ def register(sub: argparse._SubParsersAction) -> None:
         "aoe", help="AOE grant/revoke latency and per-action overhead on Docker"
     )
     parser.add_argument(
-        "--iterations", type=int, default=2000, help="direct grant+revoke pairs (2000)"
+        "--iterations",
+        type=int_in(1, ITERATIONS_MAX, "a p99 over more pairs moves no further"),
+        default=2000,
+        help=f"direct grant+revoke pairs (2000, at most {ITERATIONS_MAX:,})",
     )
     parser.add_argument(
-        "--docker-iterations", type=int, default=50, help="docker update pairs (50)"
+        "--docker-iterations",
+        type=int_in(1, DOCKER_ITERATIONS_MAX, "tens of milliseconds each: hours past that"),
+        default=50,
+        help=f"docker update pairs (50, at most {DOCKER_ITERATIONS_MAX:,})",
     )
     parser.add_argument(
-        "--actions", type=int, default=200, help="empty actions via the runner (200)"
+        "--actions",
+        type=int_in(1, ACTIONS_MAX, "a p99 over more actions moves no further"),
+        default=200,
+        help=f"empty actions via the runner (200, at most {ACTIONS_MAX:,})",
     )
     parser.add_argument(
-        "--exec-actions", type=int, default=30, help="empty actions via docker exec (30)"
+        "--exec-actions",
+        type=int_in(1, EXEC_ACTIONS_MAX, "tens of milliseconds each: hours past that"),
+        default=30,
+        help=f"empty actions via docker exec (30, at most {EXEC_ACTIONS_MAX:,})",
     )
-    parser.add_argument("--seconds", type=int, default=3, help="1-second actions per transport (3)")
+    parser.add_argument(
+        "--seconds",
+        type=int_in(
+            1, SECONDS_MAX, "a second each, per transport: a median of more moves no further"
+        ),
+        default=3,
+        help=f"1-second actions per transport (3, at most {SECONDS_MAX})",
+    )
     parser.add_argument("--image", default=None, help="image (default tangram-busybox)")
     add_json_flag(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    for name in ("iterations", "docker_iterations", "actions", "exec_actions", "seconds"):
-        if getattr(args, name) < 1:
-            print(f"tangram bench aoe: --{name.replace('_', '-')} must be >= 1", flush=True)
-            return 2
     from tangram.exec.aoe.errors import AoeError
 
     try:
