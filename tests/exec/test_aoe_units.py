@@ -618,6 +618,59 @@ def test_every_spelling_of_root_is_a_relaxation_and_never_pooled(user: str) -> N
     assert not SandboxConfig(user="10:1000").runs_as_root
 
 
+@pytest.mark.parametrize(
+    "user",
+    [
+        "a:b:c",
+        "1000:1000:1000",
+        " 1000",
+        "1000 ",
+        "user name",
+        "1000:\tusers",
+        "sand\x01box",
+        "-1",
+        "1000:-5",
+        "2147483648",
+        "4294967296",
+        "-x",
+        "+x",
+        "x" * 257,
+    ],
+)
+def test_a_user_the_engine_could_never_run_as_is_refused_naming_it(user: str) -> None:
+    """``SandboxConfig.user`` was only type-checked: a malformed user (a second ':', a
+    space, an id out of the engine's range) was taken and failed at the container's start,
+    the first open or the warm pool's first fill, with the engine's message ('unable to
+    find user  1000', 'uids and gids must be in range 0-2147483647'). It is refused at the
+    configuration, naming the field."""
+    with pytest.raises(AoeError, match="SandboxConfig.user"):
+        SandboxConfig(user=user)
+
+
+@pytest.mark.parametrize(
+    "user",
+    [
+        "1000:1000",
+        "1000",
+        "1000:",
+        ":1000",
+        "sandbox",
+        "sandbox:users",
+        "root",
+        "0:0",
+        "+1000",
+        "-0",
+        "x$",
+        "2147483647:2147483647",
+        "",
+    ],
+)
+def test_every_user_the_engine_takes_is_taken(user: str) -> None:
+    """What the engine runs (a name or an id in its range, each part optional; docker run
+    --user on the busybox image: '+1000' and '1000:' are uid 1000, '-0' root) stays taken."""
+    assert SandboxConfig(user=user).user == user
+
+
 @pytest.mark.parametrize("user", ["\u00b2", "\u00b2:1000", "\u0661\u0660\u0660\u0660"])
 def test_a_user_of_non_ascii_digits_is_a_name_never_a_crash(user: str) -> None:
     """``str.isdigit`` takes '²' and other non-ASCII digits, which ``int`` refuses (a

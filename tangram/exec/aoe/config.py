@@ -35,6 +35,15 @@ _CAPABILITY = re.compile(r"^(CAP_)?[A-Z_]+$")
 #: Where the work dir may not be: the root, the container's other writable places (a reset
 #: empties those on its own), the kernel's file systems.
 _NOT_WORK_DIRS = frozenset({"/", "/tmp", "/dev", "/dev/shm", "/dev/mqueue", "/proc", "/sys"})
+#: The largest uid or gid the engine takes (runc: "uids and gids must be in range
+#: 0-2147483647").
+MAX_ID = 2**31 - 1
+#: A number the engine reads as a uid or gid (Go's Atoi: a sign allowed, ASCII digits).
+_ID_NUMBER = re.compile(r"[+-]?[0-9]+\Z")
+#: A user or group name the engine may look up in the image: no whitespace or control
+#: character (never in a passwd or group file), no ':' (their field separator), not opening
+#: with '-' or '+' (no account's; a '+' line is NIS's), at most 256 characters.
+_ID_NAME = re.compile(r"[^\s\x00-\x1f\x7f:+\-][^\s\x00-\x1f\x7f:]{0,255}\Z")
 #: A docker volume name (no '/': a path would be bind-mounted from the host, read-write).
 _VOLUME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,200}\Z")
 
@@ -45,12 +54,37 @@ def _whole_number(digits: str) -> int | None:
     return int(digits) if digits.isascii() and digits.isdigit() else None
 
 
+def user_problem(user: str) -> str | None:
+    """Why the engine could never run as ``user`` (None when it may): the form it takes is
+    ``USER[:GROUP]``, each a name or a number in [0, ``MAX_ID``], either part empty (the
+    image's user or the user's group). Anything else failed only at the container's start,
+    with the engine's message ('unable to find user  1000', 'uids and gids must be in
+    range'), at the first open or the warm pool's first fill. Whether a name exists is the
+    image's to say, at the start."""
+    if len(user.split(":")) > 2:
+        return "must be USER or USER:GROUP (one ':' at most)"
+    for part, what in zip(user.split(":"), ("user", "group"), strict=False):
+        if not part:
+            continue
+        if _ID_NUMBER.match(part):
+            if not 0 <= int(part) <= MAX_ID:
+                return f"the {what} id {part} is out of the engine's range 0-{MAX_ID}"
+        elif not _ID_NAME.match(part):
+            return (
+                f"the {what} {part!r} is no name or id (a name has no whitespace, control "
+                "character or ':', opens with neither '-' nor '+', and has at most 256 "
+                "characters)"
+            )
+    return None
+
+
 @dataclass(frozen=True)
 class SandboxConfig:
     """How one trajectory's container is confined. The defaults are the strict sandbox.
 
     - ``network``: False gives the container no network at all (``network_mode=none``).
-    - ``user``: the uid:gid actions run as; root is a relaxation.
+    - ``user``: the uid:gid actions run as (``USER[:GROUP]``, each a name or an id in
+      [0, 2147483647], else refused here); root is a relaxation.
     - ``read_only_root``: the image's filesystem is read-only; only ``work_dir`` and ``/tmp``
       (tmpfs) are writable.
     - ``work_dir``, ``work_size_mb``: the writable working directory (a plain absolute path,
@@ -95,6 +129,9 @@ class SandboxConfig:
             value = getattr(self, name)
             if not isinstance(value, str):
                 raise AoeError(f"SandboxConfig.{name} must be a string, got {value!r}")
+        problem = user_problem(self.user)
+        if problem:
+            raise AoeError(f"SandboxConfig.user {self.user!r}: {problem}")
         if self.work_volume is not None and not isinstance(self.work_volume, str):
             raise AoeError(
                 f"SandboxConfig.work_volume must be None or a string, got {self.work_volume!r}"
