@@ -107,6 +107,19 @@ def test_relaxations_are_applied_and_logged(
     assert host["NetworkMode"] != "none" and not host["PidsLimit"]
 
 
+@pytest.mark.parametrize("user", ["+1000", "01000", "1000:sandbox", "+1000:+1000"])
+def test_the_work_dir_is_writable_by_every_spelling_of_a_numeric_user(
+    manager: Any, trajectory: Any, user: str
+) -> None:
+    """The work dir's tmpfs was chowned only to a user of plain digits: a user the engine
+    runs as uid 1000 all the same ('+1000', '01000', a group given by name) got a work dir
+    of root's, mode 0755, where its actions could not write a file. The uid, given as a
+    number, now owns it whatever its spelling."""
+    traj = trajectory(manager, sandbox=SandboxConfig(user=user))
+    out = manager.run_action(traj, "id -u; touch /work/x && echo wrote", 1)
+    assert out.ok and out.text == "1000\nwrote\n", out
+
+
 def _gone(client: Any, container_id: str, within_s: float) -> bool:
     import docker.errors
 

@@ -163,22 +163,40 @@ class ContainerSpec:
     read_only_binds: tuple[tuple[str, str], ...] = ()
 
 
-def _uid_gid(user: str) -> tuple[str, str] | None:
+def _uid_gid(user: str) -> tuple[int, int | None] | None:
+    """The uid ``user`` runs as, and its gid when given as a number, read as the engine reads
+    them (a sign and leading zeros allowed: '+1000' is uid 1000); None when the uid is a
+    name or left to the image (only the image knows it)."""
     uid, _, gid = user.partition(":")
-    if uid.isdigit() and (gid.isdigit() or gid == ""):
-        return uid, gid or uid
-    return None
+    if not _NUMBER.match(uid):
+        return None
+    return int(uid), int(gid) if _NUMBER.match(gid) else None
+
+
+#: An id as the engine reads it (``config.user_problem`` has held it to its range).
+_NUMBER = re.compile(r"[+-]?[0-9]+\Z")
+
+
+def work_tmpfs_options(sb: SandboxConfig) -> str:
+    """The work dir's tmpfs options: owned by the sandbox's uid (its gid when given as a
+    number, else the uid's number), mode 0755. Read only when made of plain digits, the
+    uid of '+1000' (1000 to the engine) or '1000:users' was never given: the work dir stayed
+    root's, where the actions could not write a file. (A uid given by name is the image's
+    to know: its work dir stays root's, docs/aoe.md.)"""
+    # exec: a compiled program runs from the work dir (docker's tmpfs is noexec by default,
+    # which guards nothing here: the sandbox's interpreters run any file anyway).
+    opts = f"rw,exec,size={sb.work_size_mb}m,mode=0755"
+    owner = _uid_gid(sb.user)
+    if owner is None:
+        return opts
+    uid, gid = owner
+    return opts + f",uid={uid},gid={uid if gid is None else gid}"
 
 
 def create_kwargs(spec: ContainerSpec) -> dict[str, Any]:
     """The ``containers.run`` arguments of a sandboxed container (parked once started)."""
     sb = spec.sandbox
-    owner = _uid_gid(sb.user)
-    # exec: a compiled program runs from the work dir (docker's tmpfs is noexec by default,
-    # which guards nothing here: the sandbox's interpreters run any file anyway).
-    work_opts = f"rw,exec,size={sb.work_size_mb}m,mode=0755"
-    if owner:
-        work_opts += f",uid={owner[0]},gid={owner[1]}"
+    work_opts = work_tmpfs_options(sb)
     kwargs: dict[str, Any] = {
         "image": spec.image,
         # A do-nothing PID 1: actions come in through exec; docker's init reaps orphans.
