@@ -175,3 +175,31 @@ def test_bench_aoe_refuses_a_count_out_of_bounds_naming_the_flag(
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert flag in err and ("must be >= 1" in err or "must be at most" in err), err
+
+
+@pytest.mark.parametrize("command", [["bench", "aoe"], ["profile-cpu"]])
+@pytest.mark.parametrize("image", ["", " "])
+def test_an_empty_image_flag_is_refused_naming_it(
+    command: list[str],
+    image: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--image ''`` (an unset shell variable: ``--image "$IMAGE"``) was taken for no
+    image, so ``tangram bench aoe`` and ``tangram profile-cpu`` measured the default image
+    without a word (``open_trajectory`` and ``AoeConfig`` refuse an empty one). The flag
+    now refuses it, before anything runs."""
+    from tangram.exec.aoe import bench, profile
+
+    def never(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the measurement ran")
+
+    monkeypatch.setattr(bench, "measure", never)
+    monkeypatch.setattr(profile, "profile_command", never)
+    monkeypatch.setattr("tangram.exec.aoe.manager.AoeManager", never)
+    program = ["--", "true"] if command == ["profile-cpu"] else []
+    with pytest.raises(SystemExit) as exited:
+        main([*command, "--image", image, *program])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--image" in err and "empty image" in err, err

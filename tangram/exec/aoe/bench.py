@@ -235,7 +235,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=3,
         help=f"1-second actions per transport (3, at most {SECONDS_MAX})",
     )
-    parser.add_argument("--image", default=None, help="image (default tangram-busybox)")
+    from tangram.exec.aoe.cli import image_arg
+
+    parser.add_argument(
+        "--image", type=image_arg, default=None, help="image (default tangram-busybox)"
+    )
     add_json_flag(parser)
     parser.set_defaults(func=run)
 

@@ -29,7 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
             "is a shell command; several are an argv."
         ),
     )
-    parser.add_argument("--image", default=None, help="image (default: tangram-python)")
+    parser.add_argument(
+        "--image", type=image_arg, default=None, help="image (default: tangram-python)"
+    )
     parser.add_argument(
         "--max-cores", type=positive_int, default=None, help="largest core count (default: all)"
     )
@@ -67,6 +69,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     # (dest "program": the top-level parser's "command" names the subcommand in its errors)
     parser.add_argument("program", nargs=argparse.REMAINDER, metavar="CMD", help="-- CMD [ARGS...]")
     parser.set_defaults(func=run)
+
+
+def image_arg(text: str) -> str:
+    """An argparse type: an image name, not empty. ``--image ''`` (an unset shell variable:
+    ``--image "$IMAGE"``) was taken for no image, the default one measured without a word."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            f"an empty image name ({text!r}: an unset shell variable?); give an image, or leave "
+            "the flag out for the default"
+        )
+    return text
 
 
 def _memory_gb(text: str) -> float:
