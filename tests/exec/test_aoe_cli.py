@@ -203,3 +203,40 @@ def test_an_empty_image_flag_is_refused_naming_it(
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert "--image" in err and "empty image" in err, err
+
+
+def test_profile_cpu_out_that_cannot_be_written_is_an_error_naming_it(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An OSError writing ``--out`` (no permission, a full disk, a read-only file system)
+    ended ``tangram profile-cpu`` in a traceback after the whole profile, and ``--out ''``
+    (an unset shell variable) was refused as '.': a directory; the first is an error naming
+    the flag and the path (exit 2), the second refused by the parser as an empty path."""
+    from types import SimpleNamespace
+
+    from tangram.exec.aoe import manager, profile
+
+    class _Manager:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def __enter__(self) -> _Manager:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    made = SimpleNamespace(
+        to_dict=lambda: {"curve": {"1": 1.0}},
+        fit=SimpleNamespace(rel_rms_error=0.0),
+        rows=lambda: [{"cores": 1}],
+        image="img",
+    )
+    monkeypatch.setattr(manager, "AoeManager", _Manager)
+    monkeypatch.setattr(profile, "profile_command", lambda *a, **k: made)
+    code = main(["profile-cpu", "--out", "/proc/version", "--", "true"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--out '/proc/version': cannot write it" in err, err
+    with pytest.raises(SystemExit) as exited:
+        main(["profile-cpu", "--out", "", "--", "true"])
+    assert exited.value.code == 2 and "empty path" in capsys.readouterr().err

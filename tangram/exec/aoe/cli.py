@@ -7,9 +7,8 @@ import json
 import math
 import os
 import sys
-from pathlib import Path
 
-from tangram.report import add_json_flag, emit, int_in, positive_int, seconds_in
+from tangram.report import add_json_flag, emit, int_in, path_arg, positive_int, seconds_in
 
 #: Runs per core count, timed or warm-up: a median of 5-10 settles; 100 at 16 core counts of a
 #: minute-long program is already a day.
@@ -63,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--network", action="store_true", help="give the container a network (relaxes the sandbox)"
     )
     parser.add_argument(
-        "--out", type=Path, default=None, help="also write the JSON document to FILE"
+        "--out", type=path_arg, default=None, help="also write the JSON document to FILE"
     )
     add_json_flag(parser)
     # (dest "program": the top-level parser's "command" names the subcommand in its errors)
@@ -138,7 +137,12 @@ def run(args: argparse.Namespace) -> int:
         return 1
     document = profile.to_dict()
     if args.out:
-        args.out.write_text(json.dumps(document, indent=2) + "\n")
+        try:
+            args.out.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+        except OSError as exc:  # (no permission, a full disk: a traceback after the run)
+            raise ValueError(
+                f"--out {str(args.out)!r}: cannot write it: {exc.strerror or exc}"
+            ) from None
     curve = [{"curve": json.dumps(document["curve"]), "rel_rms_error": profile.fit.rel_rms_error}]
     emit(
         args.json,
