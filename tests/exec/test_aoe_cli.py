@@ -240,3 +240,19 @@ def test_profile_cpu_out_that_cannot_be_written_is_an_error_naming_it(
     with pytest.raises(SystemExit) as exited:
         main(["profile-cpu", "--out", "", "--", "true"])
     assert exited.value.code == 2 and "empty path" in capsys.readouterr().err
+
+
+def test_bench_aoe_reports_an_engine_error_on_stderr(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An AoeError (a missing image, an engine refusal) was printed on stdout, where
+    ``--json``'s reader took it for the document; it goes to stderr, exit 1."""
+    from tangram.exec.aoe import AoeError, bench
+
+    def refused(**kwargs: Any) -> dict[str, Any]:
+        raise AoeError("image 'x' is not in the local Docker engine")
+
+    monkeypatch.setattr(bench, "measure", refused)
+    assert main(["bench", "aoe", "--json"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and "tangram bench aoe: image 'x'" in err, (out, err)

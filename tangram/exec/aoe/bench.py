@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -257,7 +258,8 @@ def run(args: argparse.Namespace) -> int:
             image=args.image,
         )
     except AoeError as exc:
-        print(f"tangram bench aoe: {exc}")
+        # On stderr: on stdout, `--json`'s reader took the error for the document.
+        print(f"tangram bench aoe: {exc}", file=sys.stderr)
         return 1
     emit(args.json, doc, _tables(doc))
     return 0
