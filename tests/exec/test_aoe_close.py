@@ -253,6 +253,32 @@ def test_a_start_a_shutdown_overtook_keeps_the_watchdog_until_its_discard(
     assert containers.events.count("release watchdog") == 1
 
 
+def test_the_shutdown_removes_the_volumes_closes_could_not(caplog: pytest.LogCaptureFixture):
+    """A closed trajectory's work volume that its close could not remove (its container
+    outlived the retire) was tried again only by a reopen of the id: after the shutdown it
+    stayed on the host's disk for good, and a later manager's trajectory of the same id (a
+    restarted service's) mounted the closed one's files. The shutdown, its containers
+    gone, now removes it (a failure logged)."""
+    containers = _Containers()
+    mgr = manager_with(containers)
+    mgr.open_trajectory("t1")
+    mgr.open_trajectory("t2")
+    containers.reopen_during_removal, containers.fail_volume = False, True
+    mgr.close_trajectory("t1")
+    mgr.close_trajectory("t2")
+    assert containers.retried == ["t1", "t2"] and set(mgr._stale_volumes) == {"t1", "t2"}
+    real_remove_volume = containers.remove_volume
+
+    def t2_still_refused(container: SimpleNamespace) -> None:
+        containers.fail_volume = container.blueprint.traj_id == "t2"
+        real_remove_volume(container)
+
+    containers.remove_volume = t2_still_refused  # type: ignore[method-assign]
+    mgr.shutdown()
+    assert containers.retried == ["t1", "t2", "t1", "t2"], containers.retried
+    assert mgr._stale_volumes == {} and "closed trajectory 't2'" in caplog.text
+
+
 def test_a_retire_that_fails_with_an_engine_error_does_not_stop_the_shutdown(
     caplog: pytest.LogCaptureFixture,
 ):

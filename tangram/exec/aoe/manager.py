@@ -518,6 +518,7 @@ class AoeManager:
                 self._containers.remove_leftovers()
             except Exception as exc:  # noqa: BLE001 - the engine's errors; the reaper is next
                 log.warning("the shutdown could not sweep this session's containers: %s", exc)
+            self._remove_stale_volumes()
         finally:
             # The reaper finds nothing left and exits; while an open or recreate is still in
             # flight, released by the last of them (``_start_in_flight``), once what it made
@@ -528,6 +529,20 @@ class AoeManager:
                 if watchdog is not None:
                     self._reaper = None
             reaper.release(watchdog)
+
+    def _remove_stale_volumes(self) -> None:
+        """At the shutdown, once the containers are gone, remove the work volumes closes could
+        not (their container outlived its retire); each failure is logged. Only a reopen tried
+        them again, so they stayed on the host's disk for good, and a later manager's (a
+        restarted service's) trajectory of the same id mounted the closed one's files."""
+        with self._lock:
+            stale = list(self._stale_volumes.items())
+            self._stale_volumes.clear()
+        for traj_id, container in stale:
+            try:
+                self._containers.remove_volume(container)
+            except Exception as exc:  # noqa: BLE001 - AoeError or the engine's own errors
+                log.warning("shutdown: %s (closed trajectory %r)", exc, traj_id)
 
     def _retire_at_shutdown(self, traj: Trajectory) -> None:
         """Close ``traj`` and retire its container; any error is logged, not raised: one
