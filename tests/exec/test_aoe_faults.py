@@ -376,6 +376,45 @@ def test_an_action_interrupted_before_the_runner_read_it_never_runs(
     assert later.ok and later.stdout == b"killed\n", later
 
 
+def test_an_action_the_runner_had_not_read_by_its_time_out_never_runs(
+    manager: Any, trajectory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner transport: a runner held (here by SIGSTOP, on a loaded machine by the
+    scheduler) until past the action's time-out had the kill find nothing of the action and
+    spare the runner; no end came within the grace ('stuck', the outcome given), and once
+    the runner went on it read the action and started it, after its outcome. The runner is
+    now killed with what is left when no end came."""
+    import os
+    import signal
+
+    from tangram.exec.aoe import transport
+
+    traj = trajectory(manager)
+    assert manager.run_action(traj, "true", 1).ok  # the runner is up
+    runner = manager._container(traj).transport
+    assert isinstance(runner, transport.RunnerTransport) and runner.pid is not None
+    held = os.pidfd_open(runner.pid)
+    real_send = transport.send
+
+    def stopped_then_sent(*args: Any, **kwargs: Any) -> None:
+        signal.pidfd_send_signal(held, signal.SIGSTOP)
+        real_send(*args, **kwargs)
+
+    monkeypatch.setattr(transport, "send", stopped_then_sent)
+    try:
+        out = manager.run_action(traj, "echo old > /work/old-ran", 1, timeout_s=0.5)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(held, signal.SIGCONT)
+        os.close(held)
+    monkeypatch.setattr(transport, "send", real_send)
+    assert out.status == "error" and "stopped answering" in out.error, out
+    later = manager.run_action(
+        traj, "sleep 2; test -e /work/old-ran && echo ran || echo killed", 1, timeout_s=30
+    )
+    assert later.ok and later.stdout == b"killed\n", later
+
+
 @pytest.mark.parametrize("image", ["Bad Name", "x:y:z", "UPPER", "../etc"])
 def test_an_image_name_the_engine_cannot_read_is_refused_naming_it(
     manager: Any, image: str

@@ -591,6 +591,13 @@ class RunnerTransport:
                 # action started is still in the group; kill it as at a time-out, or leave()
                 # would move it out and it would outlive its time-out.
                 kill("runner lost")
+            elif ended == "stuck":
+                # No end within the grace after the kill: the runner may not have read the
+                # action yet (held: a loaded machine, a stop), the kill finding nothing of it;
+                # spared, it started the action after its outcome was given, and leave()
+                # moved what it started out of the group. Killed now, with what is left.
+                self.group.drop_launcher()
+                kill("stuck")
         finally:
             self.group.leave()
         if ended in ("stuck", "eof"):
