@@ -256,3 +256,35 @@ def test_bench_aoe_reports_an_engine_error_on_stderr(
     assert main(["bench", "aoe", "--json"]) == 1
     out, err = capsys.readouterr()
     assert out == "" and "tangram bench aoe: image 'x'" in err, (out, err)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--window", "-1"],
+        ["--window", "nan"],
+        ["--window", "inf"],
+        ["--window", "0"],
+        ["--settle", "-0.5"],
+        ["--quiet-wait", "1e9"],
+        ["--repeats", "0"],
+        ["--repeats", "100000"],
+    ],
+)
+def test_lend_bench_refuses_a_setting_out_of_bounds_naming_it(
+    args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``python -m tangram.exec.aoe.lend_bench`` took any --window, --settle, --quiet-wait
+    and --repeats: a negative window failed in time.sleep and NaN or inf in int() once the
+    containers were opened, 1e9 ran for ever, --repeats 0 printed nothing. Each is refused
+    by the parser, naming it, before a manager is made."""
+    from tangram.exec.aoe import lend_bench
+
+    def never(*a: Any, **k: Any) -> Any:
+        raise AssertionError("the benchmark ran")
+
+    monkeypatch.setattr("tangram.exec.aoe.AoeManager", never)
+    with pytest.raises(SystemExit) as exited:
+        lend_bench.main(args)
+    assert exited.value.code == 2
+    assert args[0] in capsys.readouterr().err

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import threading
 import time
 from typing import Any
+
+from tangram.report import int_in, seconds_in
 
 #: A's single thread (Python), by case: what it leaves idle of its core.
 _A_LOOP = (
@@ -107,14 +110,48 @@ def measure(aoe: Any, case: str, weighted: bool, window_s: float, settle_s: floa
     }
 
 
+#: The longest --window, --settle or --quiet-wait, and the most --repeats: each case runs
+#: for its window and settle, six cases a repeat (a negative window failed in time.sleep and
+#: NaN or inf in int(), once the containers were opened; 1e9 ran for ever).
+HOUR_S = 3600.0
+REPEATS_MAX = 100
+
+
+def _seconds_from_0(text: str) -> float:
+    """An argparse type: a finite number of seconds from 0 to an hour."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and 0 <= value <= HOUR_S):
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number of seconds from 0 to {HOUR_S:g}, got {text}"
+        )
+    return value
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--window", type=float, default=4.0, help="seconds measured (default 4)")
-    p.add_argument("--settle", type=float, default=0.5, help="seconds before it (default 0.5)")
-    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument(
+        "--window",
+        type=seconds_in(0.0, HOUR_S),
+        default=4.0,
+        help="seconds measured (default 4, at most an hour)",
+    )
+    p.add_argument(
+        "--settle",
+        type=_seconds_from_0,
+        default=0.5,
+        help="seconds before it (default 0.5, at most an hour)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int_in(1, REPEATS_MAX, "each is six cases of --window seconds"),
+        default=1,
+    )
     p.add_argument(
         "--quiet-wait",
-        type=float,
+        type=_seconds_from_0,
         default=60.0,
         help="before each case, wait up to this many seconds for the host's other load to "
         "fall under 0.3 cores (default 60)",
