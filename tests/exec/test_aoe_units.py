@@ -700,6 +700,15 @@ def test_a_configured_time_or_size_that_is_no_finite_number_is_refused(
             WarmPoolConfig(**{pool_name: value})
 
 
+@pytest.mark.parametrize("value", [3600.5, 1e9, 1e300])
+def test_a_kill_grace_past_an_hour_is_refused(value: float) -> None:
+    """kill_grace_s took any finite number: 1e9 s held the caller of an action that
+    outlived its kill for ever (never 'stuck'), as inf did before it was refused."""
+    with pytest.raises(AoeError, match="AoeConfig.kill_grace_s must be at most 3600"):
+        AoeConfig(kill_grace_s=value)
+    assert AoeConfig(kill_grace_s=3600).kill_grace_s == 3600
+
+
 def test_owner_label_tells_live_from_dead_processes() -> None:
     assert owner_alive(owner_label()) is True
     host, pid, start, namespace = owner_label().split("/")

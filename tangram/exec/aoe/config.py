@@ -30,6 +30,11 @@ SANDBOX_USER = "1000:1000"
 #: The longest time-out an action may have (30 days, the runtime's bound on an action's
 #: ``timeout_s``): a time-out is a finite number of seconds, else the action has no end.
 MAX_TIMEOUT_S = 30 * 86400.0
+#: The longest ``AoeConfig.kill_grace_s``: a kill's effect shows in milliseconds (a process
+#: stuck in the kernel, seconds); a grace of 1e9 s, finite, held the caller of an action
+#: that outlived its kill for ever, never 'stuck', and each exec-transport action whose exit
+#: code the engine never recorded as long.
+MAX_KILL_GRACE_S = 3600.0
 
 _CAPABILITY = re.compile(r"^(CAP_)?[A-Z_]+$")
 #: Where the work dir may not be: the root, the container's other writable places (a reset
@@ -322,6 +327,11 @@ class AoeConfig:
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):  # NaN fails it too
                 raise AoeError(f"AoeConfig.{name} must be positive and finite, got {value!r}")
+        if self.kill_grace_s > MAX_KILL_GRACE_S:
+            raise AoeError(
+                f"AoeConfig.kill_grace_s must be at most {MAX_KILL_GRACE_S:g} s, got "
+                f"{self.kill_grace_s!r}"
+            )
         if self.default_timeout_s > MAX_TIMEOUT_S:
             raise AoeError(
                 f"AoeConfig.default_timeout_s must be at most {MAX_TIMEOUT_S:g} s (30 days), "
