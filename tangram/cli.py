@@ -9,6 +9,8 @@ the commands that need it.
 from __future__ import annotations
 
 import argparse
+import codecs
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -65,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    _escape_what_the_locale_cannot_encode()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -84,6 +87,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"tangram {args.command}: error: {message}", file=sys.stderr)
         return 2
+
+
+def _escape(exc: UnicodeError) -> tuple[str | bytes, int]:
+    """A character the stream's encoding lacks: the byte a command-line argument could not
+    decode stays that byte (``surrogateescape``), anything else a backslash escape."""
+    if not isinstance(exc, UnicodeEncodeError):
+        raise exc
+    bad = exc.object[exc.start : exc.end]
+    if all(0xDC80 <= ord(c) <= 0xDCFF for c in bad):
+        return bytes(ord(c) - 0xDC00 for c in bad), exc.end
+    return codecs.backslashreplace_errors(exc)
+
+
+codecs.register_error("tangram-escape", _escape)
+
+
+def _escape_what_the_locale_cannot_encode() -> None:
+    """Under a locale whose encoding is not UTF-8 (``LC_ALL=C`` without UTF-8 mode: ASCII),
+    a name the output carries (a cluster's or node's from a cluster file, which is UTF-8) was
+    a UnicodeEncodeError ending the command after the run; stdout and stderr write such a
+    character as a backslash escape instead, as Python's own stderr does."""
+    for stream in (sys.stdout, sys.stderr):
+        encoding = (getattr(stream, "encoding", None) or "").lower().replace("_", "-")
+        if encoding.startswith("utf") or getattr(stream, "errors", None) not in (
+            "strict",
+            "surrogateescape",
+        ):
+            continue
+        with contextlib.suppress(AttributeError, ValueError, OSError):  # no TextIOWrapper
+            stream.reconfigure(errors="tangram-escape")
 
 
 #: Exit status when stdout's reader went away: what a shell reports for a process SIGPIPE ends.
