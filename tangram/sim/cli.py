@@ -275,12 +275,23 @@ def refuse_unpaid_in_open_loop(settings: Sequence[Setting], overheads: Overheads
 def policy_list(given: Sequence[str] | None) -> list[str]:
     """The policies to run: ``--policy`` each once (a repeat ran the same simulation twice, its
     figures printed twice, its --out files and rejection reasons written over), else the
-    defaults."""
+    defaults. A policy is the one its name says whatever the spelling (``fixed:04`` is
+    ``fixed:4``, ``k8s-static`` is ``k8s-static:4``): two spellings of one are a repeat."""
+    from tangram.core.policies import make_policy
+
     if not given:
         return list(DEFAULT_POLICIES)
-    repeated = sorted({p for p in given if given.count(p) > 1})
-    if repeated:
-        raise ValueError(f"--policy {repeated[0]} given more than once")
+    seen: dict[str, str] = {}
+    for spec in given:
+        name = make_policy(spec).name
+        if name in seen:
+            if seen[name] == spec:
+                raise ValueError(f"--policy {spec} given more than once")
+            raise ValueError(
+                f"--policy {seen[name]} and --policy {spec} are the same policy ({name}); "
+                "give it once"
+            )
+        seen[name] = spec
     return list(given)
 
 

@@ -250,3 +250,17 @@ def test_a_malformed_header_cluster_names_the_trace_file(tmp_path, capsys):
     path.write_text(json.dumps(head) + "\n" + json.dumps(LIVE_ROW) + "\n")
     assert main(["sim", "--trace", str(path), "--quiet"]) == 2
     assert f"{path}: header 'cluster'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("policies", "named"),
+    [
+        (["fixed:4", "fixed:04"], "--policy fixed:4 and --policy fixed:04 are the same policy"),
+        (["k8s-static", "k8s-static:4"], "the same policy (k8s-static:4)"),
+    ],
+)
+def test_one_policy_spelled_two_ways_is_refused_naming_both(capsys, policies, named):
+    # It ran twice under two labels: two identical rows, 'fixed:4 vs fixed:04: the same'.
+    args = [a for p in policies for a in ("--policy", p)]
+    assert main(["sim", *args, "--workload", "random", "--seed", "1", "--quiet"]) == 2
+    assert named in capsys.readouterr().err
