@@ -40,6 +40,7 @@ import argparse
 import dataclasses
 import math
 import statistics
+import sys
 import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -106,8 +107,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--runs",
         type=runs_count,
-        default=10,
-        help=f"simulations averaged when execution noise is on (default 10; 1 to {RUNS_MAX:,})",
+        default=None,
+        help=f"simulations averaged when execution noise is on (default 10; 1 to {RUNS_MAX:,}); "
+        "without noise the simulation is deterministic and runs once",
     )
     p.add_argument(
         "--exec-noise",
@@ -437,7 +439,7 @@ def main(args: argparse.Namespace) -> int:
         grant_s=args.grant_s,
         api_call_s=args.api_call_s,
         exec_noise=args.exec_noise,
-        runs=args.runs,
+        runs=10 if args.runs is None else args.runs,
         noise=args.noise,
         gpu_calibrations=[load_gpu_calibration(p) for p in args.gpu_calibration],
     )
@@ -457,7 +459,23 @@ def main(args: argparse.Namespace) -> int:
     )
     if report.left_out and not args.json:
         print("\n" + textwrap.fill(left_out_line(report.left_out, report.actions), 100))
+    if args.runs is not None and report.sim_runs < args.runs:
+        # --runs N was one run without a word (only sim_runs: 1 in --json said so).
+        print(f"tangram replay: {runs_note(args.runs, report.durations)}", file=sys.stderr)
     return 0
+
+
+def runs_note(runs: int, durations: str) -> str:
+    """Why ``--runs`` ran once: no execution noise, so every run would be the same."""
+    why = (
+        "the observed durations are replayed as they were"
+        if durations == "observed"
+        else "the execution noise is 0 (--exec-noise 0, or no spread measured)"
+    )
+    return (
+        f"--runs {runs}: the simulation ran once; it has no execution noise ({why}), so it "
+        "is deterministic and more runs would repeat it"
+    )
 
 
 def left_out_line(left_out: Mapping[str, int], compared: int) -> str:

@@ -179,3 +179,14 @@ def test_a_bad_overhead_flag_is_refused_naming_the_flag(tmp_path, capsys, flag, 
     assert f"error: {flag} {float(value)!r}: {setting}" in err
     assert main(["replay", str(tmp_path / "absent.jsonl"), flag, value]) == 2
     assert f"error: {flag} " in capsys.readouterr().err
+
+
+def test_runs_without_noise_say_the_simulation_ran_once(tmp_path, capsys) -> None:
+    """--runs 5 on observed durations (no execution noise) ran one simulation without a word:
+    only "sim_runs": 1 in --json showed the five asked for were one."""
+    path = live_trace(tmp_path)
+    assert main(["replay", path, "--cluster", "local", "--runs", "5"]) == 0
+    err = capsys.readouterr().err
+    assert "--runs 5: the simulation ran once; it has no execution noise" in err, err
+    assert main(["replay", path, "--cluster", "local"]) == 0  # the default asks for nothing
+    assert capsys.readouterr().err == ""
