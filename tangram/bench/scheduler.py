@@ -286,6 +286,9 @@ def _main(args: argparse.Namespace) -> int:
 
     if not 0.0 <= args.malleable <= 1.0:  # bad input: exit 2 (a SystemExit gave 1, no prefix)
         raise ValueError(f"--malleable must be a share in [0, 1], got {args.malleable}")
+    repeated = sorted({q for q in args.queued if args.queued.count(q) > 1})
+    if repeated:  # (it measured that size twice: two rows of one figure, twice the time)
+        raise ValueError(f"--queued {repeated[0]} given more than once")
     cluster = resize(load_cluster(args.cluster), cpu_nodes=args.cpu_nodes)
     rows = [
         run_bench(
