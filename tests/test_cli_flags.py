@@ -36,6 +36,7 @@ CASES = [
     (["calibrate", "gpu", "--example", "tiny", "--busy", "9999", "-o", "c.json"], "--busy"),
     (["bench", "scheduler", "--events", "0"], "--events"),
     (["bench", "scheduler", "--seed", "-1"], "--seed"),
+    (["bench", "sim", "--seed", "-1", "--batch", "1", "--repeats", "1"], "--seed"),
     # A size given twice was measured twice (two rows of one figure, twice the time).
     (["bench", "scheduler", "--queued", "64", "64", "--events", "1", "--running", "1"], "--queued"),
     (["bench", "service", "--requests", "10", "--clients", "1", "--warmup", "-1"], "--warmup"),

@@ -12,7 +12,7 @@ import argparse
 import time
 
 from tangram.core.cluster_file import load_cluster
-from tangram.report import add_json_flag, emit, int_in, positive_int
+from tangram.report import add_json_flag, emit, int_in, non_negative_int, positive_int
 
 #: Past it ``--repeats`` only adds time (a run of the default is seconds; the best of more
 #: runs moves no further), and ``--repeats 100000`` ran for days without a word.
@@ -75,7 +75,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=3,
         help=f"runs; the best is reported (default 3; at most {REPEATS_MAX})",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=non_negative_int, default=0)
     add_json_flag(p)
     p.set_defaults(func=_main)
 
