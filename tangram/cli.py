@@ -84,9 +84,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, KeyError, FileNotFoundError) as exc:
         # Bad input (a malformed cluster file or trace, an unknown policy or workload): the
         # message names what is wrong; a traceback would only hide it.
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        if isinstance(exc, KeyError):
+            if not _is_message(exc):
+                # A bare key is a lookup gone wrong inside, not a refusal of the input: it
+                # printed as "error: 'outcome'", the bug hidden as if the input were bad.
+                raise
+            message = exc.args[0]
+        else:
+            message = exc
         print(f"tangram {args.command}: error: {message}", file=sys.stderr)
         return 2
+
+
+def _is_message(exc: KeyError) -> bool:
+    """Whether a KeyError carries a sentence (``unknown CPU node 'x'``), raised to refuse
+    the input, rather than the bare key of a failed lookup."""
+    return len(exc.args) == 1 and isinstance(exc.args[0], str) and " " in exc.args[0].strip()
 
 
 def _escape(exc: UnicodeError) -> tuple[str | bytes, int]:

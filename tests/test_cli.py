@@ -327,3 +327,26 @@ def test_a_setting_nested_past_the_parsers_recursion_is_an_error(capsys):
     assert main([*argv, "--set", f"teachers={deep}"]) == 2
     err = capsys.readouterr().err
     assert "--set teachers=" in err and "JSON nested too deeply" in err
+
+
+def test_an_internal_key_error_is_a_traceback_not_an_input_error(monkeypatch, capsys):
+    """A KeyError of a bare key is a lookup gone wrong inside (the empty action table's
+    'outcome' column once): main printed it as "tangram sim: error: outcome", exit 2, a bug
+    shown as bad input; it propagates with its traceback. A KeyError with a message (the
+    core's "unknown CPU node 'x'") is still an error line."""
+    import tangram.sim.cli as sim_cli
+
+    def bare(args):
+        raise KeyError("outcome")
+
+    monkeypatch.setattr(sim_cli, "main", bare)
+    with pytest.raises(KeyError, match="outcome"):
+        main(["sim", "--quiet"])
+    assert "error: outcome" not in capsys.readouterr().err
+
+    def refusal(args):
+        raise KeyError("unknown CPU node 'x'")
+
+    monkeypatch.setattr(sim_cli, "main", refusal)
+    assert main(["sim", "--quiet"]) == 2
+    assert "tangram sim: error: unknown CPU node 'x'" in capsys.readouterr().err
