@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tangram.trace.columns import DTYPES, from_cell, to_flat
-from tangram.trace.errors import TraceError, loads_unique
+from tangram.trace.errors import TraceError, loads_unique, other_encoding
 from tangram.trace.header import (
     HEADER_KEY,
     check_fields_of_version,
@@ -78,6 +78,8 @@ def _numbered_lines(path: Path) -> Iterator[tuple[int, str]]:
             for reached, raw in enumerate(fh, start=1):
                 if reached == 1 and raw.startswith(_BOM):
                     raw = raw[len(_BOM) :]  # as editors on Windows write it
+                elif reached == 1 and (why := other_encoding(raw)):
+                    raise TraceError(why, where="line 1", path=path)
                 yield reached, _decoded(raw, path, reached)
     except (OSError, EOFError, zlib.error) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)

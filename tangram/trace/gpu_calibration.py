@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tangram.trace.errors import TOO_DEEP, TraceError, loads_unique
+from tangram.trace.errors import TOO_DEEP, TraceError, loads_unique, other_encoding
 from tangram.trace.row import TIME_MAX_S, is_nonnegative_number
 
 #: The record's format version (``version`` on disk).
@@ -278,6 +278,8 @@ def load_gpu_calibration(path: str | Path) -> GpuCalibration:
     except OSError as exc:
         raise CalibrationError(f"{path}: cannot read the calibration: {exc}") from None
     except UnicodeDecodeError as exc:  # JSON and TOML are UTF-8; the bare error named no file
+        if why := other_encoding(path.read_bytes()[:4]):  # (UTF-16: "not UTF-8 text (byte 0)")
+            raise CalibrationError(f"{path}: {why}; a calibration record is JSON or TOML") from None
         raise CalibrationError(
             f"{path}: not UTF-8 text (byte {exc.start}): a calibration record is JSON or TOML"
         ) from None

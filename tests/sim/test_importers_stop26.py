@@ -213,3 +213,12 @@ def test_a_byte_order_mark_opening_an_imported_file_is_accepted(tmp_path) -> Non
     plain = import_openhands(out)
     out.write_bytes(b"\xef\xbb\xbf" + out.read_bytes())
     assert import_openhands(out).rows == plain.rows
+
+
+@pytest.mark.parametrize("name", ["output.jsonl", "output.json"])
+def test_an_openhands_file_in_utf16_names_the_encoding(tmp_path, name) -> None:
+    # "line 1 is not UTF-8 text" (.jsonl) or "not a text file" (.json): no hint it is UTF-16.
+    path = tmp_path / name
+    path.write_bytes('{"instance_id": "a"}\n'.encode("utf-16"))
+    with pytest.raises(TraceImportError, match=r"output\.jsonl?: UTF-16 text \(the file opens"):
+        import_openhands(path)

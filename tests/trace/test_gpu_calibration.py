@@ -174,7 +174,7 @@ def test_a_file_that_is_not_json_is_refused_clearly(tmp_path) -> None:
 def test_a_file_that_is_not_utf8_is_refused_naming_it(tmp_path, suffix) -> None:
     # It was a bare UnicodeDecodeError: "'utf-8' codec can't decode byte 0xff", no file named.
     path = tmp_path / f"r{suffix}"
-    path.write_bytes(b"\xff\xfe{}")
+    path.write_bytes(b"\xff{}")  # (\xff\xfe opens UTF-16: named as such)
     with pytest.raises(CalibrationError, match=rf"r\{suffix}: not UTF-8 text \(byte 0\)"):
         load_gpu_calibration(path)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tangram.trace import TraceError
-from tangram.trace.errors import TOO_DEEP
+from tangram.trace.errors import TOO_DEEP, other_encoding
 
 
 class TraceImportError(ValueError):
@@ -43,7 +43,9 @@ def read_json(path: Path, what: str) -> Any:
     try:
         text = path.read_text(encoding="utf-8-sig")  # (a byte-order mark may open it)
     except UnicodeDecodeError:
-        raise TraceImportError(path, f"not a text file; expected {what}") from None
+        raise TraceImportError(
+            path, f"{_not_utf8(path) or 'not a text file'}; expected {what}"
+        ) from None
     except OSError as exc:
         raise unreadable(path, exc) from None
     try:
@@ -54,6 +56,16 @@ def read_json(path: Path, what: str) -> Any:
         ) from None
     except RecursionError:  # ([[[[... past the parser's recursion: a traceback)
         raise TraceImportError(path, f"{TOO_DEEP}; expected {what}") from None
+
+
+def _not_utf8(path: Path) -> str | None:
+    """The encoding a file's byte-order mark names (UTF-16 from a PowerShell redirect), for
+    the error: it said "not a text file" or "line 1 is not UTF-8 text", no hint why."""
+    try:
+        with path.open("rb") as fh:
+            return other_encoding(fh.read(4))
+    except OSError:
+        return None
 
 
 def read_jsonl(path: Path, what: str) -> list[tuple[int, Any]]:
@@ -75,6 +87,8 @@ def read_jsonl(path: Path, what: str) -> list[tuple[int, Any]]:
                         path, f"line {lineno}: {TOO_DEEP}; expected {what}"
                     ) from None
     except UnicodeDecodeError:
+        if why := _not_utf8(path):
+            raise TraceImportError(path, f"{why}; expected {what}") from None
         # The decoder reads ahead of the lines: the line is where the bad byte sits.
         data = path.read_bytes()
         start = len(data)
