@@ -51,6 +51,12 @@ CASES = [
         "--tenant-max-trajectories",
     ),
     (["bench", "robustness", "--instances", "1", "--warm-gpus", "hot"], "--warm-gpus"),
+    # Refused after the progress bar started, naming no flag ("oversubscription must lie...").
+    (
+        ["bench", "robustness", "--instances", "1", "--oversubscription", "nan"],
+        "--oversubscription",
+    ),
+    (["bench", "robustness", "--instances", "1", "--oversubscription", "1"], "--oversubscription"),
     # The scheduler actor's agents run what their nodes report: with --ray these were
     # accepted and silently dropped (a model never served, an executor kept).
     (["serve", "--ray", "auto", "--model", "judge=reward:/models/rm"], "--model"),

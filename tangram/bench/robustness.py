@@ -498,6 +498,19 @@ def tables(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+def slowdown_share(text: str) -> float:
+    """An argparse type for ``--oversubscription``: a share in [0, 1). NaN or 1 was taken and
+    refused after the progress bar had started, as "oversubscription must lie in [0, 1)",
+    naming no flag."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value < 1.0:  # (NaN compares false)
+        raise argparse.ArgumentTypeError(f"must be a share in [0, 1), got {text}")
+    return value
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     from tangram.sim.config import WARM_GPUS_FLAG
 
@@ -544,7 +557,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--oversubscription",
-        type=float,
+        type=slowdown_share,
         default=0.0,
         metavar="SHARE",
         help="share of speed threads lose while they outnumber their cores, in [0, 1): "

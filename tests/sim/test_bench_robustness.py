@@ -171,8 +171,10 @@ def test_time_slicing_can_be_charged_to_pods_and_told_threads_alike(bench, capsy
         r["runs"]["k8s-burstable:1"] != free[r["seed"]]["k8s-burstable:1"]
         for r in slow["instances"]
     )
-    assert main(["bench", "robustness", "--instances", "1", "--oversubscription", "1.5"]) == 2
-    assert "oversubscription must lie in [0, 1)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:  # refused as the flag is read, naming it
+        main(["bench", "robustness", "--instances", "1", "--oversubscription", "1.5"])
+    assert exit_.value.code == 2
+    assert "argument --oversubscription: must be a share in [0, 1)" in capsys.readouterr().err
 
 
 def test_dominated_means_one_baseline_better_on_both_mean_act_and_step():
