@@ -198,7 +198,7 @@ def sections() -> dict[str, type]:
 def all_settings(args: argparse.Namespace) -> list[Setting]:
     """The old flags as settings, then ``--set`` in command-line order."""
     out = [
-        Setting(name, repr(getattr(args, flag)))
+        Setting(name, repr(getattr(args, flag)), flag="--" + flag.replace("_", "-"))
         for flag, name in FLAG_SETTINGS.items()
         if getattr(args, flag) is not None
     ]

@@ -24,7 +24,7 @@ import math
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 #: Generic origins read as sequences (abstract ones become tuples).
@@ -45,10 +45,18 @@ class Setting:
 
     name: str
     value: str
+    #: The flag it was given as (``--train-s``), where not ``--set``: messages name it.
+    flag: str | None = field(default=None, compare=False)
 
     @property
     def text(self) -> str:
         return f"{self.name}={self.value}"
+
+    @property
+    def where(self) -> str:
+        """How it was given, for messages: ``--set NAME=VALUE`` or ``--train-s VALUE`` (an
+        old flag's error named a --set the user never gave)."""
+        return f"{self.flag} {self.value}" if self.flag else f"--set {self.text}"
 
 
 def parse_setting(text: str) -> Setting:
@@ -371,7 +379,7 @@ def build(
     base = tp()
     changes: dict[str, Any] = {}
     for s in settings:
-        where = f"--set {s.text}"
+        where = s.where
         path = s.name[len(prefix) :].split(".")
         if not all(path):
             raise OverrideError(f"{where}: malformed name {s.name!r}")
@@ -386,7 +394,7 @@ def build(
         problem = str(exc)
     # The dataclass's message names the field it refuses: blame the settings of that field.
     blamed = [s for s in settings if s.name[len(prefix) :].split(".")[0] in problem]
-    texts = " ".join(f"--set {s.text}" for s in blamed or settings)
+    texts = " ".join(s.where for s in blamed or settings)
     raise OverrideError(f"{texts}: {problem}")
 
 
@@ -418,6 +426,6 @@ def kwargs_for(
     out: dict[str, Any] = {}
     for s in settings:
         if s.name not in keywords:
-            raise _unknown(s.name, keywords, owner, f"--set {s.text}")
-        out[s.name] = coerce(hints.get(s.name, Any), s.value, f"--set {s.text}")
+            raise _unknown(s.name, keywords, owner, s.where)
+        out[s.name] = coerce(hints.get(s.name, Any), s.value, s.where)
     return out

@@ -468,3 +468,20 @@ def test_open_loop_needs_arrivals_and_replays_a_trace_that_has_them(capsys, tmp_
     write_trace(Trace(timed, {}), path)
     code, _, err = sim(capsys, "--trace", str(path), "--cluster", "local", "--open-loop")
     assert code == 0, err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "named"),
+    [
+        ("--train-s", "nan", "--train-s nan: expected a number"),
+        ("--train-s", "inf", "--train-s inf: rollout.train_s must be"),
+        ("--grant-s", "-1", "--grant-s -1.0: overheads.aoe_grant_s must be"),
+        ("--container-start-s", "nan", "--container-start-s nan:"),
+        ("--exec-noise", "99", "--exec-noise 99.0: overheads.exec_noise_sigma must be"),
+    ],
+)
+def test_an_old_flag_is_refused_naming_the_flag_not_a_set(capsys, flag, value, named):
+    # The error named '--set rollout.train_s=nan', a --set the user never gave.
+    code, out, err = sim(capsys, "--workload", "coding", "--batch", "4", flag, value)
+    assert code == 2
+    assert named in err and "--set" not in err, err
