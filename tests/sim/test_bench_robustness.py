@@ -275,3 +275,17 @@ def test_a_worst_instances_command_charges_the_benchs_time_slicing(tmp_path, cap
         reported = record["runs"][row["policy"]]
         assert row["act_mean_s"] == pytest.approx(reported["act_mean_s"], rel=1e-9)
         assert row["step_mean_s"] == pytest.approx(reported["step_s"], rel=1e-9)
+
+
+def test_a_default_that_is_a_baseline_spelled_otherwise_is_replayed_once():
+    # --default fixed:01 with the baseline fixed:1: both replayed on every instance (the same
+    # figures twice), and the report counted one policy more than it replayed.
+    from tangram.bench.robustness import replayed, run_bench
+
+    doc = run_bench(
+        instances=1, seed=1, families=("cpu",), policies=("fixed:1", "fixed:2"),
+        default_policy="fixed:01",
+    )  # fmt: skip
+    assert doc["default"] == "fixed:1"
+    assert set(doc["instances"][0]["runs"]) == {"fixed:1", "fixed:2", "lower-bound"}
+    assert replayed(doc) == {"fixed:1", "fixed:2", "lower-bound"}
