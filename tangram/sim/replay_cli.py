@@ -441,7 +441,7 @@ def main(args: argparse.Namespace) -> int:
         exec_noise=args.exec_noise,
         runs=10 if args.runs is None else args.runs,
         noise=args.noise,
-        gpu_calibrations=[load_gpu_calibration(p) for p in args.gpu_calibration],
+        gpu_calibrations=load_gpu_calibrations(args.gpu_calibration),
     )
     rows = []
     for name, block in [("all", {"live": report.live, "sim": report.sim, "error": report.error})]:
@@ -463,6 +463,24 @@ def main(args: argparse.Namespace) -> int:
         # --runs N was one run without a word (only sim_runs: 1 in --json said so).
         print(f"tangram replay: {runs_note(args.runs, report.durations)}", file=sys.stderr)
     return 0
+
+
+def load_gpu_calibrations(paths: Sequence[Path]) -> list[Any]:
+    """The records of ``--gpu-calibration``, one per service: a second for a service (the same
+    file given twice, or two calibrations of one model) was refused after the trace was read
+    as "gpu_calibrations: one record per service, got ['judge', 'judge']", naming neither the
+    flag nor the files."""
+    records, first = [], {}
+    for path in paths:
+        record = load_gpu_calibration(path)
+        if record.service in first:
+            raise ValueError(
+                f"--gpu-calibration {path}: a second record of service {record.service!r} "
+                f"(--gpu-calibration {first[record.service]} has one); give one per service"
+            )
+        first[record.service] = path
+        records.append(record)
+    return records
 
 
 def runs_note(runs: int, durations: str) -> str:

@@ -134,3 +134,19 @@ def test_flags_that_would_change_nothing_are_refused(trace_path) -> None:
     stray = dataclasses.replace(RECORD, service="not-in-the-trace")
     with pytest.raises(ValueError, match="not-in-the-trace"):
         replay(trace_path, durations="curve", gpu_calibrations=[stray])
+
+
+@pytest.mark.parametrize("second", ["a.json", "b.json"])
+def test_two_records_of_one_service_are_refused_naming_both_files(
+    trace_path, tmp_path, capsys, second
+) -> None:
+    # "gpu_calibrations: one record per service, got ['judge', 'judge']": no flag, no file.
+    from tangram.cli import main
+
+    RECORD.write(tmp_path / "a.json")
+    RECORD.write(tmp_path / "b.json")
+    flags = ["--gpu-calibration", str(tmp_path / "a.json"), "--gpu-calibration"]
+    assert main(["replay", str(trace_path), *flags, str(tmp_path / second)]) == 2
+    err = capsys.readouterr().err
+    assert f"--gpu-calibration {tmp_path / second}: a second record of service 'judge'" in err
+    assert f"(--gpu-calibration {tmp_path / 'a.json'} has one)" in err
