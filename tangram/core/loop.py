@@ -181,9 +181,15 @@ class DriverLoop:
 
     def close_trajectory(self, trajectory: str, now: float, *, opened: bool = True) -> None:
         """The trajectory ended: its queued actions are rejected, its container freed
-        (``opened`` False: a failed open is undone, the actions labelled with it stay)."""
+        (``opened`` False: a failed open is undone, the actions labelled with it stay).
+        Its actions whose finish is buffered here have ended (``Scheduler.close_trajectory``'s
+        ``ended``): the simulator closes a trajectory as its last action ends, before the
+        instant's flush hands that finish over."""
         if self.host is not None:  # (detached: dropped)
-            self.apply(self.scheduler.close_trajectory(trajectory, now, opened=opened), now)
+            decisions = self.scheduler.close_trajectory(
+                trajectory, now, opened=opened, ended=self.finishes
+            )
+            self.apply(decisions, now)
 
     def add_node(self, node: CpuNodeSpec | GpuNodeSpec, now: float) -> None:
         """A node joined the running cluster: work waiting for room may start there."""

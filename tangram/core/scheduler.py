@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from tangram.core.action import Action
@@ -235,7 +235,12 @@ class Scheduler:
         self.policy.expect(demands)
 
     def close_trajectory(
-        self, trajectory: str, now: float, *, opened: bool = True
+        self,
+        trajectory: str,
+        now: float,
+        *,
+        opened: bool = True,
+        ended: Collection[str] = (),
     ) -> list[Decision]:
         """The trajectory ended: its container's memory (and any static slot) is freed.
 
@@ -243,7 +248,24 @@ class Scheduler:
         ``opened`` False: an open that failed (no room, or no container) is undone; the
         actions labelled with the id are not its (GPU and API work may carry any label, the
         trajectory never opened) and keep their places.
+
+        A CPU action of it still running would be left without the memory and cores it runs
+        in (another container placed in that memory, a static pod's cores given to another
+        trajectory's action), so such a close is refused (``ValueError``) before anything
+        changes, unless the action is in ``ended``: the ids whose finish the driver holds,
+        not yet handed over (``DriverLoop`` passes its buffered finishes; the simulator
+        closes a trajectory at its last action's end, that finish buffered for the instant's
+        pass).
         """
+        if not self.now - 1e-9 <= now < _INF:  # (before anything is checked or changes)
+            self._refuse_time(now)
+        running = self._running_in_container(trajectory, ended)
+        if running:
+            raise ValueError(
+                f"close of trajectory {trajectory!r} while its CPU actions {running} run: "
+                "its container's memory (and a static pod's cores) would be freed under them; "
+                "close it once they end"
+            )
         ctx = self._begin(now)
         if opened:
             self._reject_closed(ctx, trajectory, now)
@@ -256,6 +278,22 @@ class Scheduler:
             ctx.dirty[("cpu", node)] = None
             self._retry_memory_waiters(ctx)
         return self._pass(ctx)
+
+    def _running_in_container(self, trajectory: str, ended: Collection[str]) -> list[str]:
+        """The trajectory's CPU actions running in its container (on its node), less ``ended``."""
+        traj = self.admission.trajectories.get(trajectory)
+        if traj is None or traj.node is None or self.unbounded:
+            return []
+        on_node = self.runs.by_domain.get(self._cpu_domains.get(traj.node) or ("cpu", traj.node))
+        if not on_node:
+            return []
+        return [
+            aid
+            for aid, r in on_node.items()
+            if r.action.trajectory == trajectory
+            and r.action.resource is ResourceKind.CPU
+            and aid not in ended
+        ]
 
     def _reject_closed(self, ctx: Context, trajectory: str, now: float) -> None:
         """Reject the closed trajectory's queued actions and forget its arrivals."""

@@ -1,0 +1,105 @@
+"""A trajectory's container (its memory, a static pod's cores) against the actions in it:
+freed only once none of them runs, and never leaving one queued without a container."""
+
+import pytest
+
+from tangram.core import (
+    Action,
+    ClusterSpec,
+    CpuNodeSpec,
+    Inelastic,
+    ResourceKind,
+    Scheduler,
+    Start,
+    make_policy,
+)
+from tangram.core.decision import Decision
+from tangram.core.loop import DriverLoop
+
+TWO_CORES = ClusterSpec("two", (CpuNodeSpec("n", 2, 1, 16.0),))
+
+
+def cpu(aid, traj, memory_gb=1.0, units=2):
+    return Action(aid, traj, ResourceKind.CPU, Inelastic(1.0), max_units=units, memory_gb=memory_gb)
+
+
+def _snapshot(sched):
+    node = sched.state.cpu["n"]
+    return (
+        {aid: r.start for aid, r in sched.running.items()},
+        {d: list(q) for d, q in sched.queues.items()},
+        [list(d) for d in node.free_by_numa],
+        node.free_cores,
+        node.memory_free_gb,
+        node.containers,
+        sched.state.held_cores,
+        dict(sched.trajectories),
+        sched.now,
+    )
+
+
+def _pod_held_by_a_running_action():
+    """k8s-static:2 on 2 cores: A's pod runs a1; B opened, waits for a pod, b1 queued."""
+    sched = Scheduler(TWO_CORES, make_policy("k8s-static:2"))
+    sched.open_trajectory("A", 0.0, memory_gb=1.0)
+    sched.open_trajectory("B", 0.0, memory_gb=1.0)
+    [a1] = sched.submit(cpu("a1", "A"), 0.0)
+    assert a1.in_slot and a1.cores == (0, 1)
+    assert sched.submit(cpu("b1", "B"), 0.0) == []
+    return sched, a1
+
+
+def test_a_close_while_an_action_runs_in_the_pod_is_refused_changing_nothing():
+    """k8s-static: a close with a1 still running in A's pod gave the pod's cores to B's pod,
+    and b1 started on the cores a1 was running on (two actions on cores (0, 1))."""
+    sched, a1 = _pod_held_by_a_running_action()
+    before = _snapshot(sched)
+    with pytest.raises(ValueError, match=r"'A'.*a1.*run"):
+        sched.close_trajectory("A", 0.5)
+    assert _snapshot(sched) == before
+    assert sched.finish("a1", 1.0) == []  # (A's pod stays held while A is open)
+    [b1] = sched.close_trajectory("A", 1.0)
+    assert b1.action.id == "b1" and b1.cores == a1.cores and b1.time == 1.0
+
+
+def test_a_close_while_an_action_runs_in_the_container_is_refused():
+    """tangram: a close with a1 running freed A's container memory, and B's container (which
+    waited for it) was placed and b1 started in memory a1's container still used."""
+    sched = Scheduler(TWO_CORES, make_policy("tangram"))
+    [a1] = sched.submit(cpu("a1", "A", memory_gb=10.0, units=1), 0.0)
+    assert sched.submit(cpu("b1", "B", memory_gb=10.0, units=1), 0.0) == []  # waits for memory
+    before = _snapshot(sched)
+    with pytest.raises(ValueError, match=r"'A'.*a1.*run"):
+        sched.close_trajectory("A", 0.5)
+    with pytest.raises(ValueError, match=r"'A'.*a1.*run"):
+        sched.close_trajectory("A", 0.5, opened=False)
+    assert _snapshot(sched) == before
+    sched.finish("a1", 1.0)
+    [b1] = sched.close_trajectory("A", 1.0)
+    assert b1.action.id == "b1"
+
+
+class _Host:
+    def __init__(self) -> None:
+        self.decisions: list[Decision] = []
+        self.start = self.reject = self.defer = self.decisions.append
+
+    resize = handed = settled = request_flush = arm_wakeup = None
+
+    def pass_failed(self, arrived, finished, error):
+        raise error
+
+
+def test_the_simulators_close_before_its_buffered_finish_decides_as_before():
+    """The simulator closes a trajectory as its last action ends, that action's finish still
+    buffered in the loop for the instant's pass: the loop tells the core that finish is held
+    (``ended``), so the close is taken and decides as it always did."""
+    sched, a1 = _pod_held_by_a_running_action()
+    host = _Host()
+    loop = DriverLoop(sched, host)  # type: ignore[arg-type]
+    loop.finish("a1")
+    loop.close_trajectory("A", 1.0)
+    [b1] = host.decisions
+    assert isinstance(b1, Start) and b1.action.id == "b1" and b1.cores == a1.cores
+    loop.flush(1.0)
+    assert set(sched.running) == {"b1"} and sched.state.cpu["n"].free_cores == 0
