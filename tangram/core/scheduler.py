@@ -44,6 +44,7 @@ __all__ = [
 ]
 
 _CLOSED = "trajectory {} closed while the action was queued"
+_UNDONE = "the open of trajectory {} was undone (no container) while the action was queued"
 _INF = math.inf
 
 
@@ -247,7 +248,8 @@ class Scheduler:
         Actions of it still queued are rejected: nobody will collect their results.
         ``opened`` False: an open that failed (no room, or no container) is undone; the
         actions labelled with the id are not its (GPU and API work may carry any label, the
-        trajectory never opened) and keep their places.
+        trajectory never opened) and keep their places, but CPU actions queued in the
+        container it had been given are rejected (it is gone).
 
         A CPU action of it still running would be left without the memory and cores it runs
         in (another container placed in that memory, a static pod's cores given to another
@@ -269,6 +271,8 @@ class Scheduler:
         ctx = self._begin(now)
         if opened:
             self._reject_closed(ctx, trajectory, now)
+        else:
+            self._reject_uncontained(ctx, trajectory)
         ctx.closed = [trajectory]
         node = self.admission.release(trajectory)
         self.policy.on_trajectory_close(ctx, trajectory)
@@ -307,6 +311,19 @@ class Scheduler:
                 ctx.decisions.append(Reject(now, action, _CLOSED.format(trajectory)))
         if self.arrivals is not None:
             self.arrivals.closed(trajectory)
+
+    def _reject_uncontained(self, ctx: Context, trajectory: str) -> None:
+        """An undone open (``close_trajectory(opened=False)``) of a bound trajectory: its CPU
+        actions queued on the container's node have no container now (left queued, they
+        started there with no memory held for them); they are rejected. Other work labelled
+        with the id keeps its place, as do CPU actions waiting for a container to be placed."""
+        traj = self.admission.trajectories.get(trajectory)
+        if traj is None or traj.node is None:
+            return
+        for action in list(self.backlog.by_trajectory.get(trajectory, {}).values()):
+            if action.resource is ResourceKind.CPU:
+                ctx.reject(action, _UNDONE.format(trajectory))
+                self._left_queue(action)
 
     def withdraw(self, action_id: str, now: float) -> bool:
         """Take back a queued action (its client cancelled it or timed out waiting).

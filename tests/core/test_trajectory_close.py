@@ -5,9 +5,11 @@ import pytest
 
 from tangram.core import (
     Action,
+    ApiEndpointSpec,
     ClusterSpec,
     CpuNodeSpec,
     Inelastic,
+    Reject,
     ResourceKind,
     Scheduler,
     Start,
@@ -21,6 +23,10 @@ TWO_CORES = ClusterSpec("two", (CpuNodeSpec("n", 2, 1, 16.0),))
 
 def cpu(aid, traj, memory_gb=1.0, units=2):
     return Action(aid, traj, ResourceKind.CPU, Inelastic(1.0), max_units=units, memory_gb=memory_gb)
+
+
+def api(aid, traj):
+    return Action(aid, traj, ResourceKind.API, Inelastic(1.0), service="s")
 
 
 def _snapshot(sched):
@@ -103,3 +109,22 @@ def test_the_simulators_close_before_its_buffered_finish_decides_as_before():
     assert isinstance(b1, Start) and b1.action.id == "b1" and b1.cores == a1.cores
     loop.flush(1.0)
     assert set(sched.running) == {"b1"} and sched.state.cpu["n"].free_cores == 0
+
+
+def test_an_undone_open_rejects_its_queued_cpu_actions_and_keeps_its_labelled_calls():
+    """close_trajectory(opened=False) of a bound trajectory freed its container but left its
+    queued CPU action queued: it then started on the node with no container (no memory held
+    for it, the trajectory unknown to the core). It is rejected, saying why; work of other
+    kinds labelled with the id keeps its place."""
+    cluster = ClusterSpec("one", (CpuNodeSpec("n", 1, 1, 16.0),), apis=(ApiEndpointSpec("s", 1),))
+    sched = Scheduler(cluster, make_policy("tangram"))
+    assert sched.open_trajectory("A", 0.0, memory_gb=4.0) == "n"
+    [z] = sched.submit(cpu("z", "Z", units=1), 0.0)
+    [_] = sched.submit(api("q0", "A"), 0.0)
+    assert sched.submit_many([cpu("a1", "A", units=1), api("q1", "A")], 0.0) == []
+    [r] = sched.close_trajectory("A", 1.0, opened=False)
+    assert isinstance(r, Reject) and r.action.id == "a1" and "container" in r.reason
+    assert sched.state.cpu["n"].memory_free_gb == pytest.approx(16.0 - 1.0)  # (z's)
+    assert "q1" in sched.domain_of and "a1" not in sched.domain_of
+    assert sched.finish("z", 2.0) == []
+    assert [d.action.id for d in sched.finish("q0", 2.0)] == ["q1"]
