@@ -82,9 +82,16 @@ class Admission:
             and action.memory_gb <= traj.memory_gb
             and action.id not in self.seen
             and self.respects_capacity
+            and not (self.waiting_for_memory and self.waits(action.trajectory))
         ):
             return traj.node
         return None
+
+    def waits(self, trajectory: str) -> bool:
+        """Whether an action of the trajectory waits for its container's memory: a later one
+        waits behind it (FCFS within the trajectory), never placing or using the container
+        ahead of it."""
+        return any(a.trajectory == trajectory for a in self.waiting_for_memory.values())
 
     def infeasible(self, action: Action) -> str | None:
         """Why no cluster state could ever run this action (None if some state could)."""

@@ -98,6 +98,9 @@ class Scheduler:
         self.no_more_arrivals = False
         #: Domains a withdrawal left since their last pass (``withdraw``, ``after_withdrawals``).
         self._vacated: dict[Domain, None] = {}
+        #: A withdrawn action waiting for memory had others of its trajectory behind it:
+        #: ``after_withdrawals`` retries them (they waited only behind it).
+        self._memory_vacated = False
         #: Shortcuts in force: the switch and what the policy promises (``tangram.core.fastpaths``).
         self._skip_idle = caps.queue_driven and fast.idle_finish
         self._alone = caps.alone if fast.lone_arrival else None
@@ -335,7 +338,10 @@ class Scheduler:
         if not self.now - 1e-9 <= now < _INF:
             self._refuse_time(now)
         self.now = max(self.now, now)
-        if self.admission.waiting_for_memory.pop(action_id, None) is not None:
+        waiting = self.admission.waiting_for_memory.pop(action_id, None)
+        if waiting is not None:
+            if self.admission.waits(waiting.trajectory):  # (one behind it may fit now)
+                self._memory_vacated = True
             return True
         domain = self.backlog.domain_of.get(action_id)
         if domain is None:
@@ -353,10 +359,13 @@ class Scheduler:
         if not self.now - 1e-9 <= now < _INF:  # (before the domains are taken)
             self._refuse_time(now)
         vacated, self._vacated = self._vacated, {}
-        if not vacated:
+        retry, self._memory_vacated = self._memory_vacated, False
+        if not vacated and not retry:
             return []
         ctx = self._begin(now)
         ctx.dirty.update(vacated)
+        if retry:
+            self._retry_memory_waiters(ctx)
         return self._pass(ctx)
 
     def _left_queue(self, action: Action) -> None:
@@ -586,6 +595,10 @@ class Scheduler:
             return
         admission.seen.add(action.id)
         if action.resource is ResourceKind.CPU and self.respects_capacity:
+            waiting = admission.waiting_for_memory
+            if waiting and admission.waits(action.trajectory):  # (behind its trajectory's)
+                waiting[action.id] = action
+                return
             admitted = admission.admit_memory(action)
             if isinstance(admitted, str):
                 ctx.decisions.append(Reject(ctx.now, action, admitted))
@@ -629,10 +642,18 @@ class Scheduler:
         return [start]
 
     def _retry_memory_waiters(self, ctx: Context) -> None:
+        """Admit the actions waiting for memory that now fit, in arrival order; an action
+        behind one of its trajectory's still waiting is not tried (it would place the
+        container, at its own memory, ahead of it)."""
         waiting = self.admission.waiting_for_memory
+        blocked: set[str] = set()
         for aid, action in list(waiting.items()):
+            if action.trajectory in blocked:
+                continue
             admitted = self.admission.admit_memory(action)
-            if admitted:
+            if not admitted:
+                blocked.add(action.trajectory)
+            else:
                 del waiting[aid]
                 if isinstance(admitted, str):
                     ctx.decisions.append(Reject(ctx.now, action, admitted))

@@ -128,3 +128,43 @@ def test_an_undone_open_rejects_its_queued_cpu_actions_and_keeps_its_labelled_ca
     assert "q1" in sched.domain_of and "a1" not in sched.domain_of
     assert sched.finish("z", 2.0) == []
     assert [d.action.id for d in sched.finish("q0", 2.0)] == ["q1"]
+
+
+def test_a_later_action_waits_behind_its_trajectorys_action_waiting_for_memory():
+    """a1 (10 GB) waited for its trajectory's container; a2 (1 GB) of the same trajectory
+    placed the container at 1 GB and started ahead of it (FCFS within the trajectory broken;
+    a1 then had to grow the container, or was rejected when the node could not). a2 waits
+    behind a1, and both start in arrival order once the container is placed."""
+    sched = Scheduler(TWO_CORES, make_policy("tangram"))
+    assert sched.open_trajectory("Z", 0.0, memory_gb=10.0) == "n"
+    assert sched.submit(cpu("a1", "A", memory_gb=10.0, units=1), 0.0) == []
+    assert sched.submit(cpu("a2", "A", memory_gb=1.0, units=1), 1.0) == []
+    assert sched.queued == 2 and sched.trajectories["A"].node is None
+    decided = sched.close_trajectory("Z", 2.0)
+    assert [d.action.id for d in decided] == ["a1", "a2"]
+    assert all(isinstance(d, Start) for d in decided)
+    assert sched.trajectories["A"].memory_gb == 10.0
+
+
+def test_a_later_action_of_a_trajectory_opened_meanwhile_waits_behind_the_first():
+    """The trajectory opened (its container placed) while a1 waited for memory: a2 took the
+    placed-container shortcut and was queued ahead of a1 all the same."""
+    sched = Scheduler(TWO_CORES, make_policy("tangram"))
+    assert sched.open_trajectory("Z", 0.0, memory_gb=10.0) == "n"
+    assert sched.submit(cpu("a1", "A", memory_gb=10.0, units=1), 0.0) == []
+    assert sched.open_trajectory("A", 0.5, memory_gb=1.0) == "n"
+    assert sched.submit(cpu("a2", "A", memory_gb=1.0, units=1), 1.0) == []
+    decided = sched.close_trajectory("Z", 2.0)
+    assert [d.action.id for d in decided] == ["a1", "a2"]
+
+
+def test_an_action_behind_a_withdrawn_one_waiting_for_memory_is_admitted_at_once():
+    """a2 waits behind a1 (its trajectory's, waiting for memory); a1 is withdrawn and a2,
+    which fits now, is admitted by the pass after the withdrawal, not at the next close."""
+    sched = Scheduler(TWO_CORES, make_policy("tangram"))
+    assert sched.open_trajectory("Z", 0.0, memory_gb=10.0) == "n"
+    assert sched.submit(cpu("a1", "A", memory_gb=10.0, units=1), 0.0) == []
+    assert sched.submit(cpu("a2", "A", memory_gb=1.0, units=1), 1.0) == []
+    assert sched.withdraw("a1", 2.0)
+    [a2] = sched.after_withdrawals(2.0)
+    assert isinstance(a2, Start) and a2.action.id == "a2"
