@@ -44,6 +44,17 @@ def _whole(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _require_name(value: object, what: str) -> None:
+    """A node's, endpoint's or cluster's name: a non-empty string (cluster files check theirs
+    further; one built in Python took "", None or 5, which decisions, queues and the API
+    endpoints' lookups then carried as a name)."""
+    _require(
+        isinstance(value, str) and bool(value),
+        "name",
+        f"{what} needs a non-empty string name, got {value!r}",
+    )
+
+
 def _require_positive(value: object, key: str) -> None:
     _require(
         _finite(value, low=0, strict=True), key, f"must be a positive finite number, got {value!r}"
@@ -68,6 +79,7 @@ class CpuNodeSpec:
     memory_gb: float
 
     def __post_init__(self) -> None:
+        _require_name(self.name, "a CPU node")
         _require(
             _whole(self.cores) and self.cores >= 1,
             "cores",
@@ -104,6 +116,7 @@ class GpuNodeSpec:
     restore_fixed_s: float = 0.05
 
     def __post_init__(self) -> None:
+        _require_name(self.name, "a GPU node")
         _require(
             _whole(self.gpus) and self.gpus in GPU_CELL_SIZES,
             "gpus",
@@ -136,6 +149,7 @@ class ApiEndpointSpec:
     burst: int = 1
 
     def __post_init__(self) -> None:
+        _require_name(self.name, "an API endpoint")
         _require(
             _whole(self.concurrency) and self.concurrency >= 1,
             "concurrency",
@@ -187,6 +201,7 @@ class ClusterSpec:
     prices: Prices = field(default_factory=Prices)
 
     def __post_init__(self) -> None:
+        _require_name(self.name, "a cluster")
         for group, nodes in (("cpu", self.cpu_nodes), ("gpu", self.gpu_nodes), ("api", self.apis)):
             names = [n.name for n in nodes]
             dup = sorted({n for n in names if names.count(n) > 1})

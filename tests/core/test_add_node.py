@@ -99,6 +99,12 @@ def gpu_node(name: str, gpus: int = 1, memory_gb: float = 40.0) -> GpuNodeSpec:
     return GpuNodeSpec(name, gpus, memory_gb, 100.0)
 
 
+def _forced_name(node: CpuNodeSpec, name: str) -> CpuNodeSpec:
+    """A frozen spec forced to a name its construction refuses."""
+    object.__setattr__(node, "name", name)
+    return node
+
+
 def cpu_action(aid: str, traj: str, *, memory_gb: float = 8.0, arrival: float = 0.0) -> Action:
     return Action(
         aid,
@@ -205,7 +211,7 @@ def test_a_node_that_holds_a_model_no_other_could_admits_its_calls() -> None:
         (cpu_node("a"), "'a' is already in cluster"),
         (gpu_node("g0"), "'g0' is already in cluster"),
         (ApiEndpointSpec("api", 1), "must be a CpuNodeSpec or a GpuNodeSpec"),
-        (cpu_node(""), "non-empty name"),
+        (_forced_name(cpu_node("x"), ""), "non-empty name"),  # (the spec refuses it now)
     ],
 )
 def test_a_duplicate_or_foreign_node_is_refused_naming_it_and_nothing_changes(

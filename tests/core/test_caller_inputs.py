@@ -367,3 +367,23 @@ def test_a_copy_reported_on_gpus_out_of_order_serves_the_calls_on_its_cell():
     )
     (start,) = sched.submit(call, 0.0)
     assert start.gpus == (0, 1) and not start.restore
+
+
+@pytest.mark.parametrize("name", ["", None, 5, ("n",)])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda name: CpuNodeSpec(name, 4, 1, 16.0),
+        lambda name: GpuNodeSpec(name, 2, 80.0, 100.0),
+        lambda name: ApiEndpointSpec(name, 1),
+        lambda name: ClusterSpec(name, (CpuNodeSpec("n", 4, 1, 16.0),)),
+    ],
+    ids=["cpu", "gpu", "api", "cluster"],
+)
+def test_a_node_endpoint_or_cluster_built_in_python_needs_a_non_empty_string_name(make, name):
+    """Cluster files refuse an empty name; a ClusterSpec built in Python took '', None or a
+    number as a node's or endpoint's name: one no action can name (an Action refuses an
+    empty or non-string node or service), its capacity there for nothing."""
+    with pytest.raises(SpecError, match="non-empty string name") as err:
+        make(name)
+    assert err.value.key == "name"
