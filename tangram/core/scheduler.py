@@ -187,6 +187,10 @@ class Scheduler:
         """Place a trajectory's container: returns its CPU node, or None when memory is short now.
 
         Optional: a CPU action of an unopened trajectory opens it with the action's memory.
+        A trajectory already open (its container placed) keeps it: an open asking no more
+        memory and no other node returns its node; one pinning it to another node, or asking
+        more memory than its container has, is refused (``ValueError``, naming both) before
+        anything changes: it was answered with the old node as if it had been granted.
         """
         if not self.now - 1e-9 <= now < _INF:  # (before the container is placed)
             self._refuse_time(now)
@@ -203,6 +207,19 @@ class Scheduler:
                 f"trajectory {trajectory!r}: memory_gb must be a finite number >= 0, "
                 f"got {memory_gb!r}"
             )
+        placed = self.admission.trajectories.get(trajectory)
+        if placed is not None and placed.node is not None:  # already open: the same asked?
+            if node is not None and node != placed.node:
+                raise ValueError(
+                    f"trajectory {trajectory!r} is open on node {placed.node!r}: an open "
+                    f"pinning it to {node!r} is refused (close it first)"
+                )
+            if memory_gb > placed.memory_gb + 1e-9:
+                raise ValueError(
+                    f"trajectory {trajectory!r} is open with {placed.memory_gb} GB of "
+                    f"container memory: an open asking {memory_gb} GB is refused (a container "
+                    "does not grow at an open; close it first, or open it with its largest)"
+                )
         self.now = max(self.now, now)
         traj = self.admission.trajectory(trajectory)
         if traj.node is None and self.respects_capacity:

@@ -387,3 +387,23 @@ def test_a_node_endpoint_or_cluster_built_in_python_needs_a_non_empty_string_nam
     with pytest.raises(SpecError, match="non-empty string name") as err:
         make(name)
     assert err.value.key == "name"
+
+
+def test_an_open_of_an_open_trajectory_asking_another_node_or_more_memory_is_refused():
+    """An open of a trajectory already open returned its node whatever it asked: pinned to
+    another node, or asking more memory than its container holds, the caller was answered
+    as if granted (its container on the old node, its memory never reserved)."""
+    two = ClusterSpec("two", (CpuNodeSpec("n", 4, 1, 16.0), CpuNodeSpec("m", 4, 1, 16.0)))
+    sched = Scheduler(two, make_policy("tangram"))
+    assert sched.open_trajectory("T", 0.0, memory_gb=4.0, node="n") == "n"
+    free = sched.state.cpu["n"].memory_free_gb
+    with pytest.raises(ValueError, match=r"'T' is open on node 'n'.*'m'"):
+        sched.open_trajectory("T", 1.0, memory_gb=4.0, node="m")
+    with pytest.raises(ValueError, match=r"'T' is open with 4.0 GB.*8.0 GB"):
+        sched.open_trajectory("T", 1.0, memory_gb=8.0)
+    assert sched.now == 0.0 and sched.state.cpu["n"].memory_free_gb == free
+    assert sched.trajectories["T"].memory_gb == 4.0
+    # The same, or less, or no node named: its node, nothing changes.
+    assert sched.open_trajectory("T", 1.0, memory_gb=4.0, node="n") == "n"
+    assert sched.open_trajectory("T", 1.0, memory_gb=1.0) == "n"
+    assert sched.state.cpu["n"].memory_free_gb == free

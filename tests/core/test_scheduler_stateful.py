@@ -158,6 +158,11 @@ class SchedulerMachine(RuleBasedStateMachine):
     def open_trajectory(self, traj, mem):
         name = f"t{traj}"
         self.open.add(name)
+        placed = self.sched.trajectories.get(name)
+        if placed is not None and placed.node is not None and mem > placed.memory_gb:
+            with pytest.raises(ValueError, match="open with"):  # (a container never grows so)
+                self.sched.open_trajectory(name, self.now, memory_gb=mem)
+            return
         self.sched.open_trajectory(name, self.now, memory_gb=mem)
 
     @rule(data=st.data())
