@@ -32,9 +32,11 @@ class Action:
     ``resource`` is the key elastic resource; ``max_units`` the most units it can use (CPU: cores;
     GPU: GPUs, rounded to aligned cells of 1/2/4/8; API: always one call). ``memory_gb`` is the
     inelastic memory a CPU container needs (reserved for the trajectory's life, as AOE keeps the
-    container) or host memory for GPU actions. ``service`` names the GPU model or API endpoint.
-    ``node`` is the CPU container's node when the driver already placed it; otherwise the core
-    binds the trajectory to a node on its first CPU action.
+    container) or host memory for GPU actions (checked against the GPU nodes' host memory: a
+    call needing more than every node has is rejected; not reserved per call). ``service``
+    names the GPU model or API endpoint. ``node`` is the CPU container's node when the driver
+    already placed it; otherwise the core binds the trajectory to a node on its first CPU
+    action.
     """
 
     id: str

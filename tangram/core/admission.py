@@ -29,7 +29,7 @@ class Admission:
     """Feasibility checks, container placement and memory, and the actions waiting for memory."""
 
     __slots__ = ("cluster", "state", "options", "respects_capacity", "trajectories", "seen")
-    __slots__ += ("waiting_for_memory", "fenced", "_max_node_gpus", "_max_gpu_mem")
+    __slots__ += ("waiting_for_memory", "fenced", "_max_node_gpus", "_max_gpu_mem", "_max_host_mem")
 
     def __init__(
         self,
@@ -60,6 +60,7 @@ class Admission:
         self.cluster = cluster
         self._max_node_gpus = max((n.gpus for n in cluster.gpu_nodes), default=0)
         self._max_gpu_mem = max((n.gpu_memory_gb for n in cluster.gpu_nodes), default=0.0)
+        self._max_host_mem = max((n.host_memory_gb for n in cluster.gpu_nodes), default=0.0)
 
     def trajectory(self, trajectory: str) -> TrajectoryState:
         """The trajectory's state, created unbound on first use."""
@@ -125,6 +126,11 @@ class Admission:
                 return (
                     f"service {action.service!r} of {action.service_size_gb} GB does not fit any cell: "
                     f"at most {self._max_node_gpus} GPUs x {self._max_gpu_mem} GB on one node"
+                )
+            if action.memory_gb > self._max_host_mem:  # (checked, not reserved per call)
+                return (
+                    f"needs {action.memory_gb} GB of host memory; a GPU node has at most "
+                    f"{self._max_host_mem} GB"
                 )
         elif action.service not in self.state.api:
             return f"unknown API endpoint {action.service!r}; known: {sorted(self.state.api)}"

@@ -8,6 +8,7 @@ from tangram.core import (
     ApiEndpointSpec,
     ClusterSpec,
     CpuNodeSpec,
+    GpuNodeSpec,
     Inelastic,
     Reject,
     ResourceKind,
@@ -168,3 +169,30 @@ def test_an_action_behind_a_withdrawn_one_waiting_for_memory_is_admitted_at_once
     assert sched.withdraw("a1", 2.0)
     [a2] = sched.after_withdrawals(2.0)
     assert isinstance(a2, Start) and a2.action.id == "a2"
+
+
+def test_a_gpu_call_needing_more_host_memory_than_any_gpu_node_has_is_rejected():
+    """A GPU action's memory_gb (host memory) was never read: a call asking 500 GB of host
+    memory on nodes of 100 GB was queued and started. It can never run as asked: rejected at
+    once, the arithmetic in the reason; one that fits any GPU node is taken as before."""
+    cluster = ClusterSpec(
+        "g",
+        gpu_nodes=(GpuNodeSpec("g0", 2, 80.0, 100.0), GpuNodeSpec("g1", 2, 80.0, 200.0)),
+    )
+    sched = Scheduler(cluster, make_policy("tangram"))
+
+    def call(aid, memory_gb):
+        return Action(
+            aid,
+            "T",
+            ResourceKind.GPU,
+            Inelastic(1.0),
+            service="m",
+            service_size_gb=10.0,
+            memory_gb=memory_gb,
+        )
+
+    [r] = sched.submit(call("big", 500.0), 0.0)
+    assert isinstance(r, Reject) and "500.0 GB of host memory" in r.reason and "200.0" in r.reason
+    [s] = sched.submit(call("fits", 150.0), 0.0)
+    assert isinstance(s, Start)
