@@ -187,6 +187,20 @@ class SchedulerMachine(RuleBasedStateMachine):
             victim = data.draw(st.sampled_from(running))
             calls.append((ValueError, lambda: sched.finish_many([victim, victim], self.now)))
             calls.append((ValueError, lambda: sched.finish(victim, bad_time)))
+        busy = sorted(
+            {
+                r.action.trajectory
+                for r in sched.running.values()
+                if r.action.resource is ResourceKind.CPU
+            }
+        )
+        if busy:  # its container (memory, a pod's cores) would be freed under a running action
+            calls.append(
+                (
+                    ValueError,
+                    lambda: sched.close_trajectory(data.draw(st.sampled_from(busy)), self.now),
+                )
+            )
         if queued:
             calls.append(
                 (KeyError, lambda: sched.finish(data.draw(st.sampled_from(queued)), self.now))
