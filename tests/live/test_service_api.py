@@ -234,3 +234,24 @@ def test_a_stopped_service_leaves_no_openai_worker_thread() -> None:
         assert r.status_code == 404, r.text  # (no model here; parsed on the worker thread)
         assert openai_threads() - before, "the request ran on no worker thread"
     assert not openai_threads() - before
+
+
+def test_an_outcomes_timings_add_up_as_sent() -> None:
+    """Each timing rounded alone to the microsecond, act_s differed from the sum of the
+    others by 1e-6 (0.0000004 + 0.0000004 + 0.0000004: parts 0, act 1e-6)."""
+    import json
+    import random
+
+    from tangram.exec.runtime.records import Outcome, Timings
+    from tangram.exec.service.schema import outcome_doc
+
+    rng = random.Random(7)
+    cases = [(4e-7, 4e-7, 4e-7), (0.1, 0.2, 0.0), (1.0000004, 2.0000004, 3.0000004)]
+    cases += [tuple(rng.uniform(0, 3) for _ in range(3)) for _ in range(2000)]
+    for q, o, e in cases:
+        timings = Timings(q, o, e, q + o + e)
+        out = Outcome("a", None, "api", "ok", None, None, timings, 0.0, 0.0, q + o + e)
+        doc = json.loads(json.dumps(outcome_doc(out)))["timings"]
+        assert doc["act_s"] == doc["queue_s"] + doc["overhead_s"] + doc["exec_s"], (q, o, e)
+        assert doc["act_s"] == pytest.approx(q + o + e, abs=2e-6)
+        assert all(v == round(v, 6) for k, v in doc.items() if k != "act_s")

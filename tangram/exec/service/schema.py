@@ -229,6 +229,20 @@ def error_doc(code: str, message: str, retryable: bool = False) -> dict[str, Any
     return {"error": {"code": code, "message": message, "retryable": retryable}}
 
 
+def timings_doc(t: Timings) -> dict[str, float]:
+    """``t`` to the microsecond, still adding up: the parts are rounded and ``act_s`` is
+    their sum as sent, added in order, so ``act_s == queue_s + overhead_s + exec_s`` holds
+    exactly in a client's floats (each rounded alone, ``act_s`` could differ from the sum
+    of the others by 1e-6)."""
+    queue, overhead, exec_s = (round(v, 6) for v in (t.queue_s, t.overhead_s, t.exec_s))
+    return {
+        "queue_s": queue,
+        "overhead_s": overhead,
+        "exec_s": exec_s,
+        "act_s": queue + overhead + exec_s,
+    }
+
+
 def outcome_doc(o: Outcome) -> dict[str, Any]:
     """An ``Outcome`` as JSON (``result`` holds the value: for CPU work stdout, stderr and
     exit_code; for GPU and API work what the service returned)."""
@@ -244,7 +258,7 @@ def outcome_doc(o: Outcome) -> dict[str, Any]:
         "status": o.status,
         "result": result,
         "error": asdict(o.error) if o.error else None,
-        "timings": {k: round(v, 6) for k, v in asdict(o.timings).items()},
+        "timings": timings_doc(o.timings),
         "arrival_s": round(o.arrival_s, 6),
         "start_s": None if o.start_s is None else round(o.start_s, 6),
         "end_s": round(o.end_s, 6),
