@@ -432,3 +432,31 @@ def test_an_answer_that_fails_after_the_call_ran_is_not_retried_by_openai_client
     r = post(served, "/pooling", {"model": "rm", "input": "w1 w2"})
     assert r.status_code == 500 and r.headers["x-should-retry"] == "false", r.headers
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize(("path", "field"), [("/pooling", "input"), ("/get_reward", "query")])
+def test_a_score_that_is_not_finite_is_an_error_naming_its_input(
+    served: Any, monkeypatch: pytest.MonkeyPatch, path: str, field: str
+) -> None:
+    """A reward model's NaN or infinite score went out as ``NaN``/``Infinity``, which JSON
+    lacks: strict parsers refused the answer and Python's read a NaN that poisons training.
+    It is a 500 naming the inputs (vLLM's server refuses to encode it too), not retried."""
+    from types import SimpleNamespace
+
+    async def odd(spec: Any) -> Any:
+        value = torch.tensor([0.5, float("nan"), float("-inf")])
+        return SimpleNamespace(ok=True, status="result", error=None, value=value, start_s=1.0)
+
+    def strict(name: str) -> Any:
+        raise AssertionError(f"not JSON: {name}")
+
+    monkeypatch.setattr(served.runtime, "run", odd)
+    texts = ["w1", "w2", "w3"]
+    body = {"model": "rm", "input": texts} if field == "input" else {"query": texts}
+    r = post(served, path, body)
+    doc = json.loads(r.text, parse_constant=strict)
+    assert r.status_code == 500 and r.headers["x-should-retry"] == "false", (r.status_code, doc)
+    error = doc["error"]
+    assert error["code"] == "non_finite_score" and error["param"] == field, error
+    assert f"{field}[1]: nan" in error["message"] and f"{field}[2]: -inf" in error["message"]
+    assert f"{field}[0]" not in error["message"]

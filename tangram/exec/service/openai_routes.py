@@ -16,6 +16,7 @@ import contextvars
 import functools
 import json
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -319,8 +320,8 @@ class OpenAiRoutes:
             )
         items = await self._off_loop(lambda: prompts(body["input"], "input", frontend))
         batch = await self._off_loop(lambda: padded(items, frontend.pad_token_id))
-        scores = await self._call(model, batch)
-        return web.json_response(pooling_doc(model, items, _floats(scores)))
+        scores = _finite_scores(model, _floats(await self._call(model, batch)), "input")
+        return web.json_response(pooling_doc(model, items, scores))
 
     @answers_errors
     async def get_reward(self, request: web.Request) -> web.Response:
@@ -336,7 +337,7 @@ class OpenAiRoutes:
         frontend = self.frontend_of(model, "reward")
         items = await self._off_loop(lambda: prompts(texts, "query", frontend))
         batch = await self._off_loop(lambda: padded(items, frontend.pad_token_id))
-        scores = _floats(await self._call(model, batch))
+        scores = _finite_scores(model, _floats(await self._call(model, batch)), "query")
         return web.json_response({"rewards": scores, "scores": scores})
 
 
@@ -351,3 +352,25 @@ def _floats(value: Any) -> list[float]:
     """A reward model's scores as floats (a tensor, or the list the runtime made of it)."""
     values = value.tolist() if hasattr(value, "tolist") else value
     return [float(v) for v in values]
+
+
+def _finite_scores(model: str, scores: list[float], field: str) -> list[float]:
+    """``scores`` if each is finite; else a 500 naming the inputs whose score is not (by
+    their index in ``field``). A NaN or infinite score went out as ``NaN``/``Infinity``,
+    which JSON lacks: strict parsers refused the whole answer, and Python's read a float
+    NaN that silently poisons a training step. vLLM's (and OpenRLHF's) servers refuse to
+    encode one too (a bare 500); this one says which input. The call ran (its model gives
+    the same score again): ``x-should-retry: false``, set by ``answers_errors``."""
+    bad = [(i, s) for i, s in enumerate(scores) if not math.isfinite(s)]
+    if not bad:
+        return scores
+    named = ", ".join(f"{field}[{i}]: {s}" for i, s in bad[:10])
+    more = f" and {len(bad) - 10} more" if len(bad) > 10 else ""
+    raise OpenAiError(
+        f"reward model {model!r} gave a score that is not a finite number for {named}{more} "
+        "(JSON has no NaN or infinity); check the model on those inputs",
+        param=field,
+        status=500,
+        code="non_finite_score",
+        kind="server_error",
+    )
