@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +24,7 @@ from tangram.exec.service.body import MalformedBody
 from tangram.exec.service.limits import ConnectionLimits
 from tangram.exec.service.openai_routes import OPENAI_PATHS
 from tangram.exec.service.openai_schema import OpenAiError
-from tangram.exec.service.sandbox_fusion import refusal_doc
+from tangram.exec.service.sandbox_fusion import refusal_doc, sandbox_error
 from tangram.exec.service.schema import error_doc
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,30 @@ def request_path(head: bytes) -> str:
     if len(line) < 2:
         return ""
     return line[1].split(b"?", 1)[0].decode("latin-1")
+
+
+#: A request line (method, target, version) at a line's start; its target's path is group 1.
+_REQUEST_LINE = re.compile(rb"(?:^|\n)[!#$%&'*+.^_`|~0-9A-Za-z-]+ (/[^ \r\n?#]*)[^ \r\n]* HTTP/")
+
+
+def last_request_path(recent: bytes) -> str:
+    """The path of the last request line in ``recent`` (a connection's latest bytes); ""
+    if none. aiohttp's parser, failing on a request's head, keeps nothing of it: the
+    failing request is the last one begun, its head being the last bytes read."""
+    found = list(_REQUEST_LINE.finditer(recent))
+    return found[-1].group(1).decode("latin-1") if found else ""
+
+
+def error_doc_of(path: str, status: int, code: str, message: str) -> dict[str, Any]:
+    """An error of a request for ``path`` the routes never saw, in its route family's
+    shape: ``/run_code`` SandboxFusion's ``SandboxError`` with Tangram's document (as its
+    other refusals), an OpenAI-style route OpenAI's error, any other Tangram's."""
+    if path == RUN_CODE_PATH:
+        return {**sandbox_error(message), **error_doc(code, message)}
+    if path in OPENAI_PATHS:
+        kind = "server_error" if status >= 500 else "invalid_request_error"
+        return OpenAiError(message, status=status, code=code, kind=kind).doc()
+    return error_doc(code, message)
 
 
 class Drain(asyncio.Protocol):
@@ -197,12 +222,23 @@ class ErrorDocHandler(web.RequestHandler):
         #: Whether the answer being made ends the connection with a request left unread.
         self.linger_after = False
         self.drain: Drain | None = None
+        #: The connection's latest bytes (at most ``REFUSAL_READ_BYTES``), where a request
+        #: whose head aiohttp cannot parse finds its path (its answer's shape).
+        self.recent = b""
+        #: The path of the request aiohttp's parser failed on ("" if unknown).
+        self.error_path = ""
 
     def data_received(self, data: bytes) -> None:
+        if len(data) >= REFUSAL_READ_BYTES:
+            self.recent = data[-REFUSAL_READ_BYTES:]
+        else:
+            self.recent = (self.recent + data)[-REFUSAL_READ_BYTES:]
         messages = getattr(self, "_messages", None)
         queued = len(messages) if messages is not None else 0
         super().data_received(data)
         if messages is not None and len(messages) > queued and _ERR_INFO is not None:
+            if isinstance(messages[-1][0], _ERR_INFO):
+                self.error_path = last_request_path(self.recent)
             self._body_broke(messages)
 
     def _body_broke(self, messages: Any) -> None:
@@ -249,7 +285,12 @@ class ErrorDocHandler(web.RequestHandler):
             plain = super().handle_error(request, status, exc, message)  # logs; may raise
             text = message or getattr(plain, "text", None) or f"HTTP {status}"
         code = "bad_request" if status == 400 else "internal" if status == 500 else f"http_{status}"
-        answer = web.json_response(error_doc(code, text.strip()), status=status)
+        # A request aiohttp could not parse is "UNKNOWN /": its path is the one read last
+        # (its answer was Tangram's document on every path, which SandboxFusion's and
+        # OpenAI's clients do not read).
+        path = self.error_path if request.method == "UNKNOWN" else request.path
+        doc = error_doc_of(path, status, code, text.strip())
+        answer = web.json_response(doc, status=status)
         answer.force_close()
         # (A body aiohttp still parses is drained by aiohttp itself; one it cannot parse,
         # the request's being malformed, is left on the socket.)
