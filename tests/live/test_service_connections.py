@@ -491,3 +491,51 @@ def test_a_malformed_request_is_answered_in_its_routes_shape(
     else:
         assert doc["error"]["code"] == "bad_request" and "status" not in doc, doc
         assert "type" not in doc["error"], doc
+
+
+def closed_for_good(s: socket.socket, deadline_s: float) -> bool:
+    """Whether the service closed ``s`` whole (not only its sending side, as a drain does):
+    bytes sent to a closed socket are answered with a reset."""
+    s.settimeout(0.2)
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        try:
+            s.sendall(b"x" * 1024)
+            while s.recv(65536):  # (the answer, then the drain's end of sending)
+                pass
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+        except TimeoutError:
+            pass
+        time.sleep(0.05)
+    return False
+
+
+def test_refused_and_draining_connections_are_closed_at_shutdown() -> None:
+    """A connection refused beyond the bound (and one answered 400, draining its body) was
+    left open when the service stopped: its drain's 5-s timer never ran once the loop had
+    stopped, and the socket stayed open until the garbage collector found it."""
+    import gc
+
+    limits = ConnectionLimits(header_timeout_s=60.0, body_timeout_s=60.0, max_connections=2)
+    gc.disable()  # (the collector would close the forgotten sockets at some later time)
+    try:
+        with served(limits) as service:
+            bad = socket.create_connection(address(service), timeout=10.0)
+            bad.sendall(b"POST /v1/actions HTTP/1.1\r\nBad Header\r\nContent-Length: 900\r\n\r\n")
+            held = connect(service, 1, b"")
+            time.sleep(0.3)  # the service has accepted them
+            refused = socket.create_connection(address(service), timeout=10.0)
+            refused.sendall(HEAD)
+            for s in (bad, refused):  # each has its answer, the rest of its body pending
+                s.settimeout(10.0)
+                assert s.recv(65536).startswith((b"HTTP/1.0 4", b"HTTP/1.1 4"))
+            service.stop()
+            started = time.monotonic()
+            assert closed_for_good(bad, 2.0), "the draining connection is still open"
+            assert closed_for_good(refused, 2.0), "the refused connection is still open"
+            assert time.monotonic() - started < 3.0
+            for s in (bad, refused, *held):
+                s.close()
+    finally:
+        gc.enable()

@@ -169,11 +169,18 @@ class Refusal(asyncio.Protocol):
     rest of its request is drained, so the client reads the answer instead of a reset.
     Waiting for the headers lets the client read the answer instead of a reset."""
 
-    def __init__(self, answer: Callable[[str], bytes]) -> None:
+    def __init__(
+        self,
+        answer: Callable[[str], bytes],
+        on_gone: Callable[[Refusal], None] | None = None,
+    ) -> None:
+        """``on_gone``: told when the connection is gone (the site, to forget it)."""
         self.answer = answer
+        self.on_gone = on_gone
         self.seen = b""
         self.transport: asyncio.Transport | None = None
         self.timer: asyncio.TimerHandle | None = None
+        self.drain: Drain | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -198,6 +205,12 @@ class Refusal(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
         self.transport = None
+        self._gone(exc)
+
+    def _gone(self, exc: BaseException | None = None) -> None:
+        on_gone, self.on_gone = self.on_gone, None
+        if on_gone is not None:
+            on_gone(self)
 
     def finish(self) -> Drain | None:
         """Answer and drain (None if the connection is gone)."""
@@ -207,7 +220,15 @@ class Refusal(asyncio.Protocol):
         if transport is None or transport.is_closing():
             return None
         transport.write(self.answer(request_path(self.seen)))
-        return linger(transport)
+        self.drain = linger(transport, on_lost=self._gone)
+        return self.drain
+
+    def close(self) -> None:
+        """Close the connection now (the service stops): answered first if it was not yet
+        (with what of its head came), its answer written before it closes."""
+        drain = self.finish() or self.drain
+        if drain is not None:
+            drain.close()
 
 
 class ErrorDocHandler(web.RequestHandler):
@@ -342,6 +363,10 @@ class GuardedSite(web.BaseSite):
         self.answers["openai"] = refusal_bytes(limits.max_connections, "/v1/completions")
         self.handler_kwargs = limits.handler_kwargs()
         self.refused = 0
+        #: The refused connections still open (answering or draining): closed when the site
+        #: stops. aiohttp does not know them, and left alone each stayed open after the
+        #: service stopped, its drain's timer never run once the loop had stopped.
+        self.refusals: set[Refusal] = set()
 
     @property
     def port(self) -> int:
@@ -362,6 +387,12 @@ class GuardedSite(web.BaseSite):
             self._protocol, self.host, self.requested_port, backlog=4096, reuse_address=True
         )
 
+    async def stop(self) -> None:
+        await super().stop()  # (no connection is accepted after)
+        for refusal in list(self.refusals):
+            refusal.close()
+        self.refusals.clear()
+
     def _refusal(self, path: str) -> bytes:
         """The refusal of ``path``'s route family."""
         if path in OPENAI_PATHS:
@@ -375,6 +406,8 @@ class GuardedSite(web.BaseSite):
             self.refused += 1
             if self.on_refused is not None:
                 self.on_refused()
-            return Refusal(self._refusal)
+            refusal = Refusal(self._refusal, on_gone=self.refusals.discard)
+            self.refusals.add(refusal)
+            return refusal
         loop = asyncio.get_running_loop()
         return ErrorDocHandler(server, loop=loop, **self.handler_kwargs)
