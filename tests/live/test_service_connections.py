@@ -539,3 +539,39 @@ def test_refused_and_draining_connections_are_closed_at_shutdown() -> None:
                 s.close()
     finally:
         gc.enable()
+
+
+def test_a_slow_upload_answered_before_its_body_reads_its_answer() -> None:
+    """aiohttp, answering before it read a body (a wrong token's 401, a 413, a tenant's
+    429 on the OpenAI routes), read and dropped the rest for 2 s only, then closed with the
+    rest unread: the kernel reset the connection, and a client still uploading (a large body
+    at a modest rate) failed with a reset, never reading the answer. The rest is drained for
+    as long as a body may take to arrive (--body-timeout-s), at most 64 MiB."""
+    limits = ConnectionLimits(header_timeout_s=60.0, body_timeout_s=60.0, max_connections=8)
+
+    def make() -> Runtime:
+        return Runtime(CLUSTER, RuntimeConfig(max_pending=100), api=ApiExecutor({"echo": echo}))
+
+    chunk, count = b" " * 65536, 40  # 2.5 MiB in 4 s
+    opts = ServeOptions(port=0, limits=limits, token="secret")
+    with ServiceThread(make, opts) as service:
+        s = socket.create_connection(address(service), timeout=10.0)
+        try:
+            head = (
+                b"POST /v1/actions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\n"
+                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+            )
+            s.sendall(head % (len(chunk) * count))
+            for _ in range(count):
+                s.sendall(chunk)
+                time.sleep(0.1)
+            answer = b""
+            for _ in range(100):  # bounded: the answer is small
+                part = s.recv(65536)
+                if not part:
+                    break
+                answer += part
+        finally:
+            s.close()
+        assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+        assert b'"unauthorized"' in answer, answer

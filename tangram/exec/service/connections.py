@@ -121,11 +121,13 @@ class Drain(asyncio.Protocol):
         self,
         transport: asyncio.Transport,
         on_lost: Callable[[BaseException | None], None] | None = None,
+        linger_s: float = REFUSAL_LINGER_S,
     ) -> None:
+        """``linger_s``: how long it drains at most (``REFUSAL_LINGER_S`` unless told)."""
         self.transport = transport
         self.on_lost = on_lost
         self.drained = 0
-        self.timer = asyncio.get_running_loop().call_later(REFUSAL_LINGER_S, self.close)
+        self.timer = asyncio.get_running_loop().call_later(linger_s, self.close)
 
     def data_received(self, data: bytes) -> None:
         self.drained += len(data)
@@ -149,11 +151,14 @@ class Drain(asyncio.Protocol):
 
 
 def linger(
-    transport: asyncio.Transport, on_lost: Callable[[BaseException | None], None] | None = None
+    transport: asyncio.Transport,
+    on_lost: Callable[[BaseException | None], None] | None = None,
+    linger_s: float = REFUSAL_LINGER_S,
 ) -> Drain:
     """Hand ``transport``, whose answer is written, to a ``Drain``: its sending side ends
-    once the answer is out, and it closes when the client does (or the drain's bounds)."""
-    drain = Drain(transport, on_lost)
+    once the answer is out, and it closes when the client does (or the drain's bounds:
+    ``linger_s``, ``REFUSAL_DRAIN_BYTES``)."""
+    drain = Drain(transport, on_lost, linger_s)
     transport.set_protocol(drain)
     transport.resume_reading()  # (aiohttp pauses a connection whose requests pile up)
     if transport.can_write_eof():
@@ -238,8 +243,11 @@ class ErrorDocHandler(web.RequestHandler):
     (``linger``): closed at once, with the request's body unread, it was reset, and a client
     still sending its body failed with a reset instead of reading its 400."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, drain_s: float = REFUSAL_LINGER_S, **kwargs: Any) -> None:
+        """``drain_s``: how long the rest of a request answered before its body arrived
+        whole may take to arrive (drained, then closed): the body time-out."""
         super().__init__(*args, **kwargs)
+        self.drain_s = max(drain_s, REFUSAL_LINGER_S)
         #: Whether the answer being made ends the connection with a request left unread.
         self.linger_after = False
         self.drain: Drain | None = None
@@ -324,11 +332,22 @@ class ErrorDocHandler(web.RequestHandler):
         done = await super().finish_response(request, resp, start_time)
         transport = self.transport
         reset = done[1] if isinstance(done, tuple) else bool(done)  # (older aiohttp: reset)
-        if self.linger_after and not reset and transport is not None:
+        # An answer made before the request's body arrived whole (a wrong token's 401, a
+        # 413, a tenant's 429): aiohttp read and dropped the rest for its lingering time
+        # (2 s) only, then closed with the rest unread, so the kernel reset the connection
+        # and a client still uploading (a large body at a modest rate) never read the answer.
+        # The rest is drained for as long as a body may take (at most 64 MiB), then closed.
+        unread = not self.linger_after and not request.content.is_eof()
+        if (self.linger_after or unread) and not reset and transport is not None:
             assert isinstance(transport, asyncio.Transport)
             if not transport.is_closing():
                 self.transport = None  # (aiohttp's closing of it is the drain's now)
-                self.drain = linger(transport, on_lost=self.connection_lost)
+                self.drain = linger(
+                    transport,
+                    on_lost=self.connection_lost,
+                    # (a 408's client, too slow already, gets the short drain)
+                    linger_s=self.drain_s if unread and resp.status != 408 else REFUSAL_LINGER_S,
+                )
                 # Nothing more of the connection is aiohttp's to read: not the body left
                 # (a broken one raised its error at aiohttp's own lingering read of it).
                 self.force_close()
@@ -410,4 +429,6 @@ class GuardedSite(web.BaseSite):
             self.refusals.add(refusal)
             return refusal
         loop = asyncio.get_running_loop()
-        return ErrorDocHandler(server, loop=loop, **self.handler_kwargs)
+        return ErrorDocHandler(
+            server, loop=loop, drain_s=self.limits.body_timeout_s, **self.handler_kwargs
+        )
