@@ -134,6 +134,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         f"(default {defaults.max_connections})",
     )
     p.add_argument(
+        "--max-connections-per-client",
+        type=int,
+        default=None,
+        help="connections open at once from one client (peer address), so that one cannot "
+        "take all of --max-connections; one more is answered 429 and closed (default: no "
+        "bound of its own)",
+    )
+    p.add_argument(
         "--ray",
         metavar="ADDRESS",
         help="run on a Ray cluster (an address or 'auto'): the scheduler in a named actor, "
@@ -415,6 +423,7 @@ def serve_options(args: argparse.Namespace, token: str | None) -> Any:
         header_timeout_s=args.header_timeout_s,
         body_timeout_s=args.body_timeout_s,
         max_connections=args.max_connections,
+        max_connections_per_client=args.max_connections_per_client,
     )
     return ServeOptions(
         host=args.host,

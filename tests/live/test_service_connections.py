@@ -575,3 +575,60 @@ def test_a_slow_upload_answered_before_its_body_reads_its_answer() -> None:
             s.close()
         assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
         assert b'"unauthorized"' in answer, answer
+
+
+@pytest.mark.parametrize("each", [0, -1, True, 1.5])
+def test_the_per_client_bound_must_be_a_positive_integer(each: object) -> None:
+    with pytest.raises(ValueError, match="max_connections_per_client"):
+        ConnectionLimits(max_connections_per_client=each)  # type: ignore[arg-type]
+
+
+def test_tangram_serve_takes_a_per_client_bound_off_by_default() -> None:
+    from tangram.cli import build_parser
+    from tangram.exec.service_cli import serve_options
+
+    for given, each in (([], None), (["--max-connections-per-client", "4"], 4)):
+        args = build_parser().parse_args(["serve", *given])
+        args.clients = {}  # (resolved from --clients-file when the service starts)
+        assert serve_options(args, None).limits.max_connections_per_client == each
+
+
+def test_one_client_cannot_take_every_connection() -> None:
+    """There was no bound per client: one client (one peer address) could hold all of
+    --max-connections, and every other client was refused. With
+    --max-connections-per-client, one more of its own is refused (429, in its route's
+    shape), while another client is still served."""
+    limits = ConnectionLimits(
+        header_timeout_s=60.0, body_timeout_s=60.0, max_connections=16, max_connections_per_client=2
+    )
+    with served(limits) as service:
+        held = connect(service, 2, b"")
+        try:
+            time.sleep(0.2)  # the service has accepted them
+            answer = refused_answer(
+                service, b"POST /run_code HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+            )
+            assert answer.startswith(b"HTTP/1.1 429") and b"Retry-After: 1" in answer, answer
+            doc = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+            assert doc["status"] == "SandboxError" and doc["error"]["code"] == "overloaded", doc
+            assert "--max-connections-per-client" in doc["error"]["message"], doc
+            other = socket.create_connection(
+                address(service), timeout=10.0, source_address=("127.0.0.2", 0)
+            )
+            with other:  # another client (address) is served
+                other.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert other.recv(65536).startswith(b"HTTP/1.1 200")
+        finally:
+            for s in held:
+                s.close()
+        end = time.monotonic() + DEADLINE_S  # its closed ones are forgotten: served again
+        while True:
+            try:
+                served_meanwhile(service)
+                break
+            except Exception:  # noqa: BLE001 - refused until the closes are seen
+                if time.monotonic() > end:
+                    raise
+                time.sleep(0.1)
+        metrics = httpx.get(service.url + "/metrics", timeout=10).text
+        assert 'tangram_actions_refused_total{reason="connections"} 1' in metrics

@@ -54,6 +54,7 @@ def serve_on_ray(args: argparse.Namespace, token: str | None) -> int:
                 header_timeout_s=args.header_timeout_s,
                 body_timeout_s=args.body_timeout_s,
                 max_connections=args.max_connections,
+                max_connections_per_client=getattr(args, "max_connections_per_client", None),
             ),
         )
         # Each node's agent runs its own AOE: the warm pool's bounds are per node, and each

@@ -49,14 +49,17 @@ REFUSAL_LINGER_S = 5.0
 REFUSAL_DRAIN_BYTES = 64 * 1024 * 1024 + REFUSAL_READ_BYTES
 
 
-def refusal_bytes(max_connections: int, path: str = "") -> bytes:
+def refusal_bytes(max_connections: int, path: str = "", message: str | None = None) -> bytes:
     """The whole HTTP answer to a connection beyond the bound whose request is for ``path``,
     in its route family's shape: ``/run_code`` SandboxFusion's ``SandboxError`` (with
     Tangram's error document, as its other refusals), an OpenAI-style route OpenAI's error,
-    any other path (or a request line not read) Tangram's error document."""
-    message = (
-        f"the service has {max_connections} connections open (its --max-connections); retry later"
-    )
+    any other path (or a request line not read) Tangram's error document. ``message``:
+    the refusal's, if not the service's bound's."""
+    if message is None:
+        message = (
+            f"the service has {max_connections} connections open (its --max-connections); "
+            "retry later"
+        )
     refused = Overloaded(message, retry_after_s=1.0)
     if path == RUN_CODE_PATH:
         doc = refusal_doc(refused)
@@ -243,10 +246,20 @@ class ErrorDocHandler(web.RequestHandler):
     (``linger``): closed at once, with the request's body unread, it was reset, and a client
     still sending its body failed with a reset instead of reading its 400."""
 
-    def __init__(self, *args: Any, drain_s: float = REFUSAL_LINGER_S, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        drain_s: float = REFUSAL_LINGER_S,
+        site: GuardedSite | None = None,
+        **kwargs: Any,
+    ) -> None:
         """``drain_s``: how long the rest of a request answered before its body arrived
-        whole may take to arrive (drained, then closed): the body time-out."""
+        whole may take to arrive (drained, then closed): the body time-out. ``site``: the
+        site counting its connections per client (``GuardedSite.admit``), if any."""
         super().__init__(*args, **kwargs)
+        self.site = site
+        #: The peer address this connection is counted under (None: not counted).
+        self.peer: str | None = None
         self.drain_s = max(drain_s, REFUSAL_LINGER_S)
         #: Whether the answer being made ends the connection with a request left unread.
         self.linger_after = False
@@ -256,6 +269,25 @@ class ErrorDocHandler(web.RequestHandler):
         self.recent = b""
         #: The path of the request aiohttp's parser failed on ("" if unknown).
         self.error_path = ""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        site = self.site
+        if site is not None:
+            peer = _peer(transport)
+            refusal = site.admit(peer)
+            if refusal is not None:  # (never aiohttp's: the refusal answers it)
+                assert isinstance(transport, asyncio.Transport)
+                transport.set_protocol(refusal)
+                refusal.connection_made(transport)
+                return
+            self.peer = peer
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        peer, self.peer = self.peer, None
+        if peer is not None and self.site is not None:
+            self.site.release(peer)
+        super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         if len(data) >= REFUSAL_READ_BYTES:
@@ -359,6 +391,14 @@ class ErrorDocHandler(web.RequestHandler):
         await super().shutdown(timeout)
 
 
+def _peer(transport: asyncio.BaseTransport) -> str:
+    """The peer's address (its host: each connection has a port of its own)."""
+    name = transport.get_extra_info("peername")
+    if isinstance(name, tuple) and name:
+        return str(name[0])
+    return str(name)
+
+
 class GuardedSite(web.BaseSite):
     """A TCP site whose connections beyond ``max_connections`` are refused (``Refusal``) and
     whose connection handlers answer malformed requests with the error document."""
@@ -380,6 +420,18 @@ class GuardedSite(web.BaseSite):
             key: refusal_bytes(limits.max_connections, key) for key in ("", RUN_CODE_PATH)
         }
         self.answers["openai"] = refusal_bytes(limits.max_connections, "/v1/completions")
+        each = limits.max_connections_per_client
+        message = (
+            f"this client has {each} connections open (the service's "
+            "--max-connections-per-client); retry later"
+        )
+        #: The refusal of a client at its own bound, by ``_refusal``'s key.
+        self.client_answers = {
+            key: refusal_bytes(limits.max_connections, path, message)
+            for key, path in (("", ""), (RUN_CODE_PATH, RUN_CODE_PATH), ("openai", "/pooling"))
+        }
+        #: Connections open per peer address (only with ``max_connections_per_client``).
+        self.per_client: dict[str, int] = {}
         self.handler_kwargs = limits.handler_kwargs()
         self.refused = 0
         #: The refused connections still open (answering or draining): closed when the site
@@ -412,23 +464,59 @@ class GuardedSite(web.BaseSite):
             refusal.close()
         self.refusals.clear()
 
+    @staticmethod
+    def _family(path: str) -> str:
+        if path in OPENAI_PATHS:
+            return "openai"
+        return RUN_CODE_PATH if path == RUN_CODE_PATH else ""
+
     def _refusal(self, path: str) -> bytes:
         """The refusal of ``path``'s route family."""
-        if path in OPENAI_PATHS:
-            return self.answers["openai"]
-        return self.answers[RUN_CODE_PATH if path == RUN_CODE_PATH else ""]
+        return self.answers[self._family(path)]
+
+    def _client_refusal(self, path: str) -> bytes:
+        """The refusal of ``path``'s route family to a client at its own bound."""
+        return self.client_answers[self._family(path)]
+
+    def _refuse(self, answer: Callable[[str], bytes]) -> Refusal:
+        self.refused += 1
+        if self.on_refused is not None:
+            self.on_refused()
+        refusal = Refusal(answer, on_gone=self.refusals.discard)
+        self.refusals.add(refusal)
+        return refusal
+
+    def admit(self, peer: str) -> Refusal | None:
+        """Count a new connection from ``peer``; a ``Refusal`` for it instead if ``peer``
+        has ``max_connections_per_client`` open already (one client took them all)."""
+        each = self.limits.max_connections_per_client
+        if each is None:
+            return None
+        count = self.per_client.get(peer, 0)
+        if count >= each:
+            return self._refuse(self._client_refusal)
+        self.per_client[peer] = count + 1
+        return None
+
+    def release(self, peer: str) -> None:
+        """A connection ``admit`` counted is gone."""
+        count = self.per_client.get(peer, 0) - 1
+        if count > 0:
+            self.per_client[peer] = count
+        else:
+            self.per_client.pop(peer, None)
 
     def _protocol(self) -> asyncio.BaseProtocol:
         server = self._runner.server
         assert server is not None
         if len(server.connections) >= self.limits.max_connections:
-            self.refused += 1
-            if self.on_refused is not None:
-                self.on_refused()
-            refusal = Refusal(self._refusal, on_gone=self.refusals.discard)
-            self.refusals.add(refusal)
-            return refusal
+            return self._refuse(self._refusal)
         loop = asyncio.get_running_loop()
+        site = self if self.limits.max_connections_per_client is not None else None
         return ErrorDocHandler(
-            server, loop=loop, drain_s=self.limits.body_timeout_s, **self.handler_kwargs
+            server,
+            loop=loop,
+            drain_s=self.limits.body_timeout_s,
+            site=site,
+            **self.handler_kwargs,
         )

@@ -11,6 +11,9 @@ without loading the service; ``connections`` applies them.
   (else 408, and the connection is closed).
 - ``ConnectionLimits.max_connections``: at most this many connections are open at once; one
   more is answered 429 ``overloaded`` (the clients retry it) and closed.
+- ``ConnectionLimits.max_connections_per_client``: at most this many of them from one peer
+  address (None: no bound of its own), so that one client cannot take them all; one more
+  from it is answered as one beyond ``max_connections`` is.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class ConnectionLimits:
     header_timeout_s: float = 15.0
     body_timeout_s: float = 60.0
     max_connections: int = 1024
+    max_connections_per_client: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("header_timeout_s", "body_timeout_s"):
@@ -40,6 +44,11 @@ class ConnectionLimits:
         count = self.max_connections
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"max_connections must be a positive integer, got {count!r}")
+        each = self.max_connections_per_client
+        if each is not None and (isinstance(each, bool) or not isinstance(each, int) or each < 1):
+            raise ValueError(
+                f"max_connections_per_client must be a positive integer or None, got {each!r}"
+            )
 
     def handler_kwargs(self) -> dict[str, Any]:
         """The settings of aiohttp's connection handlers that carry these limits (access log
