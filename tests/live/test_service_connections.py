@@ -577,6 +577,25 @@ def test_a_slow_upload_answered_before_its_body_reads_its_answer() -> None:
         assert b'"unauthorized"' in answer, answer
 
 
+def test_an_answer_before_its_body_arrived_says_the_connection_closes() -> None:
+    """Such a connection ends after its answer (the rest of its body drained), but the
+    answer said keep-alive, so a client sent its next request to be dropped unanswered."""
+    limits = ConnectionLimits(header_timeout_s=60.0, body_timeout_s=60.0, max_connections=8)
+
+    def make() -> Runtime:
+        return Runtime(CLUSTER, RuntimeConfig(max_pending=100), api=ApiExecutor({"echo": echo}))
+
+    with ServiceThread(make, ServeOptions(port=0, limits=limits, token="secret")) as service:
+        s = socket.create_connection(address(service), timeout=10.0)
+        try:
+            s.sendall(HEAD.replace(b"Host: x\r\n", b"Host: x\r\nAuthorization: Bearer no\r\n"))
+            answer = s.recv(65536)
+        finally:
+            s.close()
+    head = answer.split(b"\r\n\r\n", 1)[0].lower()
+    assert head.startswith(b"http/1.1 401") and b"connection: close" in head, answer
+
+
 @pytest.mark.parametrize("each", [0, -1, True, 1.5])
 def test_the_per_client_bound_must_be_a_positive_integer(each: object) -> None:
     with pytest.raises(ValueError, match="max_connections_per_client"):

@@ -361,6 +361,10 @@ class ErrorDocHandler(web.RequestHandler):
     async def finish_response(
         self, request: web.BaseRequest, resp: web.StreamResponse, start_time: float | None
     ) -> tuple[web.StreamResponse, bool]:
+        if not self.linger_after and not request.content.is_eof() and not resp.prepared:
+            # (The connection ends after this answer, drained below: the answer says so,
+            # where it said keep-alive and a client sent its next request to a drain.)
+            resp.force_close()
         done = await super().finish_response(request, resp, start_time)
         transport = self.transport
         reset = done[1] if isinstance(done, tuple) else bool(done)  # (older aiohttp: reset)
