@@ -190,3 +190,32 @@ def test_a_log_prob_of_minus_infinity_is_vllms_floor_so_the_answer_is_strict_jso
     assert lp["token_logprobs"] == [None, -9999.0]
     assert lp["top_logprobs"] == [None, {"b": -0.5, "c": -9999.0, "d": -9999.0}]
     json.dumps(doc, allow_nan=False)  # (raises on -inf or NaN)
+
+
+@pytest.mark.parametrize("where", ["token_logprobs", "top_logprobs"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_log_prob_that_is_not_finite_is_an_error_naming_its_prompt(
+    where: str, bad: float
+) -> None:
+    """A NaN (or +inf) log-prob is no floor's to raise: it went out as ``NaN``, which JSON
+    lacks (strict parsers refused the answer, Python's read a NaN that poisons training).
+    It is a 500 naming the prompt, as vLLM's server fails to encode it too."""
+    import torch
+
+    from tangram.exec.service.openai_schema import CompletionRequest, Prompt, completion_doc
+
+    texts = {4: "a", 5: "b", 6: "c", 7: "d"}
+    tok = SimpleNamespace(batch_decode=lambda rows, **_: [texts[r[0]] for r in rows])
+    frontend = SimpleNamespace(tokenizer=tok)
+    items = (Prompt((4, 7), "ad", (0, 1)), Prompt((4, 5), "ab", (0, 1)))
+    value = {
+        "token_logprobs": torch.tensor([[-1.0], [-2.0]]),
+        "top_ids": torch.tensor([[[5, 6]], [[5, 6]]]),
+        "top_logprobs": torch.tensor([[[-0.5, -1.0]], [[-0.5, -1.0]]]),
+    }
+    value[where][1, 0, ...] = bad
+    with pytest.raises(OpenAiError) as caught:
+        completion_doc(CompletionRequest("m", items, 2), value, frontend)
+    error = caught.value
+    assert (error.status, error.code, error.param) == (500, "non_finite_logprob", "prompt")
+    assert "prompt[1]" in error.message

@@ -345,6 +345,23 @@ def _finite(logps: list[float]) -> list[float]:
     return [LOGPROB_FLOOR if lp < LOGPROB_FLOOR else lp for lp in logps]
 
 
+def _check_finite(model: str, prompt: int, logps: list[float]) -> None:
+    """A 500 naming the prompt if a log-prob of it is NaN or +inf (-inf is floored): it
+    went out as ``NaN``, which JSON lacks (strict parsers refused the whole answer, and
+    Python's read a NaN that poisons a training step). vLLM's server fails to encode one
+    too. The call ran: ``x-should-retry: false`` (``answers_errors``)."""
+    if all(math.isfinite(lp) for lp in logps):
+        return
+    raise OpenAiError(
+        f"teacher {model!r} gave a log-prob that is not a finite number for prompt[{prompt}] "
+        "(JSON has no NaN or infinity); check the model on that prompt",
+        param="prompt",
+        status=500,
+        code="non_finite_logprob",
+        kind="server_error",
+    )
+
+
 def completion_doc(
     req: CompletionRequest, value: Mapping[str, Any], frontend: Any
 ) -> dict[str, Any]:
@@ -363,6 +380,7 @@ def completion_doc(
     for i, p in enumerate(req.prompts):
         n = len(p.ids)
         logps = _finite(value["token_logprobs"][i, : n - 1].tolist())
+        _check_finite(req.model, i, logps)
         tokens = [text_of[x] for x in p.ids]
         # As vLLM's, for any ``logprobs`` (0 too): None, then per position the top entries
         # and the prompt's own token (with 0, that token alone).
@@ -370,6 +388,7 @@ def completion_doc(
         if top_ids is not None:
             ids_k = top_ids[i]
             lps_k = [_finite(row) for row in value["top_logprobs"][i, : n - 1].tolist()]
+            _check_finite(req.model, i, [lp for row in lps_k for lp in row[: req.top]])
         for t in range(n - 1):
             pairs: list[tuple[str, float]] = []
             if top_ids is not None:
