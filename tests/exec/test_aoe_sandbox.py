@@ -120,6 +120,43 @@ def test_the_work_dir_is_writable_by_every_spelling_of_a_numeric_user(
     assert out.ok and out.text == "1000\nwrote\n", out
 
 
+@pytest.mark.parametrize("user", ["sandbox", "sandbox:sandbox", "sandbox:1000"])
+def test_the_work_dir_is_writable_by_a_user_given_by_name(
+    manager: Any, trajectory: Any, user: str
+) -> None:
+    """A tmpfs cannot be owned by a name (the engine takes numbers), so a user given by name
+    got a work dir of root's, mode 0755, where its actions could not write a file. The name
+    is resolved in the image's /etc/passwd (and /etc/group), and its uid owns it."""
+    traj = trajectory(manager, sandbox=SandboxConfig(user=user))
+    out = manager.run_action(traj, "id -u; touch /work/x && echo wrote", 1)
+    assert out.ok and out.text == "1000\nwrote\n", out
+
+
+@pytest.mark.parametrize(("user", "missing"), [("nosuch", "account"), ("sandbox:nogroup", "group")])
+def test_a_user_name_the_image_lacks_is_refused_naming_it(
+    manager: Any, user: str, missing: str
+) -> None:
+    with pytest.raises(AoeError, match=f"no {missing} .*give the"):
+        manager.open_trajectory("named-missing", sandbox=SandboxConfig(user=user))
+    assert "named-missing" not in manager.trajectories()
+
+
+def test_a_user_name_that_is_root_in_the_image_is_refused(
+    manager: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A name the image maps to uid 0 ran the sandbox as root without the relaxation (only
+    'root' and uid 0 spelled as a number were known as root)."""
+    from tangram.exec.aoe import containers
+
+    monkeypatch.setattr(
+        containers, "_image_file", lambda *_: "root:x:0:0::/:/bin/sh\ntoor:x:0:0::/:/bin/sh\n"
+    )
+    monkeypatch.setattr(containers, "_RESOLVED", {})
+    with pytest.raises(AoeError, match="uid 0"):
+        manager.open_trajectory("named-root", sandbox=SandboxConfig(user="toor"))
+    assert "named-root" not in manager.trajectories()
+
+
 def _gone(client: Any, container_id: str, within_s: float) -> bool:
     import docker.errors
 

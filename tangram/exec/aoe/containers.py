@@ -14,7 +14,7 @@ import os
 import re
 import socket
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +161,8 @@ class ContainerSpec:
     keeper_user: str | None = None
     #: Host files bind-mounted read-only into the container: (host path, container path).
     read_only_binds: tuple[tuple[str, str], ...] = ()
+    #: The (uid, gid) of a ``sandbox.user`` given by name, resolved in the image.
+    work_owner: tuple[int, int] | None = None
 
 
 def _uid_gid(user: str) -> tuple[int, int | None] | None:
@@ -175,28 +177,107 @@ def _uid_gid(user: str) -> tuple[int, int | None] | None:
 
 #: An id as the engine reads it (``config.user_problem`` has held it to its range).
 _NUMBER = re.compile(r"[+-]?[0-9]+\Z")
+#: Users resolved in an image: (image id, user) -> (uid, gid) (an image rebuilt has a new id).
+_RESOLVED: dict[tuple[str, str], tuple[int, int]] = {}
+_RESOLVED_MAX = 256
 
 
-def work_tmpfs_options(sb: SandboxConfig) -> str:
+def _image_file(client: Any, image: str, path: str) -> str | None:
+    """The text of ``path`` in ``image`` (None when the image lacks it): read from a
+    container created, never started, from it and removed at once."""
+    import io
+    import tarfile
+
+    made = client.api.create_container(
+        image=image, command=["true"], network_disabled=True, labels={LABEL: "1"}
+    )
+    cid = made["Id"] if isinstance(made, dict) else made
+    try:
+        try:
+            stream, _ = client.api.get_archive(cid, path)
+        except Exception as exc:  # noqa: BLE001 - a missing file is the engine's 404
+            if getattr(getattr(exc, "response", None), "status_code", None) == 404:
+                return None
+            raise
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            for member in tar:
+                if member.isfile():
+                    data = tar.extractfile(member)
+                    return data.read().decode("utf-8", "replace") if data else None
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            client.api.remove_container(cid, force=True)
+
+
+def _lookup(text: str | None, name: str, field: int) -> int | None:
+    """Field ``field`` (a number) of the entry called ``name`` in a passwd or group file."""
+    for line in (text or "").splitlines():
+        parts = line.split(":")
+        if parts[0] == name and len(parts) > field and _NUMBER.match(parts[field]):
+            return int(parts[field])
+    return None
+
+
+def resolve_user(client: Any, image_id: str, user: str) -> tuple[int, int] | None:
+    """The (uid, gid) a ``user`` whose uid is a name runs as in the image (its group, a name
+    or number, else the account's own); None when its uid is a number or the image's
+    default. ``AoeError`` when the image has no such account or group: the work dir's
+    tmpfs cannot be owned by a name (the engine takes only numbers), and left root's, mode
+    0755, the actions could not write in it."""
+    name, _, group = user.partition(":")
+    if not name or _NUMBER.match(name):
+        return None
+    key = (image_id, user)
+    if key in _RESOLVED:
+        return _RESOLVED[key]
+    passwd = _image_file(client, image_id, "/etc/passwd")
+    uid = _lookup(passwd, name, 2)
+    if uid is None:
+        raise AoeError(
+            f"SandboxConfig.user {user!r}: the image has no account {name!r} in its "
+            "/etc/passwd; give the uid (e.g. '1000:1000')"
+        )
+    if not group:
+        gid = _lookup(passwd, name, 3)
+    elif _NUMBER.match(group):
+        gid = int(group)
+    else:
+        gid = _lookup(_image_file(client, image_id, "/etc/group"), group, 2)
+    if gid is None:
+        raise AoeError(
+            f"SandboxConfig.user {user!r}: the image has no group {group or name!r}; give the "
+            "gid (e.g. '1000:1000')"
+        )
+    if len(_RESOLVED) >= _RESOLVED_MAX:
+        _RESOLVED.clear()
+    _RESOLVED[key] = (uid, gid)
+    return uid, gid
+
+
+def work_tmpfs_options(sb: SandboxConfig, owner: tuple[int, int] | None = None) -> str:
     """The work dir's tmpfs options: owned by the sandbox's uid (its gid when given as a
     number, else the uid's number), mode 0755. Read only when made of plain digits, the
     uid of '+1000' (1000 to the engine) or '1000:users' was never given: the work dir stayed
-    root's, where the actions could not write a file. (A uid given by name is the image's
-    to know: its work dir stays root's, docs/aoe.md.)"""
+    root's, where the actions could not write a file. ``owner``: the (uid, gid) a user
+    given by name has in the image (``resolve_user``): without it, such a work dir stayed
+    root's too."""
     # exec: a compiled program runs from the work dir (docker's tmpfs is noexec by default,
     # which guards nothing here: the sandbox's interpreters run any file anyway).
     opts = f"rw,exec,size={sb.work_size_mb}m,mode=0755"
-    owner = _uid_gid(sb.user)
-    if owner is None:
+    if owner is not None:
+        return opts + f",uid={owner[0]},gid={owner[1]}"
+    numeric = _uid_gid(sb.user)
+    if numeric is None:
         return opts
-    uid, gid = owner
+    uid, gid = numeric
     return opts + f",uid={uid},gid={uid if gid is None else gid}"
 
 
 def create_kwargs(spec: ContainerSpec) -> dict[str, Any]:
     """The ``containers.run`` arguments of a sandboxed container (parked once started)."""
     sb = spec.sandbox
-    work_opts = work_tmpfs_options(sb)
+    work_opts = work_tmpfs_options(sb, spec.work_owner)
     kwargs: dict[str, Any] = {
         "image": spec.image,
         # A do-nothing PID 1: actions come in through exec; docker's init reaps orphans.
@@ -257,7 +338,7 @@ def create(client: Any, spec: ContainerSpec) -> Any:
     import docker.errors
 
     try:
-        client.images.get(spec.image)
+        image = client.images.get(spec.image)
     except docker.errors.NotFound:  # (a name with '..' in it reaches another of its paths)
         raise ImageMissing(
             f"image {spec.image!r} is not in the local Docker engine (nothing can be pulled "
@@ -267,6 +348,7 @@ def create(client: Any, spec: ContainerSpec) -> Any:
         # lost connection: raised bare, out of open_trajectory, naming neither the argument
         # nor the fault in AOE's terms
         raise AoeError(f"image {spec.image!r} could not be looked up in the engine: {exc}") from exc
+    spec = _with_work_owner(client, spec, getattr(image, "id", None) or spec.image)
     instance = uuid.uuid4().hex
     kwargs = create_kwargs(spec)
     kwargs["labels"] = {**spec.labels, LABEL_INSTANCE: instance}
@@ -292,6 +374,30 @@ def create(client: Any, spec: ContainerSpec) -> Any:
         _remove_started(client, container.id, spec.name)
         raise
     return container
+
+
+def _with_work_owner(client: Any, spec: ContainerSpec, image_id: str) -> ContainerSpec:
+    """``spec`` with its sandbox user's (uid, gid) when the user is a name: resolved in the
+    image, so the work dir's tmpfs is the actions' (a name left it root's, mode 0755, where
+    they could not write). A name that is uid 0 in the image is refused unless the sandbox
+    asks for root (``runs_as_root``, the documented relaxation)."""
+    sb = spec.sandbox
+    try:
+        owner = resolve_user(client, image_id, sb.user)
+    except AoeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the engine's refusal or a lost connection
+        raise AoeError(
+            f"SandboxConfig.user {sb.user!r} could not be looked up in image {spec.image!r}: {exc}"
+        ) from exc
+    if owner is None:
+        return spec
+    if owner[0] == 0 and not sb.runs_as_root:
+        raise AoeError(
+            f"SandboxConfig.user {sb.user!r} is uid 0 (root) in image {spec.image!r}: a "
+            "sandbox runs as root only when asked for by name ('root' or '0:0')"
+        )
+    return replace(spec, work_owner=owner)
 
 
 def _check_running(container: Any, name: str) -> None:
