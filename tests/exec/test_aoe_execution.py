@@ -161,6 +161,18 @@ def test_an_output_limit_that_is_no_whole_number_of_bytes_is_refused_naming_it(
         plan((0, 1), max_output_bytes=limit)
 
 
+def test_an_output_limit_past_the_maximum_is_refused_naming_it() -> None:
+    """max_output_bytes had no upper bound: 10**12 let a chatty action grow the manager's
+    memory without limit (its output is held there). At most MAX_OUTPUT_BYTES (1 GiB)."""
+    from tangram.exec.aoe.config import MAX_OUTPUT_BYTES
+
+    assert MAX_OUTPUT_BYTES == 1 << 30
+    for limit in (MAX_OUTPUT_BYTES + 1, 10**12):
+        with pytest.raises(AoeError, match="max_output_bytes must be at most"):
+            plan((0, 1), max_output_bytes=limit)
+    assert plan((0, 1), max_output_bytes=MAX_OUTPUT_BYTES).max_output_bytes == MAX_OUTPUT_BYTES
+
+
 @pytest.mark.parametrize("threads", [2.5, True, float("nan"), "4"])
 def test_a_thread_count_that_is_no_whole_number_is_refused_naming_it(threads: Any) -> None:
     """threads=2.5 ran with OMP_NUM_THREADS=2.5 and threads=True with TANGRAM_CORES=True

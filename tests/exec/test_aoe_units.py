@@ -686,6 +686,15 @@ def test_a_user_of_non_ascii_digits_is_a_name_never_a_crash(user: str) -> None:
     assert WarmPool.poolable(SandboxConfig(user="1000:1000"))
 
 
+@pytest.mark.parametrize("limit", [(1 << 30) + 1, 10**12])
+def test_a_configured_output_limit_past_the_maximum_is_refused_naming_it(limit: int) -> None:
+    """AoeConfig.max_output_bytes had no upper bound: 10**12 as the default let every chatty
+    action grow the manager's memory without limit."""
+    with pytest.raises(AoeError, match="AoeConfig.max_output_bytes must be .*at most"):
+        AoeConfig(max_output_bytes=limit)
+    assert AoeConfig(max_output_bytes=1 << 30).max_output_bytes == 1 << 30
+
+
 @pytest.mark.parametrize("name", ["memory_gb", "default_timeout_s", "kill_grace_s"])
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_a_configured_time_or_size_that_is_no_finite_number_is_refused(

@@ -35,6 +35,9 @@ MAX_TIMEOUT_S = 30 * 86400.0
 #: that outlived its kill for ever, never 'stuck', and each exec-transport action whose exit
 #: code the engine never recorded as long.
 MAX_KILL_GRACE_S = 3600.0
+#: The most output an action may keep per stream (``max_output_bytes``, 1 GiB): the manager
+#: holds it in memory, so 10**12 let one chatty action grow it without limit.
+MAX_OUTPUT_BYTES = 1 << 30
 
 _CAPABILITY = re.compile(r"^(CAP_)?[A-Z_]+$")
 #: Where the work dir may not be: the root, the container's other writable places (a reset
@@ -279,7 +282,8 @@ class AoeConfig:
       exec stream (about a millisecond per action); ``exec`` runs one ``docker exec`` per
       action (tens of milliseconds).
     - ``topology``: None reads the host's NUMA topology from sysfs.
-    - ``default_timeout_s``, ``max_output_bytes``: per-action defaults (each stream).
+    - ``default_timeout_s``, ``max_output_bytes``: per-action defaults (each stream; the
+      latter at most ``MAX_OUTPUT_BYTES``, 1 GiB).
     - ``kill_grace_s``: after a kill, how long to wait for an action's end before declaring the
       transport broken and restarting it.
     - ``use_init``: run docker's init (tini) as PID 1 so background processes are reaped.
@@ -337,9 +341,10 @@ class AoeConfig:
                 f"AoeConfig.default_timeout_s must be at most {MAX_TIMEOUT_S:g} s (30 days), "
                 f"got {self.default_timeout_s!r}"
             )
-        if self.max_output_bytes < 1:
+        if not 1 <= self.max_output_bytes <= MAX_OUTPUT_BYTES:
             raise AoeError(
-                f"AoeConfig.max_output_bytes must be positive, got {self.max_output_bytes}"
+                f"AoeConfig.max_output_bytes must be positive and at most {MAX_OUTPUT_BYTES} "
+                f"(1 GiB), got {self.max_output_bytes}"
             )
 
     def _check_types(self) -> None:

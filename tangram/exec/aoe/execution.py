@@ -15,7 +15,7 @@ from typing import Any
 
 from tangram.exec.aoe import environment, judge
 from tangram.exec.aoe.cgroups import CgroupGone
-from tangram.exec.aoe.config import MAX_TIMEOUT_S, AoeConfig
+from tangram.exec.aoe.config import MAX_OUTPUT_BYTES, MAX_TIMEOUT_S, AoeConfig
 from tangram.exec.aoe.errors import AoeError
 from tangram.exec.aoe.kill import kill_action
 from tangram.exec.aoe.ledger import CoreLedger
@@ -106,6 +106,12 @@ def plan_action(
             f"max_output_bytes must be a positive whole number of bytes, got {max_output_bytes!r}"
         )
     limit = int(limit)
+    if limit > MAX_OUTPUT_BYTES:
+        # (held in the manager's memory: 10**12 let a chatty action grow it without limit)
+        raise AoeError(
+            f"max_output_bytes must be at most {MAX_OUTPUT_BYTES} (1 GiB) per stream, got "
+            f"{max_output_bytes!r}"
+        )
     script = environment.command_text(command)
     if not script.strip():
         raise AoeError("command is empty")
