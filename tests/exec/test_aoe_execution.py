@@ -898,6 +898,64 @@ def test_an_interrupt_anywhere_opening_a_trajectory_leaves_no_container_holding_
         assert "t" in m._trajs, line
 
 
+def test_an_interrupt_anywhere_counting_a_start_in_flight_leaves_no_count() -> None:
+    """``_start_in_flight`` counted a start before the ``try`` whose ``finally`` uncounts it:
+    an interrupt in between (a KeyboardInterrupt as the lock was let go) kept the count up
+    for good, so a shutdown left its watchdog's release to a start that would never come.
+    An interrupt at any line of it (but its handler's) now leaves nothing counted."""
+    import inspect
+    import sys
+    import threading
+
+    from tangram.exec.aoe.manager import AoeManager
+
+    function = AoeManager._start_in_flight.__wrapped__
+    source, first = inspect.getsourcelines(function)
+    handlers = {
+        ln
+        for i, t in enumerate(source)
+        if t.strip() == "finally:"
+        for ln in range(first + i, first + i + 9)
+    }
+    code = function.__code__
+    lines = [ln for ln in _interruptible_lines(code) if ln not in handlers]
+    assert lines
+    for line in lines:
+        m = AoeManager.__new__(AoeManager)
+        m._lock, m._closed = threading.Lock(), False
+        sys.settrace(_interrupt_at(code, line))
+        try:
+            with m._start_in_flight():
+                pass
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        assert not m._in_flight, line
+
+    class InterruptedRelease:
+        """A lock whose first release is followed by an interrupt: where the count's gap
+        was, between letting the lock go and entering the ``try``."""
+
+        def __init__(self) -> None:
+            self.lock, self.fired = threading.Lock(), False
+
+        def __enter__(self) -> None:
+            self.lock.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            self.lock.release()
+            if not self.fired:
+                self.fired = True
+                raise KeyboardInterrupt
+
+    m = AoeManager.__new__(AoeManager)
+    m._lock, m._closed = InterruptedRelease(), False  # type: ignore[assignment]
+    with pytest.raises(KeyboardInterrupt), m._start_in_flight():
+        pass
+    assert not m._in_flight
+
+
 @pytest.mark.parametrize("method", ["recreate", "_put_in_place"])
 def test_an_interrupt_anywhere_recreating_leaves_no_container_nobodys(method: str) -> None:
     """``recreate`` retired the old container and then said so (``traj.retired``): an

@@ -72,9 +72,10 @@ class AoeManager:
     the process is killed, by the watchdog.
     """
 
-    #: Opens and recreates past their check that the manager is open, by count: the shutdown
-    #: leaves its watchdog's release to the last of them (``_start_in_flight``).
-    _in_flight: int = 0
+    #: Opens and recreates past their check that the manager is open, one token each
+    #: (replaced whole, never changed in place): the shutdown leaves its watchdog's release
+    #: to the last of them (``_start_in_flight``).
+    _in_flight: frozenset[object] = frozenset()
     #: The shutdown has swept (its watchdog released, or left to the last start in flight).
     _swept: bool = False
     _reaper: subprocess.Popen[bytes] | None = None
@@ -208,15 +209,19 @@ class AoeManager:
         shutdown's watchdog released only once none is in flight (by the last one). Released
         at the shutdown, a container such a start made after the shutdown's sweep and then
         failed to discard (the engine refused the removal) stayed for good."""
-        with self._lock:
-            if self._closed:
-                raise AoeError("the AOE manager is shut down")
-            self._in_flight += 1
+        token = object()
+        # Counted inside the try: counted before it, an interrupt (a KeyboardInterrupt) as
+        # the lock was let go kept the count up for good, and the shutdown's watchdog was
+        # never released. A token's removal is a no-op when it was never counted.
         try:
+            with self._lock:
+                if self._closed:
+                    raise AoeError("the AOE manager is shut down")
+                self._in_flight = self._in_flight | {token}
             yield
         finally:
             with self._lock:
-                self._in_flight -= 1
+                self._in_flight = self._in_flight - {token}
                 watchdog = self._reaper if self._swept and not self._in_flight else None
                 if watchdog is not None:
                     self._reaper = None
