@@ -122,14 +122,19 @@ def test_the_work_dir_is_writable_by_every_spelling_of_a_numeric_user(
 
 @pytest.mark.parametrize("user", ["sandbox", "sandbox:sandbox", "sandbox:1000"])
 def test_the_work_dir_is_writable_by_a_user_given_by_name(
-    manager: Any, trajectory: Any, user: str
+    manager: Any, trajectory: Any, docker_client: Any, user: str
 ) -> None:
     """A tmpfs cannot be owned by a name (the engine takes numbers), so a user given by name
     got a work dir of root's, mode 0755, where its actions could not write a file. The name
-    is resolved in the image's /etc/passwd (and /etc/group), and its uid owns it."""
+    is resolved in the image's /etc/passwd (and /etc/group), and its uid owns it; the
+    container it was read from is gone."""
     traj = trajectory(manager, sandbox=SandboxConfig(user=user))
     out = manager.run_action(traj, "id -u; touch /work/x && echo wrote", 1)
     assert out.ok and out.text == "1000\nwrote\n", out
+    ours = docker_client.api.containers(
+        all=True, filters={"label": f"tangram.aoe.session={manager.session}"}
+    )
+    assert all("tangram.aoe.trajectory" in (c.get("Labels") or {}) for c in ours), ours
 
 
 @pytest.mark.parametrize(("user", "missing"), [("nosuch", "account"), ("sandbox:nogroup", "group")])

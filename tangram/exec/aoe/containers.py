@@ -182,14 +182,17 @@ _RESOLVED: dict[tuple[str, str], tuple[int, int]] = {}
 _RESOLVED_MAX = 256
 
 
-def _image_file(client: Any, image: str, path: str) -> str | None:
+def _image_file(
+    client: Any, image: str, path: str, labels: dict[str, str] | None = None
+) -> str | None:
     """The text of ``path`` in ``image`` (None when the image lacks it): read from a
-    container created, never started, from it and removed at once."""
+    container created, never started, from it and removed at once; ``labels``: its
+    manager's session and owner, so the sweeps remove it if its removal failed."""
     import io
     import tarfile
 
     made = client.api.create_container(
-        image=image, command=["true"], network_disabled=True, labels={LABEL: "1"}
+        image=image, command=["true"], network_disabled=True, labels={LABEL: "1", **(labels or {})}
     )
     cid = made["Id"] if isinstance(made, dict) else made
     try:
@@ -219,7 +222,9 @@ def _lookup(text: str | None, name: str, field: int) -> int | None:
     return None
 
 
-def resolve_user(client: Any, image_id: str, user: str) -> tuple[int, int] | None:
+def resolve_user(
+    client: Any, image_id: str, user: str, labels: dict[str, str] | None = None
+) -> tuple[int, int] | None:
     """The (uid, gid) a ``user`` whose uid is a name runs as in the image (its group, a name
     or number, else the account's own); None when its uid is a number or the image's
     default. ``AoeError`` when the image has no such account or group: the work dir's
@@ -231,7 +236,7 @@ def resolve_user(client: Any, image_id: str, user: str) -> tuple[int, int] | Non
     key = (image_id, user)
     if key in _RESOLVED:
         return _RESOLVED[key]
-    passwd = _image_file(client, image_id, "/etc/passwd")
+    passwd = _image_file(client, image_id, "/etc/passwd", labels)
     uid = _lookup(passwd, name, 2)
     if uid is None:
         raise AoeError(
@@ -243,7 +248,7 @@ def resolve_user(client: Any, image_id: str, user: str) -> tuple[int, int] | Non
     elif _NUMBER.match(group):
         gid = int(group)
     else:
-        gid = _lookup(_image_file(client, image_id, "/etc/group"), group, 2)
+        gid = _lookup(_image_file(client, image_id, "/etc/group", labels), group, 2)
     if gid is None:
         raise AoeError(
             f"SandboxConfig.user {user!r}: the image has no group {group or name!r}; give the "
@@ -383,7 +388,8 @@ def _with_work_owner(client: Any, spec: ContainerSpec, image_id: str) -> Contain
     asks for root (``runs_as_root``, the documented relaxation)."""
     sb = spec.sandbox
     try:
-        owner = resolve_user(client, image_id, sb.user)
+        tags = {k: v for k, v in spec.labels.items() if k in (LABEL_SESSION, LABEL_OWNER)}
+        owner = resolve_user(client, image_id, sb.user, tags)
     except AoeError:
         raise
     except Exception as exc:  # noqa: BLE001 - the engine's refusal or a lost connection
