@@ -33,8 +33,10 @@ def test_the_app_refuses_a_wait_or_body_time_out_that_is_not_seconds(field: str,
         ServiceApp(runtime(), **{field: bad})
 
 
-@pytest.mark.parametrize("bad", [0, True, 1.5, None], ids=repr)
+@pytest.mark.parametrize("bad", [0, True, 1.5, None, (1 << 30) + 1], ids=repr)
 def test_the_app_refuses_an_output_cap_that_is_not_a_count(bad: Any) -> None:
+    # (Above AOE's most, 1 GiB, every action asking for the cap was accepted and then refused
+    # by AOE.)
     with pytest.raises(ValueError, match="max_output_bytes"):
         ServiceApp(runtime(), max_output_bytes=bad)
 
@@ -49,3 +51,14 @@ def test_good_settings_are_kept() -> None:
     app = ServiceApp(runtime(), max_wait_s=float("inf"), body_timeout_s=5, max_output_bytes=10)
     assert app.max_wait_s == float("inf") and app.body_timeout_s == 5
     assert ServeOptions(max_wait_s=30).max_wait_s == 30
+
+
+def test_an_action_asking_more_output_than_aoe_keeps_is_refused_naming_it() -> None:
+    """A CPU action's ``max_output_bytes`` above AOE's most (1 GiB) was accepted by the
+    runtime and refused by AOE when it ran, as an executor error."""
+    from tangram.exec.runtime import CpuWork
+    from tangram.exec.runtime.errors import BadRequest
+
+    CpuWork("true", max_output_bytes=1 << 30).check()
+    with pytest.raises(BadRequest, match="max_output_bytes"):
+        CpuWork("true", max_output_bytes=(1 << 30) + 1).check()

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tangram.core.curves import Amdahl, CurveError, ElasticityCurve, Inelastic, curve_from_dict
+from tangram.exec.aoe.config import MAX_OUTPUT_BYTES
 from tangram.exec.aoe.environment import (
     command_problem,
     env_problem,
@@ -70,8 +71,11 @@ class CpuWork:
         limit = self.max_output_bytes
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
             raise BadRequest(f"max_output_bytes must be an integer, got {limit!r}")
-        if limit is not None and limit < 1:
-            raise BadRequest(f"max_output_bytes must be >= 1, got {limit}")
+        if limit is not None and not 1 <= limit <= MAX_OUTPUT_BYTES:
+            raise BadRequest(
+                f"max_output_bytes must be between 1 and {MAX_OUTPUT_BYTES} (AOE's most), "
+                f"got {limit}"
+            )
 
     def identity(self) -> list[Any]:
         """What makes two submissions of it the same (for ``ActionSpec.fingerprint``)."""

@@ -24,6 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
+from tangram.exec.aoe.config import MAX_OUTPUT_BYTES
 from tangram.exec.runtime import Runtime
 from tangram.exec.runtime.errors import BadRequest, Conflict, Forbidden, LiveError
 from tangram.exec.runtime.records import Outcome, check_id
@@ -191,10 +192,13 @@ class ServiceApp:
         if (
             isinstance(max_output_bytes, bool)
             or not isinstance(max_output_bytes, int)
-            or max_output_bytes < 1
+            or not 1 <= max_output_bytes <= MAX_OUTPUT_BYTES
         ):
+            # (At most AOE's own bound: beyond it every action asking for the service's cap
+            # was accepted here and then refused by AOE.)
             raise ValueError(
-                f"max_output_bytes must be a positive integer, got {max_output_bytes!r}"
+                f"max_output_bytes must be an integer between 1 and {MAX_OUTPUT_BYTES} "
+                f"(AOE's most), got {max_output_bytes!r}"
             )
         #: Each tenant's trajectory opens under way (counted against its bound while the
         #: runtime waits for memory: two opens racing must not both pass at the last place).
