@@ -60,6 +60,22 @@ def test_validate_cell_errors(gpus: tuple, n: int, dop: int | None, words: str) 
         validate_cell(gpus, n, dop)
 
 
+def _endless(limit: int = 100):
+    """GPU indices without end (stands in for itertools.count(), which read forever): it
+    fails the test once read past ``limit``."""
+    yield from range(limit)
+    raise AssertionError(f"read past {limit} GPUs")
+
+
+def test_validate_cell_reads_no_more_gpus_than_the_node_holds() -> None:
+    """gpus=itertools.count() made tuple() run forever (the call hung, never refused); the
+    reading stops past the node's GPU count and the cell is refused naming gpus."""
+    with pytest.raises(InvalidCellError, match="gpus must name at most 4 GPUs"):
+        validate_cell(_endless(), 4)
+    assert validate_cell(iter([1, 0]), 4) == (0, 1)
+    assert validate_cell((g for g in [3, 2]), 4, 2) == (2, 3)
+
+
 def test_validate_cell_sorts() -> None:
     assert validate_cell([5, 4], 8, 2) == (4, 5)
 

@@ -147,6 +147,15 @@ def test_config_numbers_of_the_wrong_type_are_refused_naming_them(kwargs: dict, 
         EoeConfig(**kwargs)
 
 
+@pytest.mark.parametrize("devices", [1025, 10**9])
+def test_config_devices_past_the_bound_are_refused_naming_the_field(devices: int) -> None:
+    """devices=10**9 was taken, and on the CPU backend open_devices tried to create 10**9
+    devices (minutes of work, then the memory gone); it is refused naming the field."""
+    with pytest.raises(ValueError, match=rf"^devices must be at most 1024, got {devices}"):
+        EoeConfig(backend="cpu", devices=devices)
+    assert EoeConfig(backend="cpu", devices=1024).devices == 1024
+
+
 class _Unshowable:
     """A value whose repr raises."""
 

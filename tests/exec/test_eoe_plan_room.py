@@ -157,6 +157,19 @@ def test_eviction_targets() -> None:
         eviction_targets([3], 3)
 
 
+def test_eviction_targets_read_from_an_endless_iterable_are_bounded() -> None:
+    """gpus=itertools.count() made list() run forever (the eviction hung); an unsized
+    iterable is read for at most 4,096 GPUs (MAX_NAMED), and past that refused naming gpus."""
+
+    def endless():
+        yield from range(4096 + 10)
+        raise AssertionError("read past the bound")
+
+    with pytest.raises(ValueError, match="gpus must name at most 4096 GPUs"):
+        eviction_targets(endless(), 3)
+    assert eviction_targets(iter([2, 0, 2]), 3) == (0, 2)
+
+
 @pytest.mark.parametrize("gpus", [["0"], [0, "1"], [1.0], [True], 0])
 def test_eviction_targets_that_are_no_gpu_indices_are_refused_naming_them(gpus: object) -> None:
     """A GPU that is no index was a bare TypeError from sorting or comparing ('<' not

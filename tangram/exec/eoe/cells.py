@@ -8,7 +8,8 @@ adds ``best_cell``, a generic chooser among cells. Pure Python, no torch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import itertools
+from collections.abc import Callable, Iterable, Sized
 from typing import Any
 
 from tangram.core import cells as core
@@ -41,6 +42,15 @@ def validate_cell(gpus: Iterable[Any], n_devices: int, dop: int | None = None) -
     an int past str's digit limit) made the rule's own message raise, and the call was
     reported as the executor's bug."""
     try:
+        if not isinstance(gpus, Sized | str | bytes) and isinstance(gpus, Iterable):
+            # Read no more than the node holds: gpus=itertools.count() made tuple() run forever.
+            given = tuple(itertools.islice(gpus, n_devices + 1))
+            if len(given) > n_devices:
+                raise InvalidCellError(
+                    f"gpus must name at most {n_devices} GPUs (this executor has "
+                    f"{n_devices}), got more from {shown(gpus)}"
+                )
+            gpus = given
         return core.validate_cell(gpus, n_devices, dop, error=InvalidCellError)
     except InvalidCellError:
         raise

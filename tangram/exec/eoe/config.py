@@ -13,6 +13,8 @@ GIB = 1 << 30
 DEFAULT_CPU_DEVICE_MEMORY = 1 * GIB
 #: Logical devices on CPU when none is configured.
 DEFAULT_CPU_DEVICES = 2
+#: Most devices one executor manages: devices=10**9 on CPU tried to create 10**9 of them.
+MAX_DEVICES = 1024
 
 
 def _whole(value: object) -> bool:
@@ -29,8 +31,8 @@ class EoeConfig:
     backed by host memory with a per-device budget, so that all of the logic runs without a
     GPU) or ``"auto"`` (cuda when torch sees a GPU, else cpu).
 
-    ``devices``: how many devices to manage (the first N). On CUDA, None means all visible
-    GPUs; on CPU, None means ``DEFAULT_CPU_DEVICES``.
+    ``devices``: how many devices to manage (the first N, at most ``MAX_DEVICES``). On CUDA,
+    None means all visible GPUs; on CPU, None means ``DEFAULT_CPU_DEVICES``.
 
     ``device_memory_bytes``: the budget of each device. On CUDA, None means
     ``memory_fraction`` of the GPU's total memory as reported by NVML; on CPU, None means
@@ -56,6 +58,8 @@ class EoeConfig:
             raise ValueError(f"backend must be 'auto', 'cpu' or 'cuda', got {shown(self.backend)}")
         if self.devices is not None and (not _whole(self.devices) or self.devices < 1):
             raise ValueError(f"devices must be a positive int or None, got {shown(self.devices)}")
+        if self.devices is not None and self.devices > MAX_DEVICES:
+            raise ValueError(f"devices must be at most {MAX_DEVICES}, got {shown(self.devices)}")
         if self.device_memory_bytes is not None and (
             not _whole(self.device_memory_bytes) or self.device_memory_bytes < 1
         ):

@@ -9,13 +9,17 @@ and the cell's device locks, then carries the plan out (evict, restore) as it sa
 from __future__ import annotations
 
 import enum
+import itertools
 import numbers
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass
 from typing import Protocol
 
 from tangram.exec.eoe.cells import Cell
 from tangram.exec.eoe.errors import shown
+
+#: Most GPUs an eviction's unsized iterable of ``gpus`` is read for (repeats allowed).
+MAX_NAMED = 4096
 
 #: A replica's key: (service, gpu).
 Key = tuple[str, int]
@@ -211,7 +215,14 @@ def eviction_targets(gpus: Iterable[int] | None, n_gpus: int) -> tuple[int, ...]
     """The GPUs an explicit eviction names (None: every GPU), sorted; ``ValueError`` for GPUs
     the node does not have, or values that are no GPU indices."""
     if gpus is not None:
-        named = list(gpus) if isinstance(gpus, Iterable) and not isinstance(gpus, str) else None
+        named = None
+        if isinstance(gpus, Iterable) and not isinstance(gpus, str):
+            # Bounded: gpus=itertools.count() made list() run forever.
+            named = list(gpus if isinstance(gpus, Sized) else itertools.islice(gpus, MAX_NAMED + 1))
+            if len(named) > MAX_NAMED:
+                raise ValueError(
+                    f"gpus must name at most {MAX_NAMED} GPUs, got more from {shown(gpus)}"
+                )
         odd = (
             [gpus]
             if named is None
