@@ -213,6 +213,65 @@ def test_a_callback_that_exits_is_logged_and_the_call_still_ends_with_its_outcom
     assert m.stats().calls == 1 and m.call("a", X).ok
 
 
+def test_a_residency_change_interrupted_in_its_callback_is_delivered_by_the_next(
+    managers,
+) -> None:
+    """The feed took a change out of its queue before calling the callback: a
+    KeyboardInterrupt there lost it for good (the scheduler never heard that 'a' became
+    resident, its view of the residency stayed wrong). It stays queued until its callback
+    returns and the next delivery (here the eviction's) hands it over first."""
+    events: list[tuple[str, tuple[int, ...], bool]] = []
+    interrupts = [KeyboardInterrupt()]
+
+    def cb(service: str, gpus: tuple[int, ...], resident: bool) -> None:
+        if interrupts:
+            raise interrupts.pop()
+        events.append((service, gpus, resident))
+
+    m = managers(config(), on_residency_change=cb)
+    m.register(blob_spec("a"))
+    with pytest.raises(KeyboardInterrupt):
+        m.call("a", X)
+    assert events == []
+    m.evict("a")
+    assert events == [("a", (0,), True), ("a", (0,), False)]
+
+
+def test_the_feed_keeps_a_change_until_its_callback_returns_and_nested_deliveries_skip_it() -> None:
+    """An interrupted change is delivered again, before the later ones; a callback calling
+    back into the manager delivers the changes after its own (in order, once each), never
+    its own again."""
+    from tangram.exec.eoe.residency import ResidencyFeed
+
+    seen: list[tuple[str, tuple[int, ...], bool]] = []
+    interrupts = [KeyboardInterrupt()]
+
+    def cb(service: str, gpus: tuple[int, ...], resident: bool) -> None:
+        if service == "a" and interrupts:
+            raise interrupts.pop()
+        seen.append((service, gpus, resident))
+        if service == "a":
+            feed.push("c", [1], True)
+            feed.deliver()  # re-entrant, as through evict() in the callback
+            seen.append(("a-done", (), True))
+
+    feed = ResidencyFeed(cb)
+    feed.push("a", [0], True)
+    feed.push("b", [0], False)
+    with pytest.raises(KeyboardInterrupt):
+        feed.deliver()
+    assert seen == []
+    feed.deliver()
+    assert seen == [
+        ("a", (0,), True),
+        ("b", (0,), False),
+        ("c", (1,), True),
+        ("a-done", (), True),
+    ]
+    feed.deliver()
+    assert len(seen) == 4
+
+
 def test_a_callback_may_call_back_into_the_manager(managers) -> None:
     seen: list[dict] = []
     holder: list[EoeManager] = []

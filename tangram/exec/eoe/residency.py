@@ -25,6 +25,10 @@ class ResidencyFeed:
         self._lock = threading.Lock()
         #: Held while delivering; re-entrant so a callback's own call delivers in order too.
         self._delivering = threading.RLock()
+        #: How many changes at the head of the queue are being delivered now (one per nested
+        #: deliver: a callback's own call into the manager delivers the changes after its
+        #: own). They stay queued until their callback returns, so an interrupt loses none.
+        self._in_flight = 0
 
     def push(self, service: str, gpus: Iterable[int], resident: bool) -> None:
         """Queue a change (the caller holds the manager's condition, which orders them)."""
@@ -39,16 +43,32 @@ class ResidencyFeed:
         """Deliver the queued changes in order; a callback that raises is logged and skipped,
         a sys.exit() in it too (the scheduler's own code, as a service's is in its call:
         ``execution.FAILURES``). A SystemExit went through the delivery in ``call``'s
-        finally: the call that ran ended with no outcome and was never counted."""
+        finally: the call that ran ended with no outcome and was never counted.
+
+        A change leaves the queue only once its callback has returned: taken out before, an
+        interrupt (KeyboardInterrupt) before or in the callback lost it for good, and the
+        scheduler's view of what is resident stayed wrong. It is delivered again by the next
+        delivery (at least once); a nested delivery skips those being delivered."""
         if self._callback is None:
             return
         with self._delivering:
             while True:
-                with self._lock:
-                    if not self._changes:
-                        return
-                    change = self._changes.popleft()
+                claimed = delivered = False
                 try:
-                    self._callback(*change)
-                except (Exception, SystemExit):
-                    log.exception("on_residency_change%r raised", change)
+                    with self._lock:
+                        if len(self._changes) <= self._in_flight:
+                            return
+                        change = self._changes[self._in_flight]
+                        self._in_flight += 1
+                        claimed = True
+                    try:
+                        self._callback(*change)
+                    except (Exception, SystemExit):
+                        log.exception("on_residency_change%r raised", change)
+                    delivered = True
+                finally:
+                    if claimed:
+                        with self._lock:
+                            self._in_flight -= 1
+                            if delivered:
+                                del self._changes[self._in_flight]
