@@ -1007,6 +1007,49 @@ def test_a_result_that_views_the_replicas_weights_does_not_hold_them_after_evict
     assert torch.equal(kept, Blob(1, 0).w[:4])  # the caller's result is intact
 
 
+def _cyclic_list() -> list:
+    looped: list = [X]
+    looped.append(looped)
+    return looped
+
+
+def _cyclic_dict() -> dict:
+    looped: dict = {"x": X}
+    looped["self"] = {"again": looped}
+    return looped
+
+
+@pytest.mark.parametrize("make", [_cyclic_list, _cyclic_dict], ids=["list", "dict"])
+def test_inputs_or_a_result_that_contain_themselves_are_refused_naming_it(managers, make) -> None:
+    """A list (or dict) holding itself in a call's inputs or in its result made the walk
+    that moves their tensors recurse without end: a RecursionError wrapped in
+    CallFailedError as if the service had raised it ('service raised RecursionError'). The
+    inputs are refused (CallArgumentError, the service never ran) and the result is a
+    CallFailedError saying it contains itself; the same list reached twice is no cycle."""
+    ran: list[object] = []
+
+    def call(module: nn.Module, x: object) -> object:
+        ran.append(x)
+        return make() if isinstance(x, torch.Tensor) else x[0] * 2
+
+    m = managers(config())
+    m.register(blob_spec("a", call=call, dops=(1,)))
+    out = m.call("a", make())
+    assert isinstance(out.error, CallArgumentError), out
+    assert "contains itself" in str(out.error) and ran == []
+    out = m.call("a", X)
+    assert isinstance(out.error, CallFailedError), out
+    assert "contains itself" in str(out.error) and "RecursionError" not in str(out.error)
+    shared = [X]
+    twice = m.call("a", [shared, shared]).unwrap()  # (shared * 2: [X, X])
+    assert len(twice) == 2 and all(torch.equal(t, X) for t in twice)
+    deep: list = [X]
+    for _ in range(5000):
+        deep = [deep]
+    out = m.call("a", deep)
+    assert isinstance(out.error, CallArgumentError) and "nested too deeply" in str(out.error)
+
+
 def _exits(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     raise SystemExit(3)  # (a library that calls sys.exit on what it dislikes)
 

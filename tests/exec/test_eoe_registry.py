@@ -319,6 +319,33 @@ def test_a_defaultdict_keeps_its_type_and_default_through_moves_splits_and_merge
     assert torch.equal(merged["x"], value["x"]) and merged["absent"] == []
 
 
+class _Holder:
+    """An object (as a cache is) holding tensors in its attributes."""
+
+    def __init__(self) -> None:
+        self.tensors: list = [torch.arange(2)]
+
+
+def test_map_tensors_refuses_a_container_holding_itself_and_keeps_object_cycles() -> None:
+    """A list holding itself was walked without end (a RecursionError); it is refused
+    naming it. A cycle back through an object (its list holding the object) ends at the
+    object's one copy, as before; the same list reached twice side by side is no cycle."""
+    from tangram.exec.eoe.registry import UnmappableValueError, map_tensors
+
+    looped: list = [torch.arange(2)]
+    looped.append(looped)
+    with pytest.raises(UnmappableValueError, match="holds a list that contains itself"):
+        map_tensors(looped, lambda t: t + 1)
+    holder = _Holder()
+    holder.tensors.append(holder)
+    moved = map_tensors([holder], lambda t: t + 1)
+    assert moved[0] is not holder and moved[0].tensors[1] is moved[0]
+    assert torch.equal(moved[0].tensors[0], torch.arange(2) + 1)
+    shared = [torch.arange(2)]
+    both = map_tensors((shared, shared), lambda t: t + 1)
+    assert all(torch.equal(b[0], torch.arange(2) + 1) for b in both)
+
+
 class _Unshowable:
     """A value whose repr raises."""
 

@@ -10,8 +10,8 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
 
 from tangram.exec.eoe.devices import Device, is_cuda_oom, no_grad_on
-from tangram.exec.eoe.errors import CallFailedError, InputSplitError, told
-from tangram.exec.eoe.registry import ServiceSpec, map_tensors
+from tangram.exec.eoe.errors import CallArgumentError, CallFailedError, InputSplitError, told
+from tangram.exec.eoe.registry import ServiceSpec, UnmappableValueError, map_tensors
 
 if TYPE_CHECKING:
     import torch
@@ -121,15 +121,31 @@ class ReplicaRunner:
         self, spec: ServiceSpec, rep: Replica, part: Any, module: Any | None = None
     ) -> Any:
         device = self._devices[rep.gpu]
+        own: Exception | None = None  # a refusal of ours, which goes out as it is
         try:
             with no_grad_on(device):
-                moved = map_tensors(part, lambda t: to_device(t, device))
+                try:
+                    moved = map_tensors(part, lambda t: to_device(t, device))
+                except UnmappableValueError as exc:  # (was a RecursionError the service's)
+                    own = CallArgumentError(
+                        f"service {spec.name!r}: the inputs cannot be moved to GPU {rep.gpu}: {exc}"
+                    )
+                    raise own from None
                 result = spec.call(rep.module if module is None else module, moved)
             # Copied out of inference mode: normal tensors, which a caller may change in
             # place or use in a loss, at DoP 1 as after a merge (inference tensors were not).
             with device.context():
-                return map_tensors(result, to_host)
+                try:
+                    return map_tensors(result, to_host)
+                except UnmappableValueError as exc:
+                    own = CallFailedError(
+                        f"service {spec.name!r} returned a result on GPU {rep.gpu} that "
+                        f"cannot be copied to the host: {exc}"
+                    )
+                    raise own from None
         except FAILURES as exc:
+            if exc is own:
+                raise
             oom = " (out of memory)" if is_cuda_oom(exc) else ""
             raise CallFailedError(
                 f"service {spec.name!r} raised {type(exc).__name__} on GPU {rep.gpu}{oom}: {told(exc)}"

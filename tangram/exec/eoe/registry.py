@@ -390,25 +390,55 @@ def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     objects holding tensors in their attributes; other values are kept. Tuples and mappings
     keep their type where it can be rebuilt (``like``, ``like_mapping``); an object of another
     kind (a transformers ``DynamicCache`` and its layers) that holds tensors comes back a
-    shallow copy with them mapped (``_map_object``)."""
-    return _map(value, fn, {})
+    shallow copy with them mapped (``_map_object``).
+
+    ``UnmappableValueError`` for a list, tuple, mapping or dataclass that contains itself
+    (``x.append(x)``), or a value nested too deeply to walk: each was a bare
+    ``RecursionError``, reported as the service's own failure."""
+    try:
+        return _map(value, fn, {}, set())
+    except RecursionError:
+        raise UnmappableValueError(
+            "it is nested too deeply to walk (Python's recursion limit)"
+        ) from None
 
 
-def _map(value: Any, fn: Callable[[torch.Tensor], torch.Tensor], memo: dict[int, Any]) -> Any:
+class UnmappableValueError(ValueError):
+    """A value ``map_tensors`` cannot walk: a container holding itself, or one nested past
+    Python's recursion limit."""
+
+
+def _map(
+    value: Any,
+    fn: Callable[[torch.Tensor], torch.Tensor],
+    memo: dict[int, Any],
+    path: set[int],
+) -> Any:
     import torch
 
     if isinstance(value, torch.Tensor):
         return fn(value)
-    if isinstance(value, tuple):
-        return like(value, [_map(v, fn, memo) for v in value])
-    if isinstance(value, list):
-        return [_map(v, fn, memo) for v in value]
-    if isinstance(value, Mapping):
-        return like_mapping(value, {k: _map(v, fn, memo) for k, v in value.items()})
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = {f.name: _map(getattr(value, f.name), fn, memo) for f in dataclasses.fields(value)}
+    container = isinstance(value, tuple | list | Mapping) or (
+        dataclasses.is_dataclass(value) and not isinstance(value, type)
+    )
+    if not container:
+        return _map_object(value, fn, memo)
+    if id(value) in path:  # (one reached twice side by side is no cycle: only on the path)
+        raise UnmappableValueError(f"it holds a {type(value).__name__} that contains itself")
+    path.add(id(value))
+    try:
+        if isinstance(value, tuple):
+            return like(value, [_map(v, fn, memo, path) for v in value])
+        if isinstance(value, list):
+            return [_map(v, fn, memo, path) for v in value]
+        if isinstance(value, Mapping):
+            return like_mapping(value, {k: _map(v, fn, memo, path) for k, v in value.items()})
+        fields = {
+            f.name: _map(getattr(value, f.name), fn, memo, path) for f in dataclasses.fields(value)
+        }
         return with_fields(value, fields)
-    return _map_object(value, fn, memo)
+    finally:
+        path.discard(id(value))
 
 
 def _map_object(
@@ -437,7 +467,8 @@ def _map_object(
         raise TypeError(f"a {type(value).__name__} holding tensors cannot be copied")
     memo[id(value)] = new
     for name, member in list(state.items()):
-        new.__dict__[name] = _map(member, fn, memo)
+        # A fresh path: a cycle back through this object ends at its memo (one copy).
+        new.__dict__[name] = _map(member, fn, memo, set())
     return new
 
 
