@@ -1050,6 +1050,17 @@ def test_inputs_or_a_result_that_contain_themselves_are_refused_naming_it(manage
     assert isinstance(out.error, CallArgumentError) and "nested too deeply" in str(out.error)
 
 
+def test_inputs_holding_themselves_split_across_replicas_are_refused_naming_it(managers) -> None:
+    """At DoP 2 the default split walked a dict holding itself without end: an
+    InputSplitError saying only 'RecursionError: maximum recursion depth exceeded'. It says
+    the inputs hold a value that contains itself."""
+    m = managers(config(devices=2))
+    m.register(blob_spec("a"))
+    out = m.call("a", _cyclic_dict(), dop=2)
+    assert isinstance(out.error, InputSplitError), out
+    assert "contains itself" in str(out.error)
+
+
 def _exits(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     raise SystemExit(3)  # (a library that calls sys.exit on what it dislikes)
 

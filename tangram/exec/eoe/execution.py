@@ -96,6 +96,11 @@ class ReplicaRunner:
             parts = list(parts)
         except InputSplitError:
             raise
+        except RecursionError:  # (was 'RecursionError: maximum recursion depth exceeded')
+            raise InputSplitError(
+                f"service {spec.name!r}: cannot split the inputs across {n} replicas: they "
+                "hold a value that contains itself, or are nested past Python's recursion limit"
+            ) from None
         except FAILURES as exc:
             raise InputSplitError(
                 f"service {spec.name!r}: cannot split the inputs across {n} replicas: "
