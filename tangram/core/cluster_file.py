@@ -135,6 +135,8 @@ def _decoded(data: bytes, source: str) -> str:
     byte-order mark opening the file is dropped, as editors on Windows write it and as trace
     files and calibration records take it (tomllib refused it as "Invalid statement (at line
     1, column 1)", a line that reads right)."""
+    if why := other_encoding(data[:4]):  # (it said "not valid UTF-8 (line 1)", no more)
+        raise ClusterFileError(source, "(file)", why)
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -142,6 +144,31 @@ def _decoded(data: bytes, source: str) -> str:
         raise ClusterFileError(
             source, "(file)", f"not valid UTF-8 (line {line}); TOML files are UTF-8"
         ) from None
+
+
+#: Byte-order marks of the encodings a file is often saved in by mistake (PowerShell's ``>``
+#: and ``Out-File`` write UTF-16): longest first, UTF-32's opening with UTF-16's.
+_OTHER_BOMS = (
+    (b"\xff\xfe\x00\x00", "UTF-32"),
+    (b"\x00\x00\xfe\xff", "UTF-32"),
+    (b"\xff\xfe", "UTF-16"),
+    (b"\xfe\xff", "UTF-16"),
+)
+
+
+def other_encoding(head: bytes) -> str | None:
+    """Why a file that opens with ``head`` is not UTF-8, where its byte-order mark says
+    (UTF-16 or UTF-32, with the way to convert it), else None. It was reported as "not
+    valid UTF-8" at byte 1, no hint of the encoding the file is in. (Cluster files, trace
+    files and calibration records share it; ``tangram.trace.errors`` re-exports it.)"""
+    for bom, encoding in _OTHER_BOMS:
+        if head.startswith(bom):
+            return (
+                f"{encoding} text (the file opens with a {encoding} byte-order mark, as "
+                f"PowerShell's '>' writes it), not UTF-8; convert it, e.g. "
+                f"iconv -f {encoding} -t UTF-8 IN > OUT (or Out-File -Encoding utf8)"
+            )
+    return None
 
 
 _KNOWN_TOP = {

@@ -6,6 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tangram.core.cluster_file import other_encoding
+
+__all__ = ["TOO_DEEP", "TraceError", "loads_unique", "other_encoding"]
+
 
 class TraceError(ValueError):
     """A trace that does not follow format v1.
@@ -63,27 +67,3 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             raise TraceError("the key appears more than once in one JSON object", field=key)
         obj[key] = value
     return obj
-
-
-#: Byte-order marks of the encodings a file is often saved in by mistake (PowerShell's ``>``
-#: and ``Out-File`` write UTF-16): longest first, UTF-32's opening with UTF-16's.
-_OTHER_BOMS = (
-    (b"\xff\xfe\x00\x00", "UTF-32"),
-    (b"\x00\x00\xfe\xff", "UTF-32"),
-    (b"\xff\xfe", "UTF-16"),
-    (b"\xfe\xff", "UTF-16"),
-)
-
-
-def other_encoding(head: bytes) -> str | None:
-    """Why a file that opens with ``head`` is not UTF-8, where its byte-order mark says
-    (UTF-16 or UTF-32, with the way to convert it), else None. It was reported as "not
-    valid UTF-8" at byte 1, no hint of the encoding the file is in."""
-    for bom, encoding in _OTHER_BOMS:
-        if head.startswith(bom):
-            return (
-                f"{encoding} text (the file opens with a {encoding} byte-order mark, as "
-                f"PowerShell's '>' writes it), not UTF-8; convert it, e.g. "
-                f"iconv -f {encoding} -t UTF-8 IN > OUT (or Out-File -Encoding utf8)"
-            )
-    return None

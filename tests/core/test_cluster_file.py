@@ -86,3 +86,21 @@ def test_missing_file_is_named(tmp_path):
 def test_scaled_cluster_keeps_node_shape():
     c = load_cluster("paper").scaled(gpu_nodes=2)
     assert c.total_gpus == 16 and c.total_cores == 3840
+
+
+@pytest.mark.parametrize(
+    ("encoding", "named"),
+    [("utf-16", "UTF-16"), ("utf-16-be", "UTF-16"), ("utf-32", "UTF-32")],
+)
+def test_a_cluster_file_in_another_encoding_is_named(tmp_path, encoding, named) -> None:
+    """PowerShell's '>' writes UTF-16 with a byte-order mark: the error said only "not valid
+    UTF-8 (line 1)"; it names the encoding and how to convert it, as trace files do."""
+    text = 'name = "x"\n'
+    data = text.encode(encoding) if encoding == "utf-16" else ("\ufeff" + text).encode(encoding)
+    path = tmp_path / "c.toml"
+    path.write_bytes(data)
+    with pytest.raises(ClusterFileError) as info:
+        load_cluster(path)
+    message = str(info.value)
+    assert f"{named} text (the file opens with a {named} byte-order mark" in message
+    assert f"iconv -f {named} -t UTF-8" in message
