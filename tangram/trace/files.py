@@ -45,7 +45,7 @@ def read_jsonl(path: str | Path) -> Trace:
             obj = loads_unique(text)
         except json.JSONDecodeError as exc:
             raise TraceError(
-                f"not valid JSON ({exc.msg} at column {exc.colno})",
+                f"not valid JSON ({exc.msg} at column {exc.colno})" + _stray_hint(text, exc.pos),
                 where=f"line {lineno}",
                 path=path,
             ) from None
@@ -65,6 +65,30 @@ def read_jsonl(path: str | Path) -> Trace:
 
 
 _BOM = b"\xef\xbb\xbf"  # the UTF-8 byte-order mark
+
+
+def _stray_hint(text: str, pos: int) -> str:
+    """Why a line that is not JSON may be so, where it holds what a JSON parser reports only
+    as "Extra data" or "Unexpected UTF-8 BOM": carriage returns with no newline (old-Mac line
+    endings: the whole file reads as one line) or a byte-order mark past the file's opening
+    (``cat a.jsonl b.jsonl`` of files that each open with one). "" when neither comes at or
+    before where the parser stopped."""
+    cr = text.find("\r")
+    if 0 <= cr <= pos and cr < len(text.rstrip("\r\n")):
+        return (
+            f"; the line holds a carriage return ('\\r') at column {cr + 1} with no newline "
+            "after it: old-Mac line endings ('\\r' only) run the lines together; JSONL lines "
+            "end with '\\n' or '\\r\\n', so convert them, e.g. tr '\\r' '\\n' < IN > OUT"
+        )
+    bom = text.find("\ufeff")
+    if 0 <= bom <= pos:
+        return (
+            f"; a UTF-8 byte-order mark (U+FEFF) at column {bom + 1} of the line, where only "
+            "the file's first line may open with one (joining files that each open with one, "
+            "as cat a.jsonl b.jsonl does, leaves it there); remove it, e.g. "
+            "sed 's/\\xEF\\xBB\\xBF//g' IN > OUT"
+        )
+    return ""
 
 
 def _numbered_lines(path: Path) -> Iterator[tuple[int, str]]:
