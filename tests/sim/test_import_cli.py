@@ -238,3 +238,28 @@ def test_an_output_of_no_trace_format_is_refused_before_importing(tmp_path, traj
     code, _, err = run(capsys, "swe-agent", str(trajs[0]), "-o", str(out))
     assert code == 2 and "unknown trace file type 'out.json'" in err
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        ("step=-1", "--set step=-1: must be >= 0, got -1 (the trace field 'step'"),
+        ("max_units=0", "--set max_units=0: must be >= 1, got 0"),
+        ("serial_fraction=1.5", "--set serial_fraction=1.5: must lie in [0, 1], got 1.5"),
+        ("gen_before_s=-2", "--set gen_before_s=-2: must be >= 0"),
+        ("memory_gb=-1", "--set memory_gb=-1: must be >= 0"),
+    ],
+)
+def test_a_setting_the_trace_refuses_is_named_as_the_set(tmp_path, trajs, capsys, setting, named):
+    """It failed as "FILE: trajectory step 0: field 'step': ...", as if the file held it."""
+    code, _, err = run(capsys, "swe-agent", str(trajs[0]), "-o", str(tmp_path / "x.jsonl"),
+                       "--set", setting)  # fmt: skip
+    assert code == 2 and named in err and "Traceback" not in err, err
+    assert "trajectory step" not in err
+    assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_openhands_step_setting_is_named_as_the_set(tmp_path, capsys):
+    code, _, err = run(capsys, "openhands", str(OPENHANDS_SAMPLE), "-o", str(tmp_path / "x.jsonl"),
+                       "--set", "step=-3")  # fmt: skip
+    assert code == 2 and "--set step=-3: must be >= 0" in err, err

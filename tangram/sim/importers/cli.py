@@ -14,11 +14,12 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import Any
 
 from tangram.report import add_json_flag, emit, path_arg, positive_int
 from tangram.sim.importers import IMPORTERS, import_trace
 from tangram.sim.importers.tile import merge, tile
-from tangram.sim.overrides import add_set_flag, kwargs_for
+from tangram.sim.overrides import Setting, add_set_flag, kwargs_for
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -48,6 +49,44 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_json_flag(p)
     p.set_defaults(func=main)
+
+
+#: The importers' parameters copied into every row as the field of their name, and a valid
+#: CPU row such a ``--set`` is tried on.
+_COPIED = ("step", "task", "gen_before_s", "max_units", "serial_fraction", "memory_gb")
+_PROBE = dict(
+    action_id="a0",
+    trajectory="t0",
+    step=0,
+    position=0,
+    task="probe",
+    kind="env",
+    gen_before_s=0.0,
+    resource="cpu",
+    t1_s=1.0,
+    max_units=16,
+)
+
+
+def check_row_settings(settings: list[Setting], params: dict[str, Any]) -> None:
+    """Refuse a ``--set`` the trace format refuses as the field it fills in every row
+    (``step=-1``, ``max_units=0``, ``serial_fraction=1.5``), before anything is imported: it
+    failed on the first record as "FILE: trajectory step 0: field 'step': must be >= 0", as if
+    the file held the bad value. Raises ValueError naming the ``--set``."""
+    from tangram.trace import TraceError, TraceRow
+
+    last = {s.name: s for s in settings}  # (given twice, the last one holds)
+    for name, setting in last.items():
+        if name not in _COPIED:
+            continue
+        try:
+            TraceRow(**{**_PROBE, name: params[name]})
+        except TraceError as exc:
+            if exc.field == name:
+                raise ValueError(
+                    f"{setting.where}: {exc.reason} (the trace field {name!r} of every "
+                    "imported row)"
+                ) from None
 
 
 def check_out(out: Path) -> None:
@@ -100,6 +139,7 @@ def check_not_an_input(out: Path, files: list[Path]) -> None:
 
 def main(args: argparse.Namespace) -> int:
     params = kwargs_for(IMPORTERS[args.source], args.settings, f"importer {args.source!r}")
+    check_row_settings(args.settings, params)
     if args.batch is None:  # (refused before the import; they were ignored, or refused after)
         for flag, value in (("--seed", args.seed), ("--max-offset-s", args.max_offset_s)):
             if value is not None:
