@@ -120,13 +120,15 @@ def _escape_what_the_locale_cannot_encode() -> None:
     """Under a locale whose encoding is not UTF-8 (``LC_ALL=C`` without UTF-8 mode: ASCII),
     a name the output carries (a cluster's or node's from a cluster file, which is UTF-8) was
     a UnicodeEncodeError ending the command after the run; stdout and stderr write such a
-    character as a backslash escape instead, as Python's own stderr does."""
+    character as a backslash escape instead, as Python's own stderr does. Under a UTF-8
+    locale (or PYTHONIOENCODING=utf-8), whose stdout is strict, a path holding a byte no
+    UTF-8 decodes (``--out $'o\\xe9'``: a surrogate escape) failed as "surrogates not
+    allowed" when the command printed it, after the run: it is written as that byte."""
     for stream in (sys.stdout, sys.stderr):
         encoding = (getattr(stream, "encoding", None) or "").lower().replace("_", "-")
-        if encoding.startswith("utf") or getattr(stream, "errors", None) not in (
-            "strict",
-            "surrogateescape",
-        ):
+        if encoding.startswith("utf") and stream not in (sys.__stdout__, sys.__stderr__):
+            continue  # (a stream put in their place, e.g. a test's capture, is left alone)
+        if getattr(stream, "errors", None) not in ("strict", "surrogateescape"):
             continue
         with contextlib.suppress(AttributeError, ValueError, OSError):  # no TextIOWrapper
             stream.reconfigure(errors="tangram-escape")

@@ -246,6 +246,10 @@ def write_results(
         ("timeline", timeline_frame(result) if timeline is None else timeline),
     ):
         path = out / f"{tag}.{name}.parquet"
-        frame.to_parquet(path, index=False)
+        # Through a file Python opens: pyarrow encodes a path as strict UTF-8, so an --out
+        # holding a byte the locale cannot decode (a surrogate escape) failed as "surrogates
+        # not allowed" once the run was done.
+        with open(path, "wb") as fh:
+            frame.to_parquet(fh, index=False)
         paths[name] = str(path)
     return paths

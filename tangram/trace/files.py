@@ -173,7 +173,8 @@ def write_parquet(trace: Trace, path: str | Path) -> None:
     columns = schema.names
     flat = [{k: v for k, v in to_flat(row).items() if k in columns} for row in trace.rows]
     table = pa.Table.from_pylist(flat, schema=schema)
-    pq.write_table(table, Path(path))
+    with open(path, "wb") as fh:  # (pyarrow refuses a path with a surrogate escape in it)
+        pq.write_table(table, fh)
 
 
 def read_parquet(path: str | Path) -> Trace:
@@ -182,7 +183,8 @@ def read_parquet(path: str | Path) -> Trace:
 
     path = Path(path)
     try:
-        table = pq.read_table(path)
+        with open(path, "rb") as fh:  # (pyarrow refuses a path with a surrogate escape in it)
+            table = pq.read_table(fh)
     except Exception as exc:  # pyarrow raises several types for a corrupt file
         raise TraceError(f"cannot read as Parquet: {exc}", path=path) from None
     raw = (table.schema.metadata or {}).get(HEADER_KEY.encode())
