@@ -33,6 +33,7 @@ from tangram.exec.aoe.lifecycle import (
 from tangram.exec.aoe.records import TIMING_KEYS, ContainerHandle
 from tangram.exec.aoe.topology import NumaTopology
 from tangram.exec.aoe.transport import ActionRequest, RawResult
+from tests.interrupts import interrupted_at, interruptible_lines
 
 TOPOLOGY = NumaTopology(((0, 1), (2, 3)))
 DIED = "container cccccccccccc died: status exited, exit code 137"
@@ -731,36 +732,6 @@ def test_an_action_id_that_is_no_text_is_refused_naming_it(action_id: Any) -> No
         plan_action(AoeConfig(), "true", 1, None, None, None, action_id=action_id)
 
 
-def _interruptible_lines(code: Any) -> list[int]:
-    """The lines of ``code``'s body where an interrupt may land: those starting with an
-    instruction other than a NOP (a ``try:`` line; an exception raised there by a trace
-    function is covered by no handler, which no real interrupt does)."""
-    import dis
-
-    first: dict[int, str] = {}
-    for ins in dis.get_instructions(code):
-        line = ins.positions.lineno if ins.positions else None
-        if line is not None and line > code.co_firstlineno:
-            first.setdefault(line, ins.opname)
-    return sorted(line for line, op in first.items() if op != "NOP")
-
-
-def _interrupt_at(code: Any, line: int) -> Callable[..., Any]:
-    """A trace function raising KeyboardInterrupt once, as ``code`` reaches ``line``."""
-    fired: list[bool] = []
-
-    def local(frame: Any, event: str, arg: object) -> Any:
-        if event == "line" and frame.f_lineno == line and not fired:
-            fired.append(True)
-            raise KeyboardInterrupt
-        return local
-
-    def trace(frame: Any, event: str, arg: object) -> Any:
-        return local if frame.f_code is code else None
-
-    return trace
-
-
 def test_an_interrupt_anywhere_running_an_action_gives_its_cores_back() -> None:
     """``ActionRunner.run`` took the action's cores from the ledger before the ``try`` whose
     ``finally`` gives them back: an interrupt (a KeyboardInterrupt: a notebook's, a CLI's)
@@ -769,23 +740,17 @@ def test_an_interrupt_anywhere_running_an_action_gives_its_cores_back() -> None:
     cores". An interrupt at any line of ``run`` (but the release's own, in the finally)
     now leaves the ledger as it was."""
     import inspect
-    import sys
 
     function = ActionRunner.run
     source, first = inspect.getsourcelines(function)
     releases = [first + i for i, text in enumerate(source) if "self.ledger.release(" in text]
     code = function.__code__
-    lines = [ln for ln in _interruptible_lines(code) if ln not in releases]
+    lines = [ln for ln in interruptible_lines(code) if ln not in releases]
     assert lines
     for line in lines:
         runner, container, ledger, _ = setup()
-        sys.settrace(_interrupt_at(code, line))
-        try:
+        with interrupted_at(code, line):
             runner.run(container, "a1", plan(), None, time.perf_counter())
-        except KeyboardInterrupt:
-            pass
-        finally:
-            sys.settrace(None)
         assert ledger.free_cores() == TOPOLOGY.cores, line
         assert (
             runner.run(
@@ -802,7 +767,6 @@ def test_an_interrupt_anywhere_taking_cores_in_the_ledger_keeps_none(method: str
     caller never had them, nobody to release them: kept for good. An interrupt at any line
     of the wait (but its own handlers') now takes the grant back."""
     import inspect
-    import sys
 
     from tangram.exec.aoe.ledger import CoreLedger as Ledger
 
@@ -813,17 +777,13 @@ def test_an_interrupt_anywhere_taking_cores_in_the_ledger_keeps_none(method: str
         if text.strip() in ("except BaseException:", "finally:"):
             handlers.update(range(first + i, first + i + 5))
     code = function.__code__
-    lines = [ln for ln in _interruptible_lines(code) if ln not in handlers]
+    lines = [ln for ln in interruptible_lines(code) if ln not in handlers]
     assert lines
     for line in lines:
         ledger = Ledger(TOPOLOGY)
-        sys.settrace(_interrupt_at(code, line))
-        try:
+        got = None
+        with interrupted_at(code, line):
             got = ledger.acquire("a1", (0, 1))
-        except KeyboardInterrupt:
-            got = None
-        finally:
-            sys.settrace(None)
         if got is not None:
             ledger.release("a1", "t", 2.0)
         assert ledger.free_cores() == TOPOLOGY.cores, line
@@ -861,7 +821,6 @@ def test_an_interrupt_anywhere_opening_a_trajectory_leaves_no_container_holding_
     session was refused 'already taken'. An interrupt at any line of the open (but its
     handler's) now discards it or leaves it the trajectory's, and the id opens again."""
     import inspect
-    import sys
     import threading
 
     from tangram.exec.aoe.manager import AoeManager
@@ -875,7 +834,7 @@ def test_an_interrupt_anywhere_opening_a_trajectory_leaves_no_container_holding_
         for ln in range(first + i, first + i + 8)
     }
     code = function.__code__
-    lines = [ln for ln in _interruptible_lines(code) if ln not in handlers]
+    lines = [ln for ln in interruptible_lines(code) if ln not in handlers]
     assert lines
     for line in lines:
         m = AoeManager.__new__(AoeManager)
@@ -883,13 +842,8 @@ def test_an_interrupt_anywhere_opening_a_trajectory_leaves_no_container_holding_
         m._trajs, m._stale_volumes, m._left_generation = {}, {}, {}
         starts = _NamedStarts()
         m._containers = starts  # type: ignore[assignment]
-        sys.settrace(_interrupt_at(code, line))
-        try:
+        with interrupted_at(code, line):
             m.open_trajectory("t")
-        except KeyboardInterrupt:
-            pass
-        finally:
-            sys.settrace(None)
         held = {t.container.name for t in m._trajs.values()}
         assert starts.live == held, line  # nothing running unknown to the manager
         if "t" in m._trajs:
@@ -904,7 +858,6 @@ def test_an_interrupt_anywhere_counting_a_start_in_flight_leaves_no_count() -> N
     for good, so a shutdown left its watchdog's release to a start that would never come.
     An interrupt at any line of it (but its handler's) now leaves nothing counted."""
     import inspect
-    import sys
     import threading
 
     from tangram.exec.aoe.manager import AoeManager
@@ -918,19 +871,13 @@ def test_an_interrupt_anywhere_counting_a_start_in_flight_leaves_no_count() -> N
         for ln in range(first + i, first + i + 9)
     }
     code = function.__code__
-    lines = [ln for ln in _interruptible_lines(code) if ln not in handlers]
+    lines = [ln for ln in interruptible_lines(code) if ln not in handlers]
     assert lines
     for line in lines:
         m = AoeManager.__new__(AoeManager)
         m._lock, m._closed = threading.Lock(), False
-        sys.settrace(_interrupt_at(code, line))
-        try:
-            with m._start_in_flight():
-                pass
-        except KeyboardInterrupt:
+        with interrupted_at(code, line), m._start_in_flight():
             pass
-        finally:
-            sys.settrace(None)
         assert not m._in_flight, line
 
     class InterruptedRelease:
@@ -966,7 +913,6 @@ def test_an_interrupt_anywhere_recreating_leaves_no_container_nobodys(method: st
     interrupt at any line of the recreate (but its handlers') now leaves the trajectory no
     retired container and nothing running nobody's, and a recreate works."""
     import inspect
-    import sys
     import threading
 
     from tangram.exec.aoe.manager import AoeManager, Trajectory
@@ -980,7 +926,7 @@ def test_an_interrupt_anywhere_recreating_leaves_no_container_nobodys(method: st
         for ln in range(first + i, first + i + 9)
     }
     code = function.__code__
-    lines = [ln for ln in _interruptible_lines(code) if ln not in handlers]
+    lines = [ln for ln in interruptible_lines(code) if ln not in handlers]
     assert lines
     for line in lines:
         m = AoeManager.__new__(AoeManager)
@@ -989,13 +935,8 @@ def test_an_interrupt_anywhere_recreating_leaves_no_container_nobodys(method: st
         starts = _NamedStarts()
         m._containers = starts  # type: ignore[assignment]
         traj = m._trajs["t"] = Trajectory(starts.start(Blueprint("t", "img", 1.0, SandboxConfig())))
-        sys.settrace(_interrupt_at(code, line))
-        try:
+        with interrupted_at(code, line):
             m.recreate("t")
-        except KeyboardInterrupt:
-            pass
-        finally:
-            sys.settrace(None)
         if traj.retired is None:  # its container is its own, never a retired one
             assert traj.container.name in starts.live, line
         assert starts.live <= {traj.container.name}, line  # nothing running nobody's
@@ -1066,7 +1007,6 @@ def test_an_interrupt_anywhere_taking_a_pooled_container_loses_none(parked: int)
     kept it counted busy for good (the key's target one too high: a container more parked
     for ever). An interrupt at any line of the start (but its handler's) now gives it back."""
     import inspect
-    import sys
 
     from tangram.exec.aoe.config import WarmPoolConfig
 
@@ -1079,7 +1019,7 @@ def test_an_interrupt_anywhere_taking_a_pooled_container_loses_none(parked: int)
         for ln in range(first + i, first + i + 6)
     }
     code = function.__code__
-    lines = [ln for ln in _interruptible_lines(code) if ln not in handlers]
+    lines = [ln for ln in interruptible_lines(code) if ln not in handlers]
     assert lines
     for line in lines:
         lifecycle = Lifecycle(AoeConfig(warm_pool=WarmPoolConfig(2)), None, TOPOLOGY, "s1")
@@ -1088,13 +1028,9 @@ def test_an_interrupt_anywhere_taking_a_pooled_container_loses_none(parked: int)
         pool = _CountingPool(parked)
         lifecycle.pool = pool  # type: ignore[assignment]
         lifecycle._create_pooled = _pooled  # type: ignore[method-assign]
-        sys.settrace(_interrupt_at(code, line))
-        try:
+        got = None
+        with interrupted_at(code, line):
             got = lifecycle.start(Blueprint("t", "img", 1.0, SandboxConfig()))
-        except KeyboardInterrupt:
-            got = None
-        finally:
-            sys.settrace(None)
         if got is not None:
             lifecycle.retire(got)  # (the trajectory closed)
         assert pool.busy == 0, line

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from tangram.exec.aoe.config import PYTHON_IMAGE, AoeConfig, SandboxConfig, WarmPoolConfig
 from tangram.exec.aoe.errors import AoeError
 from tangram.exec.aoe.pool import PoolKey, WarmPool
+from tests.interrupts import interrupted_at, interruptible_lines
 
 # -- the pool's bookkeeping, on fake containers -------------------------------------------
 
@@ -953,9 +954,6 @@ def test_an_interrupt_anywhere_taking_a_parked_container_loses_none() -> None:
     running, neither parked nor anyone's, and kept the key counted busy for good. An
     interrupt at any line of the take (but its handler's) now puts it back."""
     import inspect
-    import sys
-
-    from tests.exec.test_aoe_execution import _interrupt_at, _interruptible_lines
 
     function = WarmPool.take
     source, first = inspect.getsourcelines(function)
@@ -966,7 +964,7 @@ def test_an_interrupt_anywhere_taking_a_parked_container_loses_none() -> None:
         for ln in range(first + i, first + i + 6)
     }
     code = function.__code__
-    lines = [ln for ln in _interruptible_lines(code) if ln not in handlers]
+    lines = [ln for ln in interruptible_lines(code) if ln not in handlers]
     assert lines
     for line in lines:
         fakes = Fakes()
@@ -974,13 +972,9 @@ def test_an_interrupt_anywhere_taking_a_parked_container_loses_none() -> None:
         try:
             parked = FakeContainer(1)
             pool._parked[KEY] = [parked]
-            sys.settrace(_interrupt_at(code, line))
-            try:
+            got = None
+            with interrupted_at(code, line):
                 got = pool.take(KEY)
-            except KeyboardInterrupt:
-                got = None
-            finally:
-                sys.settrace(None)
             if got is not None:
                 assert got is parked, line
                 pool.give_back(KEY, got)  # (its trajectory closed)

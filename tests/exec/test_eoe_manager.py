@@ -52,6 +52,7 @@ from tangram.exec.eoe.testing import (
     same_bytes,
 )
 from tests.exec.eoe_setup import eoe_config
+from tests.interrupts import interrupted_at, interruptible_lines
 
 
 @pytest.fixture
@@ -1441,36 +1442,6 @@ def test_an_interrupted_eviction_delivers_its_residency_change(managers, monkeyp
     assert events == [("a", (0, 1), True), ("a", (0, 1), False)]
 
 
-def _interruptible_lines(code: Any) -> list[int]:
-    """The lines of ``code``'s body where an interrupt may land: those starting with an
-    instruction other than a NOP (a ``try:`` line; an exception raised there by a trace
-    function is covered by no handler, which no real interrupt does)."""
-    import dis
-
-    first: dict[int, str] = {}
-    for ins in dis.get_instructions(code):
-        line = ins.positions.lineno if ins.positions else None
-        if line is not None and line > code.co_firstlineno:
-            first.setdefault(line, ins.opname)
-    return sorted(line for line, op in first.items() if op != "NOP")
-
-
-def _interrupt_at(code: Any, line: int) -> Callable[..., Any]:
-    """A trace function raising KeyboardInterrupt once, as ``code`` reaches ``line``."""
-    fired: list[bool] = []
-
-    def local(frame: Any, event: str, arg: object) -> Any:
-        if event == "line" and frame.f_lineno == line and not fired:
-            fired.append(True)
-            raise KeyboardInterrupt
-        return local
-
-    def trace(frame: Any, event: str, arg: object) -> Any:
-        return local if frame.f_code is code else None
-
-    return trace
-
-
 def test_an_interrupt_anywhere_starting_the_copies_leaves_the_books_at_their_start(
     managers,
 ) -> None:
@@ -1479,23 +1450,17 @@ def test_an_interrupt_anywhere_starting_the_copies_leaves_the_books_at_their_sta
     hiding as much foreign memory from every later plan there. The bytes are booked once
     the restore is done, with the replica; an interrupt at any line of _start_copies now
     leaves the books as they were."""
-    import sys
 
     import tangram.exec.eoe.manager as manager_module
 
     code = manager_module.EoeManager._start_copies.__code__
-    lines = _interruptible_lines(code)
+    lines = interruptible_lines(code)
     m = managers(config(devices=2, units=4))
     m.register(blob_spec("a"))
     assert lines
     for line in lines:
-        sys.settrace(_interrupt_at(code, line))
-        try:
+        with interrupted_at(code, line):
             m.call("a", X, dop=2)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            sys.settrace(None)
         m.evict("a")
         assert m._ledger.live == [0, 0], line
         assert [d.claimed_bytes for d in m.stats().devices] == [0, 0], line
@@ -1514,7 +1479,6 @@ def test_an_interrupt_anywhere_admitting_a_call_gives_its_slots_back(managers, m
     release (a finally's own lines cannot be covered in Python), now leaves no slot
     taken."""
     import inspect
-    import sys
 
     import tangram.exec.eoe.manager as manager_module
 
@@ -1523,18 +1487,13 @@ def test_an_interrupt_anywhere_admitting_a_call_gives_its_slots_back(managers, m
     releases = [first + i for i, text in enumerate(source) if "_ledger.release(state)" in text]
     skip = set(range(min(releases) - 2, max(releases) + 1)) if releases else set()
     code = function.__code__
-    lines = [ln for ln in _interruptible_lines(code) if ln not in skip]
+    lines = [ln for ln in interruptible_lines(code) if ln not in skip]
     m = managers(config(devices=2, units=4))
     m.register(blob_spec("a"))
     assert lines
     for line in lines:
-        sys.settrace(_interrupt_at(code, line))
-        try:
+        with interrupted_at(code, line):
             m.call("a", X, dop=2)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            sys.settrace(None)
         assert m._ledger.busy == [0, 0], line
         assert all(rep.pins == 0 for rep in m._ledger.replicas.values()), line
         assert m.call("a", X, dop=2, timeout_s=30).ok, line
@@ -1548,23 +1507,17 @@ def test_an_interrupt_anywhere_carrying_out_a_plan_frees_its_evictees(
     in between (at the call of _carry_out, or before its try)
     never freed them, so their bytes stayed claimed on their GPUs for good and every later
     call there waited for memory nothing would free. Those left are freed on the way out."""
-    import sys
 
     import tangram.exec.eoe.manager as manager_module
 
     code = getattr(manager_module.EoeManager, method).__code__
-    for line in _interruptible_lines(code):
+    for line in interruptible_lines(code):
         m = managers(config(devices=2, units=1.5))  # room for one service per GPU
         m.register(blob_spec("a"))
         m.register(blob_spec("b", seed=1))
         assert m.call("a", X, dop=2).ok
-        sys.settrace(_interrupt_at(code, line))
-        try:
+        with interrupted_at(code, line):
             m.call("b", X, dop=2)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            sys.settrace(None)
         led = m._ledger
         for g in range(2):
             held = sum(r.claim for r in led.replicas.values() if r.gpu == g)
@@ -1581,22 +1534,16 @@ def test_an_interrupt_anywhere_in_an_eviction_frees_what_it_took_out(managers) -
     (at the line that sums their bytes, or the one calling _free_all) never freed them, so
     their bytes stayed claimed on their GPUs for good. Those taken out are now freed on
     the way out."""
-    import sys
 
     import tangram.exec.eoe.manager as manager_module
 
     code = manager_module.EoeManager.evict.__code__
-    for line in _interruptible_lines(code):
+    for line in interruptible_lines(code):
         m = managers(config(devices=2, units=4))
         m.register(blob_spec("a"))
         assert m.call("a", X, dop=2).ok
-        sys.settrace(_interrupt_at(code, line))
-        try:
+        with interrupted_at(code, line):
             m.evict("a")
-        except KeyboardInterrupt:
-            pass
-        finally:
-            sys.settrace(None)
         led = m._ledger
         for g in range(2):
             held = sum(r.claim for r in led.replicas.values() if r.gpu == g)
@@ -1757,23 +1704,17 @@ def test_an_interrupt_anywhere_taking_a_cells_device_locks_leaves_none_taken(man
     registering the release) kept that GPU's device lock for good, and every later call
     needing memory there (or an eviction there) waited on it for ever. An interrupt at any
     line of _lock_cell now leaves every device lock free."""
-    import sys
 
     import tangram.exec.eoe.manager as manager_module
 
     code = manager_module.EoeManager._lock_cell.__code__
-    lines = _interruptible_lines(code)
+    lines = interruptible_lines(code)
     assert lines
     for line in lines:
         m = managers(config(devices=2, units=4))
         m.register(blob_spec("a"))
-        sys.settrace(_interrupt_at(code, line))
-        try:
+        with interrupted_at(code, line):
             m.call("a", X, dop=2)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            sys.settrace(None)
         held = [g for g, lock in enumerate(m._device_locks) if lock.locked()]
         for g in held:  # (so that closing the manager does not wait on them for ever)
             m._device_locks[g].release()
@@ -1806,7 +1747,6 @@ def test_an_interrupt_anywhere_taking_an_engines_turn_gives_it_back(managers) ->
     now leaves the turn free (but the two that give it back: a finally's own lines cannot
     be covered in Python)."""
     import inspect
-    import sys
 
     import tangram.exec.eoe.manager as manager_module
     from tangram.exec.eoe.engine import engine_spec
@@ -1816,19 +1756,14 @@ def test_an_interrupt_anywhere_taking_an_engines_turn_gives_it_back(managers) ->
     releases = [first + i for i, text in enumerate(source) if "turn.release()" in text]
     skip = {ln for r in releases for ln in (r - 1, r)}
     code = function.__code__
-    lines = [ln for ln in _interruptible_lines(code) if ln not in skip]
+    lines = [ln for ln in interruptible_lines(code) if ln not in skip]
     m = managers(config(devices=1, units=4))
     m.register(engine_spec("e", _EchoEngine, home=0, memory_bytes=UNIT))
     turn = m._service("e").backup.turn
     assert lines
     for line in lines:
-        sys.settrace(_interrupt_at(code, line))
-        try:
+        with interrupted_at(code, line):
             m.call("e", X)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            sys.settrace(None)
         held = turn.locked()
         if held:
             turn.release()
@@ -1893,7 +1828,6 @@ def test_an_interrupt_anywhere_running_a_calls_parts_waits_for_every_part(manage
     another call could run on those GPUs at once (past calls_per_gpu) and an eviction could
     drop a replica a part still computed on. An interrupt at any line of run now ends the
     call only once every part it started has ended."""
-    import sys
 
     from tangram.exec.eoe.execution import ReplicaRunner
 
@@ -1907,20 +1841,15 @@ def test_an_interrupt_anywhere_running_a_calls_parts_waits_for_every_part(manage
         return out
 
     code = ReplicaRunner.run.__code__
-    lines = _interruptible_lines(code)
+    lines = interruptible_lines(code)
     m = managers(config(devices=2, units=4))
     m.register(blob_spec("a", call=call))
     late: list[int] = []
     assert lines
     for line in lines:
         ended.clear()
-        sys.settrace(_interrupt_at(code, line))
-        try:
+        with interrupted_at(code, line):
             m.call("a", X, dop=2)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            sys.settrace(None)
         returned = time.perf_counter()
         time.sleep(0.3)  # (a part still running ends meanwhile)
         if any(t > returned for t in ended):
@@ -2003,7 +1932,6 @@ def test_an_interrupt_anywhere_registering_or_unregistering_keeps_the_books_whol
     interrupt at any line of them now leaves the service registered or not, wholly (but
     the two lines of unregister's finally: a finally's own lines cannot be covered)."""
     import inspect
-    import sys
 
     import tangram.exec.eoe.manager as manager_module
 
@@ -2012,22 +1940,17 @@ def test_an_interrupt_anywhere_registering_or_unregistering_keeps_the_books_whol
     removes = [first + i for i, text in enumerate(source) if "_registry.remove(service)" in text]
     skip = {ln for r in removes for ln in (r - 1, r)}
     code = _code_of(function, nested)
-    lines = [ln for ln in _interruptible_lines(code) if ln not in skip]
+    lines = [ln for ln in interruptible_lines(code) if ln not in skip]
     assert lines
     for line in lines:
         m = managers(config(devices=1, units=4, host_memory_bytes=2 * UNIT))
         if method == "unregister":
             m.register(blob_spec("a"))
-        sys.settrace(_interrupt_at(code, line))
-        try:
+        with interrupted_at(code, line):
             if method == "unregister":
                 m.unregister("a")
             else:
                 m.register(blob_spec("a"))
-        except KeyboardInterrupt:
-            pass
-        finally:
-            sys.settrace(None)
         assert set(m._services) == set(m.services()), line
         assert m._host_bytes == sum(s.backup.nbytes for s in m._services.values()), line
         if "a" in m.services():
@@ -2047,25 +1970,19 @@ def test_an_interrupt_anywhere_taking_slots_or_pins_leaves_none_taken(
     between left a slot no release gave back (with calls_per_gpu=1 that GPU ran no call
     again) or a pin none took off (the replica never evicted again). Each is now counted
     and recorded on one line."""
-    import sys
 
     from tangram.exec.eoe.ledger import Ledger
 
     code = getattr(Ledger, method).__code__
-    lines = _interruptible_lines(code)
+    lines = interruptible_lines(code)
     assert lines
     for line in lines:
         m = managers(config(devices=2, units=1.5))
         m.register(blob_spec("a"))
         m.register(blob_spec("b", seed=1))
         assert m.call("a", X, dop=2).ok  # (pin_only: a's pins come from Ledger.pin alone)
-        sys.settrace(_interrupt_at(code, line))
-        try:
+        with interrupted_at(code, line):
             m.call("a", X, dop=2)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            sys.settrace(None)
         assert m._ledger.busy == [0, 0], line
         assert all(rep.pins == 0 for rep in m._ledger.replicas.values()), line
         out = m.call("b", X, dop=2, timeout_s=5)  # evicts a: no pin may hold it
@@ -2080,24 +1997,18 @@ def test_an_interrupt_anywhere_releasing_a_call_gives_back_all_it_held(managers)
     replica never evicted again), workspace bytes claimed for no call, a call slot (with
     calls_per_gpu=1 that GPU ran no call again). Each is now struck off as it is given
     back, and _run releases again what an interrupt left."""
-    import sys
 
     from tangram.exec.eoe.ledger import Ledger
 
     code = Ledger.release.__code__
-    lines = _interruptible_lines(code)
+    lines = interruptible_lines(code)
     assert lines
     for line in lines:
         m = managers(config(devices=2, units=1.5))
         m.register(blob_spec("a", workspace_bytes=64))
         m.register(blob_spec("b", seed=1))
-        sys.settrace(_interrupt_at(code, line))
-        try:
+        with interrupted_at(code, line):
             m.call("a", X, dop=2)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            sys.settrace(None)
         led = m._ledger
         assert led.busy == [0, 0] and led.workspaces == [0, 0], line
         assert all(rep.pins == 0 for rep in led.replicas.values()), line
@@ -2115,25 +2026,19 @@ def test_an_interrupt_anywhere_unbooking_an_evicted_replica_leaves_the_books_rig
     lines: an interrupt in between kept its bytes claimed and live on its GPU for good (no
     second try books a replica marked unbooked), and every later call needing them there
     waited for memory nothing would free. They now go in one statement."""
-    import sys
 
     from tangram.exec.eoe.ledger import Ledger
 
     code = Ledger.freed.__code__
-    lines = _interruptible_lines(code)
+    lines = interruptible_lines(code)
     assert lines
     for line in lines:
         m = managers(config(devices=2, units=1.5))  # room for one service per GPU
         m.register(blob_spec("a"))
         m.register(blob_spec("b", seed=1))
         assert m.call("a", X, dop=2).ok
-        sys.settrace(_interrupt_at(code, line))
-        try:
+        with interrupted_at(code, line):
             m.call("b", X, dop=2)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            sys.settrace(None)
         led = m._ledger
         for g in range(2):
             held = sum(r.claim for r in led.replicas.values() if r.gpu == g)
@@ -2153,25 +2058,19 @@ def test_an_interrupt_anywhere_booking_a_plan_leaves_the_books_right(managers, m
     bytes no one restored or gave back; later calls there waited for memory nothing would
     free. Each is listed in the caller's lists in the statement that books it, and undone
     from there."""
-    import sys
 
     from tangram.exec.eoe.ledger import Ledger
 
     code = getattr(Ledger, method).__code__
-    lines = _interruptible_lines(code)
+    lines = interruptible_lines(code)
     assert lines
     for line in lines:
         m = managers(config(devices=2, units=1.6))  # room for one service per GPU
         m.register(blob_spec("a"))
         m.register(blob_spec("b", seed=1, workspace_bytes=64))
         assert m.call("a", X, dop=2).ok
-        sys.settrace(_interrupt_at(code, line))
-        try:
+        with interrupted_at(code, line):
             m.call("b", X, dop=2)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            sys.settrace(None)
         led = m._ledger
         for g in range(2):
             held = sum(r.claim for r in led.replicas.values() if r.gpu == g)
@@ -2190,12 +2089,11 @@ def test_an_interrupt_anywhere_finishing_a_restore_leaves_the_books_right(manage
     memory from every later plan on that GPU; one after the replica was made ready left
     its bytes live once the undo dropped it. Booked in one statement, and a ready
     placeholder dropped with its live bytes (and its residency reported gone)."""
-    import sys
 
     from tangram.exec.eoe.ledger import Ledger
 
     code = Ledger.restores_done.__code__
-    lines = _interruptible_lines(code)
+    lines = interruptible_lines(code)
     assert lines
     for line in lines:
         events: list[tuple[str, tuple[int, ...], bool]] = []
@@ -2203,13 +2101,8 @@ def test_an_interrupt_anywhere_finishing_a_restore_leaves_the_books_right(manage
             config(devices=2, units=4), on_residency_change=lambda *e, seen=events: seen.append(e)
         )
         m.register(blob_spec("a"))
-        sys.settrace(_interrupt_at(code, line))
-        try:
+        with interrupted_at(code, line):
             m.call("a", X, dop=2)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            sys.settrace(None)
         led = m._ledger
         for g in range(2):
             held = sum(r.claim for r in led.replicas.values() if r.gpu == g)

@@ -339,7 +339,7 @@ def _ident(prefix: str) -> str:
 LOGPROB_FLOOR = -9999.0
 
 
-def _finite(logps: list[float]) -> list[float]:
+def _floored(logps: list[float]) -> list[float]:
     """``logps`` with -inf raised to ``LOGPROB_FLOOR``, as vLLM's completions do (its
     ``max(logprob, -9999.0)``, which leaves a NaN as it is)."""
     return [LOGPROB_FLOOR if lp < LOGPROB_FLOOR else lp for lp in logps]
@@ -379,7 +379,7 @@ def completion_doc(
     choices = []
     for i, p in enumerate(req.prompts):
         n = len(p.ids)
-        logps = _finite(value["token_logprobs"][i, : n - 1].tolist())
+        logps = _floored(value["token_logprobs"][i, : n - 1].tolist())
         _check_finite(req.model, i, logps)
         tokens = [text_of[x] for x in p.ids]
         # As vLLM's, for any ``logprobs`` (0 too): None, then per position the top entries
@@ -387,7 +387,7 @@ def completion_doc(
         top: list[dict[str, float] | None] = [None]
         if top_ids is not None:
             ids_k = top_ids[i]
-            lps_k = [_finite(row) for row in value["top_logprobs"][i, : n - 1].tolist()]
+            lps_k = [_floored(row) for row in value["top_logprobs"][i, : n - 1].tolist()]
             _check_finite(req.model, i, [lp for row in lps_k for lp in row[: req.top]])
         for t in range(n - 1):
             pairs: list[tuple[str, float]] = []
