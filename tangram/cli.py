@@ -40,6 +40,7 @@ BENCHMARKS: dict[str, str] = {
     "run-code": "tangram.exec.run_code_bench",
     "ray": "tangram.exec.ray.bench",
     "robustness": "tangram.bench.robustness",
+    "online-limit": "tangram.bench.online_limit",
 }
 
 

@@ -202,6 +202,7 @@ def test_robustness_smoke_reports_both_policies_per_family(tmp_path):
         assert shares.between(0, 1).all()
         assert (shares >= in_place.loc[shares.index, f"{key}_over20"]).all()
     assert "## Each baseline in the default's place" in (tmp_path / "robustness.md").read_text()
+    assert "## The online limit" in (tmp_path / "robustness.md").read_text()
     claims = pd.read_csv(tmp_path / "robustness.claims.csv", keep_default_na=False)
     assert len(claims) == 3 * 2 * 2 and (claims.default != "").all()
     assert (tmp_path / "robustness.png").stat().st_size > 0
