@@ -353,11 +353,13 @@ def test_an_internal_key_error_is_a_traceback_not_an_input_error(monkeypatch, ca
 
 
 def test_bench_online_limit_prints_the_least_ratio_any_online_policy_is_beaten_by(capsys):
-    """``tangram bench online-limit --json``: the twins' best baselines, every start of the
-    long call, and a least ratio above issue 11's 1.2 (tangram.bench.online_limit)."""
+    """``tangram bench online-limit --json``: per figure, the twins' best baselines, every
+    start of the long call, and a least ratio above issue 11's 1.2 (tangram.bench.online_limit)."""
     assert main(["bench", "online-limit", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["least_ratio"] > doc["target_ratio"] == 1.2
-    assert [s["start"] for s in doc["starts"]][-1] == "at tau or later"
+    assert set(doc["pairs"]) == {"mean ACT", "step"}
+    assert all(p["least_ratio"] > doc["target_ratio"] == 1.2 for p in doc["pairs"].values())
+    assert doc["target_reachable_online"] is False
+    assert doc["pairs"]["step"]["starts"][-1]["start"] == "after a call ends"
     assert main(["bench", "online-limit", "--default", "nope"]) == 2
     assert "unknown policy 'nope'" in capsys.readouterr().err
