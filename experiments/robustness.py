@@ -356,7 +356,7 @@ def main(argv=None) -> int:
                 f"`{NAME}_in_place.csv` (`tangram bench robustness` reports it as "
                 "`baselines_in_place`).\n\n" + md_table(in_place_table(in_place, shares)),
             ),
-            ("The online limit: two instances alike for 20 s", limit),
+            ("The online limit: twin instances alike until they diverge", limit),
             (
                 "Per instance",
                 f"`{NAME}_instances.csv`: each instance's best baseline and its margin per "
