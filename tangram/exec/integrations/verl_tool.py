@@ -25,6 +25,7 @@ import asyncio
 import base64
 import logging
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -162,12 +163,19 @@ class TangramSandboxTool(BaseTool):
     async def execute(
         self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
     ) -> tuple[ToolResponse, float, dict]:
-        """Run ``parameters["code"]`` in the trajectory's container; the answer is its output."""
+        """Run ``parameters["code"]`` in the trajectory's container; the answer is its output.
+
+        Bad arguments are answered, never raised: verl passes them as ``json.loads`` gave
+        them (a list or a string raised ``AttributeError`` out of the tool), and a
+        ``language`` that is no string (a list, a dict) raised ``TypeError`` from the lookup."""
+        if not isinstance(parameters, Mapping):
+            text = "Error: the arguments must be a JSON object with a string 'code'."
+            return ToolResponse(text=text), 0.0, {}
         code = parameters.get("code")
         language = parameters.get("language") or self.settings.default_language
         if not isinstance(code, str) or not code:
             return ToolResponse(text="Error: 'code' must be a non-empty string."), 0.0, {}
-        if language not in RUNNERS:
+        if not isinstance(language, str) or language not in RUNNERS:
             supported = ", ".join(sorted(RUNNERS))
             return ToolResponse(text=f"Error: language {language!r}; use {supported}."), 0.0, {}
         self._calls[instance_id] = self._calls.get(instance_id, 0) + 1
@@ -183,9 +191,12 @@ class TangramSandboxTool(BaseTool):
             why = outcome.error.message if outcome.error else outcome.status
             return ToolResponse(text=f"Error: {why}"), 0.0, metrics
         text = value.stdout + (f"\n[stderr]\n{value.stderr}" if value.stderr else "")
-        if outcome.status == "timeout":
-            text += f"\n[timed out after {self.settings.timeout_s:g} s]"
-        return ToolResponse(text=text[: self.settings.max_output_chars]), 0.0, metrics
+        note = (
+            f"\n[timed out after {self.settings.timeout_s:g} s]"
+            if outcome.status == "timeout"
+            else ""
+        )
+        return ToolResponse(text=_bounded(text, note, self.settings.max_output_chars)), 0.0, metrics
 
     async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
         """1.0 when ``reward_command`` exits 0 in the trajectory's container, else 0.0."""
@@ -232,6 +243,17 @@ class TangramSandboxTool(BaseTool):
             timeout_s=s.timeout_s,
             kind="verl_tool",
         )
+
+
+def _bounded(output: str, note: str, limit: int) -> str:
+    """``output`` then ``note`` in at most ``limit`` characters. The output is what gets cut,
+    and a cut says so with the output's full length: cut as one text, a call that printed
+    past the bound lost its time-out note, and the model read a cut output as all there was.
+    (A note longer than the bound is cut itself: the bound is the trainer's.)"""
+    if len(output) + len(note) <= limit:
+        return output + note
+    cut = f"\n[output truncated: {len(output)} characters in all]"
+    return (output[: max(0, limit - len(cut) - len(note))] + cut + note)[:limit]
 
 
 def _positive(value: Any) -> bool:
