@@ -129,7 +129,7 @@ class Journal:
             self._lock = _lock(self.path)
             db = store.connect(self.path, fsync=self.fsync)
             for path in self.log_paths:
-                store.transaction(db, (store.REPLAY, _logged(path)))
+                store.transaction(db, (store.REPLAY, _logged(path, self.clock())))
             marked = self._mark_unknown(db, self.clock())
             store.expire(db, self.clock(), self.keep, self.keep_s)
             flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC  # replayed: emptied
@@ -319,13 +319,22 @@ class Journal:
         return len(left)
 
 
-def _logged(path: Path) -> list[tuple[str, str, str, Any, Any]]:
-    """The acceptances a previous run logged to ``path`` (missing file: none)."""
+def _logged(path: Path, now: float) -> list[tuple[str, str, str, Any, float]]:
+    """The acceptances a previous run logged to ``path`` (missing file: none); damaged
+    lines are logged (``store.rows_of`` says what becomes of them)."""
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
         return []
-    return store.rows_of(text.splitlines())
+    rows, damaged = store.rows_of(text.splitlines(), now)
+    if damaged:
+        log.warning(
+            "journal log %s: %d damaged lines (a torn last one is a kill's); the ids read "
+            "from them are kept",
+            path,
+            damaged,
+        )
+    return rows
 
 
 def _log_line(row: list[Any]) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import sqlite3
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -53,6 +54,7 @@ def connect(path: Path, *, fsync: bool) -> sqlite3.Connection:
     try:
         try:
             version = db.execute("PRAGMA user_version").fetchone()[0]
+            _check_not_foreign(db, path, version)
         except sqlite3.DatabaseError as exc:  # (sqlite3's own words name neither)
             raise ValueError(
                 f"journal {path} is not a journal ({exc}): it holds another file; give "
@@ -73,6 +75,29 @@ def connect(path: Path, *, fsync: bool) -> sqlite3.Connection:
         db.close()
         raise
     return db
+
+
+def _check_not_foreign(db: sqlite3.Connection, path: Path, version: int) -> None:
+    """``ValueError`` when ``path`` is another application's SQLite database: no format
+    number and tables besides the journal's own. Taken for a new journal, such a file was
+    switched to WAL mode and given the journal's table and format, written for good. (No
+    format number with the journal's table alone is a journal whose first run was killed
+    before it set the number.)"""
+    if version != 0:
+        return
+    tables = {
+        name
+        for (name,) in db.execute(
+            "SELECT name FROM sqlite_master WHERE type IN ('table', 'view')"
+            " AND name NOT LIKE 'sqlite_%'"
+        )
+    }
+    others = sorted(tables - {"actions"})
+    if others:
+        raise ValueError(
+            f"journal {path} is not a journal: it is another application's SQLite database "
+            f"(tables {', '.join(others[:5])}); give another --journal path"
+        )
 
 
 def reader(path: Path) -> sqlite3.Connection:
@@ -183,13 +208,47 @@ def checkpoint(db: sqlite3.Connection) -> None:
     db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
 
 
-def rows_of(lines: Iterable[str]) -> list[tuple[str, str, str, Any, Any]]:
-    """The acceptances of log lines (``journal._log_line``); a torn line is skipped."""
-    rows = []
+#: The latest acceptance time a log line may give (9999-12-31 UTC): any later one is damage.
+MAX_UNIX = 253_402_300_799.0
+
+
+def rows_of(lines: Iterable[str], now: float) -> tuple[list[tuple[str, str, str, Any, float]], int]:
+    """The acceptances of log lines (``journal._log_line``) and how many lines were damaged.
+
+    A line with no string id (torn by a kill, or damaged) is skipped: an action whose log
+    write did not finish never started. A line with a string id and other fields of the
+    wrong kind (a damaged disk, an edit by hand) keeps its id, so it never runs again: a
+    time that is no date becomes ``now``, a trajectory that is no string none, a fingerprint
+    or resource that is no string empty. Taken as they were, such fields kept the journal
+    from opening (a TypeError from the date of its unknown outcome, sqlite3's binding error)
+    or had SQLite's ``INSERT OR IGNORE`` drop the row for a NULL time, the id forgotten."""
+    rows, damaged = [], 0
     for line in lines:
         try:
             action_id, fingerprint, resource, trajectory, at = json.loads(line)
-            rows.append((str(action_id), str(fingerprint), str(resource), trajectory, at))
         except (ValueError, TypeError):
+            damaged += 1
             continue
-    return rows
+        if not isinstance(action_id, str) or not action_id:
+            damaged += 1
+            continue
+        fields = (
+            fingerprint if isinstance(fingerprint, str) else "",
+            resource if isinstance(resource, str) else "",
+            trajectory if trajectory is None or isinstance(trajectory, str) else None,
+            at if _is_date(at) else now,
+        )
+        damaged += fields != (fingerprint, resource, trajectory, at)
+        rows.append((action_id, *fields))
+    return rows, damaged
+
+
+def _is_date(value: Any) -> bool:
+    """Whether ``value`` is a Unix time the journal could have written (a finite number
+    from 1970 to 9999: ``time.gmtime`` takes it)."""
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and 0 <= value <= MAX_UNIX
+    )
