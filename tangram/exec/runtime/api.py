@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
 import logging
 import random
 import time
@@ -25,7 +26,7 @@ from tangram.core.decision import Start
 from tangram.core.resources import ClusterSpec, ResourceKind
 from tangram.exec.runtime.errors import BadRequest, ExecutorMissing
 from tangram.exec.runtime.executor import Admission, OnDeadline
-from tangram.exec.runtime.records import ActionSpec, ApiWork, ErrorInfo
+from tangram.exec.runtime.records import ActionSpec, ApiWork, ErrorInfo, is_finite_number
 from tangram.exec.runtime.result import ExecResult
 from tangram.exec.runtime.trajectories import Trajectory
 
@@ -203,16 +204,35 @@ class EndpointError(RuntimeError):
     """An ``HttpEndpoint`` call that failed, said without the endpoint's URL."""
 
 
+#: The largest answer an ``HttpEndpoint`` reads (bytes): its value is kept as the action's
+#: outcome (in memory for polling, in the journal, in the trace), so it is bounded as a CPU
+#: action's output is.
+MAX_ANSWER_BYTES = 16 << 20
+
+
 class HttpEndpoint:
     """An endpoint that POSTs the payload as JSON to ``url`` and returns the JSON answer.
 
     Its ``httpx.AsyncClient`` (made at the first call, on the runtime's loop) keeps its
     connections alive between calls; ``aclose`` closes them (the ``ApiExecutor`` does, as
     the runtime closes), so none is left open past the runtime. A failure is an
-    ``EndpointError`` that never quotes the URL (the operator's secrets may be in it)."""
+    ``EndpointError`` that never quotes the URL (the operator's secrets may be in it).
+    The answer is read up to ``max_answer_bytes`` (more fails the call, the rest unread:
+    read whole, an endpoint answering without end took the service's memory)."""
 
-    def __init__(self, url: str, *, timeout_s: float = 60.0) -> None:
-        self.url, self.timeout_s = url, timeout_s
+    def __init__(
+        self, url: str, *, timeout_s: float = 60.0, max_answer_bytes: int = MAX_ANSWER_BYTES
+    ) -> None:
+        if not is_finite_number(timeout_s) or not timeout_s > 0:
+            # (given to httpx as is: NaN or a negative one failed every call)
+            raise ValueError(f"timeout_s must be a finite number > 0, got {timeout_s!r}")
+        if (
+            isinstance(max_answer_bytes, bool)
+            or not isinstance(max_answer_bytes, int)
+            or max_answer_bytes < 1
+        ):
+            raise ValueError(f"max_answer_bytes must be an integer >= 1, got {max_answer_bytes!r}")
+        self.url, self.timeout_s, self.max_answer_bytes = url, timeout_s, max_answer_bytes
         self._client: Any = None  # httpx.AsyncClient, made at the first call
 
     async def __call__(self, payload: Any) -> Any:
@@ -222,7 +242,13 @@ class HttpEndpoint:
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=self.timeout_s)
         try:
-            response = await self._client.post(self.url, json=payload)
+            async with self._client.stream("POST", self.url, json=payload) as response:
+                if response.is_error:  # (httpx's own message quotes the URL)
+                    raise EndpointError(
+                        f"the endpoint answered HTTP {response.status_code} "
+                        f"{response.reason_phrase}"
+                    )
+                body = await self._read(response)
         except httpx.HTTPError as exc:
             raise EndpointError(f"{type(exc).__name__}: {self._hidden(str(exc))}") from None
         except (httpx.InvalidURL, idna.IDNAError) as exc:
@@ -233,11 +259,26 @@ class HttpEndpoint:
                 f"{type(exc).__name__}: the endpoint's URL could not be used (the operator's "
                 "configuration; its message is not shown, as it may quote the URL)"
             ) from None
-        if response.is_error:  # (httpx's own message quotes the URL)
+        try:
+            return json.loads(body)
+        except ValueError as exc:  # (json's own words name neither the answer nor its type)
+            kind = response.headers.get("content-type", "no content type")
             raise EndpointError(
-                f"the endpoint answered HTTP {response.status_code} {response.reason_phrase}"
-            )
-        return response.json()
+                f"the endpoint's answer is not JSON ({kind[:100]}, {len(body)} bytes): {exc}"
+            ) from None
+
+    async def _read(self, response: Any) -> bytes:
+        """The answer's body, ``EndpointError`` once it passes ``max_answer_bytes`` (the
+        rest is not read: the connection is dropped with the response)."""
+        limit, chunks, size = self.max_answer_bytes, [], 0
+        async for chunk in response.aiter_bytes():
+            size += len(chunk)
+            if size > limit:
+                raise EndpointError(
+                    f"the endpoint's answer is more than {limit:,} bytes (max_answer_bytes)"
+                )
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     def _hidden(self, text: str) -> str:
         """``text`` without the endpoint's URL: it may hold the operator's credentials
@@ -259,6 +300,8 @@ class HttpEndpoint:
             await client.aclose()
 
 
-def http_endpoint(url: str, *, timeout_s: float = 60.0) -> ApiCallable:
+def http_endpoint(
+    url: str, *, timeout_s: float = 60.0, max_answer_bytes: int = MAX_ANSWER_BYTES
+) -> ApiCallable:
     """An endpoint that POSTs the payload as JSON to ``url`` (``HttpEndpoint``)."""
-    return HttpEndpoint(url, timeout_s=timeout_s)
+    return HttpEndpoint(url, timeout_s=timeout_s, max_answer_bytes=max_answer_bytes)
