@@ -80,6 +80,26 @@ def test_polled_outcomes_expire_by_age() -> None:
     assert [r.id for r in table] == ["r5"] and forgotten == ["r3", "r4"]
 
 
+def test_polled_outcomes_expire_by_age_on_an_idle_runtime() -> None:
+    """Age expiry ran only when another action ended: a service idle after a burst kept its
+    outcomes (up to ``keep_outcomes``, each with its output) past ``keep_outcomes_s`` for as
+    long as it stayed idle, and answered polls for them. They go at their age, idle or not."""
+
+    async def body(rt: Runtime, log: CallLog) -> None:
+        await run_all(rt, [echo(i) for i in range(5)])
+        assert len(rt.host.table) == 5
+        for _ in range(100):  # bounded: 10 s for outcomes that are due after 0.2 s
+            if len(rt.host.table) == 0:
+                break
+            await asyncio.sleep(0.1)
+        assert len(rt.host.table) == 0, [r.id for r in rt.host.table]
+        with pytest.raises(UnknownAction, match="expired"):
+            await rt.result("e0")
+        assert (await rt.run(echo(9))).ok  # (and the runtime goes on as before)
+
+    with_runtime(body, config=RuntimeConfig(keep_outcomes_s=0.2))
+
+
 def test_an_expired_outcome_is_answered_from_the_journal(tmp_path: Path) -> None:
     config = RuntimeConfig(keep_outcomes=5, journal_path=tmp_path / "j.sqlite")
 

@@ -151,9 +151,22 @@ class ActionTable:
     def retire(self, rec: LiveAction) -> None:
         """``rec`` has its outcome: remember it, and forget the oldest beyond ``keep`` or
         ended more than ``keep_s`` before it."""
-        ended = self._ended
         now = rec.outcome.end_s if rec.outcome is not None else 0.0
-        ended.append((rec, now))
+        self._ended.append((rec, now))
+        self.expire(now)
+
+    def due(self) -> float | None:
+        """When the oldest ended action comes of age (``keep_s`` after its end, on the
+        runtime's clock), None when none will: the host arms its ``expire`` for then, so an
+        idle runtime lets its outcomes go too (``retire`` alone ran only as others ended)."""
+        if not self._ended or not math.isfinite(self.keep_s):
+            return None
+        return self._ended[0][1] + self.keep_s
+
+    def expire(self, now: float) -> None:
+        """Forget the ended actions beyond ``keep``, or ended more than ``keep_s`` before
+        ``now`` (those the core still holds are set aside until they are out)."""
+        ended = self._ended
         if self._held:  # (few: actions whose executor never returned)
             out = [old for old in self._held if old.phase is Phase.OUT]
             if out:

@@ -47,6 +47,10 @@ log = logging.getLogger(__name__)
 #: A wake-up timer fires this long after the core's time, so the core's clock has passed it.
 WAKE_SLACK_S = 1e-4
 
+#: The least time between two age expiries of the action table while actions end: one per
+#: second at most, not a timer per ended action (each action's own end expires by count).
+EXPIRY_EVERY_S = 1.0
+
 #: How many resizes ``LiveHost.resizes`` keeps (the latest).
 KEEP_RESIZES = 1000
 
@@ -95,6 +99,8 @@ class LiveHost:
         self._time: Callable[[], float] = lambda: 0.0
         self._t0 = 0.0
         self._wakers: dict[float, asyncio.TimerHandle] = {}
+        #: The timer of the action table's next age expiry (``_arm_expiry``).
+        self._expiry: asyncio.TimerHandle | None = None
         #: The latest resizes and what became of them (oldest dropped first).
         self.resizes: deque[ResizeRecord] = deque(maxlen=KEEP_RESIZES)
         self._resizing: set[asyncio.Task[None]] = set()
@@ -117,6 +123,9 @@ class LiveHost:
         for timer in self._wakers.values():
             timer.cancel()
         self._wakers.clear()
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
         if self._attached:
             self._attached = False
             self.loop.detach()
@@ -477,3 +486,21 @@ class LiveHost:
         self.counters[f"outcome_{status}"] += 1
         self.on_end(rec, outcome)
         self.table.retire(rec)
+        self._arm_expiry()
+
+    def _arm_expiry(self) -> None:
+        """Arm the action table's next age expiry (one timer at a time, at most one per
+        ``EXPIRY_EVERY_S``). Why: it ran only as other actions ended, so a runtime idle
+        after a burst kept every outcome (each with its output) past ``keep_outcomes_s``."""
+        if self._expiry is not None or self._aio is None or not self._attached:
+            return
+        due = self.table.due()
+        if due is None:
+            return
+        when = max(due + WAKE_SLACK_S, self.now() + EXPIRY_EVERY_S)
+        self._expiry = self._aio.call_at(self._t0 + when, self._expire)
+
+    def _expire(self) -> None:
+        self._expiry = None
+        self.table.expire(self.now())
+        self._arm_expiry()
