@@ -34,6 +34,7 @@ from tangram.exec.ray.nodes import (
     gpu_plan,
     memory_gb,
     node_name,
+    online_cores,
 )
 from tangram.exec.runtime.records import ErrorInfo
 from tangram.exec.runtime.result import ExecResult
@@ -79,7 +80,7 @@ class NodeAgent:
         settings: Mapping[str, Any],
         declared: tuple[Any, Any] = (None, None),
     ) -> None:
-        domains = core_domains(labels)
+        domains = core_domains(labels, online_cores())
         memory = memory_gb(labels, ray_memory_bytes)
         gpus = gpu_plan(labels, float(settings.get("gpu_memory_gb", 2.0)))
         cpu_decl, gpu_decl = declared  # the cluster file's specs of this node, if any

@@ -12,8 +12,11 @@ file's nodes are the spec instead, matched to Ray nodes by their ``tangram-name`
 from __future__ import annotations
 
 import math
+import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from tangram.core.resources import ApiEndpointSpec, ClusterSpec, CpuNodeSpec, GpuNodeSpec
 from tangram.exec.ray.config import LABEL_CORES, LABEL_GPUS, LABEL_MEMORY, LABEL_NAME
@@ -120,9 +123,19 @@ def gpu_plan(labels: Mapping[str, str], device_memory_gb: float) -> GpuPlan | No
     return GpuPlan(count, backend or "cuda", device_memory_gb)
 
 
-def core_domains(labels: Mapping[str, str]) -> tuple[tuple[int, ...], ...]:
+#: The largest core id a ``tangram-cores`` label may name (no host has more cores).
+MAX_CORE_ID = 1 << 16
+
+
+def core_domains(
+    labels: Mapping[str, str], online: frozenset[int] | None = None
+) -> tuple[tuple[int, ...], ...]:
     """Host cores for containers: the ``tangram-cores`` cpulist (one domain; ``_`` separates
-    ranges, as a Ray label value has no commas: ``0-3_8-11``), else the host's NUMA domains."""
+    ranges, as a Ray label value has no commas: ``0-3_8-11``), else the host's NUMA domains.
+    With ``online`` (the host's cores: the agent passes ``online_cores()``), a label naming
+    a core the host lacks is refused naming the label: taken, the node joined with cores no
+    container could be given, and every container's create failed there (docker's 'requested
+    CPUs are not available'), each open a 500."""
     text = labels.get(LABEL_CORES)
     if text is None:
         from tangram.exec.aoe.topology import read_host_topology
@@ -130,9 +143,35 @@ def core_domains(labels: Mapping[str, str]) -> tuple[tuple[int, ...], ...]:
         return read_host_topology().domains
     if not text.strip():
         return ()
+    from tangram.exec.aoe.topology import format_cpulist, parse_cpulist
+
+    # (Checked before the list is expanded: '0-999999999' made a billion core ids, the agent's
+    # memory and minutes, before anything could refuse it.)
+    top = max((int(n) for n in re.findall(r"\d+", text)), default=0)
+    if top > MAX_CORE_ID:
+        raise ValueError(f"label {LABEL_CORES}={text!r}: core ids go up to {MAX_CORE_ID}")
+    try:
+        cores = tuple(parse_cpulist(text.replace("_", ",")))
+    except ValueError as exc:
+        raise ValueError(f"label {LABEL_CORES}={text!r}: not a cpulist ({exc})") from None
+    missing = sorted(set(cores) - online) if online is not None else []
+    if missing:
+        raise ValueError(
+            f"label {LABEL_CORES}={text!r}: this host has no core {format_cpulist(missing)} "
+            f"(its cores: {format_cpulist(sorted(online or ()))})"
+        )
+    return (cores,)
+
+
+def online_cores(online: Path = Path("/sys/devices/system/cpu/online")) -> frozenset[int]:
+    """The host's online cores (sysfs), else ``0..os.cpu_count()-1``. Not this process's
+    affinity: containers may be given cores the agent itself does not run on."""
     from tangram.exec.aoe.topology import parse_cpulist
 
-    return (tuple(parse_cpulist(text.replace("_", ","))),)
+    try:
+        return frozenset(parse_cpulist(online.read_text().strip()))
+    except (OSError, ValueError):
+        return frozenset(range(os.cpu_count() or 1))
 
 
 def memory_gb(labels: Mapping[str, str], ray_memory_bytes: float) -> float:
