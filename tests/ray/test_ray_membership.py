@@ -833,3 +833,32 @@ def test_the_lost_trajectories_kept_are_the_latest_few(monkeypatch) -> None:
             await w.rt.close()
 
     assert asyncio.run(go()) == ["episode-2", "episode-3", "episode-4"]
+
+
+@pytest.mark.parametrize("join_new_nodes", [False, True], ids=["listed", "agent-failed"])
+def test_a_ray_node_that_died_leaves_the_unplaced_list(monkeypatch, join_new_nodes) -> None:
+    """A Ray node listed as unplaced (not joined, or its agent failed) stayed listed, and in
+    the watch's sets, after Ray reported it dead or dropped it from its table: on a cluster
+    whose nodes come and go, status()'s unplaced_nodes named every dead node for the actor's
+    life and the sets grew with each. A Ray node id is never reused, so it goes."""
+
+    def broken(nodes: Any) -> Any:
+        raise RuntimeError("its agent could not start")
+
+    async def go() -> None:
+        w = Watch(monkeypatch, RayConfig(join_new_nodes=join_new_nodes), broken)
+        await w.rt.start()
+        try:
+            w.table.append(ray_node("id-c", "c"))
+            await w.check()
+            assert w.members.unplaced == {"id-b": "b", "id-c": "c"}
+            w.table[1] = {**w.table[1], "Alive": False}  # b: dead, still in Ray's table
+            del w.table[2]  # c: gone from the table
+            await w.check()
+            assert w.members.unplaced == {}
+            assert not (w.members.tried | w.members.clashes) & {"id-b", "id-c"}
+            assert not set(w.members.join_failures) & {"id-b", "id-c"}
+        finally:
+            await w.rt.close()
+
+    asyncio.run(go())

@@ -150,6 +150,7 @@ class Membership:
                 self.fence(member.report.name)  # (the core fenced them at the loss: a no-op)
         nodes = await agents.all_nodes()
         by_id = {n["NodeID"]: n for n in nodes}
+        self._forget_gone({n["NodeID"] for n in nodes if n.get("Alive")})
         for member in self.fleet.members():
             node = by_id.get(member.report.ray_node)
             if member.alive and node is not None and not node.get("Alive", True):
@@ -228,6 +229,20 @@ class Membership:
             await asyncio.sleep(min(cfg.ping_every_s, max(0.0, deadline - loop.time())))
             if loop.time() >= deadline:
                 return lose(f"its agent was unreachable for {how_long}")
+
+    def _forget_gone(self, alive: set[str]) -> None:
+        """Forget the Ray nodes that are no longer alive (dead, or gone from Ray's table) in
+        the watch's lists of nodes not used: a Ray node id is never reused, so its entry can
+        never matter again. Kept, status()'s ``unplaced_nodes`` named every dead node for the
+        actor's life, and these grew with each node a cluster ever had. (A join or an adoption
+        under way keeps its own: it ends by itself.)"""
+        busy = self.adopting | self.joining | set(self.starting)
+        for ray_id in [r for r in self.unplaced if r not in alive and r not in busy]:
+            del self.unplaced[ray_id]
+        for ray_id in [r for r in self.join_failures if r not in alive]:
+            del self.join_failures[ray_id]
+        self.tried &= alive
+        self.clashes &= alive
 
     def _claimed_names(self) -> set[str]:
         """The Tangram names an agent holds (alive) or is starting under: another Ray node
