@@ -95,6 +95,35 @@ def test_serve_on_ray_passes_the_tenant_bounds_to_the_service(monkeypatch: Any) 
     assert sorted(config.http.clients) == ["a", "b"]
 
 
+@pytest.mark.parametrize("cluster", [False, True], ids=["default-apis", "cluster-file"])
+def test_serve_on_ray_refuses_an_api_the_cluster_does_not_declare(
+    monkeypatch: Any, tmp_path: Any, cluster: bool
+) -> None:
+    """An ``--api NAME=URL`` whose NAME the cluster does not declare (a typo: ``serch``) is
+    refused at start naming the flag, as ``tangram serve`` does without ``--ray``: on Ray it
+    was accepted and never called, the declared endpoint's calls going to the built-in demo
+    (fake hits) instead of the operator's service."""
+    import ray
+
+    from tangram.cli import build_parser
+    from tangram.exec.ray import service
+
+    seen = _stop_at_start(monkeypatch, ray, service)
+    argv = ["serve", "--ray", "auto", "--no-journal", "--port", "0"]
+    if cluster:
+        path = tmp_path / "c.toml"
+        path.write_text('name = "c"\n[[api]]\nname = "search"\nconcurrency = 2\n')
+        argv += ["--cluster", str(path)]
+    args = build_parser().parse_args([*argv, "--api", "serch=http://127.0.0.1:9/x"])
+    with pytest.raises(ValueError, match="--api .*serch.*declares no API endpoint"):
+        args.func(args)
+    assert seen == []
+    args = build_parser().parse_args([*argv, "--api", "search=http://127.0.0.1:9/x"])
+    with pytest.raises(_Started):
+        args.func(args)
+    assert list(seen[0].endpoints) == ["search"]
+
+
 def test_a_scheduler_actor_whose_start_fails_is_stopped_and_killed(monkeypatch: Any) -> None:
     """``start`` kills the named, detached scheduler actor when its start fails (stopping its
     agents first): it stayed, its failed start kept as its answer, so every later ``start``

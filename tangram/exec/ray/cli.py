@@ -37,7 +37,9 @@ def serve_on_ray(args: argparse.Namespace, token: str | None) -> int:
     # the cluster is the Ray nodes alive at the start.
     cluster = load_cluster(args.cluster) if args.cluster is not None else None
     apis = cluster.apis if cluster is not None else default_apis()
-    endpoints = api_endpoints(args.api)
+    # (Checked against the cluster's endpoints, as without --ray: an undeclared NAME, a typo,
+    # was taken and never called, the declared endpoint left to the built-in demo.)
+    endpoints = api_endpoints(args.api, {a.name for a in apis})
     scratch = contextlib.ExitStack()
     with scratch:
         runtime = runtime_config(args, scratch)
