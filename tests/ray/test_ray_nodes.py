@@ -119,3 +119,24 @@ def test_a_fault_bound_that_is_no_finite_number_is_refused_naming_it(
         bounds["lost_after_s"] = value  # (else refused as fewer than two pings)
     with pytest.raises(ValueError, match=rf"{field} must be a positive number"):
         RayConfig(**bounds)
+
+
+def test_endpoints_the_cluster_does_not_declare_are_refused_naming_them() -> None:
+    """``RayConfig.endpoints`` under a name the cluster's APIs lack (a typo) were taken and
+    never called: the declared endpoint's calls went to the built-in demo (fake hits), and
+    a value that is no callable failed every call of its endpoint."""
+    from tangram.core.resources import ClusterSpec
+    from tangram.exec.ray.config import RayConfig
+
+    async def real(payload: Any) -> Any:
+        return payload
+
+    with pytest.raises(ValueError, match=r"endpoints.*'serch'.*declares.*search"):
+        RayConfig(endpoints={"serch": real})
+    with pytest.raises(ValueError, match=r"endpoints\['search'\] must be a callable"):
+        RayConfig(endpoints={"search": "http://example"})
+    assert RayConfig(endpoints={"search": real}).endpoints == {"search": real}
+    file = ClusterSpec(name="f", apis=(ApiEndpointSpec("mine", concurrency=1),))
+    assert RayConfig(cluster=file, endpoints={"mine": real}).cluster is file
+    with pytest.raises(ValueError, match="'search'"):  # (the file's APIs replace apis)
+        RayConfig(cluster=file, endpoints={"search": real})

@@ -27,7 +27,8 @@ class RayConfig:
     - ``namespace``, ``name``: where the detached scheduler actor is found by name.
     - ``runtime``: the same ``RuntimeConfig`` as the single-node service (policy, bounds).
     - ``apis``: the API endpoints of the cluster (called from the scheduler actor).
-    - ``endpoints``: extra endpoint callables by name (``builtin_endpoints`` otherwise).
+    - ``endpoints``: extra endpoint callables by name (``builtin_endpoints`` otherwise), each
+      under a name the cluster declares (``apis``, or the cluster file's).
     - ``services``: EOE service specs every GPU agent registers (None: ``reward``, ``teacher``).
     - ``gpu_memory_gb``: memory of each CPU-backed GPU device (GPUs found by NVML say theirs).
     - ``ping_every_s``, ``lost_after_s``: the scheduler pings every agent this often; one that
@@ -93,3 +94,19 @@ class RayConfig:
             isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
         ):  # (-1 failed each GPU agent's start in torch; 0 read as its default, 1.5 as 1)
             raise ValueError(f"torch_threads must be None or an integer >= 1, got {threads!r}")
+        self._check_endpoints()
+
+    def _check_endpoints(self) -> None:
+        """``ValueError`` for an endpoint under a name the cluster's APIs lack (the file's
+        when ``cluster`` is given, else ``apis``), or one that is no callable. Taken, a
+        typo's callable was never called (the declared endpoint's calls went to the
+        built-in demo, fake hits) and a non-callable failed each call of its endpoint."""
+        declared = {a.name for a in (self.cluster.apis if self.cluster is not None else self.apis)}
+        for name, fn in (self.endpoints or {}).items():
+            if name not in declared:
+                raise ValueError(
+                    f"endpoints: {name!r} is no API endpoint the cluster declares "
+                    f"({sorted(declared)}): declare it (apis, or the cluster file's [[api]])"
+                )
+            if not callable(fn):
+                raise ValueError(f"endpoints[{name!r}] must be a callable, got {type(fn).__name__}")
