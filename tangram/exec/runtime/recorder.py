@@ -54,6 +54,11 @@ log = logging.getLogger(__name__)
 
 #: Bytes copied at a time when a trace is written from the stream.
 _CHUNK = 1 << 20
+#: The most rows kept for the next append while the stream's appends fail (a full disk):
+#: beyond, the oldest are dropped (``TraceRecorder.dropped``). Each holds its action's
+#: outcome, output included: kept all, a disk full for hours held every action that ended
+#: meanwhile. (As many as the outcomes kept for polling by default.)
+MAX_PENDING_ROWS = 10_000
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,10 @@ class TraceRecorder:
         #: Labels whose entry in ``_trajs`` goes once the rows buffered now are written.
         self._forget: set[str] = set()
         self.skipped_unknown = 0
+        #: Rows dropped, oldest first, while the stream's appends failed (``MAX_PENDING_ROWS``).
+        self.dropped = 0
+        #: The last append failed: the buffer is bounded until one succeeds.
+        self._failing = False
         self._lock = threading.Lock()
         #: One ``write`` at a time: a rewrite of the stream moves the rows another would copy.
         self._writing = threading.Lock()
@@ -165,6 +174,26 @@ class TraceRecorder:
             return
         with self._lock:
             self._pending.append(entry)
+            if self._failing:
+                self._bound_pending()
+
+    def _bound_pending(self) -> None:
+        """Drop the oldest buffered rows beyond ``MAX_PENDING_ROWS`` (the stream's appends
+        fail). Only then: a burst that ends more actions in one event-loop iteration (a
+        shutdown's) loses none while the stream takes rows. Dropped rows took no position,
+        so the stream stays a valid trace, without them."""
+        over = len(self._pending) - MAX_PENDING_ROWS
+        if over <= 0:
+            return
+        if not self.dropped:
+            log.error(
+                "the trace stream %s takes no rows: beyond %d waiting rows, the oldest are "
+                "dropped (status: trace.rows_dropped)",
+                self.path,
+                MAX_PENDING_ROWS,
+            )
+        del self._pending[:over]
+        self.dropped += over
 
     def flush(self) -> None:
         """Append the rows of the buffered actions to the stream (one write)."""
@@ -253,7 +282,10 @@ class TraceRecorder:
                 else:
                     self._trajs[label] = state
             self._pending = entries + self._pending
+            self._failing = True
+            self._bound_pending()
             raise
+        self._failing = False
         self._size += len(data)
         self._rows += len(lines)
         self._drop_forgotten()

@@ -49,6 +49,7 @@ def status(rt: Runtime) -> dict[str, Any]:
         "trace": {
             "stream": str(rt.recorder.path) if rt.recorder.path is not None else None,
             "rows": len(rt.recorder),
+            "rows_dropped": rt.recorder.dropped,
         },
     }
 
