@@ -225,6 +225,11 @@ class Journal:
         self._unencoded.clear()
 
     @property
+    def error(self) -> BaseException | None:
+        """The writer's last commit error (None after a success, or when closed)."""
+        return self._writer.error if self._writer is not None else None
+
+    @property
     def buffered(self) -> int:
         """Entries not yet handed to the writer."""
         return len(self._new) + len(self._ends)

@@ -76,6 +76,11 @@ log = logging.getLogger(__name__)
 #: Event-loop iterations between an outcome and the writing of its trace row and journal
 #: entry (``Runtime._persist_soon`` says why).
 PERSIST_HOPS = 3
+#: The most journal entries waiting for its writer before submissions are refused
+#: (``Overloaded``): while its commits fail (a full disk) each accepted action's entry, its
+#: outcome and output included, stays in memory until they succeed. Normally a span's
+#: entries (``LINGER_S``) and the batch in hand: far below it.
+JOURNAL_BACKLOG_MAX = 10_000
 
 
 class Runtime:
@@ -554,7 +559,15 @@ class Runtime:
 
     def _check_room(self) -> None:
         """Admission control: ``Overloaded`` (retryable, with a back-off hint) when
-        ``max_pending`` actions are pending."""
+        ``max_pending`` actions are pending, or the journal has ``JOURNAL_BACKLOG_MAX``
+        entries not yet committed (its writer failing: memory would grow with each)."""
+        journal = self.journal
+        if journal is not None and journal.buffered >= JOURNAL_BACKLOG_MAX:
+            raise self.overloaded(
+                "refused_journal_backlog",
+                f"the journal has {journal.buffered} entries not yet on disk (its last "
+                f"commit: {journal.error or 'in progress'}); nothing was accepted, retry later",
+            )
         if self.host.pending < self.config.max_pending:
             return
         raise self.overloaded(
