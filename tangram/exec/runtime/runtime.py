@@ -564,7 +564,7 @@ class Runtime:
         journal = self.journal
         if journal is not None and journal.buffered >= JOURNAL_BACKLOG_MAX:
             raise self.overloaded(
-                "refused_journal_backlog",
+                "refused_overloaded",  # (its reason in the metrics: the admission bound)
                 f"the journal has {journal.buffered} entries not yet on disk (its last "
                 f"commit: {journal.error or 'in progress'}); nothing was accepted, retry later",
             )
