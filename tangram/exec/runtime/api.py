@@ -32,6 +32,10 @@ from tangram.exec.runtime.trajectories import Trajectory
 
 ApiCallable = Callable[[Any], Awaitable[Any]] | Callable[[Any], Any]
 
+#: Threads for plain (blocking) endpoint callables: calls beyond wait for one, and a call
+#: whose action is cancelled while it waits never runs.
+API_THREADS = 16
+
 log = logging.getLogger(__name__)
 
 
@@ -134,18 +138,23 @@ class ApiExecutor:
                 log.exception("closing API endpoint %r failed", name)
 
     async def _on_thread(self, fn: Callable[[Any], Any], payload: Any) -> Any:
-        """``fn(payload)`` on the pool. A cancel (a deadline, a client's cancel) cannot stop
-        the thread, so it is waited for before the cancel goes on: the action's task, and
+        """``fn(payload)`` on the pool. A cancel (a deadline, a client's cancel) of a call
+        still waiting for a thread takes it off the pool: it never runs. One running cannot
+        be stopped, so it is waited for before the cancel goes on: the action's task, and
         with it its slot of the endpoint's quota, lasts until the call returns (the runtime
         ends the action at its grace meanwhile). A second cancel, or ``aclose`` (the
         runtime's shutdown), stops the wait."""
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(16, thread_name_prefix="tangram-api")
-        call = asyncio.get_running_loop().run_in_executor(self._pool, fn, payload)
+            self._pool = ThreadPoolExecutor(API_THREADS, thread_name_prefix="tangram-api")
+        queued = self._pool.submit(fn, payload)
+        call = asyncio.wrap_future(queued)
         try:
             return await asyncio.shield(call)
         except asyncio.CancelledError:
-            if self._closing:
+            # Still waiting for a thread (every one busy): taken off the pool, it never runs.
+            # Waited for, it ran once a thread was free, after its client had been told it
+            # timed out (or was cancelled), its effects seen by no one.
+            if queued.cancel() or self._closing:
                 raise
             self._outliving.add(call)
             try:
