@@ -238,5 +238,6 @@ def test_an_action_that_waited_for_a_thread_on_the_agent_gets_only_the_time_it_h
     assert agent._direct_call("run_cpu", run, 0.25) == "ran" and seen == [0.75]
     late = agent._direct_call("run_cpu", run, 1.5)
     assert late.status == "timeout" and "never ran" in late.error.message and seen == [0.75]
+    assert late.ran is False, "its outcome says it never started (no start time, no units)"
     out, residency, _ = agent._direct_call("call_gpu", ("reward", [1], (0,), 0.5), 0.6)
-    assert out.status == "timeout" and residency == {}
+    assert out.status == "timeout" and residency == {} and out.ran is False

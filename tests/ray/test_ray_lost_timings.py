@@ -95,3 +95,4 @@ def test_an_action_started_on_a_node_lost_already_says_it_did_not_run(kind: str)
     assert result.error.retryable and result.exec_s == 0.0
     assert "did not run" in result.error.message
     assert "may not have finished" not in result.error.message
+    assert result.ran is False, "its outcome says it never started (no start time, no units)"

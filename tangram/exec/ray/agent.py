@@ -195,7 +195,7 @@ class NodeAgent:
             f"it waited {waited_s:.3g} s for a thread on node {self.report.name} and its "
             "time-out passed before it started; it never ran"
         )
-        result = ExecResult("timeout", error=ErrorInfo("timeout", message))
+        result = ExecResult("timeout", error=ErrorInfo("timeout", message), ran=False)
         if method == "run_cpu":
             return result
         gpu = self.gpu

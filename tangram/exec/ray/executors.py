@@ -120,7 +120,7 @@ class RayCpuExecutor:
     ) -> ExecResult:
         if time_left_s <= 0:
             return ExecResult(
-                "timeout", error=ErrorInfo("timeout", "the time-out passed at its start")
+                "timeout", error=ErrorInfo("timeout", "the time-out passed at its start"), ran=False
             )
         t0 = clock()
         try:
@@ -202,7 +202,7 @@ class RayGpuExecutor:
     ) -> ExecResult:
         if time_left_s <= 0:  # (as the CPU executor's: never sent, never started late)
             return ExecResult(
-                "timeout", error=ErrorInfo("timeout", "the time-out passed at its start")
+                "timeout", error=ErrorInfo("timeout", "the time-out passed at its start"), ran=False
             )
         t0 = clock()
         try:

@@ -44,7 +44,7 @@ def lost_result(err: NodeLost, exec_s: float = 0.0) -> ExecResult:
         message = (
             f"{err}; the action was not sent there and did not run: submit it again (a new id)"
         )
-        return ExecResult("error", error=ErrorInfo(NODE_LOST, message, retryable=True))
+        return ExecResult("error", error=ErrorInfo(NODE_LOST, message, retryable=True), ran=False)
     message = f"{err}; the action may not have finished there: submit it again (a new id)"
     return ExecResult(
         "error", error=ErrorInfo(NODE_LOST, message, retryable=True), exec_s=max(0.0, exec_s)

@@ -91,7 +91,7 @@ class ApiExecutor:
         cannot stop a plain callable once it runs on a worker thread."""
         if time_left_s <= 0:
             return ExecResult(
-                "timeout", error=ErrorInfo("timeout", "the time-out passed at its start")
+                "timeout", error=ErrorInfo("timeout", "the time-out passed at its start"), ran=False
             )
         return await self.run(work.endpoint, work.payload)
 

@@ -155,7 +155,7 @@ class CpuExecutor:
         """Run the command on the granted cores; AOE kills it when ``time_left_s`` runs out."""
         if time_left_s <= 0:
             return ExecResult(
-                "timeout", error=ErrorInfo("timeout", "the time-out passed at its start")
+                "timeout", error=ErrorInfo("timeout", "the time-out passed at its start"), ran=False
             )
         key = start.action.id
         try:
@@ -365,7 +365,10 @@ class CpuExecutor:
         wait_s = float(timings.get("queue_s", 0.0))
         if out.status == "timeout":
             error = ErrorInfo("timeout", out.error or "timed out")
-            return ExecResult("timeout", value, error, exec_s=exec_s, wait_s=wait_s)
+            # No cores: AOE's deadline passed while the action waited for its trajectory's
+            # previous action or its cores (its 'late' verdict), and nothing ran.
+            ran = bool(out.cores)
+            return ExecResult("timeout", value, error, exec_s=exec_s, wait_s=wait_s, ran=ran)
         if out.status == "ok" or (
             out.exit_code is not None and not (out.error or "").startswith(_EXECUTOR_FAILURES)
         ):

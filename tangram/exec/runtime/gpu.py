@@ -185,6 +185,7 @@ class GpuExecutor:
                 exec_s=out.exec_s,
                 wait_s=out.queue_s,
                 detail=detail,
+                ran=False,  # (it never left EOE's queue)
             )
         code = _snake(type(out.error).__name__) if out.error is not None else "exec_failed"
         # A restore that ran out of memory (held outside EOE, or a real CUDA OOM) ends the
@@ -206,7 +207,9 @@ class GpuExecutor:
 
 def _late() -> ExecResult:
     """The outcome of a call whose action had no time left at its start: it never ran."""
-    return ExecResult("timeout", error=ErrorInfo("timeout", "the time-out passed at its start"))
+    return ExecResult(
+        "timeout", error=ErrorInfo("timeout", "the time-out passed at its start"), ran=False
+    )
 
 
 def _snake(name: str) -> str:

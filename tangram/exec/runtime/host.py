@@ -305,6 +305,8 @@ class LiveHost:
         if result.detail and "held_units" in result.detail:
             rec.held_units = result.detail["held_units"]
         self.finish(rec)
+        if not result.ran:  # its executor never ran it: no start time, no units
+            rec.started_at = None
         self.end(
             rec,
             result.status,

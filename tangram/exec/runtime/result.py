@@ -24,6 +24,12 @@ class ExecResult:
     wait_s: float = 0.0
     #: Executor facts for the trace and metrics (e.g. ``restored`` GPUs, ``evicted``).
     detail: dict[str, Any] | None = None
+    #: False when the executor did not run it at all (its deadline passed while it waited
+    #: there: AOE for its trajectory's previous action or its cores, EOE for its cell): the
+    #: outcome then says it never started (no start time, no units), so a client knows a
+    #: resend is safe. Said started, ``/run_code`` blamed the program (TimeLimitExceeded) and
+    #: the OpenAI-style routes said 'it started and is not run again'.
+    ran: bool = True
 
 
 def failed(code: str, message: str, *, exec_s: float = 0.0, retryable: bool = False) -> ExecResult:
