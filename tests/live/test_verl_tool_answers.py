@@ -101,3 +101,49 @@ def test_arguments_that_are_no_object_are_answered_not_raised(parameters: Any) -
     text = execute({}, handler, parameters)
     assert text.startswith("Error:") and "'code'" in text, text
     assert handler.sent == []
+
+
+def hung(sent: list[str]) -> Any:
+    """A mock service that takes each request and never answers (a hung process)."""
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request.url.path)
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+    return handler
+
+
+@pytest.mark.parametrize("call", ["create", "execute", "release"])
+def test_a_hung_service_costs_a_call_its_time_out_not_an_hour(
+    monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    """A service that took a request and never answered held the tool call for the client's
+    read time-out (its max_wait_s, 300 s, plus 60) on each of its 9 attempts: 54 minutes of
+    a rollout on one tool call. Each call is bounded by what it may take (the action's
+    ``timeout_s``, an open's wait for room) plus ``ANSWER_MARGIN_S``: ``execute`` answers an
+    error text, ``create`` raises (verl answers it), ``release`` logs it."""
+    from tangram.exec.integrations import verl_tool
+
+    monkeypatch.setattr(verl_tool, "ANSWER_MARGIN_S", 0.3)
+    monkeypatch.setattr(verl_tool, "OPEN_WAIT_S", 0.2)
+    tool = TangramSandboxTool({"tangram_url": "http://127.0.0.1:9", "image": "f", "timeout_s": 0.2})
+    sent: list[str] = []
+
+    async def main() -> Any:
+        tool._client = AsyncClient(
+            "http://127.0.0.1:9", retries=8, transport=httpx.MockTransport(hung(sent))
+        )
+        tool._client_loop = asyncio.get_running_loop()
+        if call == "create":
+            with pytest.raises(TimeoutError, match="did not answer"):
+                await tool.create()
+            return None
+        if call == "execute":
+            return (await tool.execute("t-1", {"code": "print(1)"}))[0].text
+        return await tool.release("t-1")
+
+    text = asyncio.run(asyncio.wait_for(main(), 10))  # (bounded: it hung for an hour)
+    assert sent, "the request went out"
+    if call == "execute":
+        assert text.startswith("Error:") and "did not answer" in text, text

@@ -39,6 +39,14 @@ from tangram.exec.service.retry import ServiceError
 
 log = logging.getLogger(__name__)
 
+#: How long an open waits for memory on a full node (the service's ``wait_s``).
+OPEN_WAIT_S = 60.0
+#: How long past what a call may take (its action's ``timeout_s``, an open's wait for room)
+#: the tool waits for the service's answer. Unbounded, a service that took a request and
+#: never answered held the call for the client's read time-out (360 s) on each of its 9
+#: attempts: 54 minutes of a rollout on one tool call.
+ANSWER_MARGIN_S = 60.0
+
 #: How each language's code is run: file name and interpreter.
 RUNNERS: dict[str, tuple[str, str]] = {"python": (".py", "python3"), "bash": (".sh", "bash")}
 
@@ -153,9 +161,10 @@ class TangramSandboxTool(BaseTool):
         caller's to the client, whose 409 raised: verl never learnt the instance, so it never
         released it, and its container held the node's memory until the service stopped."""
         s, given = self.settings, instance_id or None
-        doc = await self.client.open_trajectory(
-            given, memory_gb=s.memory_gb, image=s.image, wait_s=60
+        opening = self.client.open_trajectory(
+            given, memory_gb=s.memory_gb, image=s.image, wait_s=OPEN_WAIT_S
         )
+        doc = await _answered(opening, OPEN_WAIT_S, "the open")
         traj = given if given is not None else str(doc["id"])
         self._calls[traj] = 0
         return traj, ToolResponse()
@@ -179,7 +188,11 @@ class TangramSandboxTool(BaseTool):
             supported = ", ".join(sorted(RUNNERS))
             return ToolResponse(text=f"Error: language {language!r}; use {supported}."), 0.0, {}
         self._calls[instance_id] = self._calls.get(instance_id, 0) + 1
-        outcome = await self._run(instance_id, _script(code, language, self._calls[instance_id]))
+        script = _script(code, language, self._calls[instance_id])
+        try:
+            outcome = await self._run(instance_id, script)
+        except TimeoutError as exc:  # (the service hung: the call may still run there)
+            return ToolResponse(text=f"Error: {exc}"), 0.0, {"status": "no_answer"}
         value = outcome.value
         metrics = {
             "status": outcome.status,
@@ -202,7 +215,11 @@ class TangramSandboxTool(BaseTool):
         """1.0 when ``reward_command`` exits 0 in the trajectory's container, else 0.0."""
         if not self.settings.reward_command:
             return 0.0
-        outcome = await self._run(instance_id, self.settings.reward_command)
+        try:
+            outcome = await self._run(instance_id, self.settings.reward_command)
+        except TimeoutError as exc:
+            log.warning("reward of trajectory %s: %s; 0.0", instance_id, exc)
+            return 0.0
         return 1.0 if outcome.ok and getattr(outcome.value, "exit_code", 1) == 0 else 0.0
 
     async def release(self, instance_id: str, **kwargs: Any) -> None:
@@ -216,7 +233,7 @@ class TangramSandboxTool(BaseTool):
         shutdown removes its containers, the operator's ``DELETE`` one left behind)."""
         self._calls.pop(instance_id, None)
         try:
-            await self.client.close_trajectory(instance_id)
+            await _answered(self.client.close_trajectory(instance_id), 0.0, "the close")
         except ServiceError as exc:
             if exc.code == UnknownTrajectory.code:
                 log.info("trajectory %s was gone already: %s", instance_id, exc.message)
@@ -233,8 +250,10 @@ class TangramSandboxTool(BaseTool):
             )
 
     async def _run(self, traj: str, command: str) -> Any:
+        """``command`` as one action of ``traj``; ``TimeoutError`` when the service has not
+        answered ``ANSWER_MARGIN_S`` after its ``timeout_s``."""
         s = self.settings
-        return await self.client.run(
+        running = self.client.run(
             command=command,
             trajectory=traj,
             max_units=s.max_units,
@@ -243,6 +262,20 @@ class TangramSandboxTool(BaseTool):
             timeout_s=s.timeout_s,
             kind="verl_tool",
         )
+        return await _answered(running, s.timeout_s, "the call")
+
+
+async def _answered(call: Any, may_take_s: float, what: str) -> Any:
+    """``call``'s answer, or ``TimeoutError`` saying so when the service has not given it
+    ``ANSWER_MARGIN_S`` after the ``may_take_s`` it may take (its retries included)."""
+    bound = may_take_s + ANSWER_MARGIN_S
+    try:
+        return await asyncio.wait_for(call, bound)
+    except TimeoutError:
+        raise TimeoutError(
+            f"the Tangram service did not answer {what} within {bound:g} s (it may still "
+            "run it there)"
+        ) from None
 
 
 def _bounded(output: str, note: str, limit: int) -> str:
