@@ -147,3 +147,18 @@ def test_a_hung_service_costs_a_call_its_time_out_not_an_hour(
     assert sent, "the request went out"
     if call == "execute":
         assert text.startswith("Error:") and "did not answer" in text, text
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("timeout_s", 30 * 86400.0 + 1), ("timeout_s", 1e12), ("t1_s", 2e9), ("max_units", 2**63)],
+    ids=repr,
+)
+def test_a_setting_past_what_the_service_takes_is_refused_at_load(field: str, value: Any) -> None:
+    """A ``timeout_s`` over 30 days, a ``t1_s`` over the trace's longest time or a
+    ``max_units`` past int64 passed the tool's checks (positive, finite) and the service
+    refused every call with a 400, raised out of ``execute`` mid-rollout."""
+    with pytest.raises(ValueError, match=field):
+        TangramSandboxTool({"tangram_url": "http://127.0.0.1:8765", "image": "f", field: value})
+    ok = {"timeout_s": 30 * 86400.0, "t1_s": 1e9, "max_units": 64}[field]
+    TangramSandboxTool({"tangram_url": "http://127.0.0.1:8765", "image": "f", field: ok})

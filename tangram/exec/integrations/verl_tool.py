@@ -32,8 +32,8 @@ from typing import Any
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
-from tangram.exec.runtime.errors import UnknownTrajectory
-from tangram.exec.runtime.records import is_finite_number
+from tangram.exec.runtime.errors import BadRequest, UnknownTrajectory
+from tangram.exec.runtime.records import ActionSpec, CpuWork, is_finite_number
 from tangram.exec.service.client import AsyncClient
 from tangram.exec.service.retry import ServiceError
 
@@ -112,6 +112,25 @@ class ToolSettings:
             raise ValueError(
                 f"default_language must be one of {sorted(RUNNERS)}, got {self.default_language!r}"
             )
+        self._check_as_action()
+
+    def _check_as_action(self) -> None:
+        """``ValueError`` (the service's own words, naming the setting) when an action with
+        these settings would be refused: a ``timeout_s`` over 30 days, a ``t1_s`` past the
+        trace's longest time, a ``max_units`` past int64 passed the checks above, and the
+        service refused every call with a 400 mid-rollout. (Checked by the runtime's
+        ``ActionSpec`` rules, so the two cannot drift apart.)"""
+        try:
+            ActionSpec(
+                CpuWork(self.reward_command or "true"),
+                trajectory="t",
+                max_units=self.max_units,
+                t1_s=self.t1_s,
+                serial_fraction=self.serial_fraction if self.max_units > 1 else None,
+                timeout_s=self.timeout_s,
+            )
+        except BadRequest as exc:
+            raise ValueError(f"verl tool settings: {exc}") from None
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ToolSettings:
