@@ -162,3 +162,16 @@ def test_a_setting_past_what_the_service_takes_is_refused_at_load(field: str, va
         TangramSandboxTool({"tangram_url": "http://127.0.0.1:8765", "image": "f", field: value})
     ok = {"timeout_s": 30 * 86400.0, "t1_s": 1e9, "max_units": 64}[field]
     TangramSandboxTool({"tangram_url": "http://127.0.0.1:8765", "image": "f", field: ok})
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("image", "Tangram Python"), ("image", "x:"), ("memory_gb", 0.001)]
+)
+def test_a_container_setting_every_open_would_refuse_is_refused_at_load(
+    field: str, value: Any
+) -> None:
+    """An image that is no image reference, or less memory than the smallest container,
+    passed the tool's checks (a non-empty string, a positive number): every ``create`` was
+    refused with a 400 mid-rollout."""
+    with pytest.raises(ValueError, match=field):
+        TangramSandboxTool({"tangram_url": "http://127.0.0.1:8765", field: value})

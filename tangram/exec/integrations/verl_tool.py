@@ -33,7 +33,13 @@ from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from tangram.exec.runtime.errors import BadRequest, UnknownTrajectory
-from tangram.exec.runtime.records import ActionSpec, CpuWork, is_finite_number
+from tangram.exec.runtime.records import (
+    ActionSpec,
+    CpuWork,
+    check_image,
+    check_memory_gb,
+    is_finite_number,
+)
 from tangram.exec.service.client import AsyncClient
 from tangram.exec.service.retry import ServiceError
 
@@ -115,12 +121,15 @@ class ToolSettings:
         self._check_as_action()
 
     def _check_as_action(self) -> None:
-        """``ValueError`` (the service's own words, naming the setting) when an action with
-        these settings would be refused: a ``timeout_s`` over 30 days, a ``t1_s`` past the
-        trace's longest time, a ``max_units`` past int64 passed the checks above, and the
-        service refused every call with a 400 mid-rollout. (Checked by the runtime's
-        ``ActionSpec`` rules, so the two cannot drift apart.)"""
+        """``ValueError`` (the service's own words, naming the setting) when an open or an
+        action with these settings would be refused: an image that is no image reference,
+        less memory than the smallest container, a ``timeout_s`` over 30 days, a ``t1_s``
+        past the trace's longest time, a ``max_units`` past int64 passed the checks above,
+        and the service refused every call with a 400 mid-rollout. (Checked by the
+        runtime's own rules, so the two cannot drift apart.)"""
         try:
+            check_image("image", self.image)
+            check_memory_gb("memory_gb", self.memory_gb)
             ActionSpec(
                 CpuWork(self.reward_command or "true"),
                 trajectory="t",
