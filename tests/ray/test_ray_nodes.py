@@ -140,3 +140,25 @@ def test_endpoints_the_cluster_does_not_declare_are_refused_naming_them() -> Non
     assert RayConfig(cluster=file, endpoints={"mine": real}).cluster is file
     with pytest.raises(ValueError, match="'search'"):  # (the file's APIs replace apis)
         RayConfig(cluster=file, endpoints={"search": real})
+
+
+@pytest.mark.parametrize(
+    ("aoe", "says"),
+    [
+        ({"kil_grace_s": 3.0}, "kil_grace_s"),
+        ({"kill_grace_s": -1}, "kill_grace_s"),
+        ({"warm_pool": 5}, "warm_pool"),
+        ({"topology": None}, "topology"),
+        ("kill_grace_s=3", "mapping"),
+    ],
+    ids=repr,
+)
+def test_agent_aoe_settings_are_checked_where_they_are_given(aoe: Any, says: str) -> None:
+    """``RayConfig.aoe`` went as given to every agent's ``AoeConfig``: a misspelt key, a
+    negative grace or a ``topology`` (each agent sets its own) failed every agent's start,
+    a Ray actor error per node naming no setting of ``RayConfig``."""
+    from tangram.exec.ray.config import RayConfig
+
+    with pytest.raises(ValueError, match=rf"aoe.*{says}"):
+        RayConfig(aoe=aoe)
+    assert RayConfig(aoe={"kill_grace_s": 3.0}).aoe == {"kill_grace_s": 3.0}

@@ -95,6 +95,23 @@ class RayConfig:
         ):  # (-1 failed each GPU agent's start in torch; 0 read as its default, 1.5 as 1)
             raise ValueError(f"torch_threads must be None or an integer >= 1, got {threads!r}")
         self._check_endpoints()
+        self._check_aoe()
+
+    def _check_aoe(self) -> None:
+        """``ValueError`` naming the setting when ``aoe`` is no ``AoeConfig`` its agents
+        could make (each adds its node's ``topology``): given as is to every agent, a
+        misspelt key or a bad value failed each agent's start, a Ray actor error per node
+        naming no setting of this config."""
+        from tangram.exec.aoe.config import AoeConfig
+
+        if not isinstance(self.aoe, Mapping):
+            raise ValueError(f"aoe must be a mapping of AoeConfig settings, got {self.aoe!r}")
+        if "topology" in self.aoe:
+            raise ValueError("aoe: topology is set by each agent from its node's cores")
+        try:
+            AoeConfig(**dict(self.aoe))
+        except Exception as exc:  # noqa: BLE001 - AoeError, an unknown key's TypeError: named
+            raise ValueError(f"aoe: {exc}") from None
 
     def _check_endpoints(self) -> None:
         """``ValueError`` for an endpoint under a name the cluster's APIs lack (the file's
