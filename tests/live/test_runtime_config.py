@@ -5,6 +5,7 @@ comparison, naming nothing), a flag must be true or false."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -50,3 +51,31 @@ def test_good_values_are_kept() -> None:
     )
     assert config.max_pending == 3 and config.close_grace_s == 0
     assert config.journal_fsync is True
+
+
+def test_paths_given_as_strings_are_taken_as_paths(tmp_path: Path) -> None:
+    """``trace_path`` and ``journal_path`` given as strings (as a caller writes them) failed
+    with ``AttributeError: 'str' object has no attribute 'name'``: the trace's in ``Runtime``,
+    both together already in ``RuntimeConfig`` (the check that they share no file)."""
+    import asyncio
+
+    from tangram.exec.runtime import ActionSpec, ApiExecutor, ApiWork, Runtime
+    from tangram.exec.runtime.api import echo
+    from tests.live.test_runtime import api_cluster
+
+    config = RuntimeConfig(
+        trace_path=str(tmp_path / "t.jsonl"), journal_path=str(tmp_path / "j.sqlite")
+    )
+    assert config.trace_path == tmp_path / "t.jsonl"
+    assert config.journal_path == tmp_path / "j.sqlite"
+
+    async def main() -> bool:
+        async with Runtime(api_cluster(), config, api=ApiExecutor({"echo": echo})) as rt:
+            return (await rt.run(ActionSpec(ApiWork("echo", 1)))).ok
+
+    assert asyncio.run(main())
+    assert (tmp_path / "t.jsonl").exists() and (tmp_path / "j.sqlite").exists()
+    with pytest.raises(ValueError, match="trace_path"):
+        RuntimeConfig(trace_path=5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="journal_path"):
+        RuntimeConfig(journal_path="")

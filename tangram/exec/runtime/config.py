@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +65,10 @@ class RuntimeConfig:
     exclusive_cores: bool = False
 
     def __post_init__(self) -> None:
+        for name in ("trace_path", "journal_path"):
+            # (A str, as callers write paths, failed far from here: 'str' object has no
+            # attribute 'name', in the Runtime or in the shared-file check below.)
+            object.__setattr__(self, name, _path(name, getattr(self, name)))
         policy = make_policy(self.policy)  # raises ValueError naming the known policies
         if not policy.capabilities.respects_capacity:
             raise ValueError(
@@ -102,6 +107,16 @@ class RuntimeConfig:
                 f"{str(self.trace_path)!r} would share the file {str(clash)!r}: each would "
                 "overwrite the other's (give them different paths)"
             )
+
+
+def _path(name: str, value: object) -> Path | None:
+    """``value`` as a ``Path`` (a str or another path-like taken as one), None as None, else
+    ``ValueError`` naming ``name``."""
+    if value is None or isinstance(value, Path):
+        return value
+    if isinstance(value, str | os.PathLike) and os.fspath(value):
+        return Path(value)
+    raise ValueError(f"{name} must be a path (or None), got {value!r}")
 
 
 def _check_count(name: str, value: object) -> None:
