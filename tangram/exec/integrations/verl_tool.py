@@ -261,7 +261,9 @@ class TangramSandboxTool(BaseTool):
         shutdown removes its containers, the operator's ``DELETE`` one left behind)."""
         self._calls.pop(instance_id, None)
         try:
-            await _answered(self.client.close_trajectory(instance_id), 0.0, "the close")
+            # (A close waits for the trajectory's running action: up to its timeout_s.)
+            closing = self.client.close_trajectory(instance_id)
+            await _answered(closing, self.settings.timeout_s, "the close")
         except ServiceError as exc:
             if exc.code == UnknownTrajectory.code:
                 log.info("trajectory %s was gone already: %s", instance_id, exc.message)
