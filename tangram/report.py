@@ -62,6 +62,25 @@ def path_arg(text: str) -> Path:
     return Path(text)
 
 
+def check_out_file(flag: str, path: Path) -> None:
+    """Refuse an output file the run could not write, before the run: a directory that is
+    not there, or a directory given as the file. Found after a whole profile or calibration,
+    the work was lost (an IsADirectoryError traceback, or an error naming no flag)."""
+    if not path.parent.is_dir():
+        raise ValueError(f"{flag} {str(path)!r}: no directory {str(path.parent)!r}")
+    if path.is_dir():
+        raise ValueError(f"{flag} {str(path)!r}: a directory, not a file to write")
+
+
+def write_out_file(flag: str, path: Path, text: str) -> None:
+    """Write ``text`` to the output file ``path`` (UTF-8), an OSError (no permission, a full
+    disk, a read-only file system) an error naming the flag and the path, not a traceback."""
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"{flag} {str(path)!r}: cannot write it: {exc.strerror or exc}") from None
+
+
 def positive_int(text: str) -> int:
     """An argparse type: an integer >= 1, refused with a message naming the value."""
     return _int_at_least(text, 1)

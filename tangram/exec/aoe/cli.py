@@ -8,7 +8,16 @@ import math
 import os
 import sys
 
-from tangram.report import add_json_flag, emit, int_in, path_arg, positive_int, seconds_in
+from tangram.report import (
+    add_json_flag,
+    check_out_file,
+    emit,
+    int_in,
+    path_arg,
+    positive_int,
+    seconds_in,
+    write_out_file,
+)
 
 #: Runs per core count, timed or warm-up: a median of 5-10 settles; 100 at 16 core counts of a
 #: minute-long program is already a day.
@@ -114,10 +123,8 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     cmd: str | list[str] = command[0] if len(command) == 1 else command
-    if args.out is not None and not args.out.parent.is_dir():
-        raise ValueError(f"--out {str(args.out)!r}: no directory {str(args.out.parent)!r}")
-    if args.out is not None and args.out.is_dir():
-        raise ValueError(f"--out {str(args.out)!r}: a directory, not a file to write")
+    if args.out is not None:
+        check_out_file("--out", args.out)
     config = AoeConfig(
         image=args.image or PYTHON_IMAGE, sandbox=SandboxConfig(network=args.network)
     )
@@ -137,12 +144,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     document = profile.to_dict()
     if args.out:
-        try:
-            args.out.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-        except OSError as exc:  # (no permission, a full disk: a traceback after the run)
-            raise ValueError(
-                f"--out {str(args.out)!r}: cannot write it: {exc.strerror or exc}"
-            ) from None
+        write_out_file("--out", args.out, json.dumps(document, indent=2) + "\n")
     curve = [{"curve": json.dumps(document["curve"]), "rel_rms_error": profile.fit.rel_rms_error}]
     emit(
         args.json,

@@ -14,11 +14,11 @@ calls on that GPU node while CPU actions hold that CPU node's cores.
 from __future__ import annotations
 
 import argparse
+import json
 import os
-from pathlib import Path
 from typing import Any
 
-from tangram.report import add_json_flag, emit, int_in
+from tangram.report import add_json_flag, check_out_file, emit, int_in, path_arg, write_out_file
 
 #: Bounds on the measurement's sizes (each past it ran silently for minutes, or asked the
 #: allocator for hundreds of GB, before failing): devices on one node, sequences per call,
@@ -77,7 +77,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=_levels,
         help="host cores kept busy, comma-separated (default 0 up to the host's cores)",
     )
-    g.add_argument("-o", "--out", type=Path, required=True, help="the record (JSON) to write")
+    g.add_argument(  # (an empty path, '.', measured it all before failing: refused here)
+        "-o", "--out", type=path_arg, required=True, help="the record (JSON) to write"
+    )
     add_json_flag(g)
     g.set_defaults(func=run)
 
@@ -121,6 +123,9 @@ def _service(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Checked before measuring: a missing directory was found only after the whole
+    # calibration, the measurement lost.
+    check_out_file("--out", args.out)
     import torch
 
     from tangram.exec.eoe import EoeConfig, EoeManager
@@ -147,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
             host_cpu_node=cluster.cpu_nodes[0].name if shared else None,
             gpu_node=cluster.gpu_nodes[0].name if shared else None,
         )
-    record.write(args.out)
+    write_out_file("--out", args.out, json.dumps(record.to_dict(), indent=2) + "\n")
     emit(
         args.json,
         record.to_dict(),
