@@ -32,8 +32,8 @@ class Action:
     ``resource`` is the key elastic resource; ``max_units`` the most units it can use (CPU: cores;
     GPU: GPUs, rounded to aligned cells of 1/2/4/8; API: always one call). ``memory_gb`` is the
     inelastic memory a CPU container needs (reserved for the trajectory's life, as AOE keeps the
-    container) or host memory for GPU actions (checked against the GPU nodes' host memory: a
-    call needing more than every node has is rejected; not reserved per call). ``service``
+    container) or host memory for GPU actions (not reserved per call: the call runs only on a
+    GPU node whose host memory holds it, and one no node can run is rejected). ``service``
     names the GPU model or API endpoint. ``node`` is the CPU container's node when the driver
     already placed it; otherwise the core binds the trajectory to a node on its first CPU
     action.

@@ -122,19 +122,32 @@ class Admission:
         elif kind is ResourceKind.GPU:
             if not self.cluster.gpu_nodes:
                 return "GPU action but the cluster has no GPU node"
-            if not self.options.gpu_units(action):
-                return (
-                    f"service {action.service!r} of {action.service_size_gb} GB does not fit any cell: "
-                    f"at most {self._max_node_gpus} GPUs x {self._max_gpu_mem} GB on one node"
-                )
-            if action.memory_gb > self._max_host_mem:  # (checked, not reserved per call)
-                return (
-                    f"needs {action.memory_gb} GB of host memory; a GPU node has at most "
-                    f"{self._max_host_mem} GB"
-                )
+            if not self.options.gpu_units(action):  # (no node's cell and host memory hold it)
+                return self._no_gpu_node(action)
         elif action.service not in self.state.api:
             return f"unknown API endpoint {action.service!r}; known: {sorted(self.state.api)}"
         return None
+
+    def _no_gpu_node(self, action: Action) -> str:
+        """Why no GPU node can run the call: no cell holds its model, no node has its host
+        memory (checked per node, not reserved per call), or the nodes whose GPUs hold the
+        model lack the host memory that another node has."""
+        host_gb = self.options.gpu_host_gb(action)
+        if not host_gb:
+            return (
+                f"service {action.service!r} of {action.service_size_gb} GB does not fit any cell: "
+                f"at most {self._max_node_gpus} GPUs x {self._max_gpu_mem} GB on one node"
+            )
+        if action.memory_gb > self._max_host_mem:
+            return (
+                f"needs {action.memory_gb} GB of host memory; a GPU node has at most "
+                f"{self._max_host_mem} GB"
+            )
+        return (
+            f"needs {action.memory_gb} GB of host memory; the GPU nodes whose GPUs hold "
+            f"service {action.service!r} of {action.service_size_gb} GB have at most "
+            f"{host_gb} GB"
+        )
 
     def bind(self, traj: TrajectoryState, memory_gb: float, node: str | None) -> bool:
         """Reserve the container's memory on a node: the given one, else the roomiest; never

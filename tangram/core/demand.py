@@ -31,6 +31,9 @@ class ServiceDemand:
     #: goes only on a node whose GPUs hold it (0: not told, any node).
     size_gb: float = 0.0
     replicas: bool = False
+    #: The most host memory one of its calls needs (``Action.memory_gb``): a replica goes
+    #: only on a node whose host memory holds it (0: not told, any node).
+    host_gb: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.service, str) or not self.service:
@@ -42,7 +45,7 @@ class ServiceDemand:
                 f"{self.service}: replica_gpus must be a cell size {CELL_SIZES}, "
                 f"got {self.replica_gpus!r}"
             )
-        for key in ("gpu_seconds", "size_gb"):
+        for key in ("gpu_seconds", "size_gb", "host_gb"):
             value = getattr(self, key)
             if (
                 isinstance(value, bool)

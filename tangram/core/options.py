@@ -104,15 +104,20 @@ class OptionsBuilder:
         self.respects_capacity = respects_capacity
         self._node_cores: dict[str | None, int] = {n.name: n.cores for n in cluster.cpu_nodes}
         self._max_node_cores = max((n.cores for n in cluster.cpu_nodes), default=0)
-        #: The GPU nodes' distinct (GPUs, GB per GPU): a cell is one node's.
-        self._gpu_shapes = tuple(sorted({(n.gpus, n.gpu_memory_gb) for n in cluster.gpu_nodes}))
+        #: The GPU nodes' distinct (GPUs, GB per GPU, GB of host memory): a cell is one
+        #: node's, and runs only the calls whose host memory that node has.
+        self._gpu_shapes = tuple(
+            sorted({(n.gpus, n.gpu_memory_gb, n.host_memory_gb) for n in cluster.gpu_nodes})
+        )
         self._unit_ranges: dict[int, tuple[int, ...]] = {}  # top -> (1, ..., top), shared
 
     def gpu_units(self, action: Action) -> tuple[int, ...]:
-        """The cell sizes a GPU call may use on this cluster (empty: none holds its model)."""
+        """The cell sizes a GPU call may use on this cluster (empty: no node whose host memory
+        holds the call has a cell that holds its model)."""
+        host_gb = action.memory_gb
         return unit_options_on(
             action.service_size_gb,
-            self._gpu_shapes,
+            [(gpus, mem) for gpus, mem, host in self._gpu_shapes if host_gb <= host],
             action.max_units,
             replicas=action.service_replicas,
         )
@@ -141,13 +146,31 @@ class OptionsBuilder:
             units = (1,)
         return _on_units(action, units)
 
+    def gpu_host_gb(self, action: Action) -> float:
+        """The most host memory of a GPU node with a cell that holds the call's model (0.0:
+        none does), whatever the call's own host memory: to say why ``gpu_units`` is empty."""
+        return max(
+            (
+                host
+                for gpus, mem, host in self._gpu_shapes
+                if unit_options_on(
+                    action.service_size_gb,
+                    ((gpus, mem),),
+                    action.max_units,
+                    replicas=action.service_replicas,
+                )
+            ),
+            default=0.0,
+        )
+
     def add_node(self, node: CpuNodeSpec | GpuNodeSpec) -> None:
         """A node joined: its cores cap its actions; the largest node may be larger now."""
         if isinstance(node, CpuNodeSpec):
             self._node_cores[node.name] = node.cores
             self._max_node_cores = max(self._max_node_cores, node.cores)
         else:
-            self._gpu_shapes = tuple(sorted({*self._gpu_shapes, (node.gpus, node.gpu_memory_gb)}))
+            shape = (node.gpus, node.gpu_memory_gb, node.host_memory_gb)
+            self._gpu_shapes = tuple(sorted({*self._gpu_shapes, shape}))
 
     def widened(self, action: Action, opts: Options) -> Options:
         """A queued GPU call's options after a GPU node joined: the cells it had and those it

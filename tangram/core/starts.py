@@ -68,6 +68,11 @@ def start_action(
         cores = ()
         if bounded:
             gpu = state.gpu[node]
+            if action.memory_gb > gpu.spec.host_memory_gb:  # (a policy's placement bug)
+                raise CapacityError(
+                    f"{action.id}: needs {action.memory_gb} GB of host memory, {node} has "
+                    f"{gpu.spec.host_memory_gb} GB"
+                )
             restore = not gpu.is_resident(action.service or "", gpus)
             overhead = (
                 gpu.spec.restore_s(

@@ -15,7 +15,7 @@ from tangram.core.action import Action
 from tangram.core.backlog import GPU_DOMAIN, Domain
 from tangram.core.cells import aligned_cells, cell_sizes, holds
 from tangram.core.context import Context
-from tangram.core.gpu_placement import place_cell
+from tangram.core.gpu_placement import host_holds, place_cell
 from tangram.core.options import Options
 from tangram.core.policies.base import DomainRule, RuleTraits
 from tangram.core.policies.elastic import defer_evicted, elastic_round
@@ -151,6 +151,7 @@ class ElasticGpu(DomainRule):
                     action.service or "",
                     action.service_size_gb,
                     action.service_replicas,
+                    action.memory_gb,
                 )
                 if spot is not None:
                     node, cell = spot
@@ -191,7 +192,7 @@ class _RobustPass:
         self.pool_gpus = sum(n.spec.gpus for n in ctx.state.gpu.values())
         self._widest: int | None = None
         #: ``widest_free(action)`` per (model size, replicas), this pass.
-        self._widest_for: dict[tuple[float, bool], int] = {}
+        self._widest_for: dict[tuple[float, bool, float], int] = {}
         self._backlog: Backlog | None = None
         self._resident: dict[str, set[int]] | None = None
         self._held: dict[str, set[int]] | None = None
@@ -211,7 +212,7 @@ class _RobustPass:
         self._claimed: dict[str, int] = {}
         #: Calls that claimed a free copy on GPUs held for a waiting call (``hold``).
         self._backfills: set[str] = set()
-        self._charge: dict[tuple[str, int], float | None] = {}
+        self._charge: dict[tuple[str, int, float], float | None] = {}
         self.waits = rule.waits
         self.reserved: dict[str, set[int]] = {}
         #: The cell held for the call placed last this pass (``run``), while the others go.
@@ -289,7 +290,8 @@ class _RobustPass:
 
     def charge(self, action: Action, size: int) -> float | None:
         """The eviction charge of the best free cell of ``size`` (None: no free cell)."""
-        key = (action.service or "", size)
+        # (per host memory too: a call needing more than a node has is not placed there)
+        key = (action.service or "", size, action.memory_gb)
         if key not in self._charge:
             spot = place_charged(
                 self.ctx,
@@ -360,9 +362,14 @@ class _RobustPass:
 
     def widest_free(self, action: Action | None = None) -> int:
         """The largest free cell no waiting call holds, over the pool; with ``action``, the
-        largest of those whose GPUs hold its model (GPU nodes of different memory: a wide
-        free cell where the model does not fit does not serve it)."""
-        model = None if action is None else (action.service_size_gb, action.service_replicas)
+        largest of those whose GPUs hold its model and whose node's host memory holds it (GPU
+        nodes of different memory: a wide free cell where the call does not fit does not
+        serve it)."""
+        model = (
+            None
+            if action is None
+            else (action.service_size_gb, action.service_replicas, action.memory_gb)
+        )
         widest = self._widest if model is None else self._widest_for.get(model)
         if widest is None:
             widest = _widest_free_cell(self.ctx, self.reserved, model)
@@ -709,12 +716,15 @@ class _RobustPass:
 def _widest_free_cell(
     ctx: Context,
     reserved: dict[str, set[int]] | None = None,
-    model: tuple[float, bool] | None = None,
+    model: tuple[float, bool, float] | None = None,
 ) -> int:
     """The largest free aligned cell over the pool (0 when every GPU is busy); none of whose
-    GPUs is ``reserved``; with ``model`` (size in GB, whole replicas), whose GPUs hold it."""
+    GPUs is ``reserved``; with ``model`` (size in GB, whole replicas, the call's host memory
+    in GB), whose GPUs hold it on a node whose host memory holds the call."""
     widest = 0
     for name, node in ctx.state.gpu.items():
+        if model is not None and not host_holds(model[2], node.spec):
+            continue  # (no cell of this node can run the call)
         held = reserved.get(name) if reserved else None
         for size in reversed(cell_sizes(node.spec.gpus)):
             if size <= widest:

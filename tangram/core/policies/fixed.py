@@ -48,6 +48,7 @@ class FixedGpu(DomainRule):
                 action.service or "",
                 action.service_size_gb,
                 action.service_replicas,
+                action.memory_gb,
             )
             if spot is None:
                 return

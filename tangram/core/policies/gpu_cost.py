@@ -40,8 +40,8 @@ from collections.abc import Callable, Iterator
 
 from tangram.core.action import Action
 from tangram.core.backlog import GPU_DOMAIN
-from tangram.core.cells import holds
 from tangram.core.context import Context
+from tangram.core.gpu_placement import runs_on
 from tangram.core.resources import ResourceKind
 from tangram.core.state import GpuNodeState
 
@@ -368,12 +368,7 @@ def place_charged(
         free = node.free_gpus
         if size > node.spec.gpus or free < size:
             continue
-        if not holds(
-            action.service_size_gb,
-            node.spec.gpu_memory_gb,
-            size,
-            replicas=action.service_replicas,
-        ):
+        if not runs_on(action, node.spec, size):  # (its GPUs and host memory hold the call)
             continue
         held = reserved.get(name) if reserved else None
         for cell in node.free_cells(size):

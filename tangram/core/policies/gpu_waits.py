@@ -31,8 +31,9 @@ from typing import NamedTuple
 
 from tangram.core.action import Action
 from tangram.core.backlog import GPU_DOMAIN
-from tangram.core.cells import aligned_cells, holds
+from tangram.core.cells import aligned_cells
 from tangram.core.context import Context
+from tangram.core.gpu_placement import runs_on
 from tangram.core.policies.gpu_cost import AGING_CAP_S
 
 #: Waiting must finish the call at least this share of its run-now time sooner.
@@ -161,7 +162,7 @@ class CellWaits:
         until, held = _busy_until(ctx), self.reserved()
         best: tuple[float, float, str, tuple[int, ...]] | None = None
         for name, node in ctx.state.gpu.items():
-            if size > node.spec.gpus or not _holds(action, node.spec.gpu_memory_gb, size):
+            if not runs_on(action, node.spec, size):
                 continue
             mine = held.get(name, set())
             for cell in aligned_cells(node.spec.gpus, size):
@@ -222,7 +223,7 @@ class CellWaits:
                 u = opts.units[j]
                 if u > node.spec.gpus or u > pool * MAX_POOL_SHARE:
                     break
-                if not _holds(action, node.spec.gpu_memory_gb, u):
+                if not runs_on(action, node.spec, u):
                     continue
                 for cell in aligned_cells(node.spec.gpus, u):
                     if mine.intersection(cell) or any(
@@ -353,8 +354,3 @@ def filled(free_at: list[float], work: float) -> float:
         total += i * (at - level)
         level = at
     return level + (work - total) / len(free_at)
-
-
-def _holds(action: Action, gpu_memory_gb: float, size: int) -> bool:
-    """Whether a cell of ``size`` GPUs of ``gpu_memory_gb`` each holds ``action``'s model."""
-    return holds(action.service_size_gb, gpu_memory_gb, size, replicas=action.service_replicas)

@@ -27,10 +27,10 @@ from tangram.core.action import Action
 from tangram.core.backlog import GPU_DOMAIN, Domain
 from tangram.core.context import Context
 from tangram.core.demand import ServiceDemand, size_replicas
-from tangram.core.gpu_placement import place_cell
+from tangram.core.gpu_placement import host_holds, place_cell
 from tangram.core.options import Options
 from tangram.core.policies.base import DomainRule, RuleTraits
-from tangram.core.resources import ResourceKind
+from tangram.core.resources import GpuNodeSpec, ResourceKind
 
 
 class StaticPods(DomainRule):
@@ -145,12 +145,14 @@ def _hold_replicas(
     count: int,
     size_gb: float = 0.0,
     replicas: bool = False,
+    host_gb: float = 0.0,
 ) -> list[tuple[str, tuple[int, ...]]]:
     """Place and hold up to ``count`` replicas of ``tp`` GPUs for ``service`` (fewer when the
-    pool runs out); the (node, cell) of each."""
+    pool runs out), on nodes whose GPUs hold its model and whose host memory holds its calls'
+    ``host_gb``; the (node, cell) of each."""
     cells = []
     for _ in range(count):
-        spot = place_cell(ctx.state, tp, f"dedicated:{service}", size_gb, replicas)
+        spot = place_cell(ctx.state, tp, f"dedicated:{service}", size_gb, replicas, host_gb)
         if spot is None:
             break
         ctx.hold_cell(spot[0], spot[1], f"dedicated:{service}")
@@ -161,6 +163,8 @@ def _hold_replicas(
 class DedicatedGpus(DomainRule):
     # Replicas are deployed as the first call of each service is observed.
     traits = RuleTraits(observes=True)
+    #: The policy's name, as its reasons say it.
+    label = "sglang-static"
 
     def __init__(self, gpus_per_service: int) -> None:
         self.gpus_per_service = gpus_per_service
@@ -178,6 +182,7 @@ class DedicatedGpus(DomainRule):
             max(1, self.gpus_per_service // tp),
             action.service_size_gb,
             action.service_replicas,
+            action.memory_gb,  # (the first call's: a later one needing more may find none)
         )
         if cells:
             self.replicas[service] = cells
@@ -224,9 +229,21 @@ class DedicatedGpus(DomainRule):
                         f"needs one of {ctx.options(action).units} GPUs ({action.service_size_gb} GB)",
                     )
                     continue
-                if not free:
-                    break
-                node, cell = free.pop(0)
+                # Only a replica on a node whose host memory holds the call (not reserved per
+                # call: the node's whole host memory is the bound).
+                fits = [
+                    r
+                    for r in self.replicas[service]
+                    if host_holds(action.memory_gb, _spec(ctx, r[0]))
+                ]
+                if not fits:
+                    ctx.reject(action, self._no_host_memory(ctx, action))
+                    continue
+                spot = next((r for r in free if r in fits), None)
+                if spot is None:
+                    break  # (FCFS within the service: it waits for one of its replicas)
+                free.remove(spot)
+                node, cell = spot
                 self.busy[(node, cell)] = action.id
                 ctx.start(
                     action,
@@ -237,6 +254,21 @@ class DedicatedGpus(DomainRule):
                     in_slot=True,
                 )
 
+    def _no_host_memory(self, ctx: Context, action: Action) -> str:
+        """Why the call cannot run on its service's replicas: their nodes lack its host memory."""
+        service = action.service or ""
+        nodes = sorted({node for node, _ in self.replicas[service]})
+        most = max(_spec(ctx, n).host_memory_gb for n in nodes)
+        return (
+            f"{self.label}: {service}'s replicas are on {', '.join(nodes)}, with at most {most} GB "
+            f"of host memory; this call needs {action.memory_gb} GB"
+        )
+
+
+def _spec(ctx: Context, node: str) -> GpuNodeSpec:
+    """The GPU node's spec."""
+    return ctx.state.gpu[node].spec
+
 
 class SizedGpus(DedicatedGpus):
     """Replicas per service sized to its expected load within ``total_gpus`` (None: all GPUs).
@@ -246,6 +278,7 @@ class SizedGpus(DedicatedGpus):
     """
 
     traits = RuleTraits(observes=True)
+    label = "sglang-sized"
 
     def __init__(self, total_gpus: int | None = None) -> None:
         super().__init__(gpus_per_service=1)
@@ -264,7 +297,13 @@ class SizedGpus(DedicatedGpus):
         self.plan = size_replicas(self.demands.values(), budget)
         for d in sorted(self.demands.values(), key=lambda d: (-d.replica_gpus, d.service)):
             cells = _hold_replicas(
-                ctx, d.service, d.replica_gpus, self.plan[d.service], d.size_gb, d.replicas
+                ctx,
+                d.service,
+                d.replica_gpus,
+                self.plan[d.service],
+                d.size_gb,
+                d.replicas,
+                d.host_gb,
             )
             if cells:
                 self.replicas[d.service] = cells
