@@ -115,3 +115,16 @@ def test_profile_cpu_refuses_an_out_it_cannot_write_before_profiling(
     out = tmp_path / where
     assert main(["profile-cpu", "--out", str(out), "--", "true"]) == 2  # (no Docker needed)
     assert f"--out {str(out)!r}" in capsys.readouterr().err
+
+
+def test_calibrate_refuses_a_toml_out_before_measuring(
+    no_calibration: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The record is written as JSON, but a ``.toml`` record is read as TOML
+    (``load_gpu_calibration``, ``tangram replay --gpu-calibration``): ``-o rec.toml`` wrote a
+    file the replay then refused as "not valid toml", after the whole calibration."""
+    out = tmp_path / "rec.toml"
+    assert main([*CALIBRATE, "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {str(out)!r}" in err and ".json" in err, err
+    assert not out.exists()

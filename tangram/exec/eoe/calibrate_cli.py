@@ -126,6 +126,11 @@ def run(args: argparse.Namespace) -> int:
     # Checked before measuring: a missing directory was found only after the whole
     # calibration, the measurement lost.
     check_out_file("--out", args.out)
+    if args.out.suffix == ".toml":  # (``load_gpu_calibration`` reads a .toml file as TOML)
+        raise ValueError(
+            f"--out {str(args.out)!r}: the record is written as JSON, and a .toml record is "
+            "read as TOML (tangram replay --gpu-calibration); give a .json path"
+        )
     import torch
 
     from tangram.exec.eoe import EoeConfig, EoeManager
