@@ -28,7 +28,9 @@ whitespace around them and no control characters.
 
 Sizes are bounded so that a typo fails at once instead of exhausting memory or running for
 hours: at most ``MAX_CORES_PER_NODE`` cores per CPU node and ``MAX_NODES`` nodes of each
-kind (CPU, GPU) per cluster, groups included.
+kind (CPU, GPU) per cluster, groups included; a GPU node copies at least ``H2D_GBPS_MIN`` GB/s
+and has at most ``GPU_MEMORY_GB_MAX`` GB per GPU (``tangram.core.resources``: a restore
+estimate stays finite).
 """
 
 from __future__ import annotations

@@ -14,6 +14,14 @@ from tangram.core.cells import CELL_SIZES
 #: the rule; this name stays for code that imports it from here).
 GPU_CELL_SIZES: tuple[int, ...] = CELL_SIZES
 
+#: Slowest host-to-GPU copy a GPU node may declare (GB/s: a kilobyte per second), and the
+#: most memory per GPU (GB: far above any GPU today, far below a typo). Together they keep a
+#: restore estimate (size / bandwidth, the size at most a node's GPUs' memory) a finite
+#: number of seconds: ``h2d_gbps = 1e-320`` made a 20-GB restore take ``inf`` seconds, and a
+#: cold replay failed as "event time must be a finite number of seconds, got inf".
+H2D_GBPS_MIN = 1e-6
+GPU_MEMORY_GB_MAX = 1e6
+
 
 class SpecError(ValueError):
     """An invalid cluster description; ``key`` names the offending field."""
@@ -124,6 +132,17 @@ class GpuNodeSpec:
         )
         for key in ("gpu_memory_gb", "host_memory_gb", "h2d_gbps"):
             _require_positive(getattr(self, key), key)
+        _require(
+            self.h2d_gbps >= H2D_GBPS_MIN,
+            "h2d_gbps",
+            f"must be >= {H2D_GBPS_MIN:g} GB/s (a restore at less would take no finite "
+            f"time), got {self.h2d_gbps!r}",
+        )
+        _require(
+            self.gpu_memory_gb <= GPU_MEMORY_GB_MAX,
+            "gpu_memory_gb",
+            f"must be <= {GPU_MEMORY_GB_MAX:g} GB per GPU, got {self.gpu_memory_gb!r}",
+        )
         _require(
             _finite(self.restore_fixed_s, low=0, strict=False),
             "restore_fixed_s",
