@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from tangram.core.cluster_file import MAX_CORES_PER_NODE, MAX_NODES
+from tangram.core.resources import H2D_GBPS_MIN
 from tangram.trace.gpu_calibration import GpuCalibration
 from tangram.trace.row import TIME_MAX_S
 
@@ -93,6 +94,11 @@ class Overheads:
         for name in ("gpu_restore_fixed_s", "gpu_exec_noise_sigma"):
             _require_finite(f"overheads.{name}", getattr(self, name), optional=True)
         _require_finite("overheads.gpu_h2d_gbps", self.gpu_h2d_gbps, optional=True, positive=True)
+        if self.gpu_h2d_gbps is not None and self.gpu_h2d_gbps < H2D_GBPS_MIN:
+            raise ValueError(  # (a GPU node's floor: a restore at less takes no finite time)
+                f"overheads.gpu_h2d_gbps must be None or >= {H2D_GBPS_MIN:g} GB/s, as a GPU "
+                f"node's h2d_gbps, got {self.gpu_h2d_gbps!r}"
+            )
         for name in ("exec_noise_sigma", "gpu_exec_noise_sigma"):
             _require_noise_sigma(f"overheads.{name}", getattr(self, name))
         slowdown = self.oversubscription_slowdown

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tangram.core.curves import curve_from_dict
+from tangram.core.resources import H2D_GBPS_MIN
 from tangram.trace.errors import TraceError
 from tangram.trace.gpu_calibration import GpuCalibration
 from tangram.trace.host_load import busy_for
@@ -193,9 +194,10 @@ def restore_gbps(eoe: Mapping[str, float]) -> float:
     TraceError naming them: counters each valid alone can divide to 0 or overflow to inf
     (1e300 bytes in 1e-300 s), which the GPU node then refused without naming the header."""
     gbps = (eoe.get("bytes_restored", 0) / (1 << 30)) / eoe["restore_s"]
-    if not (math.isfinite(gbps) and gbps > 0):
+    if not (math.isfinite(gbps) and gbps >= H2D_GBPS_MIN):  # (a GPU node's floor)
         raise TraceError(
-            f"bytes_restored / restore_s must give a positive finite restore rate, got "
+            f"bytes_restored / restore_s must give a finite restore rate >= {H2D_GBPS_MIN:g} "
+            "GB/s (a GPU node's h2d_gbps floor), got "
             f"{eoe.get('bytes_restored', 0)!r} bytes in {eoe['restore_s']!r} s = {gbps!r} GB/s",
             field="eoe",
             where="header",

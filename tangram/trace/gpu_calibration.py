@@ -19,11 +19,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from tangram.core.resources import H2D_GBPS_MIN
 from tangram.trace.errors import TOO_DEEP, TraceError, loads_unique, other_encoding
 from tangram.trace.row import TIME_MAX_S, is_nonnegative_number
 
 #: The record's format version (``version`` on disk).
 GPU_CALIBRATION_VERSION = 1
+#: Shortest call time a record may hold (s; as a replayed duration's floor): a shorter one is
+#: no measurement, and 1e-320 s made a slow-down (loaded / idle) infinite or 0, which the
+#: replay then failed on as "math domain error" or a ZeroDivisionError.
+CALL_S_MIN = 1e-6
 
 
 class CalibrationError(ValueError):
@@ -57,6 +62,11 @@ class CallTime:
             raise CalibrationError(f"call_times: dop must be an integer >= 1, got {self.dop!r}")
         _number("call_times: busy_cores", self.busy_cores)
         _number("call_times: seconds", self.seconds, positive=True)
+        if self.seconds < CALL_S_MIN:
+            raise CalibrationError(
+                f"call_times: seconds must be >= {CALL_S_MIN:g} (a shorter call time is no "
+                f"measurement), got {self.seconds!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -112,6 +122,11 @@ class GpuCalibration:
             raise CalibrationError(f"backend must be a non-empty string, got {self.backend!r}")
         _number("call_overhead_s", self.call_overhead_s)
         _number("restore_gbps", self.restore_gbps, positive=True)
+        if self.restore_gbps < H2D_GBPS_MIN:  # (a GPU node's floor: a restore stays finite)
+            raise CalibrationError(
+                f"restore_gbps must be >= {H2D_GBPS_MIN:g} GB/s, as a GPU node's h2d_gbps "
+                f"(a restore at less would take no finite time), got {self.restore_gbps!r}"
+            )
         _number("restore_fixed_s", self.restore_fixed_s)
         if (
             isinstance(self.host_cores, bool)
