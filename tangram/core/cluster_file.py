@@ -29,8 +29,9 @@ whitespace around them and no control characters.
 Sizes are bounded so that a typo fails at once instead of exhausting memory or running for
 hours: at most ``MAX_CORES_PER_NODE`` cores per CPU node and ``MAX_NODES`` nodes of each
 kind (CPU, GPU) per cluster, groups included; a GPU node copies at least ``H2D_GBPS_MIN`` GB/s
-and has at most ``GPU_MEMORY_GB_MAX`` GB per GPU (``tangram.core.resources``: a restore
-estimate stays finite).
+and has at most ``GPU_MEMORY_GB_MAX`` GB per GPU, an API's ``rate_per_s`` is at least
+``RATE_PER_S_MIN`` (``tangram.core.resources``: a restore estimate and the wait for a start
+token stay finite).
 """
 
 from __future__ import annotations

@@ -21,6 +21,10 @@ GPU_CELL_SIZES: tuple[int, ...] = CELL_SIZES
 #: cold replay failed as "event time must be a finite number of seconds, got inf".
 H2D_GBPS_MIN = 1e-6
 GPU_MEMORY_GB_MAX = 1e6
+#: Slowest start rate an API endpoint may declare (starts/s): the wait for the next token
+#: (1 / rate) stays finite; ``rate_per_s = 1e-320`` made it ``inf`` and a run failed as
+#: "event time must be a finite number of seconds, got inf".
+RATE_PER_S_MIN = 1e-6
 
 
 class SpecError(ValueError):
@@ -175,10 +179,11 @@ class ApiEndpointSpec:
             f"must be a positive integer, got {self.concurrency!r}",
         )
         _require(
-            self.rate_per_s is None or _finite(self.rate_per_s, low=0, strict=True),
+            self.rate_per_s is None
+            or (_finite(self.rate_per_s, low=0, strict=True) and self.rate_per_s >= RATE_PER_S_MIN),
             "rate_per_s",
-            f"must be a positive finite number when given (omit it for no rate limit), "
-            f"got {self.rate_per_s!r}",
+            f"must be a positive finite number, at least {RATE_PER_S_MIN:g} starts/s, when "
+            f"given (omit it for no rate limit), got {self.rate_per_s!r}",
         )
         _require(
             _whole(self.burst) and self.burst >= 1,
