@@ -17,6 +17,7 @@ from typing import Any
 
 from tangram.core.cells import CELL_SIZES
 from tangram.core.curves import (
+    MIN_NORMAL_S,
     Amdahl,
     CurveError,
     ElasticityCurve,
@@ -97,6 +98,12 @@ def _as_float(
         raise _fail(name, f"must be a finite number, got {value!r}")
     if positive and value <= 0:
         raise _fail(name, f"must be > 0 seconds, got {value!r}")
+    if positive and value < MIN_NORMAL_S:  # (as the core's curves: a subnormal time underflows)
+        raise _fail(
+            name,
+            f"must be at least {MIN_NORMAL_S:g} seconds (a subnormal time underflows to 0 s "
+            f"over several units), got {value!r}",
+        )
     if value < 0:
         what = "a time" if name.endswith("_s") else "a size"
         raise _fail(name, f"must be >= 0 ({what} cannot be negative), got {value!r}")
