@@ -5,8 +5,9 @@ one sentence: per figure, how many times lower or higher the default's is (the v
 the table). A
 figure both policies have at 0 (held GPU-s of a CPU-only workload) is left out; one at 0 on one
 side only is worded ("0 vs 12.5"), never printed as a ratio of 0 or infinity, and so is one
-that is infinite or whose ratio leaves float's range (a cluster whose restore bandwidth of
-1e-307 GB/s makes a restore take forever); one that is unknown (NaN: no action ran, or the
+that is infinite or whose ratio leaves float's range (figures of 1e-300 and 1e300; a cluster's
+restore bandwidth, which once made a restore take forever at 1e-307 GB/s, is now held to
+``H2D_GBPS_MIN``); one that is unknown (NaN: no action ran, or the
 timeline was off) is said to be unknown. A ratio past 100,000 is written in 3 digits.
 """
 
