@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -64,12 +65,18 @@ def path_arg(text: str) -> Path:
 
 def check_out_file(flag: str, path: Path) -> None:
     """Refuse an output file the run could not write, before the run: a directory that is
-    not there, or a directory given as the file. Found after a whole profile or calibration,
-    the work was lost (an IsADirectoryError traceback, or an error naming no flag)."""
+    not there or not writable, a directory given as the file, or a file not writable. Found
+    after a whole profile or calibration, the work was lost (an IsADirectoryError traceback,
+    or an error naming no flag); ``tangram sim --out`` checks its directory so too
+    (``tangram.sim.metrics.check_out_dir``)."""
     if not path.parent.is_dir():
         raise ValueError(f"{flag} {str(path)!r}: no directory {str(path.parent)!r}")
     if path.is_dir():
         raise ValueError(f"{flag} {str(path)!r}: a directory, not a file to write")
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {str(path)!r}: directory {str(path.parent)!r} is not writable")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ValueError(f"{flag} {str(path)!r}: the file is not writable")
 
 
 def write_out_file(flag: str, path: Path, text: str) -> None:

@@ -128,3 +128,31 @@ def test_calibrate_refuses_a_toml_out_before_measuring(
     err = capsys.readouterr().err
     assert f"--out {str(out)!r}" in err and ".json" in err, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["calibrate", "profile-cpu"])
+@pytest.mark.parametrize("existing", [False, True])
+def test_an_out_that_cannot_be_written_is_refused_before_the_run(
+    command: str,
+    existing: bool,
+    no_calibration: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A directory (or file) the user may not write was found only when the record was
+    written, after the whole calibration or profile ("cannot write it"); ``tangram sim --out``
+    refuses it before its run (``metrics.check_out_dir``), and so do these now. (Root writes
+    anywhere: the permission is denied through ``os.access``.)"""
+    out = tmp_path / "rec.json"
+    if existing:
+        out.write_text("{}")
+    denied = out if existing else tmp_path
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: Path(p) != denied and real(p, mode))
+    argv = [*CALIBRATE, "-o", str(out)] if command == "calibrate" else [
+        "profile-cpu", "--out", str(out), "--", "true"
+    ]  # fmt: skip
+    assert main(argv) == 2  # (profile-cpu: before the container engine is asked for)
+    err = capsys.readouterr().err
+    assert f"--out {str(out)!r}" in err and "not writable" in err, err
