@@ -218,14 +218,34 @@ class HostBackup:
                 table[leaf] = value
 
     def recycle(self, module: torch.nn.Module) -> None:
-        """Take back an evicted replica's module: drop its device tensors, keep the skeleton."""
+        """Take back an evicted replica's module: drop its device tensors, keep the skeleton.
+
+        The device tensors are dropped even past an interrupt (a KeyboardInterrupt at any line
+        but the handler's): its traceback holds ``module``, so tensors left attached kept their
+        device buffer allocated until the garbage collector broke the traceback's cycle.
+        """
+        try:
+            with self._lock:
+                owners = self._owners.get(module)
+            if owners is None:  # (not a skeleton of ours: it holds what its maker gave it)
+                return
+            self._attach(owners, None)
+        except BaseException:
+            self._detach(module)
+            raise
+        # Past this point the module holds no device tensor: an interrupt here only loses
+        # the skeleton for reuse. (Detaching in a handler here could detach a spare that
+        # another restore took and filled meanwhile.)
+        with self._lock:
+            if len(self._spares) < MAX_SPARES:
+                self._spares.append(module)
+
+    def _detach(self, module: torch.nn.Module) -> None:
+        """Point every tensor of ``module`` (a skeleton of ours) back at its meta tensor."""
         with self._lock:
             owners = self._owners.get(module)
-            if owners is None or len(self._spares) >= MAX_SPARES:
-                return
-        self._attach(owners, None)
-        with self._lock:
-            self._spares.append(module)
+        if owners is not None:
+            self._attach(owners, None)
 
     def restore(
         self, device: Device, *, sync: bool = True, shard: int | None = None
