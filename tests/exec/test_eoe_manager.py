@@ -1062,6 +1062,44 @@ def test_inputs_holding_themselves_split_across_replicas_are_refused_naming_it(m
     assert "contains itself" in str(out.error)
 
 
+def _recursing_merge(results: list) -> object:
+    return _recursing_merge(results)  # (a merge walking a result that holds itself)
+
+
+class _TwoLayers(nn.Module):
+    """A model of two layers, which a service of shards=2 splits one layer per GPU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(6, 6), nn.Linear(6, 6)])
+
+    def forward(self, x: Any) -> torch.Tensor:
+        return self.layers[1](self.layers[0](x))
+
+
+def _looped_layer_input(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return module(_cyclic_list())  # (a call handing its model a list holding itself)
+
+
+def test_a_merge_or_a_shard_hook_recursing_without_end_is_refused_naming_the_cause(
+    managers,
+) -> None:
+    """A service's own merge recursing without end (walking a result that holds itself) failed
+    the call as 'merging ... failed: RecursionError: maximum recursion depth exceeded', and a
+    sharded model's layer hook walked inputs holding themselves the same way ('service raised
+    RecursionError'): neither named the cause. The merge's failure says the results hold a
+    value that contains itself (as the split's does), the hook's names the list."""
+    m = managers(config(devices=2))
+    m.register(blob_spec("a", merge=_recursing_merge))
+    out = m.call("a", X.reshape(2, 3), dop=2)
+    assert isinstance(out.error, CallFailedError), out
+    assert "contains itself" in str(out.error) and "RecursionError" not in str(out.error)
+    m.register(ServiceSpec("s", factory=_TwoLayers, call=_looped_layer_input, dops=(2,), shards=2))
+    out = m.call("s", X)
+    assert isinstance(out.error, CallFailedError), out
+    assert "holds a list that contains itself" in str(out.error), out
+
+
 def _exits(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     raise SystemExit(3)  # (a library that calls sys.exit on what it dislikes)
 

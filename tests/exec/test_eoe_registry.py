@@ -390,3 +390,55 @@ def test_a_spec_field_that_cannot_be_shown_is_refused_naming_it(kwargs: dict, wo
     ServiceSpecError. Each is refused naming the field."""
     with pytest.raises(ServiceSpecError, match=words):
         _spec(**kwargs)
+
+
+def _deep(depth: int = 5000) -> tuple:
+    nested: tuple = (torch.arange(4),)
+    for _ in range(depth):
+        nested = (nested,)
+    return nested
+
+
+def test_split_and_merge_refuse_a_structure_holding_itself_or_nested_too_deep() -> None:
+    """The default split (and the admission check, batch_problem) walked a mapping holding
+    itself, and merge a result holding one, until Python's recursion limit: a bare
+    RecursionError, reported as the service's own failure (and out of batch_problem, which
+    answers only a TypeError, as an error of the admission itself). A container holding
+    itself is refused naming it, at once; one nested past the limit is refused saying so;
+    the same member reached twice side by side is no cycle."""
+    from tangram.exec.eoe.registry import UnmappableValueError
+
+    looped: dict = {"x": torch.arange(4)}
+    looped["again"] = (looped,)
+    with pytest.raises(UnmappableValueError, match="holds a dict that contains itself"):
+        split_batch(looped, 2)
+    assert batch_problem(looped) == "it holds a dict that contains itself"
+    with pytest.raises(UnmappableValueError, match="holds a dict that contains itself"):
+        merge_batch([looped, looped])
+    for call in (lambda: split_batch(_deep(), 2), lambda: merge_batch([_deep(), _deep()])):
+        with pytest.raises(UnmappableValueError, match="nested too deeply"):
+            call()
+    assert "nested too deeply" in (batch_problem(_deep()) or "")
+    shared = {"x": torch.arange(4)}
+    pieces = split_batch((shared, shared), 2)
+    assert [tuple(p[0]["x"].tolist()) for p in pieces] == [(0, 1), (2, 3)]
+    assert torch.equal(merge_batch(pieces)[1]["x"], torch.arange(4))
+
+
+def test_the_shard_hook_refuses_inputs_holding_themselves_naming_it() -> None:
+    """The forward pre-hook of a sharded service's layers, which moves a layer's inputs to its
+    weights' device, walked a list holding itself until Python's recursion limit: 'service
+    raised RecursionError', naming no cause. It is refused naming the cause."""
+    from tangram.exec.eoe.registry import UnmappableValueError
+    from tangram.exec.eoe.sharding import _to_own_device
+
+    layer = nn.Linear(2, 2)
+    looped: list = [torch.ones(2)]
+    looped.append(looped)
+    with pytest.raises(UnmappableValueError, match="holds a list that contains itself"):
+        _to_own_device(layer, (looped,), {})
+    with pytest.raises(UnmappableValueError, match="nested too deeply"):
+        _to_own_device(layer, (), {"x": _deep()})
+    shared = [torch.ones(2)]
+    args, kwargs = _to_own_device(layer, (shared, shared), {"y": shared})
+    assert torch.equal(args[1][0], torch.ones(2)) and torch.equal(kwargs["y"][0], torch.ones(2))

@@ -75,6 +75,16 @@ class ReplicaRunner:
             return results[0]
         try:
             return spec.merge_outputs(results)
+        except UnmappableValueError as exc:  # (the default merge: it names the cause)
+            raise CallFailedError(
+                f"service {spec.name!r}: cannot merge the results of {len(results)} replicas: {exc}"
+            ) from None
+        except RecursionError:  # (a merge of the service's own: was 'maximum recursion depth')
+            raise CallFailedError(
+                f"service {spec.name!r}: cannot merge the results of {len(results)} replicas: "
+                "they hold a value that contains itself, or are nested past Python's recursion "
+                "limit"
+            ) from None
         except FAILURES as exc:
             raise CallFailedError(
                 f"service {spec.name!r}: merging the results of {len(results)} replicas failed: "
@@ -96,7 +106,11 @@ class ReplicaRunner:
             parts = list(parts)
         except InputSplitError:
             raise
-        except RecursionError:  # (was 'RecursionError: maximum recursion depth exceeded')
+        except UnmappableValueError as exc:  # (the default split: it names the cause)
+            raise InputSplitError(
+                f"service {spec.name!r}: cannot split the inputs across {n} replicas: {exc}"
+            ) from None
+        except RecursionError:  # (a split of the service's own: was 'maximum recursion depth')
             raise InputSplitError(
                 f"service {spec.name!r}: cannot split the inputs across {n} replicas: they "
                 "hold a value that contains itself, or are nested past Python's recursion limit"

@@ -236,10 +236,12 @@ class ServiceRegistry:
 # --- data-parallel split and merge -------------------------------------------------------------
 
 
-def _batch_len(inputs: Any) -> int | None:
+def _batch_len(inputs: Any, path: set[int] | None = None) -> int | None:
     """The batch size along dim 0, or None for a value without one (a string, a number,
     None, a 0-dimensional tensor): such a member of a structure goes to every piece whole.
-    ``TypeError`` when a structure's batched members disagree."""
+    ``TypeError`` when a structure's batched members disagree; ``UnmappableValueError`` for
+    a tuple or mapping that contains itself (``path``: the ids of those being walked), which
+    was walked until Python's recursion limit."""
     import torch
 
     if isinstance(inputs, torch.Tensor):
@@ -252,7 +254,9 @@ def _batch_len(inputs: Any) -> int | None:
         members = list(inputs.values())
     else:
         return None
-    lens = {n for n in map(_batch_len, members) if n is not None}
+    path = set() if path is None else path
+    with on_path(inputs, path):
+        lens = {n for n in (_batch_len(m, path) for m in members) if n is not None}
     if len(lens) > 1:
         raise TypeError(f"the parts of the inputs have different batch sizes {sorted(lens)}")
     return lens.pop() if lens else None
@@ -262,10 +266,37 @@ def batch_problem(inputs: Any) -> str | None:
     """Why ``inputs`` cannot be cut for data-parallel replicas (None: they can, or they go
     whole): asked at admission, so a call's outcome does not depend on the cell it gets."""
     try:
-        _batch_len(inputs)
-    except TypeError as exc:
+        with walking():
+            _batch_len(inputs)
+    except (TypeError, UnmappableValueError) as exc:  # (a RecursionError left admission)
         return str(exc)
     return None
+
+
+@contextlib.contextmanager
+def walking() -> Iterator[None]:
+    """Turn a ``RecursionError`` in the block (a value nested past Python's recursion limit)
+    into ``UnmappableValueError`` saying so: a bare one read as the service's own failure."""
+    try:
+        yield
+    except RecursionError:
+        raise UnmappableValueError(
+            "it is nested too deeply to walk (Python's recursion limit)"
+        ) from None
+
+
+@contextlib.contextmanager
+def on_path(value: Any, path: set[int]) -> Iterator[None]:
+    """Walk into ``value`` (a container) with ``path`` holding the ids of those being walked:
+    ``UnmappableValueError`` at once if it is one of them (it contains itself), rather than
+    recursing until Python's limit. One reached twice side by side is no cycle."""
+    if id(value) in path:
+        raise UnmappableValueError(f"it holds a {type(value).__name__} that contains itself")
+    path.add(id(value))
+    try:
+        yield
+    finally:
+        path.discard(id(value))
 
 
 def _split(inputs: Any, bounds: list[tuple[int, int]]) -> list[Any]:
@@ -299,28 +330,37 @@ def split_batch(inputs: Any, parts: int) -> list[Any]:
     """
     if parts < 1:
         raise ValueError(f"parts must be >= 1, got {parts}")
-    n = _batch_len(inputs)
-    if parts == 1 or n is None or n <= 1:
-        return [inputs]
-    parts = min(parts, n)
-    base, extra = divmod(n, parts)
-    bounds, start = [], 0
-    for i in range(parts):
-        size = base + (1 if i < extra else 0)
-        bounds.append((start, start + size))
-        start += size
-    return _split(inputs, bounds)
+    with walking():
+        n = _batch_len(inputs)
+        if parts == 1 or n is None or n <= 1:
+            return [inputs]
+        parts = min(parts, n)
+        base, extra = divmod(n, parts)
+        bounds, start = [], 0
+        for i in range(parts):
+            size = base + (1 if i < extra else 0)
+            bounds.append((start, start + size))
+            start += size
+        # (_split walks only what _batch_len walked, and found free of cycles)
+        return _split(inputs, bounds)
 
 
 def merge_batch(outputs: list[Any]) -> Any:
     """Join results of the pieces in order, the inverse of ``split_batch``: tensors are
     concatenated on dim 0, lists concatenated, tuples and mappings merged member by member
     (keeping their type where it can be rebuilt, see ``like_mapping``). One piece is returned
-    as is."""
-    import torch
-
+    as is. ``UnmappableValueError`` for results holding a tuple or mapping that contains
+    itself, or nested past Python's recursion limit (each was a bare ``RecursionError``)."""
     if not outputs:
         raise ValueError("nothing to merge")
+    with walking():
+        return _merge(outputs, set())
+
+
+def _merge(outputs: list[Any], path: set[int]) -> Any:
+    """``merge_batch`` of ``outputs``; ``path``: the ids of the first results being walked."""
+    import torch
+
     if len(outputs) == 1:
         return outputs[0]
     first = outputs[0]
@@ -341,11 +381,15 @@ def merge_batch(outputs: list[Any]) -> Any:
             raise TypeError("cannot merge 0-dimensional results of data-parallel replicas")
         return torch.cat(outputs, dim=0)
     if isinstance(first, tuple):
-        return like(first, [merge_batch([o[i] for o in outputs]) for i in range(len(first))])
+        with on_path(first, path):
+            members = [_merge([o[i] for o in outputs], path) for i in range(len(first))]
+        return like(first, members)
     if isinstance(first, list):
         return [x for o in outputs for x in o]
     if isinstance(first, Mapping):
-        return like_mapping(first, {k: merge_batch([o[k] for o in outputs]) for k in first})
+        with on_path(first, path):
+            merged = {k: _merge([o[k] for o in outputs], path) for k in first}
+        return like_mapping(first, merged)
     raise TypeError(f"cannot merge results of type {type(first).__name__}; give the spec a merge")
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tangram.exec.eoe.registry import like, like_mapping
+from tangram.exec.eoe.registry import like, like_mapping, on_path, walking
 
 if TYPE_CHECKING:
     import torch
@@ -93,26 +93,33 @@ def _device_of(module: torch.nn.Module) -> Any:
     return None
 
 
-def _move_to(value: Any, device: Any) -> Any:
+def _move_to(value: Any, device: Any, path: set[int]) -> Any:
+    """``value`` with its tensors on ``device``; ``path``: the ids of the containers being
+    walked (``UnmappableValueError`` for one that contains itself)."""
     import torch
 
     if isinstance(value, torch.Tensor):
         return value if value.device == device else value.to(device, non_blocking=True)
-    if isinstance(value, tuple):
-        return like(value, [_move_to(v, device) for v in value])
-    if isinstance(value, list):
-        return [_move_to(v, device) for v in value]
-    if isinstance(value, Mapping):
-        return like_mapping(value, {k: _move_to(v, device) for k, v in value.items()})
-    return value
+    if not isinstance(value, tuple | list | Mapping):
+        return value
+    with on_path(value, path):
+        if isinstance(value, tuple):
+            return like(value, [_move_to(v, device, path) for v in value])
+        if isinstance(value, list):
+            return [_move_to(v, device, path) for v in value]
+        return like_mapping(value, {k: _move_to(v, device, path) for k, v in value.items()})
 
 
 def _to_own_device(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """Forward pre-hook: the unit's inputs on the device of its weights."""
+    """Forward pre-hook: the unit's inputs on the device of its weights. Inputs holding a
+    list, tuple or mapping that contains itself, or nested past Python's recursion limit, are
+    refused naming that (``UnmappableValueError``): they were walked until a bare
+    ``RecursionError``."""
     device = _device_of(module)
     if device is None or device.type == "meta":
         return args, kwargs
-    return _move_to(args, device), _move_to(kwargs, device)
+    with walking():
+        return _move_to(args, device, set()), _move_to(kwargs, device, set())
 
 
 def install_hooks(module: torch.nn.Module, units: Sequence[str]) -> None:
