@@ -184,3 +184,26 @@ def test_a_config_value_that_cannot_be_shown_is_refused_naming_it(
     ValueError saying 'Exceeds the limit', naming no field. Each is refused naming it."""
     with pytest.raises(ValueError, match=rf"^{field} must be .*whose repr raised"):
         EoeConfig(**{field: value})
+
+
+def test_an_interrupt_anywhere_allocating_on_a_cpu_device_keeps_its_count_right() -> None:
+    """CpuDevice.alloc counted the bytes, then made the buffer and gave its finalizer the
+    bytes on later lines: an interrupt in between (a KeyboardInterrupt as it recorded the
+    peak, or as it attached the finalizer) kept them counted for good, so the device held
+    less free memory for every later restore (seen as memory used outside the executor).
+    An interrupt at any line of alloc now leaves the count at what is really allocated."""
+    from tests.interrupts import interrupted_at, interruptible_lines
+
+    code = CpuDevice.alloc.__code__
+    lines = interruptible_lines(code)
+    assert lines
+    for line in lines:
+        dev = CpuDevice(0, 1 << 20)
+        got: list[torch.Tensor] = []
+        with interrupted_at(code, line):
+            got.append(dev.alloc(1000))
+        assert dev.allocated_bytes() == (1024 if got else 0), line
+        got.clear()
+        gc.collect()
+        assert dev.allocated_bytes() == 0, line
+        assert dev.alloc(1 << 20).numel() == 1 << 20, line  # the whole budget is there

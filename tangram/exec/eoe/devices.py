@@ -191,18 +191,27 @@ class CpuDevice(Device):
         import torch
 
         size = round_up(max(nbytes, 1))
-        with self._lock:
-            if self._allocated + size > self.budget_bytes:
-                raise self._over_budget(size)
-            self._allocated += size
-            self._peak = max(self._peak, self._allocated)
+        # The bytes counted are ``reserved`` until the buffer's finalizer takes them over, each
+        # change on one line: counted before the try, or handed to the finalizer on a line of
+        # their own, an interrupt in between (a KeyboardInterrupt) kept them counted for good,
+        # a device budget shrunk by them.
+        reserved = 0
         try:
+            with self._lock:
+                if self._allocated + size > self.budget_bytes:
+                    raise self._over_budget(size)
+                self._allocated, self._peak, reserved = (
+                    self._allocated + size,
+                    max(self._peak, self._allocated + size),
+                    size,
+                )
             buf = torch.empty(size, dtype=torch.uint8)
+            # The storage outlives every view of it, so this runs when the bytes are freed.
+            _, reserved = weakref.finalize(buf.untyped_storage(), self._release, size), 0
         except BaseException:
-            self._release(size)
+            if reserved:
+                self._release(reserved)
             raise
-        # The storage object outlives every view of it, so this runs when the bytes are freed.
-        weakref.finalize(buf.untyped_storage(), self._release, size)
         return buf
 
     def _release(self, size: int) -> None:
