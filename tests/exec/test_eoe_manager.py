@@ -1591,6 +1591,49 @@ def test_an_interrupt_anywhere_in_an_eviction_frees_what_it_took_out(managers) -
         m.close()
 
 
+def test_an_interrupt_anywhere_taking_replicas_out_frees_them_and_reports_them_gone(
+    managers,
+) -> None:
+    """Ledger.take_out popped the evicted replicas out of the books and only then returned
+    them to evict() (and queued the residency change): an interrupt in between (a
+    KeyboardInterrupt once they were popped) left them in no one's hands, never freed: their
+    bytes claimed and their memory allocated on those GPUs for good, and the residency
+    callback never told they were gone. An interrupt at any line of take_out (but its
+    finally's, which Python cannot cover) now frees them and reports them gone."""
+    import inspect
+
+    from tangram.exec.eoe.ledger import Ledger
+
+    source, first = inspect.getsourcelines(Ledger.take_out)
+    finallies = [first + i for i, t in enumerate(source) if t.strip() == "finally:"]
+    start = min(finallies, default=first + len(source))
+    code = Ledger.take_out.__code__
+    lines = [ln for ln in interruptible_lines(code) if ln < start]
+    assert lines
+    for line in lines:
+        events: list[tuple[str, tuple[int, ...], bool]] = []
+        m = managers(
+            config(devices=2, units=4),
+            on_residency_change=lambda s, g, r, events=events: events.append((s, g, r)),
+        )
+        m.register(blob_spec("a"))
+        assert m.call("a", X, dop=2).ok
+        with interrupted_at(code, line):
+            m.evict("a")
+        led = m._ledger
+        kept = {r.gpu for r in led.replicas.values()}  # (an interrupt before any was taken)
+        assert m.residency() == ({"a": (0, 1)} if kept else {}), line
+        claim = m.info("a").resident_bytes
+        assert led.claimed == [claim if g in kept else 0 for g in range(2)], line
+        if BACKEND == "cpu":
+            live = [m.info("a").replica_bytes if g in kept else 0 for g in range(2)]
+            assert led.live == live, line
+            assert [d.allocated_bytes() for d in m.devices] == live, line
+        gone = [] if kept else [("a", (0, 1), False)]
+        assert events == [("a", (0, 1), True), *gone], line
+        m.close()
+
+
 @pytest.mark.parametrize("method", ["recycle", "_attach"])
 def test_an_interrupt_anywhere_recycling_an_evicted_module_frees_its_memory(
     managers, method: str

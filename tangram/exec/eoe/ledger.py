@@ -238,12 +238,20 @@ class Ledger:
             )
             self._feed.push(placeholder.service, (g,), False)
 
-    def take_out(self, keys: Sequence[Key]) -> list[Replica]:
-        """An explicit eviction: the replicas leave the residency now (bytes claimed until freed)."""
-        reps = [self.replicas.pop(key) for key in keys]
-        if reps:
-            self._feed.push(reps[0].service, [r.gpu for r in reps], False)
-        return reps
+    def take_out(self, keys: Sequence[Key], out: list[Replica]) -> None:
+        """An explicit eviction: the replicas leave the residency now (bytes claimed until
+        freed), each listed in ``out``, the caller's (what it frees), in the statement that
+        takes it out, and the change queued for the residency callback however the loop
+        ends. Taken out all, then returned (and the change queued) on later lines, an
+        interrupt in between left them out of the books and out of the caller's hands: never
+        freed (their bytes claimed, their memory allocated for good), and reported resident
+        for ever."""
+        try:
+            for key in keys:
+                out.append(self.replicas.pop(key))
+        finally:
+            if out:
+                self._feed.push(out[0].service, [r.gpu for r in out], False)
 
     def freed(self, victim: Replica, size: int, freed: int, seconds: float) -> None:
         """An evicted replica's ``size`` bytes were dropped, ``freed`` of them seen freed

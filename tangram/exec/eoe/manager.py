@@ -726,7 +726,7 @@ class EoeManager:
                         plan = plan_evict(service, targets, self._ledger.replicas)
                         if plan.busy:
                             raise ServiceInUseError(plan.reason)
-                        reps = self._ledger.take_out(plan.evict)
+                        self._ledger.take_out(plan.evict, reps)
                     freed = sum(rep.moved(rep.nbytes) for rep in reps)
                     self._free_all(list(reps))
                 except BaseException:  # an interrupt once they were taken out: free them
