@@ -273,6 +273,38 @@ def test_the_feed_keeps_a_change_until_its_callback_returns_and_nested_deliverie
     assert len(seen) == 4
 
 
+def test_an_interrupt_anywhere_delivering_a_change_loses_no_change() -> None:
+    """ResidencyFeed.deliver counted a change in flight, then marked it claimed (what its
+    finally undoes) on the next line: an interrupt in between (a KeyboardInterrupt) kept it
+    counted in flight for good, and no later delivery sent it or any change after it (the
+    scheduler's view of what is resident stayed stale). An interrupt at any line of deliver
+    (but its finally's, which Python cannot cover) now leaves every change delivered by
+    the next delivery, in order."""
+    import inspect
+
+    from tangram.exec.eoe.residency import ResidencyFeed
+
+    function = ResidencyFeed.deliver
+    source, first = inspect.getsourcelines(function)
+    start = max(first + i for i, t in enumerate(source) if t.strip() == "finally:")
+    code = function.__code__
+    lines = [ln for ln in interruptible_lines(code) if ln < start]
+    assert lines
+    changes = [("a", (0,), True), ("b", (1,), True), ("a", (0,), False)]
+    for line in lines:
+        seen: list[tuple[str, tuple[int, ...], bool]] = []
+        feed = ResidencyFeed(lambda s, g, r, seen=seen: seen.append((s, g, r)))
+        for change in changes:
+            feed.push(*change)
+        with interrupted_at(code, line):
+            feed.deliver()
+        feed.deliver()
+        # at least once each, in order (one whose callback returned as the interrupt came
+        # may be sent again)
+        once = [c for i, c in enumerate(seen) if i == 0 or seen[i - 1] != c]
+        assert once == changes, (line, seen)
+
+
 def test_a_callback_may_call_back_into_the_manager(managers) -> None:
     seen: list[dict] = []
     holder: list[EoeManager] = []

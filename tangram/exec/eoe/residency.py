@@ -59,8 +59,11 @@ class ResidencyFeed:
                         if len(self._changes) <= self._in_flight:
                             return
                         change = self._changes[self._in_flight]
-                        self._in_flight += 1
-                        claimed = True
+                        # Counted in flight and marked claimed (what the finally undoes) in
+                        # one statement: on two lines, an interrupt in between kept the
+                        # change counted in flight for good, and no delivery sent it, nor any
+                        # change after it, again (the callback's view stayed stale).
+                        self._in_flight, claimed = self._in_flight + 1, True
                     try:
                         self._callback(*change)
                     except (Exception, SystemExit):
