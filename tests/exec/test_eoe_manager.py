@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -1229,6 +1229,26 @@ def test_a_split_that_returns_no_list_is_an_input_split_error(managers) -> None:
     out = m.call("none", X, dop=2)
     assert isinstance(out.error, InputSplitError), out
     assert "split returned NoneType, not a list of parts" in out.message
+
+
+def test_a_split_returning_an_endless_iterator_is_an_input_split_error(managers) -> None:
+    """A spec's split that returned an iterator was read to its end before its parts were
+    counted: an endless one (itertools.repeat, a generator that never stops) was read
+    until the host ran out of memory, and the call never ended. It is read one part past
+    the replicas, and refused saying it gave more parts than replicas."""
+    read: list[int] = []
+
+    def endless(x: torch.Tensor, parts: int) -> Iterator[torch.Tensor]:
+        for i in range(100_000):  # (bounded here, so that the test ends even before)
+            read.append(i)
+            yield x
+
+    m = managers(config(devices=2))
+    m.register(blob_spec("endless", split=endless))
+    out = m.call("endless", X, dop=2)
+    assert isinstance(out.error, InputSplitError), out
+    assert "split returned more than 2 parts for 2 replicas" in out.message
+    assert len(read) == 3
 
 
 @pytest.mark.parametrize("dop", [1, 2])

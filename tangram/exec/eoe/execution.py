@@ -4,6 +4,7 @@ replica (the first in the calling thread, the others on a pool), merge the resul
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -103,7 +104,11 @@ class ReplicaRunner:
                     f"service {spec.name!r}: split returned {type(parts).__name__}, not a "
                     "list of parts"
                 )
-            parts = list(parts)
+            # An iterator is read one past the most it may give: an endless one
+            # (itertools.repeat) was read until the host ran out of memory, the call never
+            # ending.
+            sized = isinstance(parts, list | tuple)
+            parts = list(parts if sized else itertools.islice(parts, n + 1))
         except InputSplitError:
             raise
         except UnmappableValueError as exc:  # (the default split: it names the cause)
@@ -121,8 +126,9 @@ class ReplicaRunner:
                 f"{type(exc).__name__}: {told(exc)}"
             ) from exc
         if not 1 <= len(parts) <= n:
+            count = f"more than {n}" if not sized and len(parts) > n else str(len(parts))
             raise InputSplitError(
-                f"service {spec.name!r}: split returned {len(parts)} parts for {n} replicas"
+                f"service {spec.name!r}: split returned {count} parts for {n} replicas"
             )
         return parts
 
