@@ -305,6 +305,44 @@ def test_an_interrupt_anywhere_delivering_a_change_loses_no_change() -> None:
         assert once == changes, (line, seen)
 
 
+@pytest.mark.parametrize("where", ["book", "push"])
+def test_an_interrupt_anywhere_booking_an_eviction_keeps_the_residency_feed_true(
+    managers, where: str
+) -> None:
+    """Ledger.book took an evictee out of the books and queued its change through
+    ResidencyFeed.push in one statement, but push is a function of its own: an interrupt (a
+    KeyboardInterrupt) landing on its first lines lost the change, and on_residency_change
+    was never told the evictee left its GPU (the scheduler's view kept it resident there for
+    good). The ledger now queues through the queue's own append, which runs no line of
+    Python; an interrupt at any line of book (or of push, were it used) leaves the
+    callback's view equal to residency()."""
+    from tangram.exec.eoe.ledger import Ledger
+    from tangram.exec.eoe.residency import ResidencyFeed
+
+    code = (Ledger.book if where == "book" else ResidencyFeed.push).__code__
+    lines = interruptible_lines(code)
+    assert lines
+    for line in lines:
+        events: list[tuple[str, tuple[int, ...], bool]] = []
+        m = managers(
+            config(devices=2, units=1.5),  # room for one service per GPU
+            on_residency_change=lambda s, g, r, events=events: events.append((s, g, r)),
+        )
+        m.register(blob_spec("a"))
+        m.register(blob_spec("b", seed=1))
+        assert m.call("a", X, dop=2).ok
+        with interrupted_at(code, line):
+            m.call("b", X, dop=2)
+        m.call("b", X, dop=2, timeout_s=10)  # (delivers whatever is still queued)
+        view: dict[str, set[int]] = {}
+        for service, gpus, resident in events:
+            held = view.setdefault(service, set())
+            held.update(gpus) if resident else held.difference_update(gpus)
+        seen = {s: tuple(sorted(g)) for s, g in view.items() if g}
+        assert seen == m.residency() == {"b": (0, 1)}, (line, events)
+        m.close()
+
+
 def test_a_callback_may_call_back_into_the_manager(managers) -> None:
     seen: list[dict] = []
     holder: list[EoeManager] = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +23,8 @@ from tangram.exec.eoe.records import CallOutcome, DeviceStats, EoeStats
 from tangram.exec.eoe.residency import ResidencyFeed
 
 log = logging.getLogger(__name__)
+
+_gpu = operator.attrgetter("gpu")
 
 #: A restore under way: (placeholder, module, device buffer, fence).
 Started = tuple[Replica, Any, Any, Any]
@@ -118,7 +121,7 @@ class Ledger:
         claimed, workspaces = self.claimed, self.workspaces
         for key in plan.evict:
             state.evicted.append(key)
-            _ = victims.append(rs.pop(key)), feed.push(key[0], (key[1],), False)
+            _ = victims.append(rs.pop(key)), feed.queue((key[0], (key[1],), False))
         engine = state.service.spec.backend == "engine"
         for g in plan.restore:
             rep = Replica(
@@ -228,15 +231,15 @@ class Ledger:
             _, self.claimed[g] = self.replicas.pop(key), self.claimed[g] - placeholder.claim
         if placeholder.ready:
             size, engine = placeholder.nbytes, placeholder.claim if placeholder.engine else 0
-            live, engines = self.live, self.engines
-            live[g], engines[g], placeholder.ready, placeholder.module, placeholder.storage = (
+            live, engines, queue = self.live, self.engines, self._feed.queue
+            live[g], engines[g], placeholder.ready, placeholder.module, placeholder.storage, _ = (
                 live[g] - size,
                 engines[g] - engine,
                 False,
                 None,
                 None,
+                queue((placeholder.service, (g,), False)),
             )
-            self._feed.push(placeholder.service, (g,), False)
 
     def take_out(self, keys: Sequence[Key], out: list[Replica]) -> None:
         """An explicit eviction: the replicas leave the residency now (bytes claimed until
@@ -250,8 +253,8 @@ class Ledger:
             for key in keys:
                 out.append(self.replicas.pop(key))
         finally:
-            if out:
-                self._feed.push(out[0].service, [r.gpu for r in out], False)
+            if out:  # (map and sorted: no line of Python runs between here and the queue)
+                self._feed.queue((out[0].service, tuple(sorted(map(_gpu, out))), False))
 
     def freed(self, victim: Replica, size: int, freed: int, seconds: float) -> None:
         """An evicted replica's ``size`` bytes were dropped, ``freed`` of them seen freed

@@ -29,15 +29,21 @@ class ResidencyFeed:
         #: deliver: a callback's own call into the manager delivers the changes after its
         #: own). They stay queued until their callback returns, so an interrupt loses none.
         self._in_flight = 0
+        #: Queue a change ``(service, gpus, resident)``, ``gpus`` a sorted non-empty tuple
+        #: (the caller holds the manager's condition, which orders them). The queue's own
+        #: append, which runs no line of Python: a change to the books and its queuing are
+        #: one statement in the ledger. Through ``push``, an interrupt (a KeyboardInterrupt)
+        #: landing on push's own first lines lost a change already made to the books, and
+        #: the callback's view of what is resident stayed stale. Nowhere, without a callback.
+        self.queue: Callable[[Change], None] = (
+            self._changes.append if callback is not None else deque(maxlen=0).append
+        )
 
     def push(self, service: str, gpus: Iterable[int], resident: bool) -> None:
         """Queue a change (the caller holds the manager's condition, which orders them)."""
-        if self._callback is None:
-            return
         gpus = tuple(sorted(gpus))
         if gpus:
-            with self._lock:
-                self._changes.append((service, gpus, resident))
+            self.queue((service, gpus, resident))
 
     def deliver(self) -> None:
         """Deliver the queued changes in order; a callback that raises is logged and skipped,
