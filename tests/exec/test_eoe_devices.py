@@ -207,3 +207,42 @@ def test_an_interrupt_anywhere_allocating_on_a_cpu_device_keeps_its_count_right(
         gc.collect()
         assert dev.allocated_bytes() == 0, line
         assert dev.alloc(1 << 20).numel() == 1 << 20, line  # the whole budget is there
+
+
+def test_an_interrupt_as_a_cpu_device_buffer_is_freed_keeps_its_count_right() -> None:
+    """A CpuDevice buffer's finalizer was a Python method (take the lock, subtract): an
+    interrupt landing on its lines (a KeyboardInterrupt as the last view of a replica's
+    buffer went) was printed and dropped by the finalizer's caller, and the bytes stayed
+    counted for good: the device's free memory shrank by a replica for every later
+    restore. The finalizer now runs no line of the device's code, so no interrupt can land
+    in it: an interrupt at the first line of device code run while the buffer is freed
+    leaves the count right."""
+    import sys
+    import warnings
+
+    import tangram.exec.eoe.devices as devices_module
+
+    dev = CpuDevice(0, 1 << 20)
+    got = [dev.alloc(1000)]
+    fired: list[str] = []
+
+    def local(frame: types.FrameType, event: str, arg: object) -> object:
+        if event == "line" and not fired:
+            fired.append(frame.f_code.co_name)
+            raise KeyboardInterrupt
+        return local
+
+    def trace(frame: types.FrameType, event: str, arg: object) -> object:
+        return local if frame.f_code.co_filename == devices_module.__file__ else None
+
+    with warnings.catch_warnings():  # (pytest reports what a finalizer's caller drops)
+        warnings.simplefilter("ignore")
+        sys.settrace(trace)
+        try:
+            got.clear()  # the buffer's last reference: its finalizer runs here
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        assert dev.allocated_bytes() == 0, fired
+    assert dev.alloc(1 << 20).numel() == 1 << 20  # the whole budget is there

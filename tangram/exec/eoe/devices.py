@@ -14,6 +14,7 @@ the next restore begins:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import threading
@@ -180,6 +181,12 @@ class CpuDevice(Device):
         self._lock = threading.RLock()
         self._allocated = 0
         self._peak = 0
+        #: Sizes of buffers freed and not yet taken off ``_allocated``. A buffer's finalizer
+        #: is this deque's own append, which runs no line of Python: a finalizer of ours
+        #: (its lock, then the subtraction) was a place where an interrupt (a
+        #: KeyboardInterrupt, which a finalizer's caller prints and drops) kept the bytes
+        #: counted for good.
+        self._freed: collections.deque[int] = collections.deque()
 
     @property
     def torch_device(self) -> torch.device:
@@ -198,6 +205,7 @@ class CpuDevice(Device):
         reserved = 0
         try:
             with self._lock:
+                self._settle()
                 if self._allocated + size > self.budget_bytes:
                     raise self._over_budget(size)
                 self._allocated, self._peak, reserved = (
@@ -207,19 +215,22 @@ class CpuDevice(Device):
                 )
             buf = torch.empty(size, dtype=torch.uint8)
             # The storage outlives every view of it, so this runs when the bytes are freed.
-            _, reserved = weakref.finalize(buf.untyped_storage(), self._release, size), 0
+            _, reserved = weakref.finalize(buf.untyped_storage(), self._freed.append, size), 0
         except BaseException:
             if reserved:
-                self._release(reserved)
+                self._freed.append(reserved)
             raise
         return buf
 
-    def _release(self, size: int) -> None:
-        with self._lock:
-            self._allocated -= size
+    def _settle(self) -> None:
+        """(Under the lock.) Take the bytes of the buffers freed off the count, each in the
+        statement that takes it from the queue."""
+        while self._freed:
+            self._allocated -= self._freed.popleft()
 
     def allocated_bytes(self) -> int:
         with self._lock:
+            self._settle()
             return self._allocated
 
     def peak_allocated_bytes(self) -> int:
@@ -228,6 +239,7 @@ class CpuDevice(Device):
 
     def reset_peak(self) -> None:
         with self._lock:
+            self._settle()
             self._peak = self._allocated
 
 
