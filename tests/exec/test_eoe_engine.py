@@ -466,3 +466,49 @@ def test_calls_of_one_engine_never_run_at_once_with_calls_per_gpu_above_1() -> N
             t.join(30)
         assert len(outs) == 2 and all(o.ok for o in outs), outs
         assert engine.calls == 2 and engine.overlaps == 0
+
+
+def _engine_code(where: str) -> Any:
+    from tangram.exec.eoe import copying
+    from tangram.exec.eoe.engine import EngineBackup
+
+    functions = {
+        "restore": EngineBackup.restore,
+        "recycle": EngineBackup.recycle,
+        "start_restore": copying.start_restore,
+        "_start_copies": EoeManager._start_copies,
+    }
+    return functions[where].__code__
+
+
+@pytest.mark.parametrize("where", ["restore", "start_restore", "_start_copies", "recycle"])
+def test_an_interrupt_anywhere_waking_or_putting_an_engine_to_sleep_leaves_none_awake_unbooked(
+    where: str,
+) -> None:
+    """EngineBackup.restore woke the engine and marked it awake on the next line, and the
+    manager listed the woken engine as restored a few lines later still: an interrupt in
+    between (a KeyboardInterrupt) failed the restore with the engine awake, its memory
+    allocated on its GPU outside every claim (foreign to every later plan there) until its
+    next restore, and with the mark unset, its next eviction never put it to sleep. An
+    interrupted sleep (eviction) left it awake the same way. An interrupt at any line of
+    these now leaves the engine awake exactly when its replica is booked."""
+    from tests.interrupts import interrupted_at, interruptible_lines
+
+    code = _engine_code(where)
+    lines = interruptible_lines(code)
+    assert lines
+    for line in lines:
+        device = AllocatorDevice(0, 4 * MIB)
+        with EoeManager(devices=[device]) as m:
+            m.register(
+                engine_spec("a", lambda d=device: CountedEngine(d, MIB), home=0, memory_bytes=MIB)
+            )
+            if where == "recycle":
+                assert m.call("a", 1).ok
+            with interrupted_at(code, line):
+                m.call("a", 1) if where != "recycle" else m.evict("a")
+            booked = ("a", 0) in m._ledger.replicas
+            assert device.engines == (MIB if booked else 0), (line, booked)
+            assert m.call("a", 2, timeout_s=5).ok, line
+            m.evict("a")
+            assert device.engines == 0, line

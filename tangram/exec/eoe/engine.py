@@ -81,6 +81,9 @@ class EngineBackup:
         self.home = home
         self.tensor_bytes = self.nbytes = weight_bytes
         self.shard_bytes = (self.nbytes,)
+        #: The engine is awake: set in the statement that wakes it, cleared in the one that
+        #: puts it to sleep. An engine woken for a restore that then failed is put back to
+        #: sleep by the manager (``EoeManager._sleep_if_unused``).
         self.awake = False
         #: Held by the call running on the engine: calls of one engine run one at a time
         #: (``EoeManager._engine_turn``).
@@ -92,15 +95,16 @@ class EngineBackup:
         """Wake the engine (on its home GPU only)."""
         if device.index != self.home:
             raise RestoreError(f"the engine lives on GPU {self.home}, not GPU {device.index}")
-        self.engine.wake_up()
-        self.awake = True
+        # Marked awake in the statement that wakes it: on the next line, an interrupt in
+        # between left an engine awake that nothing put back to sleep, its memory allocated
+        # outside every claim.
+        _, self.awake = self.engine.wake_up(), True
         return self.engine, _NoBuffer()
 
     def recycle(self, module: Any) -> None:
-        """The replica was evicted: the engine sleeps."""
+        """The replica was evicted (or its restore failed): the engine sleeps."""
         if self.awake:
-            self.engine.sleep()
-            self.awake = False
+            _, self.awake = self.engine.sleep(), False  # (one statement, as in restore)
 
 
 def engine_spec(

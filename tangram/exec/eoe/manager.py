@@ -594,11 +594,33 @@ class EoeManager:
             failure = RestoreError(
                 f"service {svc.spec.name!r}: restore interrupted by {type(exc).__name__}"
             )
-            self._restores_done(reps, started, failure)
+            try:
+                self._restores_done(reps, started, failure)
+            finally:
+                self._sleep_if_unused(svc)
             raise
         self._restores_done(reps, started, failure)
         if failure is not None:
+            self._sleep_if_unused(svc)
             raise failure
+
+    def _sleep_if_unused(self, svc: Service) -> None:
+        """Put ``svc``'s engine back to sleep when it may be awake with no replica booked: it
+        woke for a restore that then failed (an interrupt after its wake-up, a wake-up that
+        raised part-way), or an eviction's sleep was interrupted. Its memory stayed allocated
+        outside every claim (foreign to every later plan on its GPU) until its next restore.
+        The caller holds the engine's GPU's device lock, so no restore or eviction of it runs
+        meanwhile. A sleep that fails is logged (the call's own error goes out)."""
+        backup = svc.backup
+        if not getattr(backup, "awake", False):  # (a HostBackup has no engine)
+            return
+        with self._cond:
+            if self._ledger.has_replicas(svc.info.name):
+                return
+        try:
+            backup.recycle(None)
+        except FAILURES:
+            log.exception("putting the engine of %r back to sleep raised", svc.info.name)
 
     def _start_copies(
         self, svc: Service, reps: list[Replica], started: list[Started]
@@ -677,6 +699,8 @@ class EoeManager:
             self._ledger.freed(victim, size, freed, elapsed)
             self._cond.notify_all()
         if interrupt is not None:
+            if svc is not None:  # (an engine's sleep it cut short is tried once more)
+                self._sleep_if_unused(svc)
             raise interrupt
         return elapsed
 
