@@ -470,9 +470,10 @@ def test_calls_of_one_engine_never_run_at_once_with_calls_per_gpu_above_1() -> N
 
 def _engine_code(where: str) -> Any:
     from tangram.exec.eoe import copying
-    from tangram.exec.eoe.engine import EngineBackup
+    from tangram.exec.eoe.engine import EngineBackup, _NoBuffer
 
     functions = {
+        "numel": _NoBuffer.numel,  # (read as the restore is booked done)
         "restore": EngineBackup.restore,
         "recycle": EngineBackup.recycle,
         "start_restore": copying.start_restore,
@@ -481,7 +482,7 @@ def _engine_code(where: str) -> Any:
     return functions[where].__code__
 
 
-@pytest.mark.parametrize("where", ["restore", "start_restore", "_start_copies", "recycle"])
+@pytest.mark.parametrize("where", ["restore", "start_restore", "_start_copies", "numel", "recycle"])
 def test_an_interrupt_anywhere_waking_or_putting_an_engine_to_sleep_leaves_none_awake_unbooked(
     where: str,
 ) -> None:

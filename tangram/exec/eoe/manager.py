@@ -568,14 +568,17 @@ class EoeManager:
         self, victims: list[Replica], placeholders: list[Replica], exc: BaseException
     ) -> None:
         """After a failure carrying out a plan: free the evictees not freed yet, abandon the
-        placeholders not settled (both idempotent: called again on the way out, it does
-        nothing)."""
+        placeholders not settled, and put an engine woken for them back to sleep (all
+        idempotent: called again on the way out, it does nothing)."""
         try:
             self._free_all(victims)
         finally:
             with self._cond:
                 self._ledger.abandon(placeholders, exc)
                 self._cond.notify_all()
+            svc = self._services.get(placeholders[0].service) if placeholders else None
+            if svc is not None:  # (an engine woken for the failed restore sleeps again)
+                self._sleep_if_unused(svc)
 
     def _restore(self, svc: Service, reps: list[Replica]) -> None:
         """Restore ``reps`` (placeholders this call owns): start every copy, then wait for all.
@@ -594,23 +597,19 @@ class EoeManager:
             failure = RestoreError(
                 f"service {svc.spec.name!r}: restore interrupted by {type(exc).__name__}"
             )
-            try:
-                self._restores_done(reps, started, failure)
-            finally:
-                self._sleep_if_unused(svc)
+            self._restores_done(reps, started, failure)
             raise
         self._restores_done(reps, started, failure)
         if failure is not None:
-            self._sleep_if_unused(svc)
             raise failure
 
     def _sleep_if_unused(self, svc: Service) -> None:
-        """Put ``svc``'s engine back to sleep when it may be awake with no replica booked: it
-        woke for a restore that then failed (an interrupt after its wake-up, a wake-up that
-        raised part-way), or an eviction's sleep was interrupted. Its memory stayed allocated
-        outside every claim (foreign to every later plan on its GPU) until its next restore.
-        The caller holds the engine's GPU's device lock, so no restore or eviction of it runs
-        meanwhile. A sleep that fails is logged (the call's own error goes out)."""
+        """Put ``svc``'s engine back to sleep when it is awake with no replica booked: it woke
+        for a restore that then failed (an interrupt after its wake-up), or an eviction's
+        sleep was interrupted. Its memory stayed allocated outside every claim (foreign to
+        every later plan on its GPU) until its next restore. The caller holds the engine's
+        GPU's device lock, so no restore or eviction of it runs meanwhile. A sleep that
+        fails is logged (the call's own error goes out)."""
         backup = svc.backup
         if not getattr(backup, "awake", False):  # (a HostBackup has no engine)
             return
