@@ -2177,6 +2177,29 @@ def test_an_interrupt_anywhere_registering_or_unregistering_keeps_the_books_whol
         m.close()
 
 
+def test_an_interrupt_anywhere_in_the_registrys_remove_leaves_the_name_free(managers) -> None:
+    """unregister forgot the service, then (in its finally) removed the name from the
+    registry: an interrupt (a KeyboardInterrupt) landing inside the registry's remove left
+    the name registered without a service, listed by services(), a DuplicateServiceError to
+    register again and an UnknownServiceError to call, for good. Such a leftover name is
+    dropped at the next register of it, and services() lists only names with a service."""
+    from tangram.exec.eoe.registry import ServiceRegistry
+
+    code = ServiceRegistry.remove.__code__
+    lines = interruptible_lines(code)
+    assert lines
+    for line in lines:
+        m = managers(config(devices=1, units=4))
+        m.register(blob_spec("a"))
+        with interrupted_at(code, line):
+            m.unregister("a")
+        assert "a" not in m._services and m.services() == (), line
+        assert isinstance(m.call("a", X).error, UnknownServiceError), line
+        m.register(blob_spec("a"))
+        assert m.services() == ("a",) and m.call("a", X).ok, line
+        m.close()
+
+
 @pytest.mark.parametrize("method", ["take_slots", "pin"])
 def test_an_interrupt_anywhere_taking_slots_or_pins_leaves_none_taken(
     managers, method: str

@@ -164,8 +164,10 @@ class EoeManager:
         self._check_open()
         if not isinstance(spec, ServiceSpec):  # (its name was read first: an AttributeError)
             raise ServiceSpecError(f"expected a ServiceSpec, got {type(spec).__name__}")
-        if spec.name in self._registry:
-            self._registry.add(spec)  # raises DuplicateServiceError with the message
+        with self._cond:
+            self._drop_stale_name(spec.name)
+            if spec.name in self._registry:
+                self._registry.add(spec)  # raises DuplicateServiceError with the message
         reserved = 0
 
         def admit(size: int) -> None:
@@ -190,6 +192,7 @@ class EoeManager:
             svc = build_service(spec, pin=self._pin_host, budgets=self._budgets, admit=admit)
             with self._cond:
                 self._check_open()  # closed while it was built: nothing would ever free it
+                self._drop_stale_name(spec.name)
                 self._registry.add(spec)  # DuplicateServiceError if registered meanwhile
                 self._services[spec.name] = svc
         except BaseException:
@@ -197,6 +200,15 @@ class EoeManager:
                 self._undo_register(spec, svc, reserved)
             raise
         return svc.info
+
+    def _drop_stale_name(self, name: str) -> None:
+        """(Under the condition, where a spec is in the registry only with its service.)
+        Forget ``name`` in the registry when no service goes with it: the leftover of an
+        unregister (or an undone register) that an interrupt (a KeyboardInterrupt) cut short
+        inside the registry's own remove. The name was a DuplicateServiceError to register
+        and an UnknownServiceError to call, for good."""
+        if name not in self._services and name in self._registry:
+            self._registry.remove(name)
 
     def _undo_register(self, spec: ServiceSpec, svc: Service | None, reserved: int) -> None:
         """(Under the condition.) Undo a register that failed or was interrupted: its host
@@ -241,7 +253,10 @@ class EoeManager:
                     self._registry.remove(service)
 
     def services(self) -> tuple[str, ...]:
-        return self._registry.names()
+        """The registered services' names, sorted (those with a service: a name an
+        interrupted unregister left in the registry alone is none)."""
+        with self._cond:
+            return tuple(sorted(self._services))
 
     def info(self, service: str) -> ServiceInfo:
         return self._service(service).info
