@@ -7,6 +7,7 @@ Runs on budgeted CPU devices here; with TANGRAM_EOE_BACKEND=cuda the same tests 
 from __future__ import annotations
 
 import math
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -822,6 +823,50 @@ def test_an_over_budget_model_is_refused_before_its_weights_are_read(managers) -
     assert reads == [] and m.services() == ()
     m.register(blob_spec("a"))  # nothing of 'big' is left counted
     assert m.services() == ("a",)
+
+
+def _lazy_linear(read: Callable[[tuple[str, ...]], Any]) -> Callable[[], Any]:
+    from tangram.exec.eoe.backup import LazyWeights
+
+    def factory() -> LazyWeights:
+        with torch.device("meta"):
+            module = nn.Linear(4, 4)
+        return LazyWeights(module, read)
+
+    return factory
+
+
+def _gone(names: tuple[str, ...]) -> torch.Tensor:
+    raise OSError(f"the file holding {names[0]} is gone")
+
+
+@pytest.mark.parametrize(
+    ("read", "words"),
+    [
+        (_gone, "tensor 'weight': reading its weights raised OSError: the file holding"),
+        (lambda names: [1, 2], "tensor 'weight': reading its weights gave list, not a tensor"),
+    ],
+    ids=["raises", "no-tensor"],
+)
+def test_a_lazy_weights_read_that_fails_is_a_spec_error_naming_the_tensor(
+    managers, read: Callable[[tuple[str, ...]], Any], words: str
+) -> None:
+    """A factory's LazyWeights read runs at register, as the backup is filled: one that
+    raised (a weights file gone or cut short) or gave no tensor went out of register as
+    that bare exception (OSError, "AttributeError: 'list' object has no attribute
+    'shape'"), where a factory's failure is a ServiceSpecError. It is one, naming the
+    tensor; nothing stays booked."""
+    m = managers(config(devices=1, units=4))
+    with pytest.raises(ServiceSpecError, match=re.escape(words)):
+        m.register(ServiceSpec("lazy", factory=_lazy_linear(read), call=lambda mod, x: mod(x)))
+    assert m.services() == () and m._host_bytes == 0
+    good = _lazy_linear(lambda names: torch.ones(4, 4) if names[0] == "weight" else torch.ones(4))
+    m.register(ServiceSpec("lazy", factory=good, call=_id))
+    assert m.services() == ("lazy",)
+
+
+def _id(module: nn.Module, x: Any) -> Any:
+    return x
 
 
 def test_unregister(managers) -> None:

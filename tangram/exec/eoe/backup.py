@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 
 from tangram.exec.eoe import sharding
 from tangram.exec.eoe.devices import Device, round_up
-from tangram.exec.eoe.errors import ServiceSpecError
+from tangram.exec.eoe.errors import ServiceSpecError, told
+from tangram.exec.eoe.execution import FAILURES
 
 if TYPE_CHECKING:
     import torch
@@ -55,6 +56,34 @@ class LazyWeights:
 
     module: torch.nn.Module
     read: Callable[[tuple[str, ...]], torch.Tensor]
+
+
+def _read_into(
+    view: torch.Tensor, read: Callable[[tuple[str, ...]], torch.Tensor], names: tuple[str, ...]
+) -> None:
+    """Read the weights of the tensor ``names`` into its place ``view`` in the backup;
+    ``ServiceSpecError`` naming the tensor when ``read`` (the factory's own code, run late)
+    raises or gives no tensor of its shape. A read that raised (a weights file gone or cut
+    short) or returned no tensor went out of register as that bare exception, where a
+    factory's failure is a ServiceSpecError."""
+    import torch
+
+    try:
+        data = read(names)
+    except FAILURES as exc:
+        raise ServiceSpecError(
+            f"tensor {names[0]!r}: reading its weights raised {type(exc).__name__}: {told(exc)}"
+        ) from exc
+    if not isinstance(data, torch.Tensor):
+        raise ServiceSpecError(
+            f"tensor {names[0]!r}: reading its weights gave {type(data).__name__}, not a tensor"
+        )
+    if tuple(data.shape) != tuple(view.shape):
+        raise ServiceSpecError(
+            f"tensor {names[0]!r}: the weights have shape {tuple(data.shape)}, the model "
+            f"{tuple(view.shape)}"
+        )
+    view.copy_(data)
 
 
 class HostBackup:
@@ -126,14 +155,7 @@ class HostBackup:
         ):
             view = self.buffer[off : off + nbytes].view(tensor.dtype).view(tensor.shape)
             if tensor.device.type == "meta":
-                data = read(tuple(tensor_names))  # type: ignore[misc]  # checked above
-                if tuple(data.shape) != tuple(tensor.shape):
-                    raise ServiceSpecError(
-                        f"tensor {tensor_names[0]!r}: the weights have shape "
-                        f"{tuple(data.shape)}, the model {tuple(tensor.shape)}"
-                    )
-                view.copy_(data)
-                del data
+                _read_into(view, read, tuple(tensor_names))  # type: ignore[arg-type]  # checked above
             else:
                 view.copy_(tensor.detach())
             slots.append(
