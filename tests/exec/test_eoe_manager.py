@@ -869,6 +869,25 @@ def _id(module: nn.Module, x: Any) -> Any:
     return x
 
 
+class _Locked(nn.Linear):
+    """A module holding a lock (as one guarding a cache may), which deepcopy cannot copy."""
+
+    def __init__(self) -> None:
+        super().__init__(4, 4)
+        self.lock = threading.Lock()
+
+
+def test_a_module_that_cannot_be_copied_is_refused_at_register(managers) -> None:
+    """Each replica is a deep copy of the module's weightless template: a module holding a
+    lock was registered, and every call of it then failed as a RestoreError ('cannot pickle
+    '_thread.lock' object'), for good. It is refused at register, saying so; nothing of it
+    stays booked."""
+    m = managers(config(devices=1, units=4))
+    with pytest.raises(ServiceSpecError, match="the module cannot be copied.*_thread.lock"):
+        m.register(ServiceSpec("locked", factory=_Locked, call=lambda mod, x: mod(x)))
+    assert m.services() == () and m._host_bytes == 0
+
+
 def test_unregister(managers) -> None:
     m = managers(config())
     m.register(blob_spec("a"))

@@ -182,6 +182,23 @@ class HostBackup:
         self._lock = threading.Lock()
         self._spares: list[torch.nn.Module] = []
         self._owners: weakref.WeakKeyDictionary[torch.nn.Module, list] = weakref.WeakKeyDictionary()
+        self._first_spare()
+
+    def _first_spare(self) -> None:
+        """Make one skeleton now, the first restore's: ``ServiceSpecError`` when the module
+        cannot be deep-copied (it holds a lock, an open file, a CUDA stream). Such a module
+        was registered, and every restore of it (each replica is a copy) then failed as a
+        RestoreError, for every call."""
+        try:
+            module = copy.deepcopy(self.template)
+        except FAILURES as exc:
+            raise ServiceSpecError(
+                "the module cannot be copied, and each replica is a copy of it: "
+                f"copy.deepcopy raised {type(exc).__name__}: {told(exc)}"
+            ) from exc
+        module, owners = self._skeleton_of(module)
+        self._owners[module] = owners
+        self._spares.append(module)
 
     def _shard_ranges(self, units: list[str], shards: int) -> tuple[tuple[int, int], ...]:
         """Cut the units (in layout order) into ``shards`` runs of about equal bytes."""
