@@ -368,7 +368,8 @@ def test_serve_model_arguments_name_kind_and_path(dirs: dict[str, Path]) -> None
     assert svc.spec.frontend is svc
     split = service_from_arg(f"t=teacher/2:{dirs['teacher']}")
     assert (split.spec.shards, split.spec.dops) == (2, (2,))
-    for bad in ("judge", "judge=reward", f"=reward:{dirs['reward']}", "judge=:x", "t=teacher/x:p"):
+    bad_ones = ("judge", "judge=reward", f"=reward:{dirs['reward']}", "judge=:x", "t=teacher/x:p")
+    for bad in (*bad_ones, "t=teacher/\u00b2:p"):  # (a superscript 2: int() refused it bare)
         with pytest.raises(ValueError, match=r"NAME=KIND\[/SHARDS\]:PATH"):
             service_from_arg(bad)
 

@@ -451,6 +451,6 @@ def service_from_arg(text: str) -> HfService:
     form = f"expected NAME=KIND[/SHARDS]:PATH, KIND one of {sorted(KINDS)}, SHARDS 2, 4 or 8"
     if not sep or not name or not kind or not colon or not path:
         raise ValueError(f"--model {text!r}: {form}")
-    if slash and not shards.isdigit():
+    if slash and not (shards.isascii() and shards.isdigit()):  # ("²" is a digit to isdigit)
         raise ValueError(f"--model {text!r}: {form}")
     return hf_service(name, path, kind, shards=int(shards) if slash else 1)
