@@ -313,6 +313,29 @@ def test_the_engine_benchmark_reports_restore_against_a_plain_copy(capsys: Any) 
     assert doc["skipped"] == {"vllm": "needs CUDA and vLLM"}
 
 
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--reps", "0"], "--reps"),
+        (["--engines", "modul"], "--engines 'modul'"),
+        (["--engines", ","], "--engines ','"),
+        (["--model", "hf-huge"], "--model 'hf-huge'"),
+    ],
+)
+def test_the_engine_benchmark_refuses_bad_arguments_naming_them(
+    argv: list[str], named: str, capsys: Any
+) -> None:
+    """--reps 0 ran the whole benchmark and then failed as statistics' 'no median for empty
+    data'; an engine name other than 'module' was run as vLLM (an ImportError on CPU); an
+    unknown --model was a bare KeyError. Each is refused up front naming the flag (exit 2)."""
+    from tangram.exec.eoe import bench_engine
+
+    with pytest.raises(SystemExit) as exit_:
+        bench_engine.main([*argv, "--backend", "cpu"])
+    assert exit_.value.code == 2
+    assert named in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("home", [-1, True, "0", 0.0])
 def test_an_engine_home_that_is_no_gpu_index_is_refused_naming_it(home: object) -> None:
     """home=-1 ran on the last GPU's books by Python's negative indexing (each call failed

@@ -20,7 +20,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tangram.report import positive_int
+
 MIB = 1 << 20
+#: The engines measured: ``ModuleEngine`` and vLLM's.
+ENGINES = ("module", "vllm")
 
 
 def plain_copy_s(nbytes: int, device: str, reps: int) -> float:
@@ -93,21 +97,28 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from tangram.exec.eoe.hf_tiny import save_model_dir
+    from tangram.exec.eoe.hf_tiny import HF_SHAPES, save_model_dir
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="hf-medium", help="an hf_tiny.HF_SHAPES name")
-    p.add_argument("--engines", default="module,vllm")
-    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--engines", default="module,vllm", help=f"comma-separated, of {ENGINES}")
+    # (--reps 0 failed after the whole run as statistics' "no median for empty data")
+    p.add_argument("--reps", type=positive_int, default=5, help="measured misses (>= 1)")
     p.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda"))
     args = p.parse_args(argv)
+    kinds = [k.strip() for k in args.engines.split(",") if k.strip()]
+    unknown = [k for k in kinds if k not in ENGINES]
+    if unknown or not kinds:  # (any other name was run as vLLM: an ImportError on CPU)
+        p.error(f"--engines {args.engines!r}: each of {ENGINES}, comma-separated")
+    if args.model not in HF_SHAPES:  # (was a bare KeyError once the run began)
+        p.error(f"--model {args.model!r}: one of {sorted(HF_SHAPES)}")
     backend = args.backend
     if backend == "auto":
         backend = "cuda" if torch.cuda.is_available() else "cpu"
     rows, skipped = [], {}
     with tempfile.TemporaryDirectory(prefix="tangram-engine-") as tmp:
         path = save_model_dir(Path(tmp) / args.model, "teacher", args.model)
-        for kind in [k.strip() for k in args.engines.split(",") if k.strip()]:
+        for kind in kinds:
             if kind == "vllm" and (backend != "cuda" or importlib.util.find_spec("vllm") is None):
                 skipped[kind] = "needs CUDA and vLLM"
                 continue
