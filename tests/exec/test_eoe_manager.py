@@ -1797,7 +1797,9 @@ def test_an_interrupt_anywhere_recycling_an_evicted_module_frees_its_memory(
     the interrupt's traceback, held in a reference cycle, kept the module and so the
     replica's whole device buffer allocated until the garbage collector ran (never, with it
     off): GPU memory the books said was free. An interrupt at any line of recycle (but its
-    handler's) or of the _attach it calls now leaves nothing allocated."""
+    handler's) or of the _attach it calls now leaves nothing allocated, and the eviction is
+    not counted unverified (an interrupted drop was taken to free 0 bytes, logged as a
+    leak)."""
     import gc
     import inspect
 
@@ -1829,6 +1831,8 @@ def test_an_interrupt_anywhere_recycling_an_evicted_module_frees_its_memory(
         assert m.residency() == {} and m._ledger.claimed == [0, 0], line
         if base is not None:
             assert left == [0, 0], line
+            # (the memory did go: the eviction is no unverified one, logged as a leak)
+            assert m.stats().unverified_evictions == 0, line
         assert m.call("a", X, dop=2).ok, line
         m.close()
 

@@ -695,8 +695,10 @@ class EoeManager:
         svc = self._services.get(victim.service)
         backup = None if svc is None else svc.backup
         interrupt: BaseException | None = None
+        device = self.devices[victim.gpu]
+        before = device.allocated_bytes()
         try:
-            _, freed = drop_weights(victim, self.devices[victim.gpu], backup)
+            _, freed = drop_weights(victim, device, backup)
             size = victim.dropped or 0
         except BaseException as exc:
             # (An engine's sleep that raised or exited, or an interrupt.) The replica has
@@ -705,8 +707,10 @@ class EoeManager:
             # foreign memory in later plans. An interrupt (no failure of the service's own
             # code, see FAILURES) is re-raised once the books are right.
             log.exception("dropping %r from GPU %d raised", victim.service, victim.gpu)
-            size, freed = victim.dropped or 0, 0
             victim.module = victim.storage = None
+            # What the allocator saw go (taken as 0, a drop whose memory did go, as after an
+            # interrupted one now, was counted an unverified eviction and logged as a leak).
+            size, freed = victim.dropped or 0, max(0, before - device.allocated_bytes())
             interrupt = None if isinstance(exc, FAILURES) else exc
         elapsed = time.perf_counter() - t0
         with self._cond:
