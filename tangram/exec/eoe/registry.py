@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import numbers
 import re
 import threading
@@ -256,7 +257,8 @@ def _batch_len(inputs: Any, path: set[int] | None = None) -> int | None:
         return None
     path = set() if path is None else path
     with on_path(inputs, path):
-        lens = {n for n in (_batch_len(m, path) for m in members) if n is not None}
+        # (map, as before: a generator here was one more frame per level of nesting)
+        lens = {n for n in map(functools.partial(_batch_len, path=path), members) if n is not None}
     if len(lens) > 1:
         raise TypeError(f"the parts of the inputs have different batch sizes {sorted(lens)}")
     return lens.pop() if lens else None
