@@ -1333,6 +1333,37 @@ def test_a_split_that_returns_no_list_is_an_input_split_error(managers) -> None:
     assert "split returned NoneType, not a list of parts" in out.message
 
 
+async def _coroutine_call(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return module(x)
+
+
+@pytest.mark.parametrize(
+    ("call", "kind"),
+    [
+        (lambda mod, x: (mod(x) * i for i in range(2)), "generator"),
+        (lambda mod, x: map(mod, [x, x]), "map"),
+        (_coroutine_call, "coroutine"),
+    ],
+    ids=["generator", "map", "coroutine"],
+)
+@pytest.mark.parametrize("dop", [1, 2])
+def test_a_call_returning_work_not_done_yet_is_a_call_failed_error(
+    managers, call: Callable[..., Any], kind: str, dop: int
+) -> None:
+    """A call function returning a generator (or another iterator, or a coroutine: an
+    async def) ended 'ok' with it as its value: the caller ran it after the call had ended,
+    outside its GPU slot and pins, on a replica maybe evicted meanwhile ('Tensor on device
+    meta is not on the expected device'), or never ran it at all (a coroutine); at DoP 2 it
+    failed to merge. It is a CallFailedError naming what was returned; a list is a value."""
+    m = managers(config(devices=2))
+    m.register(blob_spec("lazy", call=call))
+    out = m.call("lazy", X, dop=dop)
+    assert isinstance(out.error, CallFailedError), out
+    assert f"returned a {kind}, which would run after its call ended" in out.message
+    m.register(blob_spec("eager", call=lambda mod, x: [mod(x), mod(x)], dops=(1,)))
+    assert m.call("eager", X).ok
+
+
 def test_a_split_returning_an_endless_iterator_is_an_input_split_error(managers) -> None:
     """A spec's split that returned an iterator was read to its end before its parts were
     counted: an endless one (itertools.repeat, a generator that never stops) was read

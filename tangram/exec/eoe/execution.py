@@ -4,9 +4,12 @@ replica (the first in the calling thread, the others on a pool), merge the resul
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import io
 import itertools
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
 
@@ -157,6 +160,14 @@ class ReplicaRunner:
                     )
                     raise own from None
                 result = spec.call(rep.module if module is None else module, moved)
+            lazy = _lazy(result)
+            if lazy is not None:
+                own = CallFailedError(
+                    f"service {spec.name!r} returned {lazy}, which would run after its call "
+                    f"ended, on a replica on GPU {rep.gpu} it no longer holds: return the "
+                    "values themselves (a list, not a generator)"
+                )
+                raise own from None
             # Copied out of inference mode: normal tensors, which a caller may change in
             # place or use in a loss, at DoP 1 as after a merge (inference tensors were not).
             with device.context():
@@ -210,6 +221,23 @@ def _settle(futures: list[Future[Any]], own: ThreadPoolExecutor | None) -> None:
         own.shutdown(wait=True)
     if interrupt is not None:
         raise interrupt
+
+
+def _lazy(result: Any) -> str | None:
+    """What ``result`` is when it is work not done yet (a generator or other iterator, a
+    coroutine), closed so that it never runs; None for a value. Such a result was the
+    call's 'ok' value: run by the caller after the call ended, outside its GPU slot and
+    pins, on a replica maybe evicted meanwhile ('Tensor on device meta'), or never run at
+    all (a coroutine), and no device tensor it made was copied to the host."""
+    if isinstance(result, io.IOBase) or not (  # (a file is an iterator, and a value)
+        isinstance(result, Iterator | AsyncIterator | Coroutine) or inspect.isawaitable(result)
+    ):
+        return None
+    close = getattr(result, "close", None)
+    if callable(close):
+        with contextlib.suppress(Exception):  # (a generator's own finally, as it is closed)
+            close()
+    return f"a {type(result).__name__}"
 
 
 def to_device(tensor: torch.Tensor, device: Device) -> torch.Tensor:
