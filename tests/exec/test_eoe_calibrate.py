@@ -71,6 +71,43 @@ def test_a_spin_that_fails_part_way_kills_the_processes_it_started(monkeypatch) 
         stop(started)
 
 
+def test_an_interrupt_anywhere_in_spin_leaves_no_process_spinning(monkeypatch) -> None:
+    """spin returned its processes after its try: an interrupt (a KeyboardInterrupt) at the
+    return left them spinning for ever (a core each, past the calibration's own end), the
+    caller never having them to stop. An interrupt at any line of spin (but its handler's)
+    now leaves every process it started stopped, or handed back."""
+    import inspect
+    import subprocess
+
+    from tangram.exec.eoe import calibrate
+    from tests.interrupts import interrupted_at, interruptible_lines
+
+    real = subprocess.Popen
+    started: list[subprocess.Popen] = []
+
+    def popen(*args: object, **kw: object) -> subprocess.Popen:
+        started.append(real(*args, **kw))
+        return started[-1]
+
+    monkeypatch.setattr(calibrate.subprocess, "Popen", popen)
+    source, first = inspect.getsourcelines(spin)
+    handler = next(
+        (first + i for i, t in enumerate(source) if t.strip() == "except BaseException:"), 0
+    )
+    code = spin.__code__
+    lines = [ln for ln in interruptible_lines(code) if not handler <= ln <= handler + 2]
+    assert lines
+    try:
+        for line in lines:
+            got: list[subprocess.Popen] = []
+            with interrupted_at(code, line):
+                got = spin(2)
+            stop(got)  # (the caller stops what it was handed)
+            assert all(p.poll() is not None for p in started), line
+    finally:
+        stop(started)
+
+
 def test_the_restore_fit_separates_bandwidth_from_the_fixed_cost() -> None:
     gbps, fixed = fit_restore([(1.0, 0.6), (2.0, 1.1), (4.0, 2.1)])  # 0.1 s + GB / 2
     assert gbps == pytest.approx(2.0) and fixed == pytest.approx(0.1)

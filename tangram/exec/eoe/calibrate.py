@@ -42,16 +42,19 @@ SETTLE_S = 0.2
 
 def spin(n: int) -> list[subprocess.Popen]:
     """``n`` processes that keep one core busy each until killed; if one fails to start,
-    those started before it are killed (they would spin for ever) and the error raised."""
+    those started before it are killed (they would spin for ever) and the error raised.
+    They are handed back inside the try: returned after it, an interrupt (a
+    KeyboardInterrupt) at the return left them spinning for ever, the caller never having
+    them to stop."""
     code = "while True: pass"
     procs: list[subprocess.Popen] = []
     try:
         for _ in range(n):
             procs.append(subprocess.Popen([sys.executable, "-c", code]))
+        return procs
     except BaseException:
         stop(procs)
         raise
-    return procs
 
 
 def stop(procs: Sequence[subprocess.Popen]) -> None:
