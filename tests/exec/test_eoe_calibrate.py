@@ -108,6 +108,33 @@ def test_an_interrupt_anywhere_in_spin_leaves_no_process_spinning(monkeypatch) -
         stop(started)
 
 
+def test_an_interrupt_anywhere_in_stop_leaves_no_process_spinning() -> None:
+    """stop killed its processes in a plain loop: an interrupt (a second Ctrl-C during a
+    calibration's clean-up) killing the first left the others spinning for ever. An
+    interrupt at any line of stop (but its finally's, which Python cannot cover) now
+    leaves every one killed and reaped."""
+    import inspect
+
+    from tests.interrupts import interrupted_at, interruptible_lines
+
+    source, first = inspect.getsourcelines(stop)
+    finallies = [first + i for i, t in enumerate(source) if t.strip() == "finally:"]
+    start = min(finallies, default=first + len(source))
+    code = stop.__code__
+    lines = [ln for ln in interruptible_lines(code) if ln < start]
+    assert lines
+    for line in lines:
+        procs = spin(2)
+        try:
+            with interrupted_at(code, line):
+                stop(procs)
+            assert all(p.returncode is not None for p in procs), line
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
+
+
 def test_the_restore_fit_separates_bandwidth_from_the_fixed_cost() -> None:
     gbps, fixed = fit_restore([(1.0, 0.6), (2.0, 1.1), (4.0, 2.1)])  # 0.1 s + GB / 2
     assert gbps == pytest.approx(2.0) and fixed == pytest.approx(0.1)

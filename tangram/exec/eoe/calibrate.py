@@ -58,11 +58,16 @@ def spin(n: int) -> list[subprocess.Popen]:
 
 
 def stop(procs: Sequence[subprocess.Popen]) -> None:
-    """Kill the processes ``spin`` started and reap them."""
-    for p in procs:
-        p.kill()
-    for p in procs:
-        p.wait()
+    """Kill the processes ``spin`` started and reap them, each one killed past an interrupt
+    (a second Ctrl-C) killing another: in a plain loop, an interrupt killing the first left
+    the rest spinning for ever. (Killing one that exited already does nothing.)"""
+    try:
+        for p in procs:
+            p.kill()
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 def _call(manager: Any, service: str, inputs: Any, dop: int) -> Any:
