@@ -344,6 +344,14 @@ def test_an_interrupt_anywhere_booking_an_eviction_keeps_the_residency_feed_true
         m.close()
 
 
+def test_a_residency_callback_that_is_not_callable_is_refused_naming_it() -> None:
+    """on_residency_change='log' was taken: every residency change then raised TypeError in
+    the delivery, logged as the callback's own failure, and none was ever delivered. It is
+    refused as the manager is made, naming the parameter."""
+    with pytest.raises(ValueError, match="on_residency_change must be a callable or None"):
+        EoeManager(config(), on_residency_change="log")  # type: ignore[arg-type]
+
+
 def test_a_callback_may_call_back_into_the_manager(managers) -> None:
     seen: list[dict] = []
     holder: list[EoeManager] = []

@@ -126,6 +126,11 @@ class EoeManager:
         self.config = config or EoeConfig()
         if devices is not None and not devices:
             raise ValueError("devices, when given, must name at least one device")
+        if on_residency_change is not None and not callable(on_residency_change):
+            # (else every change was a TypeError logged as the callback's, none delivered)
+            raise ValueError(
+                f"on_residency_change must be a callable or None, got {shown(on_residency_change)}"
+            )
         self.devices: tuple[Device, ...] = tuple(devices or open_devices(self.config))
         _check_indices(self.devices)
         self.backend = self.devices[0].backend
