@@ -344,6 +344,15 @@ def test_an_interrupt_anywhere_booking_an_eviction_keeps_the_residency_feed_true
         m.close()
 
 
+@pytest.mark.parametrize("device", ["cuda:0", 0])
+def test_devices_that_are_no_devices_are_refused_naming_them(device: object) -> None:
+    """devices=['cuda:0'] was read for each device's index: a str's index method, refused
+    as 'devices must be indexed 0..n-1 in order, got indices [<built-in method index of
+    str object ...>]'; devices=[0] was a bare AttributeError. Each is refused naming it."""
+    with pytest.raises(ValueError, match=f"devices must be Device objects.*got {device!r}"):
+        EoeManager(EoeConfig(backend="cpu"), devices=[device])  # type: ignore[list-item]
+
+
 def test_a_residency_callback_that_is_not_callable_is_refused_naming_it() -> None:
     """on_residency_change='log' was taken: every residency change then raised TypeError in
     the delivery, logged as the callback's own failure, and none was ever delivered. It is

@@ -80,6 +80,11 @@ def _check_indices(devices: tuple[Device, ...]) -> None:
     """``ValueError`` unless device i has index i: the books are kept by place, while stats()
     and an engine's home read each device's own index (devices [1] made stats() an
     IndexError; [0, 0] showed GPU 0's books for both)."""
+    odd = [d for d in devices if not isinstance(d, Device)]
+    if odd:  # ('cuda:0' passed as its str.index method, named in a message about indices)
+        raise ValueError(
+            f"devices must be Device objects (CpuDevice, CudaDevice), got {shown(odd[0])}"
+        )
     indices = [d.index for d in devices]
     if indices != list(range(len(devices))):
         raise ValueError(f"devices must be indexed 0..n-1 in order, got indices {indices[:16]}")
