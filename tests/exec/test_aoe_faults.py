@@ -427,3 +427,39 @@ def test_an_image_name_the_engine_cannot_read_is_refused_naming_it(
     with pytest.raises(AoeError, match="image"):
         manager.open_trajectory("bad-image", image=image)
     assert set(manager.trajectories()) == before
+
+
+@pytest.fixture(params=["seen", "inside"])
+def marker_kill(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Containers opened under it get the marker fallback (``kill.MarkerGroup``), as without
+    cgroup access: with the container's processes seen from here (``seen``, a local engine),
+    or killed from inside (``inside``, a remote engine)."""
+    from tangram.exec.aoe import kill, lifecycle
+
+    def marker_group(client: Any, cid: str, init_pid: Any, user: str, pids: Any) -> Any:
+        seen = pids if request.param == "seen" else (lambda: None)
+        return kill.action_group(client, cid, None, user, seen)
+
+    monkeypatch.setattr(lifecycle, "action_group", marker_group)
+    return request.param
+
+
+def test_without_cgroup_access_a_time_out_kills_the_actions_shell_with_its_command(
+    any_manager: Any, trajectory: Any, marker_kill: str
+) -> None:
+    """The marker fallback killed the action's processes one by one, in the order it found
+    them (from inside: /proc/1012 sorts before /proc/25): the command died first, and its
+    shell, not yet signalled, went on with the rest of its script (here a write) before
+    the kill reached it. All are now stopped before any is killed."""
+    traj = trajectory(any_manager)
+    # Its shell's pid stays under 100 (a fresh container), its ``sleep``'s passes 1000.
+    script = (
+        "i=0; while [ $i -lt 1000 ]; do /bin/true; i=$((i + 1)); done; "
+        "sleep 30; echo old > /work/old-ran"
+    )
+    out = any_manager.run_action(traj, script, 1, timeout_s=8)
+    assert out.status == "timeout", out
+    later = any_manager.run_action(
+        traj, "sleep 2; test -e /work/old-ran && echo ran || echo killed", 1, timeout_s=30
+    )
+    assert later.ok and later.stdout == b"killed\n", later

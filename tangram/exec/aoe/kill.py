@@ -345,14 +345,27 @@ class MarkerGroup(ActionGroup):
         pass  # the runner cannot be told from the container's other processes (docs/aoe.md)
 
     def kill(self) -> KillReport:
-        if self._action is not None:
+        if self._action is not None and not self._kill_seen(
+            f"{ACTION_ENV}={self._action}".encode()
+        ):
+            _kill_inside(self.client, self.container_id, self.user, self._action)
+        return KillReport("marker", None)
+
+    def _kill_seen(self, marker: bytes) -> int:
+        """Kill from here, in up to ``KILL_ROUNDS`` rounds (a round catches what forked while
+        the one before read the environments) until one finds none; how many were killed
+        (0 too when the container's processes cannot be seen from here)."""
+        killed = 0
+        for _ in range(KILL_ROUNDS):
             try:
                 visible = self.pids() or []
             except CgroupGone:
-                visible = []
-            if not _kill_visible(visible, f"{ACTION_ENV}={self._action}".encode()):
-                _kill_inside(self.client, self.container_id, self.user, self._action)
-        return KillReport("marker", None)
+                return killed
+            found = _kill_visible(visible, marker)
+            if not found:
+                break
+            killed += found
+        return killed
 
 
 def kill_action(container: Container, aid: str, why: str) -> KillReport:
@@ -471,36 +484,47 @@ def _kill_visible(pids: list[int], marker: bytes) -> int:
 
     Each is held by a pidfd before its environment is read, and signalled through it: by pid,
     a process that ended after the read had its pid's next holder (another container's or a
-    host process) killed."""
-    killed = 0
-    for pid in pids:
-        try:
-            pidfd = os.pidfd_open(pid)
-        except OSError:
-            continue  # gone already
-        try:
+    host process) killed. All are stopped (SIGSTOP) before any is killed: killed one by one,
+    a shell whose command died first went on with its script (a write, a new command) before
+    its own signal came."""
+    held: list[int] = []
+    try:
+        for pid in pids:
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError:
+                continue  # gone already
+            held.append(pidfd)
             try:
                 with open(f"/proc/{pid}/environ", "rb") as f:
                     environ = f.read().split(b"\0")
             except OSError:
-                continue
-            if marker in environ:
+                environ = []
+            if marker not in environ:
+                os.close(held.pop())
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for pidfd in held:
                 with contextlib.suppress(ProcessLookupError):
-                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-                    killed += 1
-        finally:
+                    signal.pidfd_send_signal(pidfd, sig)
+        return len(held)
+    finally:
+        for pidfd in held:
             os.close(pidfd)
-    return killed
 
 
 def _kill_inside(client: Any, container_id: str, user: str, aid: str) -> None:
     """Fallback when the container's processes are not visible from here: kill from inside.
     ``aid`` is held to ``execution.ACTION_ID`` (no quotes, no spaces) and matched as a fixed
     string."""
+    # All found are stopped before any is killed (one by one, a shell whose command died
+    # first went on with its script before its own signal came), in rounds until one finds
+    # none (a round catches what forked while the one before read the environments).
     script = (
+        f"for r in {' '.join(str(r) for r in range(KILL_ROUNDS))}; do s=; "
         "for p in /proc/[0-9]*; do "
-        f"if tr '\\0' '\\n' < $p/environ 2>/dev/null | grep -qxF '{ACTION_ENV}={aid}'; "
-        "then kill -9 ${p#/proc/} 2>/dev/null; fi; done"
+        f"tr '\\0' '\\n' < $p/environ 2>/dev/null | grep -qxF '{ACTION_ENV}={aid}' && "
+        's="$s ${p#/proc/}"; done; '
+        '[ -n "$s" ] || break; kill -STOP $s 2>/dev/null; kill -9 $s 2>/dev/null; done'
     )
     with contextlib.suppress(Exception):
         client.api.exec_start(
