@@ -463,3 +463,140 @@ def test_without_cgroup_access_a_time_out_kills_the_actions_shell_with_its_comma
         traj, "sleep 2; test -e /work/old-ran && echo ran || echo killed", 1, timeout_s=30
     )
     assert later.ok and later.stdout == b"killed\n", later
+
+
+def _held_runner(manager: Any, traj: str) -> int:
+    """A pidfd on the runner of ``traj`` (the engine's pid: the marker fallback keeps none)."""
+    import os
+
+    from tangram.exec.aoe import kill, transport
+
+    container = manager._container(traj)
+    assert isinstance(container.group, kill.MarkerGroup), container.group
+    runner = container.transport
+    assert isinstance(runner, transport.RunnerTransport) and runner.exec_id is not None
+    return os.pidfd_open(int(manager.client.api.exec_inspect(runner.exec_id)["Pid"]))
+
+
+def test_without_cgroup_access_an_action_interrupted_before_the_runner_read_it_never_runs(
+    manager: Any, trajectory: Any, monkeypatch: pytest.MonkeyPatch, marker_kill: str
+) -> None:
+    """The marker fallback (no cgroup access): an interrupt landing before the runner read
+    the action it was sent (held here by SIGSTOP) had the kill find no process carrying the
+    action's marker, and the runner, which cannot be told from the container's processes
+    and was spared, started the action once it went on, after the caller was told it was
+    interrupted. The kill now revokes the action's ticket first, and the action's shell
+    checks it before its command runs."""
+    import os
+    import signal
+
+    from tangram.exec.aoe import transport
+
+    traj = trajectory(manager)
+    assert manager.run_action(traj, "true", 1).ok  # the runner is up
+    held = _held_runner(manager, traj)
+    real_send, real_collect = transport.send, transport.collect
+
+    def stopped_then_sent(*args: Any, **kwargs: Any) -> None:
+        signal.pidfd_send_signal(held, signal.SIGSTOP)
+        real_send(*args, **kwargs)
+
+    def interrupted(*args: Any, **kwargs: Any) -> str:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(transport, "send", stopped_then_sent)
+    monkeypatch.setattr(transport, "collect", interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            manager.run_action(traj, "echo old > /work/old-ran", 1)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(held, signal.SIGCONT)
+        os.close(held)
+    monkeypatch.setattr(transport, "send", real_send)
+    monkeypatch.setattr(transport, "collect", real_collect)
+    assert manager.free_cores() == manager.topology.cores
+    later = manager.run_action(
+        traj, "sleep 2; test -e /work/old-ran && echo ran || echo killed", 1, timeout_s=30
+    )
+    assert later.ok and later.stdout == b"killed\n", later
+    again = manager.run_action(traj, "echo fine", 1, timeout_s=30)
+    assert again.ok and again.stdout == b"fine\n", again
+
+
+def test_without_cgroup_access_an_action_the_runner_had_not_read_by_its_time_out_never_runs(
+    manager: Any, trajectory: Any, monkeypatch: pytest.MonkeyPatch, marker_kill: str
+) -> None:
+    """The marker fallback: a runner held past the action's time-out (SIGSTOP here, the
+    scheduler on a loaded machine) read the action once it went on and started it, after its
+    outcome was given: the time-out's kill had found no process carrying its marker. The kill
+    now revokes the action's ticket, and the runner finds it gone."""
+    import os
+    import signal
+
+    from tangram.exec.aoe import transport
+
+    traj = trajectory(manager)
+    assert manager.run_action(traj, "true", 1).ok  # the runner is up
+    held = _held_runner(manager, traj)
+    real_send = transport.send
+
+    def stopped_then_sent(*args: Any, **kwargs: Any) -> None:
+        signal.pidfd_send_signal(held, signal.SIGSTOP)
+        real_send(*args, **kwargs)
+
+    monkeypatch.setattr(transport, "send", stopped_then_sent)
+    try:
+        out = manager.run_action(traj, "echo old > /work/old-ran", 1, timeout_s=0.5)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(held, signal.SIGCONT)
+        os.close(held)
+    monkeypatch.setattr(transport, "send", real_send)
+    assert out.status in ("error", "timeout") and not out.ok, out
+    later = manager.run_action(
+        traj, "sleep 2; test -e /work/old-ran && echo ran || echo killed", 1, timeout_s=30
+    )
+    assert later.ok and later.stdout == b"killed\n", later
+    again = manager.run_action(traj, "echo fine", 1, timeout_s=30)
+    assert again.ok and again.stdout == b"fine\n", again
+
+
+def test_without_cgroup_access_an_action_interrupted_right_after_its_send_never_runs(
+    any_manager: Any, trajectory: Any, monkeypatch: pytest.MonkeyPatch, marker_kill: str
+) -> None:
+    """The marker fallback, both transports: an interrupt landing right after the send,
+    before the launcher (an exec's shell, or the runner) started the action: its launcher
+    carried no marker, and read the line and ran the action after the caller was told it
+    was interrupted."""
+    from tangram.exec.aoe import transport
+
+    traj = trajectory(any_manager)
+    real = transport.send
+
+    def sent_then_interrupted(*args: Any, **kwargs: Any) -> None:
+        real(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(transport, "send", sent_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        any_manager.run_action(traj, "sleep 2; echo old > /work/old-ran", 1)
+    monkeypatch.setattr(transport, "send", real)
+    assert any_manager.free_cores() == any_manager.topology.cores
+    later = any_manager.run_action(
+        traj, "sleep 4; test -e /work/old-ran && echo ran || echo killed", 1, timeout_s=30
+    )
+    assert later.ok and later.stdout == b"killed\n", later
+
+
+def test_without_cgroup_access_a_time_out_leaves_no_ticket_behind(
+    any_manager: Any, trajectory: Any, marker_kill: str
+) -> None:
+    """The marker fallback's kill revokes the action's ticket: an action that had taken it
+    already (it ran, and was killed) never comes back for the revocation, which is removed
+    once the action's end is seen; nothing of the tickets is left for later actions."""
+    traj = trajectory(any_manager)
+    out = any_manager.run_action(traj, "sleep 30", 1, timeout_s=1)
+    assert out.status == "timeout", out
+    later = any_manager.run_action(traj, "ls -A /tmp", 1, timeout_s=30)
+    assert later.ok and later.stdout == b"", later

@@ -847,8 +847,12 @@ def test_the_exec_transport_waits_for_the_exit_code_while_the_action_has_time(
 
     class Group:
         places = False
+        ticket = "-"
 
         def enter(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def ended(self) -> None:
             pass
 
         def leave(self) -> None:
@@ -893,8 +897,12 @@ def test_the_runner_counts_the_sending_of_an_action_in_its_time_out(
 
     class Group:
         places = False
+        ticket = "-"
 
         def enter(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def ended(self) -> None:
             pass
 
         def leave(self) -> None:
@@ -1114,8 +1122,12 @@ def test_the_exec_transport_does_not_count_its_launchers_start_in_the_time_out(
 
     class Group:
         places = True
+        ticket = "-"
 
         def enter(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def ended(self) -> None:
             pass
 
         def leave(self) -> None:
@@ -1166,8 +1178,12 @@ def test_a_command_ending_at_its_deadline_gets_its_exit_code_from_a_slow_engine(
 
     class Group:
         places = False
+        ticket = "-"
 
         def enter(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def ended(self) -> None:
             pass
 
         def leave(self) -> None:
@@ -1256,8 +1272,12 @@ def test_an_exec_whose_exit_code_look_fails_keeps_the_commands_output() -> None:
 
     class Group:
         places = False
+        ticket = "-"
 
         def enter(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def ended(self) -> None:
             pass
 
         def leave(self) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import signal
 import time
 from abc import ABC, abstractmethod
@@ -54,6 +55,10 @@ log = logging.getLogger(__name__)
 ACTION_ENV = "TANGRAM_ACTION_ID"
 #: The action cgroup's name below the container's cgroup.
 GROUP_NAME = "tangram-action"
+#: Where the marker fallback's tickets are taken, ``<prefix><hex>`` (``MarkerGroup``): in the
+#: container's /tmp (a tmpfs of mode 1777 in every sandbox, which no action can remove; its
+#: own subdirectory could be, and every later action would then be refused).
+TICKET_PREFIX = "/tmp/.tangram-ticket-"
 #: How long a kill waits for the cgroup to be frozen, and then for the killed to be gone.
 FREEZE_WAIT_S = 0.5
 GONE_WAIT_S = 1.0
@@ -74,6 +79,10 @@ class ActionGroup(ABC):
     #: Why the group stays frozen (its thaw was refused, ``THAW_TRIES`` times), None when it
     #: is not: an action started in it would hang until its time-out.
     stuck: str | None = None
+    #: The current action's ticket, sent with it (``transport.frame``): ``-``, none (the
+    #: cgroup's kill takes the launcher before it can start an action), or the name the
+    #: action's shell must take before its command runs (``MarkerGroup``).
+    ticket: str = "-"
 
     @abstractmethod
     def enter(self, action_id: str, pid: int | None, *, launcher_stays: bool) -> None:
@@ -99,6 +108,10 @@ class ActionGroup(ABC):
     @abstractmethod
     def close(self) -> None:
         """The container is going: remove what the group made."""
+
+    def ended(self) -> None:  # noqa: B027 - optional, no-op by default
+        """The current action's end was seen (its launcher is done with its line, ticket
+        taken or found revoked): called before ``leave``. No-op by default."""
 
 
 class CgroupGroup(ActionGroup):
@@ -331,23 +344,51 @@ class MarkerGroup(ActionGroup):
     ) -> None:
         self.client, self.container_id, self.user, self.pids = client, container_id, user, pids
         self._action: str | None = None
+        #: Whether the current action's ticket was revoked already (a second kill, "stuck"
+        #: after a time-out, finds it taken by its own revocation, not by the action).
+        self._revoked = False
 
     def enter(self, action_id: str, pid: int | None, *, launcher_stays: bool) -> None:
-        self._action = action_id
+        # A fresh random ticket per action: an earlier action's process cannot guess it, and
+        # a launcher still holding an older line checks that line's own.
+        self._action, self.ticket, self._revoked = action_id, secrets.token_hex(16), False
 
     def leave(self) -> None:
-        self._action = None
+        self._action, self.ticket, self._revoked = None, "-", False
 
     def close(self) -> None:
         pass  # nothing was made
+
+    def ended(self) -> None:
+        """A revocation the action's shell never came back for (it had taken its ticket, ran,
+        and was killed) is removed: left, one empty directory per time-out stayed in /tmp
+        for every later action to see. Its launcher is done with the line, so it is moot."""
+        if self._action is not None and self._revoked:
+            self._revoked = False
+            _run_inside(self.client, self.container_id, self.user, ["rmdir", self._ticket_path])
+
+    @property
+    def _ticket_path(self) -> str:
+        return TICKET_PREFIX + self.ticket  # (hex: no quoting needed)
 
     def drop_launcher(self) -> None:
         pass  # the runner cannot be told from the container's other processes (docs/aoe.md)
 
     def kill(self) -> KillReport:
-        if self._action is not None and not self._kill_seen(
-            f"{ACTION_ENV}={self._action}".encode()
-        ):
+        """Revoke the action's ticket, then kill what carries its marker. The runner (or an
+        exec's launcher) cannot be told from the container's other processes, so it is
+        spared, and one that had not read the action yet (held: a loaded machine) started it
+        after the kill had found nothing, its outcome given. Revoked first, the ticket is
+        either taken already, by the action's shell, which carries the marker, so the kill
+        below finds it, or the shell will find it taken and run nothing."""
+        if self._action is None:
+            return KillReport("marker", None)
+        if not self._revoked:
+            self._revoked = True
+            # (A failure is logged: the action may then still start; a container gone runs
+            # nothing anyway.)
+            _run_inside(self.client, self.container_id, self.user, ["mkdir", self._ticket_path])
+        if not self._kill_seen(f"{ACTION_ENV}={self._action}".encode()):
             _kill_inside(self.client, self.container_id, self.user, self._action)
         return KillReport("marker", None)
 
@@ -510,6 +551,17 @@ def _kill_visible(pids: list[int], marker: bytes) -> int:
     finally:
         for pidfd in held:
             os.close(pidfd)
+
+
+def _run_inside(client: Any, container_id: str, user: str, command: list[str]) -> None:
+    """Run ``command`` in the container as the sandbox user (a ticket's revocation and its
+    removal: /tmp is sticky, and the action's shell removes a revocation it finds), waiting
+    for its end; an engine's error is logged."""
+    try:
+        exec_id = client.api.exec_create(container_id, command, user=user)["Id"]
+        client.api.exec_start(exec_id)
+    except Exception as exc:  # noqa: BLE001 - the engine's errors, a lost connection
+        log.warning("%s in %s failed: %s", " ".join(command), container_id[:12], exc)
 
 
 def _kill_inside(client: Any, container_id: str, user: str, aid: str) -> None:

@@ -10,7 +10,9 @@ Two transports, one contract (``run(request, kill) -> RawResult``):
   by a random end marker carrying the exit code. About a millisecond per action, and an action
   ends when its own shell exits.
 
-Both send the action the same way (``frame``): one line ``[TOKEN] ACTION_ID ARG``, where ARG
+Both send the action the same way (``frame``): one line ``[TOKEN] TICKET ACTION_ID ARG``
+(TICKET: ``-``, or the ticket the marker fallback's action shell takes before it runs, see
+``tangram_ticket``), where ARG
 is the base64 of a short script, or ``@N`` followed by the N raw bytes of a long one, which
 the container's shell reads (``head -c``) into its memory and hands to the action's
 ``/bin/sh`` as its arguments (``_START``): a script passed as one argument is limited by the
@@ -41,7 +43,7 @@ from typing import Any
 
 from tangram.exec.aoe.environment import KEY, exports
 from tangram.exec.aoe.errors import AoeError
-from tangram.exec.aoe.kill import ActionGroup
+from tangram.exec.aoe.kill import TICKET_PREFIX, ActionGroup
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,13 @@ INLINE_MAX_BYTES = 16 << 10
 #: the bytes one reads ahead (stdio) when the pipe holds more. Fails (status 2) only when the
 #: bytes could not be taken off stdin (a fork refused at the pids limit): the stream is then
 #: out of step, and the caller must stop reading it.
+#:
+#: ``tangram_ticket TICKET`` (``-``: none) puts the action's ticket check in front of
+#: ``$script`` (on its first line: the script's line numbers stay): the action's own shell,
+#: already carrying the action's marker, takes the ticket (``mkdir``, atomic) before anything
+#: of the command runs, and finds it taken when the manager revoked the action first
+#: (``kill.MarkerGroup``): it then runs nothing (status 125). The ticket is let go at once
+#: (``rmdir``), so no file of it is left for the action to see.
 _LOAD = r"""
 substr=
 ( x=ab; [ "${x:1:1}" = b ] ) 2>/dev/null && substr=1
@@ -81,7 +90,15 @@ tangram_load() {
     script=$(printf '%s' "$1" | base64 -d 2>/dev/null) || script='echo "tangram runner: could not decode the action (fork failed: pids limit reached?)" >&2; exit 125' ;;
   esac
 }
-"""
+tangram_ticket() {
+  [ "$1" = - ] && return 0
+  t="@TICKET@$1"
+  t="mkdir $t 2>/dev/null || { [ -d $t ] && rmdir $t 2>/dev/null; echo 'tangram runner: the action was revoked (timed out or interrupted) before it started, or its ticket could not be taken (pids limit reached?); not run' >&2; exit 125; }; rmdir $t 2>/dev/null; "
+  script=$t$script
+  [ -z "$n" ] || n=$((n + ${#t}))
+  return 0
+}
+""".replace("@TICKET@", TICKET_PREFIX)
 
 #: The most a runner's ``drain`` discards before an action (what background processes of
 #: earlier actions printed between actions): one printing faster than it is read would keep
@@ -119,7 +136,7 @@ _START = (
     """printf '%s' "$script" | exec /bin/sh -c 'eval "$(cat)" </dev/null' /bin/sh"""
 )
 
-#: The persistent runner: read "TOKEN ACTION_ID ARG" lines; run each script in a fresh
+#: The persistent runner: read "TOKEN TICKET ACTION_ID ARG" lines; run each script in a fresh
 #: /bin/sh with the action id exported, stdin from /dev/null; then print the end markers.
 #: Each action writes to its own opening of the runner's stdout and stderr pipes (reopened
 #: through /proc/self/fd when that works): the flags an action sets on them (O_NONBLOCK, as
@@ -131,8 +148,9 @@ RUNNER_SCRIPT = (
     + r"""
 reopen=
 ( : >/proc/self/fd/1 && : 2>/proc/self/fd/2 ) 2>/dev/null && reopen=1
-while IFS=' ' read -r tok aid arg; do
+while IFS=' ' read -r tok ticket aid arg; do
   tangram_load "$arg" || exit 125
+  tangram_ticket "$ticket"
   if [ -n "$reopen" ]; then
     ( export TANGRAM_ACTION_ID="$aid"; """
     + _START
@@ -153,13 +171,14 @@ done
 """
 )
 
-#: One exec's launcher: wait for its "ACTION_ID ARG" line (idle, so it can be put in the
+#: One exec's launcher: wait for its "TICKET ACTION_ID ARG" line (idle, so it can be put in the
 #: action cgroup first), then become the action's shell.
 EXEC_SCRIPT = (
     _LOAD
     + r"""
-IFS=' ' read -r aid arg || exit 125
+IFS=' ' read -r ticket aid arg || exit 125
 tangram_load "$arg" || exit 125
+tangram_ticket "$ticket"
 export TANGRAM_ACTION_ID="$aid"
 exec </dev/null
 """
@@ -479,11 +498,13 @@ class ExecTransport:
             # a loaded machine) is not the command's time.
             deadline = time.monotonic() + req.timeout_s
             try:
-                send(raw, frame(req.action_id, req), req.timeout_s)
+                send(raw, frame(f"{self.group.ticket} {req.action_id}", req), req.timeout_s)
                 ended = collect(reader, out, err, deadline, self.grace_s, kill, lambda: reader.eof)
             except BaseException as exc:  # the launcher may hold the line: killed with the rest
                 _abort(self.group, kill, exc)
                 raise
+            if ended != "stuck":
+                self.group.ended()  # the stream closed: the launcher is done with its line
         finally:
             attached.close()
             self.group.leave()
@@ -566,7 +587,6 @@ class RunnerTransport:
             self.start()
             assert self._reader is not None and self._sock is not None
         token = "@@tangram-end-" + secrets.token_hex(12)
-        data = frame(f"{token} {req.action_id}", req)
         out = Capture(req.max_output_bytes, b"\n" + token.encode() + b" ", True)
         err = Capture(req.max_output_bytes, b"\n" + token.encode(), False)
         reader = self._reader
@@ -575,6 +595,7 @@ class RunnerTransport:
         deadline = time.monotonic() + req.timeout_s
         try:
             self.group.enter(req.action_id, self.pid, launcher_stays=True)
+            data = frame(f"{token} {self.group.ticket} {req.action_id}", req)  # (after enter)
             try:
                 send(self._sock, data, deadline - time.monotonic())
                 ended = collect(
@@ -598,6 +619,8 @@ class RunnerTransport:
                 # moved what it started out of the group. Killed now, with what is left.
                 self.group.drop_launcher()
                 kill("stuck")
+            else:
+                self.group.ended()  # its end markers came: the runner is done with the line
         finally:
             self.group.leave()
         if ended in ("stuck", "eof"):
