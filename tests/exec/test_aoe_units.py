@@ -345,6 +345,28 @@ def test_collect_kills_at_the_deadline_and_reports_timeout() -> None:
     assert ended == "timeout" and killed == ["timeout"]
 
 
+def test_collect_gives_the_kill_its_grace_after_the_kill_not_from_its_start() -> None:
+    """The grace after a kill was counted from before the kill: a kill that took longer than
+    the grace (the marker fallback's, two ``docker exec`` on a loaded engine) had the action
+    "stuck" (its runner replaced, its outcome an error) though its end came as the kill
+    returned."""
+    for why in ("timeout", "overflow"):
+        a, b = socket.socketpair()
+
+        def slow_kill(why: str, ours: socket.socket = a) -> None:
+            time.sleep(2.5)  # longer than the grace
+            ours.close()  # the killed command's stream ends as the kill returns
+
+        if why == "overflow":
+            a.sendall(b"\x01\x00\x00\x00" + (200).to_bytes(4, "big") + b"x" * 200)
+        reader = FrameReader(b)
+        out, err = Capture(100, None, False), Capture(100, None, False)
+        deadline = time.monotonic() + (0.1 if why == "timeout" else 60)
+        ended = collect(reader, out, err, deadline, 2.0, slow_kill, lambda r=reader: r.eof)
+        b.close()
+        assert ended == why
+
+
 def test_collect_gives_up_when_nothing_ends_after_a_kill() -> None:
     a, b = socket.socketpair()
     out, err = Capture(100, b"\n@@x ", True), Capture(100, b"\n@@x", False)

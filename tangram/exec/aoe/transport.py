@@ -423,8 +423,11 @@ def collect(
     while not finished():
         now = time.monotonic()
         if killed is None and now >= deadline:
-            killed, give_up = "timeout", now + grace_s
+            # The grace counts from the kill's return: counted from before it, a kill that
+            # took longer (the marker fallback's engine calls) had a prompt end "stuck".
+            killed = "timeout"
             kill("timeout")
+            give_up = time.monotonic() + grace_s
             continue
         if killed is not None and now >= give_up:
             return "stuck"
@@ -436,8 +439,9 @@ def collect(
         stream, payload = frame
         (err if stream == 2 else out).feed(payload)
         if killed is None and (out.overflow or err.overflow):
-            killed, give_up = "overflow", time.monotonic() + grace_s
+            killed = "overflow"
             kill("overflow")
+            give_up = time.monotonic() + grace_s
     return killed or "exit"
 
 
