@@ -408,7 +408,9 @@ def test_an_action_the_runner_had_not_read_by_its_time_out_never_runs(
             signal.pidfd_send_signal(held, signal.SIGCONT)
         os.close(held)
     monkeypatch.setattr(transport, "send", real_send)
-    assert out.status == "error" and "stopped answering" in out.error, out
+    # A time-out now (the kill found nothing of the action in the group and took the runner
+    # with it); "stopped answering" when no end came within the grace.
+    assert out.status == "timeout" or "stopped answering" in (out.error or ""), out
     later = manager.run_action(
         traj, "sleep 2; test -e /work/old-ran && echo ran || echo killed", 1, timeout_s=30
     )
@@ -600,3 +602,49 @@ def test_without_cgroup_access_a_time_out_leaves_no_ticket_behind(
     assert out.status == "timeout", out
     later = any_manager.run_action(traj, "ls -A /tmp", 1, timeout_s=30)
     assert later.ok and later.stdout == b"", later
+
+
+def test_an_action_a_slow_runner_reads_just_after_its_time_out_kill_never_runs(
+    manager: Any, trajectory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runner slow to read its action (held here until the time-out's kill returned, as a
+    loaded machine holds it) read it within the kill's grace and ran it: the kill had found
+    nothing of it and spared the runner, and the action, reported a time-out, had run after
+    its kill (its write done)."""
+    import os
+    import signal
+
+    from tangram.exec.aoe import execution, transport
+
+    traj = trajectory(manager)
+    assert manager.run_action(traj, "true", 1).ok  # the runner is up
+    runner = manager._container(traj).transport
+    assert isinstance(runner, transport.RunnerTransport) and runner.exec_id is not None
+    held = os.pidfd_open(int(manager.client.api.exec_inspect(runner.exec_id)["Pid"]))
+    real_send, real_kill = transport.send, execution.kill_action
+
+    def stopped_then_sent(*args: Any, **kwargs: Any) -> None:
+        signal.pidfd_send_signal(held, signal.SIGSTOP)
+        real_send(*args, **kwargs)
+
+    def kill_then_go_on(*args: Any, **kwargs: Any) -> Any:
+        report = real_kill(*args, **kwargs)
+        with contextlib.suppress(ProcessLookupError):  # (gone, if the kill took it)
+            signal.pidfd_send_signal(held, signal.SIGCONT)  # it goes on, within the grace
+        return report
+
+    monkeypatch.setattr(transport, "send", stopped_then_sent)
+    monkeypatch.setattr(execution, "kill_action", kill_then_go_on)
+    try:
+        out = manager.run_action(traj, "echo old > /work/old-ran", 1, timeout_s=0.5)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(held, signal.SIGCONT)
+        os.close(held)
+    monkeypatch.setattr(transport, "send", real_send)
+    monkeypatch.setattr(execution, "kill_action", real_kill)
+    assert out.status == "timeout", out
+    later = manager.run_action(
+        traj, "test -e /work/old-ran && echo ran || echo killed", 1, timeout_s=30
+    )
+    assert later.ok and later.stdout == b"killed\n", later

@@ -258,12 +258,24 @@ class CgroupGroup(ActionGroup):
             return self._procs() - {self._spare} - earlier
 
         victims: set[int] = set()
-        for _ in range(KILL_ROUNDS):
+        for round_ in range(KILL_ROUNDS):
             frozen = self._try_freeze()
             try:
                 if frozen:
                     _wait(lambda: self.freezer.is_frozen(self.dir), FREEZE_WAIT_S)
-                victims = self._procs() - {self._spare}
+                members = self._procs()
+                if (
+                    round_ == 0
+                    and self._spare is not None
+                    and not members - {self._spare} - earlier
+                ):
+                    # Nothing of the action in the group (frozen: none can be forked now): the
+                    # runner has not started it (slow to read it: a loaded machine), or it has
+                    # ended. Spared, the runner read it after this kill and ran it, its outcome
+                    # a time-out; killed with the rest, it never starts it (a fresh one is
+                    # started for the next action).
+                    self.drop_launcher()
+                victims = members - {self._spare}
                 self._sigkill_members(victims)
             finally:
                 if frozen:
