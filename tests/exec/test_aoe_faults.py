@@ -611,12 +611,26 @@ def test_an_action_a_slow_runner_reads_just_after_its_time_out_kill_never_runs(
     loaded machine holds it) read it within the kill's grace and ran it: the kill had found
     nothing of it and spared the runner, and the action, reported a time-out, had run after
     its kill (its write done)."""
+    _slow_runner_reads_after_the_kill(manager, trajectory(manager), monkeypatch)
+
+
+def test_without_cgroup_access_an_action_a_slow_runner_reads_after_its_kill_never_runs(
+    manager: Any, trajectory: Any, monkeypatch: pytest.MonkeyPatch, marker_kill: str
+) -> None:
+    """The same under the marker fallback: the runner finds the action's ticket revoked."""
+    _slow_runner_reads_after_the_kill(manager, trajectory(manager), monkeypatch)
+
+
+def _slow_runner_reads_after_the_kill(
+    manager: Any, traj: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hold the runner from the send until the time-out's kill has returned, then let it go
+    on within the grace: the action must not have run."""
     import os
     import signal
 
     from tangram.exec.aoe import execution, transport
 
-    traj = trajectory(manager)
     assert manager.run_action(traj, "true", 1).ok  # the runner is up
     runner = manager._container(traj).transport
     assert isinstance(runner, transport.RunnerTransport) and runner.exec_id is not None
