@@ -606,3 +606,37 @@ def test_what_an_action_left_is_read_for_its_move_only_once_the_group_is_frozen(
     group.leave()
     assert moved == [f"{CHILD}->{group.parent.name}"]
     assert seen[-1] >= 3, seen  # the listing the moves went by came once it was frozen
+
+
+def test_the_marker_kill_signals_every_process_when_one_refuses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The marker fallback stops every process of the action, then kills them: a signal one
+    of them refused (EPERM) raised out of the kill, leaving those stopped before it stopped
+    for good and the rest unsignalled. Each is now tried, the refusal logged."""
+    import signal
+    import subprocess
+
+    from tangram.exec.aoe import kill
+
+    env = {kill.ACTION_ENV: "a1", "PATH": "/bin:/usr/bin"}
+    procs = [subprocess.Popen(["sleep", "60"], env=env) for _ in range(2)]
+    real = signal.pidfd_send_signal
+    refused: list[int] = []
+
+    def refuse_the_first(fd: int, sig: int, *args: Any) -> None:
+        if not refused:
+            refused.append(fd)
+        if fd == refused[0]:
+            raise PermissionError(1, "Operation not permitted")
+        real(fd, sig, *args)
+
+    monkeypatch.setattr(kill.signal, "pidfd_send_signal", refuse_the_first)
+    try:
+        kill._kill_visible([p.pid for p in procs], f"{kill.ACTION_ENV}=a1".encode())
+        codes = [p.wait(timeout=10) if i else None for i, p in enumerate(procs)]
+        assert codes[1] == -signal.SIGKILL
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -557,8 +557,12 @@ def _kill_visible(pids: list[int], marker: bytes) -> int:
                 os.close(held.pop())
         for sig in (signal.SIGSTOP, signal.SIGKILL):
             for pidfd in held:
-                with contextlib.suppress(ProcessLookupError):
+                try:
                     signal.pidfd_send_signal(pidfd, sig)
+                except ProcessLookupError:
+                    pass
+                except OSError as exc:  # (each one tried: raised, the rest stayed stopped)
+                    log.warning("could not signal a process of the action: %s", exc)
         return len(held)
     finally:
         for pidfd in held:
