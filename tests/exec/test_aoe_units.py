@@ -731,6 +731,16 @@ def test_a_configured_time_or_size_that_is_no_finite_number_is_refused(
             WarmPoolConfig(**{pool_name: value})
 
 
+@pytest.mark.parametrize("value", ["0-3", 4, [(0, 1)], {"cores": 4}])
+def test_a_topology_that_is_no_topology_is_refused_naming_it(value: object) -> None:
+    """AoeConfig took any topology: a string, a count or a list of domains passed, and the
+    manager's start raised a bare AttributeError ("'str' object has no attribute 'cores'")
+    naming no setting."""
+    with pytest.raises(AoeError, match="AoeConfig.topology must be"):
+        AoeConfig(topology=value)  # type: ignore[arg-type]
+    assert AoeConfig(topology=NumaTopology(((0, 1),))).topology is not None
+
+
 @pytest.mark.parametrize("value", [3600.5, 1e9, 1e300])
 def test_a_kill_grace_past_an_hour_is_refused(value: float) -> None:
     """kill_grace_s took any finite number: 1e9 s held the caller of an action that

@@ -375,6 +375,12 @@ class AoeConfig:
             raise AoeError(
                 f"AoeConfig.warm_pool must be a WarmPoolConfig, got {type(self.warm_pool).__name__}"
             )
+        if self.topology is not None and not isinstance(self.topology, NumaTopology | CpuNodeSpec):
+            # (a string or a count passed, and the manager's start raised a bare AttributeError)
+            raise AoeError(
+                "AoeConfig.topology must be None (this machine's), a NumaTopology or a "
+                f"CpuNodeSpec, got {type(self.topology).__name__} {self.topology!r}"
+            )
         if self.docker_base_url is not None and not isinstance(self.docker_base_url, str):
             raise AoeError(
                 f"AoeConfig.docker_base_url must be None or a URL, got {self.docker_base_url!r}"
