@@ -741,6 +741,16 @@ def test_a_topology_that_is_no_topology_is_refused_naming_it(value: object) -> N
     assert AoeConfig(topology=NumaTopology(((0, 1),))).topology is not None
 
 
+@pytest.mark.parametrize("value", [2**22 + 1, 2**63, 2**70])
+def test_a_pids_limit_past_the_kernels_largest_is_refused_naming_it(value: int) -> None:
+    """SandboxConfig.pids_limit took any whole number from 8: 2**70 passed, and every open
+    failed at the engine ('json: cannot unmarshal number ... into Go struct field'), naming
+    no setting; past the kernel's largest pid count (2**22) a limit limits nothing."""
+    with pytest.raises(AoeError, match="SandboxConfig.pids_limit must be"):
+        SandboxConfig(pids_limit=value)
+    assert SandboxConfig(pids_limit=2**22).pids_limit == 2**22
+
+
 @pytest.mark.parametrize("value", [3600.5, 1e9, 1e300])
 def test_a_kill_grace_past_an_hour_is_refused(value: float) -> None:
     """kill_grace_s took any finite number: 1e9 s held the caller of an action that

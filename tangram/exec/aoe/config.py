@@ -39,6 +39,10 @@ MAX_KILL_GRACE_S = 3600.0
 #: holds it in memory, so 10**12 let one chatty action grow it without limit.
 MAX_OUTPUT_BYTES = 1 << 30
 
+#: The largest ``SandboxConfig.pids_limit``: the kernel's most pids (``PID_MAX_LIMIT``, 2**22
+#: on 64-bit); a larger limit limits nothing, and past 2**63 the engine cannot read it.
+MAX_PIDS_LIMIT = 1 << 22
+
 _CAPABILITY = re.compile(r"^(CAP_)?[A-Z_]+$")
 #: Where the work dir may not be: the root, the container's other writable places (a reset
 #: empties those on its own), the kernel's file systems.
@@ -168,10 +172,12 @@ class SandboxConfig:
         if self.pids_limit is not None and (
             isinstance(self.pids_limit, bool)
             or not isinstance(self.pids_limit, int)
-            or self.pids_limit < 8
+            or not 8 <= self.pids_limit <= MAX_PIDS_LIMIT
         ):
+            # (2**70 passed, and every open failed at the engine naming no setting)
             raise AoeError(
-                f"SandboxConfig.pids_limit must be None or >= 8, got {self.pids_limit!r}"
+                f"SandboxConfig.pids_limit must be None (no limit) or from 8 to "
+                f"{MAX_PIDS_LIMIT} (the kernel's most pids), got {self.pids_limit!r}"
             )
         if not isinstance(self.cap_add, tuple):
             raise AoeError(
