@@ -541,6 +541,19 @@ def test_a_memory_size_that_is_no_finite_number_is_refused_naming_it(memory_gb: 
         lifecycle.blueprint("t", memory_gb, None, None)
 
 
+@pytest.mark.parametrize("memory_gb", [2**20 + 1, 1e15])
+def test_a_memory_size_past_a_pebibyte_is_refused_naming_it(memory_gb: float) -> None:
+    """A trajectory's or the config's memory_gb took any finite number: 1e15 passed, and the
+    open failed at the engine ('json: cannot unmarshal number ... into Go struct field'),
+    naming no setting."""
+    lifecycle = Lifecycle(AoeConfig(), None, TOPOLOGY, "s1")
+    with pytest.raises(AoeError, match="memory_gb of trajectory 't' must be .* at most 1048576"):
+        lifecycle.blueprint("t", memory_gb, None, None)
+    with pytest.raises(AoeError, match="AoeConfig.memory_gb must be at most 1048576"):
+        AoeConfig(memory_gb=memory_gb)
+    assert lifecycle.blueprint("t", 2**20, None, None).memory_gb == 2**20
+
+
 def test_a_live_container_is_parked_and_a_dead_one_thawed_instead(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

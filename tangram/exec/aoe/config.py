@@ -39,6 +39,9 @@ MAX_KILL_GRACE_S = 3600.0
 #: holds it in memory, so 10**12 let one chatty action grow it without limit.
 MAX_OUTPUT_BYTES = 1 << 30
 
+#: The largest memory limit of a container, in GB (1 PiB, past any machine): 1e15 GB passed,
+#: and the engine, which reads the limit as a 64-bit count of bytes, refused every open.
+MAX_MEMORY_GB = 1 << 20
 #: The largest ``SandboxConfig.pids_limit``: the kernel's most pids (``PID_MAX_LIMIT``, 2**22
 #: on 64-bit); a larger limit limits nothing, and past 2**63 the engine cannot read it.
 MAX_PIDS_LIMIT = 1 << 22
@@ -277,7 +280,7 @@ class AoeConfig:
 
     - ``image``: default image of a trajectory's container (``tangram-busybox``).
     - ``sandbox``: default ``SandboxConfig``; ``open_trajectory`` may override it per task.
-    - ``memory_gb``: default memory limit of a container.
+    - ``memory_gb``: default memory limit of a container (at most ``MAX_MEMORY_GB``, 1 PiB).
     - ``cfs_period_us``/``park_quota_us``: the CFS period, and the quota of a parked container
       (1 ms per 100 ms = 1% of one core: the kernel's minimum quota is 1 ms); a parked
       container is also frozen, so the quota only bounds it while it thaws or freezes.
@@ -337,6 +340,11 @@ class AoeConfig:
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):  # NaN fails it too
                 raise AoeError(f"AoeConfig.{name} must be positive and finite, got {value!r}")
+        if self.memory_gb > MAX_MEMORY_GB:
+            raise AoeError(
+                f"AoeConfig.memory_gb must be at most {MAX_MEMORY_GB} (1 PiB), got "
+                f"{self.memory_gb!r}"
+            )
         if self.kill_grace_s > MAX_KILL_GRACE_S:
             raise AoeError(
                 f"AoeConfig.kill_grace_s must be at most {MAX_KILL_GRACE_S:g} s, got "

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from tangram.exec.aoe import containers, guarded
 from tangram.exec.aoe.cgroups import CpuControl, DockerUpdate, direct_control
-from tangram.exec.aoe.config import AoeConfig, SandboxConfig
+from tangram.exec.aoe.config import MAX_MEMORY_GB, AoeConfig, SandboxConfig
 from tangram.exec.aoe.errors import AoeError
 from tangram.exec.aoe.kill import ActionGroup, action_group
 from tangram.exec.aoe.pool import PoolKey, PoolStats, WarmPool
@@ -212,9 +212,11 @@ class Lifecycle:
             isinstance(mem, bool)
             or not isinstance(mem, numbers.Real)
             or not (mem > 0 and math.isfinite(mem))  # NaN fails it too
+            or mem > MAX_MEMORY_GB  # (1e15 failed at the engine, naming no setting)
         ):
             raise AoeError(
-                f"memory_gb of trajectory {traj_id!r} must be a positive finite number, got {mem!r}"
+                f"memory_gb of trajectory {traj_id!r} must be a positive finite number, at "
+                f"most {MAX_MEMORY_GB}, got {mem!r}"
             )
         return Blueprint(traj_id, image or self.config.image, mem, sandbox or self.config.sandbox)
 
