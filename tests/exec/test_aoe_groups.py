@@ -640,3 +640,31 @@ def test_the_marker_kill_signals_every_process_when_one_refuses(
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_a_marker_kill_interrupted_before_its_revocation_revokes_on_the_next_kill(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The marker fallback's kill took its action's revocation for done before it was: an
+    interrupt (a KeyboardInterrupt) inside the revocation's engine call, the transport's
+    abort then killing again, skipped it there, and a launcher that had not read the action
+    started it after the caller was told it was interrupted."""
+    from unittest import mock
+
+    from tangram.exec.aoe import kill
+
+    calls: list[list[str]] = []
+
+    def run_inside(client: Any, cid: str, user: str, command: list[str]) -> None:
+        calls.append(command)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(kill, "_run_inside", run_inside)
+    group = kill.MarkerGroup(mock.MagicMock(), "c" * 64, "1000:1000", lambda: [])
+    group.enter("a1", None, launcher_stays=True)
+    with pytest.raises(KeyboardInterrupt):
+        group.kill()
+    group.kill()  # the abort's kill
+    path = kill.TICKET_PREFIX + group.ticket
+    assert calls == [["mkdir", path], ["mkdir", path]]

@@ -396,10 +396,11 @@ class MarkerGroup(ActionGroup):
         if self._action is None:
             return KillReport("marker", None)
         if not self._revoked:
-            self._revoked = True
             # (A failure is logged: the action may then still start; a container gone runs
-            # nothing anyway.)
+            # nothing anyway.) Said done once done: said before, an interrupt inside it (the
+            # transport's abort then killing again) had the revocation skipped.
             _run_inside(self.client, self.container_id, self.user, ["mkdir", self._ticket_path])
+            self._revoked = True
         if not self._kill_seen(f"{ACTION_ENV}={self._action}".encode()):
             _kill_inside(self.client, self.container_id, self.user, self._action)
         return KillReport("marker", None)
