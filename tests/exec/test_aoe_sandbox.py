@@ -107,6 +107,18 @@ def test_relaxations_are_applied_and_logged(
     assert host["NetworkMode"] != "none" and not host["PidsLimit"]
 
 
+def test_an_empty_user_runs_the_actions_as_the_images_user_not_the_keepers(
+    any_manager: Any, trajectory: Any
+) -> None:
+    """``user=""`` is the image's user (root in ours, logged as a relaxation), but an exec
+    given no user runs as the container's, and every container runs as the keeper (uid
+    65534, so no action can signal init or the keeper): the actions ran as the keeper, which
+    they could then signal, not as root."""
+    traj = trajectory(any_manager, sandbox=SandboxConfig(user=""))
+    out = any_manager.run_action(traj, "id -u", 1)
+    assert out.ok and out.text == "0\n", out
+
+
 @pytest.mark.parametrize("user", ["+1000", "01000", "1000:sandbox", "+1000:+1000"])
 def test_the_work_dir_is_writable_by_every_spelling_of_a_numeric_user(
     manager: Any, trajectory: Any, user: str

@@ -381,6 +381,21 @@ def create(client: Any, spec: ContainerSpec) -> Any:
     return container
 
 
+def exec_user(client: Any, image_id: str, user: str) -> str:
+    """The user the actions' execs run as: ``user``, or for an empty one (the image's user,
+    ``SandboxConfig.user``) the image's own (its ``Config.User``; root, ``0``, when it names
+    none). Given as empty, an exec runs as the container's user, which is the keeper's
+    (``ContainerSpec.keeper_user``): the actions ran as the keeper's uid, not root, and could
+    signal the container's init and keeper."""
+    if user:
+        return user
+    try:
+        config = client.api.inspect_image(image_id).get("Config") or {}
+    except Exception as exc:  # noqa: BLE001 - the engine's refusal or a lost connection
+        raise AoeError(f"the user of image {image_id[:19]} could not be read: {exc}") from exc
+    return config.get("User") or "0"
+
+
 def _with_work_owner(client: Any, spec: ContainerSpec, image_id: str) -> ContainerSpec:
     """``spec`` with its sandbox user's (uid, gid) when the user is a name: resolved in the
     image, so the work dir's tmpfs is the actions' (a name left it root's, mode 0755, where

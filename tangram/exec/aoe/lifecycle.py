@@ -347,9 +347,10 @@ class Lifecycle:
             )
             sb = blueprint.sandbox
             init_pid = containers.local_pid(pid, made.id)
-            group = action_group(self.client, made.id, init_pid, sb.user, control.pids)
+            user = containers.exec_user(self.client, made.attrs["Image"], sb.user)
+            group = action_group(self.client, made.id, init_pid, user, control.pids)
             transport = TRANSPORTS[cfg.transport](
-                self.client.api, made.id, sb.user, sb.work_dir, cfg.kill_grace_s, group
+                self.client.api, made.id, user, sb.work_dir, cfg.kill_grace_s, group
             )
             if shell is not None:  # the runner, or each exec's launcher: non-dumpable
                 transport.shell = guarded.shell_command()
