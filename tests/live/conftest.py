@@ -163,3 +163,23 @@ def service(docker_client: Any, tmp_path_factory: pytest.TempPathFactory) -> Ite
         yield thread
     finally:
         thread.stop()
+
+
+def fail_commits(writer: Any) -> Any:
+    """Put the journal writer's connection on a disk that fails: every transaction's BEGIN
+    raises 'disk I/O error', other statements reach the real connection. Returns the real
+    one (set ``writer.db`` back to it when the disk recovers)."""
+    import sqlite3
+
+    real = writer.db
+
+    class Broken:
+        in_transaction = False
+
+        def execute(self, sql: str, *args: Any) -> Any:
+            if sql == "BEGIN":
+                raise sqlite3.OperationalError("disk I/O error")
+            return real.execute(sql, *args)
+
+    writer.db = Broken()
+    return real

@@ -30,7 +30,7 @@ from tangram.exec.runtime.journal_codec import outcome_from_json, outcome_to_jso
 from tangram.exec.runtime.outcomes import UNKNOWN_CODE, unknown_outcome
 from tangram.exec.runtime.records import STATUSES, ErrorInfo, Timings
 from tangram.exec.service.schema import outcome_doc
-from tests.live.conftest import CallLog, faulty_endpoints
+from tests.live.conftest import CallLog, fail_commits, faulty_endpoints
 from tests.live.test_runtime import api_cluster, counted
 
 
@@ -153,17 +153,7 @@ def test_a_failed_commit_is_raised_and_retried_and_its_acceptances_stay_logged(
     j = Journal(tmp_path / "j.sqlite")
     j.open()
     assert j._writer is not None
-    real = j._writer.db
-
-    class Broken:  # the writer's connection, on a disk that fails
-        in_transaction = False
-
-        def execute(self, sql: str, *args: Any) -> Any:
-            if sql == "BEGIN":
-                raise sqlite3.OperationalError("disk I/O error")
-            return real.execute(sql, *args)
-
-    j._writer.db = Broken()  # type: ignore[assignment]
+    real = fail_commits(j._writer)
     j.accept("x", "fp", "api", None, time.time())
     j.write_ahead()
     with pytest.raises(sqlite3.OperationalError):

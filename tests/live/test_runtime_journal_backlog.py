@@ -6,7 +6,6 @@ no Docker."""
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import pytest
 
 from tangram.exec.runtime import ActionSpec, ApiWork, Overloaded, Runtime, RuntimeConfig
 from tangram.exec.runtime import runtime as runtime_module
+from tests.live.conftest import fail_commits
 from tests.live.test_runtime_journal import run_on
 
 
@@ -29,17 +29,7 @@ def test_a_failing_journal_refuses_work_before_its_backlog_takes_the_memory(
     async def body(rt: Runtime, log: Any) -> tuple[int, int, int]:
         journal = rt.journal
         assert journal is not None and journal._writer is not None
-        real = journal._writer.db
-
-        class Broken:  # the writer's connection, on a disk that fails
-            in_transaction = False
-
-            def execute(self, sql: str, *args: Any) -> Any:
-                if sql == "BEGIN":
-                    raise sqlite3.OperationalError("disk I/O error")
-                return real.execute(sql, *args)
-
-        journal._writer.db = Broken()  # type: ignore[assignment]
+        real = fail_commits(journal._writer)
         refused = 0
         for i in range(100):  # bounded: 100 submissions while the disk fails
             try:
