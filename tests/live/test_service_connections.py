@@ -651,3 +651,30 @@ def test_one_client_cannot_take_every_connection() -> None:
                 time.sleep(0.1)
         metrics = httpx.get(service.url + "/metrics", timeout=10).text
         assert 'tangram_actions_refused_total{reason="connections"} 1' in metrics
+
+
+def test_a_refused_connection_may_send_its_body_for_the_body_time_out() -> None:
+    """A connection refused beyond the bound was drained for 5 s (hard-coded), whatever
+    --body-timeout-s said: a client uploading a large body at a modest rate was reset after
+    5 s and never read its 429, though the service would have waited 60 s for that body.
+    It is drained for the body time-out now. (The check only fails if the service closes it
+    too early: a loaded machine closes it later, never sooner.)"""
+    limits = ConnectionLimits(header_timeout_s=60.0, body_timeout_s=60.0, max_connections=1)
+    with served(limits) as service:
+        held = connect(service, 1, b"")
+        time.sleep(0.2)  # the service has accepted the held one
+        extra = socket.create_connection(address(service), timeout=10.0)
+        try:
+            extra.sendall(HEAD.replace(b"Content-Length: 100", b"Content-Length: 100000"))
+            answer = extra.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 429"), answer[:200]
+            end = time.monotonic() + 7.0  # past the old 5 s, well within the 60 s
+            sent = 0
+            while time.monotonic() < end and sent < 90_000:  # bounded in time and bytes
+                extra.sendall(b"x" * 1000)  # raises once the service closed it (a reset)
+                sent += 1000
+                time.sleep(0.25)
+        finally:
+            extra.close()
+            for s in held:
+                s.close()

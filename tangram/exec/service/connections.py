@@ -41,12 +41,21 @@ RUN_CODE_PATH = "/run_code"
 REFUSAL_WAIT_S = 1.0
 #: The most bytes of a refused connection's request head that are kept (to find its path).
 REFUSAL_READ_BYTES = 64 * 1024
-#: After the answer, how long a refused connection may go on sending its request (its body)
-#: before it is closed, and how many bytes of it are read and dropped at most (a body the
-#: service would take: 64 MiB, and its head). Closing with unread bytes resets the
-#: connection, and a client still sending its body then reads a reset, not the 429.
+#: After the answer, how long at least a refused connection may go on sending its request
+#: (its body) before it is closed (``drain_time``: the body time-out if longer), and how many
+#: bytes of it are read and dropped at most (a body the service would take: 64 MiB, and its
+#: head). Closing with unread bytes resets the connection, and a client still sending its
+#: body then reads a reset, not the 429.
 REFUSAL_LINGER_S = 5.0
 REFUSAL_DRAIN_BYTES = 64 * 1024 * 1024 + REFUSAL_READ_BYTES
+
+
+def drain_time(body_timeout_s: float) -> float:
+    """How long a connection answered before its request's body arrived whole may go on
+    sending it (drained, then closed): the body time-out, as its request would have had,
+    and at least ``REFUSAL_LINGER_S`` (a shorter one could cut a client still uploading
+    at a modest rate before it reads its answer)."""
+    return max(body_timeout_s, REFUSAL_LINGER_S)
 
 
 def refusal_bytes(max_connections: int, path: str = "", message: str | None = None) -> bytes:
@@ -181,10 +190,14 @@ class Refusal(asyncio.Protocol):
         self,
         answer: Callable[[str], bytes],
         on_gone: Callable[[Refusal], None] | None = None,
+        linger_s: float = REFUSAL_LINGER_S,
     ) -> None:
-        """``on_gone``: told when the connection is gone (the site, to forget it)."""
+        """``on_gone``: told when the connection is gone (the site, to forget it).
+        ``linger_s``: how long the rest of its request may take to arrive after the answer
+        (the site's body time-out, ``drain_time``)."""
         self.answer = answer
         self.on_gone = on_gone
+        self.linger_s = linger_s
         self.seen = b""
         self.transport: asyncio.Transport | None = None
         self.timer: asyncio.TimerHandle | None = None
@@ -228,7 +241,7 @@ class Refusal(asyncio.Protocol):
         if transport is None or transport.is_closing():
             return None
         transport.write(self.answer(request_path(self.seen)))
-        self.drain = linger(transport, on_lost=self._gone)
+        self.drain = linger(transport, on_lost=self._gone, linger_s=self.linger_s)
         return self.drain
 
     def close(self) -> None:
@@ -260,7 +273,7 @@ class ErrorDocHandler(web.RequestHandler):
         self.site = site
         #: The peer address this connection is counted under (None: not counted).
         self.peer: str | None = None
-        self.drain_s = max(drain_s, REFUSAL_LINGER_S)
+        self.drain_s = drain_time(drain_s)
         #: Whether the answer being made ends the connection with a request left unread.
         self.linger_after = False
         self.drain: Drain | None = None
@@ -486,7 +499,11 @@ class GuardedSite(web.BaseSite):
         self.refused += 1
         if self.on_refused is not None:
             self.on_refused()
-        refusal = Refusal(answer, on_gone=self.refusals.discard)
+        # (Drained as long as a body may take: a fixed 5 s cut a refused client still
+        # uploading its body, the kernel reset the connection, and it never read its 429.)
+        refusal = Refusal(
+            answer, on_gone=self.refusals.discard, linger_s=drain_time(self.limits.body_timeout_s)
+        )
         self.refusals.add(refusal)
         return refusal
 
