@@ -187,3 +187,80 @@ def test_the_services_own_refusals_of_run_code_answer_in_sandbox_fusions_shape_t
         assert doc["error"]["code"] == code and doc["message"] == doc["error"]["message"], doc
     assert answers[0][0].headers["WWW-Authenticate"] == "Bearer"
     assert answers[1][0].headers["Allow"] == "POST"
+
+
+def strict_json(text: str) -> Any:
+    """``text`` parsed as JSON proper: ``NaN``, ``Infinity`` and ``-Infinity`` refused (as Go,
+    Rust and JavaScript parsers refuse them; Python's ``json`` takes them by default)."""
+    import json
+
+    def refuse(name: str) -> Any:
+        raise AssertionError(f"not JSON: {name} in {text[:300]}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize(
+    ("path", "where"),
+    [("/v1/status", "uptime_s"), ("/v1/status", "held.api_in_flight.echo")],
+)
+def test_a_number_json_cannot_carry_is_a_500_naming_where_it_is(
+    svc: ServiceThread, monkeypatch: pytest.MonkeyPatch, path: str, where: str
+) -> None:
+    """The service wrote its answers with Python's ``json.dumps``, which writes a NaN or an
+    infinity as ``NaN``/``Infinity``: a 200 no strict client could read. Every answer is
+    strict JSON now, and one holding such a number is a 500 naming its path."""
+    real = svc.runtime.status
+
+    def odd() -> Any:
+        doc = real()
+        if where == "uptime_s":
+            doc["uptime_s"] = float("nan")
+        else:
+            doc["held"]["api_in_flight"]["echo"] = float("-inf")
+        return doc
+
+    monkeypatch.setattr(svc.runtime, "status", odd)
+    r = httpx.get(f"{svc.url}{path}", timeout=30)
+    doc = strict_json(r.text)
+    assert r.status_code == 500, (r.status_code, r.text[:300])
+    assert doc["error"]["code"] == "internal" and where in doc["error"]["message"], doc
+
+
+def test_run_code_answer_with_a_number_json_cannot_carry_is_a_500_in_its_shape(
+    svc: ServiceThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(As above, for ``/run_code``: SandboxFusion's clients read its shape.)"""
+    from tangram.exec.service import app
+
+    async def odd(*args: Any, **kwargs: Any) -> Any:
+        return {"status": "Success", "run_result": {"execution_time": float("inf")}}
+
+    monkeypatch.setattr(app, "run_code", odd)
+    r = httpx.post(f"{svc.url}/run_code", json={"code": "print(1)"}, timeout=30)
+    doc = strict_json(r.text)
+    assert r.status_code == 500 and doc["status"] == "SandboxError", doc
+    assert "run_result.execution_time" in doc["message"], doc
+
+
+def test_a_result_holding_nan_or_infinity_is_strict_json_with_them_as_strings() -> None:
+    """A GPU or API result's NaN or infinity goes out as the string ``"nan"``, ``"inf"`` or
+    ``"-inf"`` (``to_json``; ``float()`` reads each back), never as ``NaN``: the answer is
+    strict JSON, and the same after a restart (the journal stores the same)."""
+    import numpy as np
+
+    cluster = ClusterSpec(name="odd", apis=(ApiEndpointSpec("odd", concurrency=2),))
+
+    async def odd(payload: Any) -> Any:
+        return {"a": float("nan"), "b": [float("inf"), 1.5], "c": np.array([-np.inf])}
+
+    def make() -> Runtime:
+        return Runtime(cluster, RuntimeConfig(), api=ApiExecutor({"odd": odd}))
+
+    with ServiceThread(make, ServeOptions(port=0)) as service:
+        r = httpx.post(
+            f"{service.url}/v1/actions", json={"endpoint": "odd", "payload": 1, "wait": 30}
+        )
+    doc = strict_json(r.text)
+    assert r.status_code == 200 and doc["outcome"]["status"] == "result", doc
+    assert doc["outcome"]["result"] == {"a": "nan", "b": ["inf", 1.5], "c": ["-inf"]}, doc

@@ -28,7 +28,7 @@ from tangram.exec.aoe.config import MAX_OUTPUT_BYTES
 from tangram.exec.runtime import Runtime
 from tangram.exec.runtime.errors import BadRequest, Conflict, Forbidden, LiveError
 from tangram.exec.runtime.records import Outcome, check_id
-from tangram.exec.service.body import ClientGone, read_json
+from tangram.exec.service.body import ClientGone, json_response, read_json
 from tangram.exec.service.causes import translate
 from tangram.exec.service.connections import RUN_CODE_PATH
 from tangram.exec.service.limits import DEFAULT_MAX_OUTPUT_BYTES
@@ -81,7 +81,7 @@ def error_response(exc: LiveError, doc: dict[str, Any] | None = None) -> web.Res
         headers["X-Retry-After-S"] = f"{retry:.3f}"
     if doc is None:
         doc = error_doc(exc.code, exc.message, exc.retryable)
-    return web.json_response(doc, status=exc.http_status, headers=headers)
+    return json_response(doc, status=exc.http_status, headers=headers)
 
 
 def http_refusal_doc(exc: web.HTTPException) -> dict[str, Any]:
@@ -114,7 +114,7 @@ def http_error_response(
     doc = error_doc("http_" + str(exc.status), message)
     if sandbox:
         doc = {**sandbox_error(message), **doc}
-    return web.json_response(doc, status=exc.status, headers=headers)
+    return json_response(doc, status=exc.status, headers=headers)
 
 
 def _kept_headers(exc: web.HTTPException) -> dict[str, str]:
@@ -290,7 +290,7 @@ class ServiceApp:
             doc = error_doc("unauthorized", message)
             if request.path == RUN_CODE_PATH:  # SandboxFusion's clients read its shape
                 doc = {**sandbox_error(message), **doc}
-            return web.json_response(doc, status=401, headers={"WWW-Authenticate": "Bearer"})
+            return json_response(doc, status=401, headers={"WWW-Authenticate": "Bearer"})
         if request.method == "POST" and request.path in CALL_PATHS:
             with self._place_for_request(request):
                 return await handler(request)
@@ -320,12 +320,12 @@ class ServiceApp:
     # -- handlers -------------------------------------------------------------------------
 
     async def healthz(self, request: web.Request) -> web.Response:
-        return web.json_response({"ok": not self.runtime.closing})
+        return json_response({"ok": not self.runtime.closing})
 
     async def status(self, request: web.Request) -> web.Response:
         doc = self.runtime.status()
         doc["residency"] = {k: list(v) for k, v in doc["residency"].items()}
-        return web.json_response(doc)
+        return json_response(doc)
 
     async def metrics_text(self, request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
@@ -340,7 +340,7 @@ class ServiceApp:
             info = await self.runtime.open_trajectory(**args)
         else:
             info = await self._tenant_open(tenant, args)
-        return web.json_response(_trajectory_doc(request, info), status=201)
+        return json_response(_trajectory_doc(request, info), status=201)
 
     async def _tenant_open(self, tenant: Tenant, args: dict[str, Any]) -> Any:
         """Open within the tenant's trajectory bound: its open (or closing) trajectories and
@@ -369,7 +369,7 @@ class ServiceApp:
         infos = self.runtime.public_trajectories()
         if tenant is not None:
             infos = [t for t in infos if tenant.owns(t.id)]
-        return web.json_response({"trajectories": [_trajectory_doc(request, t) for t in infos]})
+        return json_response({"trajectories": [_trajectory_doc(request, t) for t in infos]})
 
     def _public_trajectory(self, request: web.Request) -> str | None:
         named = self._trajectory_id(request, path_id(request, "trajectory"))
@@ -380,15 +380,15 @@ class ServiceApp:
         fails): a client that retried a lost open answer reads it here, and returned it still
         without its container, maybe never to open."""
         info = await self.runtime.opened_trajectory(self._public_trajectory(request))
-        return web.json_response(_trajectory_doc(request, info))
+        return json_response(_trajectory_doc(request, info))
 
     async def close_trajectory(self, request: web.Request) -> web.Response:
         info = await self.runtime.close_trajectory(self._public_trajectory(request))
-        return web.json_response({**_trajectory_doc(request, info), "closed": True})
+        return json_response({**_trajectory_doc(request, info), "closed": True})
 
     async def recreate_trajectory(self, request: web.Request) -> web.Response:
         info = await self.runtime.recreate_trajectory(self._public_trajectory(request))
-        return web.json_response(_trajectory_doc(request, info))
+        return json_response(_trajectory_doc(request, info))
 
     async def submit(self, request: web.Request) -> web.Response:
         spec, wait = parse_action(await self._body(request), max_output_bytes=self.max_output_bytes)
@@ -487,14 +487,14 @@ class ServiceApp:
         rt = self.runtime
         outcome = await rt.result(action_id, 0.0 if wait is None else wait)
         state = "done" if outcome is not None else rt.state(action_id)
-        return web.json_response(
+        return json_response(
             _state_doc(tenant, action_id, state, outcome), status=200 if outcome else 202
         )
 
     async def cancel(self, request: web.Request) -> web.Response:
         named = self._action_id(request, path_id(request, "id"))
         outcome = await self.runtime.cancel(self.runtime.public_action(named))
-        return web.json_response(_state_doc(_tenant(request), outcome.action_id, "done", outcome))
+        return json_response(_state_doc(_tenant(request), outcome.action_id, "done", outcome))
 
     async def get_trace(self, request: web.Request) -> web.StreamResponse:
         """The trace so far, streamed from a copy on disk in 1 MiB chunks (never held whole
@@ -524,7 +524,7 @@ class ServiceApp:
             )
         loop = asyncio.get_running_loop()
         path = await loop.run_in_executor(None, self.runtime.write_trace, self.trace_path)
-        return web.json_response({"path": str(path), "rows": len(self.runtime.recorder)})
+        return json_response({"path": str(path), "rows": len(self.runtime.recorder)})
 
     async def submissions(self, request: web.Request) -> web.Response:
         """``{"done": true}`` (the default): the step's actions are all submitted, no call is
@@ -540,7 +540,7 @@ class ServiceApp:
         if not isinstance(done, bool):
             raise BadRequest(f"field 'done' must be true or false, got {done!r}"[:300])
         self.runtime.submissions_done(done)
-        return web.json_response({"done": done})
+        return json_response({"done": done})
 
     async def run_code(self, request: web.Request) -> web.Response:
         """SandboxFusion's call; a request refused before anything ran answers in both
@@ -554,13 +554,15 @@ class ServiceApp:
                 answer = await run_code(
                     self.runtime, req, settings, max_output_bytes=self.max_output_bytes
                 )
+            # (Made here: an answer that cannot be encoded is a 500 in SandboxFusion's shape.)
+            return json_response(answer)
         except LiveError as exc:
             error = translate(exc)
             return error_response(error, refusal_doc(error))
         except web.HTTPException as exc:  # the body was too large (413) or too slow (408)
             if exc.status < 400:
                 raise
-            return web.json_response(
+            return json_response(
                 http_refusal_doc(exc), status=exc.status, headers=_kept_headers(exc)
             )
         except ConnectionResetError:
@@ -568,7 +570,6 @@ class ServiceApp:
         except Exception as exc:  # a bug: SandboxFusion's clients read its shape all the same
             log.exception("%s %s failed", request.method, request.path)
             return internal_error(request, exc, sandbox=True)
-        return web.json_response(answer)
 
 
 def internal_error(request: web.Request, exc: Exception, *, sandbox: bool = False) -> web.Response:
@@ -582,7 +583,7 @@ def internal_error(request: web.Request, exc: Exception, *, sandbox: bool = Fals
     doc = error_doc("internal", message)
     if sandbox:
         doc = {**sandbox_error(message), **doc}
-    return web.json_response(doc, status=500)
+    return json_response(doc, status=500)
 
 
 #: The tenant a request's token names (absent or None: the operator, or no token at all).

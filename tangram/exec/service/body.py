@@ -18,6 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from tangram.exec.runtime.errors import BadRequest
+from tangram.exec.service.codec import dumps
 from tangram.exec.service.schema import error_doc
 
 #: The deepest nesting of arrays and objects a body may have (GPU inputs need a handful).
@@ -27,6 +28,13 @@ MAX_DEPTH = 64
 #: still holds the GIL while it reads integers (they take no Python hook): 50 MiB of token ids
 #: stall the loop ~2.7 s (7.5 s before, most of it the depth walk, now done in C).
 THREAD_BYTES = 256 * 1024
+
+
+def json_response(doc: Any, *, status: int = 200, headers: Any = None) -> web.Response:
+    """aiohttp's ``json_response`` written with ``codec.dumps`` (strict JSON: a NaN or an
+    infinity is ``NonFiniteNumber`` naming its path, never ``NaN`` in the body). Every JSON
+    answer of the service is made here."""
+    return web.json_response(doc, status=status, headers=headers, dumps=dumps)
 
 
 async def read_json(request: web.Request, *, timeout_s: float, optional: bool = False) -> Any:
@@ -42,7 +50,7 @@ async def read_json(request: web.Request, *, timeout_s: float, optional: bool = 
         ) from None
     except TimeoutError:
         raise web.HTTPRequestTimeout(
-            text=json.dumps(
+            text=dumps(
                 error_doc(
                     "request_timeout",
                     f"the request body did not arrive within {timeout_s:g} s "

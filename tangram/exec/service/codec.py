@@ -9,13 +9,59 @@ lists, tuples lists, and anything else not JSON its ``repr``.
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from tangram.exec.runtime.errors import BadRequest
 from tangram.exec.runtime.plain import to_json
 
-__all__ = ["decode_inputs", "to_json"]
+__all__ = ["NonFiniteNumber", "decode_inputs", "dumps", "non_finite_path", "to_json"]
+
+
+class NonFiniteNumber(ValueError):
+    """An answer held a NaN or an infinity, which JSON lacks (a bug: results pass through
+    ``to_json``, which writes them as the strings ``"nan"``, ``"inf"``, ``"-inf"``)."""
+
+
+def dumps(doc: Any) -> str:
+    """``doc`` as strict JSON. Python's ``json.dumps`` writes a NaN or an infinity as
+    ``NaN``/``Infinity``, which JSON lacks: a strict client (Go, Rust, JavaScript's
+    ``JSON.parse``) refused the whole answer and Python's read a NaN. Such a number is
+    ``NonFiniteNumber`` naming where it is (the service answers it as a 500;
+    ``body.json_response`` writes every answer with it)."""
+    try:
+        return json.dumps(doc, allow_nan=False)
+    except ValueError:
+        where = non_finite_path(doc)
+        if where is None:
+            raise
+        raise NonFiniteNumber(
+            f"the answer holds {where[1]!r} at {where[0]}, a number JSON cannot carry"
+        ) from None
+
+
+def non_finite_path(doc: Any) -> tuple[str, float] | None:
+    """The path (``outcome.timings.exec_s``, ``scores[2]``; ``$`` for ``doc`` itself) and
+    value of the first NaN or infinity in ``doc``, or None. A loop (nesting a few thousand
+    deep raised ``RecursionError`` in a recursion), visiting each container once (a cycle,
+    which ``json.dumps`` refuses too, ends the walk)."""
+    stack: list[tuple[str, Any]] = [("", doc)]
+    seen: set[int] = set()
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            return path or "$", value
+        if not isinstance(value, Mapping | list | tuple) or id(value) in seen:
+            continue
+        seen.add(id(value))
+        if isinstance(value, Mapping):
+            items = [(f"{path}.{k}" if path else str(k), v) for k, v in value.items()]
+        else:
+            items = [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+        stack.extend(reversed(items))  # (the first in the document's order first)
+    return None
 
 
 #: The most numbers one GPU call's inputs may hold (1,048,576: e.g. 256 sequences of 4,096

@@ -11,7 +11,6 @@ service's error document.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 from collections.abc import Callable
@@ -20,7 +19,8 @@ from typing import Any
 from aiohttp import web, web_protocol
 
 from tangram.exec.runtime.errors import Overloaded
-from tangram.exec.service.body import MalformedBody
+from tangram.exec.service.body import MalformedBody, json_response
+from tangram.exec.service.codec import dumps
 from tangram.exec.service.limits import ConnectionLimits
 from tangram.exec.service.openai_routes import OPENAI_PATHS
 from tangram.exec.service.openai_schema import OpenAiError
@@ -78,7 +78,7 @@ def refusal_bytes(max_connections: int, path: str = "", message: str | None = No
         ).doc()
     else:
         doc = error_doc(refused.code, message, retryable=True)
-    body = json.dumps(doc).encode()
+    body = dumps(doc).encode()
     head = (
         f"HTTP/1.1 {Overloaded.http_status} Too Many Requests\r\n"
         "Content-Type: application/json\r\n"
@@ -364,7 +364,7 @@ class ErrorDocHandler(web.RequestHandler):
         # OpenAI's clients do not read).
         path = self.error_path if request.method == "UNKNOWN" else request.path
         doc = error_doc_of(path, status, code, text.strip())
-        answer = web.json_response(doc, status=status)
+        answer = json_response(doc, status=status)
         answer.force_close()
         # (A body aiohttp still parses is drained by aiohttp itself; one it cannot parse,
         # the request's being malformed, is left on the socket.)

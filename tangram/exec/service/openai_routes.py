@@ -27,7 +27,8 @@ from aiohttp import web
 from tangram.exec.runtime import Runtime
 from tangram.exec.runtime.errors import LiveError
 from tangram.exec.runtime.records import ActionSpec, GpuWork
-from tangram.exec.service.body import read_json
+from tangram.exec.service.body import json_response, read_json
+from tangram.exec.service.codec import dumps
 from tangram.exec.service.openai_schema import (
     OpenAiError,
     completion_doc,
@@ -94,7 +95,7 @@ def _answer(error: OpenAiError, exc: Exception) -> web.Response:
     headers = error.headers()
     if isinstance(exc, web.HTTPException):
         headers.update({k: v for k, v in exc.headers.items() if k in ("Connection", "Allow")})
-    return web.json_response(error.doc(), status=error.status, headers=headers)
+    return json_response(error.doc(), status=error.status, headers=headers)
 
 
 def as_openai_error(request: web.Request, exc: Exception) -> OpenAiError:
@@ -158,7 +159,7 @@ def openai_answer(
 def unauthorized_answer(message: str) -> web.Response:
     """A missing or wrong token on an OpenAI-style route, as OpenAI answers one."""
     error = OpenAiError(message, status=401, code="invalid_api_key")
-    return web.json_response(error.doc(), status=401, headers={"WWW-Authenticate": "Bearer"})
+    return json_response(error.doc(), status=401, headers={"WWW-Authenticate": "Bearer"})
 
 
 class OpenAiRoutes:
@@ -292,7 +293,7 @@ class OpenAiRoutes:
             }
             for name, fe in sorted(self._frontends().items())
         ]
-        return web.json_response({"object": "list", "data": data})
+        return json_response({"object": "list", "data": data})
 
     @answers_errors
     async def completions(self, request: web.Request) -> web.Response:
@@ -301,7 +302,7 @@ class OpenAiRoutes:
         frontend = self.frontend_of(req.model, "teacher")
         batch = await self._off_loop(lambda: padded(req.prompts, frontend.pad_token_id, req.top))
         value = await self._call(req.model, batch)
-        text = await self._off_loop(lambda: json.dumps(completion_doc(req, value, frontend)))
+        text = await self._off_loop(lambda: dumps(completion_doc(req, value, frontend)))
         return web.Response(text=text, content_type="application/json")
 
     @answers_errors
@@ -321,7 +322,7 @@ class OpenAiRoutes:
         items = await self._off_loop(lambda: prompts(body["input"], "input", frontend))
         batch = await self._off_loop(lambda: padded(items, frontend.pad_token_id))
         scores = _finite_scores(model, _floats(await self._call(model, batch)), "input")
-        return web.json_response(pooling_doc(model, items, scores))
+        return json_response(pooling_doc(model, items, scores))
 
     @answers_errors
     async def get_reward(self, request: web.Request) -> web.Response:
@@ -338,7 +339,7 @@ class OpenAiRoutes:
         items = await self._off_loop(lambda: prompts(texts, "query", frontend))
         batch = await self._off_loop(lambda: padded(items, frontend.pad_token_id))
         scores = _finite_scores(model, _floats(await self._call(model, batch)), "query")
-        return web.json_response({"rewards": scores, "scores": scores})
+        return json_response({"rewards": scores, "scores": scores})
 
 
 def _kind(status: int) -> str:
