@@ -142,6 +142,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "bound of its own)",
     )
     p.add_argument(
+        "--tenant-max-connections",
+        type=int,
+        default=None,
+        help="connections open at once serving one tenant (--client), from any address, so "
+        "that one tenant cannot take all of --max-connections; a request of it on one more is "
+        "answered 429 and its connection closed (default: no bound of its own)",
+    )
+    p.add_argument(
         "--ray",
         metavar="ADDRESS",
         help="run on a Ray cluster (an address or 'auto'): the scheduler in a named actor, "
@@ -424,6 +432,7 @@ def serve_options(args: argparse.Namespace, token: str | None) -> Any:
         body_timeout_s=args.body_timeout_s,
         max_connections=args.max_connections,
         max_connections_per_client=args.max_connections_per_client,
+        tenant_max_connections=args.tenant_max_connections,
     )
     return ServeOptions(
         host=args.host,

@@ -678,3 +678,101 @@ def test_a_refused_connection_may_send_its_body_for_the_body_time_out() -> None:
             extra.close()
             for s in held:
                 s.close()
+
+
+def request_on(s: socket.socket, request: bytes) -> bytes:
+    """Send ``request`` on ``s`` and read one answer (its head and a Content-Length body)."""
+    s.sendall(request)
+    answer = b""
+    for _ in range(100):  # bounded: the answers are small
+        if b"\r\n\r\n" in answer:
+            head, body = answer.split(b"\r\n\r\n", 1)
+            length = [ln for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length:")]
+            if length and len(body) >= int(length[0].split(b":")[1]):
+                break
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        answer += chunk
+    return answer
+
+
+def tenant_get(token: str, path: str = "/v1/trajectories") -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n".encode()
+
+
+def test_one_tenant_cannot_take_every_connection_from_many_addresses() -> None:
+    """There was no bound per tenant: --max-connections-per-client counts peer addresses,
+    so one tenant's workers on many hosts could hold all of --max-connections (keep-alive
+    connections, long polls) and every other tenant was refused. With
+    --tenant-max-connections, its request on one connection more is refused (429, in its
+    route's shape, the connection closed), from any address, while its own connections and
+    other tenants are served; counted under ``reason="tenant_connections"``."""
+    limits = ConnectionLimits(
+        header_timeout_s=60.0, body_timeout_s=60.0, max_connections=64, tenant_max_connections=2
+    )
+
+    def make() -> Runtime:
+        return Runtime(CLUSTER, RuntimeConfig(max_pending=100), api=ApiExecutor({"echo": echo}))
+
+    opts = ServeOptions(port=0, limits=limits, token="op", clients={"alice": "ta", "bob": "tb"})
+    with ServiceThread(make, opts) as service:
+        held = [
+            socket.create_connection(address(service), timeout=10.0, source_address=(ip, 0))
+            for ip in ("127.0.0.1", "127.0.0.2")
+        ]
+        try:
+            for s in held:  # alice's two, from two addresses
+                assert request_on(s, tenant_get("ta")).startswith(b"HTTP/1.1 200")
+            for ip, path in (("127.0.0.3", "/v1/trajectories"), ("127.0.0.4", "/run_code")):
+                with socket.create_connection(
+                    address(service), timeout=10.0, source_address=(ip, 0)
+                ) as third:
+                    answer = request_on(third, tenant_get("ta", path))
+                    head, body = answer.split(b"\r\n\r\n", 1)
+                    assert head.startswith(b"HTTP/1.1 429"), answer[:300]
+                    assert b"Connection: close" in head, head
+                    doc = json.loads(body)
+                    assert doc["error"]["code"] == "overloaded", doc
+                    assert "--tenant-max-connections" in doc["error"]["message"], doc
+                    if path == "/run_code":
+                        assert doc["status"] == "SandboxError", doc
+                    assert third.recv(65536) == b"", "the refused connection stays open"
+            for s in held:  # its own connections still serve it
+                assert request_on(s, tenant_get("ta")).startswith(b"HTTP/1.1 200")
+            with socket.create_connection(address(service), timeout=10.0) as other:
+                for _ in range(3):  # another tenant, and the operator, are served
+                    assert request_on(other, tenant_get("tb")).startswith(b"HTTP/1.1 200")
+                    assert request_on(other, tenant_get("op")).startswith(b"HTTP/1.1 200")
+        finally:
+            for s in held:
+                s.close()
+        end = time.monotonic() + DEADLINE_S  # its closed ones are forgotten: served again
+        while True:
+            with socket.create_connection(address(service), timeout=10.0) as again:
+                if request_on(again, tenant_get("ta")).startswith(b"HTTP/1.1 200"):
+                    break
+            assert time.monotonic() < end, "alice's closed connections were never forgotten"
+            time.sleep(0.1)
+        metrics = httpx.get(
+            service.url + "/metrics", timeout=10, headers={"Authorization": "Bearer op"}
+        ).text
+        assert 'tangram_actions_refused_total{reason="tenant_connections"} 2.0' in metrics, [
+            t for t in metrics.splitlines() if "refused_total" in t
+        ]
+
+
+@pytest.mark.parametrize("each", [0, -1, True, 1.5])
+def test_the_per_tenant_bound_must_be_a_positive_integer(each: object) -> None:
+    with pytest.raises(ValueError, match="tenant_max_connections"):
+        ConnectionLimits(tenant_max_connections=each)  # type: ignore[arg-type]
+
+
+def test_tangram_serve_takes_a_per_tenant_connection_bound_off_by_default() -> None:
+    from tangram.cli import build_parser
+    from tangram.exec.service_cli import serve_options
+
+    for given, each in (([], None), (["--tenant-max-connections", "4"], 4)):
+        args = build_parser().parse_args(["serve", *given])
+        args.clients = {}  # (resolved from --clients-file when the service starts)
+        assert serve_options(args, None).limits.tenant_max_connections == each

@@ -291,10 +291,34 @@ class ServiceApp:
             if request.path == RUN_CODE_PATH:  # SandboxFusion's clients read its shape
                 doc = {**sandbox_error(message), **doc}
             return json_response(doc, status=401, headers={"WWW-Authenticate": "Bearer"})
+        if tenant is not None:
+            refused = self._tenant_connection(request, tenant)
+            if refused is not None:
+                return refused
         if request.method == "POST" and request.path in CALL_PATHS:
             with self._place_for_request(request):
                 return await handler(request)
         return await handler(request)
+
+    def _tenant_connection(self, request: web.Request, tenant: Tenant) -> web.Response | None:
+        """The 429 to a tenant's request on a connection beyond its
+        ``--tenant-max-connections`` (``ErrorDocHandler.hold_for_tenant``: counted once per
+        connection, until it closes), in its path's shape, closing the connection (it frees
+        its place in ``--max-connections``); None if the connection may serve it. A
+        connection handler without the bound (aiohttp's own, in tests) holds every one."""
+        hold = getattr(request.protocol, "hold_for_tenant", None)
+        message = hold(tenant.name) if hold is not None else None
+        if message is None:
+            return None
+        error = self.runtime.overloaded("refused_tenant_connections", message)
+        if request.path in OPENAI_PATHS:
+            answer = openai_answer(request, error, tenant.clean)
+        elif request.path == RUN_CODE_PATH:  # SandboxFusion's clients read its shape
+            answer = error_response(error, refusal_doc(error))
+        else:
+            answer = error_response(error)
+        answer.force_close()
+        return answer
 
     # -- helpers --------------------------------------------------------------------------
 

@@ -268,11 +268,14 @@ class ErrorDocHandler(web.RequestHandler):
     ) -> None:
         """``drain_s``: how long the rest of a request answered before its body arrived
         whole may take to arrive (drained, then closed): the body time-out. ``site``: the
-        site counting its connections per client (``GuardedSite.admit``), if any."""
+        site counting its connections per client (``GuardedSite.admit``) and per tenant
+        (``hold_for_tenant``), if any."""
         super().__init__(*args, **kwargs)
         self.site = site
         #: The peer address this connection is counted under (None: not counted).
         self.peer: str | None = None
+        #: The tenants this connection is counted for (``hold_for_tenant``).
+        self.tenants: set[str] = set()
         self.drain_s = drain_time(drain_s)
         #: Whether the answer being made ends the connection with a request left unread.
         self.linger_after = False
@@ -298,9 +301,24 @@ class ErrorDocHandler(web.RequestHandler):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         peer, self.peer = self.peer, None
-        if peer is not None and self.site is not None:
-            self.site.release(peer)
+        tenants, self.tenants = self.tenants, set()
+        if self.site is not None:
+            if peer is not None:
+                self.site.release(peer)
+            for name in tenants:
+                self.site.release_tenant(name)
         super().connection_lost(exc)
+
+    def hold_for_tenant(self, name: str) -> str | None:
+        """Count this connection against tenant ``name``'s bound (once: every request of it
+        on this connection after the first is free); the refusal's message if the tenant
+        holds ``tenant_max_connections`` other connections already (None: held)."""
+        if self.site is None or name in self.tenants:
+            return None
+        refusal = self.site.admit_tenant(name)
+        if refusal is None:
+            self.tenants.add(name)
+        return refusal
 
     def data_received(self, data: bytes) -> None:
         if len(data) >= REFUSAL_READ_BYTES:
@@ -449,6 +467,8 @@ class GuardedSite(web.BaseSite):
         }
         #: Connections open per peer address (only with ``max_connections_per_client``).
         self.per_client: dict[str, int] = {}
+        #: Connections serving each tenant (only with ``tenant_max_connections``).
+        self.per_tenant: dict[str, int] = {}
         self.handler_kwargs = limits.handler_kwargs()
         self.refused = 0
         #: The refused connections still open (answering or draining): closed when the site
@@ -519,6 +539,30 @@ class GuardedSite(web.BaseSite):
         self.per_client[peer] = count + 1
         return None
 
+    def admit_tenant(self, name: str) -> str | None:
+        """Count one more connection serving tenant ``name``; the refusal's message instead
+        if it has ``tenant_max_connections`` already (one tenant, from many addresses, took
+        them all: ``max_connections_per_client`` counts addresses, not tokens)."""
+        each = self.limits.tenant_max_connections
+        if each is None:
+            return None
+        count = self.per_tenant.get(name, 0)
+        if count >= each:
+            return (
+                f"tenant {name!r} has {count} connections open (the service's "
+                f"--tenant-max-connections is {each}); this one is closed, retry later"
+            )
+        self.per_tenant[name] = count + 1
+        return None
+
+    def release_tenant(self, name: str) -> None:
+        """A connection ``admit_tenant`` counted is gone."""
+        count = self.per_tenant.get(name, 0) - 1
+        if count > 0:
+            self.per_tenant[name] = count
+        else:
+            self.per_tenant.pop(name, None)
+
     def release(self, peer: str) -> None:
         """A connection ``admit`` counted is gone."""
         count = self.per_client.get(peer, 0) - 1
@@ -533,7 +577,8 @@ class GuardedSite(web.BaseSite):
         if len(server.connections) >= self.limits.max_connections:
             return self._refuse(self._refusal)
         loop = asyncio.get_running_loop()
-        site = self if self.limits.max_connections_per_client is not None else None
+        counts = (self.limits.max_connections_per_client, self.limits.tenant_max_connections)
+        site = self if any(c is not None for c in counts) else None
         return ErrorDocHandler(
             server,
             loop=loop,

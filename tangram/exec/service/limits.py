@@ -14,6 +14,11 @@ without loading the service; ``connections`` applies them.
 - ``ConnectionLimits.max_connections_per_client``: at most this many of them from one peer
   address (None: no bound of its own), so that one client cannot take them all; one more
   from it is answered as one beyond ``max_connections`` is.
+- ``ConnectionLimits.tenant_max_connections``: at most this many of them serving one tenant
+  (counted from a connection's first request with the tenant's token until it closes; None:
+  no bound of its own), so that one tenant, from many addresses, cannot take them all; one
+  more request of it on another connection is answered 429 ``overloaded`` and its connection
+  closed.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ class ConnectionLimits:
     body_timeout_s: float = 60.0
     max_connections: int = 1024
     max_connections_per_client: int | None = None
+    tenant_max_connections: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("header_timeout_s", "body_timeout_s"):
@@ -44,11 +50,12 @@ class ConnectionLimits:
         count = self.max_connections
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"max_connections must be a positive integer, got {count!r}")
-        each = self.max_connections_per_client
-        if each is not None and (isinstance(each, bool) or not isinstance(each, int) or each < 1):
-            raise ValueError(
-                f"max_connections_per_client must be a positive integer or None, got {each!r}"
-            )
+        for name in ("max_connections_per_client", "tenant_max_connections"):
+            each = getattr(self, name)
+            if each is not None and (
+                isinstance(each, bool) or not isinstance(each, int) or each < 1
+            ):
+                raise ValueError(f"{name} must be a positive integer or None, got {each!r}")
 
     def handler_kwargs(self) -> dict[str, Any]:
         """The settings of aiohttp's connection handlers that carry these limits (access log

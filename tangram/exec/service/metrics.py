@@ -36,12 +36,14 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: The refusals of each admission bound (429 ``overloaded``): the runtime's ``max_pending``,
 #: and a tenant's ``tenant_max_pending`` and ``tenant_max_trajectories``, by the runtime's
 #: counter of each (only the first was counted: a tenant refused all day showed none); and
-#: the connections beyond ``--max-connections`` (``GuardedSite``; none were counted).
+#: the connections beyond ``--max-connections`` (``GuardedSite``; none were counted), and a
+#: tenant's requests beyond ``--tenant-max-connections``.
 REFUSALS = {
     "overloaded": "refused_overloaded",
     "tenant": "refused_tenant",
     "tenant_trajectories": "refused_tenant_trajectories",
     "connections": "refused_connections",
+    "tenant_connections": "refused_tenant_connections",
 }
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
