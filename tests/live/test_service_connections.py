@@ -776,3 +776,38 @@ def test_tangram_serve_takes_a_per_tenant_connection_bound_off_by_default() -> N
         args = build_parser().parse_args(["serve", *given])
         args.clients = {}  # (resolved from --clients-file when the service starts)
         assert serve_options(args, None).limits.tenant_max_connections == each
+
+
+@pytest.mark.parametrize(
+    ("path", "family"),
+    [("/v1/actions", "tangram"), ("/run_code", "sandbox"), ("/v1/completions", "openai")],
+)
+def test_an_expectation_the_service_cannot_meet_is_a_417_in_its_routes_shape(
+    path: str, family: str
+) -> None:
+    """An ``Expect`` header other than ``100-continue`` was answered by aiohttp before any
+    middleware, as the plain text "Unknown Expect: ...": the one refusal that was not the
+    error document (nor SandboxFusion's or OpenAI's on their routes)."""
+    limits = ConnectionLimits(header_timeout_s=60.0, body_timeout_s=60.0, max_connections=16)
+    body = b'{"endpoint": "echo", "payload": 1}'
+    request = (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Expect: 200-ok\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    with served(limits) as service, socket.create_connection(address(service), 10.0) as s:
+        answer = request_on(s, request)
+        head, doc_bytes = answer.split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.1 417"), answer[:300]
+        assert b"Content-Type: application/json" in head, head
+        doc = json.loads(doc_bytes)
+        assert "200-ok" in json.dumps(doc), doc
+        if family == "sandbox":
+            assert doc["status"] == "SandboxError" and doc["error"]["code"] == "http_417", doc
+        elif family == "openai":
+            assert doc["error"]["type"] == "invalid_request_error", doc
+        else:
+            assert doc["error"]["code"] == "http_417", doc
+        with socket.create_connection(address(service), 10.0) as ok:  # (100-continue still)
+            ok.sendall(request.replace(b"200-ok", b"100-continue"))
+            answer = ok.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 100 Continue"), answer[:300]

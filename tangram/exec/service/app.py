@@ -40,6 +40,7 @@ from tangram.exec.service.openai_routes import (
     openai_answer,
     unauthorized_answer,
 )
+from tangram.exec.service.openai_schema import OpenAiError
 from tangram.exec.service.sandbox_fusion import (
     RunCodeSettings,
     parse_run_code,
@@ -120,6 +121,39 @@ def http_error_response(
 def _kept_headers(exc: web.HTTPException) -> dict[str, str]:
     """The refusal's headers a client should still see (408 closes the connection)."""
     return {k: v for k, v in exc.headers.items() if k in ("Connection", "Retry-After")}
+
+
+def _aiohttp_expect_handler() -> Callable[[web.Request], Awaitable[Any]]:
+    """aiohttp's own ``Expect`` handler (a route's default, through public API): it answers
+    ``100-continue`` and raises ``HTTPExpectationFailed`` (417) for any other expectation."""
+
+    async def unused(request: web.Request) -> web.StreamResponse:
+        raise AssertionError("never routed")
+
+    return web.UrlDispatcher().add_get("/", unused).handle_expect_header
+
+
+_AIOHTTP_EXPECT = _aiohttp_expect_handler()
+
+
+async def expect_handler(request: web.Request) -> web.StreamResponse | None:
+    """A request's ``Expect`` header, answered before its handler and every middleware (as
+    aiohttp does): ``100-continue`` as aiohttp does, any other a 417 in its path's shape.
+    aiohttp's 417 was a plain-text "Unknown Expect: ..." where every other refusal is the
+    error document (SandboxFusion's or OpenAI's on their routes)."""
+    try:
+        return await _AIOHTTP_EXPECT(request)
+    except web.HTTPException as exc:
+        if exc.status != 417:
+            raise
+    expect = request.headers.get("Expect", "")[:100]
+    message = f"header 'Expect: {expect}' cannot be met: only '100-continue' is served"
+    if request.path in OPENAI_PATHS:
+        return openai_answer(request, OpenAiError(message, status=417, code="http_417"))
+    doc = error_doc("http_417", message)
+    if request.path == RUN_CODE_PATH:
+        doc = {**sandbox_error(message), **doc}
+    return json_response(doc, status=417)
 
 
 def check_seconds(name: str, value: object) -> None:
@@ -223,22 +257,25 @@ class ServiceApp:
         )
         app[RUNTIME_KEY] = self.runtime
         r = app.router
-        r.add_get("/healthz", self.healthz)
-        r.add_get("/v1/status", self.status)
-        r.add_get("/metrics", self.metrics_text)
-        r.add_post("/v1/trajectories", self.open_trajectory)
-        r.add_get("/v1/trajectories", self.list_trajectories)
-        r.add_get(f"/v1/trajectories/{ID}", self.get_trajectory)
-        r.add_delete(f"/v1/trajectories/{ID}", self.close_trajectory)
-        r.add_post(f"/v1/trajectories/{ID}/recreate", self.recreate_trajectory)
-        r.add_post("/v1/actions", self.submit)
-        r.add_get(f"/v1/actions/{ID}", self.get_action)
-        r.add_delete(f"/v1/actions/{ID}", self.cancel)
-        r.add_get("/v1/trace", self.get_trace)
-        r.add_post("/v1/trace", self.save_trace)
-        r.add_post("/v1/submissions", self.submissions)
-        r.add_post("/run_code", self.run_code)
-        OpenAiRoutes(self.runtime, body_timeout_s=self.body_timeout_s).add_to(app)
+        expect = {"expect_handler": expect_handler}
+        r.add_get("/healthz", self.healthz, **expect)
+        r.add_get("/v1/status", self.status, **expect)
+        r.add_get("/metrics", self.metrics_text, **expect)
+        r.add_post("/v1/trajectories", self.open_trajectory, **expect)
+        r.add_get("/v1/trajectories", self.list_trajectories, **expect)
+        r.add_get(f"/v1/trajectories/{ID}", self.get_trajectory, **expect)
+        r.add_delete(f"/v1/trajectories/{ID}", self.close_trajectory, **expect)
+        r.add_post(f"/v1/trajectories/{ID}/recreate", self.recreate_trajectory, **expect)
+        r.add_post("/v1/actions", self.submit, **expect)
+        r.add_get(f"/v1/actions/{ID}", self.get_action, **expect)
+        r.add_delete(f"/v1/actions/{ID}", self.cancel, **expect)
+        r.add_get("/v1/trace", self.get_trace, **expect)
+        r.add_post("/v1/trace", self.save_trace, **expect)
+        r.add_post("/v1/submissions", self.submissions, **expect)
+        r.add_post("/run_code", self.run_code, **expect)
+        OpenAiRoutes(self.runtime, body_timeout_s=self.body_timeout_s).add_to(
+            app, expect_handler=expect_handler
+        )
         return app
 
     # -- middlewares ----------------------------------------------------------------------

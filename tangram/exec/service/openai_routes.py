@@ -176,15 +176,17 @@ class OpenAiRoutes:
     async def _off_loop(self, fn: Callable[[], Any]) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._work, fn)
 
-    def add_to(self, app: web.Application) -> None:
-        """Its routes on ``app``, and its worker thread's end with the app's cleanup."""
+    def add_to(self, app: web.Application, expect_handler: Any = None) -> None:
+        """Its routes on ``app``, and its worker thread's end with the app's cleanup
+        (``expect_handler``: the routes' answer to an ``Expect`` header; aiohttp's if None)."""
         router = app.router
         app.on_cleanup.append(self.close)
-        router.add_get("/v1/models", self.models)
-        router.add_post("/v1/completions", self.completions)
-        router.add_post("/pooling", self.pooling)
-        router.add_post("/v1/pooling", self.pooling)
-        router.add_post("/get_reward", self.get_reward)
+        expect = {"expect_handler": expect_handler}
+        router.add_get("/v1/models", self.models, **expect)
+        router.add_post("/v1/completions", self.completions, **expect)
+        router.add_post("/pooling", self.pooling, **expect)
+        router.add_post("/v1/pooling", self.pooling, **expect)
+        router.add_post("/get_reward", self.get_reward, **expect)
 
     async def close(self, app: web.Application | None = None) -> None:
         """Stop the worker thread once its work is done (the service stops): left running, it
