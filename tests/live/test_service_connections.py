@@ -811,3 +811,37 @@ def test_an_expectation_the_service_cannot_meet_is_a_417_in_its_routes_shape(
             ok.sendall(request.replace(b"200-ok", b"100-continue"))
             answer = ok.recv(65536)
             assert answer.startswith(b"HTTP/1.1 100 Continue"), answer[:300]
+
+
+def test_refusals_past_the_bound_in_number_get_the_short_drain() -> None:
+    """Refused connections are not bounded in number: a flood of them trickling their
+    bodies would each hold a socket for the body time-out. Only as many as
+    --max-connections drain that long; one more is drained for 5 s and closed. (Checked
+    by its closing well before the 60-s body time-out; a loaded machine closes it later,
+    within the bound checked.)"""
+    limits = ConnectionLimits(header_timeout_s=60.0, body_timeout_s=60.0, max_connections=1)
+    head = HEAD.replace(b"Content-Length: 100", b"Content-Length: 100000")
+    with served(limits) as service:
+        held = connect(service, 1, b"")
+        time.sleep(0.2)  # the service has accepted the held one
+        refused = []
+        try:
+            for _ in range(2):
+                s = socket.create_connection(address(service), timeout=10.0)
+                refused.append(s)
+                s.sendall(head)
+                assert s.recv(65536).startswith(b"HTTP/1.1 429")
+            start = time.monotonic()
+            closed = None
+            while closed is None and time.monotonic() - start < 40.0:  # bounded
+                for i, s in enumerate(refused):
+                    try:
+                        s.sendall(b"x" * 100)
+                    except OSError:  # (reset: the service closed it)
+                        closed = i
+                        break
+                time.sleep(0.25)
+            assert closed == 1, "the second refusal was drained for the body time-out too"
+        finally:
+            for s in refused + held:
+                s.close()

@@ -519,11 +519,14 @@ class GuardedSite(web.BaseSite):
         self.refused += 1
         if self.on_refused is not None:
             self.on_refused()
-        # (Drained as long as a body may take: a fixed 5 s cut a refused client still
-        # uploading its body, the kernel reset the connection, and it never read its 429.)
-        refusal = Refusal(
-            answer, on_gone=self.refusals.discard, linger_s=drain_time(self.limits.body_timeout_s)
-        )
+        # Drained as long as a body may take (a fixed 5 s cut a refused client still
+        # uploading its body, the kernel reset the connection, and it never read its 429),
+        # but only while fewer refusals than --max-connections are open: refusals are not
+        # bounded in number, and a flood of them trickling bodies held a socket each for the
+        # body time-out. Past that, the old short drain (``REFUSAL_LINGER_S``).
+        long_drains = len(self.refusals) < self.limits.max_connections
+        linger_s = drain_time(self.limits.body_timeout_s) if long_drains else REFUSAL_LINGER_S
+        refusal = Refusal(answer, on_gone=self.refusals.discard, linger_s=linger_s)
         self.refusals.add(refusal)
         return refusal
 
