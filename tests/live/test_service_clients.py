@@ -484,3 +484,23 @@ def test_result_waits_as_long_as_asked_past_the_services_cap() -> None:
         threading.Timer(1.0, gate.set).start()
         got = asyncio.run(main())
         assert got is not None and got.value == "later"
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_body_with_a_number_json_cannot_carry_is_refused_naming_its_field(bad: float) -> None:
+    """httpx encodes strict JSON and refused such a body with "Out of range float values
+    are not JSON compliant", naming no field: a caller with a NaN deep in a payload had to
+    search for it. Both clients name the field now; nothing is sent (no service listens)."""
+    payload = {"rows": [1.0, {"score": bad}]}
+    with Client("http://127.0.0.1:9", retries=0) as c, pytest.raises(ValueError) as sync:
+        c.submit(endpoint="echo", payload=payload)
+
+    async def main() -> ValueError:
+        async with AsyncClient("http://127.0.0.1:9", retries=0) as c:
+            with pytest.raises(ValueError) as info:
+                await c.submit(endpoint="echo", payload=payload)
+            return info.value
+
+    for err in (sync.value, asyncio.run(main())):
+        assert "'payload.rows[1].score'" in str(err) and repr(bad) in str(err), err
+        assert "nothing was sent" in str(err), err

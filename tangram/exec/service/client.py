@@ -27,7 +27,7 @@ import httpx
 from tangram.exec.runtime.records import Outcome
 from tangram.exec.service import calls
 from tangram.exec.service.calls import Operation, action_body, steps
-from tangram.exec.service.retry import Call, OverloadedError, ServiceError
+from tangram.exec.service.retry import Call, OverloadedError, ServiceError, unsendable
 
 __all__ = ["AsyncClient", "Client", "OverloadedError", "ServiceError", "action_body"]
 
@@ -102,7 +102,12 @@ class AsyncClient:
         await self._http.aclose()
 
     async def _send(self, call: Call) -> httpx.Response:
-        return await self._http.request(call.method, call.path, json=call.body, params=call.params)
+        try:
+            return await self._http.request(
+                call.method, call.path, json=call.body, params=call.params
+            )
+        except ValueError as exc:  # (the body could not be encoded: nothing was sent)
+            raise unsendable(call, exc) from None
 
     async def _do(self, operation: Operation[T]) -> T:
         """Run an operation: send its calls, sleep its pauses."""
@@ -211,7 +216,10 @@ class Client:
         self._http.close()
 
     def _send(self, call: Call) -> httpx.Response:
-        return self._http.request(call.method, call.path, json=call.body, params=call.params)
+        try:
+            return self._http.request(call.method, call.path, json=call.body, params=call.params)
+        except ValueError as exc:  # (the body could not be encoded: nothing was sent)
+            raise unsendable(call, exc) from None
 
     def _do(self, operation: Operation[T]) -> T:
         """Run an operation: send its calls, sleep its pauses."""

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from tangram.exec.runtime.errors import ERRORS, LiveError, Overloaded
+from tangram.exec.service.codec import non_finite_path
 
 #: Statuses of a successful answer.
 OK_STATUSES = frozenset({200, 201, 202})
@@ -73,6 +74,19 @@ class Pause:
     """Sleep this long before the next attempt."""
 
     seconds: float
+
+
+def unsendable(call: Call, exc: ValueError) -> ValueError:
+    """The error of a ``call`` whose body could not be encoded (``exc``, httpx's): one naming
+    the field when a NaN or an infinity is the cause. httpx encodes strict JSON and said only
+    "Out of range float values are not JSON compliant", naming no field of the body."""
+    where = non_finite_path(call.body) if call.body is not None else None
+    if where is None:
+        return exc
+    return ValueError(
+        f"{call.method} {call.path}: field {where[0]!r} is {where[1]!r}, which JSON cannot "
+        "carry (no NaN or infinity); nothing was sent"
+    )
 
 
 #: What ``attempts`` yields, is sent, and returns.
