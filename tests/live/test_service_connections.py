@@ -845,3 +845,35 @@ def test_refusals_past_the_bound_in_number_get_the_short_drain() -> None:
         finally:
             for s in refused + held:
                 s.close()
+
+
+@pytest.mark.parametrize(
+    ("token", "status"), [("wrong", b"401"), ("ta", b"100 Continue")], ids=["wrong", "right"]
+)
+def test_a_wrong_token_asking_100_continue_is_refused_before_its_body(
+    token: str, status: bytes
+) -> None:
+    """A client sending ``Expect: 100-continue`` waits before its body so that a refusal
+    comes first; it was told to continue whatever its token, uploaded its body (up to
+    64 MiB), and only then read its 401. A right token is still told to continue."""
+    limits = ConnectionLimits(header_timeout_s=60.0, body_timeout_s=60.0, max_connections=16)
+
+    def make() -> Runtime:
+        return Runtime(CLUSTER, RuntimeConfig(max_pending=100), api=ApiExecutor({"echo": echo}))
+
+    request = (
+        "POST /v1/actions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {token}\r\nExpect: 100-continue\r\n"
+        "Content-Length: 1000000\r\n\r\n"
+    ).encode()
+    opts = ServeOptions(port=0, limits=limits, clients={"alice": "ta"})
+    with (
+        ServiceThread(make, opts) as service,
+        socket.create_connection(address(service), timeout=10.0) as s,
+    ):
+        s.sendall(request)  # (the body is never sent: the client waits for the 100)
+        answer = s.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 " + status), answer[:300]
+        if status == b"401":
+            doc = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+            assert doc["error"]["code"] == "unauthorized", doc

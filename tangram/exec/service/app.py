@@ -257,7 +257,7 @@ class ServiceApp:
         )
         app[RUNTIME_KEY] = self.runtime
         r = app.router
-        expect = {"expect_handler": expect_handler}
+        expect = {"expect_handler": self._expect}
         r.add_get("/healthz", self.healthz, **expect)
         r.add_get("/v1/status", self.status, **expect)
         r.add_get("/metrics", self.metrics_text, **expect)
@@ -274,7 +274,7 @@ class ServiceApp:
         r.add_post("/v1/submissions", self.submissions, **expect)
         r.add_post("/run_code", self.run_code, **expect)
         OpenAiRoutes(self.runtime, body_timeout_s=self.body_timeout_s).add_to(
-            app, expect_handler=expect_handler
+            app, expect_handler=self._expect
         )
         return app
 
@@ -314,6 +314,29 @@ class ServiceApp:
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if not self.tokens.required or request.path in OPEN_PATHS:
             return await handler(request)
+        refused = self._admission(request)
+        if refused is not None:
+            return refused
+        if request.method == "POST" and request.path in CALL_PATHS:
+            with self._place_for_request(request):
+                return await handler(request)
+        return await handler(request)
+
+    async def _expect(self, request: web.Request) -> web.StreamResponse | None:
+        """A request's ``Expect`` header (``expect_handler``), once its token is checked: a
+        client that asks ``100-continue`` waits before sending its body precisely so that a
+        refusal comes first, yet it was told to continue whatever its token, uploaded up to
+        64 MiB, and only then read its 401 (or its tenant's connection 429)."""
+        if self.tokens.required and request.path not in OPEN_PATHS:
+            refused = self._admission(request)
+            if refused is not None:
+                return refused
+        return await expect_handler(request)
+
+    def _admission(self, request: web.Request) -> web.Response | None:
+        """The refusal of a request whose token is missing or wrong (401) or whose tenant is
+        at its connection bound (429), in its path's shape; None if it may go on (its tenant
+        noted on the request)."""
         given = request.headers.get("X-Tangram-Token", "")
         bearer = bearer_token(request.headers.get("Authorization", ""))
         if bearer is not None:
@@ -328,14 +351,7 @@ class ServiceApp:
             if request.path == RUN_CODE_PATH:  # SandboxFusion's clients read its shape
                 doc = {**sandbox_error(message), **doc}
             return json_response(doc, status=401, headers={"WWW-Authenticate": "Bearer"})
-        if tenant is not None:
-            refused = self._tenant_connection(request, tenant)
-            if refused is not None:
-                return refused
-        if request.method == "POST" and request.path in CALL_PATHS:
-            with self._place_for_request(request):
-                return await handler(request)
-        return await handler(request)
+        return None if tenant is None else self._tenant_connection(request, tenant)
 
     def _tenant_connection(self, request: web.Request, tenant: Tenant) -> web.Response | None:
         """The 429 to a tenant's request on a connection beyond its
