@@ -264,3 +264,16 @@ def test_a_result_holding_nan_or_infinity_is_strict_json_with_them_as_strings() 
     doc = strict_json(r.text)
     assert r.status_code == 200 and doc["outcome"]["status"] == "result", doc
     assert doc["outcome"]["result"] == {"a": "nan", "b": ["inf", 1.5], "c": ["-inf"]}, doc
+
+
+def test_an_oversized_body_is_a_413_naming_the_limit(svc: ServiceThread) -> None:
+    """aiohttp's 413 said only "Request Entity Too Large": a client could not tell how much
+    less to send. It names the service's limit now (the same on every route)."""
+    body = b'{"endpoint": "echo", "payload": "' + b"x" * (65 << 20) + b'"}'
+    for path in ("/v1/actions", "/run_code"):
+        r = httpx.post(
+            svc.url + path, content=body, headers={"Content-Type": "application/json"}, timeout=120
+        )
+        doc = r.json()
+        assert r.status_code == 413 and doc["error"]["code"] == "http_413", doc
+        assert "67,108,864 bytes (64 MiB)" in doc["error"]["message"], doc

@@ -28,7 +28,7 @@ from tangram.exec.aoe.config import MAX_OUTPUT_BYTES
 from tangram.exec.runtime import Runtime
 from tangram.exec.runtime.errors import BadRequest, Conflict, Forbidden, LiveError
 from tangram.exec.runtime.records import Outcome, check_id
-from tangram.exec.service.body import ClientGone, json_response, read_json
+from tangram.exec.service.body import MAX_BODY_BYTES, ClientGone, json_response, read_json
 from tangram.exec.service.causes import translate
 from tangram.exec.service.connections import RUN_CODE_PATH
 from tangram.exec.service.limits import DEFAULT_MAX_OUTPUT_BYTES
@@ -253,7 +253,7 @@ class ServiceApp:
 
     def build(self) -> web.Application:
         app = web.Application(
-            middlewares=[self._errors, self._auth], client_max_size=64 * 1024 * 1024
+            middlewares=[self._errors, self._auth], client_max_size=MAX_BODY_BYTES
         )
         app[RUNTIME_KEY] = self.runtime
         r = app.router

@@ -21,6 +21,8 @@ from tangram.exec.runtime.errors import BadRequest
 from tangram.exec.service.codec import dumps
 from tangram.exec.service.schema import error_doc
 
+#: The largest body the service takes (the application's ``client_max_size``; larger: 413).
+MAX_BODY_BYTES = 64 * 1024 * 1024
 #: The deepest nesting of arrays and objects a body may have (GPU inputs need a handful).
 MAX_DEPTH = 64
 #: Bodies larger than this are decoded and parsed in a worker thread, so other clients'
@@ -44,6 +46,8 @@ async def read_json(request: web.Request, *, timeout_s: float, optional: bool = 
             data = await request.read()
     except MalformedBody as exc:
         raise BadRequest(str(exc)) from None
+    except web.HTTPRequestEntityTooLarge:
+        raise too_large(MAX_BODY_BYTES) from None
     except ConnectionResetError:
         raise ClientGone(
             f"the client went away before its body arrived whole ({_received(request)})"
@@ -63,6 +67,22 @@ async def read_json(request: web.Request, *, timeout_s: float, optional: bool = 
     if len(data) > THREAD_BYTES:
         return await asyncio.to_thread(parse_json, data, optional=optional)
     return parse_json(data, optional=optional)
+
+
+def too_large(limit: int) -> web.HTTPRequestEntityTooLarge:
+    """The 413 of a body past ``limit`` bytes, as the error document naming the limit:
+    aiohttp's said only "Request Entity Too Large", which every route answered, and a client
+    could not tell how much less to send."""
+    message = (
+        f"the request body is larger than {limit:,} bytes ({limit / (1 << 20):g} MiB), the "
+        "most this service takes; send less (a GPU call's inputs in smaller batches)"
+    )
+    return web.HTTPRequestEntityTooLarge(
+        max_size=limit,
+        actual_size=limit + 1,
+        text=dumps(error_doc("http_413", message)),
+        content_type="application/json",
+    )
 
 
 class MalformedBody(Exception):
