@@ -54,3 +54,42 @@ def test_a_large_bad_body_is_still_a_400_naming_the_problem(monkeypatch):
     data = b'{"a": "' + b"x" * body.THREAD_BYTES + b'\xff"}'
     with pytest.raises(BadRequest, match="not valid UTF-8"):
         parsed_on(data, monkeypatch)
+
+
+def test_a_large_actions_checks_run_off_the_loop_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The body of ``POST /v1/actions`` was parsed off the loop when large, but checked and
+    decoded on it (``parse_action``: a GPU call's million token ids counted, scanned for a
+    float and made a tensor, ~0.7 s), every other client's requests waiting meanwhile. A
+    large body's ``parse_action`` runs in the worker thread now; a small one's on the loop."""
+    import httpx
+
+    from tangram.core.resources import ApiEndpointSpec, ClusterSpec
+    from tangram.exec.runtime import ApiExecutor, Runtime, RuntimeConfig
+    from tangram.exec.runtime.api import echo
+    from tangram.exec.service import ServeOptions, ServiceThread
+    from tangram.exec.service import app as service_app
+
+    threads: list[int] = []
+    real = service_app.parse_action
+
+    def spy(doc: object, **kwargs: object) -> object:
+        threads.append(threading.get_ident())
+        return real(doc, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(service_app, "parse_action", spy)
+    cluster = ClusterSpec(name="b", apis=(ApiEndpointSpec("echo", concurrency=4),))
+
+    def make() -> Runtime:
+        return Runtime(cluster, RuntimeConfig(), api=ApiExecutor({"echo": echo}))
+
+    with ServiceThread(make, ServeOptions(port=0)) as service:
+        assert service._thread is not None
+        loop_thread = service._thread.ident
+        for payload in ([1] * 10, [1] * body.THREAD_BYTES):
+            r = httpx.post(
+                service.url + "/v1/actions",
+                json={"endpoint": "echo", "payload": payload, "wait": 30},
+                timeout=60,
+            )
+            assert r.status_code == 200, r.text[:300]
+    assert len(threads) == 2 and threads[0] == loop_thread and threads[1] != loop_thread, threads

@@ -375,8 +375,15 @@ class ServiceApp:
 
     # -- helpers --------------------------------------------------------------------------
 
-    async def _body(self, request: web.Request, *, optional: bool = False) -> Any:
-        return await read_json(request, timeout_s=self.body_timeout_s, optional=optional)
+    async def _body(
+        self,
+        request: web.Request,
+        *,
+        optional: bool = False,
+        then: Callable[[Any], Any] | None = None,
+    ) -> Any:
+        """The request's JSON body (``then`` of it: off the loop with a large body's parse)."""
+        return await read_json(request, timeout_s=self.body_timeout_s, optional=optional, then=then)
 
     def _trajectory_id(self, request: web.Request, value: str | None) -> str | None:
         """The runtime's id for a trajectory the client names (a tenant's: in its namespace)."""
@@ -468,7 +475,10 @@ class ServiceApp:
         return json_response(_trajectory_doc(request, info))
 
     async def submit(self, request: web.Request) -> web.Response:
-        spec, wait = parse_action(await self._body(request), max_output_bytes=self.max_output_bytes)
+        cap = self.max_output_bytes
+        spec, wait = await self._body(
+            request, then=lambda body: parse_action(body, max_output_bytes=cap)
+        )
         tenant = _tenant(request)
         if tenant is not None:
             spec = dataclasses.replace(

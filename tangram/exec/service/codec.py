@@ -119,12 +119,19 @@ def _tensor(value: list[Any]) -> Any:
 
 def _has_float(value: Any) -> bool:
     """Whether a float is among the nested lists' leaves (a loop: recursing, lists nested a
-    few hundred deep raised ``RecursionError``, a 500 instead of a bad request)."""
+    few hundred deep raised ``RecursionError``, a 500 instead of a bad request). Each list's
+    item types are gathered at C speed (``set(map(type, ...))``): one Python step per number
+    took 0.5 s for a million token ids."""
     stack = [value]
     while stack:
         item = stack.pop()
-        if isinstance(item, list):
-            stack.extend(item)
-        elif isinstance(item, float):
+        if not isinstance(item, list):
+            if isinstance(item, float):
+                return True
+            continue
+        kinds = set(map(type, item))
+        if any(issubclass(k, float) for k in kinds):
             return True
+        if any(issubclass(k, list) for k in kinds):
+            stack.extend(x for x in item if isinstance(x, list))
     return False
