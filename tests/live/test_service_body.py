@@ -93,3 +93,47 @@ def test_a_large_actions_checks_run_off_the_loop_too(monkeypatch: pytest.MonkeyP
             )
             assert r.status_code == 200, r.text[:300]
     assert len(threads) == 2 and threads[0] == loop_thread and threads[1] != loop_thread, threads
+
+
+def test_a_large_result_is_encoded_off_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An outcome's answer was made on the loop whatever its size: a GPU call's 256 x 4096
+    floats took 2.5 s per answer (to lists, then to text), every other client's requests
+    waiting. A large result's answer is made in a worker thread; a small one's on the loop.
+    The answer is the same either way."""
+    import httpx
+
+    from tangram.core.resources import ApiEndpointSpec, ClusterSpec
+    from tangram.exec.runtime import ApiExecutor, Runtime, RuntimeConfig
+    from tangram.exec.service import ServeOptions, ServiceThread
+    from tangram.exec.service import app as service_app
+    from tangram.exec.service.codec import LARGE_ITEMS
+
+    threads: list[int] = []
+    real = service_app._state_doc
+
+    def spy(*args: object) -> object:
+        threads.append(threading.get_ident())
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(service_app, "_state_doc", spy)
+    cluster = ClusterSpec(name="r", apis=(ApiEndpointSpec("rows", concurrency=4),))
+
+    async def rows(n: int) -> object:
+        return [[0.5] * 64 for _ in range(n)]
+
+    def make() -> Runtime:
+        return Runtime(cluster, RuntimeConfig(), api=ApiExecutor({"rows": rows}))
+
+    with ServiceThread(make, ServeOptions(port=0)) as service:
+        assert service._thread is not None
+        loop_thread = service._thread.ident
+        for n in (2, LARGE_ITEMS // 64 + 1):
+            r = httpx.post(
+                service.url + "/v1/actions",
+                json={"endpoint": "rows", "payload": n, "wait": 30},
+                timeout=60,
+            )
+            assert r.status_code == 200, r.text[:300]
+            assert r.json()["outcome"]["result"] == [[0.5] * 64] * n
+            assert r.headers["Content-Type"].startswith("application/json"), r.headers
+    assert len(threads) == 2 and threads[0] == loop_thread and threads[1] != loop_thread, threads

@@ -30,6 +30,7 @@ from tangram.exec.runtime.errors import BadRequest, Conflict, Forbidden, LiveErr
 from tangram.exec.runtime.records import Outcome, check_id
 from tangram.exec.service.body import MAX_BODY_BYTES, ClientGone, json_response, read_json
 from tangram.exec.service.causes import translate
+from tangram.exec.service.codec import dumps, is_large
 from tangram.exec.service.connections import RUN_CODE_PATH
 from tangram.exec.service.limits import DEFAULT_MAX_OUTPUT_BYTES
 from tangram.exec.service.metrics import CONTENT_TYPE, ServiceMetrics
@@ -574,14 +575,12 @@ class ServiceApp:
         rt = self.runtime
         outcome = await rt.result(action_id, 0.0 if wait is None else wait)
         state = "done" if outcome is not None else rt.state(action_id)
-        return json_response(
-            _state_doc(tenant, action_id, state, outcome), status=200 if outcome else 202
-        )
+        return await _state_answer(tenant, action_id, state, outcome)
 
     async def cancel(self, request: web.Request) -> web.Response:
         named = self._action_id(request, path_id(request, "id"))
         outcome = await self.runtime.cancel(self.runtime.public_action(named))
-        return json_response(_state_doc(_tenant(request), outcome.action_id, "done", outcome))
+        return await _state_answer(_tenant(request), outcome.action_id, "done", outcome)
 
     async def get_trace(self, request: web.Request) -> web.StreamResponse:
         """The trace so far, streamed from a copy on disk in 1 MiB chunks (never held whole
@@ -697,6 +696,19 @@ def _trajectory_doc(request: web.Request, info: Any) -> dict[str, Any]:
     if tenant is not None:
         doc["id"] = tenant.outer(doc["id"])
     return doc
+
+
+async def _state_answer(
+    tenant: Tenant | None, action_id: str, state: str, outcome: Outcome | None
+) -> web.Response:
+    """An action's state (200 with its outcome, 202 without). A large result (``is_large``)
+    is encoded in a worker thread: a GPU call's 256 x 4096 floats took the loop 2.5 s per
+    answer (to lists, then to text), every other client's requests waiting."""
+    status = 200 if outcome is not None else 202
+    if outcome is None or not is_large(outcome.value):
+        return json_response(_state_doc(tenant, action_id, state, outcome), status=status)
+    text = await asyncio.to_thread(lambda: dumps(_state_doc(tenant, action_id, state, outcome)))
+    return web.Response(text=text, status=status, content_type="application/json")
 
 
 def _state_doc(tenant: Tenant | None, action_id: str, state: str, outcome: Any) -> dict[str, Any]:

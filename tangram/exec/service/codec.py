@@ -42,6 +42,42 @@ def dumps(doc: Any) -> str:
         ) from None
 
 
+#: A result with more numbers or items than this is encoded off the event loop
+#: (``is_large``): a GPU call's 256 x 4096 floats took the loop 2.5 s per answer.
+LARGE_ITEMS = 16_384
+
+
+def is_large(value: Any, most: int = LARGE_ITEMS) -> bool:
+    """Whether ``value`` holds more than ``most`` numbers or items: a tensor or an array by
+    its size, lists, tuples and mappings by their lengths, walked no further than ``most``
+    items (a list's scalars are counted by its length, never visited one by one)."""
+    stack, count = [value], 0
+    while stack and count <= most:
+        item = stack.pop()
+        if item is None or isinstance(item, str | int | float):
+            continue  # (counted with its container)
+        if isinstance(item, Mapping):
+            count += len(item)
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple | set | frozenset):
+            count += len(item)
+            if not set(map(type, item)) <= _SCALARS:
+                stack.extend(item)
+        elif callable(getattr(item, "tolist", None)):  # a tensor, an array
+            size = getattr(item, "numel", None) or getattr(item, "size", 1)
+            try:
+                count += int(size() if callable(size) else size)
+            except (TypeError, ValueError):
+                count += 1
+        else:
+            count += 1
+    return count > most
+
+
+#: The types whose values ``is_large`` counts with their container.
+_SCALARS = frozenset({int, float, str, bool, type(None)})
+
+
 def non_finite_path(doc: Any) -> tuple[str, float] | None:
     """The path (``outcome.timings.exec_s``, ``scores[2]``; ``$`` for ``doc`` itself) and
     value of the first NaN or infinity in ``doc``, or None. A loop (nesting a few thousand
