@@ -6,6 +6,7 @@ bounded in count and time.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
@@ -877,3 +878,51 @@ def test_a_wrong_token_asking_100_continue_is_refused_before_its_body(
         if status == b"401":
             doc = json.loads(answer.split(b"\r\n\r\n", 1)[1])
             assert doc["error"]["code"] == "unauthorized", doc
+
+
+def test_a_client_that_never_reads_its_answer_is_cut_off(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An answer waits in its connection's buffer until the client reads it, and aiohttp
+    sets no limit: a client that asked for a large result and never read it held its
+    connection and the answer's memory for good (a thousand such, a thousand results).
+    One that reads nothing of its answer for --body-timeout-s is cut off now, and the
+    service goes on serving."""
+    big = 16 << 20
+    cluster = ClusterSpec(name="big", apis=(ApiEndpointSpec("big", concurrency=2),))
+
+    async def answer(n: int) -> str:
+        return "x" * n
+
+    def make() -> Runtime:
+        return Runtime(cluster, RuntimeConfig(), api=ApiExecutor({"big": answer}))
+
+    limits = ConnectionLimits(header_timeout_s=60.0, body_timeout_s=1.0, max_connections=16)
+    caplog.set_level(logging.INFO, logger="tangram.exec.service.connections")
+    with ServiceThread(make, ServeOptions(port=0, limits=limits)) as service:
+        with Client(service.url, retries=0) as c:
+            aid = c.submit(endpoint="big", payload=big)
+            assert c.result(aid, wait_s=30) is not None
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.settimeout(10.0)
+        s.connect(address(service))
+        with s:
+            s.sendall(f"GET /v1/actions/{aid} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            end = time.monotonic() + DEADLINE_S  # bounded: the cut is logged
+            while "read nothing of its answer" not in caplog.text and time.monotonic() < end:
+                time.sleep(0.1)
+            got = 0
+            with contextlib.suppress(OSError):
+                for _ in range(100_000):  # bounded: what the service sent before the cut
+                    chunk = s.recv(1 << 20)
+                    if not chunk:
+                        break
+                    got += len(chunk)
+            assert got < big, "the whole answer came: the connection was not cut"
+        served_meanwhile_api(service)
+
+
+def served_meanwhile_api(service: ServiceThread) -> None:
+    r = httpx.get(f"{service.url}/v1/status", timeout=30)
+    assert r.status_code == 200, r.text[:300]

@@ -277,6 +277,8 @@ class ErrorDocHandler(web.RequestHandler):
         #: The tenants this connection is counted for (``hold_for_tenant``).
         self.tenants: set[str] = set()
         self.drain_s = drain_time(drain_s)
+        #: How long a client may read nothing of its answer before it is cut off.
+        self.answer_timeout_s = drain_s
         #: Whether the answer being made ends the connection with a request left unread.
         self.linger_after = False
         self.drain: Drain | None = None
@@ -396,7 +398,7 @@ class ErrorDocHandler(web.RequestHandler):
             # (The connection ends after this answer, drained below: the answer says so,
             # where it said keep-alive and a client sent its next request to a drain.)
             resp.force_close()
-        done = await super().finish_response(request, resp, start_time)
+        done = await self._answered(request, resp, start_time)
         transport = self.transport
         reset = done[1] if isinstance(done, tuple) else bool(done)  # (older aiohttp: reset)
         # An answer made before the request's body arrived whole (a wrong token's 401, a
@@ -419,6 +421,36 @@ class ErrorDocHandler(web.RequestHandler):
                 # (a broken one raised its error at aiohttp's own lingering read of it).
                 self.force_close()
         return done
+
+    async def _answered(
+        self, request: web.BaseRequest, resp: web.StreamResponse, start_time: float | None
+    ) -> Any:
+        """aiohttp's ``finish_response`` (the answer written), watched: a client that reads
+        nothing of its answer for ``answer_timeout_s`` (the body time-out) is cut off. An
+        answer waits in the connection's buffer until its client reads it, with no time
+        limit in aiohttp: a client that never read held its connection, and the answer's
+        memory (a 20-MB result), for good; a thousand such took the service's memory."""
+        sending = asyncio.ensure_future(super().finish_response(request, resp, start_time))
+        left = None
+        while True:
+            done, _ = await asyncio.wait({sending}, timeout=self.answer_timeout_s)
+            if done:
+                return sending.result()
+            transport = self.transport
+            unread = transport.get_write_buffer_size() if transport is not None else 0
+            if transport is None or unread == 0 or unread != left:
+                left = unread  # (it reads: wait on)
+                continue
+            log.info(
+                "%s %s: the client read nothing of its answer for %g s (the service's "
+                "--body-timeout-s), %d bytes unread; its connection is closed",
+                request.method,
+                request.path,
+                self.answer_timeout_s,
+                unread,
+            )
+            transport.abort()  # (the write waiting on it fails: aiohttp's answer ends)
+            return await sending
 
     async def shutdown(self, timeout: float | None = 15.0) -> None:
         if self.drain is not None:
