@@ -277,3 +277,11 @@ def test_an_oversized_body_is_a_413_naming_the_limit(svc: ServiceThread) -> None
         doc = r.json()
         assert r.status_code == 413 and doc["error"]["code"] == "http_413", doc
         assert "67,108,864 bytes (64 MiB)" in doc["error"]["message"], doc
+
+
+def test_a_path_that_is_no_route_is_a_404_naming_it(svc: ServiceThread) -> None:
+    """A typo'd path was answered "Not Found" alone, naming neither it nor the method."""
+    r = httpx.post(f"{svc.url}/v1/action", json={"endpoint": "echo", "payload": 1})
+    doc = r.json()
+    assert r.status_code == 404 and doc["error"]["code"] == "http_404", doc
+    assert "POST '/v1/action'" in doc["error"]["message"], doc

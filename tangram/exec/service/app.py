@@ -113,6 +113,11 @@ def http_error_response(
     if exc.status == 405 and allow:
         headers["Allow"] = allow
         message = f"{exc.reason}: {request.method} {request.path} takes {allow}"
+    elif exc.status == 404:  # (it said "Not Found" alone: a typo'd path went unnamed)
+        message = (
+            f"{exc.reason}: {request.method} {request.path[:200]!r} is no route of this "
+            "service (docs/live.md lists them)"
+        )
     doc = error_doc("http_" + str(exc.status), message)
     if sandbox:
         doc = {**sandbox_error(message), **doc}
