@@ -285,3 +285,24 @@ def test_a_path_that_is_no_route_is_a_404_naming_it(svc: ServiceThread) -> None:
     doc = r.json()
     assert r.status_code == 404 and doc["error"]["code"] == "http_404", doc
     assert "POST '/v1/action'" in doc["error"]["message"], doc
+
+
+@pytest.mark.parametrize("path", ["/v1/actions", "/run_code"])
+def test_a_body_its_content_encoding_does_not_describe_is_a_400(
+    svc: ServiceThread, path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A body sent with ``Content-Encoding: gzip`` that was not gzip was a 500 ``internal``
+    with a stack trace in the log (aiohttp's ``RequestPayloadError``), any client's to cause."""
+    import logging
+
+    caplog.set_level(logging.ERROR)
+    r = httpx.post(
+        svc.url + path,
+        content=b'{"endpoint": "echo", "payload": 1}',
+        headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+        timeout=30,
+    )
+    doc = r.json()
+    assert r.status_code == 400 and doc["error"]["code"] == "bad_request", doc
+    assert "content-encoding: gzip" in doc["error"]["message"], doc
+    assert "Traceback" not in caplog.text and not caplog.records, caplog.text

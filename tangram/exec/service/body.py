@@ -55,6 +55,14 @@ async def read_json(
             data = await request.read()
     except MalformedBody as exc:
         raise BadRequest(str(exc)) from None
+    except web.RequestPayloadError as exc:
+        # (A body its Content-Encoding does not describe, gzip that is not: a 500 with a
+        # stack trace in the log, any client's to cause.)
+        why = str(exc).split("message:", 1)[-1].strip()
+        raise BadRequest(
+            f"the request body is malformed: {why} (a body sent with Content-Encoding must be "
+            "compressed so; a plain JSON body takes none)"
+        ) from None
     except web.HTTPRequestEntityTooLarge:
         raise too_large(MAX_BODY_BYTES) from None
     except ConnectionResetError:
