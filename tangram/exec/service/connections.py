@@ -585,7 +585,8 @@ class GuardedSite(web.BaseSite):
         if count >= each:
             return (
                 f"tenant {name!r} has {count} connections open (the service's "
-                f"--tenant-max-connections is {each}); this one is closed, retry later"
+                f"--tenant-max-connections is {each}); nothing was accepted and this connection is "
+                "closed: retry later, on one of its open connections or once one closes"
             )
         self.per_tenant[name] = count + 1
         return None
