@@ -153,7 +153,7 @@ async def expect_handler(request: web.Request) -> web.StreamResponse | None:
         if exc.status != 417:
             raise
     expect = request.headers.get("Expect", "")[:100]
-    message = f"header 'Expect: {expect}' cannot be met: only '100-continue' is served"
+    message = f"header Expect: {expect!r} cannot be met: only '100-continue' is served"
     if request.path in OPENAI_PATHS:
         return openai_answer(request, OpenAiError(message, status=417, code="http_417"))
     doc = error_doc("http_417", message)
