@@ -50,6 +50,13 @@ CASES = [
         ["serve", "--client", "a=token-of-a", "--tenant-max-trajectories", "0"],
         "--tenant-max-trajectories",
     ),
+    (["serve", "--tenant-max-connections", "2"], "--tenant-max-connections"),
+    (
+        ["serve", "--client", "a=token-of-a", "--tenant-max-connections", "0"],
+        "--tenant-max-connections",
+    ),
+    # (Named the setting, max_connections_per_client, not the flag.)
+    (["serve", "--max-connections-per-client", "0"], "--max-connections-per-client"),
     (["bench", "robustness", "--instances", "1", "--warm-gpus", "hot"], "--warm-gpus"),
     # Refused after the progress bar started, naming no flag ("oversubscription must lie...").
     (

@@ -265,6 +265,18 @@ def check_flags(args: argparse.Namespace) -> None:
             "--tenant-max-trajectories must be at least 1",
         ),
         (
+            args.tenant_max_connections is not None and not args.clients,
+            "--tenant-max-connections bounds each tenant: give the tenants (--client NAME=TOKEN)",
+        ),
+        (
+            args.tenant_max_connections is not None and args.tenant_max_connections < 1,
+            "--tenant-max-connections must be at least 1",
+        ),
+        (
+            args.max_connections_per_client is not None and args.max_connections_per_client < 1,
+            "--max-connections-per-client must be at least 1",
+        ),
+        (
             bool(args.prewarm) and args.warm_pool == 0 and not args.no_cpu,
             "--prewarm parks containers in the warm pool, which --warm-pool 0 turns off "
             "(give --prewarm 0)",

@@ -87,11 +87,13 @@ def test_serve_on_ray_passes_the_tenant_bounds_to_the_service(monkeypatch: Any) 
     argv = ["serve", "--ray", "auto", "--no-journal", "--port", "0"]
     argv += ["--client", "a=" + "x" * 32, "--client", "b=" + "y" * 32]
     argv += ["--tenant-max-pending", "5", "--tenant-max-trajectories", "3"]
+    argv += ["--tenant-max-connections", "7"]
     args = build_parser().parse_args(argv)
     with pytest.raises(_Started):
         args.func(args)
     (config,) = seen
     assert config.http.tenant_max_pending == 5 and config.http.tenant_max_trajectories == 3
+    assert config.http.limits.tenant_max_connections == 7
     assert sorted(config.http.clients) == ["a", "b"]
 
 

@@ -57,6 +57,7 @@ def serve_on_ray(args: argparse.Namespace, token: str | None) -> int:
                 body_timeout_s=args.body_timeout_s,
                 max_connections=args.max_connections,
                 max_connections_per_client=getattr(args, "max_connections_per_client", None),
+                tenant_max_connections=getattr(args, "tenant_max_connections", None),
             ),
         )
         # Each node's agent runs its own AOE: the warm pool's bounds are per node, and each
