@@ -433,7 +433,11 @@ class ErrorDocHandler(web.RequestHandler):
         sending = asyncio.ensure_future(super().finish_response(request, resp, start_time))
         left = None
         while True:
-            done, _ = await asyncio.wait({sending}, timeout=self.answer_timeout_s)
+            try:
+                done, _ = await asyncio.wait({sending}, timeout=self.answer_timeout_s)
+            except asyncio.CancelledError:  # (the service stops: the write stops with it)
+                sending.cancel()
+                raise
             if done:
                 return sending.result()
             transport = self.transport
