@@ -13,6 +13,8 @@ import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -926,3 +928,40 @@ def test_a_client_that_never_reads_its_answer_is_cut_off(
 def served_meanwhile_api(service: ServiceThread) -> None:
     r = httpx.get(f"{service.url}/v1/status", timeout=30)
     assert r.status_code == 200, r.text[:300]
+
+
+def test_a_client_that_never_reads_the_trace_is_cut_off(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``GET /v1/trace`` streams the trace's copy on disk in 1-MiB chunks, each write waiting
+    for the client with no time limit: one that never read held its connection and the copy
+    for good. One that takes nothing of a chunk for --body-timeout-s is cut off now."""
+    big = 16 << 20
+    limits = ConnectionLimits(header_timeout_s=60.0, body_timeout_s=1.0, max_connections=16)
+    caplog.set_level(logging.INFO, logger="tangram.exec.service.app")
+    with served(limits) as service:
+        assert service.runtime is not None
+
+        def fake_trace(path: Any) -> Any:
+            Path(path).write_bytes(b"x" * big)
+            return Path(path)
+
+        monkeypatch.setattr(service.runtime, "write_trace", fake_trace)
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.settimeout(10.0)
+        s.connect(address(service))
+        with s:
+            s.sendall(b"GET /v1/trace HTTP/1.1\r\nHost: x\r\n\r\n")
+            end = time.monotonic() + DEADLINE_S  # bounded: the cut is logged
+            while "read nothing of its answer" not in caplog.text and time.monotonic() < end:
+                time.sleep(0.1)
+            got = 0
+            with contextlib.suppress(OSError):
+                for _ in range(100_000):  # bounded: what the service sent before the cut
+                    chunk = s.recv(1 << 20)
+                    if not chunk:
+                        break
+                    got += len(chunk)
+            assert got < big, "the whole trace came: the connection was not cut"
+        served_meanwhile_api(service)

@@ -602,9 +602,30 @@ class ServiceApp:
             await response.prepare(request)
             with path.open("rb") as f:
                 while chunk := await loop.run_in_executor(None, f.read, TRACE_CHUNK_BYTES):
-                    await response.write(chunk)
+                    await self._send_chunk(request, response, chunk)
             await response.write_eof()
             return response
+
+    async def _send_chunk(
+        self, request: web.Request, response: web.StreamResponse, chunk: bytes
+    ) -> None:
+        """Write ``chunk`` of a streamed answer; a client that takes none of it within the
+        body time-out is cut off (``ConnectionResetError``, its connection aborted): one that
+        never read the trace held its connection, and the trace's copy on disk, for good."""
+        try:
+            async with asyncio.timeout(self.body_timeout_s):
+                await response.write(chunk)
+        except TimeoutError:
+            log.info(
+                "%s %s: the client read nothing of its answer for %g s (the service's "
+                "--body-timeout-s); its connection is closed",
+                request.method,
+                request.path,
+                self.body_timeout_s,
+            )
+            if request.transport is not None:
+                request.transport.abort()
+            raise ConnectionResetError("the client did not read its answer") from None
 
     async def save_trace(self, request: web.Request) -> web.Response:
         _operator_only(request, "the trace")
