@@ -137,3 +137,41 @@ def test_a_large_result_is_encoded_off_the_loop(monkeypatch: pytest.MonkeyPatch)
             assert r.json()["outcome"]["result"] == [[0.5] * 64] * n
             assert r.headers["Content-Type"].startswith("application/json"), r.headers
     assert len(threads) == 2 and threads[0] == loop_thread and threads[1] != loop_thread, threads
+
+
+def test_a_large_run_code_requests_checks_run_off_the_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``/run_code`` checked its body on the loop (``parse_run_code``: its files' base64,
+    up to 64 MiB, decoded there, ~0.2 s), every other client's requests waiting. A large
+    body's checks run in the worker thread now; a small one's on the loop."""
+    import base64
+
+    import httpx
+
+    from tangram.core.resources import ApiEndpointSpec, ClusterSpec
+    from tangram.exec.runtime import ApiExecutor, Runtime, RuntimeConfig
+    from tangram.exec.runtime.api import echo
+    from tangram.exec.service import ServeOptions, ServiceThread
+    from tangram.exec.service import app as service_app
+
+    threads: list[int] = []
+    real = service_app.parse_run_code
+
+    def spy(*args: object) -> object:
+        threads.append(threading.get_ident())
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(service_app, "parse_run_code", spy)
+    cluster = ClusterSpec(name="b", apis=(ApiEndpointSpec("echo", concurrency=4),))
+
+    def make() -> Runtime:
+        return Runtime(cluster, RuntimeConfig(), api=ApiExecutor({"echo": echo}))
+
+    with ServiceThread(make, ServeOptions(port=0)) as service:
+        assert service._thread is not None
+        loop_thread = service._thread.ident
+        for size in (10, body.THREAD_BYTES):
+            files = {"data.bin": base64.b64encode(b"x" * size).decode()}
+            httpx.post(service.url + "/run_code", json={"code": "1", "files": files}, timeout=60)
+    assert len(threads) == 2 and threads[0] == loop_thread and threads[1] != loop_thread, threads
