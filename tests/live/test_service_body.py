@@ -175,3 +175,52 @@ def test_a_large_run_code_requests_checks_run_off_the_loop(
             files = {"data.bin": base64.b64encode(b"x" * size).decode()}
             httpx.post(service.url + "/run_code", json={"code": "1", "files": files}, timeout=60)
     assert len(threads) == 2 and threads[0] == loop_thread and threads[1] != loop_thread, threads
+
+
+def test_run_codes_large_files_are_encoded_off_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``/run_code`` encoded its files for upload (base64, up to 64 MiB of it) and its
+    answer's fetched files (up to 43 MB of base64 text) on the loop, ~0.1-0.15 s each, every
+    other client's requests waiting. Both run in a worker thread when large."""
+    import base64
+
+    import httpx
+
+    from tangram.core.resources import ApiEndpointSpec, ClusterSpec
+    from tangram.exec.runtime import ApiExecutor, Runtime, RuntimeConfig
+    from tangram.exec.runtime.api import echo
+    from tangram.exec.service import ServeOptions, ServiceThread, sandbox_fusion
+    from tangram.exec.service import app as service_app
+
+    uploads: list[int] = []
+    encodes: list[int] = []
+    real_upload, real_dumps = sandbox_fusion._upload_commands, service_app.dumps
+
+    def upload_spy(files: dict[str, bytes]) -> object:
+        uploads.append(threading.get_ident())
+        return real_upload(files)
+
+    def dumps_spy(doc: object) -> str:
+        encodes.append(threading.get_ident())
+        return real_dumps(doc)
+
+    monkeypatch.setattr(sandbox_fusion, "_upload_commands", upload_spy)
+    monkeypatch.setattr(service_app, "dumps", dumps_spy)
+    cluster = ClusterSpec(name="b", apis=(ApiEndpointSpec("echo", concurrency=4),))
+
+    def make() -> Runtime:
+        return Runtime(cluster, RuntimeConfig(), api=ApiExecutor({"echo": echo}))
+
+    with ServiceThread(make, ServeOptions(port=0)) as service:
+        assert service._thread is not None
+        loop_thread = service._thread.ident
+        files = {"data.bin": base64.b64encode(b"x" * body.THREAD_BYTES).decode()}
+        httpx.post(service.url + "/run_code", json={"code": "1", "files": files}, timeout=60)
+
+        async def fetched(*args: object, **kwargs: object) -> dict[str, object]:
+            return {"status": "Success", "message": "", "files": files}
+
+        monkeypatch.setattr(service_app, "run_code", fetched)
+        r = httpx.post(service.url + "/run_code", json={"code": "1"}, timeout=60)
+        assert r.status_code == 200 and r.json()["files"] == files
+    assert uploads and all(t != loop_thread for t in uploads), (uploads, loop_thread)
+    assert encodes and all(t != loop_thread for t in encodes), (encodes, loop_thread)
