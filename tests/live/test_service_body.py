@@ -16,6 +16,7 @@ from tangram.exec.service import body
 class _Request:
     def __init__(self, data: bytes) -> None:
         self.data = data
+        self.headers: dict[str, str] = {}  # (read_json checks its Content-Encoding)
 
     async def read(self) -> bytes:
         return self.data

@@ -306,3 +306,21 @@ def test_a_body_its_content_encoding_does_not_describe_is_a_400(
     assert r.status_code == 400 and doc["error"]["code"] == "bad_request", doc
     assert "content-encoding: gzip" in doc["error"]["message"], doc
     assert "Traceback" not in caplog.text and not caplog.records, caplog.text
+
+
+@pytest.mark.parametrize("coding", ["xyz", "x-gzip", "gzip, br"])
+def test_a_content_encoding_the_service_does_not_decode_is_a_400_naming_it(
+    svc: ServiceThread, coding: str
+) -> None:
+    """A Content-Encoding aiohttp does not decode was ignored: the body was read as it came,
+    a plain one accepted as if the header said nothing, a compressed one refused as "not
+    valid UTF-8". It is a 400 naming the header, and nothing is accepted."""
+    r = httpx.post(
+        svc.url + "/v1/actions",
+        content=b'{"endpoint": "echo", "payload": 1}',
+        headers={"Content-Type": "application/json", "Content-Encoding": coding},
+        timeout=30,
+    )
+    doc = r.json()
+    assert r.status_code == 400 and doc["error"]["code"] == "bad_request", doc
+    assert "Content-Encoding" in doc["error"]["message"] and coding in doc["error"]["message"]

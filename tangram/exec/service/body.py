@@ -50,6 +50,7 @@ async def read_json(
     """The body's JSON (None for an empty body when ``optional``), or ``then`` of it: run
     where the parse runs, off the event loop for a large body (turning a GPU call's million
     numbers into a tensor took the loop ~0.7 s, every other client's requests waiting)."""
+    check_encoding(request.headers.get("Content-Encoding"))
     try:
         async with asyncio.timeout(timeout_s):
             data = await request.read()
@@ -89,6 +90,22 @@ async def read_json(
     if len(data) > THREAD_BYTES:
         return await asyncio.to_thread(parse)
     return parse()
+
+
+#: The Content-Encoding values aiohttp decodes (one coding, as written; "identity": none).
+DECODED = frozenset({"identity", "gzip", "deflate", "br", "zstd"})
+
+
+def check_encoding(value: str | None) -> None:
+    """``BadRequest`` naming the header unless ``value`` is a coding aiohttp decodes: any
+    other (``x-gzip``, ``gzip, br``, ``xyz``) was passed on as it came, read as plain JSON,
+    accepted when it was, else refused as "not valid UTF-8", naming the wrong thing."""
+    if value is None or value.strip() == "" or value.strip().lower() in DECODED:
+        return
+    raise BadRequest(
+        f"header Content-Encoding: {value[:100]!r} is not a coding this service decodes: "
+        f"send one of {', '.join(sorted(DECODED - {'identity'}))}, or none"
+    )
 
 
 def too_large(limit: int) -> web.HTTPRequestEntityTooLarge:
