@@ -338,6 +338,22 @@ def clients_of(given: list[str], token: str | None) -> dict[str, str]:
     return clients
 
 
+def served_services(models: list[str]) -> list[Any]:
+    """The example services and each ``--model``'s. A ``--model`` named as an example
+    (``reward``, ``teacher``) replaces it: a user's teacher is naturally called "teacher", and
+    registered beside the example it failed at start ("service 'teacher' is already
+    registered", naming no flag). A name given twice is refused naming ``--model``."""
+    from tangram.exec.eoe.hf import service_from_arg
+    from tangram.exec.runtime import default_services
+
+    specs = [service_from_arg(m).spec for m in models]
+    names = [spec.name for spec in specs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"--model: service name {twice[0]!r} is given twice")
+    return [*(s for s in default_services() if s.name not in names), *specs]
+
+
 def run(args: argparse.Namespace) -> int:
     from tangram.core.cluster_file import load_cluster
     from tangram.exec.runtime import discover_cluster
@@ -379,12 +395,7 @@ def serve_locally(
     # (Checked before the runtime is built: refused after it, they left its executors running,
     # AOE's warm containers in Docker after the process exited.)
     opts = serve_options(args, token)
-    services = None
-    if args.model:
-        from tangram.exec.eoe.hf import service_from_arg
-        from tangram.exec.runtime import default_services
-
-        services = [*default_services(), *(service_from_arg(m).spec for m in args.model)]
+    services = served_services(args.model) if args.model else None
     from tangram.exec.aoe import AoeConfig
     from tangram.exec.aoe.config import WarmPoolConfig
 

@@ -374,6 +374,22 @@ def test_serve_model_arguments_name_kind_and_path(dirs: dict[str, Path]) -> None
             service_from_arg(bad)
 
 
+def test_a_served_model_named_as_an_example_replaces_it(dirs: dict[str, Path]) -> None:
+    # tangram serve registers its examples (reward, teacher) beside every --model: a user's
+    # teacher called "teacher" failed at start ("service 'teacher' is already registered",
+    # naming no flag). It now replaces the example; a name given twice is refused.
+    from tangram.exec.service_cli import served_services
+
+    services = served_services([f"teacher=teacher:{dirs['teacher']}"])
+    by_name = {spec.name: spec for spec in services}
+    assert sorted(by_name) == ["reward", "teacher"]
+    assert by_name["teacher"].frontend.path == dirs["teacher"]
+    both = served_services([f"t=teacher:{dirs['teacher']}", f"j=reward:{dirs['reward']}"])
+    assert sorted(spec.name for spec in both) == ["j", "reward", "t", "teacher"]
+    with pytest.raises(ValueError, match="--model: service name 't' is given twice"):
+        served_services([f"t=teacher:{dirs['teacher']}", f"t=reward:{dirs['reward']}"])
+
+
 def test_the_backup_is_read_straight_from_the_safetensors_not_from_a_loaded_model(
     dirs: dict[str, Path],
 ) -> None:
