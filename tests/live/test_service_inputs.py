@@ -405,5 +405,5 @@ def test_another_resources_fields_sent_as_null_are_absent(svc: ServiceThread) ->
     assert (spec.resource, spec.work.payload) == ("api", 1)
     spec, _ = parse_action({**ALL_NULL, "service": "m", "inputs": [1]}, max_output_bytes=CAP)
     assert spec.resource == "gpu"
-    with pytest.raises(BadRequest, match="unknown field 'bogus'"):  # (a typo still is one)
-        parse_action({"endpoint": "echo", "bogus": None}, max_output_bytes=CAP)
+    with pytest.raises(BadRequest, match="unknown field 'bogus' for an api action"):
+        parse_action({"endpoint": "echo", "bogus": None}, max_output_bytes=CAP)  # (a typo)

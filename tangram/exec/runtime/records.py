@@ -208,7 +208,7 @@ class ActionSpec:
         if self.malleable and self.resource != "cpu":
             raise BadRequest(
                 f"malleable: only a cpu action can be malleable (its cores resized while it "
-                f"runs); this one is a {self.resource} action"
+                f"runs); this one's resource is {self.resource!r}"
             )
         t1 = self.elasticity().t1  # raises BadRequest for a bad curve
         if t1 > TIME_MAX_S:

@@ -115,7 +115,7 @@ def parse_action(body: Any, *, max_output_bytes: int) -> tuple[ActionSpec, float
     )
     if unknown:
         raise BadRequest(
-            f"unknown field {unknown[0]!r} for a {resource} action; allowed: {sorted(allowed)}"
+            f"unknown field {unknown[0]!r} for {_a(resource)} action; allowed: {sorted(allowed)}"
         )
     work = WORK_PARSERS[resource](body, max_output_bytes)
     number = (int, float)
@@ -307,3 +307,8 @@ def state_doc(action_id: str, state: str, outcome: Outcome | None) -> dict[str, 
         "state": state,
         "outcome": outcome_doc(outcome) if outcome is not None else None,
     }
+
+
+def _a(word: str) -> str:
+    """``word`` with its indefinite article ("an api", "a gpu")."""
+    return f"an {word}" if word[:1] in "aeiou" else f"a {word}"
