@@ -412,7 +412,7 @@ def test_split_and_merge_refuse_a_structure_holding_itself_or_nested_too_deep() 
     looped["again"] = (looped,)
     with pytest.raises(UnmappableValueError, match="holds a dict that contains itself"):
         split_batch(looped, 2)
-    assert batch_problem(looped) == "it holds a dict that contains itself"
+    assert batch_problem(looped) == "they hold a dict that contains itself"
     with pytest.raises(UnmappableValueError, match="holds a dict that contains itself"):
         merge_batch([looped, looped])
     for call in (lambda: split_batch(_deep(), 2), lambda: merge_batch([_deep(), _deep()])):

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 
 from tangram.core.resources import (
     ApiEndpointSpec,
@@ -569,3 +570,34 @@ def test_an_action_started_with_no_time_left_ends_as_never_started_without_its_e
         assert rt.scheduler.state.api["echo"].in_flight == 0, "its slot was given back"
 
     with_executor(Counting({"echo": echo}), body)
+
+
+@pytest.mark.parametrize(
+    ("inputs", "problem"),
+    [
+        ({"input_ids": torch.zeros(2, 3), "attention_mask": torch.zeros(3, 3)}, "[2, 3]"),
+        ("looped", "contains itself"),
+    ],
+)
+def test_inputs_that_cannot_be_cut_are_refused_saying_plainly_what_is_wrong(
+    inputs: Any, problem: str
+) -> None:
+    """The refusal read "inputs of 'model': it holds a dict that contains itself; a call that
+    ... is cut along its batch, which needs one batch size": a looped dict was told to have
+    one batch size, and "it" named nothing. Now it names the inputs, what is wrong with them,
+    why it matters (the call may be cut along its batch) and the way out (max_units 1)."""
+    if inputs == "looped":
+        inputs = {"input_ids": torch.zeros(2, 3)}
+        inputs["self"] = inputs
+    gpu = gpu_executor(4, (1, 2))
+    try:
+        with pytest.raises(BadRequest) as refused:
+            gpu.admit(ActionSpec(GpuWork("model", inputs), max_units=2), None, CLUSTER)
+        message = str(refused.value)
+        assert message.startswith("the inputs of GPU service 'model' cannot be cut along")
+        assert problem in message and "max_units 1" in message
+        assert "contains itself;" not in message and "it holds" not in message
+        if problem == "contains itself":
+            assert "one batch size" not in message  # a loop is no batch-size mismatch
+    finally:
+        gpu.shutdown()

@@ -270,9 +270,21 @@ def batch_problem(inputs: Any) -> str | None:
     try:
         with walking():
             _batch_len(inputs)
-    except (TypeError, UnmappableValueError) as exc:  # (a RecursionError left admission)
+    except TypeError as exc:  # ("the parts of the inputs have different batch sizes [..]")
         return str(exc)
+    except UnmappableValueError as exc:  # (a RecursionError left admission)
+        return _about_the_inputs(str(exc))
     return None
+
+
+def _about_the_inputs(problem: str) -> str:
+    """``problem`` (an ``UnmappableValueError``'s "it holds ..." / "it is ...", "it" the
+    value being walked) said of the inputs, for a refusal that names them: a bare "it"
+    after the service's name named nothing."""
+    for said, of_inputs in (("it holds ", "they hold "), ("it is ", "they are ")):
+        if problem.startswith(said):
+            return of_inputs + problem[len(said) :]
+    return problem
 
 
 @contextlib.contextmanager

@@ -105,9 +105,10 @@ class GpuExecutor:
             problem = batch_problem(work.inputs)
             if problem is not None:  # else it would fail on 2 GPUs and run on 1
                 raise BadRequest(
-                    f"inputs of {work.service!r}: {problem}; a call that may get more than "
-                    f"one GPU (max_units {spec.max_units}) is cut along its batch, which "
-                    "needs one batch size (or send max_units 1)"
+                    f"the inputs of GPU service {work.service!r} cannot be cut along their "
+                    f"batch: {problem}. A call that may get more than one GPU (max_units "
+                    f"{spec.max_units}) is cut into one piece per GPU along dim 0 of its "
+                    "tensors and lists; send max_units 1 to run it whole on one GPU"
                 )
         return Admission(
             ResourceKind.GPU,
