@@ -161,16 +161,19 @@ class AllocatorDevice(CpuDevice):
 
 
 class CountedEngine:
-    """An engine of ``weight_bytes`` that allocates them on ``device`` while awake."""
+    """An engine of ``weight_bytes`` that allocates them on ``device`` while awake. Its sleep
+    on an engine asleep does nothing, as the ``Engine`` protocol asks (vLLM's executor
+    ignores a sleep while it sleeps; ``ModuleEngine``'s empties tensors already empty)."""
 
     def __init__(self, device: AllocatorDevice, weight_bytes: int) -> None:
         self.device, self.weight_bytes = device, weight_bytes
+        self.held = 0
 
     def wake_up(self) -> None:
-        self.device.engines += self.weight_bytes
+        self.held, self.device.engines = self.weight_bytes, self.device.engines + self.weight_bytes
 
     def sleep(self) -> None:
-        self.device.engines -= self.weight_bytes
+        self.held, self.device.engines = 0, self.device.engines - self.held
 
     def __call__(self, inputs: Any) -> Any:
         return inputs
@@ -392,6 +395,39 @@ def test_an_engine_whose_weight_bytes_are_no_byte_count_is_refused_naming_them(
         with pytest.raises(ServiceSpecError, match=r"weight_bytes must be a byte count.*got"):
             m.register(spec)
         assert m.services() == () and m._host_bytes == 0
+
+
+class HalfWakingEngine(CountedEngine):
+    """An engine whose wake-up allocates its weights, then raises (a copy or a step after the
+    copies failing), while ``fail`` is set."""
+
+    fail = True
+
+    def wake_up(self) -> None:
+        super().wake_up()
+        if self.fail:
+            raise RuntimeError("engine error partway through waking up")
+
+
+def test_an_engine_whose_wake_up_raises_partway_is_put_back_to_sleep() -> None:
+    """A wake-up that raised after allocating left the engine marked asleep: the failed
+    restore's clean-up (which puts an engine marked awake back to sleep) skipped it, and its
+    memory stayed allocated on its GPU outside every claim (foreign to every later plan
+    there) until its next eviction. It is now put back to sleep; the call fails with
+    RestoreError, the books as they were, and the next call (the engine healthy) runs."""
+    device = AllocatorDevice(0, 4 * MIB)
+    engine = HalfWakingEngine(device, MIB)
+    with EoeManager(devices=[device]) as m:
+        m.register(engine_spec("a", lambda: engine, home=0, memory_bytes=MIB))
+        out = m.call("a", 1)
+        assert isinstance(out.error, RestoreError) and "partway" in out.message, out
+        assert device.engines == 0, "the half-woken engine's memory stayed allocated"
+        assert m.stats().devices[0].claimed_bytes == 0 and m.residency() == {}
+        assert not m._service("a").backup.awake
+        engine.fail = False
+        assert m.call("a", 2, timeout_s=5).ok and device.engines == MIB
+        m.evict("a")
+        assert device.engines == 0 and m.stats().devices[0].claimed_bytes == 0
 
 
 class ExitingEngine(CountedEngine):

@@ -43,7 +43,9 @@ class Engine(Protocol):
         """Weights back on the engine's GPU (blocks until they are there)."""
 
     def sleep(self) -> None:
-        """Weights to host memory, the GPU memory freed (blocks until it is)."""
+        """Weights to host memory, the GPU memory freed (blocks until it is). It must be safe
+        on an engine asleep or partly woken: it is called after a ``wake_up`` that raised
+        (or was interrupted), which may have allocated part or all of the weights."""
 
     def __call__(self, inputs: Any) -> Any:
         """One call on awake weights."""
@@ -98,7 +100,16 @@ class EngineBackup:
         # Marked awake in the statement that wakes it: on the next line, an interrupt in
         # between left an engine awake that nothing put back to sleep, its memory allocated
         # outside every claim.
-        _, self.awake = self.engine.wake_up(), True
+        try:
+            _, self.awake = self.engine.wake_up(), True
+        except BaseException:
+            # A wake-up that raised (or was interrupted) may have allocated part or all of
+            # the weights: marked awake, so the failed restore's clean-up puts it back to
+            # sleep (EoeManager._sleep_if_unused; a sleep on a partly woken or asleep engine
+            # is safe, see Engine.sleep). Left unmarked, that memory stayed allocated outside
+            # every claim until the engine's next eviction.
+            self.awake = True
+            raise
         return self.engine, _NoBuffer()
 
     def recycle(self, module: Any) -> None:
@@ -181,6 +192,7 @@ class ModuleEngine:
             torch.cuda.synchronize(self.device)
 
     def sleep(self) -> None:
+        """Every tensor emptied: safe asleep or partly woken (as ``Engine.sleep`` asks)."""
         import torch
 
         self._set(lambda name: torch.empty(0, dtype=self._host[name].dtype))
@@ -215,6 +227,10 @@ class VllmEngine:
         self.llm.wake_up()
 
     def sleep(self) -> None:
+        """``llm.sleep(level=1)``: safe asleep, as ``Engine.sleep`` asks (vLLM's executor
+        ignores a sleep while it sleeps). A ``wake_up`` that raised inside vLLM leaves its
+        executor marked asleep, so this sleep does nothing then: what that wake-up had
+        mapped stays until vLLM frees it (vLLM's own limit, not seen by Tangram)."""
         self.llm.sleep(level=1)
 
     def __call__(self, inputs: Any) -> Any:

@@ -630,7 +630,8 @@ class EoeManager:
 
     def _sleep_if_unused(self, svc: Service) -> None:
         """Put ``svc``'s engine back to sleep when it is awake with no replica booked: it woke
-        for a restore that then failed (an interrupt after its wake-up), or an eviction's
+        for a restore that then failed (an interrupt after its wake-up, or its wake-up raised
+        partway: ``EngineBackup.restore`` marks it awake then), or an eviction's
         sleep was interrupted. Its memory stayed allocated outside every claim (foreign to
         every later plan on its GPU) until its next restore. The caller holds the engine's
         GPU's device lock, so no restore or eviction of it runs meanwhile. A sleep that
