@@ -442,3 +442,55 @@ def test_the_shard_hook_refuses_inputs_holding_themselves_naming_it() -> None:
     shared = [torch.ones(2)]
     args, kwargs = _to_own_device(layer, (shared, shared), {"y": shared})
     assert torch.equal(args[1][0], torch.ones(2)) and torch.equal(kwargs["y"][0], torch.ones(2))
+
+
+def _meta_only(module: nn.Module) -> bool:
+    return all(t.device.type == "meta" for t in [*module.parameters(), *module.buffers()])
+
+
+@pytest.mark.parametrize("method", ["assemble", "restore", "_skeleton"])
+def test_an_interrupt_anywhere_assembling_or_restoring_keeps_the_spare_skeleton(
+    method: str,
+) -> None:
+    """HostBackup.assemble (a sharded call's model, over its shards' buffers) and restore
+    took a spare skeleton and filled it: an interrupt (a KeyboardInterrupt) before it was
+    returned lost the skeleton, no longer a spare (the next restore paid a deep copy of the
+    template), its tensors still pointing at device buffers. An interrupt at any line of
+    these (but a handler's) now leaves the spare among the spares, holding no device tensor,
+    as recycle does."""
+    import inspect
+
+    from tests.interrupts import interrupted_at, interruptible_lines
+
+    function = getattr(HostBackup, method)
+    source, first = inspect.getsourcelines(function)
+    handlers = {
+        ln
+        for i, t in enumerate(source)
+        if t.strip() == "except BaseException:"
+        for ln in range(first + i, first + i + 3)
+    }
+    code = function.__code__
+    lines = [ln for ln in interruptible_lines(code) if ln not in handlers]
+    assert lines
+    model = build_model("TeacherLM", "tiny", seed=5)
+    backup = HostBackup(model, pin=False, shards=2 if method == "assemble" else 1)
+    device = CpuDevice(0, 64 << 20)
+    storages = (
+        [backup.restore(device, shard=i)[1] for i in range(2)] if method == "assemble" else []
+    )
+    for line in lines:
+        spares = list(backup._spares)
+        assert len(spares) == 1
+        got: list[nn.Module] = []
+        with interrupted_at(code, line):
+            if method == "assemble":
+                got.append(backup.assemble(storages))
+            elif method == "restore":
+                got.append(backup.restore(device)[0])
+            else:
+                got.append(backup._skeleton()[0])
+        for module in got:  # (not interrupted: the caller gives it back)
+            backup.recycle(module)
+        assert backup._spares == spares, line
+        assert _meta_only(spares[0]), line

@@ -234,8 +234,9 @@ class HostBackup:
         """A weightless module and, per slot, the (table, key) pairs that hold its tensor."""
         with self._lock:
             if self._spares:
-                module = self._spares.pop()
-                return module, self._owners[module]
+                # Popped and returned in one statement: an interrupt on a line between the
+                # two lost the spare (the next restore paid a deep copy of the template).
+                return (module := self._spares.pop()), self._owners[module]
         module, owners = self._skeleton_of(copy.deepcopy(self.template))
         with self._lock:
             self._owners[module] = owners
@@ -308,10 +309,14 @@ class HostBackup:
                 self._attach(owners, storage)
             if sync:
                 device.synchronize()
+            return module, storage  # (in the try: an interrupt on its line is handled)
         except BaseException:
-            module = storage = None  # noqa: F841 (free the buffer before the error propagates)
+            # The skeleton goes back to the spares, detached (it was lost, its tensors still
+            # on the buffer), and the buffer is freed before the error propagates.
+            if module is not None:
+                self.recycle(module)
+            module = storage = None
             raise
-        return module, storage
 
     def assemble(self, storages: list[torch.Tensor]) -> torch.nn.Module:
         """The whole model over the device buffers of its shards (in shard order), for one call;
@@ -321,16 +326,22 @@ class HostBackup:
         if len(storages) != self.shards:
             raise ValueError(f"{len(storages)} buffers for {self.shards} shards")
         module, owners = self._skeleton()
-        starts = [a for a, _ in self.shard_ranges]
-        for slot, places in zip(self.slots, owners, strict=True):
-            i = bisect.bisect_right(starts, slot.offset) - 1
-            off = slot.offset - starts[i]
-            value = storages[i][off : off + slot.nbytes].view(slot.dtype).view(slot.shape)
-            if slot.is_parameter:
-                value = torch.nn.Parameter(value, requires_grad=False)
-            for table, leaf in places:
-                table[leaf] = value
-        return module
+        try:
+            starts = [a for a, _ in self.shard_ranges]
+            for slot, places in zip(self.slots, owners, strict=True):
+                i = bisect.bisect_right(starts, slot.offset) - 1
+                off = slot.offset - starts[i]
+                value = storages[i][off : off + slot.nbytes].view(slot.dtype).view(slot.shape)
+                if slot.is_parameter:
+                    value = torch.nn.Parameter(value, requires_grad=False)
+                for table, leaf in places:
+                    table[leaf] = value
+            return module  # (in the try: an interrupt on its line is handled)
+        except BaseException:
+            # An interrupt (or a failure) lost the skeleton, no longer a spare and pointing
+            # at the shards' buffers: it goes back to the spares, detached, as recycle does.
+            self.recycle(module)
+            raise
 
     def host_module(self) -> torch.nn.Module:
         """A module on the host whose weights are views of the backup (for references/tests)."""
