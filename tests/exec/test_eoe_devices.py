@@ -246,3 +246,34 @@ def test_an_interrupt_as_a_cpu_device_buffer_is_freed_keeps_its_count_right() ->
             sys.settrace(None)
         assert dev.allocated_bytes() == 0, fired
     assert dev.alloc(1 << 20).numel() == 1 << 20  # the whole budget is there
+
+
+def _fake_cuda(monkeypatch: pytest.MonkeyPatch, total: int) -> None:
+    """torch reporting one CUDA GPU of ``total`` bytes (NVML seeing none), on a CPU host."""
+    from tangram.exec.eoe import devices
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i=None: (total // 2, total))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=None: "Fake GPU")
+    monkeypatch.setattr(devices, "nvml_gpus", lambda: ())
+
+
+def test_a_cuda_budget_above_the_gpus_memory_is_refused_naming_both(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With backend cuda, device_memory_bytes larger than the GPU's memory was taken without
+    a word: every plan then counted on memory the GPU lacks, and calls failed with CUDA's
+    out-of-memory error instead of waiting for an eviction. Refused now, naming the field,
+    its value, the GPU and its memory as reported; a budget within it is kept as given."""
+    total = 16 << 30
+    _fake_cuda(monkeypatch, total)
+    with pytest.raises(ValueError) as refused:
+        open_devices(EoeConfig(backend="cuda", device_memory_bytes=total + 1))
+    message = str(refused.value)
+    assert "device_memory_bytes" in message and str(total + 1) in message, message
+    assert str(total) in message and "GPU 0" in message and "Fake GPU" in message, message
+    (device,) = open_devices(EoeConfig(backend="cuda", device_memory_bytes=total))
+    assert device.budget_bytes == total
+    (device,) = open_devices(EoeConfig(backend="cuda", memory_fraction=0.5))
+    assert device.budget_bytes == total // 2

@@ -365,10 +365,28 @@ def open_devices(config: EoeConfig) -> list[Device]:
     for i in range(count):
         gpu = nvml.get(i)
         total = gpu.total_bytes if gpu else int(torch.cuda.mem_get_info(i)[1])
-        budget = config.device_memory_bytes or int(total * config.memory_fraction)
         name = gpu.name if gpu else torch.cuda.get_device_name(i)
+        budget = cuda_budget(config, i, name, total)
         devices.append(CudaDevice(i, name, budget, nvml_index=gpu.index if gpu else None))
     return devices
+
+
+def cuda_budget(config: EoeConfig, index: int, name: str, total: int) -> int:
+    """The budget of CUDA GPU ``index`` (``name``, ``total`` bytes as NVML or torch report):
+    ``config.device_memory_bytes``, or ``memory_fraction`` of ``total``. ``ValueError`` for
+    a ``device_memory_bytes`` above ``total``: it was taken without a word, every plan then
+    counted on memory the GPU lacks, and calls failed with CUDA's out-of-memory error where
+    an eviction would have made room. (Refused, not clamped: a budget the user set and the
+    GPU cannot give is a mistake in the setting, and a clamp would hide which.)"""
+    asked = config.device_memory_bytes
+    if asked is None:
+        return int(total * config.memory_fraction)
+    if asked > total:
+        raise ValueError(
+            f"device_memory_bytes {asked} is more than GPU {index} ({name}) has: {total} bytes "
+            "in all; set it to at most that, or leave it unset for memory_fraction of it"
+        )
+    return asked
 
 
 @contextlib.contextmanager
