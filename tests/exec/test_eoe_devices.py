@@ -277,3 +277,16 @@ def test_a_cuda_budget_above_the_gpus_memory_is_refused_naming_both(
     assert device.budget_bytes == total
     (device,) = open_devices(EoeConfig(backend="cuda", memory_fraction=0.5))
     assert device.budget_bytes == total // 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a host that cannot pin memory")
+def test_pinning_asked_for_on_a_host_that_cannot_pin_is_refused_naming_the_setting() -> None:
+    """pin_host_memory=True on a host without CUDA was accepted, and every register then
+    failed with torch's bare 'pin_memory=True requires a CUDA or other accelerator backend',
+    naming no setting of ours. Refused when the manager is made, naming pin_host_memory."""
+    from tangram.exec.eoe import EoeManager
+
+    config = EoeConfig(backend="cpu", devices=1, pin_host_memory=True)
+    with pytest.raises(ValueError, match="pin_host_memory=True.*cannot page-lock"):
+        EoeManager(config)
+    EoeManager(EoeConfig(backend="cpu", devices=1, pin_host_memory=False)).close()

@@ -371,6 +371,21 @@ def open_devices(config: EoeConfig) -> list[Device]:
     return devices
 
 
+def check_pinning() -> None:
+    """``ValueError`` naming ``pin_host_memory`` when this host cannot page-lock memory (no
+    CUDA or other accelerator): asked for anyway, every register failed with torch's bare
+    RuntimeError, naming no setting. Probed with one pinned byte, torch's own answer."""
+    import torch
+
+    try:
+        torch.empty(1, dtype=torch.uint8, pin_memory=True)
+    except RuntimeError as exc:
+        raise ValueError(
+            "pin_host_memory=True, but this host cannot page-lock memory (torch: "
+            f"{str(exc)[:200]}); leave it unset (pinned on cuda only) or set it False"
+        ) from None
+
+
 def cuda_budget(config: EoeConfig, index: int, name: str, total: int) -> int:
     """The budget of CUDA GPU ``index`` (``name``, ``total`` bytes as NVML or torch report):
     ``config.device_memory_bytes``, or ``memory_fraction`` of ``total``. ``ValueError`` for

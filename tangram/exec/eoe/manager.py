@@ -46,7 +46,7 @@ from typing import Any
 from tangram.exec.eoe.bookkeeping import CallState, Replica, Service
 from tangram.exec.eoe.config import EoeConfig
 from tangram.exec.eoe.copying import drop_weights, start_restore, wait_for_copies
-from tangram.exec.eoe.devices import Device, open_devices
+from tangram.exec.eoe.devices import Device, check_pinning, open_devices
 from tangram.exec.eoe.errors import (
     CallArgumentError,
     EoeError,
@@ -136,6 +136,8 @@ class EoeManager:
             raise ValueError(
                 f"on_residency_change must be a callable or None, got {shown(on_residency_change)}"
             )
+        if self.config.pin_host_memory:  # (before the devices: nothing made to let go)
+            check_pinning()
         self.devices: tuple[Device, ...] = tuple(devices or open_devices(self.config))
         _check_indices(self.devices)
         self.backend = self.devices[0].backend
