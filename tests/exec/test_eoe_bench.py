@@ -103,3 +103,32 @@ def test_register_adds_the_eoe_parser() -> None:
     bench.register(parser.add_subparsers())
     args = parser.parse_args(["eoe"])
     assert args.reps == 5 and args.dop == 1 and args.backend == "auto" and not args.json
+
+
+def _bench_refused(monkeypatch, capsys, *flags: str) -> str:
+    """Run ``tangram bench eoe`` with ``flags``, no model measured: what it says on stderr
+    (it must refuse, measuring nothing)."""
+    from tangram.exec.eoe import bench
+
+    measured: list[str] = []
+    monkeypatch.setattr(bench, "_measure_size", lambda size, *a: measured.append(size))
+    code = main(["bench", "eoe", *flags, "--models", "none", "--reps", "1", "--batch", "1"])
+    assert code == 2 and measured == [], measured
+    return capsys.readouterr().err
+
+
+def test_bench_eoe_refuses_a_seq_len_past_a_sizes_max_len_before_measuring(
+    monkeypatch, capsys
+) -> None:
+    """--seq-len 300 (the example models hold 256 positions) measured the size's copies,
+    then every call failed: a traceback ending in the service's CallFailedError ('sequence
+    length 300 exceeds the model's max_len 256'), naming no flag. Refused first now."""
+    err = _bench_refused(monkeypatch, capsys, "--sizes", "tiny", "--seq-len", "300")
+    assert "--seq-len 300" in err and "256" in err and "tiny" in err, err
+
+
+def test_bench_eoe_refuses_an_unknown_size_before_measuring_the_others(monkeypatch, capsys) -> None:
+    """--sizes tiny,bogus measured tiny, then failed on bogus (its figures lost), and the
+    message named no flag. Every size is checked first now, the refusal naming --sizes."""
+    err = _bench_refused(monkeypatch, capsys, "--sizes", "tiny,bogus")
+    assert "--sizes" in err and "'bogus'" in err and "tiny" in err, err

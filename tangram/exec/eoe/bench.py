@@ -259,6 +259,26 @@ def _measure_size(size: str, config: BenchConfig, backend: str) -> SizeFigures:
         manager.close()
 
 
+def _check_sizes(sizes: tuple[str, ...], seq_len: int) -> None:
+    """``ValueError`` naming the flag, before anything is measured, for a size not in
+    ``SIZES`` or a ``seq_len`` past a size's ``max_len``: each was found as its size came
+    to be measured, after the sizes before it (their figures lost), and a long sequence
+    only once the size's copies were measured, as a traceback from the service's call."""
+    from tangram.exec.eoe.services import SIZES
+
+    unknown = [s for s in sizes if s not in SIZES]
+    if unknown:
+        raise ValueError(
+            f"--sizes {','.join(sizes)!r}: unknown size {unknown[0]!r}; known: {', '.join(SIZES)}"
+        )
+    short = [s for s in sizes if seq_len > SIZES[s].max_len]
+    if short:
+        raise ValueError(
+            f"--seq-len {seq_len}: size {short[0]!r} holds at most {SIZES[short[0]].max_len} "
+            "tokens per sequence"
+        )
+
+
 def run(config: BenchConfig) -> dict[str, Any]:
     """Measure every size; a JSON-ready document."""
     import torch
@@ -268,6 +288,7 @@ def run(config: BenchConfig) -> dict[str, Any]:
 
     backend = resolve_backend(EoeConfig(backend=config.backend))
     sizes = config.sizes or (DEFAULT_SIZES_CUDA if backend == "cuda" else DEFAULT_SIZES_CPU)
+    _check_sizes(sizes, config.seq_len)
     figures = [asdict(_measure_size(size, config, backend)) for size in sizes]
     from tangram.exec.eoe.bench_hf import DEFAULT_MODELS_CPU, DEFAULT_MODELS_CUDA, measure_model
 
