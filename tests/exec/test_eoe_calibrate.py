@@ -201,3 +201,23 @@ def test_a_busy_level_given_twice_is_measured_once_and_refused_at_once_by_the_cl
         main([*argv, "--busy", "0,0", "-o", str(tmp_path / "c.json")])
     assert exit_info.value.code == 2 and not (tmp_path / "c.json").exists()
     assert "--busy '0,0': each level once" in capsys.readouterr().err
+
+
+def test_a_seq_len_past_the_example_models_positions_is_refused_before_measuring(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    """`--example tiny --seq-len 300` (the example models hold 256 positions; --seq-len is
+    taken up to 32,768) made the manager, then the first calibration call failed: a
+    traceback ('calibration call of 'reward' at DoP 1 failed: ... sequence length 300
+    exceeds the model's max_len 256'), naming no flag. Refused first now, naming --seq-len
+    and the model's limit."""
+    from tangram.exec.eoe import calibrate
+
+    started: list[str] = []
+    monkeypatch.setattr(calibrate, "calibrate_gpu", lambda *a, **k: started.append("x"))
+    argv = ["calibrate", "gpu", "--example", "tiny", "--backend", "cpu", "--devices", "1"]
+    out = tmp_path / "c.json"
+    code = main([*argv, "--seq-len", "300", "--reps", "1", "--busy", "0", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and started == [] and not out.exists(), err
+    assert "--seq-len 300" in err and "256" in err, err

@@ -111,15 +111,27 @@ def _service(args: argparse.Namespace) -> tuple[Any, Any]:
     if args.example is not None:
         if args.example not in SIZES:
             raise ValueError(f"--example {args.example!r}: one of {sorted(SIZES)}")
+        _check_seq_len(args.seq_len, SIZES[args.example].max_len, f"--example {args.example}")
         spec = reward_model_spec("reward", args.example, dops=(1, 2))
         vocab = SIZES[args.example].vocab
         return spec, example_tokens(args.batch, args.seq_len, vocab)
     from tangram.exec.eoe.hf import service_from_arg
 
     service = service_from_arg(args.model)
+    _check_seq_len(args.seq_len, service.max_len, f"--model {service.spec.name}")
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, service.vocab_size, (args.batch, args.seq_len), generator=gen)
     return service.spec, ids
+
+
+def _check_seq_len(seq_len: int, max_len: int, model: str) -> None:
+    """``ValueError`` naming ``--seq-len`` when it is past the model's positions: each call
+    of the calibration then failed, found only once the manager was made and the first
+    call ran, as a traceback naming no flag."""
+    if seq_len > max_len:
+        raise ValueError(
+            f"--seq-len {seq_len}: {model} holds at most {max_len} tokens per sequence"
+        )
 
 
 def run(args: argparse.Namespace) -> int:
