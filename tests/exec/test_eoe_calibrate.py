@@ -221,3 +221,32 @@ def test_a_seq_len_past_the_example_models_positions_is_refused_before_measuring
     err = capsys.readouterr().err
     assert code == 2 and started == [] and not out.exists(), err
     assert "--seq-len 300" in err and "256" in err, err
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"reps": 0}, r"reps must be a positive int, got 0"),
+        ({"reps": True}, r"reps must be a positive int, got True"),
+        ({"busy_levels": [-1]}, r"busy_levels must be whole numbers from 0 to \d+.*got \[-1\]"),
+        ({"busy_levels": [10**6]}, r"busy_levels must be whole numbers from 0 to \d+"),
+        ({"busy_levels": [0.5]}, r"busy_levels must be whole numbers"),
+    ],
+)
+def test_calibrate_gpu_refuses_bad_reps_and_busy_levels_before_measuring(
+    monkeypatch, kwargs: dict, match: str
+) -> None:
+    """calibrate_gpu(reps=0) failed as statistics' 'no median for empty data', naming no
+    argument; busy_levels=[-1] was measured whole, then refused by the record; and
+    busy_levels=[10**6] (the CLI's --busy stops at the host's cores, the function did not)
+    set out to start a million spinning processes. Each is refused first now, naming the
+    argument, with no call made and no process started."""
+    from tangram.exec.eoe import calibrate
+
+    spun: list[int] = []
+    monkeypatch.setattr(calibrate, "spin", lambda n: spun.append(n) or [])
+    with EoeManager(EoeConfig(backend="cpu", devices=1, device_memory_bytes=1 << 28)) as m:
+        m.register(reward_model_spec("judge", "tiny", dops=(1,)))
+        with pytest.raises(ValueError, match=match):
+            calibrate_gpu(m, "judge", example_tokens(2, 8), **{"busy_levels": [0], **kwargs})
+        assert spun == [] and m.stats().calls == 0

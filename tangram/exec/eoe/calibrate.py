@@ -155,6 +155,24 @@ def measure_call_times(
     return tuple(points)
 
 
+def _check_counts(reps: object, busy_levels: Sequence[object] | None, most: int) -> None:
+    """``ValueError`` naming the argument, before any call or spinning process, for ``reps``
+    that is no positive int (0 failed as statistics' 'no median for empty data') or a busy
+    level that is no whole number from 0 to ``most`` (the host's cores, or the default
+    levels' top): -1 was measured whole and then refused by the record, and 10**6 set out
+    to start a million spinning processes (the CLI's --busy stops at the host's cores)."""
+    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
+        raise ValueError(f"reps must be a positive int, got {reps!r}"[:200])
+    if busy_levels is None:
+        return
+    levels = list(busy_levels)
+    if not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= most for n in levels):
+        raise ValueError(
+            f"busy_levels must be whole numbers from 0 to {most} (host cores kept busy), "
+            f"got {levels!r}"[:300]
+        )
+
+
 def calibrate_gpu(
     manager: Any,
     service: str,
@@ -192,6 +210,8 @@ def calibrate_gpu(
     # A CPU-backed device computes each GPU's share of a call on one host thread.
     per_gpu = 1.0 if manager.backend == "cpu" and host_cpu_node is not None else 0.0
     top = max_level(per_gpu, cores, len(manager.devices))
+    busy_levels = None if busy_levels is None else list(busy_levels)  # (read once: an iterator)
+    _check_counts(reps, busy_levels, max(top, cores))
     # Each level once, from 0 up: a level given twice was measured twice, and the record
     # then refused its two points, after the whole measurement.
     levels = sorted({0, *(range(top + 1) if busy_levels is None else busy_levels)})
