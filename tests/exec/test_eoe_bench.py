@@ -132,3 +132,17 @@ def test_bench_eoe_refuses_an_unknown_size_before_measuring_the_others(monkeypat
     message named no flag. Every size is checked first now, the refusal naming --sizes."""
     err = _bench_refused(monkeypatch, capsys, "--sizes", "tiny,bogus")
     assert "--sizes" in err and "'bogus'" in err and "tiny" in err, err
+
+
+def test_bench_eoe_refuses_a_batch_or_reps_past_the_calibration_s_limits(capsys) -> None:
+    """--batch and --reps took any positive int (--batch 10**9 set out to make 10**9
+    sequences of tokens, hundreds of GB; --reps 10**9 ran for days); `tangram calibrate
+    gpu` stops them at 4,096 and 1,000. The same limits here, refused by the parser naming
+    the flag, before anything is measured."""
+    import pytest
+
+    for flag, value in (("--batch", "4097"), ("--reps", "1001")):
+        with pytest.raises(SystemExit) as exit_:
+            main(["bench", "eoe", "--sizes", "tiny", "--models", "none", flag, value])
+        assert exit_.value.code == 2
+        assert flag in capsys.readouterr().err

@@ -28,8 +28,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tangram.core.cells import CELL_SIZES
+from tangram.exec.eoe.calibrate_cli import BATCH_MAX, REPS_MAX
 from tangram.exec.eoe.hf_tiny import HF_SHAPES
-from tangram.report import add_json_flag, emit, positive_int
+from tangram.report import add_json_flag, emit, int_in, positive_int
 
 DEFAULT_SIZES_CPU = ("tiny", "small", "medium", "large")
 DEFAULT_SIZES_CUDA = ("small", "medium", "large", "xl-bf16")
@@ -87,11 +88,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="comma-separated model sizes (tiny, small, medium, large, xl, xl-bf16); default "
         f"{','.join(DEFAULT_SIZES_CPU)} on CPU, {','.join(DEFAULT_SIZES_CUDA)} on CUDA",
     )
+    # Bounded as `tangram calibrate gpu` bounds them: --batch 10**9 set out to make hundreds
+    # of GB of tokens, --reps 10**9 ran for days, each without a word.
     parser.add_argument(
-        "--reps", type=positive_int, default=5, help="measured repetitions per figure"
+        "--reps",
+        type=int_in(1, REPS_MAX, "a median of more calls moves no further"),
+        default=5,
+        help=f"measured repetitions per figure (at most {REPS_MAX})",
     )
-    parser.add_argument("--batch", type=positive_int, default=8, help="sequences per call")
-    parser.add_argument("--seq-len", type=positive_int, default=128, help="tokens per sequence")
+    parser.add_argument(
+        "--batch",
+        type=int_in(1, BATCH_MAX, "one call's inputs must fit a device"),
+        default=8,
+        help=f"sequences per call (at most {BATCH_MAX})",
+    )
+    parser.add_argument(
+        "--seq-len",
+        type=positive_int,
+        default=128,
+        help="tokens per sequence (at most the sizes' max_len, 256)",
+    )
     parser.add_argument("--dop", type=int, default=1, choices=CELL_SIZES, help="DoP of the calls")
     parser.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument(
