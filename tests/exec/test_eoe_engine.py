@@ -572,3 +572,19 @@ def test_an_interrupt_anywhere_waking_or_putting_an_engine_to_sleep_leaves_none_
             assert m.call("a", 2, timeout_s=5).ok, line
             m.evict("a")
             assert device.engines == 0, line
+
+
+def test_the_engine_benchmark_refuses_reps_past_the_calibration_s_limit(
+    monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """--reps took any positive int (10**9 misses ran for days without a word), while
+    `tangram calibrate gpu` and `tangram bench eoe` stop it at 1,000: refused here too,
+    naming the flag, before anything is measured."""
+    from tangram.exec.eoe import bench_engine
+
+    measured: list[str] = []
+    monkeypatch.setattr(bench_engine, "measure", lambda kind, *a: measured.append(kind) or {})
+    with pytest.raises(SystemExit) as exit_:
+        bench_engine.main(["--model", "hf-tiny", "--reps", "1001", "--backend", "cpu"])
+    assert exit_.value.code == 2 and measured == []
+    assert "--reps" in capsys.readouterr().err

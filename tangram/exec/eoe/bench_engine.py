@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tangram.report import positive_int
+from tangram.exec.eoe.calibrate_cli import REPS_MAX
+from tangram.report import int_in
 
 MIB = 1 << 20
 #: The engines measured: ``ModuleEngine`` and vLLM's.
@@ -103,7 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="hf-medium", help="an hf_tiny.HF_SHAPES name")
     p.add_argument("--engines", default="module,vllm", help=f"comma-separated, of {ENGINES}")
     # (--reps 0 failed after the whole run as statistics' "no median for empty data")
-    p.add_argument("--reps", type=positive_int, default=5, help="measured misses (>= 1)")
+    p.add_argument(  # (bounded as in `tangram calibrate gpu`: 10**9 ran for days)
+        "--reps",
+        type=int_in(1, REPS_MAX, "a median of more calls moves no further"),
+        default=5,
+        help=f"measured misses (1 to {REPS_MAX})",
+    )
     p.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda"))
     args = p.parse_args(argv)
     kinds = [k.strip() for k in args.engines.split(",") if k.strip()]
