@@ -223,6 +223,26 @@ def test_a_seq_len_past_the_example_models_positions_is_refused_before_measuring
     assert "--seq-len 300" in err and "256" in err, err
 
 
+def test_a_calibration_call_that_fails_ends_the_cli_with_its_error_not_a_traceback(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    """A call that failed inside the service raised RuntimeError ('calibration call of ...
+    failed: ...') out of `tangram calibrate gpu` as a traceback (the CLI catches ValueError,
+    an input's error). It now prints the failure and exits 1, writing no record."""
+    from tangram.exec.eoe import calibrate
+
+    def failed(*args, **kwargs):
+        raise RuntimeError("calibration call of 'reward' at DoP 1 failed: out of memory")
+
+    monkeypatch.setattr(calibrate, "calibrate_gpu", failed)
+    argv = ["calibrate", "gpu", "--example", "tiny", "--backend", "cpu", "--devices", "1"]
+    out = tmp_path / "c.json"
+    code = main([*argv, "--reps", "1", "--busy", "0", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == 1 and not out.exists(), err
+    assert "DoP 1 failed: out of memory; no record written" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [

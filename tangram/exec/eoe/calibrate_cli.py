@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from typing import Any
 
 from tangram.report import add_json_flag, check_out_file, emit, int_in, path_arg, write_out_file
@@ -160,15 +161,19 @@ def run(args: argparse.Namespace) -> int:
         manager.register(spec)
         # A CPU-backed device computes on the host's cores: name the nodes that share them.
         shared = manager.backend == "cpu" and bool(cluster.gpu_nodes)
-        record = calibrate_gpu(
-            manager,
-            spec.name,
-            inputs,
-            busy_levels=args.busy,
-            reps=args.reps,
-            host_cpu_node=cluster.cpu_nodes[0].name if shared else None,
-            gpu_node=cluster.gpu_nodes[0].name if shared else None,
-        )
+        try:
+            record = calibrate_gpu(
+                manager,
+                spec.name,
+                inputs,
+                busy_levels=args.busy,
+                reps=args.reps,
+                host_cpu_node=cluster.cpu_nodes[0].name if shared else None,
+                gpu_node=cluster.gpu_nodes[0].name if shared else None,
+            )
+        except RuntimeError as exc:  # a measurement that failed (the call's own error), not input
+            print(f"tangram calibrate gpu: {exc}; no record written", file=sys.stderr)
+            return 1
     write_out_file("--out", args.out, json.dumps(record.to_dict(), indent=2) + "\n")
     emit(
         args.json,
