@@ -25,6 +25,11 @@ GPU_MEMORY_GB_MAX = 1e6
 #: (1 / rate) stays finite; ``rate_per_s = 1e-320`` made it ``inf`` and a run failed as
 #: "event time must be a finite number of seconds, got inf".
 RATE_PER_S_MIN = 1e-6
+#: Longest fixed restore cost a GPU node may declare (seconds): the trace format's longest
+#: time (``tangram.trace.row.TIME_MAX_S``, which the core may not import), the bound the
+#: simulator's own ``overheads.gpu_restore_fixed_s`` has. ``restore_fixed_s = 1e300`` passed
+#: and every cold call's ACT came out as 1e300 seconds instead of an error.
+RESTORE_FIXED_S_MAX = 1e9
 
 
 class SpecError(ValueError):
@@ -148,9 +153,11 @@ class GpuNodeSpec:
             f"must be <= {GPU_MEMORY_GB_MAX:g} GB per GPU, got {self.gpu_memory_gb!r}",
         )
         _require(
-            _finite(self.restore_fixed_s, low=0, strict=False),
+            _finite(self.restore_fixed_s, low=0, strict=False)
+            and self.restore_fixed_s <= RESTORE_FIXED_S_MAX,
             "restore_fixed_s",
-            f"must be a finite number >= 0, got {self.restore_fixed_s!r}",
+            f"must be a finite number >= 0 and <= {RESTORE_FIXED_S_MAX:g} seconds, got "
+            f"{self.restore_fixed_s!r}",
         )
 
     def restore_s(self, size_gb: float, cell_size: int = 1, *, replicas: bool = False) -> float:

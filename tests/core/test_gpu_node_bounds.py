@@ -14,7 +14,12 @@ import pytest
 
 from tangram.core import GpuNodeSpec
 from tangram.core.cluster_file import ClusterFileError, load_cluster
-from tangram.core.resources import GPU_MEMORY_GB_MAX, H2D_GBPS_MIN, SpecError
+from tangram.core.resources import (
+    GPU_MEMORY_GB_MAX,
+    H2D_GBPS_MIN,
+    RESTORE_FIXED_S_MAX,
+    SpecError,
+)
 
 
 @pytest.mark.parametrize("h2d", [1e-320, 1e-308, H2D_GBPS_MIN / 2])
@@ -59,3 +64,29 @@ def test_a_cold_replay_on_the_slowest_copy_runs(tmp_path):
     result = simulate(trace, cluster, SimConfig(policy="tangram", warm_gpus=False))
     assert all(r.outcome in ("result", "rejected") for r in result.actions)
     assert math.isfinite(result.makespan)
+
+
+@pytest.mark.parametrize("fixed", [1e300, RESTORE_FIXED_S_MAX * 2])
+def test_a_restore_fixed_cost_above_the_bound_is_refused_naming_it(fixed):
+    """``restore_fixed_s = 1e300`` passed (finite, >= 0) and a replay's ACTs came out as 1e300
+    seconds; the simulator's own override (``overheads.gpu_restore_fixed_s``) is capped at
+    1e9 s, and the node's key now is too."""
+    with pytest.raises(SpecError, match=r"restore_fixed_s: must be .*<= 1e\+09"):
+        GpuNodeSpec("g", 8, 80.0, 1000.0, restore_fixed_s=fixed)
+
+
+def test_a_cluster_file_names_the_restore_fixed_key(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(
+        'name = "c"\n[[gpu_node]]\nname = "g0"\ngpus = 8\ngpu_memory_gb = 80\n'
+        "host_memory_gb = 1000\nrestore_fixed_s = 1e300\n"
+    )
+    with pytest.raises(ClusterFileError, match=r"gpu_node\[0\]\.restore_fixed_s"):
+        load_cluster(path)
+
+
+def test_the_restore_fixed_bound_is_the_trace_time_bound():
+    from tangram.trace.row import TIME_MAX_S
+
+    assert RESTORE_FIXED_S_MAX == TIME_MAX_S
+    assert GpuNodeSpec("g", 8, 80.0, 1000.0, restore_fixed_s=RESTORE_FIXED_S_MAX)
