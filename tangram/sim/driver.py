@@ -405,6 +405,16 @@ class Simulation:
             key=lambda x: x[0],
         )
 
+        # Each trajectory's largest CPU memory, reserved when its first CPU action arrives (as
+        # the closed loop's ``_trajectory`` opens it): left to that action, the container was
+        # sized by it, and a later action needing more was rejected when the node could not
+        # grow the container then.
+        memory = {
+            f"{s}/{t}": max(r.memory_gb for r in rs if r.resource == "cpu")
+            for (s, t), rs in groups
+            if any(r.resource == "cpu" for r in rs)
+        }
+
         def done(name: str) -> None:
             remaining[name] -= 1
             if remaining[name] == 0:
@@ -413,7 +423,18 @@ class Simulation:
         for arrival, name, row in rows:
             if arrival > self.env.now:
                 yield self.env.timeout(arrival - self.env.now)
+            if row.resource == "cpu" and name in memory:
+                self._open_container_memory(name, row, memory.pop(name))
             self._submit(name, row, lambda name=name: done(name))
+
+    def _open_container_memory(self, name: str, row: TraceRow, memory_gb: float) -> None:
+        """Open loop: reserve the trajectory's container with its largest memory at its first
+        CPU action (no container start is modelled there, as before: only the reservation);
+        pinned to the node the live run used when placement is replayed."""
+        node = (
+            row.obs_node if self._observed_nodes and row.obs_node in self._observed_nodes else None
+        )
+        self.scheduler.open_trajectory(name, self.env.now, memory_gb=memory_gb, node=node)
 
     # ------------------------------------------------------------------ events
     def _submit(self, traj: str, row: TraceRow, on_done: Callable[[], None]) -> None:
