@@ -23,6 +23,11 @@ class TrajectoryState:
     id: str
     node: str | None = None
     memory_gb: float = 0.0
+    #: The memory an open asked for while no node had room (``Scheduler.open_trajectory``):
+    #: the container is placed with it later, at the trajectory's first CPU action. Placed
+    #: with that action's memory only, a later action needing more was rejected when the node
+    #: could not grow the container then, though the open had asked for its largest.
+    asked_gb: float = 0.0
 
 
 class Admission:
@@ -185,7 +190,7 @@ class Admission:
         if traj is None:
             traj = self.trajectories[action.trajectory] = TrajectoryState(action.trajectory)
         if traj.node is None:
-            return self.bind(traj, action.memory_gb, action.node)
+            return self.bind(traj, self._container_gb(traj, action), action.node)
         extra = action.memory_gb - traj.memory_gb
         if extra > 0:
             node = self.state.cpu[traj.node]
@@ -197,6 +202,21 @@ class Admission:
             node.take_memory(extra)
             traj.memory_gb = action.memory_gb
         return True
+
+    def _container_gb(self, traj: TrajectoryState, action: Action) -> float:
+        """The memory a new container for ``action`` reserves: what its trajectory's open
+        asked for when that is more and some node (the action's, if it names one) could ever
+        hold it; else the action's own (an ask no node holds would make the action wait
+        forever, where it runs now and the larger action is refused as before)."""
+        if traj.asked_gb <= action.memory_gb:
+            return action.memory_gb
+        nodes = (
+            [self.state.cpu[action.node]]
+            if action.node in self.state.cpu
+            else self.state.cpu.values()
+        )
+        fits = any(n.spec.memory_gb + 1e-9 >= traj.asked_gb for n in nodes)
+        return traj.asked_gb if fits else action.memory_gb
 
     def release(self, trajectory: str) -> str | None:
         """The trajectory ended: forget it and free its container's memory; returns its node."""

@@ -224,7 +224,9 @@ class Scheduler:
         traj = self.admission.trajectory(trajectory)
         if traj.node is None and self.respects_capacity:
             self.admission.bind(traj, memory_gb, node)
-            if traj.node is not None:
+            if traj.node is None:  # no room now: its first CPU action places it with this
+                traj.asked_gb = max(traj.asked_gb, memory_gb)
+            else:
                 # Reservations only (a static pod); starts happen in the next pass.
                 ctx = self._begin(now)
                 self.policy.on_trajectory_open(ctx, trajectory, traj.node)
