@@ -70,6 +70,13 @@ CASES = [
     (["serve", "--ray", "auto", "--no-gpu"], "--no-gpu"),
     (["serve", "--ray", "auto", "--no-cpu"], "--no-cpu"),
     (["serve", "--ray", "auto", "--gpu-backend", "cpu"], "--gpu-backend"),
+    # An unknown policy was refused naming no flag ("unknown policy 'bogus'"), under
+    # robustness after its progress bar had started.
+    (["bench", "robustness", "--instances", "1", "--default", "bogus"], "--default"),
+    (["bench", "robustness", "--instances", "1", "--default", "tangram:0"], "--default"),
+    (["bench", "sim", "--batch", "1", "--repeats", "1", "--policy", "bogus"], "--policy"),
+    (["sim", "--workload", "coding", "--batch", "1", "--policy", "bogus"], "--policy"),
+    (["sim", "--workload", "coding", "--batch", "1", "--policy", "fixed:"], "--policy"),
 ]
 
 

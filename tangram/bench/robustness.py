@@ -519,7 +519,7 @@ def slowdown_share(text: str) -> float:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from tangram.sim.config import WARM_GPUS_FLAG
+    from tangram.sim.config import WARM_GPUS_FLAG, policy_arg
 
     p = sub.add_parser(
         "robustness",
@@ -550,6 +550,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--default",
+        type=policy_arg,
         default=DEFAULT_POLICY,
         metavar="POLICY",
         help=f"the policy the baselines are set against (default {DEFAULT_POLICY}; e.g. "

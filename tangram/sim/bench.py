@@ -13,6 +13,7 @@ import time
 
 from tangram.core.cluster_file import load_cluster
 from tangram.report import add_json_flag, emit, int_in, non_negative_int, positive_int
+from tangram.sim.config import policy_arg
 
 #: Past it ``--repeats`` only adds time (a run of the default is seconds; the best of more
 #: runs moves no further), and ``--repeats 100000`` ran for days without a word.
@@ -72,7 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "a random instance runs on its own cluster)",
     )
     p.add_argument("--batch", type=positive_int, default=1536)
-    p.add_argument("--policy", default="tangram")
+    p.add_argument("--policy", type=policy_arg, default="tangram")
     p.add_argument("--workload", default="coding")
     p.add_argument(
         "--repeats",

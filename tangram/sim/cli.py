@@ -35,7 +35,7 @@ from tangram.report import (
 )
 from tangram.sim.cluster_size import resize
 from tangram.sim.compare import WIDTH, closing_lines
-from tangram.sim.config import WARM_GPUS_FLAG, Overheads, RolloutConfig, SimConfig
+from tangram.sim.config import WARM_GPUS_FLAG, Overheads, RolloutConfig, SimConfig, policy_arg
 from tangram.sim.overrides import OverrideError, Setting, add_set_flag, build, describe_fields
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "traces" / "coding.jsonl.gz"
@@ -100,6 +100,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--policy",
         action="append",
+        type=policy_arg,
         help="policy name, repeatable (default: tangram and k8s-static)",
     )
     p.add_argument(

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import dataclass, field
 
 from tangram.core.cluster_file import MAX_CORES_PER_NODE, MAX_NODES
+from tangram.core.policies import make_policy
 from tangram.core.resources import H2D_GBPS_MIN
 from tangram.trace.gpu_calibration import GpuCalibration
 from tangram.trace.row import TIME_MAX_S
@@ -248,3 +250,15 @@ def warm_gpus_known(value: object) -> bool:
 
 #: ``SimConfig.placement`` values.
 PLACEMENTS = ("policy", "observed")
+
+
+def policy_arg(text: str) -> str:
+    """An argparse type for a policy name (``name`` or ``name:K``), returned as typed: an
+    unknown one, or a bad ``:K``, is refused naming the flag before anything runs. It was
+    refused later naming no flag ("unknown policy 'bogus'"), under ``tangram bench
+    robustness`` after its progress bar had started."""
+    try:
+        make_policy(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
