@@ -77,6 +77,8 @@ CASES = [
     (["bench", "sim", "--batch", "1", "--repeats", "1", "--policy", "bogus"], "--policy"),
     (["sim", "--workload", "coding", "--batch", "1", "--policy", "bogus"], "--policy"),
     (["sim", "--workload", "coding", "--batch", "1", "--policy", "fixed:"], "--policy"),
+    (["bench", "sim", "--batch", "1", "--repeats", "1", "--workload", "chess"], "--workload"),
+    (["sim", "--workload", "chess", "--batch", "1"], "--workload"),
 ]
 
 

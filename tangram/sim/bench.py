@@ -66,6 +66,18 @@ def run_bench(
     }
 
 
+def workload_arg(text: str) -> str:
+    """An argparse type for ``--workload``: a known generator, refused at once naming the flag
+    (it failed inside the run as "unknown workload ...", naming none)."""
+    from tangram.sim.workloads import WORKLOADS
+
+    if text not in WORKLOADS:
+        raise argparse.ArgumentTypeError(
+            f"unknown workload {text!r}; known: {', '.join(sorted(WORKLOADS))}"
+        )
+    return text
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "sim",
@@ -74,7 +86,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--batch", type=positive_int, default=1536)
     p.add_argument("--policy", type=policy_arg, default="tangram")
-    p.add_argument("--workload", default="coding")
+    p.add_argument("--workload", type=workload_arg, default="coding")
     p.add_argument(
         "--repeats",
         type=int_in(1, REPEATS_MAX, "the best of more runs moves no further"),

@@ -230,7 +230,7 @@ def configure(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
 
     if args.workload not in WORKLOADS:
         raise ValueError(
-            f"unknown workload {args.workload!r}; known: {', '.join(sorted(WORKLOADS))}"
+            f"--workload: unknown workload {args.workload!r}; known: {', '.join(sorted(WORKLOADS))}"
         )
     params = build(
         WORKLOADS[args.workload].params_type, workload, f"workload {args.workload!r}", also=also
