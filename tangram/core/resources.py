@@ -25,6 +25,10 @@ GPU_MEMORY_GB_MAX = 1e6
 #: (1 / rate) stays finite; ``rate_per_s = 1e-320`` made it ``inf`` and a run failed as
 #: "event time must be a finite number of seconds, got inf".
 RATE_PER_S_MIN = 1e-6
+#: Highest price a cluster may declare (money per resource-hour, or per API call): far above
+#: any real one, low enough that price x resource-hours of the largest cluster stays finite.
+#: ``cpu_core_hour = 1e308`` passed and every cost figure overflowed to ``inf``.
+PRICE_MAX = 1e6
 #: Longest fixed restore cost a GPU node may declare (seconds): the trace format's longest
 #: time (``tangram.trace.row.TIME_MAX_S``, which the core may not import), the bound the
 #: simulator's own ``overheads.gpu_restore_fixed_s`` has. ``restore_fixed_s = 1e300`` passed
@@ -208,16 +212,17 @@ class Prices:
     api_call: float = 0.0
 
     def __post_init__(self) -> None:
-        # A negative, infinite or NaN price turns every cost figure into nonsense silently.
+        # A negative, infinite or NaN price turns every cost figure into nonsense silently;
+        # one past PRICE_MAX overflows them to inf.
         for key in ("cpu_core_hour", "gpu_hour", "api_call"):
             value = getattr(self, key)
             _require(
                 isinstance(value, int | float)
                 and not isinstance(value, bool)
                 and math.isfinite(value)
-                and value >= 0,
+                and 0 <= value <= PRICE_MAX,
                 key,
-                f"must be a finite number >= 0, got {value!r}",
+                f"must be a finite number >= 0 and <= {PRICE_MAX:g}, got {value!r}",
             )
 
 
