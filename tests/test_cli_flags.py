@@ -79,6 +79,7 @@ CASES = [
     (["sim", "--workload", "coding", "--batch", "1", "--policy", "fixed:"], "--policy"),
     (["bench", "sim", "--batch", "1", "--repeats", "1", "--workload", "chess"], "--workload"),
     (["sim", "--workload", "chess", "--batch", "1"], "--workload"),
+    (["replay", "live.jsonl", "--policy", "bogus"], "--policy"),
 ]
 
 

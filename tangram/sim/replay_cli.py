@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from tangram.report import add_json_flag, emit, path_arg, positive_int
+from tangram.sim.config import policy_arg
 from tangram.trace import TraceError, load_trace
 from tangram.trace.calibrate import (
     DURATIONS,
@@ -93,7 +94,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("trace", type=path_arg, help="a live trace (.jsonl, .jsonl.gz, .parquet)")
-    p.add_argument("--policy", help="policy (default: the one recorded in the trace)")
+    p.add_argument(
+        "--policy",
+        type=policy_arg,  # (an unknown one failed after the trace was read, naming no flag)
+        help="policy (default: the one recorded in the trace)",
+    )
     p.add_argument("--cluster", help="bundled name or TOML path (default: the recorded one)")
     p.add_argument(
         "--durations",

@@ -104,8 +104,10 @@ def test_replay_refuses_a_measured_spread_past_the_bound_naming_the_trace(tmp_pa
 def test_an_empty_policy_flag_is_refused_not_replaced_by_the_headers(tmp_path, capsys) -> None:
     # `--policy ''` replayed the header's policy without a word.
     path = live_trace(tmp_path)
-    assert main(["replay", path, "--cluster", "local", "--policy", ""]) == 2
-    assert "--policy is empty" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:  # the parser's refusal (no such policy)
+        main(["replay", path, "--cluster", "local", "--policy", ""])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "argument --policy: unknown policy ''" in err
 
 
 def test_per_resource_noise_is_not_refused_for_the_pooled_spread(tmp_path) -> None:
