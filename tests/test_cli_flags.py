@@ -80,6 +80,10 @@ CASES = [
     (["bench", "sim", "--batch", "1", "--repeats", "1", "--workload", "chess"], "--workload"),
     (["sim", "--workload", "chess", "--batch", "1"], "--workload"),
     (["replay", "live.jsonl", "--policy", "bogus"], "--policy"),
+    (
+        ["bench", "scheduler", "--events", "1", "--running", "1", "--queued", "1", "--policy", "x"],
+        "--policy",
+    ),
 ]
 
 

@@ -258,7 +258,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=2000,
         help=f"completions replayed per queue size (default 2000; at most {EVENTS_MAX:,})",
     )
-    parser.add_argument("--policy", default="tangram")
+    from tangram.sim.config import policy_arg  # (as robustness: the parser's policy check)
+
+    # An unknown policy failed after the progress bar started, naming no flag.
+    parser.add_argument("--policy", type=policy_arg, default="tangram")
     parser.add_argument("--seed", type=non_negative_int, default=0)
     parser.add_argument(
         "--cluster", default="paper", help="bundled cluster name or cluster file (default paper)"
