@@ -1413,3 +1413,17 @@ def test_a_manager_or_pool_setting_may_be_any_real_number() -> None:
 
     assert AoeConfig(memory_gb=np.float32(2.0), default_timeout_s=np.int64(5)).memory_gb == 2.0
     assert WarmPoolConfig(window_s=np.float64(30.0)).window_s == 30.0
+
+
+@pytest.mark.parametrize("name", ["work_size_mb", "tmp_size_mb"])
+@pytest.mark.parametrize("value", [(1 << 30) + 1, 10**12, 2**70])
+def test_a_tmpfs_size_past_the_largest_memory_limit_is_refused_naming_it(
+    name: str, value: int
+) -> None:
+    """SandboxConfig.work_size_mb and tmp_size_mb took any whole number: 10**12 MB passed and
+    the container's tmpfs showed 931P (past 2**63 bytes every open failed at the engine, naming
+    no setting). A tmpfs counts against the memory limit, so neither may pass the largest
+    one (``MAX_MEMORY_GB``, 1 PiB)."""
+    with pytest.raises(AoeError, match=f"SandboxConfig.{name} must be .*at most"):
+        SandboxConfig(**{name: value})
+    assert getattr(SandboxConfig(**{name: 1 << 30}), name) == 1 << 30

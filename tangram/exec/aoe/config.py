@@ -11,6 +11,7 @@ import math
 import numbers
 import posixpath
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Literal
 
@@ -42,6 +43,10 @@ MAX_OUTPUT_BYTES = 1 << 30
 #: The largest memory limit of a container, in GB (1 PiB, past any machine): 1e15 GB passed,
 #: and the engine, which reads the limit as a 64-bit count of bytes, refused every open.
 MAX_MEMORY_GB = 1 << 20
+#: The largest ``SandboxConfig.work_size_mb``/``tmp_size_mb`` (1 PiB, ``MAX_MEMORY_GB``): a
+#: tmpfs counts against the memory limit, so a larger one could never be filled; 10**12 MB
+#: passed (the tmpfs showed 931P) and past 2**63 bytes the engine refused every open.
+MAX_TMPFS_MB = MAX_MEMORY_GB * 1024
 #: The largest ``SandboxConfig.pids_limit``: the kernel's most pids (``PID_MAX_LIMIT``, 2**22
 #: on 64-bit); a larger limit limits nothing, and past 2**63 the engine cannot read it.
 MAX_PIDS_LIMIT = 1 << 22
@@ -103,8 +108,8 @@ class SandboxConfig:
     - ``read_only_root``: the image's filesystem is read-only; only ``work_dir`` and ``/tmp``
       (tmpfs) are writable.
     - ``work_dir``, ``work_size_mb``: the writable working directory (a plain absolute path,
-      not the root, /tmp, /dev, /proc or /sys), a tmpfs of that size
-      owned by the sandbox user (counts against the memory limit), or the named docker volume
+      not the root, /tmp, /dev, /proc or /sys), a tmpfs of that size (MB, at most
+      ``MAX_TMPFS_MB``, as ``tmp_size_mb``) owned by the sandbox user (counts against the memory limit), or the named docker volume
       ``work_volume`` when given: each trajectory gets its own (``work_volume``-<digest>),
       which survives its ``recreate`` and a restart of the service, and is removed when the
       trajectory closes; another live manager's trajectory on it is refused (never shared).
@@ -170,8 +175,15 @@ class SandboxConfig:
             )
         for name in ("work_size_mb", "tmp_size_mb"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise AoeError(f"SandboxConfig.{name} must be a positive integer, got {value!r}")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or not 1 <= value <= MAX_TMPFS_MB
+            ):
+                raise AoeError(
+                    f"SandboxConfig.{name} must be a positive integer at most {MAX_TMPFS_MB} "
+                    f"(MB, 1 PiB), got {value!r}"
+                )
         if self.pids_limit is not None and (
             isinstance(self.pids_limit, bool)
             or not isinstance(self.pids_limit, int)
@@ -399,6 +411,25 @@ class AoeConfig:
             raise AoeError(
                 f"AoeConfig.docker_base_url must be None or a URL, got {self.docker_base_url!r}"
             )
+
+    @classmethod
+    def for_node(cls, topology: NumaTopology, settings: object) -> AoeConfig:
+        """The config of a node agent: its ``topology`` with the ``aoe`` ``settings`` (a
+        mapping of the other fields). ``ValueError`` opening with 'aoe' and naming the setting
+        for anything else: a ``topology`` key raised a bare TypeError (a keyword given twice),
+        a misspelt key one naming no setting."""
+        if not isinstance(settings, Mapping):
+            raise ValueError(f"aoe must be a mapping of AoeConfig settings, got {settings!r}")
+        if "topology" in settings:  # (each agent's own cores: one topology cannot fit all)
+            raise ValueError("aoe: topology is set by each agent from its node's cores")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(str(k) for k in settings if k not in known)
+        if unknown:
+            raise ValueError(f"aoe: {', '.join(unknown)} is no AoeConfig setting")
+        try:
+            return cls(topology=topology, **dict(settings))
+        except AoeError as exc:
+            raise ValueError(f"aoe: {exc}") from None
 
     def describe(self) -> dict[str, object]:
         """The settings as a plain dict (for logs and benchmark reports)."""
