@@ -102,7 +102,7 @@ class NodeAgent:
             from tangram.exec.aoe.topology import NumaTopology
             from tangram.exec.runtime.cpu import CpuExecutor
 
-            config = AoeConfig(topology=NumaTopology(domains), **dict(settings.get("aoe", {})))
+            config = AoeConfig.for_node(NumaTopology(domains), settings.get("aoe", {}))
             self.cpu = CpuExecutor(_start_aoe(AoeManager, config), cpu_spec)
             prewarm = int(settings.get("prewarm", 0))
             if prewarm > 0:  # made in the background by the warm pool's workers
