@@ -119,6 +119,41 @@ def test_an_empty_user_runs_the_actions_as_the_images_user_not_the_keepers(
     assert out.ok and out.text == "0\n", out
 
 
+@pytest.fixture
+def image_of_user(docker_client: Any) -> Any:
+    """Makes ``tangram-busybox`` with a given ``Config.User`` (``USER`` of a Dockerfile)
+    under a tag of its own; removes the tags made at the end."""
+    made: list[str] = []
+
+    def make(user: str) -> str:
+        tag = f"tangram-test-user-{len(made)}-{os.getpid()}"
+        holder = docker_client.containers.create("tangram-busybox", command=["true"])
+        try:
+            holder.commit(repository=tag, conf={"User": user})
+        finally:
+            holder.remove(force=True)
+        made.append(tag)
+        return tag
+
+    yield make
+    for tag in made:
+        with contextlib.suppress(Exception):
+            docker_client.images.remove(tag, force=True)
+
+
+@pytest.mark.parametrize("image_user", ["sandbox", "1000", "sandbox:sandbox"])
+def test_an_empty_user_gets_a_work_dir_of_the_images_user(
+    manager: Any, trajectory: Any, image_of_user: Any, image_user: str
+) -> None:
+    """``user=""`` runs the actions as the image's ``Config.User``, but the work dir's tmpfs
+    was owned by the sandbox's ``user`` only: an empty one left it root's, mode 0755, where
+    an image's non-root user could not write a file. The image's user now owns it."""
+    image = image_of_user(image_user)
+    traj = trajectory(manager, image=image, sandbox=SandboxConfig(user=""))
+    out = manager.run_action(traj, "id -u; touch /work/x && echo wrote", 1)
+    assert out.ok and out.text == "1000\nwrote\n", out
+
+
 @pytest.mark.parametrize("user", ["+1000", "01000", "1000:sandbox", "+1000:+1000"])
 def test_the_work_dir_is_writable_by_every_spelling_of_a_numeric_user(
     manager: Any, trajectory: Any, user: str

@@ -396,6 +396,24 @@ def exec_user(client: Any, image_id: str, user: str) -> str:
     return config.get("User") or "0"
 
 
+def _image_user_owner(
+    client: Any, image_id: str, labels: dict[str, str] | None = None
+) -> tuple[int, int] | None:
+    """The (uid, gid) of the image's own user (``exec_user``'s, a ``SandboxConfig.user`` of
+    ``""``), None when it is root (the tmpfs's own owner): the work dir was owned by the
+    sandbox's ``user`` only, so an empty one left it root's, mode 0755, where an image's
+    non-root user (its ``Config.User``) could not write. A number without a group takes the
+    uid as gid, as ``work_tmpfs_options`` does for a numeric ``user``."""
+    user = exec_user(client, image_id, "")
+    numeric = _uid_gid(user)
+    if numeric is not None:
+        uid, gid = numeric
+        owner = (uid, uid if gid is None else gid)
+    else:
+        owner = resolve_user(client, image_id, user, labels)
+    return None if owner is None or owner[0] == 0 else owner
+
+
 def _with_work_owner(client: Any, spec: ContainerSpec, image_id: str) -> ContainerSpec:
     """``spec`` with its sandbox user's (uid, gid) when the user is a name: resolved in the
     image, so the work dir's tmpfs is the actions' (a name left it root's, mode 0755, where
@@ -404,7 +422,8 @@ def _with_work_owner(client: Any, spec: ContainerSpec, image_id: str) -> Contain
     sb = spec.sandbox
     try:
         tags = {k: v for k, v in spec.labels.items() if k in (LABEL_SESSION, LABEL_OWNER)}
-        owner = resolve_user(client, image_id, sb.user, tags)
+        owner = _image_user_owner(client, image_id, tags) if not sb.user else None
+        owner = owner or resolve_user(client, image_id, sb.user, tags)
     except AoeError:
         raise
     except Exception as exc:  # noqa: BLE001 - the engine's refusal or a lost connection
