@@ -604,6 +604,21 @@ def test_without_cgroup_access_a_time_out_leaves_no_ticket_behind(
     assert later.ok and later.stdout == b"", later
 
 
+def test_without_cgroup_access_an_action_that_kills_its_runner_leaves_no_ticket_behind(
+    manager: Any, trajectory: Any, marker_kill: str
+) -> None:
+    """The marker fallback's kill after the runner died mid-action ('runner lost') revokes
+    the action's ticket; the action had taken it already and never came back for the
+    revocation, and the end was not 'seen', so its empty directory was left in /tmp for
+    every later action. The runner's stream closed, so it is done with its line: removed."""
+    traj = trajectory(manager)
+    escape = "exec >&- 2>&- <&-; kill -9 $PPID; sleep 30"
+    out = manager.run_action(traj, escape, 1, timeout_s=10)
+    assert out.status == "error", out
+    later = manager.run_action(traj, "ls -A /tmp", 1, timeout_s=30)
+    assert later.ok and later.stdout == b"", later
+
+
 def test_an_action_a_slow_runner_reads_just_after_its_time_out_kill_never_runs(
     manager: Any, trajectory: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

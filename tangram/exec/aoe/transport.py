@@ -616,6 +616,10 @@ class RunnerTransport:
                 # action started is still in the group; kill it as at a time-out, or leave()
                 # would move it out and it would outlive its time-out.
                 kill("runner lost")
+                # Its stream closed, so the runner is gone and done with its line: the kill's
+                # revocation of the ticket (taken by then) is moot, and left, one empty
+                # directory per runner lost stayed in /tmp for every later action to see.
+                self.group.ended()
             elif ended == "stuck":
                 # No end within the grace after the kill: the runner may not have read the
                 # action yet (held: a loaded machine, a stop), the kill finding nothing of it;
