@@ -399,6 +399,35 @@ def test_a_work_volume_is_each_trajectorys_own_and_never_a_host_path(
                     vol.remove(force=True)
 
 
+@pytest.mark.parametrize(
+    ("user", "work_dir", "uid"),
+    [("1000:1000", "/home/x", "1000"), ("2000:2000", "/work", "2000"), ("sandbox", "/w", "1000")],
+)
+def test_a_work_volume_is_writable_by_the_actions_user(
+    manager: Any, trajectory: Any, docker_client: Any, user: str, work_dir: str, uid: str
+) -> None:
+    """A tmpfs work dir is made the actions' user's (``work_tmpfs_options``), a work volume
+    was not: a fresh volume takes the owner of the image's directory at its path, so a
+    work dir the image lacks (root's) or one of another uid than the sandbox's user left
+    every action unable to write a file in its work dir. The volume's root is now given to
+    the actions' user when the container starts."""
+    name = f"tangram-test-own-{os.getpid()}"
+    sandbox = SandboxConfig(work_volume=name, user=user, work_dir=work_dir)
+    try:
+        traj = trajectory(manager, sandbox=sandbox)
+        out = manager.run_action(traj, "id -u; touch x && echo wrote", 1)
+        assert out.ok and out.text == f"{uid}\nwrote\n", out
+        manager.recreate(traj)  # the same volume, again its user's
+        out = manager.run_action(traj, "ls; touch y && echo wrote", 1)
+        assert out.ok and out.text == "x\nwrote\n", out
+        manager.close_trajectory(traj)
+    finally:
+        for vol in docker_client.volumes.list():  # (whatever a failure left)
+            if vol.name.startswith(name):
+                with contextlib.suppress(Exception):
+                    vol.remove(force=True)
+
+
 def test_a_released_watchdog_is_waited_for_not_left_a_zombie(docker_client: Any) -> None:
     """``release`` closed the watchdog's stdin and dropped its ``Popen`` unwaited: the
     watchdog, which exits once it finds nothing left, stayed a zombie, and the dropped

@@ -378,7 +378,63 @@ def create(client: Any, spec: ContainerSpec) -> Any:
     except BaseException:
         _remove_started(client, container.id, spec.name)
         raise
+    _own_work_volume(client, container.id, spec)
     return container
+
+
+def _work_owner(spec: ContainerSpec) -> tuple[int, int] | None:
+    """The (uid, gid) the work dir is given to (as ``work_tmpfs_options`` gives the tmpfs):
+    the resolved name's or image user's, else the numeric user's (its uid as gid when it
+    names none); None for root or a user only the image knows."""
+    if spec.work_owner is not None:
+        return spec.work_owner
+    numeric = _uid_gid(spec.sandbox.user)
+    if numeric is None or numeric[0] == 0:
+        return None
+    uid, gid = numeric
+    return uid, uid if gid is None else gid
+
+
+def _own_work_volume(client: Any, container_id: str, spec: ContainerSpec) -> None:
+    """Give a work volume's root to the actions' user. A tmpfs work dir is made theirs by
+    its options; a fresh volume took the owner of the image's directory at its path (root's
+    when the image lacks it, the image's user's otherwise), so every action of another uid
+    could not write a file in its work dir. The sandboxed container cannot change it (no
+    capability, no new privileges: a privileged exec is refused), so a short-lived container
+    of the image does, as root with ``CAP_CHOWN`` alone and no network, once the sandboxed
+    one is up (its mount has copied the image's directory in: done before, that copy into an
+    empty volume took the image's owner back). A failure (an image without ``chown``) is
+    logged: the volume may be writable all the same."""
+    owner = _work_owner(spec) if spec.sandbox.work_volume else None
+    if owner is None:
+        return
+    sb = spec.sandbox
+    tags = {k: v for k, v in spec.labels.items() if k in (LABEL_SESSION, LABEL_OWNER)}
+    try:
+        client.containers.run(
+            spec.image,
+            [f"{owner[0]}:{owner[1]}", sb.work_dir],
+            entrypoint=["chown"],
+            user="0",
+            volumes={sb.work_volume: {"bind": sb.work_dir, "mode": "rw"}},
+            network_mode="none",
+            cap_drop=["ALL"],
+            cap_add=["CHOWN"],
+            security_opt=["no-new-privileges"],
+            labels={LABEL: "1", **tags},
+            remove=True,
+            stdout=True,
+            stderr=True,
+        )
+    except Exception as exc:  # noqa: BLE001 - its non-zero exit, the engine's errors
+        log.warning(
+            "the work volume of %s (SandboxConfig.work_volume at %s) could not be given to "
+            "uid %d: %s; its actions may not write in it",
+            spec.name,
+            sb.work_dir,
+            owner[0],
+            exc,
+        )
 
 
 def exec_user(client: Any, image_id: str, user: str) -> str:
