@@ -154,6 +154,18 @@ def test_an_empty_user_gets_a_work_dir_of_the_images_user(
     assert out.ok and out.text == "1000\nwrote\n", out
 
 
+def test_an_empty_user_whose_image_user_the_image_lacks_is_refused_naming_both(
+    manager: Any, image_of_user: Any
+) -> None:
+    """An image whose ``Config.User`` names no account of its own /etc/passwd is refused at
+    the open, saying the user is the image's (``user=""``), not a ``SandboxConfig.user`` the
+    caller never gave."""
+    image = image_of_user("ghost")
+    with pytest.raises(AoeError, match=r"SandboxConfig.user '' is the image's user 'ghost'"):
+        manager.open_trajectory("ghost-user", image=image, sandbox=SandboxConfig(user=""))
+    assert "ghost-user" not in manager.trajectories()
+
+
 @pytest.mark.parametrize("user", ["+1000", "01000", "1000:sandbox", "+1000:+1000"])
 def test_the_work_dir_is_writable_by_every_spelling_of_a_numeric_user(
     manager: Any, trajectory: Any, user: str

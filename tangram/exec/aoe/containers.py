@@ -466,7 +466,13 @@ def _image_user_owner(
         uid, gid = numeric
         owner = (uid, uid if gid is None else gid)
     else:
-        owner = resolve_user(client, image_id, user, labels)
+        try:
+            owner = resolve_user(client, image_id, user, labels)
+        except AoeError as exc:  # (it named a SandboxConfig.user the caller never gave)
+            raise AoeError(
+                f"SandboxConfig.user '' is the image's user {user!r} (its Config.User), which "
+                f"the image cannot resolve ({exc}): give the sandbox's user"
+            ) from None
     return None if owner is None or owner[0] == 0 else owner
 
 
