@@ -431,6 +431,27 @@ def test_an_image_name_the_engine_cannot_read_is_refused_naming_it(
     assert set(manager.trajectories()) == before
 
 
+def test_a_container_that_dies_right_after_its_start_check_is_an_aoe_error(
+    any_manager: Any, monkeypatch: pytest.MonkeyPatch, docker_client: Any
+) -> None:
+    """A container that exited just after ``create`` saw it running (here: a work dir over
+    /bin, so its init cannot exec ``sleep``; the check is skipped to land in that window)
+    made the open raise the engine's bare APIError ('409 Conflict ... is not running') from
+    the runner's exec, naming neither the container's fate nor why. It is an ``AoeError``
+    saying the container exited, with its log, and nothing is left behind."""
+    from tangram.exec.aoe import SandboxConfig, containers
+
+    monkeypatch.setattr(containers, "_check_running", lambda container, name: None)
+    with pytest.raises(AoeError, match="exited") as caught:
+        any_manager.open_trajectory("dies-at-once", sandbox=SandboxConfig(work_dir="/bin"))
+    assert "sleep" in str(caught.value), caught.value
+    assert "dies-at-once" not in any_manager.trajectories()
+    left = docker_client.api.containers(
+        all=True, filters={"label": f"tangram.aoe.session={any_manager.session}"}
+    )
+    assert not [c for c in left if "dies-at-once" in c["Names"][0]], left
+
+
 @pytest.fixture(params=["seen", "inside"])
 def marker_kill(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Containers opened under it get the marker fallback (``kill.MarkerGroup``), as without

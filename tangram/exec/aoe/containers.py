@@ -517,6 +517,21 @@ def _check_running(container: Any, name: str) -> None:
     raise AoeError(f"container {name} exited at once ({container.status}): {logs}")
 
 
+def death_of(container: Any, name: str) -> AoeError | None:
+    """An ``AoeError`` saying ``container`` is no longer running (its state, the tail of its
+    log), None when it runs or cannot be looked at (the caller's own error then stands): a
+    container that exited just after ``create`` saw it running made the next step fail with
+    the engine's bare 'is not running' (409), naming neither its fate nor why."""
+    try:
+        container.reload()
+        if container.status == "running":
+            return None
+        logs = container.logs(tail=20).decode(errors="replace").strip()
+    except Exception:  # noqa: BLE001 - gone already, a lost connection: nothing more to say
+        return None
+    return AoeError(f"container {name} exited right after its start ({container.status}): {logs}")
+
+
 def _remove_started(client: Any, container_id: str, name: str) -> None:
     """Remove a container ``create`` started but will not hand out (else it stayed in the
     engine, unknown to the manager, until its session's sweep); a failure is logged."""

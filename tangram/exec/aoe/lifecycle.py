@@ -356,6 +356,18 @@ class Lifecycle:
                 transport.shell = guarded.shell_command()
             warm_up(transport, name)
             control.park()
+        except Exception as exc:
+            # Dead already (a step's error, the engine's bare 409, said only that the container
+            # was not running): said so, with its log, read before it is removed.
+            died = containers.death_of(made, name)
+            containers.remove_logged(self.client, made.id, name)
+            if died is not None:
+                raise died from exc
+            if isinstance(exc, AoeError):
+                raise
+            raise AoeError(
+                f"container {name} could not be set up: {type(exc).__name__}: {exc}"
+            ) from exc
         except BaseException:
             # Logged if it fails: raised, its error replaced the step's, which said why.
             containers.remove_logged(self.client, made.id, name)
