@@ -1427,3 +1427,13 @@ def test_a_tmpfs_size_past_the_largest_memory_limit_is_refused_naming_it(
     with pytest.raises(AoeError, match=f"SandboxConfig.{name} must be .*at most"):
         SandboxConfig(**{name: value})
     assert getattr(SandboxConfig(**{name: 1 << 30}), name) == 1 << 30
+
+
+@pytest.mark.parametrize("work_dir", ["/proc/w", "/sys/w", "/proc/self/x", "/sys/fs/cgroup/w"])
+def test_a_work_dir_inside_proc_or_sys_is_refused_naming_it(work_dir: str) -> None:
+    """Only /proc and /sys themselves were refused: a work dir inside them passed, and every
+    open failed at the engine's start ('OCI runtime create failed ... mount ... proc'),
+    naming no setting."""
+    with pytest.raises(AoeError, match="SandboxConfig.work_dir must not be inside"):
+        SandboxConfig(work_dir=work_dir)
+    assert SandboxConfig(work_dir="/procs/w").work_dir == "/procs/w"

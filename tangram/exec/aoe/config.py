@@ -55,6 +55,8 @@ _CAPABILITY = re.compile(r"^(CAP_)?[A-Z_]+$")
 #: Where the work dir may not be: the root, the container's other writable places (a reset
 #: empties those on its own), the kernel's file systems.
 _NOT_WORK_DIRS = frozenset({"/", "/tmp", "/dev", "/dev/shm", "/dev/mqueue", "/proc", "/sys"})
+#: The kernel's file systems, inside which the engine mounts no work dir.
+_KERNEL_DIRS = ("/proc", "/sys")
 #: The largest uid or gid the engine takes (runc: "uids and gids must be in range
 #: 0-2147483647").
 MAX_ID = 2**31 - 1
@@ -108,7 +110,7 @@ class SandboxConfig:
     - ``read_only_root``: the image's filesystem is read-only; only ``work_dir`` and ``/tmp``
       (tmpfs) are writable.
     - ``work_dir``, ``work_size_mb``: the writable working directory (a plain absolute path,
-      not the root, /tmp, /dev, /proc or /sys), a tmpfs of that size (MB, at most
+      not the root, /tmp, /dev, /proc or /sys, nor inside the last two), a tmpfs of that size (MB, at most
       ``MAX_TMPFS_MB``, as ``tmp_size_mb``) owned by the sandbox user (counts against the memory limit), or the named docker volume
       ``work_volume`` when given: each trajectory gets its own (``work_volume``-<digest>),
       which survives its ``recreate`` and a restart of the service, and is removed when the
@@ -172,6 +174,12 @@ class SandboxConfig:
                 "SandboxConfig.work_dir must be a plain absolute path (no '..', '.', '//' or "
                 f"trailing '/') other than {', '.join(sorted(_NOT_WORK_DIRS))}, "
                 f"got {self.work_dir!r}"
+            )
+        inside = next((d for d in _KERNEL_DIRS if self.work_dir.startswith(d + "/")), None)
+        if inside is not None:  # (the engine refused every start, naming no setting)
+            raise AoeError(
+                f"SandboxConfig.work_dir must not be inside {inside} (the kernel's: the engine "
+                f"mounts nothing there), got {self.work_dir!r}"
             )
         for name in ("work_size_mb", "tmp_size_mb"):
             value = getattr(self, name)
