@@ -1437,3 +1437,13 @@ def test_a_work_dir_inside_proc_or_sys_is_refused_naming_it(work_dir: str) -> No
     with pytest.raises(AoeError, match="SandboxConfig.work_dir must not be inside"):
         SandboxConfig(work_dir=work_dir)
     assert SandboxConfig(work_dir="/procs/w").work_dir == "/procs/w"
+
+
+@pytest.mark.parametrize("cap", ["FOO", "CAP_FOO", "NET_RAWW", "CAP_"])
+def test_a_capability_linux_lacks_is_refused_naming_it(cap: str) -> None:
+    """SandboxConfig.cap_add took any upper-case name: 'FOO' passed, and every open failed at
+    the engine ('invalid CapAdd: unknown capability: "CAP_FOO"'), naming no setting."""
+    with pytest.raises(AoeError, match=f"SandboxConfig.cap_add: '{cap}' is not a capability"):
+        SandboxConfig(cap_add=(cap,))
+    for known in ("NET_RAW", "CAP_NET_RAW", "SYS_PTRACE", "CHECKPOINT_RESTORE", "ALL"):
+        assert SandboxConfig(cap_add=(known,)).cap_add == (known,)

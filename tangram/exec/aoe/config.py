@@ -52,6 +52,55 @@ MAX_TMPFS_MB = MAX_MEMORY_GB * 1024
 MAX_PIDS_LIMIT = 1 << 22
 
 _CAPABILITY = re.compile(r"^(CAP_)?[A-Z_]+$")
+#: The capabilities Linux has (``capabilities(7)``, to 5.9's CHECKPOINT_RESTORE), and docker's
+#: ``ALL``: another name passed the pattern above, and every open failed at the engine
+#: ('invalid CapAdd: unknown capability'), naming no setting.
+_CAPABILITIES = frozenset(
+    [
+        "ALL",
+        "CHOWN",
+        "DAC_OVERRIDE",
+        "DAC_READ_SEARCH",
+        "FOWNER",
+        "FSETID",
+        "KILL",
+        "SETGID",
+        "SETUID",
+        "SETPCAP",
+        "LINUX_IMMUTABLE",
+        "NET_BIND_SERVICE",
+        "NET_BROADCAST",
+        "NET_ADMIN",
+        "NET_RAW",
+        "IPC_LOCK",
+        "IPC_OWNER",
+        "SYS_MODULE",
+        "SYS_RAWIO",
+        "SYS_CHROOT",
+        "SYS_PTRACE",
+        "SYS_PACCT",
+        "SYS_ADMIN",
+        "SYS_BOOT",
+        "SYS_NICE",
+        "SYS_RESOURCE",
+        "SYS_TIME",
+        "SYS_TTY_CONFIG",
+        "MKNOD",
+        "LEASE",
+        "AUDIT_WRITE",
+        "AUDIT_CONTROL",
+        "SETFCAP",
+        "MAC_OVERRIDE",
+        "MAC_ADMIN",
+        "SYSLOG",
+        "WAKE_ALARM",
+        "BLOCK_SUSPEND",
+        "AUDIT_READ",
+        "PERFMON",
+        "BPF",
+        "CHECKPOINT_RESTORE",
+    ]
+)
 #: Where the work dir may not be: the root, the container's other writable places (a reset
 #: empties those on its own), the kernel's file systems.
 _NOT_WORK_DIRS = frozenset({"/", "/tmp", "/dev", "/dev/shm", "/dev/mqueue", "/proc", "/sys"})
@@ -207,7 +256,11 @@ class SandboxConfig:
                 f"SandboxConfig.cap_add must be a tuple, got {type(self.cap_add).__name__}"
             )
         for cap in self.cap_add:
-            if not isinstance(cap, str) or not _CAPABILITY.match(cap):
+            if (
+                not isinstance(cap, str)
+                or not _CAPABILITY.match(cap)
+                or cap.removeprefix("CAP_") not in _CAPABILITIES
+            ):
                 raise AoeError(f"SandboxConfig.cap_add: {cap!r} is not a capability name")
 
     @property
