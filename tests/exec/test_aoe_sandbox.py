@@ -107,6 +107,27 @@ def test_relaxations_are_applied_and_logged(
     assert host["NetworkMode"] != "none" and not host["PidsLimit"]
 
 
+@pytest.mark.parametrize(
+    ("sandbox", "cap_eff"),
+    [
+        (SandboxConfig(user="0:0", cap_add=("NET_RAW",)), "0000000000002000"),
+        (SandboxConfig(user="0:0"), "0000000000000000"),
+        (SandboxConfig(cap_add=("NET_RAW",)), "0000000000000000"),
+    ],
+)
+def test_capabilities_given_back_reach_a_root_sandboxs_actions(
+    any_manager: Any, trajectory: Any, sandbox: SandboxConfig, cap_eff: str
+) -> None:
+    """``cap_add`` (the documented relaxation) gave a root sandbox's actions nothing: every
+    container runs as the keeper (uid 65534), and under ``no-new-privileges`` an exec as root
+    into a container of a non-root user gets no capability (CapEff 0). A root sandbox that
+    gives capabilities back runs its container as its own user; a non-root user never gets
+    any (Linux clears them at its exec)."""
+    traj = trajectory(any_manager, sandbox=sandbox)
+    out = any_manager.run_action(traj, "grep CapEff /proc/self/status | cut -f2", 1)
+    assert out.ok and out.text == f"{cap_eff}\n", out
+
+
 def test_an_empty_user_runs_the_actions_as_the_images_user_not_the_keepers(
     any_manager: Any, trajectory: Any
 ) -> None:

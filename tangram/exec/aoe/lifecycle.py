@@ -139,6 +139,19 @@ def park(container: Container) -> None:
     container.control.park()
 
 
+def keeper_user(sandbox: SandboxConfig) -> str | None:
+    """The uid:gid of a new unpooled container's init and keeper: ``KEEPER_USER``, except for
+    a root sandbox that gives capabilities back under ``no-new-privileges`` (None: the
+    sandbox's own user). There, an exec as root into a container of a non-root user gets no
+    capability at all (CapEff 0), so ``cap_add`` and ``drop_all_capabilities=False``, the
+    documented relaxations, did nothing; such a sandbox's root actions are not kept from
+    init and the keeper (both relaxations are logged)."""
+    gives_back = bool(sandbox.cap_add) or not sandbox.drop_all_capabilities
+    if sandbox.runs_as_root and gives_back and sandbox.no_new_privileges:
+        return None
+    return KEEPER_USER
+
+
 def warm_up(transport: Transport, name: str) -> None:
     """Start the runner and see it answer, while the new container is not yet parked."""
     if not isinstance(transport, RunnerTransport):
@@ -245,7 +258,7 @@ class Lifecycle:
                 blueprint,
                 container_name(self.session, blueprint),
                 labels(self.session, blueprint),
-                KEEPER_USER,
+                keeper_user(blueprint.sandbox),
                 guarded.host_shell(),
             )
         found = self.pool.take(key)
