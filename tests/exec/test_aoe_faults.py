@@ -452,6 +452,22 @@ def test_a_container_that_dies_right_after_its_start_check_is_an_aoe_error(
     assert not [c for c in left if "dies-at-once" in c["Names"][0]], left
 
 
+def test_a_topology_with_a_core_the_engine_lacks_is_named_at_the_open(
+    docker_client: Any,
+) -> None:
+    """``AoeConfig.topology`` naming a core the engine's machine lacks started a manager
+    whose every open failed with the engine's 400 ('Requested CPUs are not available'),
+    naming no setting. The open's ``AoeError`` now names ``AoeConfig.topology``."""
+    from tangram.exec.aoe import AoeConfig, AoeManager
+    from tangram.exec.aoe.topology import NumaTopology
+
+    topology = NumaTopology(((0, 4095),))
+    with AoeManager(AoeConfig(reaper=False, topology=topology), client=docker_client) as mgr:
+        with pytest.raises(AoeError, match=r"AoeConfig.topology .*4095.*not available"):
+            mgr.open_trajectory("no-such-core")
+        assert mgr.trajectories() == ()
+
+
 @pytest.fixture(params=["seen", "inside"])
 def marker_kill(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Containers opened under it get the marker fallback (``kill.MarkerGroup``), as without

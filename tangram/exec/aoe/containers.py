@@ -372,6 +372,13 @@ def create(client: Any, spec: ContainerSpec) -> Any:
                 f"container {holder.short_id} ({describe_owner(holder.labels)}), which was "
                 "left alone"
             ) from exc
+        if "Requested CPUs are not available" in str(exc):
+            # (the cpuset is the manager's topology: every open failed so, naming no setting)
+            raise AoeError(
+                f"could not start container {spec.name}: AoeConfig.topology "
+                f"({format_cpulist(spec.park_cores)}) names cores the engine's machine lacks: "
+                f"{exc}"
+            ) from exc
         raise AoeError(f"could not start container {spec.name} from {spec.image}: {exc}") from exc
     try:
         _check_running(container, spec.name)
