@@ -217,6 +217,36 @@ plt.show()""",
     ),
     (
         "md",
+        """## What no online policy can promise (issue 11)
+
+`tangram bench online-limit` (`tangram.bench.online_limit`): per figure, two GPU instances
+alike until they diverge, on which every start of their first long call (a cell size before
+they diverge, or waiting) loses to some baseline on one of the two. Bars: the worse twin's
+lower bound over its best baseline, per start; the least bar is what any policy that sees only
+the past is beaten by, above the 1.2 that "by more than 20% on none" would need.""",
+    ),
+    (
+        "code",
+        """from tangram.bench import online_limit
+
+limit = online_limit.run_bench()
+fig, axes = plt.subplots(1, 2, figsize=(14, 3.8), sharey=True)
+for ax, (name, pair) in zip(axes, limit["pairs"].items(), strict=True):
+    starts = pair["starts"]
+    ax.bar([s["start"] for s in starts], [s["ratio"] for s in starts], color="C0")
+    for i, s in enumerate(starts):
+        ax.annotate(f"{s['ratio']:.2f} ({s['on']})", (i, s["ratio"]), ha="center", va="bottom", fontsize=8)
+    ax.axhline(limit["target_ratio"], color="k", ls="--", lw=1, label="issue 11's bound (1.2)")
+    ax.set_title(f"{name}: least {pair['least_ratio']:.2f}x")
+    ax.set_ylabel("beaten on one twin by at least (x)")
+    ax.tick_params(axis="x", labelsize=8, rotation=15)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+plt.tight_layout()
+plt.show()""",
+    ),
+    (
+        "md",
         """## Every claim: paper vs ours""",
     ),
     (
