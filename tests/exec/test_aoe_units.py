@@ -1447,3 +1447,18 @@ def test_a_capability_linux_lacks_is_refused_naming_it(cap: str) -> None:
         SandboxConfig(cap_add=(cap,))
     for known in ("NET_RAW", "CAP_NET_RAW", "SYS_PTRACE", "CHECKPOINT_RESTORE", "ALL"):
         assert SandboxConfig(cap_add=(known,)).cap_add == (known,)
+
+
+def test_a_quota_below_the_kernels_floor_is_refused_naming_it() -> None:
+    """A quota under the kernel's 1 ms per CFS period (1000 / cfs_period_us cores: 0.01 at
+    the default 100 ms) was raised to that floor when written (``quota_us``), but the
+    action's outcome and ``TANGRAM_CPU_QUOTA`` still gave the asked-for 1e-06 cores: the
+    report was not what ran. It is now refused naming ``quota_cores`` and the floor."""
+    from tangram.exec.aoe.execution import plan_action
+
+    cfg = AoeConfig()
+    with pytest.raises(AoeError, match=r"quota_cores .*at least 0\.01"):
+        plan_action(cfg, "true", (0,), 1e-6, None, None)
+    assert plan_action(cfg, "true", (0,), 0.01, None, None).quota == 0.01
+    slow = AoeConfig(cfs_period_us=1_000_000)  # a 1 s period: the floor is 0.001 cores
+    assert plan_action(slow, "true", (0,), 0.001, None, None).quota == 0.001

@@ -118,6 +118,11 @@ DEFAULT_WEIGHT = 100
 DEFAULT_SHARES = 1024
 
 
+#: The kernel's least CFS quota a period (µs): less is raised to it, so ``plan_action`` refuses
+#: a ``quota_cores`` under ``MIN_QUOTA_US / cfs_period_us`` rather than report one not applied.
+MIN_QUOTA_US = 1_000
+
+
 def weight_of(units: float) -> int:
     """v2 ``cpu.weight`` of a weighted grant of ``units`` cores: 100 per core, in the kernel's
     range [1, 10000]."""
@@ -149,7 +154,7 @@ class CpuControl(ABC):
 
     def quota_us(self, quota_cores: float) -> int:
         """CFS quota for ``quota_cores`` cores' worth of CPU time (at least the kernel's 1 ms)."""
-        return max(1_000, round(quota_cores * self.period_us))
+        return max(MIN_QUOTA_US, round(quota_cores * self.period_us))
 
     @abstractmethod
     def grant(self, cores: tuple[int, ...], quota_cores: float) -> None:

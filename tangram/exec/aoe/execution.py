@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tangram.exec.aoe import environment, judge
-from tangram.exec.aoe.cgroups import CgroupGone
+from tangram.exec.aoe.cgroups import MIN_QUOTA_US, CgroupGone
 from tangram.exec.aoe.config import MAX_OUTPUT_BYTES, MAX_TIMEOUT_S, AoeConfig
 from tangram.exec.aoe.errors import AoeError
 from tangram.exec.aoe.kill import kill_action
@@ -89,6 +89,14 @@ def plan_action(
     if not 0 < quota <= n:
         raise AoeError(
             f"quota_cores must be in (0, {n}] for {n} granted core(s), got {quota_cores}"
+        )
+    floor = MIN_QUOTA_US / config.cfs_period_us
+    if pool is None and quota < floor:
+        # The kernel's least quota is 1 ms a period (``CpuControl.quota_us`` raises any less
+        # to it): 1e-06 ran at 0.01 cores while the outcome and TANGRAM_CPU_QUOTA said 1e-06.
+        raise AoeError(
+            f"quota_cores must be at least {floor:g} (the kernel's 1 ms per "
+            f"cfs_period_us={config.cfs_period_us} period), got {quota_cores}"
         )
     if isinstance(threads, bool) or not isinstance(threads, numbers.Integral):
         raise AoeError(f"threads must be a whole number (0: the granted cores), got {threads!r}")
