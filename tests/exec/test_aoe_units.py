@@ -634,7 +634,9 @@ def test_every_spelling_of_root_is_a_relaxation_and_never_pooled(user: str) -> N
 
     sandbox = SandboxConfig(user=user)
     assert sandbox.runs_as_root
-    assert any("runs as root" in r for r in sandbox.relaxations())
+    # (an empty uid part is the image's user: root in ours, named as the image's)
+    said = "runs as the image's user" if not user.partition(":")[0] else "runs as root"
+    assert any(said in r for r in sandbox.relaxations())
     assert not WarmPool.poolable(sandbox)
     assert not SandboxConfig(user="1000:0").runs_as_root  # gid 0 alone is no root
     assert not SandboxConfig(user="10:1000").runs_as_root
@@ -1462,3 +1464,13 @@ def test_a_quota_below_the_kernels_floor_is_refused_naming_it() -> None:
     assert plan_action(cfg, "true", (0,), 0.01, None, None).quota == 0.01
     slow = AoeConfig(cfs_period_us=1_000_000)  # a 1 s period: the floor is 0.001 cores
     assert plan_action(slow, "true", (0,), 0.001, None, None).quota == 0.001
+
+
+@pytest.mark.parametrize("user", ["", ":1000"])
+def test_an_empty_user_is_logged_as_the_images_not_as_root(user: str) -> None:
+    """An empty user (the image's own, its ``Config.User``) was logged 'runs as root' even
+    for an image whose user is not root; the relaxation now says it runs as the image's
+    user, root only when the image names none."""
+    names = " | ".join(SandboxConfig(user=user).relaxations())
+    assert "runs as the image's user" in names and "runs as root" not in names, names
+    assert "runs as root (user='0:0')" in SandboxConfig(user="0:0").relaxations()

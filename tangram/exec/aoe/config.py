@@ -284,7 +284,14 @@ class SandboxConfig:
         out = []
         if self.network:
             out.append("network enabled")
-        if self.runs_as_root:
+        if self.runs_as_root and not self.user.strip().partition(":")[0].strip():
+            # An empty uid part is the image's user (its Config.User), which need not be
+            # root: this config cannot see the image, so it says whose user it is.
+            out.append(
+                f"runs as the image's user (user={self.user!r}: its Config.User, root when it "
+                "names none)"
+            )
+        elif self.runs_as_root:
             out.append(f"runs as root (user={self.user!r})")
         if not self.read_only_root:
             out.append("writable root filesystem")
