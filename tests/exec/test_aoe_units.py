@@ -1474,3 +1474,32 @@ def test_an_empty_user_is_logged_as_the_images_not_as_root(user: str) -> None:
     names = " | ".join(SandboxConfig(user=user).relaxations())
     assert "runs as the image's user" in names and "runs as root" not in names, names
     assert "runs as root (user='0:0')" in SandboxConfig(user="0:0").relaxations()
+
+
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"max_per_key": 10**9}, "max_per_key"),
+        ({"max_total": 10**9}, "max_total"),
+        ({"workers": 10**6}, "workers"),
+    ],
+)
+def test_a_warm_pool_size_past_its_bound_is_refused_naming_it(
+    kw: dict[str, int], field: str
+) -> None:
+    """WarmPoolConfig's counts had no upper bound: max_total=10**9 kept every container a
+    key ever wanted parked (each one memory and a process tree), workers=10**6 a thread
+    pool of a million. Each is now refused naming the field."""
+    with pytest.raises(AoeError, match=f"WarmPoolConfig.{field} must be .*at most"):
+        WarmPoolConfig(**kw)
+    assert WarmPoolConfig(max_per_key=64, max_total=1024, workers=64).workers == 64
+
+
+@pytest.mark.parametrize("url", ["", "  "])
+def test_an_empty_docker_base_url_is_refused_naming_it(url: str) -> None:
+    """``docker_base_url=""`` passed, and ``connect`` took it for no URL: the manager used
+    the default engine (from the environment) without a word. It is now refused naming
+    the field; None is the way to ask for the default."""
+    with pytest.raises(AoeError, match="AoeConfig.docker_base_url"):
+        AoeConfig(docker_base_url=url)
+    assert AoeConfig(docker_base_url=None).docker_base_url is None

@@ -106,6 +106,12 @@ _CAPABILITIES = frozenset(
 _NOT_WORK_DIRS = frozenset({"/", "/tmp", "/dev", "/dev/shm", "/dev/mqueue", "/proc", "/sys"})
 #: The kernel's file systems, inside which the engine mounts no work dir.
 _KERNEL_DIRS = ("/proc", "/sys")
+#: The most containers a warm pool may hold, per key or in all: each parked one holds its
+#: memory limit's tmpfs and a process tree on the node, so beyond this it is a typo, not a pool.
+MAX_POOLED = 1_024
+#: The most threads a warm pool resets, creates and removes containers on (each a blocking
+#: engine call: more than the engine serves at once only queue there).
+MAX_POOL_WORKERS = 64
 #: The largest uid or gid the engine takes (runc: "uids and gids must be in range
 #: 0-2147483647").
 MAX_ID = 2**31 - 1
@@ -333,10 +339,25 @@ class WarmPoolConfig:
     def __post_init__(self) -> None:
         for name in ("max_per_key", "max_total"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise AoeError(f"WarmPoolConfig.{name} must be an integer >= 0, got {value!r}")
-        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
-            raise AoeError(f"WarmPoolConfig.workers must be >= 1, got {self.workers!r}")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or not 0 <= value <= MAX_POOLED
+            ):
+                raise AoeError(
+                    f"WarmPoolConfig.{name} must be an integer >= 0 and at most {MAX_POOLED}, "
+                    f"got {value!r}"
+                )
+        workers = self.workers
+        if (
+            isinstance(workers, bool)
+            or not isinstance(workers, int)
+            or not 1 <= workers <= MAX_POOL_WORKERS
+        ):
+            raise AoeError(
+                f"WarmPoolConfig.workers must be >= 1 and at most {MAX_POOL_WORKERS}, "
+                f"got {workers!r}"
+            )
         for name in ("window_s", "prewarm_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -475,9 +496,12 @@ class AoeConfig:
                 "AoeConfig.topology must be None (this machine's), a NumaTopology or a "
                 f"CpuNodeSpec, got {type(self.topology).__name__} {self.topology!r}"
             )
-        if self.docker_base_url is not None and not isinstance(self.docker_base_url, str):
+        url = self.docker_base_url
+        if url is not None and (not isinstance(url, str) or not url.strip()):
+            # ("" passed, and ``connect`` took it for none: the default engine, silently)
             raise AoeError(
-                f"AoeConfig.docker_base_url must be None or a URL, got {self.docker_base_url!r}"
+                f"AoeConfig.docker_base_url must be None (the default engine) or a non-empty "
+                f"URL, got {url!r}"
             )
 
     @classmethod
