@@ -1503,3 +1503,16 @@ def test_an_empty_docker_base_url_is_refused_naming_it(url: str) -> None:
     with pytest.raises(AoeError, match="AoeConfig.docker_base_url"):
         AoeConfig(docker_base_url=url)
     assert AoeConfig(docker_base_url=None).docker_base_url is None
+
+
+@pytest.mark.parametrize(
+    "work_dir", ["/etc", "/usr", "/lib", "/lib64", "/bin", "/sbin", "/usr/lib", "/var"]
+)
+def test_a_work_dir_over_a_system_directory_is_refused_naming_it(work_dir: str) -> None:
+    """A work dir over /etc, /usr or /lib mounted its empty tmpfs there, hiding the image's
+    own files (its passwd, its shell, its libraries): every action failed in ways naming no
+    setting. A system directory is now refused, as /proc and /sys are."""
+    with pytest.raises(AoeError, match="SandboxConfig.work_dir must not be a system"):
+        SandboxConfig(work_dir=work_dir)
+    for fine in ("/usr/src/app", "/etc-work", "/var/work", "/home/sandbox/work"):
+        assert SandboxConfig(work_dir=fine).work_dir == fine

@@ -106,6 +106,14 @@ _CAPABILITIES = frozenset(
 _NOT_WORK_DIRS = frozenset({"/", "/tmp", "/dev", "/dev/shm", "/dev/mqueue", "/proc", "/sys"})
 #: The kernel's file systems, inside which the engine mounts no work dir.
 _KERNEL_DIRS = ("/proc", "/sys")
+#: The image's system directories: a work dir's empty tmpfs over one hides the image's own
+#: files there (its passwd, shell, libraries), and every action then fails naming no setting.
+#: Only the directories themselves: a work dir inside one (``/usr/src/app``) hides nothing.
+_SYSTEM_DIRS = frozenset(
+    {"/bin", "/boot", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/sbin", "/usr", "/var"}
+    | {f"/usr/{d}" for d in ("bin", "include", "lib", "lib32", "lib64", "libexec", "local")}
+    | {"/usr/sbin", "/usr/share", "/var/lib"}
+)
 #: The most containers a warm pool may hold, per key or in all: each parked one holds its
 #: memory limit's tmpfs and a process tree on the node, so beyond this it is a typo, not a pool.
 MAX_POOLED = 1_024
@@ -165,7 +173,8 @@ class SandboxConfig:
     - ``read_only_root``: the image's filesystem is read-only; only ``work_dir`` and ``/tmp``
       (tmpfs) are writable.
     - ``work_dir``, ``work_size_mb``: the writable working directory (a plain absolute path,
-      not the root, /tmp, /dev, /proc or /sys, nor inside the last two), a tmpfs of that size (MB, at most
+      not the root, /tmp, /dev, /proc or /sys, nor inside the last two, nor a system
+      directory such as /etc, /usr or /lib, whose files it would hide), a tmpfs of that size (MB, at most
       ``MAX_TMPFS_MB``, as ``tmp_size_mb``) owned by the sandbox user (counts against the memory limit), or the named docker volume
       ``work_volume`` when given: each trajectory gets its own (``work_volume``-<digest>),
       which survives its ``recreate`` and a restart of the service, and is removed when the
@@ -229,6 +238,12 @@ class SandboxConfig:
                 "SandboxConfig.work_dir must be a plain absolute path (no '..', '.', '//' or "
                 f"trailing '/') other than {', '.join(sorted(_NOT_WORK_DIRS))}, "
                 f"got {self.work_dir!r}"
+            )
+        if self.work_dir in _SYSTEM_DIRS:  # (its tmpfs hid the image's files there)
+            raise AoeError(
+                f"SandboxConfig.work_dir must not be a system directory "
+                f"({', '.join(sorted(_SYSTEM_DIRS))}): its empty tmpfs would hide the image's "
+                f"files there, got {self.work_dir!r}"
             )
         inside = next((d for d in _KERNEL_DIRS if self.work_dir.startswith(d + "/")), None)
         if inside is not None:  # (the engine refused every start, naming no setting)
