@@ -302,121 +302,6 @@ def test_an_action_interrupted_mid_run_is_killed_and_leaves_the_next_alone(
     assert later.ok and later.stdout == b"killed\n", later
 
 
-def test_an_action_interrupted_right_after_its_send_never_runs(
-    any_manager: Any, trajectory: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """An interrupt (a KeyboardInterrupt) landing once the action was sent, before its
-    output was read: the exec transport killed nothing (its launcher read the line and ran
-    the action, moved out of the group by ``leave``), the runner transport neither (the
-    runner, spared, read it and started it); the caller had been told it was interrupted.
-    The launcher is now killed with the action (the runner frozen with it: either the
-    action never started, or it is in the group, killed there)."""
-    from tangram.exec.aoe import transport
-
-    traj = trajectory(any_manager)
-    real = transport.send
-
-    def sent_then_interrupted(*args: Any, **kwargs: Any) -> None:
-        real(*args, **kwargs)
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(transport, "send", sent_then_interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        any_manager.run_action(traj, "sleep 2; echo old > /work/old-ran", 1)
-    monkeypatch.setattr(transport, "send", real)
-    assert any_manager.free_cores() == any_manager.topology.cores
-    later = any_manager.run_action(
-        traj, "sleep 4; test -e /work/old-ran && echo ran || echo killed", 1, timeout_s=30
-    )
-    assert later.ok and later.stdout == b"killed\n", later
-
-
-def test_an_action_interrupted_before_the_runner_read_it_never_runs(
-    manager: Any, trajectory: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The runner transport: an interrupt landing before the runner had started the action
-    it was sent (the runner held here by SIGSTOP, as a loaded machine holds it) had the kill
-    find nothing of the action and spare the runner, which started it afterwards (once
-    continued), after the caller was told it was interrupted. The runner is now killed
-    with the action's group, before it reads the line."""
-    import os
-    import signal
-
-    from tangram.exec.aoe import transport
-
-    traj = trajectory(manager)
-    assert manager.run_action(traj, "true", 1).ok  # the runner is up
-    runner = manager._container(traj).transport
-    assert isinstance(runner, transport.RunnerTransport) and runner.pid is not None
-    held = os.pidfd_open(runner.pid)
-    real_send, real_collect = transport.send, transport.collect
-
-    def stopped_then_sent(*args: Any, **kwargs: Any) -> None:
-        signal.pidfd_send_signal(held, signal.SIGSTOP)
-        real_send(*args, **kwargs)
-
-    def interrupted(*args: Any, **kwargs: Any) -> str:
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(transport, "send", stopped_then_sent)
-    monkeypatch.setattr(transport, "collect", interrupted)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            manager.run_action(traj, "echo old > /work/old-ran", 1)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            signal.pidfd_send_signal(held, signal.SIGCONT)
-        os.close(held)
-    monkeypatch.setattr(transport, "send", real_send)
-    monkeypatch.setattr(transport, "collect", real_collect)
-    assert manager.free_cores() == manager.topology.cores
-    later = manager.run_action(
-        traj, "sleep 2; test -e /work/old-ran && echo ran || echo killed", 1, timeout_s=30
-    )
-    assert later.ok and later.stdout == b"killed\n", later
-
-
-def test_an_action_the_runner_had_not_read_by_its_time_out_never_runs(
-    manager: Any, trajectory: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The runner transport: a runner held (here by SIGSTOP, on a loaded machine by the
-    scheduler) until past the action's time-out had the kill find nothing of the action and
-    spare the runner; no end came within the grace ('stuck', the outcome given), and once
-    the runner went on it read the action and started it, after its outcome. The runner is
-    now killed with what is left when no end came."""
-    import os
-    import signal
-
-    from tangram.exec.aoe import transport
-
-    traj = trajectory(manager)
-    assert manager.run_action(traj, "true", 1).ok  # the runner is up
-    runner = manager._container(traj).transport
-    assert isinstance(runner, transport.RunnerTransport) and runner.pid is not None
-    held = os.pidfd_open(runner.pid)
-    real_send = transport.send
-
-    def stopped_then_sent(*args: Any, **kwargs: Any) -> None:
-        signal.pidfd_send_signal(held, signal.SIGSTOP)
-        real_send(*args, **kwargs)
-
-    monkeypatch.setattr(transport, "send", stopped_then_sent)
-    try:
-        out = manager.run_action(traj, "echo old > /work/old-ran", 1, timeout_s=0.5)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            signal.pidfd_send_signal(held, signal.SIGCONT)
-        os.close(held)
-    monkeypatch.setattr(transport, "send", real_send)
-    # A time-out now (the kill found nothing of the action in the group and took the runner
-    # with it); "stopped answering" when no end came within the grace.
-    assert out.status == "timeout" or "stopped answering" in (out.error or ""), out
-    later = manager.run_action(
-        traj, "sleep 2; test -e /work/old-ran && echo ran || echo killed", 1, timeout_s=30
-    )
-    assert later.ok and later.stdout == b"killed\n", later
-
-
 @pytest.mark.parametrize("image", ["Bad Name", "x:y:z", "UPPER", "../etc"])
 def test_an_image_name_the_engine_cannot_read_is_refused_naming_it(
     manager: Any, image: str
@@ -472,19 +357,34 @@ def test_a_topology_with_a_core_the_engine_lacks_is_named_at_the_open(
         assert mgr.trajectories() == ()
 
 
-@pytest.fixture(params=["seen", "inside"])
-def marker_kill(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Containers opened under it get the marker fallback (``kill.MarkerGroup``), as without
-    cgroup access: with the container's processes seen from here (``seen``, a local engine),
-    or killed from inside (``inside``, a remote engine)."""
+def _use_marker_kill(monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    """Containers opened from now on get the marker fallback (``kill.MarkerGroup``), as
+    without cgroup access: with the container's processes seen from here (``seen``, a local
+    engine), or killed from inside (``inside``, a remote engine)."""
     from tangram.exec.aoe import kill, lifecycle
 
     def marker_group(client: Any, cid: str, init_pid: Any, user: str, pids: Any) -> Any:
-        seen = pids if request.param == "seen" else (lambda: None)
+        seen = pids if how == "seen" else (lambda: None)
         return kill.action_group(client, cid, None, user, seen)
 
     monkeypatch.setattr(lifecycle, "action_group", marker_group)
-    return request.param
+
+
+@pytest.fixture(params=["seen", "inside"])
+def marker_kill(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The marker fallback (``_use_marker_kill``), seen from here or killed from inside."""
+    _use_marker_kill(monkeypatch, request.param)
+    return str(request.param)
+
+
+@pytest.fixture(params=["cgroup", "seen", "inside"])
+def kill_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """How an action is killed: by its cgroup (``cgroup``, the default), or by the marker
+    fallback without cgroup access (``seen``/``inside``, as ``marker_kill``). The tests a
+    kill must keep an unstarted action from running take each path."""
+    if request.param != "cgroup":
+        _use_marker_kill(monkeypatch, request.param)
+    return str(request.param)
 
 
 def test_without_cgroup_access_a_time_out_kills_the_actions_shell_with_its_command(
@@ -508,28 +408,34 @@ def test_without_cgroup_access_a_time_out_kills_the_actions_shell_with_its_comma
     assert later.ok and later.stdout == b"killed\n", later
 
 
-def _held_runner(manager: Any, traj: str) -> int:
-    """A pidfd on the runner of ``traj`` (the engine's pid: the marker fallback keeps none)."""
+def _held_runner(manager: Any, traj: str, kill_path: str) -> int:
+    """A pidfd on the runner of ``traj``: its own pid under the cgroup kill, the engine's
+    under the marker fallback (which keeps none)."""
     import os
 
     from tangram.exec.aoe import kill, transport
 
     container = manager._container(traj)
-    assert isinstance(container.group, kill.MarkerGroup), container.group
     runner = container.transport
+    if kill_path == "cgroup":
+        assert isinstance(runner, transport.RunnerTransport) and runner.pid is not None
+        return os.pidfd_open(runner.pid)
+    assert isinstance(container.group, kill.MarkerGroup), container.group
     assert isinstance(runner, transport.RunnerTransport) and runner.exec_id is not None
     return os.pidfd_open(int(manager.client.api.exec_inspect(runner.exec_id)["Pid"]))
 
 
-def test_without_cgroup_access_an_action_interrupted_before_the_runner_read_it_never_runs(
-    manager: Any, trajectory: Any, monkeypatch: pytest.MonkeyPatch, marker_kill: str
+def test_an_action_interrupted_before_the_runner_read_it_never_runs(
+    manager: Any, trajectory: Any, monkeypatch: pytest.MonkeyPatch, kill_path: str
 ) -> None:
-    """The marker fallback (no cgroup access): an interrupt landing before the runner read
-    the action it was sent (held here by SIGSTOP) had the kill find no process carrying the
-    action's marker, and the runner, which cannot be told from the container's processes
-    and was spared, started the action once it went on, after the caller was told it was
-    interrupted. The kill now revokes the action's ticket first, and the action's shell
-    checks it before its command runs."""
+    """The runner transport, each kill path: an interrupt landing before the runner had
+    started the action it was sent (the runner held here by SIGSTOP, as a loaded machine
+    holds it) had the kill find nothing of the action and spare the runner, which started
+    it afterwards (once continued), after the caller was told it was interrupted. The
+    cgroup kill now kills the runner with the action's group, before it reads the line;
+    the marker fallback (no process carried the action's marker, and the runner cannot be
+    told from the container's processes) revokes the action's ticket first, and the
+    action's shell checks it before its command runs."""
     import os
     import signal
 
@@ -537,7 +443,7 @@ def test_without_cgroup_access_an_action_interrupted_before_the_runner_read_it_n
 
     traj = trajectory(manager)
     assert manager.run_action(traj, "true", 1).ok  # the runner is up
-    held = _held_runner(manager, traj)
+    held = _held_runner(manager, traj, kill_path)
     real_send, real_collect = transport.send, transport.collect
 
     def stopped_then_sent(*args: Any, **kwargs: Any) -> None:
@@ -563,17 +469,20 @@ def test_without_cgroup_access_an_action_interrupted_before_the_runner_read_it_n
         traj, "sleep 2; test -e /work/old-ran && echo ran || echo killed", 1, timeout_s=30
     )
     assert later.ok and later.stdout == b"killed\n", later
-    again = manager.run_action(traj, "echo fine", 1, timeout_s=30)
-    assert again.ok and again.stdout == b"fine\n", again
+    if kill_path != "cgroup":  # (the runner lives on: it still takes actions)
+        again = manager.run_action(traj, "echo fine", 1, timeout_s=30)
+        assert again.ok and again.stdout == b"fine\n", again
 
 
-def test_without_cgroup_access_an_action_the_runner_had_not_read_by_its_time_out_never_runs(
-    manager: Any, trajectory: Any, monkeypatch: pytest.MonkeyPatch, marker_kill: str
+def test_an_action_the_runner_had_not_read_by_its_time_out_never_runs(
+    manager: Any, trajectory: Any, monkeypatch: pytest.MonkeyPatch, kill_path: str
 ) -> None:
-    """The marker fallback: a runner held past the action's time-out (SIGSTOP here, the
-    scheduler on a loaded machine) read the action once it went on and started it, after its
-    outcome was given: the time-out's kill had found no process carrying its marker. The kill
-    now revokes the action's ticket, and the runner finds it gone."""
+    """The runner transport, each kill path: a runner held (here by SIGSTOP, on a loaded
+    machine by the scheduler) until past the action's time-out had the kill find nothing of
+    the action and spare the runner; once the runner went on it read the action and
+    started it, after its outcome was given. The cgroup kill now kills the runner with
+    what is left when no end came; the marker fallback revokes the action's ticket, and the
+    runner finds it gone."""
     import os
     import signal
 
@@ -581,7 +490,7 @@ def test_without_cgroup_access_an_action_the_runner_had_not_read_by_its_time_out
 
     traj = trajectory(manager)
     assert manager.run_action(traj, "true", 1).ok  # the runner is up
-    held = _held_runner(manager, traj)
+    held = _held_runner(manager, traj, kill_path)
     real_send = transport.send
 
     def stopped_then_sent(*args: Any, **kwargs: Any) -> None:
@@ -596,22 +505,31 @@ def test_without_cgroup_access_an_action_the_runner_had_not_read_by_its_time_out
             signal.pidfd_send_signal(held, signal.SIGCONT)
         os.close(held)
     monkeypatch.setattr(transport, "send", real_send)
-    assert out.status in ("error", "timeout") and not out.ok, out
+    if kill_path == "cgroup":
+        # A time-out now (the kill found nothing of the action in the group and took the
+        # runner with it); "stopped answering" when no end came within the grace.
+        assert out.status == "timeout" or "stopped answering" in (out.error or ""), out
+    else:
+        assert out.status in ("error", "timeout") and not out.ok, out
     later = manager.run_action(
         traj, "sleep 2; test -e /work/old-ran && echo ran || echo killed", 1, timeout_s=30
     )
     assert later.ok and later.stdout == b"killed\n", later
-    again = manager.run_action(traj, "echo fine", 1, timeout_s=30)
-    assert again.ok and again.stdout == b"fine\n", again
+    if kill_path != "cgroup":
+        again = manager.run_action(traj, "echo fine", 1, timeout_s=30)
+        assert again.ok and again.stdout == b"fine\n", again
 
 
-def test_without_cgroup_access_an_action_interrupted_right_after_its_send_never_runs(
-    any_manager: Any, trajectory: Any, monkeypatch: pytest.MonkeyPatch, marker_kill: str
+def test_an_action_interrupted_right_after_its_send_never_runs(
+    any_manager: Any, trajectory: Any, monkeypatch: pytest.MonkeyPatch, kill_path: str
 ) -> None:
-    """The marker fallback, both transports: an interrupt landing right after the send,
-    before the launcher (an exec's shell, or the runner) started the action: its launcher
-    carried no marker, and read the line and ran the action after the caller was told it
-    was interrupted."""
+    """Both transports, each kill path: an interrupt (a KeyboardInterrupt) landing once the
+    action was sent, before its output was read: the exec transport killed nothing (its
+    launcher read the line and ran the action, moved out of the group by ``leave``), the
+    runner transport neither (the runner, spared, read it and started it), and under the
+    marker fallback the launcher carried no marker; the caller had been told it was
+    interrupted. The launcher is now killed with the action (the runner frozen with it:
+    either the action never started, or it is in the group, killed there)."""
     from tangram.exec.aoe import transport
 
     traj = trajectory(any_manager)
@@ -661,19 +579,13 @@ def test_without_cgroup_access_an_action_that_kills_its_runner_leaves_no_ticket_
 
 
 def test_an_action_a_slow_runner_reads_just_after_its_time_out_kill_never_runs(
-    manager: Any, trajectory: Any, monkeypatch: pytest.MonkeyPatch
+    manager: Any, trajectory: Any, monkeypatch: pytest.MonkeyPatch, kill_path: str
 ) -> None:
     """A runner slow to read its action (held here until the time-out's kill returned, as a
     loaded machine holds it) read it within the kill's grace and ran it: the kill had found
     nothing of it and spared the runner, and the action, reported a time-out, had run after
-    its kill (its write done)."""
-    _slow_runner_reads_after_the_kill(manager, trajectory(manager), monkeypatch)
-
-
-def test_without_cgroup_access_an_action_a_slow_runner_reads_after_its_kill_never_runs(
-    manager: Any, trajectory: Any, monkeypatch: pytest.MonkeyPatch, marker_kill: str
-) -> None:
-    """The same under the marker fallback: the runner finds the action's ticket revoked."""
+    its kill (its write done). Under the marker fallback the runner finds the action's
+    ticket revoked."""
     _slow_runner_reads_after_the_kill(manager, trajectory(manager), monkeypatch)
 
 
