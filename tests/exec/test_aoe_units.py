@@ -1516,3 +1516,15 @@ def test_a_work_dir_over_a_system_directory_is_refused_naming_it(work_dir: str) 
         SandboxConfig(work_dir=work_dir)
     for fine in ("/usr/src/app", "/etc-work", "/var/work", "/home/sandbox/work"):
         assert SandboxConfig(work_dir=fine).work_dir == fine
+
+
+def test_a_weighted_grant_below_the_least_weight_is_refused_naming_it() -> None:
+    """A weighted grant's ``quota_cores`` is a CPU weight (v2 ``cpu.weight`` = 100 x cores),
+    whose least is 1: 0.001 cores ran at weight 1 (0.01 cores' worth) while the outcome
+    said 0.001. It is now refused naming ``quota_cores`` and the least weight."""
+    from tangram.exec.aoe.execution import plan_action
+
+    cfg = AoeConfig()
+    with pytest.raises(AoeError, match=r"quota_cores .*at least 0\.01"):
+        plan_action(cfg, "true", (0,), 0.001, None, None, pool=(0, 1))
+    assert plan_action(cfg, "true", (0,), 0.01, None, None, pool=(0, 1)).quota == 0.01

@@ -121,6 +121,9 @@ DEFAULT_SHARES = 1024
 #: The kernel's least CFS quota a period (µs): less is raised to it, so ``plan_action`` refuses
 #: a ``quota_cores`` under ``MIN_QUOTA_US / cfs_period_us`` rather than report one not applied.
 MIN_QUOTA_US = 1_000
+#: The least units of a weighted grant: v2 ``cpu.weight`` 1 (``weight_of`` raises any less to
+#: it), so ``plan_action`` refuses fewer rather than report a weight not applied.
+MIN_WEIGHT_UNITS = 1 / DEFAULT_WEIGHT
 
 
 def weight_of(units: float) -> int:

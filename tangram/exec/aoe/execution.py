@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tangram.exec.aoe import environment, judge
-from tangram.exec.aoe.cgroups import MIN_QUOTA_US, CgroupGone
+from tangram.exec.aoe.cgroups import MIN_QUOTA_US, MIN_WEIGHT_UNITS, CgroupGone
 from tangram.exec.aoe.config import MAX_OUTPUT_BYTES, MAX_TIMEOUT_S, AoeConfig
 from tangram.exec.aoe.errors import AoeError
 from tangram.exec.aoe.kill import kill_action
@@ -97,6 +97,13 @@ def plan_action(
         raise AoeError(
             f"quota_cores must be at least {floor:g} (the kernel's 1 ms per "
             f"cfs_period_us={config.cfs_period_us} period), got {quota_cores}"
+        )
+    if pool is not None and quota < MIN_WEIGHT_UNITS:
+        # A weighted grant's least weight is 1 (``weight_of`` raises any less to it): 0.001
+        # cores ran at 0.01 cores' weight while the outcome said 0.001.
+        raise AoeError(
+            f"quota_cores of a weighted grant must be at least {MIN_WEIGHT_UNITS:g} (cpu.weight "
+            f"1, the least), got {quota_cores}"
         )
     if isinstance(threads, bool) or not isinstance(threads, numbers.Integral):
         raise AoeError(f"threads must be a whole number (0: the granted cores), got {threads!r}")
