@@ -175,6 +175,19 @@ def test_an_empty_user_gets_a_work_dir_of_the_images_user(
     assert out.ok and out.text == "1000\nwrote\n", out
 
 
+def test_an_empty_user_is_logged_as_the_user_the_image_names(
+    manager: Any, trajectory: Any, image_of_user: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``user=""``'s relaxation said 'runs as root' whatever the image's ``Config.User``:
+    an image of user ``sandbox`` was logged as root. The open now logs the user the image
+    names, the one its actions run as."""
+    caplog.set_level(logging.INFO, logger="tangram.exec.aoe")
+    traj = trajectory(manager, image=image_of_user("sandbox"), sandbox=SandboxConfig(user=""))
+    said = " | ".join(r.getMessage() for r in caplog.records if traj in r.getMessage())
+    assert "runs as the image's user 'sandbox'" in said and "runs as root" not in said, said
+    assert manager.run_action(traj, "id -un", 1).text == "sandbox\n"
+
+
 def test_an_empty_user_whose_image_user_the_image_lacks_is_refused_naming_both(
     manager: Any, image_of_user: Any
 ) -> None:

@@ -361,6 +361,13 @@ class Lifecycle:
             sb = blueprint.sandbox
             init_pid = containers.local_pid(pid, made.id)
             user = containers.exec_user(self.client, made.attrs["Image"], sb.user)
+            if not sb.user:  # (the relaxation logged could not say whose: only the image knows)
+                log.info(
+                    "sandbox of trajectory %s runs as the image's user %r%s",
+                    blueprint.traj_id,
+                    user,
+                    " (root: the image names none)" if user == "0" else "",
+                )
             group = action_group(self.client, made.id, init_pid, user, control.pids)
             transport = TRANSPORTS[cfg.transport](
                 self.client.api, made.id, user, sb.work_dir, cfg.kill_grace_s, group
