@@ -133,6 +133,11 @@ _ID_NAME = re.compile(r"[^\s\x00-\x1f\x7f:+\-][^\s\x00-\x1f\x7f:]{0,255}\Z")
 _VOLUME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,200}\Z")
 
 
+def _int_in(value: object, low: int, high: int) -> bool:
+    """Whether ``value`` is an int (not a bool: True passed as 1) in [``low``, ``high``]."""
+    return not isinstance(value, bool) and isinstance(value, int) and low <= value <= high
+
+
 def _whole_number(digits: str) -> int | None:
     """``digits`` as a number when they are ASCII digits (docker reads no other), else None:
     ``str.isdigit`` also takes '²', which ``int`` then refuses with a ValueError."""
@@ -253,20 +258,12 @@ class SandboxConfig:
             )
         for name in ("work_size_mb", "tmp_size_mb"):
             value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int)
-                or not 1 <= value <= MAX_TMPFS_MB
-            ):
+            if not _int_in(value, 1, MAX_TMPFS_MB):
                 raise AoeError(
                     f"SandboxConfig.{name} must be a positive integer at most {MAX_TMPFS_MB} "
                     f"(MB, 1 PiB), got {value!r}"
                 )
-        if self.pids_limit is not None and (
-            isinstance(self.pids_limit, bool)
-            or not isinstance(self.pids_limit, int)
-            or not 8 <= self.pids_limit <= MAX_PIDS_LIMIT
-        ):
+        if self.pids_limit is not None and not _int_in(self.pids_limit, 8, MAX_PIDS_LIMIT):
             # (2**70 passed, and every open failed at the engine naming no setting)
             raise AoeError(
                 f"SandboxConfig.pids_limit must be None (no limit) or from 8 to "
@@ -354,24 +351,15 @@ class WarmPoolConfig:
     def __post_init__(self) -> None:
         for name in ("max_per_key", "max_total"):
             value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int)
-                or not 0 <= value <= MAX_POOLED
-            ):
+            if not _int_in(value, 0, MAX_POOLED):
                 raise AoeError(
                     f"WarmPoolConfig.{name} must be an integer >= 0 and at most {MAX_POOLED}, "
                     f"got {value!r}"
                 )
-        workers = self.workers
-        if (
-            isinstance(workers, bool)
-            or not isinstance(workers, int)
-            or not 1 <= workers <= MAX_POOL_WORKERS
-        ):
+        if not _int_in(self.workers, 1, MAX_POOL_WORKERS):
             raise AoeError(
                 f"WarmPoolConfig.workers must be >= 1 and at most {MAX_POOL_WORKERS}, "
-                f"got {workers!r}"
+                f"got {self.workers!r}"
             )
         for name in ("window_s", "prewarm_s"):
             value = getattr(self, name)
