@@ -272,6 +272,16 @@ def test_a_trajectory_whose_open_left_its_container_behind_can_be_opened_again(
             real_remove(manager.client, cid)
 
 
+def _assert_old_never_ran(manager: Any, traj: str, wait_s: int) -> None:
+    """After ``wait_s`` seconds (longer than the old action takes to reach its write, had it
+    run), an action of ``traj`` finds no /work/old-ran: the old action never wrote it."""
+    sleep = f"sleep {wait_s}; " if wait_s else ""
+    later = manager.run_action(
+        traj, f"{sleep}test -e /work/old-ran && echo ran || echo killed", 1, timeout_s=30
+    )
+    assert later.ok and later.stdout == b"killed\n", later
+
+
 def test_an_action_interrupted_mid_run_is_killed_and_leaves_the_next_alone(
     any_manager: Any, trajectory: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -296,10 +306,7 @@ def test_an_action_interrupted_mid_run_is_killed_and_leaves_the_next_alone(
     assert any_manager.free_cores() == any_manager.topology.cores
     out = any_manager.run_action(traj, "echo new", 1, timeout_s=30)
     assert out.ok and out.stdout == b"new\n", out
-    later = any_manager.run_action(
-        traj, "sleep 4; test -e /work/old-ran && echo ran || echo killed", 1, timeout_s=30
-    )
-    assert later.ok and later.stdout == b"killed\n", later
+    _assert_old_never_ran(any_manager, traj, wait_s=4)
 
 
 @pytest.mark.parametrize("image", ["Bad Name", "x:y:z", "UPPER", "../etc"])
@@ -402,10 +409,7 @@ def test_without_cgroup_access_a_time_out_kills_the_actions_shell_with_its_comma
     )
     out = any_manager.run_action(traj, script, 1, timeout_s=8)
     assert out.status == "timeout", out
-    later = any_manager.run_action(
-        traj, "sleep 2; test -e /work/old-ran && echo ran || echo killed", 1, timeout_s=30
-    )
-    assert later.ok and later.stdout == b"killed\n", later
+    _assert_old_never_ran(any_manager, traj, wait_s=2)
 
 
 def _held_runner(manager: Any, traj: str, kill_path: str) -> int:
@@ -465,10 +469,7 @@ def test_an_action_interrupted_before_the_runner_read_it_never_runs(
     monkeypatch.setattr(transport, "send", real_send)
     monkeypatch.setattr(transport, "collect", real_collect)
     assert manager.free_cores() == manager.topology.cores
-    later = manager.run_action(
-        traj, "sleep 2; test -e /work/old-ran && echo ran || echo killed", 1, timeout_s=30
-    )
-    assert later.ok and later.stdout == b"killed\n", later
+    _assert_old_never_ran(manager, traj, wait_s=2)
     if kill_path != "cgroup":  # (the runner lives on: it still takes actions)
         again = manager.run_action(traj, "echo fine", 1, timeout_s=30)
         assert again.ok and again.stdout == b"fine\n", again
@@ -511,10 +512,7 @@ def test_an_action_the_runner_had_not_read_by_its_time_out_never_runs(
         assert out.status == "timeout" or "stopped answering" in (out.error or ""), out
     else:
         assert out.status in ("error", "timeout") and not out.ok, out
-    later = manager.run_action(
-        traj, "sleep 2; test -e /work/old-ran && echo ran || echo killed", 1, timeout_s=30
-    )
-    assert later.ok and later.stdout == b"killed\n", later
+    _assert_old_never_ran(manager, traj, wait_s=2)
     if kill_path != "cgroup":
         again = manager.run_action(traj, "echo fine", 1, timeout_s=30)
         assert again.ok and again.stdout == b"fine\n", again
@@ -544,10 +542,7 @@ def test_an_action_interrupted_right_after_its_send_never_runs(
         any_manager.run_action(traj, "sleep 2; echo old > /work/old-ran", 1)
     monkeypatch.setattr(transport, "send", real)
     assert any_manager.free_cores() == any_manager.topology.cores
-    later = any_manager.run_action(
-        traj, "sleep 4; test -e /work/old-ran && echo ran || echo killed", 1, timeout_s=30
-    )
-    assert later.ok and later.stdout == b"killed\n", later
+    _assert_old_never_ran(any_manager, traj, wait_s=4)
 
 
 def test_without_cgroup_access_a_time_out_leaves_no_ticket_behind(
@@ -626,7 +621,4 @@ def _slow_runner_reads_after_the_kill(
     monkeypatch.setattr(transport, "send", real_send)
     monkeypatch.setattr(execution, "kill_action", real_kill)
     assert out.status == "timeout", out
-    later = manager.run_action(
-        traj, "test -e /work/old-ran && echo ran || echo killed", 1, timeout_s=30
-    )
-    assert later.ok and later.stdout == b"killed\n", later
+    _assert_old_never_ran(manager, traj, wait_s=0)
