@@ -16,6 +16,7 @@ import pytest
 
 from tangram.exec.integrations.verl_tool import TangramSandboxTool
 from tangram.exec.service.client import AsyncClient
+from tangram.exec.service.retry import ServiceError
 
 
 def refused(request: httpx.Request) -> httpx.Response:
@@ -91,3 +92,60 @@ def test_create_after_a_lost_answer_returns_the_trajectory_it_opened() -> None:
 
     instance = asyncio.run(create())
     assert opened == [instance] and tool._calls == {instance: 0}
+
+
+def test_create_whose_answer_never_came_releases_the_trajectory_it_asked_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The client made the open's id up inside its HTTP call, so when ``create`` gave up
+    waiting for the answer (a service that took the open and hung), the tool knew no id to
+    release: the container the service did open held the node's memory until it stopped.
+    The tool makes the id up now, before the request, and closes it when the open fails."""
+    monkeypatch.setattr("tangram.exec.integrations.verl_tool.OPEN_WAIT_S", 0.05)
+    monkeypatch.setattr("tangram.exec.integrations.verl_tool.ANSWER_MARGIN_S", 0.05)
+    tool = TangramSandboxTool({"tangram_url": "http://127.0.0.1:9", "image": "fake"})
+    opened: list[str] = []
+    closed: list[str] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST" and request.url.path == "/v1/trajectories":
+            opened.append(json.loads(request.content)["id"])
+            await asyncio.sleep(5)  # (took the open, never answers in time)
+        if request.method == "DELETE":
+            closed.append(request.url.path.rsplit("/", 1)[-1])
+            return httpx.Response(200, json={"id": closed[-1], "memory_gb": 1.0})
+        return httpx.Response(404, json={"error": {"code": "unknown", "message": "?"}})
+
+    async def create() -> None:
+        tool._client = AsyncClient(
+            "http://127.0.0.1:9", retries=0, transport=httpx.MockTransport(handler)
+        )
+        tool._client_loop = asyncio.get_running_loop()
+        with pytest.raises(TimeoutError):
+            await tool.create()
+
+    asyncio.run(create())
+    assert len(opened) == 1 and closed == opened, (opened, closed)
+    assert tool._calls == {}
+
+
+def test_create_refused_by_a_conflict_on_the_callers_id_closes_nothing() -> None:
+    """A 409 on an id verl gave may be another client's open trajectory: never closed."""
+    tool = TangramSandboxTool({"tangram_url": "http://127.0.0.1:9", "image": "fake"})
+    sent: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request.method)
+        conflict = {"code": "conflict", "message": "trajectory 'mine' is open"}
+        return httpx.Response(409, json={"error": {**conflict, "retryable": False}})
+
+    async def create() -> None:
+        tool._client = AsyncClient(
+            "http://127.0.0.1:9", retries=0, transport=httpx.MockTransport(handler)
+        )
+        tool._client_loop = asyncio.get_running_loop()
+        with pytest.raises(ServiceError):
+            await tool.create("mine")
+
+    asyncio.run(create())
+    assert sent == ["POST"], sent

@@ -25,6 +25,7 @@ import asyncio
 import base64
 import logging
 import shlex
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -32,7 +33,7 @@ from typing import Any
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
-from tangram.exec.runtime.errors import BadRequest, UnknownTrajectory
+from tangram.exec.runtime.errors import BadRequest, Conflict, UnknownTrajectory
 from tangram.exec.runtime.records import (
     ActionSpec,
     CpuWork,
@@ -158,6 +159,8 @@ class TangramSandboxTool(BaseTool):
         #: The event loop ``_client`` was made on (its connections belong to it).
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._calls: dict[str, int] = {}
+        #: Closes of trajectories whose open failed, still running (``_abandon``).
+        self._abandoning: set[asyncio.Future[None]] = set()
 
     @property
     def client(self) -> AsyncClient:
@@ -183,19 +186,46 @@ class TangramSandboxTool(BaseTool):
     async def create(
         self, instance_id: str | None = None, **kwargs: Any
     ) -> tuple[str, ToolResponse]:
-        """Open the trajectory's container; its id is the instance id. Without one, the
-        client makes the id up: an open it retries after a lost answer is then known as its
-        own (the 409 is read as the first attempt's open). Made up here, the id was the
-        caller's to the client, whose 409 raised: verl never learnt the instance, so it never
-        released it, and its container held the node's memory until the service stopped."""
-        s, given = self.settings, instance_id or None
+        """Open the trajectory's container; its id is the instance id, made up here (before
+        the request) when verl gives none.
+
+        Made up inside the client's call, the id was unknown to the tool when the open failed
+        after the service had opened it (the answer not in time, the connection lost): the
+        container held the node's memory until the service stopped. Known here, it is closed
+        whenever the open fails (see ``_abandon``). A 409 on an id made up here can only be a
+        retry of this open whose first attempt opened it (the id is a fresh uuid): it is this
+        open's success. A caller's own id may be another client's: its 409 is raised, and
+        nothing is closed."""
+        s = self.settings
+        made_up = not instance_id
+        traj = instance_id or f"t-{uuid.uuid4().hex}"
         opening = self.client.open_trajectory(
-            given, memory_gb=s.memory_gb, image=s.image, wait_s=OPEN_WAIT_S
+            traj, memory_gb=s.memory_gb, image=s.image, wait_s=OPEN_WAIT_S
         )
-        doc = await _answered(opening, OPEN_WAIT_S, "the open")
-        traj = given if given is not None else str(doc["id"])
+        try:
+            await _answered(opening, OPEN_WAIT_S, "the open")
+        except ServiceError as exc:
+            if exc.code != Conflict.code:
+                await self._abandon(traj)
+                raise
+            if not made_up:  # (maybe another client's trajectory: never closed)
+                raise
+        except BaseException:  # (a time-out, the transport's, a cancel: it may be open)
+            await self._abandon(traj)
+            raise
         self._calls[traj] = 0
         return traj, ToolResponse()
+
+    async def _abandon(self, traj: str) -> None:
+        """Close ``traj``, whose open failed: the service may have opened it all the same
+        (it took the request, its answer was lost). A close of one it never opened is a 404,
+        logged by ``release``. Run as a task of its own, shielded: a cancelled ``create``
+        (verl's rollout cut short) still closes it. (An open that reaches the service only
+        after this close is left to the service's shutdown: nothing can tell it apart.)"""
+        task = asyncio.ensure_future(self.release(traj))
+        self._abandoning.add(task)  # (held: the loop keeps only a weak reference)
+        task.add_done_callback(self._abandoning.discard)
+        await asyncio.shield(task)
 
     async def execute(
         self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
