@@ -287,6 +287,42 @@ def test_a_closed_run_code_container_leaves_nothing_in_the_recorder(tmp_path: Pa
     assert positions["run-code-7"] == [0, 1] and positions["kept"] == [0]
 
 
+def test_closed_trajectories_keep_a_bounded_window_in_the_recorder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A closed (non-ephemeral) trajectory's entry stayed for the life of the process, so its
+    positions go on if its id is reopened; verl's tool opens one trajectory per rollout, so
+    the recorder grew with every rollout. The entries of the ``MAX_CLOSED_TRAJECTORIES``
+    most recently closed stay; older ones go. An open one's entry never goes, and a
+    trajectory reopened within the window goes on from its last position."""
+    from tangram.exec.runtime import recorder as recorder_module
+    from tests.live.test_service_ids import CLUSTER, NODE, FakeAoe
+
+    monkeypatch.setattr(recorder_module, "MAX_CLOSED_TRAJECTORIES", 5, raising=False)
+    path = tmp_path / "t.jsonl"
+
+    async def main() -> int:
+        config = RuntimeConfig(trace_path=path)
+        async with Runtime(CLUSTER, config, cpu=CpuExecutor(FakeAoe(), NODE)) as rt:
+            await rt.open_trajectory("kept", memory_gb=0.5)
+            await rt.run(ActionSpec(CpuWork("true"), trajectory="kept"))
+            for i in range(40):
+                traj = f"rollout-{i}"
+                await rt.open_trajectory(traj, memory_gb=0.5)
+                await rt.run(ActionSpec(CpuWork("true"), trajectory=traj))
+                await rt.close_trajectory(traj)
+            await rt.open_trajectory("rollout-39", memory_gb=0.5)  # (within the window)
+            await rt.run(ActionSpec(CpuWork("true"), trajectory="rollout-39"))
+            await rt.run(ActionSpec(CpuWork("true"), trajectory="kept"))
+            await asyncio.sleep(0.05)  # (the last rows' persist)
+            return len(rt.recorder._trajs)
+
+    assert asyncio.run(main()) <= 1 + 5, "the open one's and the window's"
+    trace = load_trace(path)
+    positions = {key[1]: [r.position for r in rows] for key, rows in trace.trajectories().items()}
+    assert positions["kept"] == [0, 1] and positions["rollout-39"] == [0, 1]
+
+
 def test_a_trace_stream_that_cannot_be_written_is_refused_naming_it(tmp_path: Path) -> None:
     """A Parquet trace's stream (``PATH.partial.jsonl``) that is a directory raised
     IsADirectoryError from the start, which tangram serve reported as 'cannot listen on

@@ -7,7 +7,9 @@ and execution times, outcome, node), and appended to a JSONL file: the configure
 when it is ``.jsonl``, else a spool file. Why on disk: a service runs for days, and keeping
 every finished action until the trace was written made its memory grow with the count of
 actions (issue 16). What stays in memory is the rows of the current event-loop iteration and,
-per trajectory label, its next position and the end of its last action.
+per trajectory label, its next position and the end of its last action: every open
+trajectory's, and those of the ``MAX_CLOSED_TRAJECTORIES`` labels of no open trajectory used
+last (closed ones, GPU/API labels never opened); older ones go (see that constant).
 
 - **Always a valid trace.** The header is written first and rows are appended whole, so the
   file is a valid v1 trace at every moment (after a kill -9 too; at most a row being written
@@ -33,6 +35,7 @@ import logging
 import os
 import tempfile
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +62,13 @@ _CHUNK = 1 << 20
 #: outcome, output included: kept all, a disk full for hours held every action that ended
 #: meanwhile. (As many as the outcomes kept for polling by default.)
 MAX_PENDING_ROWS = 10_000
+#: The most entries (next position, last end) kept for labels of no open trajectory (closed
+#: ones, GPU/API labels never opened), the least recently used going first. Kept, a reopened
+#: id's positions go on from its last; kept all, the recorder grew with every trajectory ever
+#: closed (verl's tool opens one per rollout). A label used again after its entry went starts
+#: its positions at 0 again, so its rows repeat positions in the trace: reuse ids within the
+#: window (about 200 bytes an entry: some 20 MB at most).
+MAX_CLOSED_TRAJECTORIES = 100_000
 
 
 @dataclass(frozen=True)
@@ -99,6 +109,11 @@ class TraceRecorder:
         #: Per trajectory label: [its next position, the end of its last action (or open)].
         self._trajs: dict[str, list[Any]] = {}
         self._rows = 0
+        #: Trajectories open now (their entries never age out).
+        self._open: set[str] = set()
+        #: Labels in ``_trajs`` of no open trajectory, least recently used first: beyond
+        #: ``MAX_CLOSED_TRAJECTORIES`` the first go (``_age``).
+        self._idle: OrderedDict[str, None] = OrderedDict()
         #: Labels whose entry in ``_trajs`` goes once the rows buffered now are written.
         self._forget: set[str] = set()
         self.skipped_unknown = 0
@@ -146,6 +161,7 @@ class TraceRecorder:
         with self._lock:
             self._pending.clear()
             self._trajs = {traj: [0, at] for traj, at in opened.items()}
+            self._open, self._idle = set(opened), OrderedDict()
             self._rows = 0
             if self._fd is not None:
                 self._reopen(_header(meta), truncate=True)
@@ -156,6 +172,21 @@ class TraceRecorder:
         positions and last end)."""
         with self._lock:
             self._trajs.setdefault(trajectory, [0, at_s])
+            self._open.add(trajectory)
+            self._idle.pop(trajectory, None)
+
+    def trajectory_closed(self, trajectory: str) -> None:
+        """``trajectory`` is closed: its entry stays while it is among the
+        ``MAX_CLOSED_TRAJECTORIES`` labels of no open trajectory used last (a reopen goes on
+        from its positions), then goes. Aged only with no rows buffered: a buffered row's
+        label must keep its entry until the row takes its position."""
+        with self._lock:
+            self._open.discard(trajectory)
+            if trajectory in self._trajs:
+                self._idle[trajectory] = None
+                self._idle.move_to_end(trajectory)
+            if not self._pending:
+                self._age()
 
     def forget(self, trajectory: str) -> None:
         """``trajectory`` will have no more actions (an ephemeral one, closed: its id is never
@@ -289,11 +320,21 @@ class TraceRecorder:
         self._size += len(data)
         self._rows += len(lines)
         self._drop_forgotten()
+        self._age()
 
     def _drop_forgotten(self) -> None:
         for label in self._forget:
             self._trajs.pop(label, None)
+            self._open.discard(label)
+            self._idle.pop(label, None)
         self._forget.clear()
+
+    def _age(self) -> None:
+        """Drop the entries of the least recently used labels of no open trajectory beyond
+        ``MAX_CLOSED_TRAJECTORIES`` (no rows buffered: none of them waits for a position)."""
+        while len(self._idle) > MAX_CLOSED_TRAJECTORIES:
+            label, _ = self._idle.popitem(last=False)
+            self._trajs.pop(label, None)
 
     def _line(self, e: RecordedAction, taken: dict[str, list[Any] | None]) -> str | None:
         """The JSONL line of ``e``, its trajectory's position taken (None: left out);
@@ -311,6 +352,9 @@ class TraceRecorder:
             if label not in taken:
                 taken[label] = state
             self._trajs[label] = [position + 1, e.outcome.end_s]
+            if label not in self._open:  # (a closed or never-opened label: it may age out)
+                self._idle[label] = None
+                self._idle.move_to_end(label)
         return json.dumps(row_to_mapping(row, drop_defaults=True), separators=(",", ":")) + "\n"
 
 

@@ -341,6 +341,8 @@ class Runtime:
         info = await self.trajs.close(trajectory)
         if ephemeral:  # (a fresh id per request, never opened again: its trace entry goes)
             self.recorder.forget(trajectory)
+        else:  # (its entry stays while among the recently closed: a reopen goes on)
+            self.recorder.trajectory_closed(trajectory)
         return info
 
     async def recreate_trajectory(self, trajectory: str) -> TrajectoryInfo:
