@@ -27,7 +27,7 @@ from tangram.core.resources import ClusterSpec, ResourceKind
 from tangram.exec.runtime.errors import BadRequest, ExecutorMissing
 from tangram.exec.runtime.executor import Admission, OnDeadline
 from tangram.exec.runtime.records import ActionSpec, ApiWork, ErrorInfo, is_finite_number
-from tangram.exec.runtime.result import ExecResult
+from tangram.exec.runtime.result import ExecResult, NeverRan
 from tangram.exec.runtime.trajectories import Trajectory
 
 ApiCallable = Callable[[Any], Awaitable[Any]] | Callable[[Any], Any]
@@ -154,7 +154,9 @@ class ApiExecutor:
             # Still waiting for a thread (every one busy): taken off the pool, it never runs.
             # Waited for, it ran once a thread was free, after its client had been told it
             # timed out (or was cancelled), its effects seen by no one.
-            if queued.cancel() or self._closing:
+            if queued.cancel():  # (taken off the pool: the runtime ends it as never run)
+                raise NeverRan("the call was still waiting for a thread") from None
+            if self._closing:
                 raise
             self._outliving.add(call)
             try:

@@ -40,7 +40,7 @@ from tangram.exec.runtime.errors import NotCancellable
 from tangram.exec.runtime.executor import OnDeadline
 from tangram.exec.runtime.outcomes import outcome_of
 from tangram.exec.runtime.records import ErrorInfo, Outcome
-from tangram.exec.runtime.result import ExecResult, failed
+from tangram.exec.runtime.result import ExecResult, NeverRan, failed
 
 log = logging.getLogger(__name__)
 
@@ -289,6 +289,8 @@ class LiveHost:
             result = await rec.executor.execute(
                 rec.spec.work, start, trajectory=rec.traj, time_left_s=time_left_s
             )
+        except NeverRan:  # (cancelled before its executor began it: it never started)
+            result = self._cancelled_unrun(rec)
         except asyncio.CancelledError:
             status, error = rec.interrupt or (
                 "error",
@@ -315,6 +317,19 @@ class LiveHost:
             exec_s=result.exec_s,
             wait_s=result.wait_s,
         )
+
+    def _cancelled_unrun(self, rec: LiveAction) -> ExecResult:
+        """The result of ``rec``, whose interrupt (its deadline, its client's cancel) came
+        while its executor had not begun it (``NeverRan``): never started (``ran`` False), its
+        message saying so. The deadline's own message said 'it started after N s'."""
+        status, error = rec.interrupt or ("error", ErrorInfo("cancelled", "interrupted"))
+        if status == "timeout":
+            timeout = rec.deadline - rec.arrival
+            message = f"timed out after {timeout:g} s before its executor could start it"
+        else:
+            message = error.message
+        error = ErrorInfo(error.code, f"{message}; it never started", error.retryable)
+        return ExecResult(status, error=error, ran=False)  # type: ignore[arg-type]
 
     def _never_ran(self, rec: LiveAction, why: str) -> None:
         """``rec`` was started with no time left (its start and its deadline came in one

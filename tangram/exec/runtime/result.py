@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,13 @@ class ExecResult:
     #: resend is safe. Said started, ``/run_code`` blamed the program (TimeLimitExceeded) and
     #: the OpenAI-style routes said 'it started and is not run again'.
     ran: bool = True
+
+
+class NeverRan(asyncio.CancelledError):
+    """An executor's cancel (a deadline, a client's cancel) that came before it began the
+    work (a plain API call still waiting for a thread): the runtime ends the action as never
+    started (``ExecResult.ran`` False: no start time, no units, no execution time). Raised as
+    a plain cancel, the outcome showed a start and an ``exec_s`` equal to the wait."""
 
 
 def failed(code: str, message: str, *, exec_s: float = 0.0, retryable: bool = False) -> ExecResult:
