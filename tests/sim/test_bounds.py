@@ -207,3 +207,22 @@ def test_lower_bound_copes_with_any_max_units_a_trace_may_hold() -> None:
     (record,) = result.actions
     assert record.units == MAX_CORES_PER_NODE
     assert record.finish - record.start == 1.0
+
+
+def test_lower_bound_rejects_what_the_cluster_cannot_serve() -> None:
+    # A GPU call on a cluster with no GPU node and a call to an API endpoint the cluster lacks
+    # "ran" under lower-bound (0 rejected, a finite ACT) though no policy can run them: the
+    # floor compared against was one of actions no real schedule has. Both are rejected now,
+    # as under every capacity-respecting policy; the CPU action still runs.
+    rows = (
+        *cpu_trace(1, t1=2.0, max_units=1).rows,
+        TraceRow("g0", "tg", 0, 0, "hand", "llm", 0.0, "gpu", 3.0, 1,
+                 serial_fraction=0.0, service="m", service_size_gb=1.0),
+        TraceRow("p0", "tp", 0, 0, "hand", "search", 0.0, "api", 1.0, 1, service="web"),
+    )  # fmt: skip
+    result = simulate(Trace(rows, {}), two_cores(), SimConfig("lower-bound"))
+    outcomes = {r.row.action_id: r.outcome for r in result.actions}
+    assert outcomes == {"a0": "result", "g0": "rejected", "p0": "rejected"}, outcomes
+    for policy in ("fixed:1",):  # (the same actions a capacity-respecting policy rejects)
+        other = simulate(Trace(rows, {}), two_cores(), SimConfig(policy))
+        assert {r.row.action_id: r.outcome for r in other.actions} == outcomes
