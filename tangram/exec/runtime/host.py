@@ -322,7 +322,10 @@ class LiveHost:
         """The result of ``rec``, whose interrupt (its deadline, its client's cancel) came
         while its executor had not begun it (``NeverRan``): never started (``ran`` False), its
         message saying so. The deadline's own message said 'it started after N s'."""
-        status, error = rec.interrupt or ("error", ErrorInfo("cancelled", "interrupted"))
+        status, error = rec.interrupt or (
+            "error",
+            ErrorInfo("cancelled", "the action was interrupted"),
+        )
         if status == "timeout":
             timeout = rec.deadline - rec.arrival
             message = f"timed out after {timeout:g} s before its executor could start it"
