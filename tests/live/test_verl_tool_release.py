@@ -149,3 +149,38 @@ def test_create_refused_by_a_conflict_on_the_callers_id_closes_nothing() -> None
 
     asyncio.run(create())
     assert sent == ["POST"], sent
+
+
+def test_a_cancelled_create_still_closes_the_trajectory_it_asked_for() -> None:
+    """verl's rollout cut short cancels ``create`` while the open waits: the service may have
+    opened the container, so its close goes on (shielded) though the caller is gone."""
+    tool = TangramSandboxTool({"tangram_url": "http://127.0.0.1:9", "image": "fake"})
+    opened: list[str] = []
+    closed: list[str] = []
+    taken = asyncio.Event()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            opened.append(json.loads(request.content)["id"])
+            taken.set()
+            await asyncio.sleep(5)  # (bounded: the test cancels it first)
+        closed.append(request.url.path.rsplit("/", 1)[-1])
+        return httpx.Response(200, json={"id": closed[-1], "memory_gb": 1.0})
+
+    async def create() -> None:
+        tool._client = AsyncClient(
+            "http://127.0.0.1:9", retries=0, transport=httpx.MockTransport(handler)
+        )
+        tool._client_loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(tool.create())
+        await asyncio.wait_for(taken.wait(), 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(100):  # bounded: 1 s for the shielded close
+            if closed:
+                break
+            await asyncio.sleep(0.01)
+
+    asyncio.run(create())
+    assert len(opened) == 1 and closed == opened, (opened, closed)
