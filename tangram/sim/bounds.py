@@ -37,10 +37,10 @@ end is at least the k-th smallest critical path (``d_i`` and generations) and, f
 the k-th SRPT completion of the trajectories' work there (released at the earliest arrival of
 their first action there, sized their area there) plus the least time any of them needs after
 its last action there. The step's bound is the larger of the two. Both are at least
-``sum d_i``, hence never below ``lower-bound``'s figure when the
-``lower-bound`` options include the capacity-respecting ones (true unless a GPU call's
-``max_units`` is below the smallest cell that holds its model: then ``lower-bound`` takes a
-cell no schedule can use and is itself no bound).
+``sum d_i``, hence never below ``lower-bound``'s figure: its options include the
+capacity-respecting ones (a GPU call with none, its ``max_units`` below the smallest cell that
+holds its model, say, is rejected by ``lower-bound`` as by every policy; it took a cell no
+schedule can use, and was then no bound).
 
 **Step time.** A step lasts at least (a) its critical path: every action at ``d_i`` with its
 generations, ``sync`` barriers included, plus ``train_s``; and (b) for each domain and each

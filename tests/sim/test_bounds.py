@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from tangram.bench.robustness import BASELINES
 from tangram.core.cluster_file import MAX_CORES_PER_NODE
-from tangram.core.resources import ClusterSpec, CpuNodeSpec
+from tangram.core.resources import ClusterSpec, CpuNodeSpec, GpuNodeSpec
 from tangram.sim.bounds import ActionNeed, capacity_bound, group_flow_bound, srpt_completions
 from tangram.sim.config import Overheads, RolloutConfig, SimConfig
 from tangram.sim.driver import SimulationStalled, simulate
@@ -226,3 +226,17 @@ def test_lower_bound_rejects_what_the_cluster_cannot_serve() -> None:
     for policy in ("fixed:1",):  # (the same actions a capacity-respecting policy rejects)
         other = simulate(Trace(rows, {}), two_cores(), SimConfig(policy))
         assert {r.row.action_id: r.outcome for r in other.actions} == outcomes
+
+
+def test_lower_bound_rejects_a_gpu_call_no_cell_can_hold() -> None:
+    # A model larger than every cell of the cluster's GPU nodes (2 x 16 GB) ran under
+    # lower-bound on a cell of its max_units, which no schedule can use.
+    cluster = dataclasses.replace(
+        two_cores(),
+        gpu_nodes=(GpuNodeSpec("gpu0", gpus=2, gpu_memory_gb=16.0, host_memory_gb=64.0),),
+    )
+    row = TraceRow("g0", "tg", 0, 0, "hand", "llm", 0.0, "gpu", 3.0, 2,
+                   serial_fraction=0.0, service="m", service_size_gb=100.0)  # fmt: skip
+    for policy in ("lower-bound", "fixed:1"):
+        (record,) = simulate(Trace((row,), {}), cluster, SimConfig(policy)).actions
+        assert record.outcome == "rejected", (policy, record)

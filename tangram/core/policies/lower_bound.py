@@ -2,8 +2,8 @@
 
 Not a schedule (it ignores capacity); it is the floor a report compares policies against:
 no queueing, no overhead, the most useful units. What the cluster cannot serve at all (a CPU
-or GPU action on a cluster with no node of its kind, a call to an API endpoint the cluster
-lacks) is rejected, as under every capacity-respecting policy: "run", it gave 0 rejected and a
+or GPU action on a cluster with no node of its kind, a GPU call whose model no cell of a node
+with its host memory holds, a call to an API endpoint the cluster lacks) is rejected, as under every capacity-respecting policy: "run", it gave 0 rejected and a
 finite ACT for actions no real schedule runs, so the comparison was meaningless.
 """
 
@@ -46,7 +46,17 @@ def _unservable(ctx: Context, action: Action) -> str | None:
     if action.resource is ResourceKind.CPU:
         return None if cluster.cpu_nodes else "CPU action but the cluster has no CPU node"
     if action.resource is ResourceKind.GPU:
-        return None if cluster.gpu_nodes else "GPU action but the cluster has no GPU node"
+        if not cluster.gpu_nodes:
+            return "GPU action but the cluster has no GPU node"
+        # (Capacity-respecting options: empty when no cell of a node whose host memory holds
+        # the call holds its model; its own options then were a cell no schedule can use.)
+        if not ctx.scheduler.admission.options.gpu_units(action):
+            return (
+                f"service {action.service!r} of {action.service_size_gb} GB fits no cell of at "
+                f"most {action.max_units} GPUs on a GPU node with {action.memory_gb} GB of "
+                "host memory"
+            )
+        return None
     if action.service not in ctx.state.api:
         return f"unknown API endpoint {action.service!r}; known: {sorted(ctx.state.api)}"
     return None
