@@ -192,6 +192,10 @@ def test_tangram_serve_takes_the_limits_with_their_defaults() -> None:
         (b"POST /v1/completions HTTP/1.1", "openai"),
         (b"POST /pooling?x=1 HTTP/1.1", "openai"),
         (b"POST /v1/actions HTTP/1.1", "tangram"),
+        # An absolute-form target (RFC 9112 3.2.2, as a proxy forwards): its path decides.
+        (b"POST http://x/run_code HTTP/1.1", "sandbox"),
+        (b"POST http://x:8080/v1/completions?y=2 HTTP/1.1", "openai"),
+        (b"POST https://x/v1/actions HTTP/1.1", "tangram"),
     ],
 )
 def test_a_connection_beyond_the_bound_is_refused_in_its_routes_shape(
@@ -451,6 +455,8 @@ def test_connections_refused_beyond_the_bound_are_counted_in_the_metrics() -> No
         (b"POST /v1/completions HTTP/1.1", "openai"),
         (b"POST /get_reward?x=1 HTTP/1.1", "openai"),
         (b"POST /v1/actions HTTP/1.1", "tangram"),
+        (b"POST http://x/run_code HTTP/1.1", "sandbox"),
+        (b"POST http://x:8080/v1/completions HTTP/1.1", "openai"),
     ],
 )
 @pytest.mark.parametrize("after_one", [False, True], ids=["first", "after a good request"])

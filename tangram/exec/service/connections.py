@@ -88,16 +88,33 @@ def refusal_bytes(max_connections: int, path: str = "", message: str | None = No
     return head.encode() + body
 
 
+#: An absolute-form target's scheme and authority (RFC 9112 3.2.2: ``http://host:port``),
+#: which aiohttp routes by the path after it.
+_ABSOLUTE_PREFIX = re.compile(rb"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*")
+
+
+def target_path(target: bytes) -> str:
+    """The path of a request target, without its query or fragment: an absolute-form
+    target (``http://host/run_code``, as a proxy forwards it) is routed by its path, so its
+    path, not the whole target, picks the answer's route family (it got Tangram's shape)."""
+    path = _ABSOLUTE_PREFIX.sub(b"", target, count=1) if b"://" in target else target
+    path = re.split(rb"[?#]", path, maxsplit=1)[0]
+    return (path or b"/").decode("latin-1")
+
+
 def request_path(head: bytes) -> str:
     """The path (without its query) of the request line that starts ``head``; "" if none."""
     line = head.split(b"\r\n", 1)[0].split(b" ")
     if len(line) < 2:
         return ""
-    return line[1].split(b"?", 1)[0].decode("latin-1")
+    return target_path(line[1])
 
 
-#: A request line (method, target, version) at a line's start; its target's path is group 1.
-_REQUEST_LINE = re.compile(rb"(?:^|\n)[!#$%&'*+.^_`|~0-9A-Za-z-]+ (/[^ \r\n?#]*)[^ \r\n]* HTTP/")
+#: A request line (method, target, version) at a line's start; its target is group 1
+#: (origin-form ``/path`` or absolute-form ``scheme://authority/path``).
+_REQUEST_LINE = re.compile(
+    rb"(?:^|\n)[!#$%&'*+.^_`|~0-9A-Za-z-]+ (/[^ \r\n]*|[A-Za-z][A-Za-z0-9+.-]*://[^ \r\n]*) HTTP/"
+)
 
 
 def last_request_path(recent: bytes) -> str:
@@ -105,7 +122,7 @@ def last_request_path(recent: bytes) -> str:
     if none. aiohttp's parser, failing on a request's head, keeps nothing of it: the
     failing request is the last one begun, its head being the last bytes read."""
     found = list(_REQUEST_LINE.finditer(recent))
-    return found[-1].group(1).decode("latin-1") if found else ""
+    return target_path(found[-1].group(1)) if found else ""
 
 
 def error_doc_of(path: str, status: int, code: str, message: str) -> dict[str, Any]:
