@@ -558,3 +558,56 @@ def test_a_tenants_refusals_are_counted_in_the_metrics() -> None:
         gate.set()
     assert 'tangram_actions_refused_total{reason="tenant"} 1.0' in text, text
     assert 'tangram_actions_refused_total{reason="tenant_trajectories"} 1.0' in text, text
+
+
+@pytest.mark.parametrize(
+    ("path", "answer"),
+    [
+        ("/run_code", b"429"),
+        ("/v1/completions", b"429"),
+        # A submission names its id in its body (a resend of an accepted one takes no new
+        # place and is answered): it is told to continue, its body decides.
+        ("/v1/actions", b"100 Continue"),
+    ],
+)
+def test_a_tenant_at_its_pending_bound_asking_100_continue_is_refused_before_its_body(
+    path: str, answer: bytes
+) -> None:
+    """A client sending ``Expect: 100-continue`` waits before its body so that a refusal
+    comes first: a tenant at ``--tenant-max-pending`` was told to continue, uploaded its
+    body (up to 64 MiB), and only then read its 429, on the routes where every request
+    takes a place (``/run_code``, the OpenAI-style calls)."""
+    import json
+    import socket
+
+    gate = threading.Event()
+
+    def make() -> Runtime:
+        return Runtime(
+            CLUSTER, RuntimeConfig(max_pending=64), api=ApiExecutor({"gate": _gated(gate)})
+        )
+
+    opts = ServeOptions(port=0, token=OPERATOR, clients={"alice": ALICE}, tenant_max_pending=1)
+    request = (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {ALICE}\r\nExpect: 100-continue\r\n"
+        "Content-Length: 1000000\r\n\r\n"
+    ).encode()
+    with ServiceThread(make, opts) as thread, Client(thread.url, token=ALICE, retries=0) as alice:
+        try:
+            assert alice.submit(endpoint="gate", payload=0, id="held") == "held"
+            host, port = thread.url.removeprefix("http://").rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=10.0) as s:
+                s.sendall(request)  # (the body is never sent: the client waits for the 100)
+                got = s.recv(65536)
+        finally:
+            gate.set()
+        assert got.startswith(b"HTTP/1.1 " + answer), got[:300]
+        if answer == b"429":
+            doc = json.loads(got.split(b"\r\n\r\n", 1)[1])
+            assert "--tenant-max-pending" in doc["error"]["message"], doc
+            if path == "/run_code":  # (SandboxFusion's shape)
+                assert doc["status"] == "SandboxError" and doc["run_result"] is None, doc
+            else:  # (OpenAI's)
+                assert doc["error"]["type"] == "rate_limit_error", doc
+        assert alice.result("held", wait_s=30).ok

@@ -340,10 +340,29 @@ class ServiceApp:
         refusal comes first, yet it was told to continue whatever its token, uploaded up to
         64 MiB, and only then read its 401 (or its tenant's connection 429)."""
         if self.tokens.required and request.path not in OPEN_PATHS:
-            refused = self._admission(request)
+            refused = self._admission(request) or self._place_refusal(request)
             if refused is not None:
                 return refused
         return await expect_handler(request)
+
+    def _place_refusal(self, request: web.Request) -> web.Response | None:
+        """The 429 of a tenant at ``--tenant-max-pending`` asking to continue a request that
+        always takes a place (``/run_code``, an OpenAI-style call: ``_place_for_request``),
+        in its path's shape; None otherwise. It was told to continue, uploaded its body, and
+        only then read the 429. A submission (``/v1/actions``) is told to continue: its body
+        names its id, and a resend of an accepted one takes no new place."""
+        tenant = _tenant(request)
+        takes_place = request.path == RUN_CODE_PATH or request.path in CALL_PATHS
+        if tenant is None or request.method != "POST" or not takes_place:
+            return None
+        try:
+            self._claim_place(tenant)  # (checks only: the place is taken with the body)
+        except LiveError as exc:
+            error = translate(exc)
+            if request.path in OPENAI_PATHS:
+                return openai_answer(request, error, tenant.clean)
+            return error_response(error, refusal_doc(error))
+        return None
 
     def _admission(self, request: web.Request) -> web.Response | None:
         """The refusal of a request whose token is missing or wrong (401) or whose tenant is
