@@ -504,3 +504,30 @@ def test_a_body_with_a_number_json_cannot_carry_is_refused_naming_its_field(bad:
     for err in (sync.value, asyncio.run(main())):
         assert "'payload.rows[1].score'" in str(err) and repr(bad) in str(err), err
         assert "nothing was sent" in str(err), err
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -1, -0.5, True, "5", None])
+def test_result_refuses_a_wait_that_is_not_seconds_before_sending(bad: object) -> None:
+    """``result(id, wait_s=nan)`` (or -1) was sent as ``?wait=nan`` and failed with the
+    service's "query 'wait'" 400, naming no argument of the call (``True`` waited 1 s, a
+    string raised a ``TypeError`` from the client's arithmetic). A ``ValueError`` naming
+    ``wait_s`` now comes before anything is sent."""
+    got, requests = both([], lambda c: c.result("a1", wait_s=bad))
+    assert got[0] is ValueError and "wait_s" in got[1] and repr(bad) in got[1], got
+    assert requests == []
+
+
+@pytest.mark.parametrize("bad", ["", None, 7])
+@pytest.mark.parametrize(
+    "call",
+    ["result", "state", "cancel", "close_trajectory", "recreate_trajectory"],
+)
+def test_an_id_that_is_not_a_nonempty_string_is_refused_before_sending(
+    call: str, bad: object
+) -> None:
+    """An empty id made the path ``/v1/actions/`` (the service's 404 "no route", naming
+    nothing of the call), and one that was not a string a ``TypeError`` from ``quote``
+    ("quote_from_bytes() expected bytes"). A ``ValueError`` naming ``id`` now comes first."""
+    got, requests = both([], lambda c: getattr(c, call)(bad))
+    assert got[0] is ValueError and "id" in got[1] and repr(bad) in got[1], got
+    assert requests == []

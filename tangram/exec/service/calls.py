@@ -45,8 +45,28 @@ def steps(operation: Operation[T], retries: int) -> Steps[T]:
 def segment(id: str) -> str:
     """``id`` as one URL path segment: every character but letters, digits, '-', '_' and '~'
     percent-encoded (UTF-8), dots too, so that ``?``, ``#``, ``%xx``, ``.`` and ``..`` stay part
-    of the id instead of becoming a query, a fragment, an escape or a step up the path."""
+    of the id instead of becoming a query, a fragment, an escape or a step up the path.
+
+    ``ValueError`` naming ``id`` unless it is a non-empty string, before anything is sent:
+    "" made the path ``/v1/actions/`` (the service's 404, naming nothing of the call), and
+    another type a ``TypeError`` from ``quote``."""
+    if not isinstance(id, str) or not id:
+        raise ValueError(f"id must be a non-empty string, not {id!r}")
     return quote(id, safe="").replace(".", "%2E")
+
+
+def wait_seconds(wait_s: float) -> float:
+    """``wait_s``, seconds >= 0 (``math.inf``: until the outcome), or ``ValueError`` naming
+    it before anything is sent: NaN or -1 was sent as the query ``wait`` and refused by the
+    service naming only its query, ``True`` waited 1 s, a string failed in the arithmetic."""
+    if (
+        isinstance(wait_s, bool)
+        or not isinstance(wait_s, (int, float))
+        or math.isnan(wait_s)
+        or wait_s < 0
+    ):
+        raise ValueError(f"wait_s must be a number of seconds >= 0, not {wait_s!r}")
+    return float(wait_s)
 
 
 def action_body(
@@ -182,6 +202,7 @@ def result(id: str, wait_s: float = 0.0, max_wait_s: float = math.inf) -> Operat
     is polled in turns until ``wait_s`` has passed: in one poll, None came at the service's
     cap however long the caller asked to wait, and a wait past the read time-out timed out
     and was sent again until the retries ran out (``ReadTimeout``, not None)."""
+    wait_s = wait_seconds(wait_s)
     end = time.monotonic() + wait_s
     ask = min(wait_s, max_wait_s)
     while True:
