@@ -531,3 +531,20 @@ def test_an_id_that_is_not_a_nonempty_string_is_refused_before_sending(
     got, requests = both([], lambda c: getattr(c, call)(bad))
     assert got[0] is ValueError and "id" in got[1] and repr(bad) in got[1], got
     assert requests == []
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 2.5, "8"])
+def test_an_async_client_refuses_a_connection_bound_that_is_not_a_positive_count(
+    bad: object,
+) -> None:
+    """``AsyncClient(max_connections=0)`` was taken: httpx's pool then never lent a
+    connection and, with no pool time-out, every call waited forever (a bounded wait here
+    stands for it). A ``ValueError`` naming ``max_connections`` now comes at once."""
+
+    async def main() -> Any:
+        client = AsyncClient("http://127.0.0.1:9", retries=0, max_connections=bad)  # type: ignore[arg-type]
+        async with client as c:
+            return await asyncio.wait_for(c.status(), timeout=5.0)
+
+    with pytest.raises(ValueError, match="max_connections"):
+        asyncio.run(main())

@@ -60,6 +60,18 @@ def _retries(retries: int) -> int:
     return retries
 
 
+def _max_connections(max_connections: int) -> int:
+    """``max_connections``, a count > 0, or ``ValueError`` naming it: 0 was taken, and
+    httpx's pool then lent no connection, every call waiting forever (no pool time-out)."""
+    if (
+        isinstance(max_connections, bool)
+        or not isinstance(max_connections, int)
+        or max_connections < 1
+    ):
+        raise ValueError(f"max_connections must be an integer > 0, not {max_connections!r}")
+    return max_connections
+
+
 def _documented(cls: type[T]) -> type[T]:
     """Give each public method without a docstring its operation's (``calls.NAME``)."""
     for name, method in vars(cls).items():
@@ -88,7 +100,9 @@ class AsyncClient:
             base_url=base_url.rstrip("/"),
             headers=_headers(token),
             timeout=_timeout(max_wait_s),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=64),
+            limits=httpx.Limits(
+                max_connections=_max_connections(max_connections), max_keepalive_connections=64
+            ),
             transport=transport,
         )
 
