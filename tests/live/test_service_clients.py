@@ -548,3 +548,22 @@ def test_an_async_client_refuses_a_connection_bound_that_is_not_a_positive_count
 
     with pytest.raises(ValueError, match="max_connections"):
         asyncio.run(main())
+
+
+def test_an_empty_id_given_to_submit_or_run_is_refused_not_replaced(svc: ServiceThread) -> None:
+    """``submit(id="")`` made an id up (``id or ...``), as if none was given: the caller's
+    own id was silently another, and its later ``result("")`` found nothing. An empty id is
+    sent as given, and the service's 400 names the field."""
+    with Client(svc.url, retries=0) as c:
+        for call in (c.submit, c.run):
+            with pytest.raises(ServiceError) as info:
+                call(endpoint="echo", payload=1, id="")
+            assert info.value.status == 400 and "id" in info.value.message, info.value
+
+    async def main() -> ServiceError:
+        async with AsyncClient(svc.url, retries=0) as c:
+            with pytest.raises(ServiceError) as info:
+                await c.submit(endpoint="echo", payload=1, id="")
+            return info.value
+
+    assert asyncio.run(main()).status == 400

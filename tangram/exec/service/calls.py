@@ -92,7 +92,9 @@ def action_body(
     given = [x is not None for x in (command, service, endpoint)]
     if sum(given) != 1:
         raise ValueError("give exactly one of command (cpu), service (gpu) or endpoint (api)")
-    body: dict[str, Any] = {"id": id or f"c-{uuid.uuid4().hex}"}
+    # (Only a missing id is made up: ``id or ...`` replaced an empty one too, silently, and
+    # the caller's id was another; the service refuses it, naming the field.)
+    body: dict[str, Any] = {"id": f"c-{uuid.uuid4().hex}" if id is None else id}
     if command is not None:
         body["command"] = command
         if env:
