@@ -229,16 +229,37 @@ def test_a_503_is_retried_only_when_the_service_says_it_is_retryable() -> None:
 
 
 def test_a_lost_connection_is_retried_only_for_idempotent_calls() -> None:
-    lost = httpx.ConnectError("lost")
+    lost = httpx.ReadError("lost")
     ok = httpx.Response(200, json={"trajectories": []})
     got, requests = both([lost, ok], lambda c: c.trajectories())
     assert got == [] and len(requests) == 2
     got, requests = both([lost], lambda c: c.close_trajectory("t"))
-    assert got == (httpx.ConnectError, "lost") and requests == [
+    assert got == (httpx.ReadError, "lost") and requests == [
         ("DELETE", "/v1/trajectories/t", b"", b"")
     ]
     got, _ = both([lost] * 2, lambda c: c.status(), retries=1)
-    assert got == (httpx.ConnectError, "lost")
+    assert got == (httpx.ReadError, "lost")
+
+
+@pytest.mark.parametrize(
+    "unsent",
+    [httpx.ConnectError("refused"), httpx.ConnectTimeout("slow"), httpx.PoolTimeout("full")],
+)
+def test_a_call_that_never_reached_the_service_is_retried_even_if_not_idempotent(
+    unsent: Exception,
+) -> None:
+    """A connection that could not be made (refused while the service restarts, a connect
+    or pool time-out) sent nothing, yet a non-idempotent call (``run_code``,
+    ``close_trajectory``) raised at once, as if its request might have been acted on,
+    where a 429 (nothing accepted either) is retried. It is retried now."""
+    ok = httpx.Response(200, json={"status": "Success", "run_result": None})
+    got, requests = both([unsent, ok], lambda c: c.run_code("print(1)"))
+    assert got == {"status": "Success", "run_result": None} and len(requests) == 2
+    closed = httpx.Response(200, json={"id": "t", "closed": True})
+    got, requests = both([unsent, closed], lambda c: c.close_trajectory("t"))
+    assert got == {"id": "t", "closed": True} and len(requests) == 2
+    got, _ = both([unsent] * 2, lambda c: c.close_trajectory("t"), retries=1)
+    assert got == (type(unsent), str(unsent))
 
 
 class LoseFirstOpenAnswer(httpx.HTTPTransport):

@@ -131,6 +131,12 @@ def retry_worthy(status: int, error: ServiceError) -> bool:
     return status == Overloaded.http_status or (status in RETRY_STATUSES and error.retryable)
 
 
+#: Transport errors raised before the request left the client (no connection was made, or
+#: none was free in the pool): nothing reached the service, so even a call that must not run
+#: twice is safe to resend (it raised at once, as if it might have been acted on).
+UNSENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
 def backoff(error: ServiceError | None, attempt: int) -> float:
     """The service's hint if it gave one, else exponential from 50 ms; capped, jittered."""
     base = error.retry_after_s if error and error.retry_after_s else 0.05 * 2**attempt
@@ -140,15 +146,16 @@ def backoff(error: ServiceError | None, attempt: int) -> float:
 def attempts(call: Call, retries: int) -> Attempts:
     """Send ``call`` until it succeeds, retrying up to ``retries`` times; returns the answer.
 
-    A lost connection is retried only for an idempotent call; an error answer only when
-    ``retry_worthy``. The last error (``ServiceError`` or the transport's) is raised.
+    A lost connection is retried only for an idempotent call, one never made (``UNSENT``)
+    for any; an error answer only when ``retry_worthy``. The last error (``ServiceError`` or
+    the transport's) is raised.
     """
     error: ServiceError | None = None
     for attempt in range(retries + 1):
         try:
             response = yield call
-        except httpx.TransportError:
-            if not call.idempotent or attempt == retries:
+        except httpx.TransportError as exc:
+            if not (call.idempotent or isinstance(exc, UNSENT)) or attempt == retries:
                 raise
             yield Pause(backoff(None, attempt))
             continue
