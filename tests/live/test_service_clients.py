@@ -588,3 +588,15 @@ def test_an_empty_id_given_to_submit_or_run_is_refused_not_replaced(svc: Service
             return info.value
 
     assert asyncio.run(main()).status == 400
+
+
+@pytest.mark.parametrize("bad", ["tök", "a\nb", "a\x00b", "a\x7fb", 5])
+def test_a_client_refuses_a_token_no_header_can_carry(bad: object) -> None:
+    """A token that is not ASCII raised "'ascii' codec can't encode character" from httpx,
+    naming no argument; one with a control character (a newline) was taken, and every call
+    then failed in httpx's header check as a transport error, retried ``retries`` times,
+    naming nothing. A ``ValueError`` naming ``token`` now comes at once."""
+    for make in (Client, AsyncClient):
+        with pytest.raises(ValueError, match="token") as info:
+            make("http://mock", token=bad)  # type: ignore[arg-type]
+        assert repr(bad) not in str(info.value)  # (a secret is not shown)

@@ -35,6 +35,19 @@ T = TypeVar("T")
 
 
 def _headers(token: str | None) -> dict[str, str]:
+    """The token's header, or ``ValueError`` naming ``token`` if no header can carry it: one
+    not ASCII raised httpx's "'ascii' codec can't encode", naming nothing, and one with a
+    control character (a newline) failed every call as a transport error, retried."""
+    if token is not None and (
+        not isinstance(token, str)
+        or not token.isascii()
+        or any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in token)
+    ):
+        # (Its value is not shown: a secret belongs in no error message or log.)
+        raise ValueError(
+            f"token must be ASCII text without control characters (a {type(token).__name__} "
+            "that is not was given; its value is not shown)"
+        )
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
