@@ -600,3 +600,14 @@ def test_a_client_refuses_a_token_no_header_can_carry(bad: object) -> None:
         with pytest.raises(ValueError, match="token") as info:
             make("http://mock", token=bad)  # type: ignore[arg-type]
         assert repr(bad) not in str(info.value)  # (a secret is not shown)
+
+
+@pytest.mark.parametrize("bad", ["127.0.0.1:8765", "localhost:8765", "ftp://x", "", "http://", 5])
+def test_a_client_refuses_a_base_url_that_is_no_http_address(bad: object) -> None:
+    """``Client("localhost:8765")`` was taken: every call then failed with httpx's
+    ``UnsupportedProtocol`` (a transport error), retried ``retries`` times with back-off
+    (about 13 s at the default 8) before it was raised, naming no argument. A ``ValueError``
+    naming ``base_url`` now comes at once."""
+    for make in (Client, AsyncClient):
+        with pytest.raises(ValueError, match="base_url"):
+            make(bad)  # type: ignore[arg-type]

@@ -51,6 +51,22 @@ def _headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
+def _base_url(base_url: str) -> str:
+    """``base_url`` without its trailing '/', or ``ValueError`` naming it unless it is an
+    ``http://`` or ``https://`` address with a host: "localhost:8765" was taken, and every
+    call then failed with httpx's ``UnsupportedProtocol``, a transport error, retried with
+    back-off (about 13 s at the default ``retries``) before it was raised."""
+    try:
+        parsed = httpx.URL(base_url) if isinstance(base_url, str) else None
+    except httpx.InvalidURL:
+        parsed = None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ValueError(
+            f"base_url must be an http:// or https:// address (http://HOST:PORT), not {base_url!r}"
+        )
+    return base_url.rstrip("/")
+
+
 def _timeout(max_wait_s: float) -> httpx.Timeout:
     """The read time-out: ``max_wait_s`` (seconds > 0; ``math.inf``: no limit) plus a margin
     for the answer."""
@@ -110,7 +126,7 @@ class AsyncClient:
     ) -> None:
         self.retries, self.max_wait_s = _retries(retries), max_wait_s
         self._http = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"),
+            base_url=_base_url(base_url),
             headers=_headers(token),
             timeout=_timeout(max_wait_s),
             limits=httpx.Limits(
@@ -227,7 +243,7 @@ class Client:
     ) -> None:
         self.retries, self.max_wait_s = _retries(retries), max_wait_s
         self._http = httpx.Client(
-            base_url=base_url.rstrip("/"),
+            base_url=_base_url(base_url),
             headers=_headers(token),
             timeout=_timeout(max_wait_s),
             transport=transport,
