@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import sys
 import tempfile
@@ -223,6 +224,27 @@ def port_number(text: str) -> int:
     return port
 
 
+def _setting_pairs(args: argparse.Namespace) -> list[tuple[bool, str]]:
+    """The numeric flags out of range, each naming its flag: the settings refused them with
+    their own names ("default_memory_gb must be ...", "header_timeout_s ..."), not the flag
+    the operator typed. (``not x > 0`` holds for NaN too.)"""
+    finite = [("--memory-gb", args.memory_gb), ("--default-timeout-s", args.default_timeout_s)]
+    positive = [("--header-timeout-s", args.header_timeout_s)]
+    positive.append(("--body-timeout-s", args.body_timeout_s))
+    counts = [("--max-pending", args.max_pending), ("--max-connections", args.max_connections)]
+    return (
+        [
+            (not 0 < x < math.inf, f"{flag} must be a positive finite number, got {x!r}")
+            for flag, x in finite
+        ]
+        + [
+            (not x > 0, f"{flag} must be a positive number of seconds, got {x!r}")
+            for flag, x in positive
+        ]
+        + [(x < 1, f"{flag} must be at least 1, got {x!r}") for flag, x in counts]
+    )
+
+
 def check_flags(args: argparse.Namespace) -> None:
     """``ValueError`` for flags that contradict each other or could only fail later (at
     the first request or at shutdown): each found at start, naming the flags."""
@@ -282,7 +304,7 @@ def check_flags(args: argparse.Namespace) -> None:
             "(give --prewarm 0)",
         ),
     ]
-    for wrong, why in pairs:
+    for wrong, why in pairs + _setting_pairs(args):
         if wrong:
             raise ValueError(why)
     if args.prewarm is None:

@@ -81,7 +81,7 @@ def test_bench_service_json(capsys: pytest.CaptureFixture[str]) -> None:
         (["--trace", "run.parquet", "--journal", "run.parquet.partial.jsonl"], "would share"),
         (["--policy", "lower-bound"], "ignores capacity"),
         (["--default-timeout-s", "1e12"], "default_timeout_s"),
-        (["--default-timeout-s", "inf"], "default_timeout_s"),
+        (["--default-timeout-s", "inf"], "--default-timeout-s"),
         (["--no-gpu", "--model", "x=reward:/nowhere"], "--no-gpu"),
         (["--api", "nosuch=http://127.0.0.1:9/"], "nosuch"),
         (["--api", "echo=http://127.0.0.1:9/", "--api", "echo=http://127.0.0.1:8/"], "twice"),

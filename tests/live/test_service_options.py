@@ -62,3 +62,33 @@ def test_an_action_asking_more_output_than_aoe_keeps_is_refused_naming_it() -> N
     CpuWork("true", max_output_bytes=1 << 30).check()
     with pytest.raises(BadRequest, match="max_output_bytes"):
         CpuWork("true", max_output_bytes=(1 << 30) + 1).check()
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--memory-gb", "-1"], "--memory-gb"),
+        (["--memory-gb", "nan"], "--memory-gb"),
+        (["--default-timeout-s", "nan"], "--default-timeout-s"),
+        (["--default-timeout-s", "0"], "--default-timeout-s"),
+        (["--max-pending", "0"], "--max-pending"),
+        (["--header-timeout-s", "0"], "--header-timeout-s"),
+        (["--body-timeout-s", "-1"], "--body-timeout-s"),
+        (["--max-connections", "0"], "--max-connections"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else v,
+)
+def test_serve_names_the_flag_of_a_bad_setting(
+    capsys: pytest.CaptureFixture[str], flags: list[str], needle: str
+) -> None:
+    """``tangram serve --memory-gb -1`` said "default_memory_gb must be a positive finite
+    number" (``--max-pending 0`` "max_pending ...", ``--header-timeout-s 0``
+    "header_timeout_s ..."): the settings' own names, not the flag the operator typed."""
+    from tangram.cli import main as cli_main
+
+    try:
+        code = cli_main(["serve", "--no-cpu", "--no-gpu", "--no-journal", "--port", "0", *flags])
+    except SystemExit as exit_:  # argparse's own refusal of a flag's value
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and "Traceback" not in err, err
