@@ -45,8 +45,8 @@ def _headers(token: str | None) -> dict[str, str]:
     ):
         # (Its value is not shown: a secret belongs in no error message or log.)
         raise ValueError(
-            f"token must be ASCII text without control characters (a {type(token).__name__} "
-            "that is not was given; its value is not shown)"
+            "token must be ASCII text without control characters; the "
+            f"{type(token).__name__} given is not (its value is not shown)"
         )
     return {"Authorization": f"Bearer {token}"} if token else {}
 
