@@ -196,6 +196,8 @@ def test_tangram_serve_takes_the_limits_with_their_defaults() -> None:
         (b"POST http://x/run_code HTTP/1.1", "sandbox"),
         (b"POST http://x:8080/v1/completions?y=2 HTTP/1.1", "openai"),
         (b"POST https://x/v1/actions HTTP/1.1", "tangram"),
+        # A percent-encoded path (routed by its decoded path): its decoded path decides.
+        (b"POST /run%5Fcode HTTP/1.1", "sandbox"),
     ],
 )
 def test_a_connection_beyond_the_bound_is_refused_in_its_routes_shape(

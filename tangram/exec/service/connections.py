@@ -15,6 +15,7 @@ import logging
 import re
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote
 
 from aiohttp import web, web_protocol
 
@@ -99,7 +100,9 @@ def target_path(target: bytes) -> str:
     path, not the whole target, picks the answer's route family (it got Tangram's shape)."""
     path = _ABSOLUTE_PREFIX.sub(b"", target, count=1) if b"://" in target else target
     path = re.split(rb"[?#]", path, maxsplit=1)[0]
-    return (path or b"/").decode("latin-1")
+    # (Percent-decoded as aiohttp routes it: ``/run%5Fcode`` reaches ``/run_code``'s handler,
+    # and its refusal got Tangram's shape.)
+    return unquote((path or b"/").decode("latin-1"), errors="replace")
 
 
 def request_path(head: bytes) -> str:
