@@ -114,6 +114,10 @@ COUNT_CASES = [
     (["bench", "sim", "--repeats", "100000"], "--repeats", "100"),
     (["bench", "robustness", "--instances", "100000000"], "--instances", "100,000"),
     (["bench", "robustness", "--jobs", "100000"], "--jobs", "256"),
+    # (AOE's pool bound: refused before at start naming WarmPoolConfig.max_per_key, not the flag.)
+    (["serve", "--warm-pool", "5000"], "--warm-pool", "1,024"),
+    (["serve", "--warm-pool-total", "5000"], "--warm-pool-total", "1,024"),
+    (["serve", "--prewarm", "5000"], "--prewarm", "1,024"),
 ]
 
 

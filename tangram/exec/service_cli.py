@@ -26,9 +26,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from tangram.exec.aoe.config import MAX_POOLED
 from tangram.exec.service.limits import DEFAULT_MAX_OUTPUT_BYTES, ConnectionLimits
-from tangram.report import add_json_flag, non_negative_int
+from tangram.report import add_json_flag, int_in, non_negative_int
 
+#: A count of parked containers, bounded as AOE's pool is (``WarmPoolConfig``): refused at the
+#: flag, not later as the config field a user never typed.
+POOLED = int_in(0, MAX_POOLED, "parked containers, each a Docker container held")
 TOKEN_ENV = "TANGRAM_TOKEN"
 
 
@@ -164,7 +168,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--warm-pool",
-        type=non_negative_int,
+        type=POOLED,
         default=16,
         metavar="N",
         help="parked containers per image and memory at most, handed to new trajectories and "
@@ -172,7 +176,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--warm-pool-total",
-        type=non_negative_int,
+        type=POOLED,
         default=32,
         help="parked containers in all (default 32)",
     )
@@ -185,7 +189,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--prewarm",
-        type=non_negative_int,
+        type=POOLED,
         default=None,
         metavar="N",
         help="/run_code python containers made at start (default 2; 0 with --warm-pool 0)",
