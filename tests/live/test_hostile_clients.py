@@ -39,10 +39,11 @@ STATUSES = {"result", "error", "timeout", "unknown"}
 
 
 def _seg(value: str) -> str:
-    """A path segment, encoded as the clients encode it (``.`` and ``..`` included)."""
+    """A path segment, encoded as the clients encode it (``.`` and ``..`` included); an
+    empty id as the empty segment a raw client sends (the clients refuse it before sending)."""
     from tangram.exec.service.calls import segment
 
-    return segment(value)
+    return segment(value) if value else ""
 
 
 class Guard:
